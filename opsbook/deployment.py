@@ -1,0 +1,203 @@
+"""Deployment files: what a deployment needs, read from YAML and checked once.
+
+A deployment file names the host(s), how to reach them, the model, the interpreter, the
+server's arguments and environment, and where the script, log and state live on the host.
+Secret values are never stored in it: ``secrets`` names environment variables whose values
+are taken from the local environment when needed and redacted everywhere they could appear.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from opsbook.exceptions import DeploymentError
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEFAULT_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "OPENAI_API_KEY")
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """How to reach one host over SSH."""
+
+    address: str
+    port: int = 22
+    user: str | None = None
+    key: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    trust_on_first_use: bool = False
+    connect_timeout: float = 10.0
+    command_timeout: float = 120.0
+    keepalive: int = 15
+
+    @property
+    def name(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port != 22 else ""
+        return f"{user}{self.address}{port}"
+
+
+@dataclass
+class Deployment:
+    """A parsed deployment file. ``raw`` keeps the whole document for stage parameters."""
+
+    name: str
+    hosts: list[HostSpec]
+    model_path: str
+    python: str = "python3"
+    server_port: int = 8000
+    serve_args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = DEFAULT_SECRETS
+    script_path: str = "opsbook/launch.sh"
+    log_path: str = "opsbook/vllm.log"
+    state_dir: str = "opsbook/state"
+    source: str = ""
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def host(self) -> HostSpec:
+        """The first (often the only) host."""
+        return self.hosts[0]
+
+    def secret_values(self) -> list[str]:
+        """Values of the secret variables present in the local environment (for redaction)."""
+        return [os.environ[n] for n in self.secrets if os.environ.get(n)]
+
+
+def load_deployment(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Deployment:
+    """Read and check a deployment file.
+
+    Args:
+        path: the YAML file.
+        overrides: dotted keys to replace, e.g. ``{"server.port": 8001}``.
+
+    Raises:
+        DeploymentError: the file is missing, not YAML, or lacks a required value.
+    """
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        raise DeploymentError(
+            f"deployment file {file} does not exist",
+            remedy="give the path of a deployment YAML file (see deployments/ for examples)",
+        ) from None
+    except OSError as e:
+        raise DeploymentError(f"cannot read deployment file {file}: {e.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise DeploymentError(
+            f"deployment file {file} is not valid YAML: {e}",
+            remedy="fix the YAML syntax at the line named above",
+        ) from None
+    if not isinstance(doc, dict):
+        raise DeploymentError(f"deployment file {file} must hold a mapping at the top level")
+    for key, value in (overrides or {}).items():
+        set_dotted(doc, key, value)
+    return parse_deployment(doc, source=str(file))
+
+
+def parse_deployment(doc: dict[str, Any], source: str = "<dict>") -> Deployment:
+    """Build a :class:`Deployment` from an already-loaded document."""
+    doc = copy.deepcopy(doc)
+    hosts_doc = doc.get("hosts")
+    if not isinstance(hosts_doc, list) or not hosts_doc:
+        raise DeploymentError(
+            f"{source}: 'hosts' must be a non-empty list",
+            remedy="add e.g. hosts: [{address: gpu-01, user: ubuntu, key: ~/.ssh/id_ed25519}]",
+        )
+    hosts = [_parse_host(h, source, i) for i, h in enumerate(hosts_doc)]
+    model = doc.get("model") or {}
+    model_path = model.get("path") if isinstance(model, dict) else None
+    if not model_path:
+        raise DeploymentError(
+            f"{source}: 'model.path' is required",
+            remedy="set model.path to the checkpoint directory on the host",
+        )
+    server = doc.get("server") or {}
+    paths = doc.get("paths") or {}
+    env = {str(k): str(v) for k, v in (server.get("env") or {}).items()}
+    for name in env:
+        _check_env_name(name, source)
+    secrets = tuple(doc.get("secrets") or ()) or DEFAULT_SECRETS
+    for name in secrets:
+        _check_env_name(name, source)
+    return Deployment(
+        name=str(doc.get("name") or Path(source).stem),
+        hosts=hosts,
+        model_path=str(model_path),
+        python=str(doc.get("python") or "python3"),
+        server_port=_int(server.get("port", 8000), "server.port", source),
+        serve_args=dict(server.get("args") or {}),
+        env=env,
+        secrets=tuple(dict.fromkeys((*secrets, *DEFAULT_SECRETS))),
+        script_path=str(paths.get("script") or "opsbook/launch.sh"),
+        log_path=str(paths.get("log") or "opsbook/vllm.log"),
+        state_dir=str(paths.get("state") or "opsbook/state"),
+        source=source,
+        raw=doc,
+    )
+
+
+def set_dotted(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``doc["a"]["b"] = value`` for ``dotted == "a.b"``, creating mappings on the way."""
+    *parents, last = dotted.split(".")
+    node = doc
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise DeploymentError(f"cannot override {dotted!r}: {part!r} is not a mapping")
+        node = child
+    node[last] = value
+
+
+def _parse_host(entry: Any, source: str, index: int) -> HostSpec:
+    if isinstance(entry, str):
+        entry = {"address": entry}
+    if not isinstance(entry, dict) or not entry.get("address"):
+        raise DeploymentError(f"{source}: hosts[{index}] needs an 'address'")
+    known = {f for f in HostSpec.__dataclass_fields__}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise DeploymentError(
+            f"{source}: hosts[{index}] has unknown keys {unknown}",
+            remedy=f"use only {sorted(known)}",
+        )
+    values = dict(entry)
+    values["port"] = _int(values.get("port", 22), f"hosts[{index}].port", source)
+    for key in ("key", "known_hosts"):
+        if values.get(key):
+            values[key] = str(_resolve(values[key], source))
+    return HostSpec(**values)
+
+
+def _resolve(path: str, source: str) -> Path:
+    """Expand ~ and make a relative path relative to the deployment file's folder."""
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_absolute() and source and not source.startswith("<"):
+        p = Path(source).parent / p
+    return p
+
+
+def _int(value: Any, name: str, source: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise DeploymentError(f"{source}: {name} must be an integer, not {value!r}") from None
+
+
+def _check_env_name(name: str, source: str) -> None:
+    if not ENV_NAME.match(name):
+        raise DeploymentError(
+            f"{source}: {name!r} is not a valid environment variable name",
+            remedy="use letters, digits and underscores, not starting with a digit",
+        )

@@ -1,0 +1,519 @@
+"""The one seam to a remote machine: :class:`Host` wraps ``fabric.Connection``.
+
+Everything that touches a host goes through here, so that every command
+- runs under an explicit ``bash``, whatever the login shell (zsh aborts on an unmatched glob,
+  fish parses quotes its own way): the login shell only ever sees a base64 word;
+- has a timeout enforced on the host (coreutils ``timeout``) and locally as a backstop;
+- is journalled, with secrets redacted;
+and so that paramiko's and the socket layer's errors become :mod:`opsbook.exceptions`.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import io
+import math
+import posixpath
+import shlex
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Connection
+from invoke.exceptions import CommandTimedOut
+
+from opsbook import probes
+from opsbook.deployment import ENV_NAME, Deployment, HostSpec
+from opsbook.exceptions import (
+    AuthenticationFailed,
+    CommandTimeout,
+    ConnectionRefused,
+    ConnectTimeout,
+    HostError,
+    HostKeyChanged,
+    HostKeyUnknown,
+    HostUnreachable,
+    TransferError,
+    UnknownHostName,
+)
+from opsbook.journal import Journal
+from opsbook.redact import Redactor
+
+# Seconds the remote `timeout` waits after SIGTERM before SIGKILL, and the extra time the
+# local backstop allows on top of both before giving up on the channel.
+KILL_GRACE = 5
+LOCAL_SLACK = 10
+TIMEOUT_EXIT_CODES = (124, 137)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a remote command did."""
+
+    host: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def wrap_command(command: str, env: Mapping[str, str] | None = None) -> str:
+    """The bash script for ``command``: ``export`` lines with quoted values, then the command.
+
+    Raises:
+        ValueError: an environment name is not a valid identifier.
+    """
+    lines = []
+    for name, value in (env or {}).items():
+        if not ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not a valid environment variable name")
+        lines.append(f"export {name}={shlex.quote(str(value))}")
+    return "\n".join([*lines, command])
+
+
+def wire_command(script: str, timeout: float) -> str:
+    """What the login shell receives: only words no shell can misread.
+
+    The script travels base64-encoded and is decoded and run by ``bash`` itself.
+    """
+    encoded = base64.b64encode(script.encode()).decode()
+    seconds = max(1, math.ceil(timeout))
+    inner = f'eval "$(printf %s {encoded} | base64 -d)"'
+    return f"timeout -k {KILL_GRACE} {seconds} bash -c '{inner}'"
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """The key's SHA256 fingerprint as OpenSSH prints it."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"SHA256:{digest}"
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse an unknown key with its fingerprint and the exact line to trust it, or trust it
+    once when the deployment opted into trust-on-first-use."""
+
+    def __init__(self, spec: HostSpec, known_hosts: Path):
+        self.spec = spec
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        entry = f"{hostname} {key.get_name()} {key.get_base64()}"
+        if self.spec.trust_on_first_use:
+            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+            with self.known_hosts.open("a") as f:
+                f.write(entry + "\n")
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            return
+        raise HostKeyUnknown(
+            f"host key of {hostname} is not in {self.known_hosts} "
+            f"({key.get_name()} {fingerprint(key)})",
+            host=self.spec.name,
+            remedy=(
+                "check the fingerprint with the host's owner (on the host: ssh-keygen -lf "
+                "/etc/ssh/ssh_host_*_key.pub), then trust it with: echo "
+                f"{shlex.quote(entry)} >> {shlex.quote(str(self.known_hosts))}  "
+                "(or set trust_on_first_use: true for this host in the deployment)"
+            ),
+            fingerprint=fingerprint(key),
+        )
+
+
+class Host:
+    """One remote machine reached over SSH.
+
+    Args:
+        spec: how to reach it.
+        secrets: values to redact from the journal.
+        journal: where to record commands; by default a new one (mirrored to
+            ``$OPSBOOK_JOURNAL`` when set).
+    """
+
+    def __init__(self, spec: HostSpec, secrets: Sequence[str] = (), journal: Journal | None = None):
+        self.spec = spec
+        self.name = spec.name
+        self.redactor = Redactor(secrets)
+        self.journal = journal or Journal.from_env(self.redactor)
+        self._conn: Connection | None = None
+
+    @classmethod
+    def from_deployment(
+        cls, deployment: Deployment, index: int = 0, journal: Journal | None = None
+    ) -> Host:
+        return cls(deployment.hosts[index], deployment.secret_values(), journal)
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Host({self.name!r})"
+
+    # -- connection ---------------------------------------------------------------------
+
+    def connect(self) -> Connection:
+        """Open the SSH connection if it is not open yet, checking the host key."""
+        if self._conn is not None and self._conn.is_connected:
+            return self._conn
+        conn = self._new_connection()
+        started = time.monotonic()
+        try:
+            conn.open()
+        except BaseException as e:
+            conn.close()
+            error = self._translate_connect_error(e)
+            self.journal.record(
+                host=self.name,
+                kind="connect",
+                command=f"ssh {self.name}",
+                exit_code=None,
+                duration=time.monotonic() - started,
+                note=str(error) if error else repr(e),
+            )
+            if error is None:
+                raise
+            raise error from None
+        transport = conn.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(self.spec.keepalive)
+        self._conn = conn
+        return conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _new_connection(self) -> Connection:
+        spec = self.spec
+        use_key = spec.key is not None
+        connect_kwargs: dict[str, Any] = {
+            "look_for_keys": not use_key,
+            "allow_agent": not use_key,
+            "banner_timeout": spec.connect_timeout,
+            "auth_timeout": spec.connect_timeout,
+        }
+        if use_key:
+            connect_kwargs["key_filename"] = spec.key
+        conn = Connection(
+            host=spec.address,
+            user=spec.user,
+            port=spec.port,
+            connect_timeout=math.ceil(spec.connect_timeout),
+            connect_kwargs=connect_kwargs,
+        )
+        known_hosts = Path(spec.known_hosts).expanduser()
+        # Fabric auto-accepts unknown keys; opsbook checks them against known_hosts.
+        client = paramiko.SSHClient()
+        if known_hosts.exists():
+            client.load_host_keys(str(known_hosts))
+        client.set_missing_host_key_policy(_KnownHostsPolicy(spec, known_hosts))
+        conn.client = client
+        return conn
+
+    def _translate_connect_error(self, e: BaseException) -> Exception | None:
+        spec, where = self.spec, self.spec.name
+        if isinstance(e, (HostKeyUnknown, HostError)):
+            return e
+        if isinstance(e, paramiko.BadHostKeyException):
+            name = known_hosts_name(spec.address, spec.port)
+            return HostKeyChanged(
+                f"host key of {name} CHANGED: known_hosts has {fingerprint(e.expected_key)}, "
+                f"the host offered {fingerprint(e.key)}; this may be another machine",
+                host=where,
+                remedy=(
+                    "do not connect until you know why; if the host was reinstalled, remove the "
+                    f"old entry with: ssh-keygen -R {shlex.quote(name)} -f "
+                    f"{shlex.quote(str(Path(spec.known_hosts).expanduser()))} and trust the new key"
+                ),
+                fingerprint=fingerprint(e.key),
+            )
+        if isinstance(e, paramiko.AuthenticationException):
+            return AuthenticationFailed(
+                f"authentication as {spec.user or 'the local user'} failed: {e}",
+                host=where,
+                remedy=(
+                    "check 'user' and 'key' in the deployment; the public key must be in the "
+                    "user's ~/.ssh/authorized_keys on the host (ssh-copy-id)"
+                ),
+            )
+        if isinstance(e, (socket.gaierror, UnicodeError)):
+            return UnknownHostName(
+                f"host name {spec.address!r} does not resolve ({getattr(e, 'strerror', e)})",
+                host=where,
+                remedy="check the address in the deployment file, or add it to DNS or /etc/hosts",
+            )
+        if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError) or (
+            isinstance(e, OSError) and e.errno == errno.ECONNREFUSED
+        ):
+            return ConnectionRefused(
+                f"connection to {spec.address} port {spec.port} refused",
+                host=where,
+                remedy="check that sshd runs on the host and the port is right",
+            )
+        if isinstance(e, (TimeoutError, socket.timeout)):
+            return ConnectTimeout(
+                f"no answer from {spec.address} port {spec.port} within "
+                f"{spec.connect_timeout:g} s",
+                host=where,
+                remedy="check the address, the network path and firewalls; or raise connect_timeout",
+            )
+        if isinstance(e, (paramiko.SSHException, OSError, EOFError)):
+            return HostUnreachable(
+                f"SSH connection to {spec.address} port {spec.port} failed: {e}",
+                host=where,
+                remedy="check that the port is an SSH server and the host is healthy",
+            )
+        return None
+
+    # -- commands -----------------------------------------------------------------------
+
+    def run(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        check: bool = False,
+        label: str | None = None,
+    ) -> CommandResult:
+        """Run ``command`` under ``bash`` on the host.
+
+        Args:
+            command: bash source; quote every value put into it with ``shlex.quote``.
+            env: variables exported before the command; values reach it literally.
+            timeout: seconds before the command is stopped (default: the host's).
+            stdin: text or bytes fed to the command's standard input.
+            check: raise :class:`HostError` when the exit code is not 0.
+            label: what the journal shows instead of the command text.
+
+        Raises:
+            CommandTimeout: the command ran longer than ``timeout`` and was stopped.
+            HostError: ``check`` was set and the command failed; or the connection failed.
+        """
+        limit = timeout if timeout is not None else self.spec.command_timeout
+        wire = wire_command(wrap_command(command, env), limit)
+        shown = label or command
+        conn = self.connect()
+        started_at = datetime.now(timezone.utc)
+        started = time.monotonic()
+        try:
+            raw = conn.run(
+                wire,
+                hide=True,
+                warn=True,
+                pty=False,
+                in_stream=_stream(stdin),
+                timeout=limit + KILL_GRACE + LOCAL_SLACK,
+            )
+            exit_code, out, err = raw.exited, raw.stdout, raw.stderr
+        except CommandTimedOut as e:
+            exit_code, out, err = 124, e.result.stdout, e.result.stderr
+            self._conn = None  # the channel was abandoned mid-command; start afresh next time
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            self._conn = None
+            raise HostUnreachable(
+                f"the SSH connection dropped while running {self.redactor.redact(shown)!r}: {e}",
+                host=self.name,
+                remedy="check the host and the network; the command may or may not have run",
+            ) from None
+        duration = time.monotonic() - started
+        self.journal.record(
+            host=self.name,
+            kind="run",
+            command=shown,
+            exit_code=exit_code,
+            duration=duration,
+            stdout=out,
+            stderr=err,
+            started=started_at,
+        )
+        if exit_code in TIMEOUT_EXIT_CODES and duration >= limit - 0.5:
+            raise CommandTimeout(
+                f"command timed out after {limit:g} s and was stopped: "
+                f"{self.redactor.redact(shown)[:200]}",
+                host=self.name,
+                remedy="raise the timeout for this step, or find out why the host is slow",
+                timeout=limit,
+            )
+        result = CommandResult(self.name, shown, exit_code, out, err, duration)
+        if check and not result.ok:
+            raise HostError(
+                f"command failed with exit code {exit_code}: {self.redactor.redact(shown)[:200]}"
+                f"\n  stderr: {self.redactor.redact(err.strip())[-500:]}",
+                host=self.name,
+            )
+        return result
+
+    def probe(
+        self,
+        name: str,
+        args: dict[str, Any] | None = None,
+        *,
+        python: str = "python3",
+        timeout: float | None = None,
+    ) -> Any:
+        """Run probe ``name`` (see :mod:`opsbook.probes`) with the host's ``python`` and
+        return its decoded JSON answer.
+
+        Raises:
+            ProbeError: the probe failed (its stderr is in the error) or did not answer JSON.
+        """
+        program = probes.assemble(name, args)
+        result = self.run(
+            f"exec {shlex.quote(python)} -",
+            stdin=program,
+            timeout=timeout,
+            label=f"probe {name} ({python} -) args={_short(args)}",
+        )
+        return probes.decode(name, result.stdout, result.stderr, result.exit_code, self.name)
+
+    # -- files --------------------------------------------------------------------------
+
+    def upload(self, remote_path: str, data: str | bytes, mode: int = 0o644) -> None:
+        """Write ``data`` to ``remote_path`` over SFTP atomically: a temporary name in the
+        same folder, the mode set, then a rename over the target.
+
+        Raises:
+            TransferError: the folder does not exist or is not writable.
+        """
+        payload = data.encode() if isinstance(data, str) else data
+        path = _sftp_path(remote_path)
+        folder, base = posixpath.split(path)
+        temp = posixpath.join(folder, f".{base}.opsbook-{uuid.uuid4().hex[:8]}.tmp")
+        started = time.monotonic()
+        sftp = self._sftp()
+        try:
+            with sftp.open(temp, "wb") as f:
+                f.write(payload)
+            sftp.chmod(temp, mode)
+            sftp.posix_rename(temp, path)
+        except OSError as e:
+            _remove_quietly(sftp, temp)
+            raise TransferError(
+                f"could not write {remote_path}: {e.strerror or e}",
+                host=self.name,
+                remedy="check that the folder exists and the user may write to it",
+            ) from None
+        self.journal.record(
+            host=self.name,
+            kind="upload",
+            command=f"sftp put {remote_path} ({len(payload)} bytes, mode {mode:o})",
+            exit_code=0,
+            duration=time.monotonic() - started,
+        )
+
+    def read_bytes(self, remote_path: str) -> bytes:
+        """Read a whole file over SFTP.
+
+        Raises:
+            TransferError: it does not exist or is not readable.
+        """
+        started = time.monotonic()
+        try:
+            with self._sftp().open(_sftp_path(remote_path), "rb") as f:
+                data: bytes = f.read()
+        except OSError as e:
+            raise TransferError(
+                f"could not read {remote_path}: {e.strerror or e}",
+                host=self.name,
+                remedy="check the path and its permissions",
+            ) from None
+        self.journal.record(
+            host=self.name,
+            kind="download",
+            command=f"sftp get {remote_path} ({len(data)} bytes)",
+            exit_code=0,
+            duration=time.monotonic() - started,
+        )
+        return data
+
+    def _sftp(self) -> paramiko.SFTPClient:
+        try:
+            sftp: paramiko.SFTPClient = self.connect().sftp()
+        except paramiko.SSHException as e:
+            raise TransferError(
+                f"the host refused an SFTP session: {e}",
+                host=self.name,
+                remedy="enable the sftp subsystem in the host's sshd_config "
+                "(Subsystem sftp internal-sftp)",
+            ) from None
+        return sftp
+
+    def read_text(self, remote_path: str) -> str:
+        return self.read_bytes(remote_path).decode(errors="replace")
+
+
+class HostGroup:
+    """Several hosts; each call answers per host, as Fabric's ``GroupResult`` does."""
+
+    def __init__(self, hosts: Sequence[Host]):
+        self.hosts = list(hosts)
+
+    @classmethod
+    def from_deployment(cls, deployment: Deployment) -> HostGroup:
+        journal = Journal.from_env(Redactor(deployment.secret_values()))
+        return cls([Host.from_deployment(deployment, i, journal) for i in range(len(deployment.hosts))])
+
+    def run(self, command: str, **kwargs: Any) -> dict[str, CommandResult | Exception]:
+        return self._each(lambda h: h.run(command, **kwargs))
+
+    def probe(self, name: str, args: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        return self._each(lambda h: h.probe(name, args, **kwargs))
+
+    def close(self) -> None:
+        for host in self.hosts:
+            host.close()
+
+    def _each(self, call: Any) -> dict[str, Any]:
+        with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
+            futures = {h.name: pool.submit(call, h) for h in self.hosts}
+        results: dict[str, Any] = {}
+        for name, future in futures.items():
+            error = future.exception()
+            results[name] = error if error is not None else future.result()
+        return results
+
+
+def _stream(stdin: str | bytes | None) -> io.StringIO | bool:
+    if stdin is None:
+        return False  # never read the local stdin: headless runs have none
+    text = stdin.decode() if isinstance(stdin, bytes) else stdin
+    return io.StringIO(text)
+
+
+def _sftp_path(path: str) -> str:
+    # SFTP paths are relative to the login directory; "~/" means the same there.
+    return path[2:] if path.startswith("~/") else path
+
+
+def _remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
+    try:
+        sftp.remove(path)
+    except OSError:
+        pass
+
+
+def _short(args: dict[str, Any] | None) -> str:
+    text = repr(args or {})
+    return text if len(text) <= 160 else text[:157] + "..."

@@ -1,0 +1,81 @@
+"""Probes: stdlib-only Python programs sent to a host's ``python3`` over stdin.
+
+A probe module defines ``main(args: dict) -> object``. :func:`assemble` appends a footer that
+calls it with the given arguments and prints one JSON document, so a check that needs many
+facts from a host costs one round trip. The same program runs locally in unit tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from importlib import resources
+from typing import Any
+
+from opsbook.exceptions import ProbeError
+
+_FOOTER = """
+
+if __name__ == "__main__":
+    import json as _json
+    import sys as _sys
+
+    _json.dump(main(_json.loads({args!r})), _sys.stdout)
+"""
+
+
+def source(name: str) -> str:
+    """The text of probe ``name`` (``opsbook/probes/<name>.py``)."""
+    try:
+        return resources.files(__name__).joinpath(f"{name}.py").read_text()
+    except FileNotFoundError:
+        raise ProbeError(f"there is no probe named {name!r}") from None
+
+
+def assemble(name: str, args: dict[str, Any] | None = None) -> str:
+    """The program to send: the probe's source and a footer that runs it on ``args``."""
+    return source(name) + _FOOTER.format(args=json.dumps(args or {}))
+
+
+def decode(name: str, stdout: str, stderr: str, exit_code: int, where: str = "localhost") -> Any:
+    """Decode a probe's answer, or raise :class:`ProbeError` carrying its stderr."""
+    if exit_code != 0:
+        raise ProbeError(
+            f"probe {name!r} failed with exit code {exit_code}: {_last_line(stderr)}",
+            host=where,
+            remedy="read the probe's stderr below; the host needs a python3 (3.8+) on PATH",
+            stderr=stderr,
+        )
+    try:
+        return json.loads(stdout)
+    except json.JSONDecodeError:
+        raise ProbeError(
+            f"probe {name!r} did not answer JSON (got {stdout[:200]!r})",
+            host=where,
+            remedy="something on the host printed to stdout; check the login scripts",
+            stderr=stderr,
+        ) from None
+
+
+def run_local(
+    name: str,
+    args: dict[str, Any] | None = None,
+    python: str = "/usr/bin/python3",
+    env: dict[str, str] | None = None,
+    timeout: float = 120.0,
+) -> Any:
+    """Run probe ``name`` with a local interpreter, exactly as a host would (for tests)."""
+    proc = subprocess.run(
+        [python, "-"],
+        input=assemble(name, args),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    return decode(name, proc.stdout, proc.stderr, proc.returncode)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no stderr)"
