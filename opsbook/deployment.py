@@ -72,7 +72,9 @@ class Deployment:
         return [os.environ[n] for n in self.secrets if os.environ.get(n)]
 
 
-def load_deployment(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Deployment:
+def load_deployment(
+    path: str | os.PathLike[str], overrides: dict[str, Any] | None = None
+) -> Deployment:
     """Read and check a deployment file.
 
     Args:

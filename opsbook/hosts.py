@@ -114,7 +114,9 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
         self.spec = spec
         self.known_hosts = known_hosts
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         entry = f"{hostname} {key.get_name()} {key.get_base64()}"
         if self.spec.trust_on_first_use:
             self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
@@ -272,10 +274,9 @@ class Host:
             )
         if isinstance(e, (TimeoutError, socket.timeout)):
             return ConnectTimeout(
-                f"no answer from {spec.address} port {spec.port} within "
-                f"{spec.connect_timeout:g} s",
+                f"no answer from {spec.address} port {spec.port} within {spec.connect_timeout:g} s",
                 host=where,
-                remedy="check the address, the network path and firewalls; or raise connect_timeout",
+                remedy="check the address, network path and firewalls, or raise connect_timeout",
             )
         if isinstance(e, (paramiko.SSHException, OSError, EOFError)):
             return HostUnreachable(
@@ -473,7 +474,9 @@ class HostGroup:
     @classmethod
     def from_deployment(cls, deployment: Deployment) -> HostGroup:
         journal = Journal.from_env(Redactor(deployment.secret_values()))
-        return cls([Host.from_deployment(deployment, i, journal) for i in range(len(deployment.hosts))])
+        return cls(
+            [Host.from_deployment(deployment, i, journal) for i in range(len(deployment.hosts))]
+        )
 
     def run(self, command: str, **kwargs: Any) -> dict[str, CommandResult | Exception]:
         return self._each(lambda h: h.run(command, **kwargs))

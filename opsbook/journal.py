@@ -37,7 +37,9 @@ class JournalEntry:
 class Journal:
     """Entries of remote actions, in order; optionally mirrored to a JSON-lines file."""
 
-    def __init__(self, redactor: Redactor | None = None, path: str | os.PathLike[str] | None = None):
+    def __init__(
+        self, redactor: Redactor | None = None, path: str | os.PathLike[str] | None = None
+    ):
         self.redactor = redactor or Redactor()
         self.path = Path(path) if path else None
         self.entries: list[JournalEntry] = []

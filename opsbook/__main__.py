@@ -1,0 +1,5 @@
+import sys
+
+from opsbook.cli import main
+
+sys.exit(main())

@@ -1,0 +1,130 @@
+"""The ``opsbook`` command: a thin layer over the library that parses, prints and exits.
+
+Exit codes: 0 success; 1 a check found a problem; 2 bad arguments or deployment file;
+3 the tool failed; 4 the host was unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from opsbook import run as runner
+from opsbook.exceptions import DeploymentError, HostUnreachable, OpsbookError, RunError
+
+DEFAULT_SANDBOX_DIR = ".sandbox/demo"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except (DeploymentError, RunError) as e:
+        print(f"opsbook: {e}", file=sys.stderr)
+        return runner.EXIT_USAGE
+    except HostUnreachable as e:
+        print(f"opsbook: {e}", file=sys.stderr)
+        return runner.EXIT_UNREACHABLE
+    except OpsbookError as e:
+        print(f"opsbook: {e}", file=sys.stderr)
+        return runner.EXIT_TOOL_FAILED
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="opsbook", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="execute a runbook notebook headless into a run folder")
+    run.add_argument("notebook", help="a path, or a stage name such as 00_preflight")
+    run.add_argument("-f", "--deployment", required=True, help="deployment YAML file")
+    run.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="a notebook parameter; VALUE is read as YAML (8000 is a number, true a boolean)",
+    )
+    run.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs)")
+    run.add_argument("--timeout", type=float, default=None, help="seconds a cell may run")
+    run.set_defaults(handler=cmd_run)
+
+    box = sub.add_parser("sandbox", help="the rehearsal host: a real sshd with a simulated GPU box")
+    box.add_argument("action", choices=["up", "down", "status"])
+    box.add_argument("--dir", default=DEFAULT_SANDBOX_DIR, help="its folder (default: %(default)s)")
+    box.add_argument("--address", default="127.0.0.1", help="loopback address to listen on")
+    box.add_argument("--port", type=int, default=0, help="SSH port (default: a free one)")
+    box.add_argument("--shell", default="zsh", choices=["zsh", "bash"], help="login shell")
+    box.set_defaults(handler=cmd_sandbox)
+
+    diag = sub.add_parser("diagnose", help="classify a vLLM log: state, failure, remedy")
+    diag.add_argument("--log", required=True, help="a vLLM log file ('-' for standard input)")
+    diag.add_argument("--json", action="store_true", help="answer in JSON")
+    diag.set_defaults(handler=cmd_diagnose)
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    params = {name: _yaml_value(value) for name, value in args.parameter}
+    record = runner.run_notebook(
+        args.notebook, args.deployment, params, runs_dir=args.runs_dir, timeout=args.timeout
+    )
+    print(f"{record.status}: {record.message}")
+    print(f"run folder: {record.folder}")
+    print(f"executed notebook: {record.executed_notebook}")
+    return record.exit_code
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from opsbook import sandbox
+
+    folder = Path(args.dir)
+    if args.action == "up":
+        box = sandbox.up(folder, address=args.address, port=args.port, shell=args.shell)
+        print(
+            f"rehearsal host up: {box.user}@{box.address} port {box.port} (login shell {box.shell})"
+        )
+        print(f"deployment file: {box.deployment_path}")
+        return runner.EXIT_OK
+    result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
+    print(result)
+    return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from opsbook.logscan import diagnose_log
+
+    text = sys.stdin.read() if args.log == "-" else _read_log(Path(args.log))
+    diagnosis = diagnose_log(text)
+    if args.json:
+        print(json.dumps(diagnosis.to_dict(), indent=2))
+    else:
+        print(diagnosis)
+    return runner.EXIT_PROBLEM if diagnosis.state == "failed" else runner.EXIT_OK
+
+
+def _read_log(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as e:
+        raise RunError(f"cannot read log {path}: {e.strerror}", remedy="check the path") from None
+
+
+def _yaml_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())
