@@ -1,0 +1,58 @@
+"""Pure parts of the Host seam: the script and the words the login shell receives."""
+
+import shutil
+import subprocess
+
+import paramiko
+import pytest
+
+from opsbook.hosts import fingerprint, known_hosts_name, wire_command, wrap_command
+
+TRICKY = "echo \"$0\" 'single' $V; ls /no/such/dir/* 2>&1 | head -1; true && echo and; echo ';'"
+
+
+def run_wire(shell: str, command: str, env: dict[str, str] | None = None) -> str:
+    wire = wire_command(wrap_command(command, env), timeout=10)
+    return subprocess.run([shell, "-c", wire], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "sh"])
+def test_the_login_shell_does_not_change_what_runs(shell: str) -> None:
+    if shutil.which(shell) is None:
+        pytest.fail(f"{shell} is not installed; `make test` installs it")
+    assert run_wire(shell, TRICKY, {"V": "x"}) == run_wire("bash", TRICKY, {"V": "x"})
+    assert run_wire(shell, TRICKY, {"V": "x"}).splitlines()[0] == "bash single x"
+
+
+def test_environment_values_reach_the_program_literally(tmp_path) -> None:
+    marker = tmp_path / "ran"
+    value = f"$(touch {marker}) `touch {marker}` a&b; 'q' \"d\" \\"
+    out = run_wire("zsh", 'printf %s "$VALUE"', {"VALUE": value})
+    assert out == value
+    assert not marker.exists()
+
+
+def test_wire_command_is_plain_words() -> None:
+    wire = wire_command("echo 'hi' \"$HOME\" `x` \\n", timeout=2.5)
+    assert wire.startswith("timeout -k 5 3 bash -c '")
+    inner = wire.split("'", 2)[1]
+    assert "\\" not in inner and "`" not in inner
+
+
+def test_bad_environment_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a valid environment variable name"):
+        wrap_command("true", {"A-B": "1"})
+
+
+def test_fingerprint_matches_ssh_keygen(tmp_path) -> None:
+    key_file = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True)
+    listed = subprocess.run(
+        ["ssh-keygen", "-lf", str(key_file) + ".pub"], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
+    assert fingerprint(paramiko.Ed25519Key.from_private_key_file(str(key_file))) == listed
+
+
+def test_known_hosts_name_brackets_non_default_ports() -> None:
+    assert known_hosts_name("gpu-01", 22) == "gpu-01"
+    assert known_hosts_name("127.0.0.1", 2222) == "[127.0.0.1]:2222"

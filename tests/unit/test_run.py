@@ -1,0 +1,50 @@
+import nbformat
+import pytest
+
+from opsbook import run
+from opsbook.exceptions import RunError
+
+
+@pytest.fixture
+def notebook(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("deployment = 'x.yml'\nport = 8000")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell]
+    path = tmp_path / "00_check.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_unknown_parameters_are_refused(notebook) -> None:
+    run.check_parameters(notebook, {"deployment": "d.yml", "port": 1})
+    with pytest.raises(RunError, match="no parameter") as e:
+        run.check_parameters(notebook, {"prot": 1})
+    assert "deployment, port" in (e.value.remedy or "")
+
+
+def test_run_folders_are_never_reused(tmp_path, notebook) -> None:
+    first = run.new_run_folder(tmp_path / "runs", notebook, "gpu-01")
+    second = run.new_run_folder(tmp_path / "runs", notebook, "gpu-01")
+    assert first != second and first.is_dir() and second.is_dir()
+    assert first.name.endswith("-00_check-gpu-01")
+
+
+def test_notebooks_are_found_by_stage_name() -> None:
+    assert run.find_notebook("00_preflight").name == "00_preflight.ipynb"
+    assert run.find_notebook("preflight").name == "00_preflight.ipynb"
+    with pytest.raises(RunError, match="no notebook named"):
+        run.find_notebook("nope")
+
+
+@pytest.mark.parametrize(
+    "ename, code",
+    [
+        ("ConnectionRefused", run.EXIT_UNREACHABLE),
+        ("UnknownHostName", run.EXIT_UNREACHABLE),
+        ("ProbeError", run.EXIT_TOOL_FAILED),
+        ("ZeroDivisionError", run.EXIT_TOOL_FAILED),
+    ],
+)
+def test_exit_codes_follow_the_exception(ename: str, code: int) -> None:
+    assert run.exit_code_for(ename) == code
