@@ -1,0 +1,162 @@
+"""The Host seam over real SSH to the rehearsal host (a real sshd, zsh login shell)."""
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from opsbook.deployment import HostSpec, load_deployment
+from opsbook.exceptions import (
+    AuthenticationFailed,
+    CommandTimeout,
+    ConnectionRefused,
+    HostKeyChanged,
+    HostKeyUnknown,
+    ProbeError,
+    TransferError,
+    UnknownHostName,
+)
+from opsbook.hosts import Host
+
+pytestmark = pytest.mark.integration
+
+TRICKY = (
+    "echo \"$0\" 'it'\"'\"'s' \"$HOME\" | sed \"s|$HOME|~|\"; ls /no/such/* 2>&1 | head -1; "
+    "false && echo never; echo $((6*7)); echo *.nomatch"
+)
+
+
+def host_of(box) -> Host:
+    return Host.from_deployment(load_deployment(box.deployment_path))
+
+
+def login_shell(host: Host) -> str:
+    return host.run("getent passwd \"$(id -un)\" | cut -d: -f7", check=True).stdout.strip()
+
+
+def test_same_command_same_result_under_zsh_and_bash_login_shells(sandbox, bash_sandbox) -> None:
+    with host_of(sandbox) as zsh_host, host_of(bash_sandbox) as bash_host:
+        assert login_shell(zsh_host).endswith("zsh")
+        assert login_shell(bash_host).endswith("bash")
+        on_zsh, on_bash = zsh_host.run(TRICKY), bash_host.run(TRICKY)
+    assert on_zsh.stdout == on_bash.stdout
+    assert on_zsh.exit_code == on_bash.exit_code == 0
+    assert on_zsh.stdout.splitlines() == [
+        "bash it's ~",
+        "ls: cannot access '/no/such/*': No such file or directory",
+        "42",
+        "*.nomatch",
+    ]
+
+
+def test_environment_value_with_command_substitution_runs_nothing(sandbox) -> None:
+    with host_of(sandbox) as host:
+        marker = f"/tmp/opsbook-pwned-{time.time_ns()}"
+        value = f"$(touch {marker}) `touch {marker}` a&b;c"
+        out = host.run('printf %s "$V"; test -e "$M" && echo RAN', env={"V": value, "M": marker})
+    assert out.stdout == value
+    assert not Path(marker).exists()
+
+
+def test_a_hanging_command_times_out_and_the_host_stays_usable(sandbox) -> None:
+    with host_of(sandbox) as host:
+        started = time.monotonic()
+        with pytest.raises(CommandTimeout) as e:
+            host.run("sleep 600", timeout=2)
+        assert time.monotonic() - started < 10
+        assert "timed out after 2 s" in str(e.value) and e.value.remedy
+        assert host.run("echo still-here").stdout == "still-here\n"
+        assert host.journal.entries[-2].exit_code == 124
+
+
+def test_unknown_host_key_is_refused_with_fingerprint_and_remedy(sandbox, tmp_path) -> None:
+    dep = load_deployment(sandbox.deployment_path)
+    spec = HostSpec(**{**dep.host.__dict__, "known_hosts": str(tmp_path / "empty")})
+    with pytest.raises(HostKeyUnknown) as e, Host(spec) as host:
+        host.run("true")
+    assert e.value.fingerprint.startswith("SHA256:")
+    assert e.value.fingerprint in str(e.value)
+    assert ">> " in (e.value.remedy or "") and not (tmp_path / "empty").exists()
+
+
+def test_trust_on_first_use_records_the_key_then_checks_it(sandbox, tmp_path) -> None:
+    dep = load_deployment(sandbox.deployment_path)
+    known = tmp_path / "kh"
+    spec = HostSpec(**{**dep.host.__dict__, "known_hosts": str(known), "trust_on_first_use": True})
+    with Host(spec) as host:
+        assert host.run("true").ok
+    assert f"[{dep.host.address}]:{dep.host.port} ssh-ed25519 " in known.read_text()
+
+
+def test_changed_host_key_is_always_refused(sandbox, tmp_path) -> None:
+    dep = load_deployment(sandbox.deployment_path)
+    other = Path(shutil.copy(dep.host.known_hosts, tmp_path / "kh"))
+    import subprocess
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")])
+    fake = (tmp_path / "k.pub").read_text().split()[:2]
+    name = other.read_text().split()[0]
+    other.write_text(f"{name} {fake[0]} {fake[1]}\n")
+    spec = HostSpec(**{**dep.host.__dict__, "known_hosts": str(other), "trust_on_first_use": True})
+    with pytest.raises(HostKeyChanged) as e, Host(spec) as host:
+        host.run("true")
+    assert "CHANGED" in str(e.value) and "ssh-keygen -R" in (e.value.remedy or "")
+
+
+def test_wrong_key_is_an_authentication_failure(sandbox, tmp_path) -> None:
+    import subprocess
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")])
+    dep = load_deployment(sandbox.deployment_path)
+    spec = HostSpec(**{**dep.host.__dict__, "key": str(tmp_path / "k")})
+    with pytest.raises(AuthenticationFailed) as e, Host(spec) as host:
+        host.run("true")
+    assert "authorized_keys" in (e.value.remedy or "")
+
+
+def test_refused_and_unresolvable_hosts_are_named(sandbox) -> None:
+    dep = load_deployment(sandbox.deployment_path)
+    closed = HostSpec(**{**dep.host.__dict__, "port": 1})
+    with pytest.raises(ConnectionRefused, match="port 1 refused"), Host(closed) as host:
+        host.run("true")
+    # A name glibc rejects before asking any resolver: no packet leaves the machine.
+    nameless = HostSpec(**{**dep.host.__dict__, "address": "-no-such-host"})
+    with pytest.raises(UnknownHostName, match="does not resolve"), Host(nameless) as host:
+        host.run("true")
+
+
+def test_upload_is_atomic_with_the_given_mode(sandbox) -> None:
+    with host_of(sandbox) as host:
+        home = host.run('printf %s "$HOME"').stdout
+        target = f"{home}/upload test 'q'.sh"
+        host.upload(target, "#!/bin/bash\necho hi\n", mode=0o750)
+        listing = host.run(f"stat -c '%a %s' {_q(target)}; ls -a {_q(home)}").stdout
+        assert listing.startswith("750 21\n")
+        assert ".tmp" not in listing
+        assert host.read_text(target) == "#!/bin/bash\necho hi\n"
+        with pytest.raises(TransferError, match="could not write"):
+            host.upload("/no/such/dir/x", "x")
+
+
+def test_probe_answers_json_and_failures_carry_stderr(sandbox) -> None:
+    with host_of(sandbox) as host:
+        with pytest.raises(ProbeError) as e:
+            host.probe("facts", python="/no/such/python")
+        assert "No such file" in e.value.stderr or "not found" in e.value.stderr
+
+
+def test_journal_redacts_secrets(sandbox, monkeypatch) -> None:
+    token = "hf_" + "Zz9" * 12
+    monkeypatch.setenv("HF_TOKEN", token)
+    with host_of(sandbox) as host:
+        host.run('echo "$HF_TOKEN"', env={"HF_TOKEN": token})
+        entry = host.journal.entries[-1]
+    assert token not in entry.command + entry.stdout_tail
+    assert "***" in entry.stdout_tail
+
+
+def _q(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
