@@ -22,7 +22,7 @@ from opsbook.hosts import Host
 pytestmark = pytest.mark.integration
 
 TRICKY = (
-    "echo \"$0\" 'it'\"'\"'s' \"$HOME\" | sed \"s|$HOME|~|\"; ls /no/such/* 2>&1 | head -1; "
+    'echo "$0" \'it\'"\'"\'s\' "$HOME" | sed "s|$HOME|~|"; ls /no/such/* 2>&1 | head -1; '
     "false && echo never; echo $((6*7)); echo *.nomatch"
 )
 
@@ -32,7 +32,7 @@ def host_of(box) -> Host:
 
 
 def login_shell(host: Host) -> str:
-    return host.run("getent passwd \"$(id -un)\" | cut -d: -f7", check=True).stdout.strip()
+    return host.run('getent passwd "$(id -un)" | cut -d: -f7', check=True).stdout.strip()
 
 
 def test_same_command_same_result_under_zsh_and_bash_login_shells(sandbox, bash_sandbox) -> None:

@@ -27,5 +27,9 @@ def test_message_names_host_and_remedy() -> None:
 
 
 def test_unreachable_errors_share_a_base() -> None:
-    for cls in (exceptions.ConnectionRefused, exceptions.UnknownHostName, exceptions.ConnectTimeout):
+    for cls in (
+        exceptions.ConnectionRefused,
+        exceptions.UnknownHostName,
+        exceptions.ConnectTimeout,
+    ):
         assert issubclass(cls, exceptions.HostUnreachable)

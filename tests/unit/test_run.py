@@ -8,7 +8,11 @@ from opsbook.exceptions import RunError
 @pytest.fixture
 def notebook(tmp_path):
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     cell = nbformat.v4.new_code_cell("deployment = 'x.yml'\nport = 8000")
     cell.metadata["tags"] = ["parameters"]
     nb.cells = [cell]

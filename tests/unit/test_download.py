@@ -1,0 +1,474 @@
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsbook import checkpoint, download, probes
+from opsbook.checkpoint import make_checkpoint
+from opsbook.download import DownloadProgress, HashProgress
+
+INDEX = "model.safetensors.index.json"
+
+
+class LocalProber:
+    """Runs probes with the local python3, exactly as a host's python would run them."""
+
+    def __init__(self, python: str = "/usr/bin/python3"):
+        self.python = python
+        self.calls: list[dict[str, Any]] = []
+
+    def probe(
+        self, name: str, args: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        self.calls.append(dict(args or {}))
+        return probes.run_local(name, args, python=self.python)
+
+
+def check(path: Path | str) -> dict[str, Any]:
+    answer: dict[str, Any] = probes.run_local("download", {"op": "check", "path": str(path)})
+    return answer
+
+
+def errors(answer: dict[str, Any]) -> list[dict[str, str]]:
+    return [f for f in answer["findings"] if f["severity"] == "error"]
+
+
+def status_of(answer: dict[str, Any], name: str) -> str:
+    return next(row["status"] for row in answer["shards"] if row["file"] == name)
+
+
+def shard(n: int, total: int = 5) -> str:
+    return checkpoint.shard_name(n, total)
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    state = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            info = os.lstat(os.path.join(folder, name))
+            state[os.path.join(folder, name)] = (info.st_size, info.st_mtime_ns)
+    return state
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Path:
+    return make_checkpoint(tmp_path / "Kimi-K2.5-NVFP4", shards=5, shard_bytes=100_000)
+
+
+@pytest.fixture
+def cached(tmp_path: Path) -> Path:
+    return make_checkpoint(tmp_path / "hub", shards=5, shard_bytes=100_000, layout="hf-cache")
+
+
+# --- the probe's check ---------------------------------------------------------------------
+
+
+def test_good_local_dir(local: Path) -> None:
+    answer = check(local)
+    assert answer["findings"] == []
+    assert answer["where"]["layout"] == "local-dir"
+    assert answer["summary"]["ok"] == 5
+    assert answer["summary"]["bytes_present"] == answer["summary"]["bytes_expected"] == 500_000
+
+
+@pytest.mark.parametrize("which", ["snapshot", "repo"])
+def test_good_hf_cache(cached: Path, which: str) -> None:
+    path = cached if which == "snapshot" else cached.parent.parent
+    answer = check(path)
+    assert answer["findings"] == []
+    assert answer["where"]["layout"] == "hf-cache"
+    assert answer["where"]["model_dir"] == str(cached)
+    assert answer["summary"]["ok"] == 5
+
+
+def test_default_119_shards_in_one_quick_probe(tmp_path: Path) -> None:
+    model_dir = make_checkpoint(tmp_path / "full")
+    started = time.monotonic()
+    answer = check(model_dir)
+    assert time.monotonic() - started < 5.0
+    assert answer["findings"] == []
+    assert answer["summary"]["ok"] == 119
+    assert answer["summary"]["bytes_present"] > 500e9
+
+
+def test_total_size_is_reported_never_failed_on(local: Path) -> None:
+    index = json.loads((local / INDEX).read_text())
+    index["metadata"]["total_size"] = 123
+    (local / INDEX).write_text(json.dumps(index))
+    answer = check(local)
+    assert answer["findings"] == []
+    assert answer["summary"]["index_total_size"] == 123
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    answer = check(tmp_path / "nope")
+    assert "does not exist" in errors(answer)[0]["message"]
+
+
+def test_not_a_directory(local: Path) -> None:
+    answer = check(local / "config.json")
+    assert "not a directory" in errors(answer)[0]["message"]
+
+
+def test_no_index_and_no_shards(tmp_path: Path) -> None:
+    answer = check(tmp_path)
+    assert "no model.safetensors.index.json and no *.safetensors" in errors(answer)[0]["message"]
+
+
+def test_index_not_json_falls_back_to_shards_on_disk(local: Path) -> None:
+    (local / INDEX).write_text("{not json")
+    answer = check(local)
+    assert errors(answer)[0]["subject"] == INDEX
+    assert answer["summary"]["ok"] == 5
+
+
+def test_missing_shard(local: Path) -> None:
+    (local / shard(3)).unlink()
+    answer = check(local)
+    assert answer["summary"]["missing"] == [shard(3)]
+    assert answer["summary"]["expected_estimated"] is True
+    assert any(f["subject"] == shard(3) for f in errors(answer))
+
+
+def test_truncated_shard(local: Path) -> None:
+    checkpoint.truncate_shard(local, 2, 60_000)
+    answer = check(local)
+    assert answer["summary"]["truncated"] == [shard(2)]
+    row = answer["shards"][1]
+    assert row["size"] == 60_000 and row["expected_size"] == 100_000
+
+
+def test_header_length_beyond_file_size(local: Path) -> None:
+    checkpoint.corrupt_header(local, 4, "length")
+    answer = check(local)
+    assert status_of(answer, shard(4)) == "truncated"
+    assert "beyond the file" in errors(answer)[0]["message"]
+
+
+def test_huge_header_length_is_corrupt(local: Path) -> None:
+    with open(local / shard(1), "r+b") as handle:
+        handle.write((2**40).to_bytes(8, "little"))
+    answer = check(local)
+    assert status_of(answer, shard(1)) == "corrupt"
+
+
+def test_header_not_json(local: Path) -> None:
+    checkpoint.corrupt_header(local, 1, "not-json")
+    answer = check(local)
+    assert answer["summary"]["corrupt"] == [shard(1)]
+    assert "not valid JSON" in errors(answer)[0]["message"]
+
+
+def test_overlapping_offsets(local: Path) -> None:
+    checkpoint.corrupt_header(local, 5, "overlap")
+    answer = check(local)
+    assert answer["summary"]["corrupt"] == [shard(5)]
+    assert "overlaps" in errors(answer)[0]["message"]
+
+
+def test_tensor_in_index_but_not_in_header(local: Path) -> None:
+    index = json.loads((local / INDEX).read_text())
+    index["weight_map"]["language_model.model.layers.7.mlp.experts.9.up_proj.weight"] = shard(2)
+    (local / INDEX).write_text(json.dumps(index))
+    answer = check(local)
+    assert answer["summary"]["corrupt"] == [shard(2)]
+    assert "experts.9.up_proj.weight" in errors(answer)[0]["message"]
+
+
+def test_unexpected_shard(local: Path) -> None:
+    shutil.copy(local / shard(1), local / "model-00006-of-00006.safetensors")
+    answer = check(local)
+    assert answer["summary"]["unexpected"] == ["model-00006-of-00006.safetensors"]
+    assert answer["summary"]["shards"] == 5
+    assert not errors(answer)
+
+
+@pytest.fixture
+def world_readable_dir() -> Iterator[Path]:
+    # pytest's own tmp dirs are private to root, so another user could not even look inside.
+    folder = Path(tempfile.mkdtemp(prefix="opsbook-perm-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_unreadable_shard(world_readable_dir: Path, tmp_path: Path) -> None:
+    model_dir = make_checkpoint(world_readable_dir / "m", shards=3, shard_bytes=50_000)
+    (model_dir / shard(2, 3)).chmod(0o600)
+    python = "/usr/bin/python3"
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("needs setpriv to drop root, which reads every file")
+        wrapper = tmp_path / "python-as-nobody"
+        wrapper.write_text(
+            f'#!/bin/sh\nexec {setpriv} --reuid=65534 --regid=65534 --clear-groups {python} "$@"\n'
+        )
+        wrapper.chmod(0o755)
+        python = str(wrapper)
+    answer = probes.run_local("download", {"op": "check", "path": str(model_dir)}, python=python)
+    assert answer["summary"]["unreadable"] == [shard(2, 3)]
+    assert "permission denied" in errors(answer)[0]["message"]
+
+
+def test_path_with_spaces_and_quotes(tmp_path: Path) -> None:
+    model_dir = make_checkpoint(tmp_path / 'it\'s a "model" dir', shards=2, shard_bytes=50_000)
+    answer = check(model_dir)
+    assert answer["findings"] == []
+    assert answer["where"]["model_dir"] == str(model_dir)
+
+
+def test_symlink_loop_as_path(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert "symlink loop" in errors(check(tmp_path / "a"))[0]["message"]
+
+
+def test_symlink_loop_as_shard(local: Path) -> None:
+    (local / shard(2)).unlink()
+    (local / shard(2)).symlink_to(shard(2))
+    answer = check(local)
+    assert answer["summary"]["unreadable"] == [shard(2)]
+    assert "symlink loop" in errors(answer)[0]["message"]
+
+
+def test_broken_snapshot_links(cached: Path) -> None:
+    os.unlink(checkpoint.shard_path(cached, 3))
+    os.unlink((cached / "tokenizer_config.json").resolve())
+    answer = check(cached)
+    assert answer["summary"]["missing"] == [shard(3)]
+    subjects = {f["subject"] for f in errors(answer)}
+    assert {shard(3), "tokenizer_config.json"} <= subjects
+
+
+@pytest.mark.parametrize("layout", ["local-dir", "hf-cache"])
+def test_partial_downloads_are_found_in_both_layouts(tmp_path: Path, layout: str) -> None:
+    model_dir = make_checkpoint(tmp_path / "m", shards=5, shard_bytes=100_000, layout=layout)
+    pid = checkpoint.start_download_simulation(model_dir, shards=[4], rate_bytes_per_s=1, step=60)
+    try:
+        answer = check(model_dir)
+    finally:
+        checkpoint.stop_download_simulation(pid)
+    assert answer["summary"]["missing"] == [shard(4)]
+    kinds = sorted(p["kind"] for p in answer["partials"])
+    assert kinds == ["incomplete", "lock"]
+    assert all(p["shard"] == shard(4) for p in answer["partials"])
+    assert any("partial download of " + shard(4) in f["message"] for f in errors(answer))
+
+
+def test_config_and_tokenizer_files(local: Path) -> None:
+    (local / "config.json").write_text("{")
+    (local / "tokenizer_config.json").unlink()
+    (local / "tiktoken.model").unlink()
+    answer = check(local)
+    assert [f["subject"] for f in errors(answer)] == ["config.json"]
+    warnings = {f["subject"] for f in answer["findings"] if f["severity"] == "warning"}
+    assert {"tokenizer_config.json", "tokenizer"} <= warnings
+
+
+def test_missing_remote_code_module_is_a_warning(local: Path) -> None:
+    (local / "tokenization_kimi.py").unlink()
+    answer = check(local)
+    assert [f["subject"] for f in answer["findings"]] == ["tokenization_kimi.py"]
+    assert answer["findings"][0]["severity"] == "warning"
+
+
+def test_probe_writes_nothing(local: Path, cached: Path, tmp_path: Path) -> None:
+    before = tree_state(tmp_path)
+    for path in (local, cached):
+        for op in ("check", "hash", "progress"):
+            probes.run_local("download", {"op": op, "path": str(path)})
+    assert tree_state(tmp_path) == before
+
+
+# --- hashing -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["local-dir", "hf-cache"])
+def test_hashes_match_known_references(tmp_path: Path, layout: str) -> None:
+    model_dir = make_checkpoint(tmp_path / "m", shards=5, shard_bytes=100_000, layout=layout)
+    result = download.hash_shards(LocalProber(), str(model_dir))
+    assert result.ok, result
+    assert result.data["counts"] == {"match": 5}
+    sources = {row["source"] for row in result.data["rows"]}
+    assert sources == {"hf-cache blob name" if layout == "hf-cache" else "local-dir metadata etag"}
+
+
+def test_changed_byte_is_a_mismatch(local: Path) -> None:
+    with open(local / shard(2), "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)
+        handle.write(b"\x01")
+    result = download.hash_shards(LocalProber(), str(local))
+    assert not result.ok
+    assert [f.subject for f in result.findings] == [shard(2)]
+    assert "differs" in result.findings[0].message
+
+
+def test_manifest_takes_precedence(local: Path) -> None:
+    result = download.hash_shards(LocalProber(), str(local), manifest={shard(1): "0" * 64})
+    rows = {row["file"]: row for row in result.data["rows"]}
+    assert rows[shard(1)]["source"] == "manifest"
+    assert rows[shard(1)]["status"] == "mismatch"
+
+
+def test_no_reference_is_information(tmp_path: Path) -> None:
+    model_dir = make_checkpoint(tmp_path / "m", shards=2, shard_bytes=50_000)
+    shutil.rmtree(model_dir / ".cache")
+    result = download.hash_shards(LocalProber(), str(model_dir))
+    assert result.ok
+    assert {f.severity for f in result.findings} == {"info"}
+
+
+def test_progress_between_batches_and_resumable_cache(local: Path, tmp_path: Path) -> None:
+    seen: list[HashProgress] = []
+    cache = tmp_path / "state" / "hashes.json"
+    host = LocalProber()
+    result = download.hash_shards(
+        host, str(local), cache_path=str(cache), progress=seen.append, batch_size=2
+    )
+    assert result.ok
+    assert [p.files_done for p in seen] == [2, 4, 5]
+    assert seen[-1].bytes_done == seen[-1].bytes_total == 500_000
+    assert "hashed 5/5 shards" in seen[-1].line()
+    assert len(host.calls) == 4  # one listing, three batches
+    assert len(json.loads(cache.read_text())) == 5
+    again = download.hash_shards(host, str(local), cache_path=str(cache))
+    assert all(row["cached"] for row in again.data["rows"])
+    os.utime(local / shard(3), ns=(0, 0))
+    third = download.hash_shards(host, str(local), cache_path=str(cache))
+    assert [row["file"] for row in third.data["rows"] if not row["cached"]] == [shard(3)]
+
+
+def test_hash_of_missing_path_is_a_finding(tmp_path: Path) -> None:
+    result = download.hash_shards(LocalProber(), str(tmp_path / "gone"))
+    assert not result.ok
+    assert "does not exist" in result.findings[0].message
+
+
+# --- the library ---------------------------------------------------------------------------
+
+
+def test_check_download_result(local: Path) -> None:
+    checkpoint.truncate_shard(local, 2, 10)
+    result = download.check_download(LocalProber(), str(local))
+    assert not result.ok
+    assert result.message.startswith("4 of 5 shards ok; 1 truncated")
+    assert len(result.data["shards"]) == 5
+    assert result.findings[0].subject == shard(2)
+    good = download.check_download(LocalProber(), str(local.parent / "absent"))
+    assert good.message == "no checkpoint shards found"
+
+
+def test_watch_download_follows_a_simulated_download(local: Path) -> None:
+    pid = checkpoint.start_download_simulation(
+        local, shards=[3, 4, 5], rate_bytes_per_s=1_000_000, step=0.02
+    )
+    updates: list[DownloadProgress] = []
+    try:
+        result = download.watch_download(
+            LocalProber(), str(local), interval=0.1, timeout=20, on_update=updates.append
+        )
+    finally:
+        checkpoint.stop_download_simulation(pid)
+    assert result.ok, result
+    samples = result.data["samples"]
+    assert samples[-1][1] == 500_000
+    assert [b for _, b in samples] == sorted(b for _, b in samples)
+    assert updates[0].done < 5 and updates[-1].complete
+
+
+def test_watch_download_gives_up_at_timeout(local: Path) -> None:
+    (local / shard(5)).unlink()
+    clock = iter([0.0, 1.0, 200.0, 400.0]).__next__
+    result = download.watch_download(
+        LocalProber(), str(local), interval=0, timeout=300, sleep=lambda _: None, clock=clock
+    )
+    assert not result.ok
+    assert "not complete after" in result.message
+    assert [f.subject for f in result.findings] == ["download"]
+    assert len(result.data["samples"]) == 3
+
+
+# --- pure helpers --------------------------------------------------------------------------
+
+
+def test_transfer_rate_uses_recent_window() -> None:
+    assert download.transfer_rate([(0.0, 0)]) is None
+    samples = [(0.0, 0), (100.0, 100), (110.0, 1100), (120.0, 2100)]
+    assert download.transfer_rate(samples, window=20) == 100.0
+    assert download.transfer_rate([(0.0, 0), (0.0, 10)]) is None
+
+
+def test_eta_seconds() -> None:
+    assert download.eta_seconds(50, 100, 10.0) == 5.0
+    assert download.eta_seconds(100, 100, None) == 0.0
+    assert download.eta_seconds(50, 100, 0.0) is None
+
+
+def test_stalled_for() -> None:
+    assert download.stalled_for([]) == 0.0
+    assert download.stalled_for([(0.0, 1), (5.0, 2), (9.0, 2), (20.0, 2)]) == 15.0
+    assert download.stalled_for([(0.0, 1), (5.0, 2)]) == 0.0
+
+
+def test_formatting() -> None:
+    assert download.format_bytes(547_400_000_000) == "547.4 GB"
+    assert download.format_bytes(999) == "999 B"
+    assert download.format_bytes(None) == "?"
+    assert download.format_bytes(2e15) == "2000.0 TB"
+    assert download.format_duration(45) == "45 s"
+    assert download.format_duration(200) == "3 min 20 s"
+    assert download.format_duration(7500) == "2 h 05 min"
+    assert download.batched(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
+
+
+def test_progress_line() -> None:
+    progress = DownloadProgress(
+        elapsed=10.0,
+        bytes_present=270_000_000_000,
+        bytes_expected=540_000_000_000,
+        expected_estimated=True,
+        shards=119,
+        done=59,
+        partial=1,
+        missing=59,
+        rate=1e9,
+        eta=270.0,
+        stalled_for=0.0,
+    )
+    assert progress.line() == (
+        "59/119 shards done, 1 partial, 59 missing; 270.0 GB of ~540.0 GB (50.0%), "
+        "1.0 GB/s, about 4 min 30 s left"
+    )
+    assert not progress.complete
+
+
+def test_check_message_lists_problems() -> None:
+    summary = {
+        "shards": 119,
+        "ok": 117,
+        "missing": ["a"],
+        "truncated": [],
+        "corrupt": ["b"],
+        "unreadable": [],
+        "bytes_present": 10,
+        "bytes_expected": 20,
+    }
+    assert download.check_message(summary, ok=False) == (
+        "117 of 119 shards ok; 1 missing, 1 corrupt (10 B of 20 B present)"
+    )
+
+
+def test_shard_table_is_displayable(local: Path) -> None:
+    result = download.check_download(LocalProber(), str(local))
+    assert result.ok
+    assert result.message == "all 5 shards complete and readable (500.0 kB of 500.0 kB)"
+    assert "<table>" in result.data["shards"]._repr_html_()
+    assert stat.S_ISDIR(os.stat(result.data["where"]["model_dir"]).st_mode)

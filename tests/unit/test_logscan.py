@@ -1,0 +1,807 @@
+"""Unit tests of opsbook.logscan on the real vLLM logs of tests/data/logs and on mangled copies.
+
+Real logs are checked against tests/data/logs/INDEX.md (category and key line), parsed here.
+Key-line comparison: the key must be an exact substring of the reported line's ``raw`` text
+(the original text as in the file, so ``grep -F`` finds it), and ``normalise_line(key)`` must
+be a substring of the reported line's normalised ``text`` (prefixes, ANSI codes, quote
+markers removed and terminal-wrapped pieces joined).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from opsbook.logscan import (
+    FAILED,
+    HUNG,
+    LOADING,
+    NO_CONCLUSION,
+    PHASE_NAMES,
+    READY,
+    LogDiagnosis,
+    classify_kernel_log,
+    diagnose_log,
+    find_version,
+    load_catalogue,
+    normalise_line,
+    parse_backend_reasons,
+    phases,
+    read_log_lines,
+)
+from opsbook.results import SEVERITIES, Result
+
+LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
+# INDEX.md names two categories with a note in parentheses: a benign look-alike, and a
+# sub-class that opsbook's catalogue keeps apart from its parent.
+SUBCLASSES = {"custom all-reduce": "custom-allreduce"}
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    file: str
+    category: str
+    key: str
+    source: str
+    version: str
+
+    @property
+    def benign(self) -> bool:
+        return "BENIGN" in self.category
+
+    @property
+    def expected_class(self) -> str:
+        base, _, note = self.category.partition(" (")
+        return SUBCLASSES.get(note.rstrip(")"), base)
+
+
+def index_rows() -> list[IndexRow]:
+    rows = []
+    for line in (LOGS / "INDEX.md").read_text(encoding="utf-8").splitlines():
+        if not re.match(r"^[\w.-]+\.log \| ", line):
+            continue
+        parts = line.split(" | ")
+        rows.append(IndexRow(parts[0], parts[1], " | ".join(parts[2:-2]), parts[-2], parts[-1]))
+    return rows
+
+
+ROWS = index_rows()
+
+
+def read_log(name: str) -> str:
+    return (LOGS / name).read_text(encoding="utf-8")
+
+
+def key_is_on(key: str, diagnosis: LogDiagnosis) -> bool:
+    line = diagnosis.line
+    return line is not None and key in line.raw and normalise_line(key) in line.text
+
+
+# --- every real log of INDEX.md ---------------------------------------------------------
+
+
+def test_index_lists_every_log_file() -> None:
+    listed = {row.file for row in ROWS}
+    assert listed == {path.name for path in LOGS.glob("*.log")} - {
+        "vllm-startup-8x-rtxpro6000-glm51-nvfp4.log"
+    }
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.file for row in ROWS])
+def test_real_log_is_classified_as_indexed(row: IndexRow) -> None:
+    diagnosis = diagnose_log(read_log(row.file))
+
+    if row.category == "ready":
+        assert diagnosis.state == READY
+        assert diagnosis.failure is None
+    elif row.benign:
+        assert diagnosis.state not in (FAILED, HUNG)
+        assert diagnosis.failure is None
+        assert all(note.entry.severity == "info" for note in diagnosis.notes)
+    else:
+        assert diagnosis.state in (FAILED, HUNG)
+        assert diagnosis.failure == row.expected_class
+    assert key_is_on(row.key, diagnosis), (row.key, diagnosis.line)
+    assert diagnosis.remedy.strip()
+    assert diagnosis.source.strip()
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.file for row in ROWS])
+def test_real_log_version_only_when_the_log_states_it(row: IndexRow) -> None:
+    text = read_log(row.file)
+    body = text.split("\n", 1)[1]  # the first line is provenance, not log
+    stated = re.match(r"\d+\.\d+[\w.]*", row.version)
+
+    version = diagnose_log(text).version
+
+    if stated and stated.group(0) in body:
+        assert version == stated.group(0)
+    else:
+        assert version is None
+
+
+def test_full_tp8_startup_is_ready_with_its_dev_version() -> None:
+    diagnosis = diagnose_log(read_log("vllm-startup-8x-rtxpro6000-glm51-nvfp4.log"))
+
+    assert diagnosis.state == READY
+    assert diagnosis.version == "0.20.2rc1.dev249+glmkimirebase20260514"
+    assert {p.name for p in diagnosis.phases} == set(PHASE_NAMES)
+    # The shared-memory stalls during its torch.compile are pointed out, not a hang.
+    assert "shm" in {note.entry.id for note in diagnosis.notes}
+
+
+def test_log_fragment_that_stops_early_is_no_conclusion() -> None:
+    text = read_log("vllm-serve-log-fragment-8x-rtxpro6000-v0.13.0.txt")
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == NO_CONCLUSION
+    assert diagnosis.phase == "args"
+    assert diagnosis.version == "0.13.0"
+    assert diagnosis.suspect == "host-oom-killer"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "oom-2.log",
+            {
+                "tried_to_allocate": "896.00 MiB",
+                "gpu": 4,
+                "capacity": "79.25 GiB",
+                "free": "768.00 KiB",
+                "tried_to_allocate_gib": 0.875,
+            },
+        ),
+        (
+            "oom-4.log",
+            {
+                "tried_to_allocate": "224.00 MiB",
+                "gpu": 0,
+                "capacity": "10.73 GiB",
+                "allocated": "9.85 GiB",
+                "free": "46.44 MiB",
+            },
+        ),
+        (
+            "free-memory-1.log",
+            {
+                "free_gib": 31.44,
+                "total_gib": 47.38,
+                "gpu_memory_utilization": 0.95,
+                "desired_gib": 45.01,
+            },
+        ),
+        (
+            "kv-cache-too-small-4.log",
+            {
+                "max_seq_len": 100000,
+                "kv_cache_needed": "4.26 GiB",
+                "kv_cache_available": "4.25 GiB",
+            },
+        ),
+        ("port-in-use-1.log", {"address": "0.0.0.0", "port": 8000}),
+        (
+            "quant-capability-1.log",
+            {"method": "fp8", "min_capability": 90, "current_capability": 86},
+        ),
+        ("nccl-4.log", {"source_line": 164, "cuda_error": "invalid argument"}),
+        ("unknown-arg-2.log", {"arguments": "--disable-log-requests"}),
+        ("model-not-found-2.log", {"repository": "xcodec_tps25_0215"}),
+        ("trust-remote-code-2.log", {"repository": "/workspace/amd/MiniMax-M2.1-MXFP4"}),
+        ("shm-1.log", {"seconds": 60}),
+    ],
+)
+def test_numbers_parsed_from_real_logs(name: str, expected: dict[str, object]) -> None:
+    numbers = diagnose_log(read_log(name)).numbers
+
+    assert {key: numbers.get(key) for key in expected} == expected
+
+
+def test_backend_reasons_parsed_per_backend() -> None:
+    numbers = diagnose_log(read_log("no-backend-1.log")).numbers
+
+    assert numbers["reasons"]["TRITON_MLA"] == ["sparse not supported"]
+    assert numbers["reasons"]["FLASHMLA_SPARSE"] == ["compute capability not supported"]
+    assert len(numbers["reasons"]["FLASH_ATTN_MLA"]) == 3
+    assert numbers["use_mla"] == "True" and numbers["head_size"] == 576
+
+
+def test_remedies_use_parsed_numbers() -> None:
+    assert "--disable-log-requests" in diagnose_log(read_log("unknown-arg-2.log")).remedy
+    assert "sport = :8000" in diagnose_log(read_log("port-in-use-1.log")).remedy
+    assert (
+        "fp8 needs compute capability 90" in diagnose_log(read_log("quant-capability-1.log")).remedy
+    )
+    assert "--disable-custom-all-reduce" in diagnose_log(read_log("nccl-4.log")).remedy
+    assert "patch 02" in diagnose_log(read_log("fp8kv-mla-1.log")).remedy
+
+
+# --- mangling -----------------------------------------------------------------------------
+
+V1_KV_ERROR = (
+    "(EngineCore_DP0 pid=412) ERROR 03-12 10:11:12 [core.py:708] ValueError: To serve at "
+    "least one request with the model's max seq len (262144), (17.16 GiB KV cache is needed, "
+    "which is larger than the available KV cache memory (9.72 GiB). Based on the available "
+    "memory, the estimated maximum model length is 148464. Try increasing "
+    "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+)
+
+
+def test_ansi_codes_with_and_without_escape_are_removed() -> None:
+    escaped = (
+        "\x1b[1;36m(EngineCore_DP0 pid=412)\x1b[0;0m \x1b[31mERROR\x1b[0m 03-12 10:11:12 "
+        "[core.py:708] ValueError: x"
+    )
+    pasted = "[1;36m(EngineCore_DP0 pid=412)[0;0m ERROR 03-12 10:11:12 [core.py:708] ValueError: x"
+
+    assert normalise_line(escaped) == "ValueError: x"
+    assert normalise_line(pasted) == "ValueError: x"
+
+
+def test_ansi_coloured_failure_is_classified() -> None:
+    text = "\x1b[1;36m" + V1_KV_ERROR.replace(") ERROR", ")\x1b[0;0m ERROR")
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "kv-cache-too-small"
+    assert diagnosis.numbers["estimated_max_model_len"] == 148464
+    assert "--max-model-len 148464" in diagnosis.remedy
+
+
+@pytest.mark.parametrize("name", ["kv-cache-too-small-1.log", "nccl-2.log", "ready-4.log"])
+def test_markdown_quoted_log_reads_like_the_original(name: str) -> None:
+    text = read_log(name)
+    quoted = "\n".join("> " + line for line in text.split("\n"))
+
+    original, pasted = diagnose_log(text), diagnose_log(quoted)
+
+    assert (pasted.state, pasted.failure, pasted.phase) == (
+        original.state,
+        original.failure,
+        original.phase,
+    )
+    assert pasted.line is not None and original.line is not None
+    assert pasted.line.text == original.line.text
+    assert pasted.line.raw == "> " + original.line.raw
+
+
+def test_prefixes_of_every_vllm_generation_are_removed() -> None:
+    cases = {
+        "INFO 10-12 00:26:58 launcher.py:27] Route: /docs": "Route: /docs",
+        "(VllmWorker rank=0 pid=12409) INFO 07-09 14:34:25 [cuda.py:221] Using x": "Using x",
+        "(RayWorkerWrapper pid=301, ip=172.2.1.7) ERROR 04-18 01:30:29 [w.py:620] E: x": "E: x",
+        "[rank0]: NotImplementedError: y": "NotImplementedError: y",
+        "vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: z": "ValueError: z",
+        "(APIServer pid=1) INFO:     Application startup complete.": "Application startup "
+        "complete.",
+        "(Worker pid=350) (Worker pid=357) WARNING 05-15 05:34:08 [s.py:66] w": "w",
+        "2025-07-09 14:34:19,913 - INFO - flashinfer.jit: Prebuilt": "flashinfer.jit: Prebuilt",
+        "**(Worker_TP4 pid=25) ERROR 12-29 15:21:11 [m.py:751] ValueError: v**": "ValueError: v",
+        "[multiproc_executor.py:492] ValueError: w": "ValueError: w",
+    }
+    for line, message in cases.items():
+        assert normalise_line(line) == message, line
+
+
+def test_terminal_wrapped_lines_are_joined() -> None:
+    lines = read_log_lines(read_log("kv-cache-too-small-4.log"))
+
+    error = next(line for line in lines if line.text.startswith("ValueError"))
+
+    assert error.number == 18
+    assert error.raw.count("\n") == 1
+    assert "(4.26 GiB KV cache is needed, which is larger" in error.text
+    assert [line.number for line in lines if line.text.startswith("ValueError")] == [18]
+
+
+def test_log_wrapped_at_a_fixed_width_keeps_its_diagnosis() -> None:
+    width = 90
+    text = "\n".join(
+        "\n".join(line[i : i + width] for i in range(0, max(len(line), 1), width))
+        for line in [
+            "INFO 03-12 10:11:10 [gpu_model_runner.py:1] Starting to load model m...",
+            "INFO 03-12 10:11:11 [default_loader.py:1] Loading weights took 2.48 seconds",
+            V1_KV_ERROR,
+            "ERROR 03-12 10:11:13 [core.py:1] EngineCore failed to start.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "kv-cache-too-small"
+    assert diagnosis.numbers["estimated_max_model_len"] == 148464
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_a_single_wrapped_line_is_joined_to_its_prefixed_head() -> None:
+    text = (
+        "(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:1] ValueError: Free memory on devi\n"
+        "ce cuda:0 (3.1/79.2 GiB) on startup is less than desired GPU memory utilization "
+        "(0.9, 71.3 GiB). Decrease GPU memory utilization.\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "free-memory"
+    assert diagnosis.numbers["device"] == "cuda:0"
+    assert diagnosis.numbers["free_gib"] == 3.1
+
+
+def test_truncated_tail_still_classifies_and_falls_back_to_the_plain_remedy() -> None:
+    cut = V1_KV_ERROR[: V1_KV_ERROR.index("Based on")]
+
+    diagnosis = diagnose_log(cut)
+
+    assert diagnosis.failure == "kv-cache-too-small"
+    assert "estimated_max_model_len" not in diagnosis.numbers
+    assert diagnosis.remedy.startswith("The memory left after the weights")
+
+
+def test_crlf_and_progress_bar_redraws() -> None:
+    text = (
+        "INFO 03-12 10:11:12 [a.py:1] Starting to load model m...\r\n"
+        "(EngineCore_DP0 pid=4) \rLoading safetensors checkpoint shards:   0% 0/4\r"
+        "Loading safetensors checkpoint shards: 100% 4/4\r\n"
+    )
+
+    lines = read_log_lines(text)
+
+    assert lines[1].text == "Loading safetensors checkpoint shards: 100% 4/4"
+    assert [p.name for p in phases(text)] == ["weights"]
+
+
+# --- the wrapper / root cause rule ------------------------------------------------------
+
+WRAPPER = (
+    "(APIServer pid=9) RuntimeError: Engine core initialization failed. See root cause above. "
+    "Failed core proc(s): {}"
+)
+
+
+def test_specific_cause_above_the_wrapper_is_reported() -> None:
+    prefix = "(EngineCore_DP0 pid=4) ERROR 03-12 10:11:12 [core.py:1] "
+    text = "\n".join(
+        [
+            prefix + "EngineCore failed to start.",
+            prefix + "Traceback (most recent call last):",
+            prefix + '  File "/v/triton_mla.py", line 63, in __init__',
+            prefix + "    raise NotImplementedError(",
+            prefix + "NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported",
+            WRAPPER,
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "fp8kv-mla"
+    assert diagnosis.line is not None and diagnosis.line.number == 5
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.number == 6
+
+
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        WRAPPER,
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+        "trace (above) for the root cause.",
+    ],
+)
+def test_wrapper_alone_is_engine_dead(wrapper: str) -> None:
+    text = "\n".join(["Traceback (most recent call last):", '  File "x.py", line 1, in f', wrapper])
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+    assert "earlier" in diagnosis.remedy
+
+
+def test_source_lines_of_a_traceback_never_identify_a_failure() -> None:
+    text = "\n".join(
+        [
+            '  File "/v/worker.py", line 493, in raise_if_cache_size_invalid',
+            '    raise ValueError("No available memory for the cache blocks. "',
+        ]
+    )
+
+    assert diagnose_log(text).failure is None
+
+
+def test_unknown_exception_is_a_generic_failure_but_not_after_ready() -> None:
+    error = "ERROR 03-12 10:11:15 [serving.py:1] KeyError: 'choices'"
+    ready = "INFO:     Application startup complete."
+
+    assert diagnose_log(error).failure == "unrecognised-error"
+    assert diagnose_log(ready + "\n" + error).state == READY
+    assert diagnose_log(error + "\n" + ready).state == READY
+
+
+def test_catalogued_failure_after_ready_wins() -> None:
+    text = "INFO:     Application startup complete.\nERROR:    [Errno 98] address already in use"
+
+    assert diagnose_log(text).failure == "port-in-use"
+
+
+# --- benign look-alikes ------------------------------------------------------------------
+
+
+def test_benign_free_memory_report_raises_nothing() -> None:
+    text = (
+        "(Worker_TP0 pid=554) INFO 08-30 03:01:53 [gpu_worker.py:970] Free memory on device "
+        "(39.01/39.67 GiB) on startup. Desired GPU memory utilization is (0.87, 34.52 GiB). "
+        "Actual usage is 22.28 GiB.\nINFO:     Application startup complete."
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (READY, None)
+    assert [note.entry.id for note in diagnosis.notes] == ["free-memory-info"]
+
+
+STALL = (
+    "(EngineCore pid=2) INFO 08-13 11:{m:02d}:02 [shm_broadcast.py:802] No available shared "
+    "memory broadcast block found in 60 seconds. This typically happens when some processes "
+    "are hanging or doing some time-consuming work (e.g. compilation)."
+)
+COMPILE = "(Worker pid=3) INFO 08-13 11:{m:02d}:30 [backends.py:1] Dynamo bytecode transform time"
+KV = "(Worker pid=3) INFO 08-13 11:{m:02d}:40 [gpu_worker.py:1] Available KV cache memory: 9 GiB"
+
+
+def test_shm_stall_during_compile_then_progress_is_benign() -> None:
+    text = "\n".join([COMPILE.format(m=1), STALL.format(m=2), KV.format(m=3)])
+
+    diagnosis = diagnose_log(text, running=True)
+
+    assert (diagnosis.state, diagnosis.phase) == (LOADING, "kv-cache")
+    assert [note.entry.id for note in diagnosis.notes] == ["shm"]
+
+
+@pytest.mark.parametrize(
+    "stalls",
+    [
+        [STALL.format(m=2)],  # the last line of the log
+        [STALL.format(m=m) for m in (2, 3, 4)] + ["(Worker pid=3) INFO 08-13 11:04:05 [x.py:1] y"],
+    ],
+)
+def test_shm_stall_last_or_persistent_is_a_hang(stalls: list[str]) -> None:
+    diagnosis = diagnose_log("\n".join([COMPILE.format(m=1), *stalls]))
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "shm")
+    assert not diagnosis.ok
+
+
+# --- logs that stop without an error; the kernel log -----------------------------------
+
+STOPPED = "\n".join(
+    [
+        "INFO 03-12 10:11:10 [api_server.py:1] vLLM API server version 0.11.2",
+        "INFO 03-12 10:11:12 [gpu_model_runner.py:1] Starting to load model /models/kimi...",
+        "Loading safetensors checkpoint shards:  31% Completed | 37/119 [05:01<11:02, 8.08s/it]",
+    ]
+)
+DMESG = (
+    "[12345.678901] python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE)\n"
+    "[12345.679001] Out of memory: Killed process 4242 (python3) total-vm:912345678kB, "
+    "anon-rss:503316480kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1000kB oom_score_adj:0\n"
+)
+
+
+def test_log_that_stops_mid_phase_is_no_conclusion_with_a_suspect() -> None:
+    diagnosis = diagnose_log(STOPPED)
+
+    assert (diagnosis.state, diagnosis.phase) == (NO_CONCLUSION, "weights")
+    assert diagnosis.suspect == "host-oom-killer"
+    assert "dmesg" in diagnosis.remedy
+
+
+def test_running_process_makes_the_same_log_loading() -> None:
+    diagnosis = diagnose_log(STOPPED, running=True)
+
+    assert (diagnosis.state, diagnosis.phase, diagnosis.suspect) == (LOADING, "weights", None)
+    assert diagnosis.ok
+
+
+def test_kernel_log_names_the_oom_kill() -> None:
+    kills = classify_kernel_log(DMESG)
+
+    assert [(k.pid, k.process, k.line_no, k.anon_rss_kb) for k in kills] == [
+        (4242, "python3", 2, 503316480)
+    ]
+    assert classify_kernel_log("[1.0] usb 1-1: new high-speed USB device") == []
+
+
+def test_kernel_log_turns_a_stopped_log_into_host_oom_killer() -> None:
+    diagnosis = diagnose_log(STOPPED, running=False, kernel_log=DMESG)
+
+    assert (diagnosis.state, diagnosis.failure, diagnosis.phase) == (
+        FAILED,
+        "host-oom-killer",
+        "weights",
+    )
+    assert diagnosis.numbers["pid"] == 4242
+
+
+def test_log_that_stops_after_nccl_init_suspects_nccl() -> None:
+    text = STOPPED.rsplit("\n", 1)[0] + (
+        "\n(Worker_TP0 pid=5) INFO 03-12 10:11:13 [pynccl.py:69] vLLM is using nccl==2.21.5"
+    )
+
+    assert diagnose_log(text).suspect == "nccl"
+
+
+def test_text_that_is_not_a_vllm_log() -> None:
+    diagnosis = diagnose_log("hello\nworld\n")
+
+    assert (diagnosis.state, diagnosis.line, diagnosis.phase) == (NO_CONCLUSION, None, None)
+    assert diagnosis.remedy
+
+
+def test_oom_phase_comes_from_the_last_phase_seen() -> None:
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a "
+        "total capacity of 94.97 GiB of which 1.2 GiB is free."
+    )
+    loading = "INFO 03-12 10:11:12 [m.py:1] Starting to load model x..."
+    loaded = "INFO 03-12 10:11:20 [m.py:1] Model loading took 60.1 GiB and 8.0 seconds"
+    graphs = "Capturing CUDA graphs (decode, FULL):  40%|████      | 20/51"
+
+    def stage(*lines: str) -> object:
+        return diagnose_log("\n".join(lines)).numbers.get("phase")
+
+    assert stage(loading, oom) == "loading"
+    assert stage(loading, loaded, oom) == "profiling"
+    assert stage(loading, loaded, graphs, oom) == "graph capture"
+    assert stage(oom) is None
+
+
+def test_fp8_kv_refused_by_triton_mla_in_the_reasons_is_fp8kv_mla() -> None:
+    text = (
+        "ValueError: No valid attention backend found for cuda with AttentionSelectorConfig("
+        "head_size=576, dtype=torch.bfloat16, kv_cache_dtype=fp8_e4m3, block_size=None, "
+        "use_mla=True, has_sink=False, use_sparse=False). Reasons: {FLASHMLA: [compute "
+        "capability not supported], TRITON_MLA: [kv_cache_dtype not supported]}."
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "fp8kv-mla"
+    assert diagnosis.numbers["kv_cache_dtype"] == "fp8_e4m3"
+    assert diagnosis.numbers["reasons"]["TRITON_MLA"] == ["kv_cache_dtype not supported"]
+
+
+def test_backend_reasons_with_nested_brackets_and_a_truncated_tail() -> None:
+    text = (
+        "Reasons: {FLASHINFER_MLA: [FlashInfer MLA kernel requires qk_nope_head_dim in "
+        "[64, 128, 192], but got 96, compute capability not supported], TRITON_MLA: [sparse "
+        "not supported], FLASHM"
+    )
+
+    assert parse_backend_reasons(text) == {
+        "FLASHINFER_MLA": [
+            "FlashInfer MLA kernel requires qk_nope_head_dim in [64, 128, 192], but got 96",
+            "compute capability not supported",
+        ],
+        "TRITON_MLA": ["sparse not supported"],
+    }
+
+
+# --- version, phases, timestamps ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "version"),
+    [
+        ("INFO 11-20 10:00:00 api_server.py:585] vLLM API server version 0.6.4", "0.6.4"),
+        (
+            "(EngineCore_DP0 pid=420) INFO 11-28 15:27:27 [core.py:93] Initializing a V1 LLM "
+            "engine (v0.11.2) with config: model='m'",
+            "0.11.2",
+        ),
+        (
+            "INFO 11-18 18:07:00 llm_engine.py:249] Initializing an LLM engine (v0.6.4.post1) "
+            "with config: model='Qwen'",
+            "0.6.4.post1",
+        ),
+        ("vLLM version 0.9.1", "0.9.1"),
+        (
+            "(APIServer pid=1) INFO 05-15 05:33:37 [utils.py:306]  ▄▄ ▄█ █     █     █ ▀▄▀ █  "
+            "version 0.20.2rc1.dev249+glm",
+            "0.20.2rc1.dev249+glm",
+        ),
+        ("INFO 07-09 14:34:25 [pynccl.py:69] vLLM is using nccl==2.21.5", None),
+        ("Using a slow image processor... default behavior in v4.52", None),
+    ],
+)
+def test_version_extraction(line: str, version: str | None) -> None:
+    assert find_version(read_log_lines(line)) == version
+
+
+def test_phases_and_timestamps_of_a_v1_startup() -> None:
+    found = phases(read_log("ready-4.log"))
+
+    assert [p.name for p in found] == [
+        "args",
+        "engine-config",
+        "weights",
+        "backend",
+        "compile",
+        "kv-cache",
+        "graphs",
+        "engine-ready",
+        "http",
+        "ready",
+    ]
+    by_name = {p.name: p for p in found}
+    assert by_name["args"].first_line_no == 5
+    # The log's Python-logging lines carry the year; vLLM's own prefix does not.
+    assert by_name["args"].timestamp == datetime(2025, 11, 28, 15, 27, 15)
+    assert by_name["engine-ready"].timestamp == datetime(2025, 11, 28, 15, 28, 13)
+    # Uvicorn's line has no time: the phase starts no earlier than the last stamped line.
+    assert by_name["ready"].timestamp == datetime(2025, 11, 28, 15, 28, 15)
+
+
+def test_timestamps_of_v0_prefixes_use_the_placeholder_year() -> None:
+    found = phases(read_log("port-in-use-1.log"))
+
+    assert found[0].name == "http"
+    assert found[0].timestamp == datetime(2000, 10, 12, 0, 26, 58)
+
+
+def test_logs_without_timestamps_have_none() -> None:
+    found = phases(
+        "Capturing CUDA graphs (FULL): 100%| 2/2\nINFO:     Application startup complete"
+    )
+
+    assert [(p.name, p.first_line_no, p.timestamp) for p in found] == [
+        ("graphs", 1, None),
+        ("ready", 2, None),
+    ]
+
+
+def test_a_log_across_new_year_keeps_time_increasing() -> None:
+    text = (
+        "INFO 12-31 23:59:50 [a.py:1] Starting to load model m\n"
+        "INFO 01-01 00:00:20 [a.py:1] Model loading took 1 GiB"
+    )
+
+    first, second = read_log_lines(text)
+
+    assert first.timestamp is not None and second.timestamp is not None
+    assert (second.timestamp - first.timestamp).total_seconds() == 30
+
+
+# --- presentation and the catalogue --------------------------------------------------------
+
+
+def test_diagnosis_renders_as_json_text_html_and_result() -> None:
+    diagnosis = diagnose_log(read_log("oom-2.log"))
+
+    data = json.loads(json.dumps(diagnosis.to_dict()))
+    assert data["failure"] == "oom" and data["line"]["number"] == 2
+    assert "oom" in str(diagnosis) and "remedy:" in str(diagnosis)
+    assert "CUDA out of memory" in diagnosis._repr_html_()
+    result = diagnosis.to_result()
+    assert isinstance(result, Result) and not result.ok
+    assert result.findings[0].subject == "oom"
+
+
+def test_ready_diagnosis_is_ok_and_serialises_phases() -> None:
+    diagnosis = diagnose_log(read_log("ready-3.log"))
+
+    data = diagnosis.to_dict()
+
+    assert diagnosis.ok and diagnosis.to_result().ok
+    assert data["phases"][0] == {"name": "args", "line_no": 6, "timestamp": "2000-06-10T06:16:19"}
+
+
+def test_catalogue_entries_are_complete() -> None:
+    catalogue = load_catalogue()
+    ids = [entry.id for entry in catalogue]
+
+    assert len(ids) == len(set(ids))
+    for entry in catalogue:
+        assert entry.patterns and entry.remedy.strip() and entry.source.strip(), entry.id
+        assert entry.severity in SEVERITIES
+    required = {
+        "fp8kv-mla",
+        "no-backend",
+        "oom",
+        "kv-cache-too-small",
+        "free-memory",
+        "port-in-use",
+        "trust-remote-code",
+        "nccl",
+        "custom-allreduce",
+        "quant-capability",
+        "safetensors-corrupt",
+        "shm",
+        "unknown-arg",
+        "model-not-found",
+        "host-oom-killer",
+        "engine-dead",
+    }
+    assert required <= set(ids)
+
+
+@pytest.mark.parametrize(
+    ("line", "failure"),
+    [
+        (
+            "safetensors_rust.SafetensorError: Error while deserializing header: "
+            "MetadataIncompleteBuffer",
+            "safetensors-corrupt",
+        ),
+        (
+            "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge",
+            "safetensors-corrupt",
+        ),
+        (
+            "OSError: /models/x is not a local folder and is not a valid model identifier listed "
+            "on 'https://huggingface.co/models'",
+            "model-not-found",
+        ),
+        ("huggingface_hub.errors.GatedRepoError: 401 Client Error.", "model-not-found"),
+        (
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+            "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE",
+            "port-in-use",
+        ),
+        (
+            "RuntimeError: Insufficient space in /dev/shm: 640.00 MiB required, 60.00 MiB free.",
+            "shm-space",
+        ),
+        (
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+            "unhandled system error",
+            "nccl",
+        ),
+        (
+            "[rank1]:[E ProcessGroupNCCL.cpp:563] Watchdog caught collective operation timeout",
+            "nccl",
+        ),
+        (
+            "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:455 'invalid argument'",
+            "custom-allreduce",
+        ),
+        (
+            "ValueError: Selected backend FLASHMLA is not valid for this configuration. Reason: "
+            "['compute capability not supported']",
+            "no-backend",
+        ),
+        ("NotImplementedError: FP8 Triton MLA not yet supported", "fp8kv-mla"),
+        ("NotImplementedError: FlashAttnMLA V1 with FP8 KV cache not yet supported", "fp8kv-mla"),
+        (
+            "ValueError: The model's max seq len (32768) is larger than the maximum number of "
+            "tokens that can be stored in KV cache (20000).",
+            "kv-cache-too-small",
+        ),
+        ("api_server.py: error: unrecognized arguments: --foo", "unknown-arg"),
+        ("Out of memory: Killed process 4242 (python3) total-vm:1kB", "host-oom-killer"),
+    ],
+)
+def test_catalogue_signatures(line: str, failure: str) -> None:
+    assert diagnose_log(line).failure == failure
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "WARNING 07-09 14:34:25 [custom_all_reduce.py:146] Custom allreduce is disabled because "
+        "your platform lacks GPU P2P capability or P2P test failed.",
+        "(APIServer pid=2122) The argument `trust_remote_code` is to be used with Auto classes. "
+        "It has no effect here and is ignored.",
+        "(Worker pid=350) WARNING 05-15 05:34:08 [symm_mem.py:66] SymmMemCommunicator: Device "
+        "capability 12.0 not supported, communicator is not available.",
+        "/opt/venv/lib/python3.12/site-packages/torch/cuda/__init__.py:61: FutureWarning: The "
+        "pynvml package is deprecated.",
+    ],
+)
+def test_expected_warnings_are_not_failures(line: str) -> None:
+    assert diagnose_log(line).failure is None

@@ -1,0 +1,312 @@
+"""Unit tests of opsbook.patch: the plan on real configs, and the configs probe run locally."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsbook.compat import facts_from_texts
+from opsbook.exceptions import OpsbookError
+from opsbook.patch import (
+    BACKUP_SUFFIX,
+    Edit,
+    apply_edits,
+    apply_patch,
+    detect_style,
+    fp8_kv_cache_edits,
+    plan_patch,
+    read_config_state,
+    read_configs,
+    restore_patch,
+)
+from opsbook.probes import run_local
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "checkpoints"
+SM120 = [{"compute_cap": "12.0"}] * 8
+KIMI_ARGS = {
+    "tool-call-parser": "kimi_k2", "enable-auto-tool-choice": True, "trust-remote-code": True,
+}
+
+
+class LocalProbeHost:
+    """Runs probes with the local python3, exactly as a host's python3 would run them."""
+
+    def probe(self, name: str, args: dict[str, Any] | None = None) -> Any:
+        return run_local(name, args)
+
+
+def kimi_files() -> dict[str, str]:
+    return {
+        "config.json": (DATA / "kimi-k25-nvfp4-config.json").read_text(),
+        "hf_quant_config.json": (DATA / "hf_quant_config-Kimi-K2.6-NVFP4.json").read_text(),
+        "tokenizer_config.json": (DATA / "kimi-tokenizer_config.json").read_text(),
+    }
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "Kimi-K2.5-NVFP4"
+    folder.mkdir()
+    for name, text in kimi_files().items():
+        (folder / name).write_text(text)
+    (folder / "config.json").chmod(0o640)
+    return folder
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- the plan ------------------------------------------------------------------------------
+
+
+def test_incident_edits_on_the_real_kimi_files() -> None:
+    edits = fp8_kv_cache_edits(kimi_files())
+    assert edits == [
+        Edit("config.json", ("quantization_config", "kv_cache_scheme"), "delete"),
+        Edit("hf_quant_config.json", ("quantization", "kv_cache_quant_algo"), "set", None),
+    ]
+
+
+def test_plan_keeps_indent_key_order_and_missing_final_newline() -> None:
+    files = kimi_files()
+    plan = plan_patch(files, fp8_kv_cache_edits(files))
+    assert plan.changed_files == ["config.json", "hf_quant_config.json"]
+    new_config = plan.files["config.json"].new
+    assert not new_config.endswith("\n")
+    assert new_config.startswith('{\n    "architectures": [\n')
+    old_keys = list(json.loads(files["config.json"])["quantization_config"])
+    new_keys = list(json.loads(new_config)["quantization_config"])
+    assert new_keys == [k for k in old_keys if k != "kv_cache_scheme"]
+    removed = [line for line in plan.files["config.json"].diff.splitlines()
+               if line.startswith("-") and not line.startswith("---")]
+    added = [line for line in plan.files["config.json"].diff.splitlines()
+             if line.startswith("+") and not line.startswith("+++")]
+    assert removed == ['-        "kv_cache_scheme": {', '-            "dynamic": false,',
+                       '-            "num_bits": 8,', '-            "type": "float"', "-        },"]
+    assert added == []
+    hf_diff = plan.files["hf_quant_config.json"].diff
+    assert '-        "kv_cache_quant_algo": "FP8",' in hf_diff
+    assert '+        "kv_cache_quant_algo": null,' in hf_diff
+    assert not any(fp.reformatted for fp in plan.files.values())
+
+
+def test_plan_on_the_patched_files_is_already_applied() -> None:
+    files = kimi_files()
+    plan = plan_patch(files, fp8_kv_cache_edits(files))
+    patched = {name: fp.new for name, fp in plan.files.items()}
+    again = plan_patch(patched, fp8_kv_cache_edits(patched))
+    assert again.already_applied
+    assert again.diff == ""
+    assert facts_from_texts(patched).kv_cache_dtype == "auto"
+
+
+def test_same_edits_twice_change_nothing_more() -> None:
+    files = kimi_files()
+    edits = fp8_kv_cache_edits(files)
+    plan = plan_patch(files, edits)
+    second = plan_patch({n: fp.new for n, fp in plan.files.items()}, edits)
+    assert second.already_applied
+
+
+def test_two_space_file_keeps_two_spaces() -> None:
+    text = (DATA / "kimi-k25-config.json").read_text()
+    edit = Edit("config.json", ("text_config", "quantization_config", "kv_cache_scheme"), "delete")
+    plan = plan_patch({"config.json": text}, [edit])
+    new = plan.files["config.json"].new
+    assert "kv_cache_scheme" not in new
+    assert new.startswith('{\n  "architectures": [\n')
+    assert len(plan.files["config.json"].diff.splitlines()) < 12
+
+
+def test_text_config_kv_scheme_is_patched_too() -> None:
+    config = json.loads((DATA / "kimi-k26-nvfp4-config.json").read_text())
+    config["text_config"]["quantization_config"] = {"quant_method": "modelopt",
+                                                    "kv_cache_quant_algo": "FP8"}
+    edits = fp8_kv_cache_edits({"config.json": json.dumps(config, indent=4)})
+    assert Edit("config.json", ("text_config", "quantization_config", "kv_cache_quant_algo"),
+                "delete") in edits
+
+
+def test_no_kv_quantization_means_no_edits() -> None:
+    files = {"config.json": (DATA / "deepseek-r1-config.json").read_text()}
+    assert fp8_kv_cache_edits(files) == []
+    assert plan_patch(files, []).already_applied
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": 1, "b": {"c": "FP8", "d": [1, 2]}}',
+        '{"a":1,"b":{"c":"FP8","d":[1,2]}}\n',
+        '{\n\t"a": 1,\n\t"b": {\n\t\t"c": "FP8"\n\t}\n}\n',
+        '{\r\n  "a": 1,\r\n  "b": {\r\n    "c": "FP8"\r\n  }\r\n}\r\n',
+        '{\n    "name": "Kimi \u00e9t\u00e9",\n    "b": {\n        "c": "FP8"\n    }\n}',
+        '{\n    "name": "Kimi \\u00e9t\\u00e9",\n    "b": {\n        "c": "FP8"\n    }\n}',
+    ],
+)
+def test_style_is_detected_and_reproduced(text: str) -> None:
+    style, exact = detect_style(text)
+    assert exact
+    plan = plan_patch({"f.json": text}, [Edit("f.json", ("b", "c"), "set", None)])
+    new = plan.files["f.json"].new
+    assert new == text.replace('"FP8"', "null")
+
+
+def test_diff_marks_a_missing_final_newline() -> None:
+    plan = plan_patch({"f.json": '{"a": "FP8"}'}, [Edit("f.json", ("a",), "set", None)])
+    assert plan.files["f.json"].diff.endswith("\\ No newline at end of file\n")
+
+
+def test_set_under_a_missing_parent_is_refused() -> None:
+    with pytest.raises(OpsbookError, match="is not a JSON object"):
+        apply_edits({"a": 1}, [Edit("f.json", ("b", "c"), "set", None)])
+
+
+def test_edits_for_unread_files_are_refused() -> None:
+    with pytest.raises(OpsbookError, match="were not read"):
+        plan_patch({}, [Edit("config.json", ("a",), "delete")])
+
+
+def test_edit_action_is_checked() -> None:
+    with pytest.raises(ValueError, match="action"):
+        Edit("config.json", ("a",), "rename")
+
+
+# --- the remote part, through the probe run locally ----------------------------------------
+
+
+def test_read_configs_in_one_probe(model_dir: Path) -> None:
+    assert read_configs(LocalProbeHost(), str(model_dir)) == kimi_files()
+    state = read_config_state(LocalProbeHost(), str(model_dir))
+    assert state["files"]["config.json"]["mode"] == 0o640
+    assert state["files"]["config.json"]["sha256"] == sha(model_dir / "config.json")
+    assert not state["backups"]["config.json"]["exists"]
+
+
+def test_read_configs_of_a_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(OpsbookError, match="does not exist"):
+        read_configs(LocalProbeHost(), str(tmp_path / "nope"))
+
+
+def test_dry_run_changes_nothing(model_dir: Path) -> None:
+    host = LocalProbeHost()
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    files = read_configs(host, str(model_dir))
+    result = apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)),
+                         apply=False)
+    assert result.ok and result.data["dry_run"]
+    assert result.message.startswith("dry run: would change config.json, hf_quant_config.json")
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
+
+
+def test_apply_backs_up_writes_verifies_and_is_idempotent(model_dir: Path) -> None:
+    host = LocalProbeHost()
+    originals = {name: (model_dir / name).read_bytes() for name in kimi_files()}
+    files = read_configs(host, str(model_dir))
+    plan = plan_patch(files, fp8_kv_cache_edits(files))
+
+    result = apply_patch(host, str(model_dir), plan, apply=True, gpus=SM120,
+                         vllm_version="0.15.1", serve_args=KIMI_ARGS)
+    assert result.ok, str(result)
+    assert result.data["changed"] == ["config.json", "hf_quant_config.json"]
+    assert result.data["recheck"].ok
+    for name in ("config.json", "hf_quant_config.json"):
+        assert (model_dir / name).read_text() == plan.files[name].new
+        backup = model_dir / (name + BACKUP_SUFFIX)
+        assert backup.read_bytes() == originals[name]
+        assert result.data["backups"][name] == {
+            "path": str(backup), "sha256": hashlib.sha256(originals[name]).hexdigest(),
+            "created": True,
+        }
+    assert (model_dir / "config.json").stat().st_mode & 0o7777 == 0o640
+    assert (model_dir / "config.json.opsbook-orig").stat().st_mode & 0o7777 == 0o640
+    assert not [p for p in model_dir.iterdir() if "opsbook-tmp" in p.name]
+
+    again = apply_patch(host, str(model_dir), plan, apply=True)
+    assert again.ok and again.data["already_applied"] and again.data["changed"] == []
+    replanned = plan_patch(read_configs(host, str(model_dir)), fp8_kv_cache_edits(files))
+    assert replanned.already_applied
+
+
+def test_restore_puts_the_originals_back_byte_for_byte(model_dir: Path) -> None:
+    host = LocalProbeHost()
+    originals = {name: (model_dir / name).read_bytes() for name in kimi_files()}
+    files = read_configs(host, str(model_dir))
+    apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True)
+
+    result = restore_patch(host, str(model_dir))
+    assert result.ok, str(result)
+    assert result.data["restored"] == ["config.json", "hf_quant_config.json"]
+    assert {n: (model_dir / n).read_bytes() for n in originals} == originals
+    assert (model_dir / "config.json").stat().st_mode & 0o7777 == 0o640
+    assert (model_dir / ("config.json" + BACKUP_SUFFIX)).exists()
+
+    again = restore_patch(host, str(model_dir))
+    assert again.ok and again.data["restored"] == []
+    assert again.data["already"] == ["config.json", "hf_quant_config.json"]
+
+
+def test_restore_without_backup_leaves_files_alone(model_dir: Path) -> None:
+    result = restore_patch(LocalProbeHost(), str(model_dir))
+    assert result.ok
+    assert result.data["no_backup"] == ["config.json", "hf_quant_config.json"]
+
+
+def test_the_first_backup_is_never_overwritten(model_dir: Path) -> None:
+    host = LocalProbeHost()
+    first = (model_dir / "config.json").read_bytes()
+    files = read_configs(host, str(model_dir))
+    apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True)
+    restore_patch(host, str(model_dir))
+    # Someone edits the file by hand; a new patch must keep the first original as the backup.
+    edited = json.loads((model_dir / "config.json").read_text())
+    edited["max_position_embeddings"] = 131072
+    (model_dir / "config.json").write_text(json.dumps(edited, indent=4))
+    files = read_configs(host, str(model_dir))
+    result = apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)),
+                         apply=True)
+    assert result.ok, str(result)
+    assert result.data["backups"]["config.json"]["created"] is False
+    assert (model_dir / ("config.json" + BACKUP_SUFFIX)).read_bytes() == first
+    assert any("earlier backup" in f.message for f in result.findings)
+
+
+def test_a_file_changed_since_the_plan_is_not_written(model_dir: Path) -> None:
+    host = LocalProbeHost()
+    files = read_configs(host, str(model_dir))
+    plan = plan_patch(files, fp8_kv_cache_edits(files))
+    (model_dir / "config.json").write_text(files["config.json"] + "\n")
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    result = apply_patch(host, str(model_dir), plan, apply=True)
+    assert not result.ok
+    assert [f.subject for f in result.findings] == ["config.json"]
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
+
+
+def test_probe_refuses_to_write_over_a_concurrent_change(model_dir: Path) -> None:
+    writes = {"config.json": {"expect_sha256": "0" * 64, "text": "{}"}}
+    answer = run_local("configs", {"action": "apply", "dir": str(model_dir), "writes": writes})
+    assert answer["ok"] is False and answer["conflicts"] == ["config.json"]
+    assert (model_dir / "config.json").read_text() == kimi_files()["config.json"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_owner_is_kept_when_root(model_dir: Path) -> None:
+    shutil.chown(model_dir / "config.json", user=65534, group=65534)
+    host = LocalProbeHost()
+    files = read_configs(host, str(model_dir))
+    result = apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)),
+                         apply=True)
+    assert result.ok, str(result)
+    st = (model_dir / "config.json").stat()
+    assert (st.st_uid, st.st_gid) == (65534, 65534)
+    restore_patch(host, str(model_dir))
+    st = (model_dir / "config.json").stat()
+    assert (st.st_uid, st.st_gid) == (65534, 65534)
