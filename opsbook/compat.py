@@ -1,0 +1,976 @@
+"""Predict whether vLLM will serve a checkpoint on given GPUs, before it reads 540 GB.
+
+Three parts:
+
+- :func:`model_facts` reads what matters from a checkpoint's ``config.json``,
+  ``hf_quant_config.json`` and ``tokenizer_config.json``: MLA or not, the attention head size
+  the backend selector sees, the quantization and the KV-cache dtype resolved as vLLM resolves
+  it, whether remote code is needed, the layer count.
+- :func:`select_backend` chooses an attention backend the way vLLM's selector does, from the
+  backend table in ``opsbook/data/compat_rules.yaml``.
+- :func:`check_compat` evaluates the rules of that table (conditions, the real failure text, the
+  remedy, the source) and returns a :class:`~opsbook.results.Result` of findings.
+
+:func:`kv_cache_bytes_per_token` and :func:`tokens_that_fit` size the KV cache, to explain
+what a BF16 KV cache costs against FP8.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from opsbook.exceptions import OpsbookError
+from opsbook.results import Finding, Result, Table
+
+RULES_FILE = "compat_rules.yaml"
+CONFIG_FILES = ("config.json", "hf_quant_config.json", "tokenizer_config.json")
+FINDING_COLUMNS = ["severity", "what will happen", "why", "fix", "source"]
+
+# vLLM's is_deepseek_mla list (vllm/config/model.py); it grows with each release.
+MLA_MODEL_TYPES = (
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "deepseek_mtp",
+    "kimi_k2",
+    "kimi_linear",
+    "longcat_flash",
+    "pangu_ultra_moe",
+    "glm_moe_dsa",
+)
+SPARSE_MLA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
+# vllm/utils/torch_utils.py MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP.
+MODELOPT_TO_VLLM_KV_CACHE_DTYPE = {"fp8": "fp8_e4m3"}
+FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+KV_DTYPE_BYTES = {
+    "auto": 2,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+}
+# fp8_ds_mla packs a 576-wide MLA entry into 656 bytes (vllm-project/vllm#52202).
+FP8_DS_MLA_BYTES_PER_LAYER = 656
+ATTENTION_BACKEND_ARGS = ("attention-backend", "attention-config.backend", "ac.backend")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a checkpoint's config files say that decides how vLLM will serve it.
+
+    Attributes:
+        architectures: top-level then ``text_config`` architectures, without repeats.
+        model_type: the top-level ``model_type``.
+        text_model_type: ``model_type`` of the text model (``text_config`` when present).
+        mla: whether vLLM will use MLA attention (model type family and ``kv_lora_rank``).
+        sparse_mla: whether the MLA is the sparse (DSA) kind of DeepSeek-V3.2.
+        head_size: attention head size as the backend selector sees it
+            (``kv_lora_rank + qk_rope_head_dim`` for MLA).
+        kv_lora_rank: MLA latent size.
+        qk_rope_head_dim: MLA rotary part.
+        num_layers: decoder layers, for KV sizing.
+        num_kv_heads: key/value heads (non-MLA KV sizing).
+        head_dim: per-head size (non-MLA KV sizing).
+        quant_method: the quantization method as vLLM names it (``modelopt_fp4``...).
+        quant_algo: the ModelOpt algorithm (``NVFP4``, ``FP8``...).
+        quant_source: which file and key vLLM reads the quantization from.
+        quant_sources: every place that declares a quantization.
+        kv_cache_algo: the checkpoint's KV-cache algorithm (``FP8``), or None.
+        kv_cache_dtype: the KV dtype ``--kv-cache-dtype auto`` resolves to.
+        kv_cache_keys: every key that declares a KV-cache quantization.
+        remote_code: why remote code is needed (``auto_map`` entries); empty if it is not.
+        notes: anything odd found on the way.
+    """
+
+    architectures: tuple[str, ...] = ()
+    model_type: str | None = None
+    text_model_type: str | None = None
+    mla: bool = False
+    sparse_mla: bool = False
+    head_size: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    quant_method: str | None = None
+    quant_algo: str | None = None
+    quant_source: str | None = None
+    quant_sources: tuple[str, ...] = ()
+    kv_cache_algo: str | None = None
+    kv_cache_dtype: str = "auto"
+    kv_cache_keys: tuple[str, ...] = ()
+    remote_code: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def needs_remote_code(self) -> bool:
+        return bool(self.remote_code)
+
+    def table(self) -> Table:
+        """The facts as a two-column table for a notebook."""
+        rows = [[name, _show(value)] for name, value in asdict(self).items()]
+        return Table(["fact", "value"], rows)
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The attention backend vLLM would pick for one compute capability.
+
+    Attributes:
+        name: the chosen backend, or None when none fits.
+        candidates: the backends tried, in vLLM's priority order.
+        reasons: per rejected backend, vLLM's reasons (``compute capability not supported``...).
+        forced: the backend asked for with ``--attention-backend``, if any.
+        uncertain: True when the vLLM version was unknown and the table differs by version.
+    """
+
+    name: str | None
+    candidates: tuple[str, ...]
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+    forced: str | None = None
+    uncertain: bool = False
+
+    def reasons_text(self) -> str:
+        """The reasons in the form of vLLM's error message: ``{A: [r1, r2], B: [r]}``."""
+        inner = ", ".join(f"{name}: [{', '.join(r)}]" for name, r in self.reasons.items())
+        return "{" + inner + "}"
+
+
+# --------------------------------------------------------------------------------------------
+# Model facts
+
+
+def model_facts(
+    config: dict[str, Any],
+    hf_quant_config: dict[str, Any] | None,
+    tokenizer_config: dict[str, Any] | None = None,
+) -> ModelFacts:
+    """Read the facts that decide backend selection and KV cache from a checkpoint's configs.
+
+    Args:
+        config: the parsed ``config.json``.
+        hf_quant_config: the parsed ``hf_quant_config.json``, or None when there is none.
+        tokenizer_config: the parsed ``tokenizer_config.json``, or None.
+
+    Returns:
+        The :class:`ModelFacts`.
+    """
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
+    tc: dict[str, Any] = text or config
+    notes: list[str] = []
+    kv_lora_rank = _int_or_none(tc.get("kv_lora_rank"))
+    rope = _int_or_none(tc.get("qk_rope_head_dim"))
+    text_model_type = tc.get("model_type")
+    mla = text_model_type in MLA_MODEL_TYPES and kv_lora_rank is not None
+    if kv_lora_rank is not None and not mla:
+        notes.append(
+            f"kv_lora_rank is set but model_type {text_model_type!r} is not in vLLM's MLA list: "
+            "assumed to use standard attention"
+        )
+    sparse = mla and (text_model_type in SPARSE_MLA_MODEL_TYPES or "index_topk" in tc)
+    heads = _int_or_none(tc.get("num_attention_heads"))
+    head_dim = _int_or_none(tc.get("head_dim"))
+    hidden = _int_or_none(tc.get("hidden_size"))
+    if head_dim is None and heads and hidden:
+        head_dim = hidden // heads
+    head_size = kv_lora_rank + (rope or 0) if mla and kv_lora_rank is not None else head_dim
+    quant = _read_quantization(config, hf_quant_config, notes)
+    return ModelFacts(
+        architectures=_architectures(config),
+        model_type=config.get("model_type"),
+        text_model_type=text_model_type,
+        mla=mla,
+        sparse_mla=sparse,
+        head_size=head_size,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=rope,
+        num_layers=_int_or_none(tc.get("num_hidden_layers")),
+        num_kv_heads=_int_or_none(tc.get("num_key_value_heads")) or heads,
+        head_dim=head_dim,
+        quant_method=quant["method"],
+        quant_algo=quant["algo"],
+        quant_source=quant["source"],
+        quant_sources=tuple(quant["sources"]),
+        kv_cache_algo=quant["kv_algo"],
+        kv_cache_dtype=quant["kv_dtype"],
+        kv_cache_keys=tuple(quant["kv_keys"]),
+        remote_code=_remote_code_reasons(config, tokenizer_config),
+        notes=tuple(notes),
+    )
+
+
+def facts_from_texts(files: Mapping[str, str | None]) -> ModelFacts:
+    """:func:`model_facts` from the texts of the config files (as :func:`read_configs` gives).
+
+    Args:
+        files: file name to text (or None when the file is absent); ``config.json`` is required.
+
+    Returns:
+        The :class:`ModelFacts`.
+
+    Raises:
+        OpsbookError: ``config.json`` is missing or a file is not valid JSON.
+    """
+    if not files.get("config.json"):
+        raise OpsbookError(
+            "config.json is missing from the model directory",
+            remedy="point model.path at the checkpoint directory (the one holding config.json)",
+        )
+    parsed = {name: _parse_json(name, text) for name, text in files.items() if text}
+    return model_facts(
+        parsed["config.json"],
+        parsed.get("hf_quant_config.json"),
+        parsed.get("tokenizer_config.json"),
+    )
+
+
+def _architectures(config: Mapping[str, Any]) -> tuple[str, ...]:
+    found: list[str] = list(config.get("architectures") or [])
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        found += list(text.get("architectures") or [])
+    return tuple(dict.fromkeys(found))
+
+
+def _read_quantization(
+    config: Mapping[str, Any], hf_quant: Mapping[str, Any] | None, notes: list[str]
+) -> dict[str, Any]:
+    """Which quantization vLLM uses, and the KV dtype that follows from it.
+
+    vLLM reads config.json's ``quantization_config`` first (ModelOpt >= 0.31) and loads
+    ``hf_quant_config.json`` (ModelOpt <= 0.29) only when that is absent; multimodal wrappers
+    may keep it in ``text_config``.
+    """
+    text = config.get("text_config")
+    text = text if isinstance(text, dict) else {}
+    places: list[tuple[str, Mapping[str, Any]]] = []
+    if isinstance(config.get("quantization_config"), dict):
+        places.append(("config.json:quantization_config", config["quantization_config"]))
+    if isinstance(hf_quant, dict) and hf_quant:
+        places.append(("hf_quant_config.json", hf_quant))
+    if isinstance(text.get("quantization_config"), dict):
+        places.append(("config.json:text_config.quantization_config", text["quantization_config"]))
+    kv_keys = [key for place, qc in places for key in _kv_keys(place, qc)]
+    if not places:
+        return {"method": None, "algo": None, "source": None, "sources": [], "kv_algo": None,
+                "kv_dtype": "auto", "kv_keys": kv_keys}
+    source, chosen = places[0]
+    method, algo = _quant_method(chosen)
+    kv_raw = _kv_value(chosen)
+    kv_algo, kv_dtype = _resolve_kv(kv_raw, method, notes)
+    for other, qc in places[1:]:
+        other_algo, _ = _resolve_kv(_kv_value(qc), _quant_method(qc)[0], [])
+        if other_algo != kv_algo:
+            notes.append(
+                f"{other} declares KV cache {other_algo or 'none'} but vLLM reads {source} "
+                f"({kv_algo or 'none'}); edit both to keep them consistent"
+            )
+    return {"method": method, "algo": algo, "source": source, "sources": [p for p, _ in places],
+            "kv_algo": kv_algo, "kv_dtype": kv_dtype, "kv_keys": kv_keys}
+
+
+def _quant_method(qc: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """vLLM's name for a quantization config, normalised as ModelConfig does for ModelOpt."""
+    legacy = qc.get("quantization")
+    algo = (legacy if isinstance(legacy, dict) else qc).get("quant_algo")
+    algo = str(algo).upper() if algo else None
+    method = qc.get("quant_method")
+    producer = qc.get("producer")
+    producer = producer if isinstance(producer, dict) else {}
+    is_modelopt = (method and str(method).lower().startswith("modelopt")) or (
+        str(producer.get("name", "")).lower() == "modelopt"
+    )
+    if is_modelopt:
+        return ("modelopt_fp4" if algo and "FP4" in algo else "modelopt"), algo
+    return (str(method).lower() if method else None), algo
+
+
+def _kv_value(qc: Mapping[str, Any]) -> Any:
+    legacy = qc.get("quantization")
+    for holder in (qc, legacy if isinstance(legacy, dict) else {}):
+        for key in ("kv_cache_scheme", "kv_cache_quant_algo"):
+            if holder.get(key) is not None:
+                return holder[key]
+    return None
+
+
+def _kv_keys(place: str, qc: Mapping[str, Any]) -> list[str]:
+    keys = [f"{place}.{k}" for k in ("kv_cache_scheme", "kv_cache_quant_algo") if qc.get(k)]
+    legacy = qc.get("quantization")
+    if isinstance(legacy, dict) and legacy.get("kv_cache_quant_algo"):
+        keys.append(f"{place}:quantization.kv_cache_quant_algo")
+    return keys
+
+
+def _resolve_kv(raw: Any, method: str | None, notes: list[str]) -> tuple[str | None, str]:
+    """The KV algorithm and the dtype ``--kv-cache-dtype auto`` gives, as vLLM resolves them.
+
+    Mirrors ``resolve_kv_cache_dtype_string``: only ModelOpt configs set the KV dtype; a
+    ``{"type": "float", "num_bits": 8}`` scheme means fp8; strings go through the ModelOpt map.
+    """
+    if raw is None:
+        return None, "auto"
+    if isinstance(raw, dict):
+        if str(raw.get("type", "")).lower() == "float" and raw.get("num_bits") == 8:
+            algo = "FP8"
+        else:
+            notes.append(f"KV cache scheme {json.dumps(raw)} is not FP8: KV dtype left to 'auto'")
+            return json.dumps(raw), "auto"
+    else:
+        algo = str(raw).upper()
+    if not (method or "").startswith("modelopt"):
+        notes.append(f"KV cache {algo} is declared by a {method} config; vLLM resolves it only "
+                     "for ModelOpt checkpoints")
+        return algo, "auto"
+    dtype = MODELOPT_TO_VLLM_KV_CACHE_DTYPE.get(algo.lower())
+    if dtype is None:
+        notes.append(f"Unknown kv_cache_quant_algo '{algo}': vLLM falls back to 'auto'")
+        return algo, "auto"
+    return algo, dtype
+
+
+def _remote_code_reasons(
+    config: Mapping[str, Any], tokenizer_config: Mapping[str, Any] | None
+) -> tuple[str, ...]:
+    reasons: list[str] = []
+    auto_map = config.get("auto_map")
+    if isinstance(auto_map, dict) and auto_map.get("AutoConfig"):
+        reasons.append(f"config.json auto_map.AutoConfig = {auto_map['AutoConfig']}")
+    tok_map = (tokenizer_config or {}).get("auto_map")
+    if isinstance(tok_map, dict) and tok_map.get("AutoTokenizer"):
+        entry = tok_map["AutoTokenizer"]
+        names = [n for n in entry if n] if isinstance(entry, list) else [entry]
+        reasons.append(f"tokenizer_config.json auto_map.AutoTokenizer = {', '.join(names)}")
+    return tuple(reasons)
+
+
+# --------------------------------------------------------------------------------------------
+# The rules table
+
+
+@lru_cache(maxsize=1)
+def load_rules() -> dict[str, Any]:
+    """The compatibility table shipped in the package (``opsbook/data/compat_rules.yaml``).
+
+    Returns:
+        The parsed table: ``backends``, ``priorities``, ``quantization_methods``, ``rules``...
+
+    Raises:
+        OpsbookError: the table is missing or malformed (a broken installation).
+    """
+    try:
+        text = resources.files("opsbook").joinpath("data", RULES_FILE).read_text()
+        table = yaml.safe_load(text)
+    except (FileNotFoundError, yaml.YAMLError) as e:
+        raise OpsbookError(
+            f"the compatibility table {RULES_FILE} cannot be read: {e}",
+            remedy="reinstall opsbook (pip install -e .)",
+        ) from None
+    for key in ("backends", "priorities", "quantization_methods", "rules"):
+        if key not in table:
+            raise OpsbookError(f"the compatibility table {RULES_FILE} lacks '{key}'")
+    unknown = {c for r in table["rules"] for c in r["when"]} - set(CONDITIONS)
+    if unknown:
+        raise OpsbookError(f"{RULES_FILE} uses unknown conditions {sorted(unknown)}")
+    return table
+
+
+def parse_version(text: str | None) -> tuple[int, int, int] | None:
+    """``"0.20.2rc1.dev249+g..."`` -> ``(0, 20, 2)``; None when there is no version."""
+    if not text:
+        return None
+    m = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    if not m:
+        return None
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def version_in(version: tuple[int, int, int] | None, spec: str | None) -> bool | None:
+    """Whether ``version`` is in ``spec`` (``">=0.11,<0.20"``, ``"any"``); None if unknown."""
+    if not spec or str(spec).strip() == "any":
+        return True
+    if version is None:
+        return None
+    ops: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
+        ">=": lambda a, b: a >= b,
+        "<=": lambda a, b: a <= b,
+        "==": lambda a, b: a == b,
+        ">": lambda a, b: a > b,
+        "<": lambda a, b: a < b,
+    }
+    for clause in str(spec).split(","):
+        m = re.match(r"\s*(>=|<=|==|>|<)\s*([\d.]+)\s*$", clause)
+        if not m:
+            raise OpsbookError(f"bad version range {spec!r} in {RULES_FILE}")
+        bound = parse_version(m.group(2))
+        if bound is None or not ops[m.group(1)](version, bound):
+            return False
+    return True
+
+
+def capability_matches(cc: str | None, patterns: Any) -> bool:
+    """Whether compute capability ``cc`` (``"12.0"``) matches ``"12.x"``/``"9.0"``/``"any"``."""
+    if patterns == "any":
+        return True
+    if cc is None:
+        return False
+    major = cc.split(".")[0]
+    return any(p == cc or p == f"{major}.x" or p == "any" for p in patterns)
+
+
+def backend_kv_dtypes(
+    name: str,
+    vllm_version: str | None,
+    probed_backends: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[list[str], bool, str]:
+    """The KV dtypes a backend supports in a vLLM version.
+
+    Args:
+        name: the backend (``TRITON_MLA``).
+        vllm_version: the installed vLLM version, or None when unknown.
+        probed_backends: backend name to ``supported_kv_cache_dtypes`` read from the installed
+            vLLM; takes precedence over the version table.
+
+    Returns:
+        ``(dtypes, certain, source)``. With an unknown version and a table that differs by
+        version, the dtypes supported in every range are given and ``certain`` is False.
+    """
+    if probed_backends and name in probed_backends:
+        return [str(d) for d in probed_backends[name]], True, "probed on the host"
+    entries = load_rules()["backends"][name]["kv_cache_dtypes"]
+    version = parse_version(vllm_version)
+    for entry in entries:
+        if version_in(version, entry.get("versions")) is True and version is not None:
+            return list(entry["dtypes"]), True, str(entry.get("source", ""))
+    common = set.intersection(*(set(e["dtypes"]) for e in entries))
+    ordered = [d for d in entries[0]["dtypes"] if d in common]
+    return ordered, len(entries) == 1, "version unknown: dtypes supported in every release"
+
+
+def select_backend(
+    mla: bool,
+    compute_cap: str,
+    kv_cache_dtype: str,
+    vllm_version: str | None,
+    *,
+    sparse: bool = False,
+    forced: str | None = None,
+    probed_backends: Mapping[str, Sequence[str]] | None = None,
+) -> BackendChoice:
+    """Choose the attention backend as vLLM's CUDA selector does.
+
+    Args:
+        mla: whether the model uses MLA attention.
+        compute_cap: the GPU's compute capability, e.g. ``"12.0"``.
+        kv_cache_dtype: the resolved KV-cache dtype (``auto``, ``fp8_e4m3``...).
+        vllm_version: the installed vLLM version, or None when unknown.
+        sparse: whether the MLA is sparse (DeepSeek-V3.2 DSA).
+        forced: a backend asked for with ``--attention-backend``.
+        probed_backends: KV dtypes read from the installed vLLM's backends (take precedence).
+
+    Returns:
+        The :class:`BackendChoice`.
+    """
+    table = load_rules()
+    priority = next(
+        p for p in table["priorities"] if capability_matches(compute_cap, p["compute_capability"])
+    )
+    kind = "non_mla" if not mla else ("sparse_mla" if sparse else "mla")
+    candidates = [
+        n for n in priority[kind] if _available(n, vllm_version, probed_backends) is not False
+    ]
+    uncertain = False
+    reasons: dict[str, list[str]] = {}
+    tried = [forced] if forced else candidates
+    for name in tried:
+        why, sure = _backend_reasons(name, mla, sparse, compute_cap, kv_cache_dtype,
+                                     vllm_version, probed_backends)
+        uncertain = uncertain or not sure
+        if not why:
+            return BackendChoice(name, tuple(candidates), reasons, forced, uncertain)
+        reasons[name] = why
+    return BackendChoice(None, tuple(candidates), reasons, forced, uncertain)
+
+
+def _available(
+    name: str, vllm_version: str | None, probed: Mapping[str, Sequence[str]] | None
+) -> bool | None:
+    if probed and name in probed:
+        return True
+    spec = load_rules()["backends"][name].get("available")
+    return version_in(parse_version(vllm_version), spec)
+
+
+def _backend_reasons(
+    name: str,
+    mla: bool,
+    sparse: bool,
+    cc: str,
+    kv: str,
+    vllm_version: str | None,
+    probed: Mapping[str, Sequence[str]] | None,
+) -> tuple[list[str], bool]:
+    """vLLM's validate_configuration reasons for one backend, and whether they are certain."""
+    spec = load_rules()["backends"].get(name)
+    if spec is None:
+        return ["unknown backend"], True
+    reasons = []
+    if bool(spec["mla"]) != mla:
+        reasons.append("MLA not supported" if mla else "non-MLA not supported")
+    if bool(spec.get("sparse")) != sparse:
+        reasons.append("sparse not supported" if sparse else "non-sparse not supported")
+    if not capability_matches(cc, spec["compute_capability"]):
+        reasons.append("compute capability not supported")
+    dtypes, certain, _ = backend_kv_dtypes(name, vllm_version, probed)
+    if kv not in dtypes:
+        reasons.append("kv_cache_dtype not supported")
+    return reasons, certain
+
+
+# --------------------------------------------------------------------------------------------
+# Checking
+
+
+@dataclass
+class _Context:
+    """Everything a rule condition may look at, for one compute capability."""
+
+    facts: ModelFacts
+    cc: str | None
+    version: str | None
+    args: dict[str, Any]
+    kv_dtype: str
+    kv_origin: str
+    choice: BackendChoice | None
+    probed: Mapping[str, Sequence[str]] | None
+    table: dict[str, Any]
+    values: dict[str, str] = field(default_factory=dict)
+
+
+Condition = Callable[[_Context, Any], "bool | None"]
+
+
+def _cond_mla(ctx: _Context, want: Any) -> bool:
+    return ctx.facts.mla == bool(want)
+
+
+def _cond_sparse(ctx: _Context, want: Any) -> bool:
+    return ctx.facts.sparse_mla == bool(want)
+
+
+def _cond_compute_capability(ctx: _Context, patterns: Any) -> bool:
+    return capability_matches(ctx.cc, patterns)
+
+
+def _cond_kv_cache_dtype(ctx: _Context, dtypes: Any) -> bool:
+    return ctx.kv_dtype in dtypes
+
+
+def _cond_kv_flag(ctx: _Context, dtypes: Any) -> bool:
+    return str(ctx.args.get("kv-cache-dtype", "auto")) in dtypes
+
+
+def _cond_checkpoint_kv_quant(ctx: _Context, want: Any) -> bool:
+    return (ctx.facts.kv_cache_algo is not None) == bool(want)
+
+
+def _cond_backend_lacks_kv_dtype(ctx: _Context, name: Any) -> bool | None:
+    dtypes, certain, _ = backend_kv_dtypes(str(name), ctx.version, ctx.probed)
+    ctx.values.update(backend=str(name), backend_dtypes=", ".join(dtypes))
+    if ctx.kv_dtype in dtypes:
+        return False
+    return True if certain else None
+
+
+def _cond_backend_forced(ctx: _Context, name: Any) -> bool:
+    return ctx.choice is not None and ctx.choice.forced == name
+
+
+def _cond_backend_forced_invalid(ctx: _Context, want: Any) -> bool | None:
+    found = ctx.choice is not None and ctx.choice.forced is not None and ctx.choice.name is None
+    if found and ctx.choice is not None and ctx.choice.uncertain:
+        return None
+    return found == bool(want)
+
+
+def _cond_no_backend(ctx: _Context, want: Any) -> bool | None:
+    found = ctx.choice is not None and ctx.choice.forced is None and ctx.choice.name is None
+    if found and ctx.choice is not None and ctx.choice.uncertain:
+        return None
+    return found == bool(want)
+
+
+def _cond_quant_below_min_capability(ctx: _Context, want: Any) -> bool:
+    method = ctx.facts.quant_method
+    spec = ctx.table["quantization_methods"].get(method or "")
+    if spec is None or ctx.cc is None:
+        return not want
+    ctx.values["min_capability"] = str(spec["min_capability"])
+    return (capability_int(ctx.cc) < int(spec["min_capability"])) == bool(want)
+
+
+def _cond_vllm_version(ctx: _Context, spec: Any) -> bool | None:
+    return version_in(parse_version(ctx.version), str(spec))
+
+
+def _cond_serve_arg_set(ctx: _Context, names: Any) -> bool:
+    return all(_is_set(ctx.args.get(n)) for n in names)
+
+
+def _cond_serve_arg_missing(ctx: _Context, names: Any) -> bool:
+    return not any(_is_set(ctx.args.get(n)) for n in names)
+
+
+def _cond_needs_remote_code(ctx: _Context, want: Any) -> bool:
+    return ctx.facts.needs_remote_code == bool(want)
+
+
+def _cond_model_type_native(ctx: _Context, want: Any) -> bool:
+    native = ctx.facts.model_type in ctx.table.get("native_model_types", [])
+    return native == bool(want)
+
+
+CONDITIONS: dict[str, Condition] = {
+    "mla": _cond_mla,
+    "sparse": _cond_sparse,
+    "compute_capability": _cond_compute_capability,
+    "kv_cache_dtype": _cond_kv_cache_dtype,
+    "kv_flag": _cond_kv_flag,
+    "checkpoint_kv_quant": _cond_checkpoint_kv_quant,
+    "backend_lacks_kv_dtype": _cond_backend_lacks_kv_dtype,
+    "backend_forced": _cond_backend_forced,
+    "backend_forced_invalid": _cond_backend_forced_invalid,
+    "no_backend": _cond_no_backend,
+    "quant_below_min_capability": _cond_quant_below_min_capability,
+    "vllm_version": _cond_vllm_version,
+    "serve_arg_set": _cond_serve_arg_set,
+    "serve_arg_missing": _cond_serve_arg_missing,
+    "needs_remote_code": _cond_needs_remote_code,
+    "model_type_native": _cond_model_type_native,
+}
+
+
+def capability_int(cc: str) -> int:
+    """``"12.0"`` -> ``120``, ``"8.9"`` -> ``89``, as vLLM's ``to_int()``."""
+    major, _, minor = cc.partition(".")
+    return int(major) * 10 + int(minor or 0)
+
+
+def normalize_serve_args(serve_args: Mapping[str, Any]) -> dict[str, Any]:
+    """Serve arguments keyed by their CLI spelling without dashes: ``kv-cache-dtype``.
+
+    Accepts ``--kv-cache-dtype``, ``kv_cache_dtype`` or ``kv-cache-dtype`` as keys.
+    """
+    return {str(k).lstrip("-").replace("_", "-").lower(): v for k, v in serve_args.items()}
+
+
+def resolve_kv_cache_dtype(facts: ModelFacts, serve_args: Mapping[str, Any]) -> tuple[str, str]:
+    """The KV-cache dtype vLLM will use, and where it comes from.
+
+    Mirrors ``resolve_kv_cache_dtype_string``: anything but ``auto`` on the command line wins;
+    ``auto`` means the checkpoint's KV algorithm.
+
+    Returns:
+        ``(dtype, origin)``, e.g. ``("fp8_e4m3", "the checkpoint asks for it: ...")``.
+    """
+    flag = str(normalize_serve_args(serve_args).get("kv-cache-dtype") or "auto")
+    if flag != "auto":
+        return flag, f"--kv-cache-dtype {flag}"
+    if facts.kv_cache_dtype != "auto":
+        where = ", ".join(facts.kv_cache_keys) or facts.quant_source or "the checkpoint"
+        return facts.kv_cache_dtype, f"the checkpoint asks for it: {where}"
+    return "auto", "the model's dtype (no KV-cache quantization)"
+
+
+def check_compat(
+    facts: ModelFacts,
+    gpus: Sequence[Any],
+    vllm_version: str | None,
+    serve_args: Mapping[str, Any],
+    probed_backends: Mapping[str, Sequence[str]] | None = None,
+) -> Result:
+    """Predict what vLLM will do with this checkpoint, GPUs, version and flags.
+
+    Args:
+        facts: from :func:`model_facts`.
+        gpus: one entry per GPU with a ``compute_cap`` such as ``"12.0"``: mappings, or
+            objects with that attribute (:class:`opsbook.facts.Gpu`).
+        vllm_version: the installed vLLM version, or None when unknown (rules that depend on
+            it then report a warning rather than an error).
+        serve_args: the server's arguments (``kv-cache-dtype``, ``tool-call-parser``...).
+        probed_backends: backend name to the KV dtypes the installed vLLM's backend supports;
+            takes precedence over the version ranges of the table.
+
+    Returns:
+        A :class:`Result`, not ok when an error finding is present. ``data`` holds
+        ``kv_cache_dtype``, ``kv_origin``, ``backends`` (per compute capability),
+        ``findings_table`` (a :class:`Table` with severity, what will happen, why, fix, source)
+        and ``table_version``.
+    """
+    table = load_rules()
+    args = normalize_serve_args(serve_args)
+    kv_dtype, kv_origin = resolve_kv_cache_dtype(facts, args)
+    forced = next((str(args[a]) for a in ATTENTION_BACKEND_ARGS if _is_set(args.get(a))), None)
+    caps = list(dict.fromkeys(cc for cc in map(_compute_cap, gpus) if cc))
+    findings: list[Finding] = []
+    rows: list[list[str]] = []
+    backends: dict[str, dict[str, Any]] = {}
+    reported: dict[str, int] = {}
+    contexts: list[str | None] = list(caps) or [None]
+    for cc in contexts:
+        choice = None
+        if cc is not None:
+            choice = select_backend(facts.mla, cc, kv_dtype, vllm_version, sparse=facts.sparse_mla,
+                                    forced=forced, probed_backends=probed_backends)
+            backends[cc] = asdict(choice)
+        ctx = _Context(facts, cc, vllm_version, args, kv_dtype, kv_origin, choice,
+                       probed_backends, table)
+        ctx.values.update(_base_values(ctx))
+        for finding, row in _evaluate_rules(ctx, table["rules"]):
+            if finding.subject in reported:
+                continue
+            reported[finding.subject] = len(findings)
+            findings.append(finding)
+            rows.append(row)
+    findings += _backend_notes(backends, facts)
+    if not caps:
+        findings.append(Finding("info", "GPUs", "no GPU facts given: rules that depend on the "
+                                "compute capability were not checked"))
+    errors = [f.subject for f in findings if f.severity == "error"]
+    warnings = [f.subject for f in findings if f.severity == "warning"]
+    if errors:
+        message = f"{len(errors)} problem(s) will stop vLLM: " + "; ".join(errors)
+    elif warnings:
+        message = f"no certain incompatibility; {len(warnings)} warning(s): " + "; ".join(warnings)
+    else:
+        message = "no known incompatibility"
+    return Result(
+        ok=not errors,
+        message=message,
+        data={
+            "kv_cache_dtype": kv_dtype,
+            "kv_origin": kv_origin,
+            "backends": backends,
+            "findings_table": Table(FINDING_COLUMNS, rows),
+            "table_version": str(table.get("version", "")),
+        },
+        findings=findings,
+    )
+
+
+def _base_values(ctx: _Context) -> dict[str, str]:
+    f = ctx.facts
+    values = {
+        "cc": ctx.cc or "unknown",
+        "capability": str(capability_int(ctx.cc)) if ctx.cc else "unknown",
+        "vllm_version": ctx.version or "(version unknown)",
+        "kv_cache_dtype": ctx.kv_dtype,
+        "kv_origin": ctx.kv_origin,
+        "checkpoint_kv_algo": f.kv_cache_algo or "none",
+        "quant_method": f.quant_method or "none",
+        "head_size": str(f.head_size),
+        "remote_code": "; ".join(f.remote_code) or "no auto_map",
+        "backend": "",
+        "backend_dtypes": "",
+        "reasons": "",
+        "candidates": "",
+    }
+    if ctx.choice is not None:
+        values["candidates"] = ", ".join(ctx.choice.candidates) or "none"
+        values["reasons"] = ctx.choice.reasons_text()
+        values["backend"] = ctx.choice.forced or ctx.choice.name or ""
+        if ctx.choice.forced and ctx.choice.forced in ctx.choice.reasons:
+            values["reasons"] = str(ctx.choice.reasons[ctx.choice.forced])
+    for name, value in ctx.args.items():
+        values[f"arg:{name}"] = str(value)
+    return values
+
+
+def _evaluate_rules(
+    ctx: _Context, rules: Sequence[Mapping[str, Any]]
+) -> list[tuple[Finding, list[str]]]:
+    """Findings of every rule whose conditions all hold; one per group."""
+    out: list[tuple[Finding, list[str]]] = []
+    groups_hit: set[str] = set()
+    for rule in rules:
+        group = rule.get("group")
+        if group and group in groups_hit:
+            continue
+        base = dict(ctx.values)
+        outcomes = [CONDITIONS[name](ctx, want) for name, want in rule["when"].items()]
+        if not any(o is False for o in outcomes):
+            if group:
+                groups_hit.add(group)
+            out.append(_finding(rule, ctx, certain=all(o is True for o in outcomes)))
+        # Conditions may add values for their rule's texts; they must not leak into the next.
+        ctx.values = base
+    return out
+
+
+def _finding(rule: Mapping[str, Any], ctx: _Context, certain: bool) -> tuple[Finding, list[str]]:
+    severity = str(rule["severity"])
+    what = _fill(rule["what"], ctx.values)
+    failure = _fill(rule.get("failure", ""), ctx.values)
+    why = _fill(rule["why"], ctx.values)
+    if not certain and severity == "error":
+        severity = "warning"
+        why += " The vLLM version is unknown: this is what happens in the affected releases."
+    remedy = _fill(rule["remedy"], ctx.values)
+    source = str(rule.get("source", "")).strip()
+    happens = f"{what}: {failure}" if failure else what
+    happens = happens.rstrip(".")
+    subject = str(rule.get("title", rule["id"]))
+    finding = Finding(severity, subject, f"{happens}. Why: {why}", remedy, source)
+    return finding, [severity, happens, why, remedy, source]
+
+
+def _fill(template: Any, values: Mapping[str, str]) -> str:
+    """Put ``{name}`` values into a rule text; ``{{``/``}}`` stand for literal braces."""
+    text = re.sub(
+        r"\{([A-Za-z0-9_:\-]+)\}", lambda m: values.get(m.group(1), m.group(0)), str(template)
+    )
+    return " ".join(text.replace("{{", "{").replace("}}", "}").split())
+
+
+def _backend_notes(backends: Mapping[str, Mapping[str, Any]], facts: ModelFacts) -> list[Finding]:
+    notes = []
+    for cc, choice in backends.items():
+        if choice["name"]:
+            kind = "MLA" if facts.mla else "attention"
+            notes.append(Finding(
+                "ok", f"attention backend on {cc}",
+                f"vLLM will use {choice['name']} ({kind}; tried {', '.join(choice['candidates'])})",
+                source="vllm/platforms/cuda.py priorities; compat_rules.yaml",
+            ))
+    return notes
+
+
+# --------------------------------------------------------------------------------------------
+# KV-cache sizing
+
+
+def kv_cache_bytes_per_token_per_layer(facts: ModelFacts, kv_dtype: str) -> int:
+    """Bytes of KV cache one token takes in one layer.
+
+    MLA caches one latent of ``kv_lora_rank + qk_rope_head_dim`` (576) values per token and
+    layer; standard attention caches K and V for every KV head.
+
+    Args:
+        facts: from :func:`model_facts`.
+        kv_dtype: ``auto``/``bfloat16`` (2 bytes), ``fp8``/``fp8_e4m3`` (1 byte)...
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        OpsbookError: the dtype is unknown or the config lacks the sizes.
+    """
+    if facts.mla and kv_dtype == "fp8_ds_mla":
+        return FP8_DS_MLA_BYTES_PER_LAYER
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise OpsbookError(f"unknown KV cache dtype {kv_dtype!r}",
+                           remedy=f"use one of {sorted(KV_DTYPE_BYTES)}")
+    width = KV_DTYPE_BYTES[kv_dtype]
+    if facts.mla and facts.head_size:
+        return facts.head_size * width
+    if facts.num_kv_heads and facts.head_dim:
+        return 2 * facts.num_kv_heads * facts.head_dim * width
+    raise OpsbookError("the config lacks the attention sizes needed to size the KV cache")
+
+
+def kv_cache_bytes_per_token(facts: ModelFacts, kv_dtype: str) -> int:
+    """Bytes of KV cache one token takes across all layers (per GPU holding all layers).
+
+    MLA's latent cache is not split across tensor-parallel ranks: each GPU keeps it whole.
+
+    Args:
+        facts: from :func:`model_facts`.
+        kv_dtype: the KV-cache dtype.
+
+    Returns:
+        ``kv_cache_bytes_per_token_per_layer × num_layers``.
+
+    Raises:
+        OpsbookError: the dtype is unknown or the config lacks the sizes.
+    """
+    if not facts.num_layers:
+        raise OpsbookError("the config lacks num_hidden_layers, needed to size the KV cache")
+    return kv_cache_bytes_per_token_per_layer(facts, kv_dtype) * facts.num_layers
+
+
+def tokens_that_fit(free_bytes: int, facts: ModelFacts, kv_dtype: str) -> int:
+    """How many tokens of KV cache fit in ``free_bytes`` of one GPU's KV memory.
+
+    Args:
+        free_bytes: the memory vLLM has for the KV cache on one GPU
+            (its log line ``Available KV cache memory``).
+        facts: from :func:`model_facts`.
+        kv_dtype: the KV-cache dtype.
+
+    Returns:
+        The number of tokens (all sequences together).
+    """
+    return max(0, int(free_bytes)) // kv_cache_bytes_per_token(facts, kv_dtype)
+
+
+def kv_tradeoff_table(free_bytes: int, facts: ModelFacts) -> Table:
+    """Tokens that fit with an FP8 and with a BF16 KV cache, side by side."""
+    rows = []
+    for dtype in ("fp8_e4m3", "bfloat16"):
+        per_layer = kv_cache_bytes_per_token_per_layer(facts, dtype)
+        rows.append([dtype, per_layer, kv_cache_bytes_per_token(facts, dtype),
+                     f"{tokens_that_fit(free_bytes, facts, dtype):,}"])
+    return Table(["KV dtype", "bytes/token/layer", "bytes/token", "tokens that fit"], rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _compute_cap(gpu: Any) -> str | None:
+    if isinstance(gpu, Mapping):
+        value = gpu.get("compute_cap")
+    else:
+        value = getattr(gpu, "compute_cap", None)
+    return str(value) if value else None
+
+
+def _is_set(value: Any) -> bool:
+    """Whether a serve argument is given: a flag without value (``""``/True) counts."""
+    return value is not None and value is not False and str(value).lower() != "false"
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _parse_json(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise OpsbookError(
+            f"{name} is not valid JSON: {e}",
+            remedy=f"restore {name} from its backup or re-download it",
+        ) from None
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "—"
+    return "—" if value is None else str(value)

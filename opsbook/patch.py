@@ -1,0 +1,545 @@
+"""Fix a checkpoint's JSON configs on the host: plan, diff, backup, apply, verify, restore.
+
+The pure part, :func:`plan_patch`, turns edits into new file texts that keep the file's
+indentation, key order, trailing newline and escaping, with a unified diff per file. The
+remote part reads and writes through the ``configs`` probe, one round trip per step:
+:func:`read_configs`, :func:`apply_patch` (a dry run unless ``apply=True``; backup that is never
+overwritten; atomic replace keeping owner and mode; verification; idempotent) and
+:func:`restore_patch` (the originals back, byte for byte).
+
+:func:`fp8_kv_cache_edits` is the incident's patch: drop the checkpoint's FP8 KV-cache request.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from opsbook.compat import CONFIG_FILES, check_compat, facts_from_texts
+from opsbook.exceptions import OpsbookError
+from opsbook.results import Finding, Result, Table
+
+BACKUP_SUFFIX = ".opsbook-orig"
+PATCHABLE_FILES = ("config.json", "hf_quant_config.json")
+ACTIONS = ("delete", "set")
+
+
+class ProbeHost(Protocol):
+    """What this module needs of :class:`opsbook.hosts.Host`."""
+
+    def probe(self, name: str, args: dict[str, Any] | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One change to one JSON file.
+
+    Args:
+        file: the file name in the model directory (``config.json``).
+        json_path: the keys from the top, e.g. ``("quantization_config", "kv_cache_scheme")``.
+        action: ``delete`` (no change if absent) or ``set``.
+        value: the value to set (``None`` writes JSON ``null``).
+    """
+
+    file: str
+    json_path: tuple[str, ...]
+    action: str
+    value: Any = None
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"action must be one of {ACTIONS}, not {self.action!r}")
+        if not self.json_path:
+            raise ValueError("json_path must name at least one key")
+
+    def describe(self) -> str:
+        path = ".".join(self.json_path)
+        if self.action == "delete":
+            return f"delete {path}"
+        return f"set {path} = {json.dumps(self.value)}"
+
+
+@dataclass(frozen=True)
+class JsonStyle:
+    """How a JSON file is written, so that a rewrite changes only the edited lines."""
+
+    indent: int | str | None
+    separators: tuple[str, str]
+    ensure_ascii: bool
+    newline: str
+    trailing: str
+
+    def dumps(self, obj: Any) -> str:
+        text = json.dumps(obj, indent=self.indent, separators=self.separators,
+                          ensure_ascii=self.ensure_ascii)
+        if self.newline != "\n":
+            text = text.replace("\n", self.newline)
+        return text + self.trailing
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """The planned change of one file.
+
+    Attributes:
+        file: the file name.
+        original: its text now.
+        new: its text after the edits.
+        diff: a unified diff from ``original`` to ``new`` (empty when unchanged).
+        edits: the edits that change something.
+        reformatted: True when the file's formatting could not be reproduced exactly, so lines
+            other than the edited ones change too.
+    """
+
+    file: str
+    original: str
+    new: str
+    diff: str
+    edits: tuple[Edit, ...] = ()
+    reformatted: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.new != self.original
+
+
+@dataclass(frozen=True)
+class Plan:
+    """New texts for a set of files, with their diffs."""
+
+    files: dict[str, FilePlan] = field(default_factory=dict)
+    edits: tuple[Edit, ...] = ()
+
+    @property
+    def already_applied(self) -> bool:
+        """True when the edits change nothing: the files are already as wanted."""
+        return not self.changed_files
+
+    @property
+    def changed_files(self) -> list[str]:
+        return [name for name, fp in self.files.items() if fp.changed]
+
+    @property
+    def diff(self) -> str:
+        return "".join(fp.diff for fp in self.files.values())
+
+    def table(self) -> Table:
+        """One row per file: the changes and whether there is anything left to do."""
+        rows = []
+        for name, fp in self.files.items():
+            status = "to change" if fp.changed else "already as wanted"
+            rows.append([name, "; ".join(e.describe() for e in fp.edits) or "—", status])
+        return Table(["file", "changes", "status"], rows)
+
+
+# --------------------------------------------------------------------------------------------
+# The pure part
+
+
+def detect_style(text: str) -> tuple[JsonStyle, bool]:
+    """The JSON style of ``text``, and whether re-serialising reproduces it exactly.
+
+    Args:
+        text: the file's text.
+
+    Returns:
+        ``(style, exact)``.
+
+    Raises:
+        OpsbookError: the text is not JSON.
+    """
+    obj = _loads("(file)", text)
+    newline = "\r\n" if "\r\n" in text else "\n"
+    body = text.rstrip()
+    trailing = text[len(body):]
+    candidates = _style_candidates(body.replace("\r\n", "\n"))
+    for indent, separators, ensure_ascii in candidates:
+        style = JsonStyle(indent, separators, ensure_ascii, newline, trailing)
+        if style.dumps(obj) == text:
+            return style, True
+    indent, separators, ensure_ascii = candidates[0]
+    return JsonStyle(indent, separators, ensure_ascii, newline, trailing), False
+
+
+def _style_candidates(body: str) -> list[tuple[int | str | None, tuple[str, str], bool]]:
+    """Likely (indent, separators, ensure_ascii) for a JSON text, the most likely first."""
+    ascii_first = body.isascii()
+    if "\n" in body.strip():
+        second = body.split("\n")[1]
+        lead = second[: len(second) - len(second.lstrip())]
+        indent: int | str | None = lead if lead.startswith("\t") else len(lead)
+        seps = [(",", ": "), (",", ":")]
+        indents = [indent]
+    else:
+        seps = [(", ", ": "), (",", ":"), (",", ": "), (", ", ":")]
+        indents = [None]
+    return list(itertools.product(indents, seps, (ascii_first, not ascii_first)))
+
+
+def apply_edits(obj: Any, edits: Sequence[Edit]) -> tuple[Any, list[Edit]]:
+    """Apply edits to a parsed JSON document (a copy), keeping the order of existing keys.
+
+    Args:
+        obj: the parsed document.
+        edits: the edits for this document.
+
+    Returns:
+        ``(new document, the edits that changed something)``.
+
+    Raises:
+        OpsbookError: a ``set`` whose parent is missing or not an object.
+    """
+    doc = copy.deepcopy(obj)
+    effective = []
+    for edit in edits:
+        parent = _walk(doc, edit.json_path[:-1])
+        key = edit.json_path[-1]
+        if edit.action == "delete":
+            if isinstance(parent, dict) and key in parent:
+                del parent[key]
+                effective.append(edit)
+            continue
+        if not isinstance(parent, dict):
+            raise OpsbookError(
+                f"{edit.file}: cannot {edit.describe()}: "
+                f"{'.'.join(edit.json_path[:-1]) or 'the top level'} is not a JSON object",
+                remedy="check the file's structure; only edit keys whose parent exists",
+            )
+        if key not in parent or parent[key] != edit.value:
+            parent[key] = edit.value
+            effective.append(edit)
+    return doc, effective
+
+
+def plan_patch(files: Mapping[str, str], edits: Sequence[Edit]) -> Plan:
+    """Plan the new texts of JSON files, keeping each file's formatting.
+
+    Args:
+        files: file name to its current text.
+        edits: the edits to make.
+
+    Returns:
+        The :class:`Plan`, with ``already_applied`` True when nothing would change.
+
+    Raises:
+        OpsbookError: an edit names a file that is not given, or a file is not JSON.
+    """
+    missing = sorted({e.file for e in edits} - set(files))
+    if missing:
+        raise OpsbookError(
+            f"edits name files that were not read: {missing}",
+            remedy="read the configs first (read_configs) and plan on what exists",
+        )
+    plans = {}
+    for name in dict.fromkeys(e.file for e in edits):
+        original = files[name]
+        style, exact = detect_style(original)
+        doc, effective = apply_edits(_loads(name, original), [e for e in edits if e.file == name])
+        new = style.dumps(doc) if effective else original
+        plans[name] = FilePlan(name, original, new, unified_diff(name, original, new),
+                               tuple(effective), reformatted=bool(effective) and not exact)
+    return Plan(plans, tuple(edits))
+
+
+def unified_diff(name: str, old: str, new: str) -> str:
+    """A ``git diff``-style unified diff, marking a missing newline at the end of file."""
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True), new.splitlines(keepends=True),
+        fromfile=f"a/{name}", tofile=f"b/{name}",
+    )
+    out = []
+    for line in lines:
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def fp8_kv_cache_edits(files: Mapping[str, str | None]) -> list[Edit]:
+    """The incident's patch: stop the checkpoint from asking for an FP8 KV cache.
+
+    In ``config.json``, delete ``kv_cache_scheme`` and ``kv_cache_quant_algo`` from
+    ``quantization_config`` and from ``text_config.quantization_config``. In
+    ``hf_quant_config.json``, set ``quantization.kv_cache_quant_algo`` (and a top-level
+    ``kv_cache_quant_algo``) to null, as NVIDIA's checkpoints without KV quantization have it.
+
+    Args:
+        files: file name to text (None or absent when the file does not exist).
+
+    Returns:
+        The edits; empty when the files ask for no KV-cache quantization.
+    """
+    edits: list[Edit] = []
+    config_text = files.get("config.json")
+    config = _loads("config.json", config_text) if config_text else {}
+    for prefix in (("quantization_config",), ("text_config", "quantization_config")):
+        qc = _walk(config, prefix)
+        if isinstance(qc, dict):
+            edits += [
+                Edit("config.json", (*prefix, key), "delete")
+                for key in ("kv_cache_scheme", "kv_cache_quant_algo")
+                if key in qc
+            ]
+    text = files.get("hf_quant_config.json")
+    hf_quant = _loads("hf_quant_config.json", text) if text else {}
+    for path in (("quantization", "kv_cache_quant_algo"), ("kv_cache_quant_algo",)):
+        parent = _walk(hf_quant, path[:-1])
+        if isinstance(parent, dict) and path[-1] in parent:
+            edits.append(Edit("hf_quant_config.json", path, "set", None))
+    return edits
+
+
+# --------------------------------------------------------------------------------------------
+# The remote part
+
+
+def read_config_state(host: ProbeHost, model_dir: str) -> dict[str, Any]:
+    """Texts and status (mode, uid, gid, sha256) of the config files and their backups.
+
+    Args:
+        host: the host (anything with :meth:`opsbook.hosts.Host.probe`).
+        model_dir: the checkpoint directory on the host.
+
+    Returns:
+        The ``configs`` probe's answer: ``{"dir", "exists", "files": {name: status},
+        "backups": {name: status}}``.
+
+    Raises:
+        OpsbookError: the directory does not exist on the host.
+    """
+    state: dict[str, Any] = host.probe("configs", {"action": "read", "dir": model_dir,
+                                                    "files": list(CONFIG_FILES)})
+    if not state.get("exists"):
+        raise OpsbookError(
+            f"the model directory {model_dir} does not exist on the host",
+            remedy="check model.path in the deployment file",
+        )
+    return state
+
+
+def read_configs(host: ProbeHost, model_dir: str) -> dict[str, str]:
+    """The texts of ``config.json``, ``hf_quant_config.json`` and ``tokenizer_config.json``.
+
+    One round trip. Files that do not exist are left out.
+
+    Args:
+        host: the host.
+        model_dir: the checkpoint directory on the host.
+
+    Returns:
+        File name to text.
+    """
+    return _texts(read_config_state(host, model_dir))
+
+
+def apply_patch(
+    host: ProbeHost,
+    model_dir: str,
+    plan: Plan,
+    *,
+    apply: bool,
+    gpus: Sequence[Any] | None = None,
+    vllm_version: str | None = None,
+    serve_args: Mapping[str, Any] | None = None,
+    probed_backends: Mapping[str, Sequence[str]] | None = None,
+) -> Result:
+    """Apply a plan on the host: a dry run unless ``apply`` is True.
+
+    Each changed file is first backed up to ``<file>.opsbook-orig`` (an existing backup is kept:
+    it holds the first original), then replaced atomically keeping its owner and mode. Then the
+    files are read again and checked, and, when ``gpus`` is given, the compatibility rules are
+    run again on the new files. Applying an applied plan changes nothing.
+
+    Args:
+        host: the host.
+        model_dir: the checkpoint directory on the host.
+        plan: from :func:`plan_patch`, made from the files as they are on the host.
+        apply: False for a dry run (nothing changes on the host).
+        gpus: GPU facts (``compute_cap``) to re-run :func:`opsbook.compat.check_compat` with.
+        vllm_version: the installed vLLM version, for that re-check.
+        serve_args: the server's arguments, for that re-check.
+        probed_backends: probed backend KV dtypes, for that re-check.
+
+    Returns:
+        A :class:`Result`; ``data`` holds ``dry_run``, ``already_applied``, ``changed``,
+        ``backups`` (name to path, sha256, whether created now), ``diff`` and ``recheck``.
+    """
+    state = read_config_state(host, model_dir)
+    current = _texts(state)
+    pending, done, conflicts = _compare_with_host(plan, current)
+    data: dict[str, Any] = {"dry_run": not apply, "already_applied": not pending,
+                            "changed": [], "unchanged": done, "backups": {},
+                            "diff": "".join(plan.files[n].diff for n in pending), "recheck": None}
+    if conflicts:
+        return Result(False, "the files changed since the plan was made: nothing was written",
+                      data, [_conflict_finding(name) for name in conflicts])
+    if not pending:
+        return Result(True, "already applied: nothing to change", data)
+    if not apply:
+        backups = ", ".join(n + BACKUP_SUFFIX for n in pending)
+        return Result(True, f"dry run: would change {', '.join(pending)} (backups: {backups}); "
+                      "run with apply=True to write", data)
+    writes = {n: {"expect_sha256": state["files"][n]["sha256"], "text": plan.files[n].new}
+              for n in pending}
+    answer = host.probe("configs", {"action": "apply", "dir": model_dir, "writes": writes})
+    data["changed"] = [n for n, a in answer["actions"].items() if a.get("written")]
+    if answer.get("conflicts"):
+        return Result(False, "the files changed while patching: nothing was written", data,
+                      [_conflict_finding(name) for name in answer["conflicts"]])
+    findings = _apply_findings(answer, state, plan, pending, data)
+    recheck = _recheck(_texts(read_config_state(host, model_dir)), gpus, vllm_version,
+                       serve_args, probed_backends)
+    if recheck is not None:
+        data["recheck"] = recheck
+        findings += [f for f in recheck.findings if f.severity in ("error", "warning")]
+    ok = answer.get("ok", False) and not any(f.severity == "error" for f in findings)
+    message = (f"patched {', '.join(data['changed'])}; backups kept" if ok
+               else "the patch did not fully apply: see the findings")
+    return Result(ok, message, data, findings)
+
+
+def restore_patch(
+    host: ProbeHost, model_dir: str, files: Sequence[str] = PATCHABLE_FILES
+) -> Result:
+    """Put the originals saved by :func:`apply_patch` back, byte for byte.
+
+    The backups stay where they are. A file without a backup is left alone.
+
+    Args:
+        host: the host.
+        model_dir: the checkpoint directory on the host.
+        files: the file names to restore.
+
+    Returns:
+        A :class:`Result`; ``data["restored"]``, ``data["already"]``, ``data["no_backup"]``.
+    """
+    answer = host.probe("configs", {"action": "restore", "dir": model_dir, "files": list(files)})
+    if not answer["state"].get("exists"):
+        raise OpsbookError(f"the model directory {model_dir} does not exist on the host",
+                           remedy="check model.path in the deployment file")
+    by_status: dict[str, list[str]] = {}
+    for name, action in answer["actions"].items():
+        by_status.setdefault(action["status"], []).append(name)
+    findings = []
+    for name, action in answer["actions"].items():
+        if action["status"] == "failed":
+            findings.append(Finding("error", name, f"could not restore: {action['error']}",
+                                    remedy="check the folder's permissions and free space"))
+        elif action["status"] == "no-backup":
+            findings.append(Finding("info", name, "no backup: left as it is"))
+    state = answer["state"]
+    for name in by_status.get("restored", []) + by_status.get("already", []):
+        if state["files"][name].get("sha256") != state["backups"][name].get("sha256"):
+            findings.append(Finding("error", name, "after restoring, the file still differs "
+                                    "from its backup", remedy="compare the two files by hand"))
+    ok = not any(f.severity == "error" for f in findings)
+    restored = by_status.get("restored", [])
+    message = (f"restored {', '.join(restored)} from backups" if restored
+               else "nothing to restore: the files are the originals")
+    data = {"restored": restored, "already": by_status.get("already", []),
+            "no_backup": by_status.get("no-backup", [])}
+    return Result(ok, message if ok else "restore failed: see the findings", data, findings)
+
+
+def _texts(state: Mapping[str, Any]) -> dict[str, str]:
+    return {name: s["text"] for name, s in state["files"].items() if s.get("text") is not None}
+
+
+def _compare_with_host(
+    plan: Plan, current: Mapping[str, str]
+) -> tuple[list[str], list[str], list[str]]:
+    """Split the plan's changed files into to-write, already-written and changed-since."""
+    pending, done, conflicts = [], [], []
+    for name in plan.changed_files:
+        fp = plan.files[name]
+        text = current.get(name)
+        if text == fp.new:
+            done.append(name)
+        elif text == fp.original:
+            pending.append(name)
+        else:
+            conflicts.append(name)
+    return pending, done, conflicts
+
+
+def _conflict_finding(name: str) -> Finding:
+    return Finding(
+        "error", name, "the file on the host is neither the planned original nor the planned "
+        "result", remedy="read the configs again (read_configs) and make a new plan",
+    )
+
+
+def _apply_findings(
+    answer: Mapping[str, Any],
+    before: Mapping[str, Any],
+    plan: Plan,
+    pending: Sequence[str],
+    data: dict[str, Any],
+) -> list[Finding]:
+    """Check what the apply step reports against what was planned."""
+    findings = []
+    after = answer["state"]
+    for name in pending:
+        action = answer["actions"].get(name, {})
+        if not action.get("written"):
+            findings.append(Finding("error", name, f"not written: {action.get('error', 'skipped')}",
+                                    remedy="check the folder's permissions and free space"))
+            continue
+        backup = after["backups"][name]
+        data["backups"][name] = {"path": backup["path"], "sha256": backup.get("sha256"),
+                                 "created": action.get("backup") == "created"}
+        earlier = backup.get("sha256") != before["files"][name]["sha256"]
+        if action.get("backup") == "kept" and earlier:
+            findings.append(Finding(
+                "info", name, f"an earlier backup {backup['path']} was kept (it is the first "
+                "original; it differs from the file as it was before this patch)",
+            ))
+        if after["files"][name].get("sha256") != _sha256(plan.files[name].new):
+            findings.append(Finding("error", name, "after writing, the file is not the planned "
+                                    "text", remedy="restore_patch, then plan again"))
+        old, new = before["files"][name], after["files"][name]
+        if (old["mode"], old["uid"], old["gid"]) != (new["mode"], new["uid"], new["gid"]):
+            findings.append(Finding(
+                "warning", name, f"mode/owner changed from {old['mode']:o} {old['uid']}:"
+                f"{old['gid']} to {new['mode']:o} {new['uid']}:{new['gid']}",
+                remedy="patch as the file's owner (or root) to keep its owner",
+            ))
+    return findings
+
+
+def _recheck(
+    texts: Mapping[str, str],
+    gpus: Sequence[Any] | None,
+    vllm_version: str | None,
+    serve_args: Mapping[str, Any] | None,
+    probed_backends: Mapping[str, Sequence[str]] | None,
+) -> Result | None:
+    if gpus is None:
+        return None
+    return check_compat(facts_from_texts(texts), gpus, vllm_version, serve_args or {},
+                        probed_backends)
+
+
+def _walk(doc: Any, path: Sequence[str]) -> Any:
+    node = doc
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _loads(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise OpsbookError(f"{name} is not valid JSON: {e}",
+                           remedy=f"restore {name} from its backup or re-download it") from None
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
