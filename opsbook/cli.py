@@ -109,7 +109,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print(json.dumps(diagnosis.to_dict(), indent=2))
     else:
         print(diagnosis)
-    return runner.EXIT_PROBLEM if diagnosis.state == "failed" else runner.EXIT_OK
+    return runner.EXIT_OK if diagnosis.ok else runner.EXIT_PROBLEM
 
 
 def _read_log(path: Path) -> str:

@@ -65,6 +65,10 @@ class Result:
         head = f'<p style="color:{colour}"><b>{mark} {html.escape(self.message)}</b></p>'
         return head + (self.findings_table()._repr_html_() if self.findings else "")
 
+    def __repr__(self) -> str:
+        # The data can be large (whole fact sheets); the repr stays the human summary.
+        return str(self)
+
     def __str__(self) -> str:
         mark = "OK" if self.ok else "PROBLEM"
         lines = [f"{mark}: {self.message}"]

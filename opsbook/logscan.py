@@ -1,0 +1,952 @@
+"""Read a vLLM log of any version and say what state the server reached and why.
+
+Logs come from many vLLM versions (V0 ``INFO 10-12 00:26:58 launcher.py:27]``, V1
+``(EngineCore_DP0 pid=N) INFO 03-12 10:11:12 [core.py:123]``, ``[rank0]:``, Ray
+``(RayWorkerWrapper pid=N)``) and arrive mangled: raw ANSI colour codes, ``> `` quoting and
+``**`` from pasted issues, lines wrapped by a terminal, a truncated tail. Every log line is
+normalised first (``LogLine.text``) while its original text is kept (``LogLine.raw``), so a
+reported line can always be found again with ``grep -F``.
+
+The failure catalogue is data (``opsbook/data/failures.yaml``); this module only reads lines,
+finds the startup phases, matches the catalogue and decides the state:
+
+    failure after the last "ready" line  -> failed   (specific cause > wrapper > generic)
+    shared-memory stall persists / last  -> hung
+    "Application startup complete."      -> ready
+    otherwise, process known running     -> loading  (at the furthest phase seen)
+    otherwise                            -> no-conclusion (stopped during a phase, with a suspect)
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from opsbook.exceptions import OpsbookError
+from opsbook.results import SEVERITIES, Finding, Result, Table
+
+READY = "ready"
+LOADING = "loading"
+FAILED = "failed"
+HUNG = "hung"
+NO_CONCLUSION = "no-conclusion"
+
+KINDS = ("cause", "wrapper", "stall", "generic", "note")
+
+# vLLM's V1/V0 prefix has no year: year 2000 stands in (a leap year, so 02-29 parses) unless
+# a line with a full date (Python logging format) says which year it is.
+PLACEHOLDER_YEAR = 2000
+
+PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern))
+    for name, pattern in (
+        ("args", r"non-default args: |args: Namespace\(|vLLM API server version "),
+        ("engine-config", r"Initializing an? (?:V1 )?LLM engine"),
+        ("backend", r"\bUsing [\w. ]*?backend\b|Valid backends: "),
+        (
+            "weights",
+            r"Starting to load model|Loading (?:safetensors|pt) checkpoint shards"
+            r"|Loading weights took|Model loading took|Loading model weights took",
+        ),
+        (
+            "compile",
+            r"torch\.compile takes|Dynamo bytecode transform time|Compiling a graph for"
+            r"|Directly load the compiled graph|torch_compile_cache",
+        ),
+        (
+            "kv-cache",
+            r"Available KV cache memory|GPU KV cache size|Maximum concurrency for"
+            r"|# (?:GPU|gpu) blocks: |Memory profiling (?:results|takes)",
+        ),
+        (
+            "graphs",
+            r"Capturing (?:CUDA ?graphs?|cudagraphs?|the model for CUDA graphs)"
+            r"|Graph capturing finished",
+        ),
+        (
+            "engine-ready",
+            r"init engine \(profile, create kv cache, warmup model\) took"
+            r"|Core engine process \d+ ready",
+        ),
+        (
+            "http",
+            r"Starting vLLM (?:API )?server|Available routes are|Route: /|Started server process",
+        ),
+        ("ready", r"Application startup complete|Uvicorn running on"),
+    )
+)
+PHASE_NAMES = tuple(name for name, _ in PHASE_PATTERNS)
+
+# Escape sequences, and colour codes whose ESC byte a paste into an issue dropped ("[1;36m").
+_ANSI = re.compile(
+    r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|(?<![\w\]])\[[0-9]{1,3}(?:;[0-9]{1,3})*m"
+)
+_QUOTE_START = re.compile(r"^\s{0,3}(?:>\s?)+|^\*\*")
+_QUOTE_END = re.compile(r"\*\*\s*$")
+_COMPOSE = re.compile(r"^[\w.-]{1,40}\s+\|\s?")
+_PROCESS = re.compile(r"^\([^()\n]{0,80}?\bpid=\d+[^()\n]{0,60}\)\s?")
+_RANK = re.compile(r"^\[rank\d+\]:\s?")
+_VLLM_LEVEL = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(?P<month>\d\d)-(?P<day>\d\d)\s+"
+    r"(?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?\s+\[?[\w./<>-]+:\d+\]\s?"
+)
+_PYTHON_LEVEL = re.compile(
+    r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r" - (?P<level>[A-Z]+) - (?:[\w./-]+:\d+ - )?"
+)
+_UVICORN_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
+_LOCATION = re.compile(r"^\[[\w./-]+\.py:\d+\]\s?")
+_PREFIXES = (_PROCESS, _RANK, _VLLM_LEVEL, _PYTHON_LEVEL, _UVICORN_LEVEL, _LOCATION)
+_FULL_DATE = re.compile(r"\b(20\d\d)-\d\d-\d\d \d\d:\d\d:\d\d")
+
+# Lines that start something new, so a terminal wrap never produced them.
+_LINE_START = re.compile(
+    r"^(?:Traceback|File \"|[\[#`]|(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning)\b"
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|[^|]{0,80}:\s+\d+%\|"
+    r"|(?:\(\S+\)\s+)?[\w.-]+@[\w.-]+:)"  # the last one: a shell prompt after the log
+)
+# Markdown headings, shell comments and provenance notes pasted around a log; vLLM's own
+# "# GPU blocks" line always follows a prefix, so it never starts a line.
+_COMMENT = re.compile(r"^#+ ")
+_MIN_WRAP_WIDTH = 60
+_FRAME = re.compile(r"^\s+File \"")
+
+_VERSION_PATTERNS = (
+    re.compile(r"vLLM API server version v?(\d[\w.+-]*)"),
+    re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d[\w.+-]*)\)"),
+    re.compile(r"[█▄▀]\s+version v?(\d+\.\d+[\w.+-]*)"),
+    re.compile(r"\b[vV][lL][lL][mM]\b[^\n]{0,20}?\bversion:? v?(\d+\.\d+[\w.+-]*)"),
+    re.compile(r"\bvllm==(\d+\.\d+[\w.+-]*)"),
+)
+_NCCL_INIT = re.compile(r"vLLM is using nccl==|NCCL INFO .*Init COMPLETE|Found nccl from")
+_WEIGHTS_DONE = re.compile(r"Loading weights took|Model loading took|Loading model weights took")
+_SIZE = re.compile(r"^([\d.]+) ?(bytes|[KMGT]?i?B)$")
+_SIZE_POWERS = {"bytes": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+_PERSISTENT_STALLS = 3
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One logical log line (terminal-wrapped pieces joined).
+
+    Args:
+        number: 1-based line number of its first physical line (as ``grep -n`` counts).
+        raw: the original text; wrapped pieces joined with newlines.
+        text: the message with ANSI codes, quote markers and prefixes removed.
+        level: the log level when the line has one (``INFO``, ``ERROR``...).
+        timestamp: when the line's prefix carries a time (see ``PLACEHOLDER_YEAR``).
+        is_code: a traceback's frame or source line, never a message.
+    """
+
+    number: int
+    raw: str
+    text: str
+    level: str | None = None
+    timestamp: datetime | None = None
+    is_code: bool = False
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A startup phase and the first line that shows it."""
+
+    name: str
+    first_line_no: int
+    timestamp: datetime | None
+
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """One failure class of ``opsbook/data/failures.yaml``."""
+
+    id: str
+    title: str
+    kind: str
+    severity: str
+    priority: int
+    patterns: tuple[re.Pattern[str], ...]
+    remedy: str
+    source: str
+    parse: tuple[re.Pattern[str], ...] = ()
+    remedy_parsed: str = ""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A catalogue entry found on a log line; ``pattern_index`` says which pattern matched."""
+
+    entry: CatalogueEntry
+    line: LogLine
+    pattern_index: int
+
+
+@dataclass(frozen=True)
+class OomKill:
+    """A process the kernel's OOM killer ended, from ``dmesg`` text."""
+
+    pid: int
+    process: str
+    line_no: int
+    line: str
+    anon_rss_kb: int | None = None
+
+
+@dataclass
+class LogDiagnosis:
+    """What a vLLM log says: state, failure class, the identifying line and the remedy.
+
+    Args:
+        state: ``ready``, ``loading``, ``failed``, ``hung`` or ``no-conclusion``.
+        phase: the furthest startup phase the log reached.
+        failure: the catalogue id of the failure, when failed or hung.
+        title: one line for people.
+        severity: as ``opsbook.results.Finding``.
+        line: the line that identifies the state (its ``raw`` text is as in the log).
+        wrapper: the wrapper error below the reported root cause, if any.
+        remedy: what to do.
+        source: where the signature and the remedy come from.
+        numbers: values parsed from the identifying lines.
+        version: the vLLM version when the log states it.
+        phases: the startup phases seen.
+        notes: lines worth pointing out that are not failures.
+        suspect: for a log that stops without an error, the catalogue id that likely explains it.
+    """
+
+    state: str
+    phase: str | None
+    failure: str | None
+    title: str
+    severity: str
+    line: LogLine | None
+    remedy: str
+    source: str
+    wrapper: LogLine | None = None
+    numbers: dict[str, Any] = field(default_factory=dict)
+    version: str | None = None
+    phases: list[Phase] = field(default_factory=list)
+    notes: list[Hit] = field(default_factory=list)
+    suspect: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state in (READY, LOADING)
+
+    @property
+    def summary(self) -> str:
+        what = f"{self.state}: {self.title}"
+        return what + (f" [{self.failure}]" if self.failure else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as JSON-ready values (for ``opsbook diagnose --json``)."""
+        return {
+            "state": self.state,
+            "phase": self.phase,
+            "failure": self.failure,
+            "title": self.title,
+            "severity": self.severity,
+            "line": _line_dict(self.line),
+            "wrapper": _line_dict(self.wrapper),
+            "remedy": self.remedy,
+            "source": self.source,
+            "numbers": self.numbers,
+            "version": self.version,
+            "phases": [
+                {"name": p.name, "line_no": p.first_line_no, "timestamp": _iso(p.timestamp)}
+                for p in self.phases
+            ],
+            "notes": [
+                {"id": n.entry.id, "title": n.entry.title, "line": _line_dict(n.line)}
+                for n in self.notes
+            ],
+            "suspect": self.suspect,
+        }
+
+    def to_result(self) -> Result:
+        """The diagnosis as an opsbook ``Result`` with findings."""
+        subject = self.failure or self.state
+        message = self.title + (f" (line {self.line.number})" if self.line else "")
+        findings = [Finding(self.severity, subject, message, self.remedy, self.source)]
+        findings += [
+            Finding(
+                n.entry.severity,
+                n.entry.id,
+                f"{n.entry.title} (line {n.line.number})",
+                n.entry.remedy,
+                n.entry.source,
+            )
+            for n in self.notes
+        ]
+        return Result(self.ok, self.summary, self.to_dict(), findings)
+
+    def __str__(self) -> str:
+        rows = [f"state:   {self.state}" + (f" (phase: {self.phase})" if self.phase else "")]
+        if self.failure:
+            rows.append(f"failure: {self.failure} - {self.title}")
+        else:
+            rows.append(f"summary: {self.title}")
+        if self.line:
+            rows.append(f"line {self.line.number}: {self.line.raw}")
+        if self.wrapper:
+            rows.append(f"wrapper at line {self.wrapper.number}: {self.wrapper.text}")
+        if self.numbers:
+            rows.append("numbers: " + ", ".join(f"{k}={v}" for k, v in self.numbers.items()))
+        rows.append(f"remedy:  {self.remedy}")
+        rows.append(f"source:  {self.source}")
+        if self.version:
+            rows.append(f"vLLM:    {self.version}")
+        rows += [f"note line {n.line.number}: {n.entry.title}" for n in self.notes]
+        return "\n".join(rows)
+
+    def _repr_html_(self) -> str:
+        colour = {READY: "#1a7f37", LOADING: "#9a6700"}.get(self.state, "#cf222e")
+        head = f'<p style="color:{colour}"><b>{html.escape(self.summary)}</b></p>'
+        rows = [["phase", self.phase], ["vLLM version", self.version]]
+        if self.line:
+            rows.append([f"line {self.line.number}", self.line.raw])
+        if self.wrapper:
+            rows.append([f"wrapper (line {self.wrapper.number})", self.wrapper.text])
+        rows += [[key, value] for key, value in self.numbers.items()]
+        rows += [["remedy", self.remedy], ["source", self.source]]
+        rows += [[f"note (line {n.line.number})", n.entry.title] for n in self.notes]
+        table = Table(["", ""], [row for row in rows if row[1] not in (None, "")])
+        return head + table._repr_html_()
+
+
+def load_catalogue() -> list[CatalogueEntry]:
+    """Read the failure catalogue shipped with opsbook.
+
+    Returns:
+        The entries in file order.
+
+    Raises:
+        OpsbookError: when the catalogue file is malformed.
+    """
+    return list(_catalogue())
+
+
+@lru_cache(maxsize=1)
+def _catalogue() -> tuple[CatalogueEntry, ...]:
+    text = resources.files("opsbook").joinpath("data/failures.yaml").read_text(encoding="utf-8")
+    return tuple(_entry(raw) for raw in yaml.safe_load(text))
+
+
+def _entry(raw: dict[str, Any]) -> CatalogueEntry:
+    try:
+        entry = CatalogueEntry(
+            id=raw["id"],
+            title=raw["title"],
+            kind=raw["kind"],
+            severity=raw["severity"],
+            priority=int(raw["priority"]),
+            patterns=tuple(re.compile(p) for p in raw["patterns"]),
+            remedy=raw["remedy"],
+            source=raw["source"],
+            parse=tuple(re.compile(p) for p in raw.get("parse", ())),
+            remedy_parsed=raw.get("remedy_parsed", ""),
+        )
+    except (KeyError, TypeError, re.error) as exc:
+        raise OpsbookError(
+            f"failure catalogue entry {raw!r:.80} is malformed: {exc}",
+            remedy="fix opsbook/data/failures.yaml (fields are described at its top)",
+        ) from exc
+    if entry.kind not in KINDS or entry.severity not in SEVERITIES:
+        raise OpsbookError(
+            f"failure catalogue entry {entry.id!r} has kind {entry.kind!r} / severity "
+            f"{entry.severity!r}",
+            remedy=f"use a kind of {KINDS} and a severity of {SEVERITIES}",
+        )
+    return entry
+
+
+def normalise_line(line: str) -> str:
+    """Strip ANSI codes, quote markers and every known prefix from one physical line.
+
+    Args:
+        line: a line as it appears in a log or a pasted issue.
+
+    Returns:
+        The bare message, e.g. ``ValueError: ...`` for
+        ``> (EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:1] ValueError: ...``.
+    """
+    return _strip_prefixes(_clean(line), PLACEHOLDER_YEAR)[0].strip()
+
+
+def read_log_lines(text: str) -> list[LogLine]:
+    """Split a log into logical lines, joining pieces a terminal wrapped.
+
+    Args:
+        text: the whole log.
+
+    Returns:
+        One ``LogLine`` per logical line, numbered like ``grep -n``.
+    """
+    physical = [line.rstrip("\r") for line in text.split("\n")]
+    cleaned = [_clean(line) for line in physical]
+    year = _first_year(text)
+    lines: list[LogLine] = []
+    after_frame = False
+    for members in _wrapped_groups(cleaned):
+        number = members[0] + 1
+        joined = "".join(cleaned[i] for i in members)
+        if _COMMENT.match(joined):
+            joined = ""
+        message, level, stamp = _strip_prefixes(joined, year)
+        body = message.strip()
+        is_code = body.startswith(("raise ", 'File "')) or (after_frame and message[:1].isspace())
+        after_frame = body.startswith('File "')
+        raw = "\n".join(physical[i] for i in members)
+        lines.append(LogLine(number, raw, body, level, stamp, is_code))
+    return _roll_years(lines)
+
+
+def _wrapped_groups(cleaned: list[str]) -> list[list[int]]:
+    # Indexes of the physical lines that make up each logical line.
+    width = _wrap_width(cleaned)
+    groups: list[list[int]] = []
+    for index, line in enumerate(cleaned):
+        if groups and _continues(cleaned[index - 1], line, width):
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+def phases(text: str) -> list[Phase]:
+    """The startup phases a log shows, each at its first line, in log order.
+
+    Args:
+        text: the whole log.
+
+    Returns:
+        Phases named as ``PHASE_NAMES``. A phase's timestamp is its first line's, or when
+        that line has none (a progress bar, uvicorn), the last one stamped before it; None
+        when no line before it has a time.
+    """
+    lines = read_log_lines(text)
+    return _first_phases(_phase_events(lines), lines)
+
+
+def find_version(lines: Sequence[LogLine]) -> str | None:
+    """The vLLM version a log states (``vLLM API server version X``, ``V1 LLM engine (vX)``...).
+
+    Args:
+        lines: the log's lines.
+
+    Returns:
+        The first version stated, or None.
+    """
+    for line in lines:
+        for pattern in _VERSION_PATTERNS:
+            found = pattern.search(line.text)
+            if found:
+                return found.group(1).rstrip(".,;:)")
+    return None
+
+
+def match_catalogue(
+    lines: Sequence[LogLine], catalogue: Sequence[CatalogueEntry] | None = None
+) -> list[Hit]:
+    """Every catalogue entry found on every message line (traceback source lines skipped).
+
+    Args:
+        lines: the log's lines.
+        catalogue: the entries to look for; the shipped catalogue by default.
+
+    Returns:
+        Hits in log order; one line may hit several entries.
+    """
+    entries = _catalogue() if catalogue is None else tuple(catalogue)
+    screen = _screen(entries)
+    hits = []
+    for line in lines:
+        if line.is_code or not screen.search(line.text):
+            continue
+        for entry in entries:
+            index = _first_matching(entry.patterns, line.text)
+            if index is not None:
+                hits.append(Hit(entry, line, index))
+    return hits
+
+
+def parse_backend_reasons(text: str) -> dict[str, list[str]]:
+    """Read ``Reasons: {BACKEND: [reason, ...], ...}`` of a "No valid attention backend" line.
+
+    Args:
+        text: the error line; a truncated tail keeps the backends that are complete.
+
+    Returns:
+        Backend name to its reasons.
+    """
+    start = text.find("Reasons: {")
+    if start < 0:
+        return {}
+    reasons: dict[str, list[str]] = {}
+    for name, body in re.findall(r"(\w+): \[((?:[^\[\]]|\[[^\[\]]*\])*)\]", text[start + 10 :]):
+        reasons[name] = _split_reasons(body)
+    return reasons
+
+
+def _split_reasons(body: str) -> list[str]:
+    # Reasons are joined with ", " but may hold a bracketed list and a ", but got N" clause.
+    parts: list[str] = []
+    for part in re.split(r",\s*(?![^\[]*\])", body):
+        part = part.strip()
+        if parts and part.startswith("but "):
+            parts[-1] += ", " + part
+        elif part:
+            parts.append(part)
+    return parts
+
+
+def classify_kernel_log(dmesg_text: str) -> list[OomKill]:
+    """Find the processes the kernel's OOM killer ended (``dmesg`` / ``journalctl -k`` text).
+
+    Args:
+        dmesg_text: kernel log text.
+
+    Returns:
+        One ``OomKill`` per ``Out of memory: Killed process N (name)`` line, in order.
+    """
+    entry = _entry_by_id("host-oom-killer")
+    kills = []
+    for hit in match_catalogue(read_log_lines(dmesg_text), [entry]):
+        values = _parse_values(entry, [hit.line])
+        kills.append(
+            OomKill(
+                pid=int(values["pid"]),
+                process=str(values["process"]),
+                line_no=hit.line.number,
+                line=hit.line.raw,
+                anon_rss_kb=values.get("anon_rss_kb"),
+            )
+        )
+    return kills
+
+
+def diagnose_log(
+    text: str, *, running: bool | None = None, kernel_log: str | None = None
+) -> LogDiagnosis:
+    """Say what state a vLLM log shows, the failure class and what to do.
+
+    Args:
+        text: the log, of any vLLM version, possibly mangled by pasting.
+        running: whether the server process is known to be alive; a log that stops without
+            an error is ``loading`` when True, ``no-conclusion`` otherwise.
+        kernel_log: ``dmesg`` text of the host, to recognise an OOM kill.
+
+    Returns:
+        The diagnosis.
+    """
+    lines = read_log_lines(text)
+    events = _phase_events(lines)
+    hits = match_catalogue(lines)
+    ready_at = max((line.number for line, name in events if name == READY), default=None)
+    furthest = _furthest_phase(events)
+    base: dict[str, Any] = {
+        "phase": furthest,
+        "version": find_version(lines),
+        "phases": _first_phases(events, lines),
+        "notes": _first_of_each([hit for hit in hits if hit.entry.kind == "note"]),
+    }
+    failure = _choose_failure(hits, ready_at)
+    if failure:
+        return _failed(FAILED, failure, hits, events, base)
+    stalls = [hit for hit in hits if hit.entry.kind == "stall"]
+    if _stall_is_hang(stalls, lines, events, ready_at):
+        return _failed(HUNG, _pick_line(stalls), hits, events, base)
+    base["notes"] = base["notes"] + _first_of_each(stalls)
+    if ready_at is not None:
+        return _ready(lines, ready_at, base)
+    kills = classify_kernel_log(kernel_log) if kernel_log else []
+    if kills:
+        return _killed(kills[-1], kernel_log or "", base)
+    return _unfinished(lines, events, running, base)
+
+
+def _failed(
+    state: str,
+    chosen: Hit,
+    hits: list[Hit],
+    events: list[tuple[LogLine, str]],
+    base: dict[str, Any],
+) -> LogDiagnosis:
+    entry = chosen.entry
+    same = [chosen.line] + [h.line for h in hits if h.entry is entry and h.line is not chosen.line]
+    numbers = _parse_values(entry, same)
+    if entry.id == "oom":
+        stage = _oom_stage(events, chosen.line.number)
+        if stage:
+            numbers["phase"] = stage
+    if entry.id in ("no-backend", "fp8kv-mla") and "Reasons: {" in chosen.line.text:
+        numbers["reasons"] = parse_backend_reasons(chosen.line.text)
+    wrappers = [h.line for h in hits if h.entry.kind == "wrapper"]
+    wrapper = wrappers[-1] if wrappers and entry.kind != "wrapper" else None
+    return LogDiagnosis(
+        state=state,
+        failure=entry.id,
+        title=entry.title,
+        severity=entry.severity,
+        line=chosen.line,
+        wrapper=wrapper,
+        remedy=_remedy(entry, numbers),
+        source=entry.source,
+        numbers=numbers,
+        **base,
+    )
+
+
+def _ready(lines: list[LogLine], ready_at: int, base: dict[str, Any]) -> LogDiagnosis:
+    line = next(line for line in lines if line.number == ready_at)
+    return LogDiagnosis(
+        state=READY,
+        failure=None,
+        title="the server finished starting and accepts requests",
+        severity="ok",
+        line=line,
+        remedy="Nothing to do: smoke-test it (GET /health, GET /v1/models, one completion).",
+        source="vllm-facts §5.1 (uvicorn 'Application startup complete.')",
+        **base,
+    )
+
+
+def _killed(kill: OomKill, kernel_log: str, base: dict[str, Any]) -> LogDiagnosis:
+    entry = _entry_by_id("host-oom-killer")
+    line = next(line for line in read_log_lines(kernel_log) if line.number == kill.line_no)
+    numbers = {"pid": kill.pid, "process": kill.process}
+    if kill.anon_rss_kb is not None:
+        numbers["anon_rss_kb"] = kill.anon_rss_kb
+    return LogDiagnosis(
+        state=FAILED,
+        failure=entry.id,
+        title=entry.title,
+        severity=entry.severity,
+        line=line,
+        remedy=entry.remedy,
+        source=entry.source,
+        numbers=numbers,
+        **base,
+    )
+
+
+def _unfinished(
+    lines: list[LogLine],
+    events: list[tuple[LogLine, str]],
+    running: bool | None,
+    base: dict[str, Any],
+) -> LogDiagnosis:
+    phase = base["phase"]
+    notes: list[Hit] = base["notes"]
+    line = notes[0].line if notes else (events[-1][0] if events else None)
+    if not events and not notes:
+        return LogDiagnosis(
+            state=NO_CONCLUSION,
+            failure=None,
+            title="nothing in this text shows a vLLM startup or a known failure",
+            severity="warning",
+            line=None,
+            remedy="Give the whole server log, from the launch command to its last line.",
+            source="vllm-facts §5.1 (startup sequence)",
+            **base,
+        )
+    if running:
+        return LogDiagnosis(
+            state=LOADING,
+            failure=None,
+            title=f"still starting: phase {phase}",
+            severity="info",
+            line=line,
+            remedy="Nothing to do yet: follow the log until 'Application startup complete.'",
+            source="vllm-facts §5.1 (startup sequence)",
+            **base,
+        )
+    suspect = _entry_by_id("nccl" if _stops_after_nccl_init(lines, events) else "host-oom-killer")
+    return LogDiagnosis(
+        state=NO_CONCLUSION,
+        failure=None,
+        title=f"the log stops during phase {phase} without an error",
+        severity="warning",
+        line=line,
+        remedy=(
+            "If the server process is still alive it is loading: follow the log. If it is gone "
+            f"or makes no progress: {suspect.remedy}"
+        ),
+        source=suspect.source,
+        suspect=suspect.id,
+        **base,
+    )
+
+
+def _choose_failure(hits: list[Hit], ready_at: int | None) -> Hit | None:
+    # A server that became ready survived anything before; after it, only catalogue failures
+    # count (a request's traceback does not make a serving server failed).
+    kinds = ("cause", "wrapper") if ready_at is not None else ("cause", "wrapper", "generic")
+    candidates = [
+        hit
+        for hit in hits
+        if hit.entry.kind in kinds and (ready_at is None or hit.line.number > ready_at)
+    ]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda hit: (hit.entry.priority, -hit.line.number)).entry
+    return _pick_line([hit for hit in candidates if hit.entry is best])
+
+
+def _first_of_each(hits: list[Hit]) -> list[Hit]:
+    # Eight ranks print the same note eight times; one is enough to point at.
+    seen: dict[str, Hit] = {}
+    for hit in hits:
+        seen.setdefault(hit.entry.id, hit)
+    return list(seen.values())
+
+
+def _pick_line(hits: list[Hit]) -> Hit:
+    # The entry's first pattern names its most telling line; among equals, the earliest.
+    return min(hits, key=lambda hit: (hit.pattern_index, hit.line.number))
+
+
+def _stall_is_hang(
+    stalls: list[Hit], lines: list[LogLine], events: list[tuple[LogLine, str]], ready_at: int | None
+) -> bool:
+    if not stalls or (ready_at is not None and ready_at > stalls[-1].line.number):
+        return False
+    last_text = next((line for line in reversed(lines) if line.text), None)
+    progress_at = max((line.number for line, _ in events), default=0)
+    since_progress = [hit for hit in stalls if hit.line.number > progress_at]
+    return last_text is stalls[-1].line or len(since_progress) >= _PERSISTENT_STALLS
+
+
+def _stops_after_nccl_init(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> bool:
+    progress_at = max((line.number for line, _ in events), default=0)
+    return any(_NCCL_INIT.search(line.text) for line in lines if line.number > progress_at)
+
+
+def _oom_stage(events: list[tuple[LogLine, str]], at: int) -> str | None:
+    before = [(line, name) for line, name in events if line.number < at]
+    furthest = _furthest_phase(before)
+    if furthest is None:
+        return None
+    if furthest in ("args", "engine-config", "backend"):
+        return "loading"
+    if furthest == "weights":
+        done = any(_WEIGHTS_DONE.search(line.text) for line, _ in before)
+        return "profiling" if done else "loading"
+    if furthest in ("compile", "kv-cache"):
+        return "profiling"
+    return "graph capture" if furthest == "graphs" else "serving"
+
+
+def _phase_events(lines: Sequence[LogLine]) -> list[tuple[LogLine, str]]:
+    events = []
+    for line in lines:
+        if line.is_code:
+            continue
+        for name, pattern in PHASE_PATTERNS:
+            if pattern.search(line.text):
+                events.append((line, name))
+                break
+    return events
+
+
+def _first_phases(events: list[tuple[LogLine, str]], lines: Sequence[LogLine]) -> list[Phase]:
+    # A phase whose first line has no time (a progress bar, a uvicorn line) began no earlier
+    # than the last time stamped before it: that is the best start a timeline can have.
+    first: dict[str, int] = {}
+    for line, name in events:
+        first.setdefault(name, line.number)
+    starts = {number: name for name, number in first.items()}
+    found: list[Phase] = []
+    latest: datetime | None = None
+    for line in lines:
+        latest = line.timestamp or latest
+        if line.number in starts:
+            found.append(Phase(starts[line.number], line.number, latest))
+    return found
+
+
+def _furthest_phase(events: list[tuple[LogLine, str]]) -> str | None:
+    # Phases of several ranks interleave; the furthest one reached is the honest "where".
+    reached = {name for _, name in events}
+    return next((name for name in reversed(PHASE_NAMES) if name in reached), None)
+
+
+def _parse_values(entry: CatalogueEntry, lines: Sequence[LogLine]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for line in lines:
+        for pattern in entry.parse:
+            found = pattern.search(line.text)
+            if not found:
+                continue
+            for key, value in found.groupdict().items():
+                if value is not None and key not in values:
+                    values[key] = _number(value)
+                    gib = _gib(value)
+                    if gib is not None:
+                        values[f"{key}_gib"] = gib
+    return values
+
+
+def _remedy(entry: CatalogueEntry, numbers: dict[str, Any]) -> str:
+    if entry.remedy_parsed:
+        try:
+            return entry.remedy_parsed.format(**numbers)
+        except KeyError:
+            pass
+    return entry.remedy
+
+
+def _number(value: str) -> Any:
+    if re.fullmatch(r"\d+", value):
+        return int(value)
+    if re.fullmatch(r"\d+\.\d+", value):
+        return float(value)
+    return value.strip()
+
+
+def _gib(value: str) -> float | None:
+    found = _SIZE.match(value.strip())
+    if not found:
+        return None
+    unit = found.group(2)
+    power = _SIZE_POWERS["bytes" if unit == "bytes" else unit[0]]
+    return round(float(found.group(1)) * 1024.0 ** (power - 3), 6)
+
+
+def _entry_by_id(entry_id: str) -> CatalogueEntry:
+    return next(entry for entry in _catalogue() if entry.id == entry_id)
+
+
+@lru_cache(maxsize=8)
+def _screen(entries: tuple[CatalogueEntry, ...]) -> re.Pattern[str]:
+    # One pass of all patterns at once: most lines of a long log match none of them.
+    return re.compile("|".join(f"(?:{p.pattern})" for e in entries for p in e.patterns))
+
+
+def _first_matching(patterns: Sequence[re.Pattern[str]], text: str) -> int | None:
+    return next((i for i, pattern in enumerate(patterns) if pattern.search(text)), None)
+
+
+def _clean(line: str) -> str:
+    """ANSI codes, carriage-return redraws and markdown quoting removed; indentation kept."""
+    line = _ANSI.sub("", line)
+    if "\r" in line:
+        line = _last_redraw(line)
+    line = _QUOTE_START.sub("", line, count=1)
+    return _QUOTE_END.sub("", line)
+
+
+def _last_redraw(line: str) -> str:
+    # Progress bars redraw with "\r": what a terminal finally showed is the last segment,
+    # behind the prefix the first segment may carry.
+    head, *redraws = line.split("\r")
+    last = next((part for part in reversed(redraws) if part.strip()), "")
+    if not _strip_prefixes(head, PLACEHOLDER_YEAR)[0].strip():
+        return head + last
+    return last or head
+
+
+def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | None]:
+    level: str | None = None
+    stamp: datetime | None = None
+    if _COMPOSE.match(line) and "pid=" not in line[:40]:
+        line = _COMPOSE.sub("", line, count=1)
+    while True:
+        found = next((m for m in (p.match(line) for p in _PREFIXES) if m and m.end()), None)
+        if found is None:
+            return line, level, stamp
+        groups = found.groupdict()
+        level = groups.get("level") or level
+        if groups.get("time"):
+            stamp = _stamp(groups, year) or stamp
+        line = line[found.end() :]
+
+
+def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:
+    try:
+        hour, minute, second = (int(part) for part in (groups["time"] or "").split(":"))
+        return datetime(
+            int(groups.get("year") or year),
+            int(groups["month"] or 0),
+            int(groups["day"] or 0),
+            hour,
+            minute,
+            second,
+        )
+    except ValueError:
+        return None
+
+
+def _first_year(text: str) -> int:
+    found = _FULL_DATE.search(text)
+    return int(found.group(1)) if found else PLACEHOLDER_YEAR
+
+
+def _roll_years(lines: list[LogLine]) -> list[LogLine]:
+    # A log that runs over New Year goes from 12-31 to 01-01; keep its times increasing.
+    previous: datetime | None = None
+    rolled = []
+    for line in lines:
+        stamp = line.timestamp
+        if stamp and previous and (previous - stamp).days > 180:
+            stamp = stamp.replace(year=previous.year + 1)
+            line = replace(line, timestamp=stamp)
+        previous = stamp or previous
+        rolled.append(line)
+    return rolled
+
+
+def _has_prefix(line: str) -> bool:
+    return any(p.match(line) for p in _PREFIXES) or bool(_COMPOSE.match(line))
+
+
+def _wrap_candidate(line: str) -> bool:
+    if not line or line[0].isspace():
+        return False
+    return not _has_prefix(line) and not _LINE_START.match(line)
+
+
+def _wrap_width(cleaned: list[str]) -> int | None:
+    # A terminal cuts every long line at the same column: that column, seen twice, is the width.
+    widths = Counter(
+        len(previous)
+        for previous, line in zip(cleaned, cleaned[1:], strict=False)
+        if len(previous) >= _MIN_WRAP_WIDTH and _wrap_candidate(line)
+    )
+    if not widths:
+        return None
+    width, count = widths.most_common(1)[0]
+    return width if count >= 2 else None
+
+
+def _continues(previous: str, line: str, width: int | None) -> bool:
+    if width is not None and len(previous) == width and line.strip():
+        # The cut can fall on a space, so the piece may start with one; a traceback frame
+        # of its own still starts a new line.
+        return _wrap_candidate(line.lstrip()) and not _FRAME.match(line)
+    if not _wrap_candidate(line):
+        return False
+    # A single wrapped line: the piece has no prefix of its own although its neighbour does,
+    # and it starts mid-word or mid-sentence.
+    return _has_prefix(previous) and len(previous) >= _MIN_WRAP_WIDTH and _starts_mid_word(line)
+
+
+def _starts_mid_word(line: str) -> bool:
+    return line[0].islower() or line[0].isdigit()
+
+
+def _line_dict(line: LogLine | None) -> dict[str, Any] | None:
+    if line is None:
+        return None
+    return {"number": line.number, "raw": line.raw, "text": line.text}
+
+
+def _iso(stamp: datetime | None) -> str | None:
+    return stamp.isoformat() if stamp else None
