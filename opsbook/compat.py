@@ -926,6 +926,19 @@ def tokens_that_fit(free_bytes: int, facts: ModelFacts, kv_dtype: str) -> int:
     return max(0, int(free_bytes)) // kv_cache_bytes_per_token(facts, kv_dtype)
 
 
+def kv_budget_bytes(gpus: Sequence[Any], weight_bytes: int, utilization: float = 0.9) -> int:
+    """A first estimate of one GPU's KV-cache memory: its share of ``utilization`` of the
+    memory left after its slice of the weights (tensor parallel over all ``gpus``).
+
+    vLLM also keeps activations and CUDA graphs out of it, so its own ``Available KV cache
+    memory`` line will be somewhat lower.
+    """
+    totals = [_memory_total_bytes(g) for g in gpus]
+    if not totals:
+        return 0
+    return max(0, int(min(totals) * utilization - weight_bytes / len(totals)))
+
+
 def kv_tradeoff_table(free_bytes: int, facts: ModelFacts) -> Table:
     """Tokens that fit with an FP8 and with a BF16 KV cache, side by side."""
     rows = []
@@ -938,6 +951,14 @@ def kv_tradeoff_table(free_bytes: int, facts: ModelFacts) -> Table:
 
 # --------------------------------------------------------------------------------------------
 # Small helpers
+
+
+def _memory_total_bytes(gpu: Any) -> int:
+    if isinstance(gpu, Mapping):
+        mib = gpu.get("memory_total_mib")
+    else:
+        mib = getattr(gpu, "memory_total_mib", None)
+    return int(mib or 0) * 2**20
 
 
 def _compute_cap(gpu: Any) -> str | None:

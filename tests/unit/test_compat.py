@@ -432,3 +432,14 @@ def test_non_mla_kv_bytes_per_token() -> None:
 def test_unknown_kv_dtype_is_refused(kimi25: ModelFacts) -> None:
     with pytest.raises(OpsbookError, match="unknown KV cache dtype"):
         kv_cache_bytes_per_token(kimi25, "int3")
+
+
+def test_kv_budget_is_the_memory_left_after_the_weights_slice() -> None:
+    from opsbook.compat import kv_budget_bytes
+
+    gpus = [{"memory_total_mib": 97887}] * 8
+    weights = 540 * 10**9
+    budget = kv_budget_bytes(gpus, weights, utilization=0.9)
+    assert budget == int(97887 * 2**20 * 0.9 - weights / 8)
+    assert kv_budget_bytes([], weights) == 0
+    assert kv_budget_bytes(gpus[:1], weights) == 0
