@@ -1,0 +1,40 @@
+"""Rehearsal hosts shared by the integration tests: a real sshd on loopback, started once."""
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opsbook import sandbox as sandboxes
+from opsbook.sandbox import Sandbox
+
+
+def sandbox_folder(label: str) -> Path:
+    """A fresh folder under /tmp: the sandbox user must be able to enter every parent."""
+    return Path(tempfile.mkdtemp(prefix=f"opsbook-{label}-", dir="/tmp"))
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[Sandbox]:
+    """The default rehearsal host: zsh login shell, 8 simulated RTX PRO 6000, the checkpoint."""
+    folder = sandbox_folder("zsh")
+    box = sandboxes.up(folder)
+    try:
+        yield box
+    finally:
+        sandboxes.down(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def bash_sandbox() -> Iterator[Sandbox]:
+    """A second rehearsal host at the same time, on another address, with a bash login shell."""
+    folder = sandbox_folder("bash")
+    box = sandboxes.up(folder, address="127.0.0.3", shell="bash", checkpoint=False)
+    try:
+        yield box
+    finally:
+        sandboxes.down(folder)
+        shutil.rmtree(folder, ignore_errors=True)

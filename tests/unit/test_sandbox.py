@@ -1,0 +1,158 @@
+"""The rehearsal host's pure parts: its sshd config, deployment file, checks and bookkeeping."""
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from opsbook import sandbox
+from opsbook.deployment import load_deployment
+from opsbook.exceptions import SandboxError
+
+
+def paths_in(tmp_path: Path) -> sandbox._Paths:
+    return sandbox._Paths(tmp_path)
+
+
+def test_sshd_config_is_key_only_loopback_with_the_simulated_path(tmp_path) -> None:
+    paths = paths_in(tmp_path)
+    owner = sandbox._account("root")
+    sandbox._write_sshd_config(paths, "127.0.0.2", 2222, owner)
+    lines = paths.config.read_text().splitlines()
+    for expected in (
+        "ListenAddress 127.0.0.2",
+        "Port 2222",
+        f"HostKey {tmp_path}/ssh_host_ed25519_key",
+        f"PidFile {tmp_path}/sshd.pid",
+        f"AuthorizedKeysFile {tmp_path}/authorized_keys",
+        "AllowUsers root",
+        "PasswordAuthentication no",
+        "UsePAM no",
+        "StrictModes no",
+        "Subsystem sftp internal-sftp",
+        f"SetEnv PATH={tmp_path}/bin:/usr/local/bin:/usr/bin:/bin OPSBOOK_SIM_DIR={tmp_path}/sim",
+    ):
+        assert expected in lines
+
+
+def test_deployment_file_loads_and_points_into_the_folder(tmp_path) -> None:
+    paths = paths_in(tmp_path)
+    state = {"address": "127.0.0.1", "port": 40022, "user": "opsbook-12345678", "server_port": 8123}
+    sandbox._write_deployment(paths, state)
+    dep = load_deployment(paths.deployment)
+    assert dep.name == "rehearsal"
+    assert dep.host.name == "opsbook-12345678@127.0.0.1:40022"
+    assert dep.host.key == str(tmp_path / "id_ed25519")
+    assert dep.host.known_hosts == str(tmp_path / "known_hosts")
+    assert dep.model_path == str(tmp_path / "models" / "Kimi-K2.5-NVFP4")
+    assert dep.python == str(tmp_path / "venv" / "bin" / "python")
+    assert dep.server_port == 8123
+    assert dep.serve_args == {
+        "tensor-parallel-size": 8,
+        "trust-remote-code": True,
+        "max-model-len": 32768,
+    }
+    assert dep.env == {"NCCL_P2P_LEVEL": "SYS"}
+    assert dep.script_path == str(tmp_path / "home" / "opsbook" / "launch.sh")
+    assert "HF_TOKEN" in dep.secrets
+
+
+def test_path_snippet_is_idempotent_in_bash_and_zsh(tmp_path) -> None:
+    snippet = sandbox._path_snippet(paths_in(tmp_path))
+    for shell in ("/bin/bash", "/usr/bin/zsh"):
+        if not os.access(shell, os.X_OK):
+            continue
+        script = f'{snippet}\n{snippet}\nprintf %s "$PATH"'
+        done = subprocess.run(
+            [shell, "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True
+        )
+        assert done.stdout == f"{tmp_path}/bin:/usr/bin:/bin"
+
+
+def test_login_user_name_is_short_and_stable(tmp_path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("as a plain user the login user is the current one")
+    name = sandbox._login_name(paths_in(tmp_path), "zsh")
+    assert name == sandbox._login_name(paths_in(tmp_path), "bash")
+    assert name.startswith("opsbook-") and len(name) <= 32
+    assert name != sandbox._login_name(paths_in(tmp_path / "other"), "zsh")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"address": "10.0.0.1"}, "loopback only"),
+        ({"shell": "fish"}, "not offered"),
+        ({"port": 70000}, "not a TCP port"),
+        ({"gpus": 0}, "cannot simulate"),
+        ({"gpu_profile": "a100"}, "cannot simulate"),
+    ],
+)
+def test_bad_requests_are_refused_before_anything_starts(tmp_path, kwargs, message) -> None:
+    with pytest.raises(SandboxError, match=message) as caught:
+        sandbox.up(tmp_path / "box", **kwargs)
+    assert caught.value.remedy
+    assert not (tmp_path / "box").exists()
+
+
+def test_folder_with_a_space_is_refused(tmp_path) -> None:
+    with pytest.raises(SandboxError, match="contains a space") as caught:
+        sandbox.up(tmp_path / "my box")
+    assert "choose a folder" in (caught.value.remedy or "")
+
+
+def test_parents_closed_to_other_users_are_named_with_the_remedy(tmp_path) -> None:
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    with pytest.raises(SandboxError, match="cannot reach") as caught:
+        sandbox._check_traversable(closed / "box")
+    assert str(closed) in caught.value.message
+    assert f"chmod o+x {closed}" in (caught.value.remedy or "")
+
+
+def test_taken_port_is_refused_and_zero_prefers_the_previous_port() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        with pytest.raises(SandboxError, match=f"port {taken} on 127.0.0.1 is taken"):
+            sandbox._choose_port("127.0.0.1", taken)
+        assert sandbox._choose_port("127.0.0.1", 0, previous=taken) != taken
+    free = sandbox._free_port("127.0.0.1")
+    assert sandbox._choose_port("127.0.0.1", 0, previous=free) == free
+
+
+def test_a_running_sandbox_is_reused_only_for_a_compatible_request() -> None:
+    state = {"address": "127.0.0.1", "port": 40022, "shell": "zsh"}
+    assert sandbox._compatible(state, "127.0.0.1", 0, "zsh")
+    assert sandbox._compatible(state, "127.0.0.1", 40022, "zsh")
+    assert not sandbox._compatible(state, "127.0.0.1", 40023, "zsh")
+    assert not sandbox._compatible(state, "127.0.0.2", 0, "zsh")
+    assert not sandbox._compatible(state, "127.0.0.1", 0, "bash")
+
+
+def test_only_an_sshd_of_this_folder_counts_as_ours(tmp_path) -> None:
+    paths = paths_in(tmp_path)
+    assert not sandbox._is_our_sshd(os.getpid(), paths)
+    assert not sandbox._is_our_sshd(0, paths)
+    assert not sandbox._is_our_sshd(2**22 + 1, paths)
+
+
+def test_down_and_status_of_an_empty_folder(tmp_path) -> None:
+    assert sandbox.down(tmp_path).ok
+    result = sandbox.status(tmp_path)
+    assert not result.ok and "no rehearsal host runs" in result.message
+
+
+def test_a_corrupt_state_file_is_an_error_with_a_remedy(tmp_path) -> None:
+    (tmp_path / "state.json").write_text("{not json")
+    with pytest.raises(SandboxError, match="cannot read") as caught:
+        sandbox.status(tmp_path)
+    assert "state.json" in (caught.value.remedy or "")
+
+
+def test_process_ancestry_spares_the_caller() -> None:
+    chain = sandbox._ancestors(os.getpid())
+    assert os.getpid() in chain and os.getppid() in chain
