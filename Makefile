@@ -6,7 +6,7 @@ OPSBOOK := $(VENV)/bin/opsbook
 SANDBOX ?= .sandbox/demo
 SYSTEM_PACKAGES := openssh-server zsh
 
-.PHONY: demo test setup system lint unit notebooks nbval sandbox-up sandbox-down bench clean
+.PHONY: demo test setup system lint notebooks nbval fresh-nbval-box sandbox-down bench clean
 
 demo: setup
 	$(OPSBOOK) sandbox up --dir $(SANDBOX)
@@ -46,19 +46,27 @@ lint: setup
 	$(VENV)/bin/ruff format --check opsbook tests bench
 	$(VENV)/bin/mypy
 
-# nbval re-executes the notebooks against the rehearsal host their outputs were stored from.
-nbval: setup
-	$(OPSBOOK) sandbox up --dir $(SANDBOX)
-	$(VENV)/bin/pytest -q -p no:cacheprovider --nbval notebooks \
+# nbval re-executes the notebooks against a fresh rehearsal host, like the one their stored
+# outputs come from (`make notebooks`), and compares what they show.
+NBVAL_BOX := .sandbox/nbval
+nbval: setup fresh-nbval-box
+	OPSBOOK_DEPLOYMENT=$(CURDIR)/$(NBVAL_BOX)/deployment.yml \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider --nbval notebooks \
 	  --sanitize-with tests/nbval-sanitize.cfg; \
-	  code=$$?; $(OPSBOOK) sandbox down --dir $(SANDBOX) >/dev/null; exit $$code
+	  code=$$?; $(OPSBOOK) sandbox down --dir $(NBVAL_BOX) >/dev/null; exit $$code
 
-# Refresh the stored outputs of the notebooks from a run on the rehearsal host.
-notebooks: setup
-	$(OPSBOOK) sandbox up --dir $(SANDBOX)
+# Refresh the stored outputs of the notebooks from a run on a fresh rehearsal host.
+notebooks: setup fresh-nbval-box
 	for nb in notebooks/*.ipynb; do \
-	  (cd notebooks && ../$(VENV)/bin/papermill -k python3 --cwd . $$(basename $$nb) $$(basename $$nb)) || exit 1; \
+	  OPSBOOK_DEPLOYMENT=$(CURDIR)/$(NBVAL_BOX)/deployment.yml \
+	  $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; \
 	done
+	$(OPSBOOK) sandbox down --dir $(NBVAL_BOX) >/dev/null
+
+fresh-nbval-box:
+	-$(OPSBOOK) sandbox down --dir $(NBVAL_BOX) >/dev/null 2>&1
+	rm -rf $(NBVAL_BOX)
+	$(OPSBOOK) sandbox up --dir $(NBVAL_BOX)
 
 sandbox-down:
 	$(OPSBOOK) sandbox down --dir $(SANDBOX)

@@ -1,0 +1,418 @@
+"""03_launch_script: render the server's launch script, upload it, check its syntax.
+
+The incident's inline ``ssh host 'pkill ...; nohup python3 -m vllm ... &'`` line failed
+silently; what worked was a script on the host started with ``nohup``. :func:`render_script`
+writes that script from the deployment, with every value quoted so that nothing in it (a model
+path with spaces and quotes, an argument containing ``$(...)``) reaches bash as code.
+:func:`upload_script` puts it on the host over SFTP and runs ``bash -n`` on it.
+
+Serve arguments (``server.args`` in the deployment file) become flags, in the file's order:
+
+- ``name: value`` -> ``--name value`` (numbers and strings as written);
+- ``name: true`` -> ``--name`` (a bare flag);
+- ``name: false`` or ``null`` -> omitted; to turn off a feature that vLLM enables by default,
+  write its negative flag: ``no-enable-prefix-caching: true``;
+- ``name: [a, b]`` -> ``--name a b`` (one flag, the values after it, as vLLM's ``nargs='+'``
+  options expect); an empty list is omitted;
+- ``name: {key: value}`` -> ``--name '{"key":"value"}'`` (compact JSON, as vLLM parses dict
+  options such as ``--compilation-config``); dicts or lists inside a list become JSON too.
+
+Flag names are lower case letters, digits and dashes; dotted sub-keys such as
+``compilation-config.pass_config.fuse_allreduce_rms`` may also hold underscores. ``model`` and
+``port`` are not serve arguments: they come from ``model.path`` and ``server.port``.
+
+Secrets: variables named in the deployment's ``secrets`` are never written into the script.
+At start the script sources ``<script>.env`` (e.g. ``launch.sh.env``), the file next to it
+holding ``export NAME=value`` lines, if that file exists; it refuses to start if that file is
+readable by group or others. :func:`upload_secrets` writes it with mode 0600.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+import json
+import os
+import posixpath
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from opsbook.deployment import ENV_NAME, Deployment
+from opsbook.exceptions import DeploymentError
+from opsbook.results import Finding, Result
+
+ENTRYPOINTS = ("serve", "module")
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9_][a-z0-9_-]*)*$")
+RESERVED_FLAGS = {"model": "model.path", "port": "server.port"}
+SECRETS_SUFFIX = ".env"
+SCRIPT_MODE = 0o755
+NEW_FILE = "new file"
+CONTINUATION = " \\\n  "
+
+
+class ScriptHost(Protocol):
+    """What this module needs of :class:`opsbook.hosts.Host`."""
+
+    def run(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        check: bool = False,
+        label: str | None = None,
+    ) -> Any: ...
+
+    def upload(self, remote_path: str, data: str | bytes, mode: int = 0o644) -> None: ...
+
+    def read_bytes(self, remote_path: str) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Html:
+    """HTML for a notebook cell; prints as the plain text it shows."""
+
+    html: str
+    text: str
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def render_script(deployment: Deployment, *, entrypoint: str = "serve") -> str:
+    """The bash launch script of ``deployment``.
+
+    The text depends only on the deployment (no date, no host facts), so rendering twice gives
+    the same bytes and an upload of an unchanged deployment changes nothing.
+
+    Args:
+        deployment: the deployment to launch.
+        entrypoint: ``serve`` runs ``vllm serve MODEL`` with the ``vllm`` executable next to the
+            deployment's python (``vllm`` from PATH when python is a bare name); ``module`` runs
+            ``python -m vllm.entrypoints.openai.api_server --model MODEL`` (the older form the
+            incident used, deprecated upstream).
+
+    Returns:
+        The script text, ending with a newline.
+
+    Raises:
+        DeploymentError: an unknown entrypoint, a bad flag or environment variable name, or a
+            serve argument that must be set elsewhere (``model``, ``port``).
+    """
+    if entrypoint not in ENTRYPOINTS:
+        raise DeploymentError(
+            f"unknown entrypoint {entrypoint!r}",
+            remedy=f"use one of {', '.join(ENTRYPOINTS)}",
+        )
+    parts = [
+        _header(deployment),
+        "set -euo pipefail\n",
+        _env_lines(deployment),
+        _secrets_loader(deployment),
+        _exec_line(deployment, entrypoint),
+    ]
+    return "\n".join(part for part in parts if part)
+
+
+def serve_flags(args: Mapping[str, Any]) -> list[list[str]]:
+    """The serve arguments as flag groups (``["--flag", "value", ...]``), unquoted.
+
+    Raises:
+        DeploymentError: a flag name is invalid or reserved.
+    """
+    groups = []
+    for name, value in args.items():
+        flag = check_flag_name(str(name))
+        values = _flag_values(value)
+        if values is not None:
+            groups.append([f"--{flag}", *values])
+    return groups
+
+
+def check_flag_name(name: str) -> str:
+    """``name`` without a leading ``--``, checked.
+
+    Raises:
+        DeploymentError: it is not a valid flag name, or is ``model``/``port``.
+    """
+    flag = name[2:] if name.startswith("--") else name
+    if not FLAG_NAME.match(flag):
+        raise DeploymentError(
+            f"serve argument {name!r} is not a valid flag name",
+            remedy=(
+                "write flags as in vLLM's --help without the dashes, in lower case with dashes "
+                f"between words (e.g. {_suggest_flag(flag)!r})"
+            ),
+        )
+    if flag in RESERVED_FLAGS:
+        raise DeploymentError(
+            f"serve argument {name!r} is set by the deployment itself",
+            remedy=f"set {RESERVED_FLAGS[flag]} in the deployment file instead of server.args",
+        )
+    return flag
+
+
+def vllm_executable(python: str) -> str:
+    """The ``vllm`` console script installed next to ``python`` (``vllm`` if it has no folder)."""
+    folder = posixpath.dirname(python)
+    return posixpath.join(folder, "vllm") if folder else "vllm"
+
+
+def secrets_path(script_path: str) -> str:
+    """Where the secrets file of the script at ``script_path`` lives."""
+    return script_path + SECRETS_SUFFIX
+
+
+def shell_word(path: str) -> str:
+    """``path`` quoted for bash; a leading ``~/`` keeps meaning the home folder."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def _header(deployment: Deployment) -> str:
+    name = " ".join(deployment.name.split())
+    return (
+        "#!/bin/bash\n"
+        f"# Launch script of deployment {name!r}, written by opsbook (03_launch_script).\n"
+        "# Re-render it from the deployment file rather than editing it here: edits are lost.\n"
+    )
+
+
+def _env_lines(deployment: Deployment) -> str:
+    secret = set(deployment.secrets)
+    lines = []
+    for name, value in deployment.env.items():
+        if not ENV_NAME.match(name):
+            raise DeploymentError(
+                f"{name!r} is not a valid environment variable name",
+                remedy="use letters, digits and underscores, not starting with a digit",
+            )
+        if name not in secret:
+            lines.append(f"export {name}={shlex.quote(str(value))}\n")
+    return "".join(lines)
+
+
+def _secrets_loader(deployment: Deployment) -> str:
+    names = ", ".join(deployment.secrets) or "none"
+    # The path is derived at run time so the script keeps working when moved with its env file.
+    return (
+        f"# Secret variables ({names}) are not written here: they are read from this\n"
+        f"# script's path + {SECRETS_SUFFIX}, a file only its owner may read (mode 0600).\n"
+        f'secrets_file="${{BASH_SOURCE[0]}}{SECRETS_SUFFIX}"\n'
+        'if [[ -f $secrets_file ]]; then\n'
+        '  if [[ -n $(find "$secrets_file" -maxdepth 0 -perm /077) ]]; then\n'
+        '    echo "opsbook: $secrets_file is readable by other users;'
+        ' run: chmod 600 \\"$secrets_file\\"" >&2\n'
+        "    exit 1\n"
+        "  fi\n"
+        '  source "$secrets_file"\n'
+        "fi\n"
+    )
+
+
+def _exec_line(deployment: Deployment, entrypoint: str) -> str:
+    if entrypoint == "serve":
+        vllm = shell_word(vllm_executable(deployment.python))
+        lines = [f"{vllm} serve", shell_word(deployment.model_path)]
+    else:
+        lines = [
+            f"{shell_word(deployment.python)} -m {API_SERVER_MODULE}",
+            f"--model {shell_word(deployment.model_path)}",
+        ]
+    flags = [*serve_flags(deployment.serve_args), ["--port", str(deployment.server_port)]]
+    lines += [" ".join(shlex.quote(word) for word in group) for group in flags]
+    return "exec " + CONTINUATION.join(lines) + "\n"
+
+
+def _flag_values(value: Any) -> list[str] | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [_scalar(v) for v in value] or None
+    return [_scalar(value)]
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bool, dict, list, tuple)) or value is None:
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def _suggest_flag(flag: str) -> str:
+    head, dot, rest = flag.lower().lstrip("-").partition(".")
+    return head.replace("_", "-") + dot + rest
+
+
+# -- uploading -------------------------------------------------------------------------------
+
+
+def upload_script(host: ScriptHost, deployment: Deployment, text: str) -> Result:
+    """Write the launch script to ``deployment.script_path`` on the host and check its syntax.
+
+    The folder is created if missing; the file is replaced atomically over SFTP with mode
+    0755 (nothing passes through a shell's quoting) unless it already holds ``text`` with that
+    mode; then ``bash -n`` checks it on the host. A relative or ``~/`` path is taken from the
+    remote home folder.
+
+    Args:
+        host: the host (an :class:`opsbook.hosts.Host`).
+        deployment: where the script goes.
+        text: the script, usually from :func:`render_script`.
+
+    Returns:
+        ``ok`` when bash accepts the syntax. Data: ``path`` (absolute), ``diff`` (unified diff
+        against the script that was there, ``"new file"``, or ``""`` when unchanged),
+        ``syntax_ok``, ``unchanged``, ``written``.
+
+    Raises:
+        HostError: the folder could not be created or the host could not be reached.
+        TransferError: the upload failed.
+    """
+    path = resolve_remote_path(host, deployment.script_path)
+    previous, mode = _previous_script(host, path)
+    unchanged = previous == text
+    written = not (unchanged and mode == SCRIPT_MODE)
+    if written:
+        host.upload(path, text, mode=SCRIPT_MODE)
+    check = host.run(f"bash -n -- {shlex.quote(path)}", label=f"bash -n {path}")
+    syntax_ok = check.exit_code == 0
+    data = {
+        "path": path,
+        "diff": script_diff(previous, text, path),
+        "syntax_ok": syntax_ok,
+        "unchanged": unchanged,
+        "written": written,
+    }
+    if not syntax_ok:
+        finding = Finding(
+            "error",
+            path,
+            f"bash -n rejects the script: {check.stderr.strip()}",
+            remedy="re-render the script with render_script; do not edit it by hand",
+            source="bash -n",
+        )
+        return Result(False, f"launch script {path} has a syntax error", data, [finding])
+    state = "unchanged" if unchanged else ("written (new file)" if previous is None else "updated")
+    return Result(True, f"launch script {path} {state}; bash -n: syntax OK", data)
+
+
+def upload_secrets(
+    host: ScriptHost, deployment: Deployment, environ: Mapping[str, str] | None = None
+) -> Result:
+    """Write the script's secrets file (mode 0600) from the local environment.
+
+    Values come from ``environ`` (default: ``os.environ``), else from the deployment's
+    ``server.env``. They travel on the command's standard input, never on a command line, and
+    the file is created under ``umask 077`` before being renamed into place.
+
+    Returns:
+        ``ok`` with data ``path`` and ``names`` (the variables written; never their values).
+
+    Raises:
+        HostError: the file could not be written.
+    """
+    source = os.environ if environ is None else environ
+    values = {n: source.get(n) or deployment.env.get(n) for n in deployment.secrets}
+    present = {n: v for n, v in values.items() if v}
+    path = secrets_path(resolve_remote_path(host, deployment.script_path))
+    folder = posixpath.dirname(path)
+    temp = f"{path}.opsbook-tmp"
+    body = "".join(f"export {n}={shlex.quote(v)}\n" for n, v in present.items())
+    host.run(
+        f"umask 077 && mkdir -p -- {shlex.quote(folder)} && rm -f -- {shlex.quote(temp)}"
+        f" && cat > {shlex.quote(temp)}"
+        f" && chmod 600 -- {shlex.quote(temp)} && mv -f -- {shlex.quote(temp)} {shlex.quote(path)}",
+        stdin=body,
+        check=True,
+        label=f"write secrets file {path} ({', '.join(present) or 'empty'})",
+    )
+    names = sorted(present)
+    return Result(True, f"secrets file {path} written with {len(names)} variable(s)",
+                  {"path": path, "names": names})
+
+
+def resolve_remote_path(host: ScriptHost, path: str) -> str:
+    """``path`` made absolute: ``~/x`` and relative paths are taken from the remote home.
+
+    Raises:
+        HostError: the home folder could not be read.
+    """
+    if path.startswith("/"):
+        return posixpath.normpath(path)
+    home = host.run('printf %s "$HOME"', check=True, label="home folder").stdout
+    relative = path[2:] if path.startswith("~/") else ("" if path == "~" else path)
+    return posixpath.normpath(posixpath.join(home, relative))
+
+
+def script_diff(previous: str | None, new: str, path: str) -> str:
+    """A unified diff from the script on the host to ``new``; ``"new file"`` if there was none,
+    ``""`` when they are the same."""
+    if previous is None:
+        return NEW_FILE
+    lines = difflib.unified_diff(
+        previous.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        fromfile=f"{path} (on the host)",
+        tofile=f"{path} (rendered)",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def _previous_script(host: ScriptHost, path: str) -> tuple[str | None, int | None]:
+    """Create the folder and return the script already at ``path`` and its mode, if any."""
+    quoted = shlex.quote(path)
+    probe = host.run(
+        f"mkdir -p -- {shlex.quote(posixpath.dirname(path))}"
+        f" && if [[ -f {quoted} ]]; then stat -c %a -- {quoted}; fi",
+        check=True,
+        label=f"prepare {posixpath.dirname(path)}",
+    )
+    mode_text = probe.stdout.strip()
+    if not mode_text:
+        return None, None
+    return host.read_bytes(path).decode(errors="replace"), int(mode_text, 8)
+
+
+# -- notebook display ------------------------------------------------------------------------
+
+
+def highlight(text: str) -> Html:
+    """``text`` as highlighted bash for a notebook (plain ``<pre>`` without pygments)."""
+    return Html(_pygmentize(text, "bash"), text)
+
+
+def diff_html(diff: str) -> Html:
+    """A unified diff highlighted for a notebook; ``"new file"`` and ``""`` shown as words."""
+    if diff in ("", NEW_FILE):
+        words = "no change" if diff == "" else "new file (nothing to compare with)"
+        return Html(f"<p><i>{words}</i></p>", words)
+    return Html(_pygmentize(diff, "diff"), diff)
+
+
+def _pygmentize(text: str, language: str) -> str:
+    try:
+        from pygments import highlight as pyg_highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import get_lexer_by_name
+    except ImportError:
+        return f"<pre>{html.escape(text)}</pre>"
+    # Inline styles: a notebook saved to HTML keeps its colours without a stylesheet.
+    return pyg_highlight(text, get_lexer_by_name(language), HtmlFormatter(noclasses=True))

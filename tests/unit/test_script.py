@@ -1,0 +1,346 @@
+"""Launch script rendering: quoting proven by running the script with local bash and a stub
+interpreter that prints the arguments it receives; secrets; flags; stable output; upload logic
+against a local stand-in for the host."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsbook.deployment import Deployment, parse_deployment
+from opsbook.exceptions import DeploymentError
+from opsbook.script import (
+    API_SERVER_MODULE,
+    NEW_FILE,
+    diff_html,
+    highlight,
+    render_script,
+    resolve_remote_path,
+    script_diff,
+    secrets_path,
+    serve_flags,
+    upload_script,
+    upload_secrets,
+    vllm_executable,
+)
+
+# Prints each argument followed by NUL, then the variables the tests look at.
+STUB = """#!/bin/bash
+printf '%s\\0' "$@"
+printf 'ENV %s=%s\\0' NCCL_P2P_LEVEL "${NCCL_P2P_LEVEL-}" WEIRD "${WEIRD-}" \
+    HF_TOKEN "${HF_TOKEN-}"
+"""
+
+
+def deployment(**changes: Any) -> Deployment:
+    doc: dict[str, Any] = {
+        "name": "unit",
+        "hosts": [{"address": "gpu-01"}],
+        "model": {"path": "/data/models/Kimi-K2.5-NVFP4"},
+        "python": "python",
+        "server": {
+            "port": 8011,
+            "args": {"tensor-parallel-size": 8, "trust-remote-code": True},
+            "env": {"NCCL_P2P_LEVEL": "SYS"},
+        },
+        "secrets": ["HF_TOKEN"],
+    }
+    for key, value in changes.items():
+        section, _, name = key.partition("__")
+        if name:
+            doc[section][name] = value
+        else:
+            doc[section] = value
+    return parse_deployment(doc)
+
+
+def stub_bin(tmp_path: Path) -> Path:
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    for name in ("python", "vllm"):
+        (folder / name).write_text(STUB)
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def run_script(
+    tmp_path: Path, text: str, name: str = "launch.sh"
+) -> tuple[list[str], dict[str, str], subprocess.CompletedProcess[bytes]]:
+    """Run the script with the stubs on PATH; the stub's argv, its variables, the process."""
+    script = tmp_path / name
+    script.write_text(text)
+    env = {"PATH": f"{stub_bin(tmp_path)}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, cwd=tmp_path,
+                          timeout=30)
+    items = done.stdout.decode().split("\0")[:-1]
+    argv = [i for i in items if not i.startswith("ENV ")]
+    variables = dict(i[4:].split("=", 1) for i in items if i.startswith("ENV "))
+    return argv, variables, done
+
+
+HOSTILE = [
+    "$(touch {marker})",
+    "`touch {marker}`",
+    "a;touch {marker} && b || c | d &",
+    "it's \"quoted\" \\ and $HOME and *",
+    "two\nlines",
+    "",
+]
+
+
+def test_every_value_reaches_the_program_literally_and_nothing_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    hostile = [h.format(marker=marker) for h in HOSTILE]
+    model = f"/data/My Models/it's \"K2.5\" $(touch {marker})"
+    args = {f"arg-{i}": value for i, value in enumerate(hostile)}
+    dep = deployment(model={"path": model}, server__args=args)
+    argv, _, done = run_script(tmp_path, render_script(dep, entrypoint="module"))
+    assert done.returncode == 0, done.stderr
+    expected = ["-m", API_SERVER_MODULE, "--model", model]
+    for i, value in enumerate(hostile):
+        expected += [f"--arg-{i}", value]
+    assert argv == [*expected, "--port", "8011"]
+    assert not marker.exists()
+
+
+def test_serve_entrypoint_passes_the_model_as_positional(tmp_path: Path) -> None:
+    model = "/data/a model/$(id)"
+    argv, _, done = run_script(tmp_path, render_script(deployment(model={"path": model})))
+    assert done.returncode == 0, done.stderr
+    assert argv == ["serve", model, "--tensor-parallel-size", "8", "--trust-remote-code",
+                    "--port", "8011"]
+
+
+def test_value_types_render_as_documented(tmp_path: Path) -> None:
+    args = {
+        "max-model-len": 32768,
+        "gpu-memory-utilization": 0.9,
+        "enforce-eager": True,
+        "disable-custom-all-reduce": False,
+        "served-model-name": ["kimi", "k2 5"],
+        "api-key": None,
+        "allowed-origins": [],
+        "compilation-config": {"pass_config": {"fuse_allreduce_rms": True}, "level": 3},
+        "compilation-config.pass_config.fuse_allreduce_rms": True,
+        "lora-modules": [{"name": "a", "path": "/x y"}],
+    }
+    assert serve_flags(args) == [
+        ["--max-model-len", "32768"],
+        ["--gpu-memory-utilization", "0.9"],
+        ["--enforce-eager"],
+        ["--served-model-name", "kimi", "k2 5"],
+        ["--compilation-config", '{"pass_config":{"fuse_allreduce_rms":true},"level":3}'],
+        ["--compilation-config.pass_config.fuse_allreduce_rms"],
+        ["--lora-modules", '{"name":"a","path":"/x y"}'],
+    ]
+    argv, _, _ = run_script(tmp_path, render_script(deployment(server__args=args)))
+    assert argv[argv.index("--served-model-name") + 1 : argv.index("--compilation-config")] == [
+        "kimi", "k2 5",
+    ]
+
+
+def test_environment_is_exported_with_values_intact(tmp_path: Path) -> None:
+    weird = "a b $(touch x) 'q' \"dq\" ; &&"
+    dep = deployment(server__env={"NCCL_P2P_LEVEL": "SYS", "WEIRD": weird})
+    text = render_script(dep)
+    assert "export NCCL_P2P_LEVEL=SYS\n" in text
+    _, variables, done = run_script(tmp_path, text)
+    assert done.returncode == 0
+    assert variables["NCCL_P2P_LEVEL"] == "SYS" and variables["WEIRD"] == weird
+    assert not (tmp_path / "x").exists()
+
+
+def test_secret_values_stay_out_of_the_script_and_come_from_the_env_file(tmp_path: Path) -> None:
+    dep = deployment(server__env={"NCCL_P2P_LEVEL": "SYS", "HF_TOKEN": "hf_in_yaml_secret"})
+    text = render_script(dep)
+    assert "hf_in_yaml_secret" not in text and "export HF_TOKEN" not in text
+    _, variables, _ = run_script(tmp_path, text)
+    assert variables["HF_TOKEN"] == ""
+
+    env_file = tmp_path / secrets_path("launch.sh")
+    env_file.write_text(f"export HF_TOKEN={shlex.quote('hf_$ecret value')}\n")
+    env_file.chmod(0o600)
+    _, variables, done = run_script(tmp_path, text)
+    assert done.returncode == 0 and variables["HF_TOKEN"] == "hf_$ecret value"
+
+
+def test_a_secrets_file_others_can_read_stops_the_launch(tmp_path: Path) -> None:
+    env_file = tmp_path / "launch.sh.env"
+    env_file.write_text("export HF_TOKEN=x\n")
+    env_file.chmod(0o644)
+    argv, _, done = run_script(tmp_path, render_script(deployment()))
+    assert done.returncode == 1 and argv == []
+    assert b"readable by other users" in done.stderr and b"chmod 600" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "flag", ["Max-Model-Len", "max_model_len", "bad flag", "a;b", "$(x)", "-tp", "x=1", ""]
+)
+def test_invalid_flag_names_are_refused_by_name(flag: str) -> None:
+    with pytest.raises(DeploymentError) as e:
+        render_script(deployment(server__args={flag: 1}))
+    assert repr(flag) in str(e.value) and e.value.remedy
+
+
+def test_underscore_flags_get_the_dashed_suggestion() -> None:
+    with pytest.raises(DeploymentError) as e:
+        serve_flags({"max_model_len": 1})
+    assert "'max-model-len'" in (e.value.remedy or "")
+
+
+@pytest.mark.parametrize("flag", ["model", "port", "--port"])
+def test_model_and_port_must_come_from_the_deployment(flag: str) -> None:
+    with pytest.raises(DeploymentError, match="set by the deployment"):
+        serve_flags({flag: "x"})
+
+
+def test_unknown_entrypoint_is_refused() -> None:
+    with pytest.raises(DeploymentError, match="entrypoint"):
+        render_script(deployment(), entrypoint="docker")
+
+
+def test_vllm_executable_sits_next_to_python() -> None:
+    assert vllm_executable("/opt/vllm/.venv/bin/python") == "/opt/vllm/.venv/bin/vllm"
+    assert vllm_executable("python3") == "vllm"
+
+
+def test_home_relative_python_and_model_expand_on_the_host(tmp_path: Path) -> None:
+    stub_bin(tmp_path)
+    dep = deployment(python="~/bin/python", model={"path": "~/models/k 2"})
+    text = render_script(dep, entrypoint="module")
+    assert '"$HOME"/bin/python' in text
+    argv, _, done = run_script(tmp_path, text)
+    assert done.returncode == 0, done.stderr
+    assert argv[:4] == ["-m", API_SERVER_MODULE, "--model", f"{tmp_path}/models/k 2"]
+
+
+def test_rendering_is_stable_and_passes_bash_syntax_check(tmp_path: Path) -> None:
+    dep = deployment()
+    for entrypoint in ("serve", "module"):
+        text = render_script(dep, entrypoint=entrypoint)
+        assert text == render_script(deployment(), entrypoint=entrypoint)
+        assert text.startswith("#!/bin/bash\n") and "set -euo pipefail\n" in text
+        assert "written by opsbook" in text and "cd " not in text
+        assert text.endswith("--port 8011\n")
+        (tmp_path / "s.sh").write_text(text)
+        assert subprocess.run(["bash", "-n", str(tmp_path / "s.sh")]).returncode == 0
+
+
+def test_one_argument_per_line() -> None:
+    text = render_script(deployment(), entrypoint="module")
+    exec_part = text[text.index("exec ") :]
+    assert exec_part.splitlines() == [
+        f"exec python -m {API_SERVER_MODULE} \\",
+        "  --model /data/models/Kimi-K2.5-NVFP4 \\",
+        "  --tensor-parallel-size 8 \\",
+        "  --trust-remote-code \\",
+        "  --port 8011",
+    ]
+
+
+def test_script_diff() -> None:
+    assert script_diff(None, "a\n", "/x") == NEW_FILE
+    assert script_diff("a\n", "a\n", "/x") == ""
+    diff = script_diff("a\nb\n", "a\nc", "/x")
+    assert "-b\n" in diff and "+c\n" in diff and diff.startswith("--- /x (on the host)")
+
+
+def test_notebook_display_objects() -> None:
+    shown = highlight("exec python -m x --model '/a b'\n")
+    assert "<span" in shown._repr_html_() and str(shown).startswith("exec python")
+    assert "<span" in diff_html(script_diff("a\n", "b\n", "/x"))._repr_html_()
+    assert "new file" in diff_html(NEW_FILE)._repr_html_()
+    assert "no change" in str(diff_html(""))
+
+
+@dataclass
+class Ran:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class LocalHost:
+    """A stand-in for :class:`opsbook.hosts.Host` on this machine, with its own home folder:
+    commands run under ``bash -c``, files are written directly."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self.commands: list[str] = []
+
+    def run(self, command: str, *, check: bool = False, stdin: Any = None, **_: Any) -> Ran:
+        self.commands.append(command)
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                              input=stdin, env={**os.environ, "HOME": str(self.home)})
+        assert not check or done.returncode == 0, done.stderr
+        return Ran(done.returncode, done.stdout, done.stderr)
+
+    def upload(self, remote_path: str, data: str | bytes, mode: int = 0o644) -> None:
+        path = Path(remote_path)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+        path.chmod(mode)
+
+    def read_bytes(self, remote_path: str) -> bytes:
+        return Path(remote_path).read_bytes()
+
+
+def test_relative_and_home_paths_resolve_against_the_remote_home(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+    assert resolve_remote_path(host, "opsbook/launch.sh") == f"{tmp_path}/opsbook/launch.sh"
+    assert resolve_remote_path(host, "~/a b/launch.sh") == f"{tmp_path}/a b/launch.sh"
+    calls = len(host.commands)
+    assert resolve_remote_path(host, "/srv/x/../launch.sh") == "/srv/launch.sh"
+    assert len(host.commands) == calls
+
+
+def test_upload_reports_new_unchanged_and_changed(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+    dep = deployment(paths={"script": "it's a \"dir\"/launch.sh"})
+    first = upload_script(host, dep, render_script(dep))
+    path = tmp_path / "it's a \"dir\"" / "launch.sh"
+    assert first.ok and first.data["path"] == str(path)
+    assert first.data["diff"] == NEW_FILE and first.data["written"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o755
+
+    second = upload_script(host, dep, render_script(dep))
+    assert second.data["unchanged"] and second.data["diff"] == "" and not second.data["written"]
+
+    changed = deployment(paths={"script": "it's a \"dir\"/launch.sh"},
+                         server__args={"tensor-parallel-size": 4})
+    third = upload_script(host, changed, render_script(changed))
+    assert third.ok and not third.data["unchanged"]
+    assert "-  --tensor-parallel-size 8 \\\n" in third.data["diff"]
+    assert "+  --tensor-parallel-size 4 \\\n" in third.data["diff"]
+
+
+def test_upload_reports_a_syntax_error_as_a_finding(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+    result = upload_script(host, deployment(), "#!/bin/bash\nif then\n")
+    assert not result.ok and not result.data["syntax_ok"]
+    assert result.findings[0].severity == "error" and "syntax error" in result.findings[0].message
+
+
+def test_upload_secrets_writes_a_private_env_file_the_script_reads(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+    dep = deployment(paths={"script": "opsbook/launch.sh"})
+    secret = "hf_$(touch pwned) 'x'"
+    written = upload_secrets(host, dep, environ={"HF_TOKEN": secret, "OTHER": "not a secret"})
+    env_file = tmp_path / "opsbook" / "launch.sh.env"
+    assert written.ok and written.data == {"path": str(env_file), "names": ["HF_TOKEN"]}
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert not any(secret in command for command in host.commands)
+
+    upload_script(host, dep, render_script(dep))
+    stub_bin(tmp_path)
+    env = {"PATH": f"{tmp_path}/bin:/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(env_file)[: -len(".env")]], env=env, capture_output=True,
+                          cwd=tmp_path)
+    assert f"ENV HF_TOKEN={secret}\0".encode() in done.stdout
+    assert not (tmp_path / "pwned").exists()
