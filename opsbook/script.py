@@ -86,6 +86,10 @@ class Html:
     def __str__(self) -> str:
         return self.text
 
+    def __repr__(self) -> str:
+        # A notebook's text/plain output (and nbval) then holds the script, not its markup.
+        return self.text
+
 
 # -- rendering -------------------------------------------------------------------------------
 

@@ -1,0 +1,127 @@
+"""What state is the model server in, and why: never started, crashed, loading, ready or hung.
+
+Brings together what the host shows (the launch record, the processes, the port, the log, the
+GPU memory) and what the log says (:mod:`opsbook.logscan`, the failure catalogue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsbook import logscan
+from opsbook.hosts import Host
+from opsbook.launch import PROBE, LaunchPaths, http_get
+from opsbook.results import Finding, Result, Table
+
+# A live server whose log has been silent this long, with its port closed, is called hung.
+SILENT_SECONDS = 300.0
+
+STATES = ("never started", "crashed", "loading", "ready", "hung", "exited")
+
+
+@dataclass
+class ServerState:
+    """The verdict on a server, with the evidence."""
+
+    state: str
+    message: str
+    diagnosis: logscan.LogDiagnosis | None
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    others: list[dict[str, Any]] = field(default_factory=list)
+    port_open: bool | None = None
+    log_age: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state in ("ready", "loading")
+
+    def processes_table(self) -> Table:
+        rows = [dict(p, role="this launch") for p in self.processes]
+        rows += [dict(p, role="not started by opsbook") for p in self.others]
+        return Table.from_records(rows, ["pid", "ppid", "pgid", "role", "cmdline"])
+
+    def to_result(self) -> Result:
+        findings = self.diagnosis.to_result().findings if self.diagnosis else []
+        findings += [
+            Finding(
+                "warning",
+                f"PID {p['pid']}",
+                f"a vLLM process not started by this launch: {p['cmdline']}",
+                "if it is a leftover, stop it by PID or process group; it may hold GPU memory",
+            )
+            for p in self.others
+        ]
+        data = {"state": self.state, "port_open": self.port_open, "log_age": self.log_age}
+        return Result(self.ok, f"{self.state}: {self.message}", data, findings)
+
+
+def server_state(
+    host: Host,
+    paths: LaunchPaths,
+    server_port: int,
+    *,
+    kernel_log: str | None = None,
+    silent_after: float = SILENT_SECONDS,
+) -> ServerState:
+    """Classify the server the deployment launched, from one status probe (and one HTTP
+    check when its port is open)."""
+    status = host.probe(PROBE, paths.probe_args(op="status", port=server_port))
+    log = status["log"]
+    text = log.get("text", "") if log.get("exists") else ""
+    running = bool(status["running"])
+    diagnosis = logscan.diagnose_log(text, running=running, kernel_log=kernel_log) if text else None
+    evidence = {
+        "processes": status["group"],
+        "others": status["others"],
+        "port_open": status["port_open"],
+        "log_age": log.get("age"),
+    }
+    state, message = classify(
+        record=status["record"] is not None,
+        running=running,
+        log_exists=bool(log.get("exists")),
+        log_age=log.get("age"),
+        port_open=status["port_open"],
+        healthy=_healthy(host, server_port) if status["port_open"] else False,
+        diagnosis=diagnosis,
+        silent_after=silent_after,
+    )
+    return ServerState(state, message, diagnosis, **evidence)
+
+
+def classify(
+    *,
+    record: bool,
+    running: bool,
+    log_exists: bool,
+    log_age: float | None,
+    port_open: bool | None,
+    healthy: bool,
+    diagnosis: logscan.LogDiagnosis | None,
+    silent_after: float = SILENT_SECONDS,
+) -> tuple[str, str]:
+    """The state and a one-line reason, from the facts gathered (pure, for tests)."""
+    if not running:
+        if not record and not log_exists:
+            return "never started", "no launch recorded, no log, no process"
+        if diagnosis is not None and diagnosis.state == "failed":
+            return "crashed", diagnosis.title
+        if not log_exists:
+            return "never started", "the launch left no log: the script did not run"
+        phase = diagnosis.phase if diagnosis else None
+        return "exited", f"the process is gone and its log shows no error (last phase {phase})"
+    if healthy:
+        return "ready", "the process runs and /health answers 200"
+    if diagnosis is not None and diagnosis.state == "failed":
+        return "crashed", f"{diagnosis.title} (the process is still alive)"
+    if log_age is not None and log_age > silent_after and not port_open:
+        phase = diagnosis.phase if diagnosis else None
+        return "hung", f"alive, log silent for {log_age:.0f} s in phase {phase}, port closed"
+    phase = diagnosis.phase if diagnosis else None
+    age = f", last log line {log_age:.0f} s ago" if log_age is not None else ""
+    return "loading", f"phase {phase or 'starting'}{age}"
+
+
+def _healthy(host: Host, port: int) -> bool:
+    return http_get(host, port, "/health").get("status") == 200

@@ -1,0 +1,346 @@
+"""Launching the model server: a safe stop, a clean start proven within seconds, readiness,
+a smoke test and the startup timeline.
+
+opsbook never kills a process it did not start: a stop signals only the process group that
+its own launch recorded on the host (``<state dir>/launch.json``), after checking that the
+process is still the one it started. Everything else it finds is reported, with the remedy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from opsbook import logscan
+from opsbook.deployment import Deployment
+from opsbook.exceptions import HostUnreachable
+from opsbook.facts import HostFacts
+from opsbook.hosts import Host
+from opsbook.results import Finding, Result, Table
+from opsbook.script import resolve_remote_path
+
+PROBE = "launch"
+# A probe that waits for a process to die needs its own time on top of the grace period.
+PROBE_SLACK = 30.0
+RECONNECT_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class LaunchPaths:
+    """The deployment's paths on the host, made absolute."""
+
+    script: str
+    log: str
+    state_dir: str
+
+    def probe_args(self, **extra: Any) -> dict[str, Any]:
+        return {"script": self.script, "log": self.log, "state_dir": self.state_dir, **extra}
+
+
+def resolve_paths(host: Host, deployment: Deployment) -> LaunchPaths:
+    """Absolute paths of the script, the log and the state folder on the host."""
+    return LaunchPaths(
+        script=resolve_remote_path(host, deployment.script_path),
+        log=resolve_remote_path(host, deployment.log_path),
+        state_dir=resolve_remote_path(host, deployment.state_dir),
+    )
+
+
+# -- stop -------------------------------------------------------------------------------------
+
+
+def stop_server(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
+    """Stop the server opsbook launched: SIGTERM to its process group, then SIGKILL.
+
+    Processes opsbook did not start (another user's server, a server started by hand, a PID
+    now used by another program) are never signalled: they are findings with the remedy.
+    """
+    answer = host.probe(
+        PROBE, paths.probe_args(op="stop", grace=grace), timeout=grace + PROBE_SLACK
+    )
+    reason = answer.get("reason")
+    findings = [_not_ours(p) for p in answer.get("refused", [])]
+    stopped = answer.get("stopped", [])
+    data = {"stopped": Table.from_records(stopped, PROCESS_COLUMNS), "answer": answer}
+    if reason == "stopped":
+        signals = "+".join(answer.get("signals", []))
+        return Result(True, f"stopped {len(stopped)} process(es) with SIG{signals}", data, findings)
+    if reason in ("no-record", "not-running"):
+        what = "no launch by opsbook is recorded" if reason == "no-record" else "nothing to stop"
+        ok = not findings
+        message = what if ok else f"{what}, but other vLLM processes run: see the findings"
+        return Result(ok, message, data, findings)
+    problems = {
+        "pid-reused": "the recorded PID now belongs to another process: nothing was signalled",
+        "own-session": "the recorded group holds this SSH session: nothing was signalled",
+        "other-user": "the recorded group has processes of another user: nothing was signalled",
+        "survived": "processes survived SIGKILL (uninterruptible sleep?)",
+    }
+    return Result(False, problems.get(str(reason), f"stop failed: {reason}"), data, findings)
+
+
+def clean_stale_shm(host: Host, *, apply: bool = True) -> Result:
+    """Remove ``/dev/shm/psm_*`` and ``sem.mp-*`` files of this user that no live process
+    holds (a server killed with SIGKILL leaves them behind). Done by a probe: no shell glob,
+    which zsh would abort on when nothing matches."""
+    answer = host.probe(PROBE, {"op": "clean_shm", "apply": apply})
+    if answer.get("error"):
+        return Result(False, answer["error"], answer)
+    removed, kept = answer["removed"], answer["kept"]
+    freed = sum(r["bytes"] for r in removed)
+    verb = "would remove" if not apply else "removed"
+    message = f"{verb} {len(removed)} stale file(s) ({freed} bytes); kept {len(kept)}"
+    return Result(True, message, answer)
+
+
+# -- start ------------------------------------------------------------------------------------
+
+
+def check_can_start(facts: HostFacts, server_port: int) -> Result:
+    """Refuse to start while the port is taken or other processes hold GPU memory."""
+    findings = []
+    for sock in facts.listening:
+        if sock.port == server_port:
+            who = f"PID {sock.pid} ({sock.process})" if sock.pid else "a process of another user"
+            findings.append(
+                Finding(
+                    "error",
+                    f"port {server_port}",
+                    f"port {server_port} is already taken by {who}",
+                    "stop that server first (notebook 04 stops only what opsbook started), "
+                    "or set server.port to a free port",
+                )
+            )
+    for proc in facts.processes:
+        findings.append(
+            Finding(
+                "error",
+                f"GPU {proc.gpu_index}",
+                f"PID {proc.pid} ({proc.process_name}) holds {proc.used_memory_mib} MiB on GPU {proc.gpu_index}",
+                "stop it if it is a leftover server (an orphan VLLM::EngineCore keeps GPU memory"
+                " after its API server died); vLLM would fail with 'Free memory on device ... "
+                "less than desired GPU memory utilization'",
+            )
+        )
+    ok = not findings
+    return Result(ok, "port free and GPUs idle" if ok else "cannot start yet", {}, findings)
+
+
+def start_server(host: Host, paths: LaunchPaths, server_port: int) -> Result:
+    """Start the launch script detached, in a session of its own, logging to the log file,
+    and prove within about two seconds that it started (alive and logging) or say why not."""
+    answer = host.probe(PROBE, paths.probe_args(op="start", port=server_port), timeout=60)
+    if not answer.get("started"):
+        return _not_started(answer, paths)
+    record, proof = answer["record"], answer["proof"]
+    data = {"record": record, "proof": proof}
+    if proof["alive"] and proof["log_bytes"] > 0:
+        message = f"started: PID {record['pid']} (group {record['pgid']}), logging to {paths.log}"
+        return Result(True, message, data)
+    if proof["alive"]:
+        return Result(True, f"started: PID {record['pid']} is alive but has not logged yet", data)
+    diagnosis = logscan.diagnose_log(proof["tail"], running=False)
+    data["diagnosis"] = diagnosis
+    why = diagnosis.title if diagnosis.state == "failed" else _last_line(proof["tail"])
+    message = f"never started: the process exited with code {proof['exit_code']} at once: {why}"
+    return Result(False, message, data, diagnosis.to_result().findings)
+
+
+def _not_started(answer: dict[str, Any], paths: LaunchPaths) -> Result:
+    reason = answer.get("reason")
+    if reason == "running":
+        pid = answer["record"]["pid"]
+        return Result(
+            False,
+            f"a server launched by opsbook is still running (PID {pid})",
+            answer,
+            [Finding("error", "server", "still running", "stop it first (stop_server)")],
+        )
+    remedies = {
+        "no-script": f"{paths.script} does not exist: upload it with notebook 03_launch_script",
+        "not-executable": f"{paths.script} is not executable: upload it again (mode 0755)",
+    }
+    message = remedies.get(str(reason), f"not started: {reason}")
+    return Result(False, message, answer, [Finding("error", "launch script", message)])
+
+
+# -- readiness --------------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """One look at a starting server, for progress displays."""
+
+    seconds: float
+    phase: str | None
+    state: str
+    log_bytes: int
+
+    def line(self) -> str:
+        return f"{self.seconds:5.0f} s  {self.state:<13} phase: {self.phase or '-'}"
+
+
+def wait_until_ready(
+    host: Host,
+    paths: LaunchPaths,
+    server_port: int,
+    *,
+    timeout: float = 900.0,
+    interval: float = 1.0,
+    on_progress: Callable[[Progress], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Result:
+    """Follow the log until the server answers ``/health``, fails, dies or ``timeout`` passes.
+
+    Stops early on a known failure signature. An SSH connection that drops while waiting is
+    opened again and the wait goes on with the same recorded process.
+    """
+    started = time.monotonic()
+    while True:
+        status = _status_with_retry(host, paths, server_port)
+        text = status["log"].get("text", "") if status["log"].get("exists") else ""
+        running = bool(status["running"])
+        diagnosis = logscan.diagnose_log(text, running=running)
+        elapsed = time.monotonic() - started
+        if on_progress:
+            on_progress(Progress(elapsed, diagnosis.phase, diagnosis.state, len(text)))
+        data = {"diagnosis": diagnosis, "status": status, "seconds": round(elapsed, 1)}
+        if diagnosis.state == "failed":
+            return Result(False, f"failed: {diagnosis.title}", data, diagnosis.to_result().findings)
+        if not running:
+            return Result(
+                False, f"the server exited ({diagnosis.summary})", data, _exit_findings(diagnosis)
+            )
+        if status["port_open"]:
+            health = http_get(host, server_port, "/health")
+            if health.get("status") == 200:
+                return Result(True, f"ready after {elapsed:.0f} s", data)
+        if elapsed > timeout:
+            message = f"not ready after {timeout:g} s (state {diagnosis.state}, {diagnosis.phase})"
+            return Result(False, message, data, [_timeout_finding(diagnosis, timeout)])
+        sleep(interval)
+
+
+def _status_with_retry(host: Host, paths: LaunchPaths, port: int) -> dict[str, Any]:
+    for attempt in range(RECONNECT_ATTEMPTS):
+        try:
+            status: dict[str, Any] = host.probe(PROBE, paths.probe_args(op="status", port=port))
+            return status
+        except HostUnreachable:
+            if attempt == RECONNECT_ATTEMPTS - 1:
+                raise
+            host.close()
+            time.sleep(2.0 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _exit_findings(diagnosis: logscan.LogDiagnosis) -> list[Finding]:
+    return diagnosis.to_result().findings
+
+
+def _timeout_finding(diagnosis: logscan.LogDiagnosis, timeout: float) -> Finding:
+    return Finding(
+        "error",
+        "readiness",
+        f"no answer on /health after {timeout:g} s; last phase {diagnosis.phase or 'none'}",
+        "a very large model can take longer (raise the timeout); if the log is silent, run "
+        "05_diagnose to tell a slow start from a hang",
+    )
+
+
+# -- HTTP and the smoke test ------------------------------------------------------------------
+
+
+def http_get(host: Host, port: int, path: str) -> dict[str, Any]:
+    """GET ``path`` on the server, from the host itself (the port need not be exposed)."""
+    answer: dict[str, Any] = host.probe(PROBE, {"op": "http", "port": port, "path": path})
+    return answer
+
+
+def smoke_test(host: Host, port: int, *, prompt: str = "Hello, my name is") -> Result:
+    """``/health``, ``/v1/models`` and one small completion, each a finding."""
+    findings = []
+    health = http_get(host, port, "/health")
+    findings.append(_http_finding("/health", health))
+    models = http_get(host, port, "/v1/models")
+    findings.append(_http_finding("/v1/models", models))
+    model_id = _first_model(models)
+    completion: dict[str, Any] = {}
+    if model_id:
+        body = {"model": model_id, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+        completion = host.probe(
+            PROBE, {"op": "http", "port": port, "path": "/v1/completions", "json": body}
+        )
+        findings.append(_http_finding("/v1/completions", completion))
+    ok = all(f.severity == "ok" for f in findings) and bool(model_id)
+    text = _completion_text(completion)
+    message = f"smoke test passed: {model_id} answered {text!r}" if ok else "smoke test failed"
+    return Result(ok, message, {"model": model_id, "completion": text}, findings)
+
+
+def _http_finding(path: str, answer: dict[str, Any]) -> Finding:
+    status = answer.get("status")
+    if status == 200:
+        return Finding("ok", path, f"200 in {answer.get('seconds', 0):.2f} s")
+    detail = answer.get("error") or f"HTTP {status}: {str(answer.get('body', ''))[:200]}"
+    return Finding("error", path, detail, "run 05_diagnose")
+
+
+def _first_model(answer: dict[str, Any]) -> str | None:
+    try:
+        return str(json.loads(answer["body"])["data"][0]["id"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def _completion_text(answer: dict[str, Any]) -> str:
+    try:
+        return str(json.loads(answer["body"])["choices"][0]["text"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return ""
+
+
+# -- the startup timeline ---------------------------------------------------------------------
+
+
+def timeline(phases: Sequence[logscan.Phase]) -> Table:
+    """Each phase with its start and how long it lasted until the next one."""
+    stamped = [p for p in phases if p.timestamp is not None]
+    rows = []
+    for i, phase in enumerate(stamped):
+        start = _seconds(phase.timestamp, stamped[0].timestamp)
+        end = (
+            _seconds(stamped[i + 1].timestamp, stamped[0].timestamp)
+            if i + 1 < len(stamped)
+            else None
+        )
+        rows.append([phase.name, start, None if end is None else round(end - start, 1)])
+    return Table(["phase", "starts at (s)", "lasts (s)"], rows)
+
+
+def _seconds(when: datetime | None, origin: datetime | None) -> float:
+    if when is None or origin is None:
+        return 0.0
+    return round((when - origin).total_seconds(), 1)
+
+
+PROCESS_COLUMNS = ["pid", "ppid", "pgid", "uid", "cmdline"]
+
+
+def _not_ours(process: dict[str, Any]) -> Finding:
+    return Finding(
+        "warning",
+        f"PID {process['pid']}",
+        f"not started by this opsbook launch, left alone: {process.get('cmdline')}",
+        "if it is a leftover server of yours, stop it by its PID or process group "
+        f"(kill -TERM -- -{process.get('pgid')}); never by a name pattern",
+    )
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "it printed nothing"

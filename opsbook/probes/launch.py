@@ -1,0 +1,436 @@
+"""Probe: start, watch and stop a model server that opsbook launched, and nothing else.
+
+Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
+
+- ``start``: refuse if the recorded launch still runs; start the script detached in a session of
+  its own with its output to the log; record PID, process group, start time and command line;
+  then watch about two seconds for proof that it started (alive, log created and growing).
+- ``status``: the recorded launch (alive, still the same process), its group, other ``VLLM::``
+  processes of the user, the log (size, age, the tail from an offset), and whether the port
+  answers.
+- ``stop``: SIGTERM to the recorded process group, wait, then SIGKILL; only after checking the
+  process is still the one recorded (start time and command line) and is not an ancestor of
+  this probe; other processes are reported, never signalled.
+- ``clean_shm``: remove ``/dev/shm/psm_*`` and ``sem.mp-*`` files of this user that no live
+  process has open or mapped.
+- ``http``: GET or POST on the server's port from the host itself.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+SHM = "/dev/shm"
+SHM_PREFIXES = ("psm_", "sem.mp-")
+PROOF_SECONDS = 2.0
+TAIL_LIMIT = 512 * 1024
+
+
+def main(args):
+    op = args.get("op")
+    handler = {
+        "start": start,
+        "status": status,
+        "stop": stop,
+        "clean_shm": clean_shm,
+        "http": http,
+    }.get(op)
+    if handler is None:
+        return {"error": f"unknown op {op!r}"}
+    return handler(args)
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def proc_stat(pid):
+    """(state, ppid, pgid, sid, start_ticks) of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except (OSError, ValueError):
+        return None
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    fields = text[text.rindex(")") + 2 :].split()
+    return {
+        "state": fields[0],
+        "ppid": int(fields[1]),
+        "pgid": int(fields[2]),
+        "sid": int(fields[3]),
+        "start": int(fields[19]),
+    }
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def owner(pid):
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def alive(pid):
+    stat = proc_stat(pid)
+    return stat is not None and stat["state"] not in ("Z", "X")
+
+
+def all_pids():
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def describe(pid):
+    stat = proc_stat(pid) or {}
+    return {
+        "pid": pid,
+        "ppid": stat.get("ppid"),
+        "pgid": stat.get("pgid"),
+        "state": stat.get("state"),
+        "uid": owner(pid),
+        "cmdline": cmdline(pid),
+    }
+
+
+def ancestors():
+    """PIDs of this probe and every process above it (its shell, sshd...)."""
+    chain, pid = [], os.getpid()
+    while pid and pid not in chain:
+        chain.append(pid)
+        stat = proc_stat(pid)
+        pid = stat["ppid"] if stat else 0
+    return chain
+
+
+def group_members(pgid):
+    return [pid for pid in all_pids() if (proc_stat(pid) or {}).get("pgid") == pgid and alive(pid)]
+
+
+def vllm_processes(uid):
+    """Live processes of ``uid`` that look like a vLLM server or its renamed children."""
+    found = []
+    for pid in all_pids():
+        line = cmdline(pid) or ""
+        if owner(pid) != uid or not alive(pid):
+            continue
+        if line.startswith("VLLM::") or "vllm.entrypoints" in line or " vllm serve" in " " + line:
+            found.append(describe(pid))
+    return found
+
+
+# -- the launch record ------------------------------------------------------------------------
+
+
+def record_path(args):
+    return os.path.join(args["state_dir"], "launch.json")
+
+
+def read_record(args):
+    try:
+        with open(record_path(args)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_record(args, record):
+    os.makedirs(args["state_dir"], exist_ok=True)
+    path = record_path(args)
+    temp = path + ".tmp"
+    with open(temp, "w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+
+
+def same_process(record):
+    """Whether the recorded PID is still the process opsbook started (not a reused PID)."""
+    if record is None or not alive(record["pid"]):
+        return False
+    stat = proc_stat(record["pid"])
+    return stat is not None and stat["start"] == record["start"]
+
+
+# -- operations -------------------------------------------------------------------------------
+
+
+def start(args):
+    record = read_record(args)
+    if same_process(record):
+        return {"started": False, "reason": "running", "record": record}
+    script, log = args["script"], args["log"]
+    if not os.path.isfile(script):
+        return {"started": False, "reason": "no-script", "script": script}
+    if not os.access(script, os.X_OK):
+        return {"started": False, "reason": "not-executable", "script": script}
+    os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
+    with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
+        offset = out.tell()
+        proc = subprocess.Popen(
+            [script],
+            stdin=devnull,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=os.path.dirname(script) or None,
+        )
+    stat = proc_stat(proc.pid) or {}
+    record = {
+        "pid": proc.pid,
+        "pgid": stat.get("pgid", proc.pid),
+        "start": stat.get("start"),
+        "uid": os.getuid(),
+        "script": script,
+        "log": log,
+        "log_offset": offset,
+        "port": args.get("port"),
+        "started_at": time.time(),
+    }
+    write_record(args, record)
+    return {"started": True, "record": record, "proof": prove_started(proc, record)}
+
+
+def prove_started(proc, record):
+    """Watch briefly: the process alive and the log growing, or its exit code and last words."""
+    deadline = time.monotonic() + PROOF_SECONDS
+    sizes = []
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        sizes.append(file_size(record["log"]))
+        if code is not None:
+            break
+        time.sleep(0.1)
+    code = proc.poll()
+    record["cmdline"] = cmdline(record["pid"])
+    grown = max(0, (sizes[-1] or 0) - record["log_offset"]) if sizes else 0
+    return {
+        "alive": code is None,
+        "exit_code": code,
+        "log_exists": os.path.exists(record["log"]),
+        "log_bytes": grown,
+        "cmdline": record["cmdline"],
+        "tail": read_from(record["log"], record["log_offset"])[-8192:],
+    }
+
+
+def status(args):
+    record = read_record(args)
+    uid = os.getuid()
+    # By default only this launch's part of the log, which is appended to across launches.
+    offset = args.get("offset")
+    if offset is None and record is not None:
+        offset = record.get("log_offset", 0)
+    answer = {
+        "record": record,
+        "running": same_process(record),
+        "group": [],
+        "others": [],
+        "log": log_state(args["log"], offset),
+        "port_open": port_open(args.get("port")),
+        "uid": uid,
+    }
+    if record is not None:
+        answer["group"] = [describe(p) for p in group_members(record["pgid"])]
+    group_pids = {p["pid"] for p in answer["group"]}
+    answer["others"] = [p for p in vllm_processes(uid) if p["pid"] not in group_pids]
+    return answer
+
+
+def stop(args):
+    record = read_record(args)
+    answer = {"record": record, "stopped": [], "refused": [], "remaining": []}
+    others = vllm_processes(os.getuid())
+    if record is None:
+        answer["reason"] = "no-record"
+        answer["refused"] = others
+        return answer
+    members = group_members(record["pgid"])
+    if not members:
+        answer["reason"] = "not-running"
+        answer["refused"] = others
+        return answer
+    leader_ok = same_process(record) or not alive(record["pid"])
+    mine = set(ancestors())
+    if not leader_ok:
+        answer["reason"] = "pid-reused"
+        answer["refused"] = [describe(p) for p in members]
+        return answer
+    if mine & set(members) or os.getpgid(0) == record["pgid"]:
+        answer["reason"] = "own-session"
+        answer["refused"] = [describe(p) for p in members]
+        return answer
+    foreign = [p for p in members if owner(p) != os.getuid()]
+    if foreign:
+        answer["reason"] = "other-user"
+        answer["refused"] = [describe(p) for p in foreign]
+        return answer
+    answer["stopped"] = [describe(p) for p in members]
+    answer["signals"] = signal_group(record["pgid"], float(args.get("grace", 10)))
+    answer["remaining"] = [describe(p) for p in group_members(record["pgid"])]
+    answer["reason"] = "stopped" if not answer["remaining"] else "survived"
+    member_pids = set(members)
+    answer["refused"] = [p for p in others if p["pid"] not in member_pids]
+    return answer
+
+
+def signal_group(pgid, grace):
+    """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL what is left."""
+    sent = ["TERM"]
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return sent
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and group_members(pgid):
+        time.sleep(0.1)
+    if group_members(pgid):
+        sent.append("KILL")
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and group_members(pgid):
+            time.sleep(0.05)
+    return sent
+
+
+def clean_shm(args):
+    uid = os.getuid()
+    in_use = open_shm_paths()
+    removed, kept = [], []
+    try:
+        names = sorted(os.listdir(SHM))
+    except OSError as e:
+        return {"error": f"cannot list {SHM}: {e.strerror}", "removed": [], "kept": []}
+    for name in names:
+        if not name.startswith(SHM_PREFIXES):
+            continue
+        path = os.path.join(SHM, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid != uid:
+            kept.append({"file": name, "why": f"belongs to uid {st.st_uid}"})
+        elif path in in_use:
+            kept.append({"file": name, "why": f"open in process {in_use[path]}"})
+        elif args.get("apply", True):
+            try:
+                os.unlink(path)
+                removed.append({"file": name, "bytes": st.st_size})
+            except OSError as e:
+                kept.append({"file": name, "why": e.strerror})
+        else:
+            removed.append({"file": name, "bytes": st.st_size, "dry_run": True})
+    return {"removed": removed, "kept": kept}
+
+
+def open_shm_paths():
+    """/dev/shm paths some live process has open or mapped, with one such PID."""
+    found = {}
+    for pid in all_pids():
+        for path in fd_targets(pid) + mapped_paths(pid):
+            if path.startswith(SHM + "/"):
+                found.setdefault(path.split(" (deleted)")[0], pid)
+    return found
+
+
+def fd_targets(pid):
+    folder = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    targets = []
+    for name in names:
+        try:
+            targets.append(os.readlink(os.path.join(folder, name)))
+        except OSError:
+            pass
+    return targets
+
+
+def mapped_paths(pid):
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return [line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6]
+    except OSError:
+        return []
+
+
+def http(args):
+    url = "http://127.0.0.1:{}{}".format(int(args["port"]), args.get("path", "/health"))
+    body = args.get("json")
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    if data:
+        request.add_header("Content-Type", "application/json")
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=float(args.get("timeout", 10))) as r:
+            text = r.read(1 << 20).decode(errors="replace")
+            return {"status": r.status, "body": text, "seconds": time.monotonic() - started}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "body": e.read(4096).decode(errors="replace")}
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        return {"status": None, "error": str(reason)}
+
+
+# -- files and ports --------------------------------------------------------------------------
+
+
+def file_size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
+def read_from(path, offset):
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(offset or 0, size - TAIL_LIMIT)
+            f.seek(start)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def log_state(path, offset):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"exists": False}
+    return {
+        "exists": True,
+        "size": st.st_size,
+        "age": time.time() - st.st_mtime,
+        "text": read_from(path, offset),
+        "offset": offset or 0,
+    }
+
+
+def port_open(port):
+    if not port:
+        return None
+    try:
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
