@@ -1,0 +1,71 @@
+"""Settings of the simulated vLLM: which version it plays, how fast it starts, which fault.
+
+The rehearsal host writes them to ``<venv>/opsbook-vllm-sim.json``; environment variables
+override them for one launch. Standard library only: this package runs on the rehearsal host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+CONFIG_NAME = "opsbook-vllm-sim.json"
+DEFAULT_VERSION = "0.15.1"
+DEFAULT_STARTUP_SECONDS = 3.0
+FAULTS = ("oom", "hang", "die-after-1s", "ignore-sigterm", "slow-start")
+ENV_VERSION = "OPSBOOK_SIM_VLLM_VERSION"
+ENV_STARTUP = "OPSBOOK_SIM_STARTUP_SECONDS"
+ENV_FAULT = "OPSBOOK_SIM_FAULT"
+
+
+def config_path(prefix: str | None = None) -> Path:
+    """The settings file of the env this interpreter belongs to."""
+    return Path(prefix or sys.prefix) / CONFIG_NAME
+
+
+def load(prefix: str | None = None) -> dict[str, Any]:
+    """Read the settings, apply environment overrides and fill in defaults.
+
+    Returns:
+        ``{"version": str, "startup_seconds": float, "fault": str | None}``; an unknown
+        fault name is kept, so that the server can refuse it loudly.
+    """
+    try:
+        stored = json.loads(config_path(prefix).read_text())
+    except (OSError, ValueError):
+        stored = {}
+    if not isinstance(stored, dict):
+        stored = {}
+    version = os.environ.get(ENV_VERSION) or stored.get("version") or DEFAULT_VERSION
+    startup = os.environ.get(ENV_STARTUP) or stored.get("startup_seconds")
+    try:
+        seconds = float(startup) if startup is not None else DEFAULT_STARTUP_SECONDS
+    except ValueError:
+        seconds = DEFAULT_STARTUP_SECONDS
+    fault = os.environ.get(ENV_FAULT, stored.get("fault")) or None
+    return {"version": str(version), "startup_seconds": max(0.0, seconds), "fault": fault}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.15.1rc1.dev3+g1"`` -> ``(0, 15, 1)``: the numeric release part only."""
+    parts = []
+    for piece in version.lstrip("v").split("+")[0].split("."):
+        digits = ""
+        for char in piece:
+            if not char.isdigit():
+                break
+            digits += char
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break
+    return tuple(parts) or (0,)
+
+
+def at_least(version: str, minimum: str) -> bool:
+    """Whether ``version`` is ``minimum`` or newer (release numbers only)."""
+    return version_tuple(version) >= version_tuple(minimum)

@@ -1,0 +1,986 @@
+"""The simulated vLLM API server (``vllm serve``, ``python -m vllm.entrypoints.openai.api_server``).
+
+Order of events follows vLLM: parse and validate arguments, bind the port before the engine
+starts, build the engine config from the model's files, start ``VLLM::EngineCore`` and wait
+for it, then list the routes and serve HTTP (uvicorn's lines included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from . import _simconfig
+from . import _simmodel as model
+from ._simlog import Frame, Log, source
+from ._simprocs import ShmFile, is_alive, python_executable, spawn
+
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+NEW_SERVER_LINE_SINCE = "0.16"
+BANNER_SINCE = "0.18"
+DISABLE_LOG_REQUESTS_REMOVED = "0.11"
+ENGINE_STOP_TIMEOUT = 5.0
+API_SHARE = 0.05
+ROUTES = [
+    ("/openapi.json", "GET, HEAD"),
+    ("/docs", "GET, HEAD"),
+    ("/docs/oauth2-redirect", "GET, HEAD"),
+    ("/redoc", "GET, HEAD"),
+    ("/health", "GET"),
+    ("/load", "GET"),
+    ("/ping", "GET"),
+    ("/ping", "POST"),
+    ("/tokenize", "POST"),
+    ("/detokenize", "POST"),
+    ("/v1/models", "GET"),
+    ("/version", "GET"),
+    ("/v1/responses", "POST"),
+    ("/v1/chat/completions", "POST"),
+    ("/v1/completions", "POST"),
+    ("/metrics", "GET"),
+]
+WORDS = (
+    "The rehearsal server answers with a short and stable reply from the simulated model "
+    "so every check can compare it"
+).split()
+
+
+# Command line.
+
+
+def human_int(text: str) -> int:
+    """vLLM's human-readable integers: ``32768``, ``32k`` (x1000), ``32K`` (x1024)."""
+    factors = {"k": 1000, "m": 1000**2, "K": 1024, "M": 1024**2}
+    if text and text[-1] in factors:
+        return int(float(text[:-1]) * factors[text[-1]])
+    return int(text)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
+    """The flags this simulation knows, in the order vLLM lists non-default args."""
+    add = parser.add_argument
+    add("--enable-auto-tool-choice", action="store_true", default=False)
+    add("--tool-call-parser", default=None)
+    add("--host", default=None)
+    add("--port", type=int, default=8000)
+    add("--uvicorn-log-level", default="info")
+    add("--api-key", default=None)
+    add("--chat-template", default=None)
+    if not _simconfig.at_least(version, DISABLE_LOG_REQUESTS_REMOVED):
+        add("--disable-log-requests", action="store_true", default=False)
+    add("--enable-log-requests", action="store_true", default=False)
+    add("--model", default=None)
+    add("--tokenizer", default=None)
+    add("--trust-remote-code", action="store_true", default=False)
+    add("--dtype", default="auto")
+    add("--seed", type=int, default=None)
+    add("--max-model-len", type=human_int, default=None)
+    add("--quantization", "-q", default=None)
+    add("--enforce-eager", action="store_true", default=False)
+    add("--served-model-name", nargs="+", default=None)
+    add("--generation-config", default="auto")
+    add("--load-format", default="auto")
+    add("--download-dir", default=None)
+    add("--attention-backend", default=None)
+    add("--reasoning-parser", default=None)
+    add("--distributed-executor-backend", default=None)
+    add("--pipeline-parallel-size", "-pp", type=int, default=1)
+    add("--tensor-parallel-size", "-tp", type=int, default=1)
+    add("--enable-expert-parallel", action="store_true", default=False)
+    add("--disable-custom-all-reduce", action="store_true", default=False)
+    add("--block-size", type=int, default=None)
+    add("--gpu-memory-utilization", type=float, default=0.9)
+    add("--kv-cache-dtype", choices=model.KV_CACHE_DTYPES, default="auto")
+    add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    add("--max-num-batched-tokens", type=human_int, default=None)
+    add("--max-num-seqs", type=int, default=None)
+    add("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    add("--mm-encoder-tp-mode", default="weights")
+    add("--limit-mm-per-prompt", default=None)
+
+
+def build_parser(
+    form: str, version: str
+) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The top-level parser and the one holding the server flags.
+
+    Args:
+        form: ``serve`` for ``vllm serve`` (model positional), ``api_server`` for the module.
+        version: the simulated version (flags come and go by version).
+    """
+    if form == "api_server":
+        parser = argparse.ArgumentParser(
+            prog="api_server.py", description="vLLM OpenAI-Compatible RESTful API server."
+        )
+        add_server_arguments(parser, version)
+        return parser, parser
+    parser = argparse.ArgumentParser(prog="vllm", description="vLLM CLI")
+    parser.add_argument("-v", "--version", action="version", version=version)
+    commands = parser.add_subparsers(
+        dest="subparser", metavar="{chat,complete,serve,bench,collect-env,run-batch}"
+    )
+    serve = commands.add_parser(
+        "serve",
+        help="Launch a local OpenAI-compatible API server to serve LLM completions via HTTP.",
+        usage="vllm serve [model_tag] [options]",
+    )
+    serve.add_argument("model_tag", nargs="?", default=None)
+    add_server_arguments(serve, version)
+    for name in ("chat", "complete", "bench", "collect-env", "run-batch"):
+        commands.add_parser(name)
+    return parser, serve
+
+
+def normalise_flags(argv: list[str]) -> list[str]:
+    """vLLM's FlexibleArgumentParser accepts ``--max_model_len`` for ``--max-model-len``."""
+    out = []
+    for item in argv:
+        if item.startswith("--"):
+            name, sep, value = item.partition("=")
+            item = name.replace("_", "-") + sep + value
+        out.append(item)
+    return out
+
+
+def non_default_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    return {
+        key: value
+        for key, value in vars(args).items()
+        if key not in ("subparser",) and value != parser.get_default(key)
+    }
+
+
+# The server process.
+
+
+class ApiServer:
+    """One simulated API server process, from its first log line to its exit.
+
+    Args:
+        args: parsed flags.
+        parser: the parser holding the server flags (for the defaults).
+        settings: the simulation settings (version, startup seconds, fault).
+        form: ``serve`` or ``api_server``.
+    """
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        parser: argparse.ArgumentParser,
+        settings: dict[str, Any],
+        form: str,
+    ):
+        self.args = args
+        self.parser = parser
+        self.settings = settings
+        self.form = form
+        self.version = settings["version"]
+        fault = settings["fault"]
+        self.fault = fault if fault in _simconfig.FAULTS else None
+        self.seconds = settings["startup_seconds"] * (10 if self.fault == "slow-start" else 1)
+        self.log = Log("APIServer")
+        self.t0 = time.time()
+        self.sock: socket.socket | None = None
+        self.sems: list[ShmFile] = []
+        self.engine: Any = None
+        self.ready = threading.Event()
+        self.engine_gone = threading.Event()
+        self.ready_info: dict[str, Any] = {}
+        self.serving = False
+        self.stopping = False
+        self.stats = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.model_name = ""
+        self.served: list[str] = []
+        self.max_model_len = 0
+        self.lock = threading.Lock()
+
+    def run(self) -> int:
+        if self.settings["fault"] and self.fault is None:
+            self.log.warning(
+                "opsbook_sim",
+                f"Unknown simulated fault {self.settings['fault']!r} ignored; known: "
+                f"{list(_simconfig.FAULTS)}",
+            )
+        self._install_signals()
+        if self.fault == "die-after-1s":
+            threading.Timer(1.0, self._die).start()
+        self._announce()
+        try:
+            self._validate_args()
+        except model.SimError as error:
+            self._raise(error, self._entry_frames())
+            return 1
+        if not self._bind():
+            return 1
+        try:
+            spec = self._engine_spec()
+        except model.SimError as error:
+            self._raise(error, self._config_frames())
+            self._cleanup()
+            return 1
+        self.sems = [ShmFile.semaphore(), ShmFile.semaphore()]
+        self._start_engine(spec)
+        while not self.ready.is_set():
+            if self.engine_gone.wait(0.1):
+                break
+        if not self.ready.is_set():
+            if self.stopping:
+                # A signal handler or the die-after-1s fault is ending the process.
+                threading.Event().wait()
+            return self._engine_failed()
+        self._serve()
+        return 0
+
+    # Start-up.
+
+    def _install_signals(self) -> None:
+        if self.fault == "ignore-sigterm":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+
+    def _announce(self) -> None:
+        log = self.log
+        if _simconfig.at_least(self.version, BANNER_SINCE):
+            model_name = self._model_arg()
+            for text in (
+                "",
+                "       █     █     █▄   ▄█",
+                f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {self.version}",
+                f"  █▄█▀ █     █     █     █  model   {model_name}",
+                "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀",
+                "",
+            ):
+                log.info("utils.py:306", text)
+        else:
+            log.info("api_server.py:1977", f"vLLM API server version {self.version}")
+        shown = non_default_args(self.args, self.parser)
+        if self.form == "serve" and self.args.model_tag:
+            shown["model"] = self.args.model_tag
+        log.info("utils.py:253", f"non-default args: {shown}")
+        if self.form == "serve" and self.args.model and self.args.model_tag is None:
+            log.warning(
+                "argparse_utils.py:203",
+                "With `vllm serve`, you should provide the model as a positional argument or "
+                "in a config file instead of via the `--model` option.",
+            )
+
+    def _model_arg(self) -> str:
+        tag = getattr(self.args, "model_tag", None)
+        return str(tag or self.args.model or DEFAULT_MODEL)
+
+    def _validate_args(self) -> None:
+        if self.args.enable_auto_tool_choice and not self.args.tool_call_parser:
+            raise model.SimError(
+                "TypeError", "Error: --enable-auto-tool-choice requires --tool-call-parser", "api"
+            )
+
+    def _display_host(self) -> str:
+        return self.args.host or "0.0.0.0"
+
+    def _bind(self) -> bool:
+        """Bind the port before the engine starts, as vLLM does (listening comes later)."""
+        # An unset --host binds loopback only: the rehearsal host must not listen outside.
+        address = self.args.host or "127.0.0.1"
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, int(self.args.port)))
+        except OSError as error:
+            sock.close()
+            text = (error.strerror or str(error)).lower()
+            self.log.uvicorn(
+                "ERROR",
+                f"[Errno {error.errno}] error while attempting to bind on address "
+                f"('{self._display_host()}', {self.args.port}): {text}",
+            )
+            return False
+        self.sock = sock
+        return True
+
+    def _engine_spec(self) -> dict[str, Any]:
+        """Build the engine config from the model's files, logging what vLLM logs."""
+        args = self.args
+        name = self._model_arg()
+        model_dir = model.resolve_model_dir(name)
+        if model_dir is None:
+            raise model.invalid_model_error(name)
+        config = model.load_model_config(model_dir)
+        if model.needs_remote_code(config) and not args.trust_remote_code:
+            raise _validation_error("ModelConfig", model.remote_code_message(name), name)
+        log = self.log
+        log.info("model.py:631", f"Resolved architecture: {model.architecture(config)}")
+        derived = model.derived_max_model_len(config)
+        max_len = args.max_model_len or derived
+        if max_len > derived and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") != "1":
+            raise _validation_error(
+                "ModelConfig",
+                f"User-specified max_model_len ({max_len}) is greater than the derived "
+                f"max_model_len (max_position_embeddings={derived} or model_max_length=None in "
+                "model's config.json). To allow overriding this maximum, set the env var "
+                "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used "
+                "with extreme caution. If the model uses relative position encoding (RoPE), "
+                "positions exceeding derived_max_model_len lead to nan. If the model uses "
+                "absolute position encoding, positions exceeding derived_max_model_len will "
+                "cause a CUDA array out-of-bounds error.",
+                name,
+            )
+        log.info("model.py:1745", f"Using max model len {max_len}")
+        quant = model.quant_config(model_dir, config)
+        quantization = args.quantization or model.quantization_method(quant)
+        warnings: list[str] = []
+        kv_dtype = model.resolve_kv_cache_dtype(args.kv_cache_dtype, quant, self.version, warnings)
+        for text in warnings:
+            log.warning("torch_utils.py:331", text)
+        if model.is_quantized_kv(kv_dtype):
+            log.info(
+                "cache.py:207",
+                f"Using {kv_dtype} data type to store kv cache. It reduces the GPU memory "
+                "footprint and boosts the performance. Meanwhile, it may cause accuracy drop "
+                "without a proper scaling factor",
+            )
+        batched = args.max_num_batched_tokens or 8192
+        log.info(
+            "scheduler.py:216", f"Chunked prefill is enabled with max_num_batched_tokens={batched}."
+        )
+        if quant and quantization in ("modelopt_fp4", "modelopt"):
+            algo = model.quant_algo(quant)
+            kind = "NVFP4" if quantization == "modelopt_fp4" else "fp8"
+            log.warning(
+                "modelopt.py:1041",
+                f"Detected ModelOpt {kind} checkpoint (quant_algo={algo}). Please note that the "
+                "format is experimental and could change in future.",
+            )
+        heads = model.num_attention_heads(config)
+        if heads % max(1, args.tensor_parallel_size):
+            raise _validation_error(
+                "ParallelConfig",
+                f"Total number of attention heads ({heads}) must be divisible by tensor "
+                f"parallel size ({args.tensor_parallel_size}).",
+                name,
+            )
+        self.model_name = name
+        self.served = list(args.served_model_name or [name])
+        self.max_model_len = max_len
+        return {
+            "python": python_executable(),
+            "pythonpath": str(Path(__file__).resolve().parent.parent),
+            "sim_dir": str(_sim_dir()),
+            "version": self.version,
+            "fault": self.fault,
+            "seconds": self.seconds,
+            "t0": self.t0,
+            "model": name,
+            "model_dir": str(model_dir),
+            "served": self.served,
+            "tp": args.tensor_parallel_size,
+            "pp": args.pipeline_parallel_size,
+            "util": args.gpu_memory_utilization,
+            "max_model_len": max_len,
+            "kv_cache_dtype": kv_dtype,
+            "quantization": quantization,
+            "enforce_eager": args.enforce_eager,
+            "attention_backend": args.attention_backend or os.environ.get("VLLM_ATTENTION_BACKEND"),
+            "disable_custom_all_reduce": args.disable_custom_all_reduce,
+            "max_num_seqs": args.max_num_seqs,
+            "trust_remote_code": args.trust_remote_code,
+            "reasoning_parser": args.reasoning_parser,
+        }
+
+    def _start_engine(self, spec: dict[str, Any]) -> None:
+        time.sleep(self.seconds * API_SHARE)
+        read_end, write_end = os.pipe()
+        spec["status_fd"] = write_end
+        self.engine = spawn(
+            "VLLM::EngineCore",
+            spec["python"],
+            spec["pythonpath"],
+            "_simengine.engine_main",
+            spec,
+            pass_fds=(write_end,),
+        )
+        os.close(write_end)
+        threading.Thread(target=self._watch_engine, args=(read_end,), daemon=True).start()
+
+    def _watch_engine(self, read_end: int) -> None:
+        with os.fdopen(read_end, "rb") as stream:
+            for raw in stream:
+                try:
+                    info = json.loads(raw)
+                except ValueError:
+                    continue
+                if info.get("status") == "ready":
+                    self.ready_info = info
+                    self.ready.set()
+        self.engine_gone.set()
+        if self.ready.is_set() and not self.stopping:
+            self._engine_died()
+
+    def _engine_died(self) -> None:
+        self.log.error(
+            "core_client.py:564",
+            "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+        )
+        self.log.error(
+            "async_llm.py:480",
+            "AsyncLLM output_handler failed.\n"
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
+            "stack trace (above) for the root cause.",
+        )
+
+    def _engine_failed(self) -> int:
+        code = 1
+        try:
+            code = self.engine.wait(10)
+        except Exception:
+            code = 1
+        frames = (
+            self._config_frames()[:-4]
+            + _frames(
+                (
+                    "entrypoints/openai/api_server.py",
+                    233,
+                    "build_async_engine_client_from_engine_args",
+                    "async_llm = AsyncLLM.from_vllm_config(",
+                ),
+                ("v1/engine/async_llm.py", 223, "from_vllm_config", "return cls("),
+                (
+                    "v1/engine/async_llm.py",
+                    134,
+                    "__init__",
+                    "self.engine_core = EngineCoreClient.make_async_mp_client(",
+                ),
+                (
+                    "v1/engine/core_client.py",
+                    121,
+                    "make_async_mp_client",
+                    "return AsyncMPClient(*client_args)",
+                ),
+                ("v1/engine/core_client.py", 807, "__init__", "super().__init__("),
+                (
+                    "v1/engine/core_client.py",
+                    468,
+                    "__init__",
+                    "with launch_core_engines(vllm_config, executor_class, log_stats) as (",
+                ),
+            )
+            + [
+                (
+                    str(Path(os.__file__).with_name("contextlib.py")),
+                    144,
+                    "__exit__",
+                    "next(self.gen)",
+                ),
+            ]
+            + _frames(
+                ("v1/engine/utils.py", 880, "launch_core_engines", "wait_for_engine_startup("),
+                ("v1/engine/utils.py", 937, "wait_for_engine_startup", "raise RuntimeError("),
+            )
+        )
+        self.log.traceback(
+            frames,
+            "RuntimeError",
+            "Engine core initialization failed. See root cause above. Failed core proc(s): "
+            f"{{'EngineCore_DP0': {code if code and code > 0 else 1}}}",
+        )
+        self._cleanup()
+        return 1
+
+    # Serving.
+
+    def _serve(self) -> None:
+        time.sleep(self.seconds * API_SHARE)
+        log = self.log
+        log.info("api_server.py:1725", "Supported tasks: ['generate']")
+        if self.args.enable_auto_tool_choice:
+            log.info("serving_chat.py:139", '"auto" tool choice has been enabled.')
+        address = f"http://{self._display_host()}:{self.args.port}"
+        if _simconfig.at_least(self.version, NEW_SERVER_LINE_SINCE):
+            log.info("api_server.py:603", f"Starting vLLM server on {address}")
+        else:
+            log.info("api_server.py:2052", f"Starting vLLM API server 0 on {address}")
+        log.info("launcher.py:38", "Available routes are:")
+        for path, methods in ROUTES:
+            log.info("launcher.py:46", f"Route: {path}, Methods: {methods}")
+        assert self.sock is not None
+        server = _HTTPServer(self.sock, _Handler, self)
+        log.uvicorn("INFO", f"Started server process [{os.getpid()}]")
+        log.uvicorn("INFO", "Waiting for application startup.")
+        log.uvicorn("INFO", "Application startup complete.")
+        self.serving = True
+        server.serve_forever(poll_interval=0.2)
+
+    # Stopping.
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.stopping = True
+        if self.serving:
+            self.log.uvicorn("INFO", "Shutting down")
+            self.log.uvicorn("INFO", "Waiting for application shutdown.")
+            self.log.uvicorn("INFO", "Application shutdown complete.")
+            self.log.uvicorn("INFO", f"Finished server process [{os.getpid()}]")
+        self._cleanup()
+        os._exit(0)
+
+    def _die(self) -> None:
+        """The die-after-1s fault: the engine core goes away and the server follows it."""
+        self.stopping = True
+        self._engine_died()
+        self._cleanup()
+        os._exit(1)
+
+    def _cleanup(self) -> None:
+        engine = self.engine
+        if engine is not None and engine.poll() is None:
+            try:
+                os.kill(engine.pid, signal.SIGTERM)
+                engine.wait(ENGINE_STOP_TIMEOUT)
+            except Exception:
+                if is_alive(engine.pid):
+                    os.kill(engine.pid, signal.SIGKILL)
+        for sem in self.sems:
+            sem.unlink()
+        if self.sock is not None:
+            self.sock.close()
+
+    # Tracebacks.
+
+    def _raise(self, error: model.SimError, frames: list[Frame]) -> None:
+        self.log.traceback(frames, error.exc_type, error.message)
+
+    def _entry_frames(self) -> list[Frame]:
+        if self.form == "serve":
+            script = str(Path(sys.prefix) / "bin" / "vllm")
+            return [(script, 10, "<module>", "sys.exit(main())")] + _frames(
+                ("entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
+                ("entrypoints/cli/serve.py", 59, "cmd", "validate_parsed_serve_args(args)"),
+                ("entrypoints/utils.py", 259, "validate_parsed_serve_args", "raise TypeError("),
+            )
+        return _frames(
+            (
+                "entrypoints/openai/api_server.py",
+                2087,
+                "<module>",
+                "validate_parsed_serve_args(args)",
+            ),
+            ("entrypoints/utils.py", 259, "validate_parsed_serve_args", "raise TypeError("),
+        )
+
+    def _config_frames(self) -> list[Frame]:
+        if self.form == "serve":
+            head = [(str(Path(sys.prefix) / "bin" / "vllm"), 10, "<module>", "sys.exit(main())")]
+            head += _frames(
+                ("entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
+                ("entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
+            )
+        else:
+            head = _frames(
+                (
+                    "entrypoints/openai/api_server.py",
+                    2087,
+                    "<module>",
+                    "uvloop.run(run_server(args))",
+                ),
+            )
+        return (
+            head
+            + _frames(
+                (
+                    "entrypoints/openai/api_server.py",
+                    1941,
+                    "run_server",
+                    "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)",
+                ),
+                (
+                    "entrypoints/openai/api_server.py",
+                    1961,
+                    "run_server_worker",
+                    "async with build_async_engine_client(",
+                ),
+                (
+                    "entrypoints/openai/api_server.py",
+                    179,
+                    "build_async_engine_client",
+                    "async with build_async_engine_client_from_engine_args(",
+                ),
+                (
+                    "entrypoints/openai/api_server.py",
+                    205,
+                    "build_async_engine_client_from_engine_args",
+                    "vllm_config = engine_args.create_engine_config(usage_context=usage_context)",
+                ),
+                (
+                    "engine/arg_utils.py",
+                    1367,
+                    "create_engine_config",
+                    "model_config = self.create_model_config()",
+                ),
+                ("engine/arg_utils.py", 1224, "create_model_config", "return ModelConfig("),
+            )
+            + [
+                (
+                    str(Path(sys.prefix) / "lib" / "pydantic" / "_internal" / "_dataclasses.py"),
+                    121,
+                    "__init__",
+                    "s.__pydantic_validator__.validate_python("
+                    "ArgsKwargs(args, kwargs), self_instance=s)",
+                ),
+            ]
+        )
+
+    # HTTP answers.
+
+    def answer(self, prompt: str, max_tokens: int) -> tuple[str, int, int, str]:
+        """A deterministic reply: text, prompt tokens, completion tokens, finish reason."""
+        digest = hashlib.sha256(prompt.encode()).digest()
+        count = max(1, min(max_tokens, 12))
+        words = [WORDS[digest[i] % len(WORDS)] for i in range(count)]
+        prompt_tokens = max(1, len(prompt.encode()) // 4)
+        with self.lock:
+            self.stats["requests"] += 1
+            self.stats["prompt_tokens"] += prompt_tokens
+            self.stats["generation_tokens"] += count
+        finish = "length" if max_tokens <= 12 else "stop"
+        return " " + " ".join(words), prompt_tokens, count, finish
+
+    def metrics(self) -> str:
+        name = self.served[0]
+        labels = f'engine="0",model_name="{name}"'
+        with self.lock:
+            stats = dict(self.stats)
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{labels}}} 0.0",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{labels}}} 0.0",
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{{{labels}}} 0.0",
+            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{{{labels}}} {float(stats['prompt_tokens'])}",
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{labels}}} {float(stats['generation_tokens'])}",
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{{labels},finished_reason="length"}} '
+            f"{float(stats['requests'])}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def models(self) -> dict[str, Any]:
+        created = int(time.time())
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": self.model_name,
+                    "parent": None,
+                    "max_model_len": self.max_model_len,
+                    "permission": [
+                        {
+                            "id": "modelperm-" + hashlib.md5(name.encode()).hexdigest(),
+                            "object": "model_permission",
+                            "created": created,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+                for name in self.served
+            ],
+        }
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, sock: socket.socket, handler: Any, app: ApiServer):
+        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.app = app
+        self.server_activate()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+
+    @property
+    def app(self) -> ApiServer:
+        return self.server.app  # type: ignore[attr-defined,no-any-return]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def _send(self, status: int, body: bytes = b"", content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self._access(status)
+
+    def _access(self, status: int) -> None:
+        client = f"{self.client_address[0]}:{self.client_address[1]}"
+        self.app.log.access(client, self.requestline, f"{status} {HTTPStatus(status).phrase}")
+
+    def _json(self, status: int, document: Any) -> None:
+        self._send(status, json.dumps(document).encode())
+
+    def _authorised(self) -> bool:
+        key = self.app.args.api_key or os.environ.get("VLLM_API_KEY")
+        if not key or not self.path.startswith("/v1"):
+            return True
+        if self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        self._json(401, {"error": "Unauthorized"})
+        return False
+
+    def do_GET(self) -> None:
+        app = self.app
+        path = self.path.split("?")[0]
+        if not self._authorised():
+            return
+        if path == "/health":
+            self._send(503 if app.engine_gone.is_set() else 200)
+        elif path == "/v1/models":
+            self._json(200, app.models())
+        elif path == "/version":
+            self._json(200, {"version": app.version})
+        elif path == "/metrics":
+            self._send(200, app.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/load":
+            self._json(200, {"server_load": 0})
+        elif path == "/ping":
+            self._send(503 if app.engine_gone.is_set() else 200, b"{}")
+        elif path in ("/v1/completions", "/v1/chat/completions"):
+            self._json(405, {"detail": "Method Not Allowed"})
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    do_HEAD = do_GET
+
+    def do_POST(self) -> None:
+        path = self.path.split("?")[0]
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not self._authorised():
+            return
+        if path not in ("/v1/completions", "/v1/chat/completions"):
+            if path == "/ping":
+                self._send(200, b"{}")
+            else:
+                self._json(404 if path not in dict(ROUTES) else 405, {"detail": "Not Found"})
+            return
+        try:
+            body = json.loads(raw or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("body must be an object")
+        except ValueError as error:
+            self._error(400, f"Invalid JSON body: {error}", "BadRequestError")
+            return
+        app = self.app
+        if app.engine_gone.is_set():
+            self._error(
+                500,
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "InternalServerError",
+            )
+            return
+        name = body.get("model") or app.served[0]
+        if name not in app.served:
+            self._error(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
+            return
+        if path == "/v1/completions":
+            self._completion(body, name)
+        else:
+            self._chat(body, name)
+
+    def _error(self, status: int, message: str, kind: str, param: str | None = None) -> None:
+        self._json(
+            status, {"error": {"message": message, "type": kind, "param": param, "code": status}}
+        )
+
+    def _completion(self, body: dict[str, Any], name: str) -> None:
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list):
+            prompt = " ".join(str(p) for p in prompt)
+        max_tokens = int(body.get("max_tokens") or 16)
+        text, prompt_tokens, count, finish = self.app.answer(str(prompt), max_tokens)
+        ident = "cmpl-" + hashlib.sha256(f"{time.time()}{prompt}".encode()).hexdigest()[:32]
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+        document = {
+            "id": ident,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": name,
+            "choices": [choice],
+            "usage": _usage(prompt_tokens, count),
+        }
+        if body.get("stream"):
+            self._stream(document, "text_completion", {"text": text})
+        else:
+            self._json(200, document)
+
+    def _chat(self, body: dict[str, Any], name: str) -> None:
+        messages = body.get("messages") or []
+        prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 64)
+        text, prompt_tokens, count, finish = self.app.answer(prompt, max_tokens)
+        reasoning = "The request is simple." if self.app.args.reasoning_parser else None
+        message = {
+            "role": "assistant",
+            "content": text.strip(),
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "tool_calls": [],
+            "reasoning_content": reasoning,
+        }
+        ident = "chatcmpl-" + hashlib.sha256(f"{time.time()}{prompt}".encode()).hexdigest()[:32]
+        document = {
+            "id": ident,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                }
+            ],
+            "usage": _usage(prompt_tokens, count),
+        }
+        if body.get("stream"):
+            self._stream(
+                document,
+                "chat.completion.chunk",
+                {"delta": {"role": "assistant", "content": text.strip()}},
+            )
+        else:
+            self._json(200, document)
+
+    def _stream(self, document: dict[str, Any], kind: str, payload: dict[str, Any]) -> None:
+        """Server-sent events: one chunk with the text, one with the finish reason, [DONE]."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("connection", "close")
+        self.end_headers()
+        base = {
+            "id": document["id"],
+            "object": kind,
+            "created": document["created"],
+            "model": document["model"],
+        }
+        first = {
+            **base,
+            "choices": [{"index": 0, **payload, "logprobs": None, "finish_reason": None}],
+        }
+        finish = document["choices"][0]["finish_reason"]
+        empty = {"delta": {}} if kind.startswith("chat") else {"text": ""}
+        last = {
+            **base,
+            "choices": [{"index": 0, **empty, "logprobs": None, "finish_reason": finish}],
+        }
+        for event in (first, last):
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+        self._access(200)
+
+
+def _usage(prompt_tokens: int, count: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + count,
+        "completion_tokens": count,
+        "prompt_tokens_details": None,
+    }
+
+
+def _frames(*rows: tuple[str, int, str, str]) -> list[Frame]:
+    return [(source(path), line, function, code) for path, line, function, code in rows]
+
+
+def _validation_error(config: str, message: str, model_name: str) -> model.SimError:
+    """The pydantic wrapper newer vLLM puts around config errors."""
+    return model.SimError(
+        "pydantic_core._pydantic_core.ValidationError",
+        f"1 validation error for {config}\n  Value error, {message} [type=value_error, "
+        f"input_value=ArgsKwargs((), {{'model': '{model_name}', ...}}), input_type=ArgsKwargs]\n"
+        "    For further information visit https://errors.pydantic.dev/2.11/v/value_error",
+        "api",
+    )
+
+
+def _sim_dir() -> Path:
+    from . import _simgpu
+
+    return Path(_simgpu.sim_dir())
+
+
+def main(argv: list[str], form: str) -> int:
+    """Run the simulated server.
+
+    Args:
+        argv: the arguments after ``vllm`` (serve form, subcommand first) or after the module.
+        form: ``serve`` or ``api_server``.
+
+    Returns:
+        The process exit code (argparse errors exit 2 by themselves).
+    """
+    settings = _simconfig.load()
+    parser, server_parser = build_parser(form, settings["version"])
+    args = parser.parse_args(normalise_flags(argv))
+    if form == "serve" and args.subparser != "serve":
+        if args.subparser is None:
+            parser.print_help()
+            return 0
+        print(f"vllm {args.subparser}: not available on the rehearsal host", file=sys.stderr)
+        return 1
+    return ApiServer(args, server_parser, settings, form).run()

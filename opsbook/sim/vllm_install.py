@@ -1,0 +1,88 @@
+"""Install the simulated ``vllm`` package into a python env of the rehearsal host.
+
+The package (``opsbook/sim/vllm``) is copied into the env's site-packages together with
+``simgpu.py`` (as ``vllm/_simgpu.py``, so that it never imports opsbook), a ``bin/vllm``
+console script is written with the env's interpreter as shebang, and the simulation settings
+go to ``<venv>/opsbook-vllm-sim.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+SIM_SOURCES = Path(__file__).resolve().parent
+PACKAGE_SOURCE = SIM_SOURCES / "vllm"
+SIMGPU_SOURCE = SIM_SOURCES / "simgpu.py"
+SETTINGS_NAME = "opsbook-vllm-sim.json"
+CONSOLE_SCRIPT = """#!{python}
+# -*- coding: utf-8 -*-
+import re
+import sys
+from vllm.entrypoints.cli.main import main
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit(main())
+"""
+
+
+def install_vllm(venv: Path, *, version: str = "0.15.1", startup_seconds: float = 3.0) -> None:
+    """Put the simulated vLLM into ``venv`` (replacing an earlier copy) and set its settings.
+
+    Args:
+        venv: the env's root (holds ``bin/python``).
+        version: the vLLM version the simulation plays (``vllm.__version__``).
+        startup_seconds: how long a successful start takes, spread over its phases.
+
+    Raises:
+        FileNotFoundError: ``venv`` has no ``bin/python``.
+        RuntimeError: the env's site-packages folder cannot be found.
+    """
+    venv = Path(venv)
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(f"{python} does not exist; create the env first")
+    target = site_packages(venv) / "vllm"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(PACKAGE_SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copyfile(SIMGPU_SOURCE, target / "_simgpu.py")
+    _write(venv / "bin" / "vllm", CONSOLE_SCRIPT.format(python=python), 0o755)
+    settings = {"version": version, "startup_seconds": float(startup_seconds), "fault": None}
+    _write(venv / SETTINGS_NAME, json.dumps(settings, indent=2) + "\n", 0o644)
+
+
+def site_packages(venv: Path) -> Path:
+    """The ``lib/pythonX.Y/site-packages`` folder of an env.
+
+    Raises:
+        RuntimeError: none, or several without the env's python able to say which.
+    """
+    found = sorted(Path(venv).glob("lib/python3.*/site-packages"))
+    if len(found) == 1:
+        return found[0]
+    answer = subprocess.run(
+        [
+            str(Path(venv) / "bin" / "python"),
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    path = Path(answer.stdout.strip())
+    if answer.returncode != 0 or not path.is_dir():
+        raise RuntimeError(f"cannot find the site-packages of {venv}: {answer.stderr.strip()}")
+    return path
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    """Write atomically, so a launch never reads half a file."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text(text)
+    os.chmod(temp, mode)
+    os.replace(temp, path)
