@@ -145,8 +145,13 @@ def start_server(host: Host, paths: LaunchPaths, server_port: int) -> Result:
         return Result(True, f"started: PID {record['pid']} is alive but has not logged yet", data)
     diagnosis = logscan.diagnose_log(proof["tail"], running=False)
     data["diagnosis"] = diagnosis
-    why = diagnosis.title if diagnosis.state == "failed" else _last_line(proof["tail"])
-    message = f"never started: the process exited with code {proof['exit_code']} at once: {why}"
+    code = proof["exit_code"]
+    if diagnosis.state == "failed":
+        message = f"crashed within seconds (exit code {code}): {diagnosis.title}"
+    elif proof["log_bytes"]:
+        message = f"exited at once with code {code}: {_last_line(proof['tail'])}"
+    else:
+        message = f"never started: exited with code {code} and logged nothing"
     return Result(False, message, data, diagnosis.to_result().findings)
 
 

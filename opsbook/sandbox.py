@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import pwd
@@ -41,10 +39,12 @@ from typing import Any
 
 import yaml
 
+from opsbook.checkpoint import make_checkpoint
 from opsbook.deployment import HostSpec
 from opsbook.exceptions import SandboxError
 from opsbook.results import Finding, Result
 from opsbook.sim import simgpu
+from opsbook.sim.vllm_install import install_vllm
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = Path("/usr/bin/ssh-keygen")
@@ -553,32 +553,16 @@ def _ensure_venv(paths: _Paths, owner: pwd.struct_passwd) -> None:
         )
     marker = paths.venv / simgpu.VENV_MARKER
     _write_text(marker, json.dumps({"sim_dir": str(paths.sim)}) + "\n", 0o644)
-    installer = _optional_function("opsbook.sim.vllm_install", "install_vllm")
-    if installer is not None:
-        installer(paths.venv)
+    install_vllm(paths.venv)
     _chown_tree(paths.venv, owner)
 
 
 def _ensure_checkpoint(paths: _Paths, owner: pwd.struct_passwd) -> None:
-    make = _optional_function("opsbook.checkpoint", "make_checkpoint")
-    if make is None:
-        return
     if not (paths.model / "config.json").exists():
-        make(paths.model)
+        make_checkpoint(paths.model)
     paths.models.chmod(0o755)
     # The config-patch stage edits the checkpoint as the login user.
     _chown_tree(paths.models, owner)
-
-
-def _optional_function(module: str, name: str) -> Any:
-    """A function of another opsbook module, or None while that module is not there."""
-    try:
-        found = importlib.util.find_spec(module)
-    except ModuleNotFoundError:
-        return None
-    if found is None:
-        return None
-    return getattr(importlib.import_module(module), name, None)
 
 
 def _write_sshd_config(paths: _Paths, address: str, port: int, owner: pwd.struct_passwd) -> None:

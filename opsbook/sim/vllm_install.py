@@ -51,8 +51,20 @@ def install_vllm(venv: Path, *, version: str = "0.15.1", startup_seconds: float 
     shutil.copytree(PACKAGE_SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copyfile(SIMGPU_SOURCE, target / "_simgpu.py")
     _write(venv / "bin" / "vllm", CONSOLE_SCRIPT.format(python=python), 0o755)
+    _write_dist_info(target.parent, version)
     settings = {"version": version, "startup_seconds": float(startup_seconds), "fault": None}
     _write(venv / SETTINGS_NAME, json.dumps(settings, indent=2) + "\n", 0o644)
+
+
+def _write_dist_info(site: Path, version: str) -> None:
+    # A pip-installed vLLM has package metadata; probes read the version from it without
+    # importing vllm (which takes seconds on a real install).
+    for old in site.glob("vllm-*.dist-info"):
+        shutil.rmtree(old)
+    info = site / f"vllm-{version}.dist-info"
+    info.mkdir()
+    _write(info / "METADATA", f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n", 0o644)
+    _write(info / "INSTALLER", "opsbook-sandbox\n", 0o644)
 
 
 def site_packages(venv: Path) -> Path:
