@@ -8,11 +8,14 @@ SYSTEM_PACKAGES := openssh-server zsh
 
 .PHONY: demo test setup system lint notebooks nbval fresh-nbval-box sandbox-down bench clean
 
+# The whole runbook on the rehearsal host: preflight, download check, config patch, launch
+# script, launch, diagnose, into one run folder.
 demo: setup
 	$(OPSBOOK) sandbox up --dir $(SANDBOX)
-	$(OPSBOOK) run 00_preflight -f $(SANDBOX)/deployment.yml --runs-dir runs; \
-	  code=$$?; echo "the record is in the run folder printed above (under runs/)"; \
-	  echo "stop the rehearsal host with: $(OPSBOOK) sandbox down --dir $(SANDBOX)"; exit $$code
+	$(OPSBOOK) run deploy -f $(SANDBOX)/deployment.yml --runs-dir runs; \
+	  code=$$?; echo "the record is the run folder printed above: open its index.html"; \
+	  echo "the rehearsal server keeps running; stop the host with: make sandbox-down"; \
+	  exit $$code
 
 test: setup lint
 	$(VENV)/bin/pytest -q tests

@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="execute a runbook notebook headless into a run folder")
-    run.add_argument("notebook", help="a path, or a stage name such as 00_preflight")
+    run.add_argument(
+        "notebook", help="a path, a stage name such as 00_preflight, or 'deploy' for all stages"
+    )
     run.add_argument("-f", "--deployment", required=True, help="deployment YAML file")
     run.add_argument(
         "-p",
@@ -66,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument("--shell", default="zsh", choices=["zsh", "bash"], help="login shell")
     box.set_defaults(handler=cmd_sandbox)
 
+    rec = sub.add_parser("records", help="list the run folders, or show one")
+    rec.add_argument("action", choices=["list", "show"])
+    rec.add_argument("run", nargs="?", help="a run folder (for show)")
+    rec.add_argument("--runs-dir", default="runs", help="where run folders are (default: runs)")
+    rec.set_defaults(handler=cmd_records)
+
     diag = sub.add_parser("diagnose", help="classify a vLLM log: state, failure, remedy")
     diag.add_argument("--log", required=True, help="a vLLM log file ('-' for standard input)")
     diag.add_argument("--json", action="store_true", help="answer in JSON")
@@ -75,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     params = {name: _yaml_value(value) for name, value in args.parameter}
+    if args.notebook == "deploy":
+        unknown = sorted(set(params) - {"apply"})
+        if unknown:
+            raise RunError(f"deploy takes only the parameter apply, not {', '.join(unknown)}")
+        record = runner.run_deploy(
+            args.deployment,
+            args.runs_dir,
+            apply=bool(params.get("apply", True)),
+            timeout=args.timeout,
+        )
+        print(f"{record.status}: {record.message}")
+        print(f"run folder: {record.folder}")
+        print(f"index: {record.folder / 'index.html'}")
+        return record.exit_code
     record = runner.run_notebook(
         args.notebook, args.deployment, params, runs_dir=args.runs_dir, timeout=args.timeout
     )
@@ -98,6 +120,21 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
+
+
+def cmd_records(args: argparse.Namespace) -> int:
+    from opsbook import records
+
+    if args.action == "list":
+        print(records.list_runs(Path(args.runs_dir)))
+        return runner.EXIT_OK
+    if not args.run:
+        raise RunError("records show needs a run folder", remedy="see `opsbook records list`")
+    folder = Path(args.run)
+    if not folder.is_dir():
+        folder = Path(args.runs_dir) / args.run
+    print(json.dumps(records.show_run(folder), indent=2))
+    return runner.EXIT_OK
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

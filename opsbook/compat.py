@@ -265,8 +265,15 @@ def _read_quantization(
         places.append(("config.json:text_config.quantization_config", text["quantization_config"]))
     kv_keys = [key for place, qc in places for key in _kv_keys(place, qc)]
     if not places:
-        return {"method": None, "algo": None, "source": None, "sources": [], "kv_algo": None,
-                "kv_dtype": "auto", "kv_keys": kv_keys}
+        return {
+            "method": None,
+            "algo": None,
+            "source": None,
+            "sources": [],
+            "kv_algo": None,
+            "kv_dtype": "auto",
+            "kv_keys": kv_keys,
+        }
     source, chosen = places[0]
     method, algo = _quant_method(chosen)
     kv_raw = _kv_value(chosen)
@@ -278,8 +285,15 @@ def _read_quantization(
                 f"{other} declares KV cache {other_algo or 'none'} but vLLM reads {source} "
                 f"({kv_algo or 'none'}); edit both to keep them consistent"
             )
-    return {"method": method, "algo": algo, "source": source, "sources": [p for p, _ in places],
-            "kv_algo": kv_algo, "kv_dtype": kv_dtype, "kv_keys": kv_keys}
+    return {
+        "method": method,
+        "algo": algo,
+        "source": source,
+        "sources": [p for p, _ in places],
+        "kv_algo": kv_algo,
+        "kv_dtype": kv_dtype,
+        "kv_keys": kv_keys,
+    }
 
 
 def _quant_method(qc: Mapping[str, Any]) -> tuple[str | None, str | None]:
@@ -332,8 +346,10 @@ def _resolve_kv(raw: Any, method: str | None, notes: list[str]) -> tuple[str | N
     else:
         algo = str(raw).upper()
     if not (method or "").startswith("modelopt"):
-        notes.append(f"KV cache {algo} is declared by a {method} config; vLLM resolves it only "
-                     "for ModelOpt checkpoints")
+        notes.append(
+            f"KV cache {algo} is declared by a {method} config; vLLM resolves it only "
+            "for ModelOpt checkpoints"
+        )
         return algo, "auto"
     dtype = MODELOPT_TO_VLLM_KV_CACHE_DTYPE.get(algo.lower())
     if dtype is None:
@@ -496,8 +512,9 @@ def select_backend(
     reasons: dict[str, list[str]] = {}
     tried = [forced] if forced else candidates
     for name in tried:
-        why, sure = _backend_reasons(name, mla, sparse, compute_cap, kv_cache_dtype,
-                                     vllm_version, probed_backends)
+        why, sure = _backend_reasons(
+            name, mla, sparse, compute_cap, kv_cache_dtype, vllm_version, probed_backends
+        )
         uncertain = uncertain or not sure
         if not why:
             return BackendChoice(name, tuple(candidates), reasons, forced, uncertain)
@@ -733,11 +750,19 @@ def check_compat(
     for cc in contexts:
         choice = None
         if cc is not None:
-            choice = select_backend(facts.mla, cc, kv_dtype, vllm_version, sparse=facts.sparse_mla,
-                                    forced=forced, probed_backends=probed_backends)
+            choice = select_backend(
+                facts.mla,
+                cc,
+                kv_dtype,
+                vllm_version,
+                sparse=facts.sparse_mla,
+                forced=forced,
+                probed_backends=probed_backends,
+            )
             backends[cc] = asdict(choice)
-        ctx = _Context(facts, cc, vllm_version, args, kv_dtype, kv_origin, choice,
-                       probed_backends, table)
+        ctx = _Context(
+            facts, cc, vllm_version, args, kv_dtype, kv_origin, choice, probed_backends, table
+        )
         ctx.values.update(_base_values(ctx))
         for finding, row in _evaluate_rules(ctx, table["rules"]):
             if finding.subject in reported:
@@ -747,8 +772,13 @@ def check_compat(
             rows.append(row)
     findings += _backend_notes(backends, facts)
     if not caps:
-        findings.append(Finding("info", "GPUs", "no GPU facts given: rules that depend on the "
-                                "compute capability were not checked"))
+        findings.append(
+            Finding(
+                "info",
+                "GPUs",
+                "no GPU facts given: rules that depend on the compute capability were not checked",
+            )
+        )
     errors = [f.subject for f in findings if f.severity == "error"]
     warnings = [f.subject for f in findings if f.severity == "warning"]
     if errors:
@@ -850,11 +880,15 @@ def _backend_notes(backends: Mapping[str, Mapping[str, Any]], facts: ModelFacts)
     for cc, choice in backends.items():
         if choice["name"]:
             kind = "MLA" if facts.mla else "attention"
-            notes.append(Finding(
-                "ok", f"attention backend on {cc}",
-                f"vLLM will use {choice['name']} ({kind}; tried {', '.join(choice['candidates'])})",
-                source="vllm/platforms/cuda.py priorities; compat_rules.yaml",
-            ))
+            notes.append(
+                Finding(
+                    "ok",
+                    f"attention backend on {cc}",
+                    f"vLLM will use {choice['name']} "
+                    f"({kind}; tried {', '.join(choice['candidates'])})",
+                    source="vllm/platforms/cuda.py priorities; compat_rules.yaml",
+                )
+            )
     return notes
 
 
@@ -881,8 +915,9 @@ def kv_cache_bytes_per_token_per_layer(facts: ModelFacts, kv_dtype: str) -> int:
     if facts.mla and kv_dtype == "fp8_ds_mla":
         return FP8_DS_MLA_BYTES_PER_LAYER
     if kv_dtype not in KV_DTYPE_BYTES:
-        raise OpsbookError(f"unknown KV cache dtype {kv_dtype!r}",
-                           remedy=f"use one of {sorted(KV_DTYPE_BYTES)}")
+        raise OpsbookError(
+            f"unknown KV cache dtype {kv_dtype!r}", remedy=f"use one of {sorted(KV_DTYPE_BYTES)}"
+        )
     width = KV_DTYPE_BYTES[kv_dtype]
     if facts.mla and facts.head_size:
         return facts.head_size * width
@@ -944,8 +979,14 @@ def kv_tradeoff_table(free_bytes: int, facts: ModelFacts) -> Table:
     rows = []
     for dtype in ("fp8_e4m3", "bfloat16"):
         per_layer = kv_cache_bytes_per_token_per_layer(facts, dtype)
-        rows.append([dtype, per_layer, kv_cache_bytes_per_token(facts, dtype),
-                     f"{tokens_that_fit(free_bytes, facts, dtype):,}"])
+        rows.append(
+            [
+                dtype,
+                per_layer,
+                kv_cache_bytes_per_token(facts, dtype),
+                f"{tokens_that_fit(free_bytes, facts, dtype):,}",
+            ]
+        )
     return Table(["KV dtype", "bytes/token/layer", "bytes/token", "tokens that fit"], rows)
 
 

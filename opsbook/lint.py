@@ -60,8 +60,14 @@ PGREP_VALUE_OPTIONS = set("dgGPstuUFrq") | {
     "--uid", "--pidfile", "--runstates", "--queue", "--ns", "--nslist", "--signal", "--env",
     "--cgroup",
 }  # fmt: skip
-KILLALL_VALUE_OPTIONS = set("sunoyYZ") | {"--signal", "--user", "--context", "--older-than",
-                                          "--younger-than", "--ns"}
+KILLALL_VALUE_OPTIONS = set("sunoyYZ") | {
+    "--signal",
+    "--user",
+    "--context",
+    "--older-than",
+    "--younger-than",
+    "--ns",
+}
 KILL_TOOLS = ("kill", "pkill", "killall")
 WRAPPERS = {
     "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "--user", "--group"},
@@ -184,8 +190,12 @@ def lint_command(command: str, *, paths: Sequence[str] = ()) -> list[Finding]:
     except ValueError as e:
         return [
             _finding(
-                "error", PARSE, command, f"the command does not parse: {e}",
-                "close the quote or remove the stray backslash", "shlex",
+                "error",
+                PARSE,
+                command,
+                f"the command does not parse: {e}",
+                "close the quote or remove the stray backslash",
+                "shlex",
             )
         ]
     kills = kill_calls(commands)
@@ -289,8 +299,10 @@ def parse(command: str) -> list[SimpleCommand]:
         token = tokens[i]
         if token.operator and token.text in REDIRECTIONS:
             fd = ""
-            if current.words and current.words[-1].text.isdigit() and (
-                current.words[-1].end == token.start
+            if (
+                current.words
+                and current.words[-1].text.isdigit()
+                and (current.words[-1].end == token.start)
             ):
                 fd = current.words.pop().text
             target = tokens[i + 1].text if i + 1 < len(tokens) else ""
@@ -358,8 +370,11 @@ def kill_calls(commands: Sequence[SimpleCommand]) -> list[KillCall]:
         elif tool == "killall":
             calls.append(_parse_killall(index, argv[1:], cmd.source))
         elif tool == "kill":
-            calls.append(KillCall(index, "kill", _kill_signal(argv[1:]), None, False, False,
-                                  False, cmd.source))
+            calls.append(
+                KillCall(
+                    index, "kill", _kill_signal(argv[1:]), None, False, False, False, cmd.source
+                )
+            )
     return calls
 
 
@@ -603,7 +618,7 @@ def bracketed(pattern: str) -> str:
     if not match or (match.start() > 0 and pattern[match.start() - 1] == "\\"):
         return pattern
     i = match.start()
-    return f"{pattern[:i]}[{pattern[i]}]{pattern[i + 1:]}"
+    return f"{pattern[:i]}[{pattern[i]}]{pattern[i + 1 :]}"
 
 
 def _targets_vllm(pattern: str) -> bool:
@@ -640,7 +655,7 @@ def _glob_finding(cmd: SimpleCommand, word: Token, name: str) -> Finding:
     if name == "rm" and folder and not has_unquoted_glob(folder):
         remedy = (
             f"find {shlex.quote(folder)} -maxdepth 1 -name {shlex.quote(base)} "
-            '-user "$USER" -delete  (or run the line under bash -c \'...\')'
+            "-user \"$USER\" -delete  (or run the line under bash -c '...')"
         )
     else:
         remedy = (
@@ -835,7 +850,7 @@ def _sleep_findings(commands: Sequence[SimpleCommand], kills: Sequence[KillCall]
         if command_name(argv) != "sleep" or not any(i < index for i in signalled):
             continue
         since = max(i for i in signalled if i < index)
-        loop_words = {w for c in commands[since:index + 1] for w in c.argv}
+        loop_words = {w for c in commands[since : index + 1] for w in c.argv}
         if loop_words & {"while", "until", "do"}:
             continue
         findings.append(

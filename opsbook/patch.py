@@ -76,8 +76,9 @@ class JsonStyle:
     trailing: str
 
     def dumps(self, obj: Any) -> str:
-        text = json.dumps(obj, indent=self.indent, separators=self.separators,
-                          ensure_ascii=self.ensure_ascii)
+        text = json.dumps(
+            obj, indent=self.indent, separators=self.separators, ensure_ascii=self.ensure_ascii
+        )
         if self.newline != "\n":
             text = text.replace("\n", self.newline)
         return text + self.trailing
@@ -157,7 +158,7 @@ def detect_style(text: str) -> tuple[JsonStyle, bool]:
     obj = _loads("(file)", text)
     newline = "\r\n" if "\r\n" in text else "\n"
     body = text.rstrip()
-    trailing = text[len(body):]
+    trailing = text[len(body) :]
     candidates = _style_candidates(body.replace("\r\n", "\n"))
     for indent, separators, ensure_ascii in candidates:
         style = JsonStyle(indent, separators, ensure_ascii, newline, trailing)
@@ -242,16 +243,24 @@ def plan_patch(files: Mapping[str, str], edits: Sequence[Edit]) -> Plan:
         style, exact = detect_style(original)
         doc, effective = apply_edits(_loads(name, original), [e for e in edits if e.file == name])
         new = style.dumps(doc) if effective else original
-        plans[name] = FilePlan(name, original, new, unified_diff(name, original, new),
-                               tuple(effective), reformatted=bool(effective) and not exact)
+        plans[name] = FilePlan(
+            name,
+            original,
+            new,
+            unified_diff(name, original, new),
+            tuple(effective),
+            reformatted=bool(effective) and not exact,
+        )
     return Plan(plans, tuple(edits))
 
 
 def unified_diff(name: str, old: str, new: str) -> str:
     """A ``git diff``-style unified diff, marking a missing newline at the end of file."""
     lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True),
-        fromfile=f"a/{name}", tofile=f"b/{name}",
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        fromfile=f"a/{name}",
+        tofile=f"b/{name}",
     )
     out = []
     for line in lines:
@@ -311,8 +320,9 @@ def read_config_state(host: ProbeHost, model_dir: str) -> dict[str, Any]:
     Raises:
         OpsbookError: the directory does not exist on the host.
     """
-    state: dict[str, Any] = host.probe("configs", {"action": "read", "dir": model_dir,
-                                                    "files": list(CONFIG_FILES)})
+    state: dict[str, Any] = host.probe(
+        "configs", {"action": "read", "dir": model_dir, "files": list(CONFIG_FILES)}
+    )
     if not state.get("exists"):
         raise OpsbookError(
             f"the model directory {model_dir} does not exist on the host",
@@ -371,34 +381,58 @@ def apply_patch(
     state = read_config_state(host, model_dir)
     current = _texts(state)
     pending, done, conflicts = _compare_with_host(plan, current)
-    data: dict[str, Any] = {"dry_run": not apply, "already_applied": not pending,
-                            "changed": [], "unchanged": done, "backups": {},
-                            "diff": "".join(plan.files[n].diff for n in pending), "recheck": None}
+    data: dict[str, Any] = {
+        "dry_run": not apply,
+        "already_applied": not pending,
+        "changed": [],
+        "unchanged": done,
+        "backups": {},
+        "diff": "".join(plan.files[n].diff for n in pending),
+        "recheck": None,
+    }
     if conflicts:
-        return Result(False, "the files changed since the plan was made: nothing was written",
-                      data, [_conflict_finding(name) for name in conflicts])
+        return Result(
+            False,
+            "the files changed since the plan was made: nothing was written",
+            data,
+            [_conflict_finding(name) for name in conflicts],
+        )
     if not pending:
         return Result(True, "already applied: nothing to change", data)
     if not apply:
         backups = ", ".join(n + BACKUP_SUFFIX for n in pending)
-        return Result(True, f"dry run: would change {', '.join(pending)} (backups: {backups}); "
-                      "run with apply=True to write", data)
-    writes = {n: {"expect_sha256": state["files"][n]["sha256"], "text": plan.files[n].new}
-              for n in pending}
+        return Result(
+            True,
+            f"dry run: would change {', '.join(pending)} (backups: {backups}); "
+            "run with apply=True to write",
+            data,
+        )
+    writes = {
+        n: {"expect_sha256": state["files"][n]["sha256"], "text": plan.files[n].new}
+        for n in pending
+    }
     answer = host.probe("configs", {"action": "apply", "dir": model_dir, "writes": writes})
     data["changed"] = [n for n, a in answer["actions"].items() if a.get("written")]
     if answer.get("conflicts"):
-        return Result(False, "the files changed while patching: nothing was written", data,
-                      [_conflict_finding(name) for name in answer["conflicts"]])
+        return Result(
+            False,
+            "the files changed while patching: nothing was written",
+            data,
+            [_conflict_finding(name) for name in answer["conflicts"]],
+        )
     findings = _apply_findings(answer, state, plan, pending, data)
-    recheck = _recheck(_texts(read_config_state(host, model_dir)), gpus, vllm_version,
-                       serve_args, probed_backends)
+    recheck = _recheck(
+        _texts(read_config_state(host, model_dir)), gpus, vllm_version, serve_args, probed_backends
+    )
     if recheck is not None:
         data["recheck"] = recheck
         findings += [f for f in recheck.findings if f.severity in ("error", "warning")]
     ok = answer.get("ok", False) and not any(f.severity == "error" for f in findings)
-    message = (f"patched {', '.join(data['changed'])}; backups kept" if ok
-               else "the patch did not fully apply: see the findings")
+    message = (
+        f"patched {', '.join(data['changed'])}; backups kept"
+        if ok
+        else "the patch did not fully apply: see the findings"
+    )
     return Result(ok, message, data, findings)
 
 
@@ -419,29 +453,49 @@ def restore_patch(
     """
     answer = host.probe("configs", {"action": "restore", "dir": model_dir, "files": list(files)})
     if not answer["state"].get("exists"):
-        raise OpsbookError(f"the model directory {model_dir} does not exist on the host",
-                           remedy="check model.path in the deployment file")
+        raise OpsbookError(
+            f"the model directory {model_dir} does not exist on the host",
+            remedy="check model.path in the deployment file",
+        )
     by_status: dict[str, list[str]] = {}
     for name, action in answer["actions"].items():
         by_status.setdefault(action["status"], []).append(name)
     findings = []
     for name, action in answer["actions"].items():
         if action["status"] == "failed":
-            findings.append(Finding("error", name, f"could not restore: {action['error']}",
-                                    remedy="check the folder's permissions and free space"))
+            findings.append(
+                Finding(
+                    "error",
+                    name,
+                    f"could not restore: {action['error']}",
+                    remedy="check the folder's permissions and free space",
+                )
+            )
         elif action["status"] == "no-backup":
             findings.append(Finding("info", name, "no backup: left as it is"))
     state = answer["state"]
     for name in by_status.get("restored", []) + by_status.get("already", []):
         if state["files"][name].get("sha256") != state["backups"][name].get("sha256"):
-            findings.append(Finding("error", name, "after restoring, the file still differs "
-                                    "from its backup", remedy="compare the two files by hand"))
+            findings.append(
+                Finding(
+                    "error",
+                    name,
+                    "after restoring, the file still differs from its backup",
+                    remedy="compare the two files by hand",
+                )
+            )
     ok = not any(f.severity == "error" for f in findings)
     restored = by_status.get("restored", [])
-    message = (f"restored {', '.join(restored)} from backups" if restored
-               else "nothing to restore: the files are the originals")
-    data = {"restored": restored, "already": by_status.get("already", []),
-            "no_backup": by_status.get("no-backup", [])}
+    message = (
+        f"restored {', '.join(restored)} from backups"
+        if restored
+        else "nothing to restore: the files are the originals"
+    )
+    data = {
+        "restored": restored,
+        "already": by_status.get("already", []),
+        "no_backup": by_status.get("no-backup", []),
+    }
     return Result(ok, message if ok else "restore failed: see the findings", data, findings)
 
 
@@ -468,8 +522,10 @@ def _compare_with_host(
 
 def _conflict_finding(name: str) -> Finding:
     return Finding(
-        "error", name, "the file on the host is neither the planned original nor the planned "
-        "result", remedy="read the configs again (read_configs) and make a new plan",
+        "error",
+        name,
+        "the file on the host is neither the planned original nor the planned result",
+        remedy="read the configs again (read_configs) and make a new plan",
     )
 
 
@@ -486,28 +542,51 @@ def _apply_findings(
     for name in pending:
         action = answer["actions"].get(name, {})
         if not action.get("written"):
-            findings.append(Finding("error", name, f"not written: {action.get('error', 'skipped')}",
-                                    remedy="check the folder's permissions and free space"))
+            findings.append(
+                Finding(
+                    "error",
+                    name,
+                    f"not written: {action.get('error', 'skipped')}",
+                    remedy="check the folder's permissions and free space",
+                )
+            )
             continue
         backup = after["backups"][name]
-        data["backups"][name] = {"path": backup["path"], "sha256": backup.get("sha256"),
-                                 "created": action.get("backup") == "created"}
+        data["backups"][name] = {
+            "path": backup["path"],
+            "sha256": backup.get("sha256"),
+            "created": action.get("backup") == "created",
+        }
         earlier = backup.get("sha256") != before["files"][name]["sha256"]
         if action.get("backup") == "kept" and earlier:
-            findings.append(Finding(
-                "info", name, f"an earlier backup {backup['path']} was kept (it is the first "
-                "original; it differs from the file as it was before this patch)",
-            ))
+            findings.append(
+                Finding(
+                    "info",
+                    name,
+                    f"an earlier backup {backup['path']} was kept (it is the first "
+                    "original; it differs from the file as it was before this patch)",
+                )
+            )
         if after["files"][name].get("sha256") != _sha256(plan.files[name].new):
-            findings.append(Finding("error", name, "after writing, the file is not the planned "
-                                    "text", remedy="restore_patch, then plan again"))
+            findings.append(
+                Finding(
+                    "error",
+                    name,
+                    "after writing, the file is not the planned text",
+                    remedy="restore_patch, then plan again",
+                )
+            )
         old, new = before["files"][name], after["files"][name]
         if (old["mode"], old["uid"], old["gid"]) != (new["mode"], new["uid"], new["gid"]):
-            findings.append(Finding(
-                "warning", name, f"mode/owner changed from {old['mode']:o} {old['uid']}:"
-                f"{old['gid']} to {new['mode']:o} {new['uid']}:{new['gid']}",
-                remedy="patch as the file's owner (or root) to keep its owner",
-            ))
+            findings.append(
+                Finding(
+                    "warning",
+                    name,
+                    f"mode/owner changed from {old['mode']:o} {old['uid']}:"
+                    f"{old['gid']} to {new['mode']:o} {new['uid']}:{new['gid']}",
+                    remedy="patch as the file's owner (or root) to keep its owner",
+                )
+            )
     return findings
 
 
@@ -520,8 +599,9 @@ def _recheck(
 ) -> Result | None:
     if gpus is None:
         return None
-    return check_compat(facts_from_texts(texts), gpus, vllm_version, serve_args or {},
-                        probed_backends)
+    return check_compat(
+        facts_from_texts(texts), gpus, vllm_version, serve_args or {}, probed_backends
+    )
 
 
 def _walk(doc: Any, path: Sequence[str]) -> Any:
@@ -537,8 +617,10 @@ def _loads(name: str, text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise OpsbookError(f"{name} is not valid JSON: {e}",
-                           remedy=f"restore {name} from its backup or re-download it") from None
+        raise OpsbookError(
+            f"{name} is not valid JSON: {e}",
+            remedy=f"restore {name} from its backup or re-download it",
+        ) from None
 
 
 def _sha256(text: str) -> str:

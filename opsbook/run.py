@@ -20,7 +20,7 @@ from typing import Any
 import papermill
 from papermill.exceptions import PapermillExecutionError
 
-from opsbook import exceptions, outcome
+from opsbook import exceptions, outcome, records
 from opsbook.deployment import load_deployment
 from opsbook.exceptions import RunError
 from opsbook.journal import JOURNAL_ENV
@@ -91,11 +91,11 @@ def check_parameters(notebook: Path, parameters: Mapping[str, Any]) -> None:
         )
 
 
-def new_run_folder(runs_dir: Path, notebook: Path, host: str) -> Path:
+def new_run_folder(runs_dir: Path, name: str, host: str) -> Path:
     """Create ``runs_dir/<UTC time>-<notebook>-<host>``; a taken name gets a suffix."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe_host = "".join(c if c.isalnum() or c in ".-" else "_" for c in host)
-    base = runs_dir / f"{stamp}-{notebook.stem}-{safe_host}"
+    base = runs_dir / f"{stamp}-{name}-{safe_host}"
     runs_dir.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
@@ -132,10 +132,23 @@ def run_notebook(
     dep = load_deployment(deployment_path)
     params = {"deployment": str(deployment_path), **dict(parameters or {})}
     check_parameters(nb_path, params)
-    folder = new_run_folder(Path(runs_dir), nb_path, dep.host.address)
+    folder = new_run_folder(Path(runs_dir), nb_path.stem, dep.host.address)
+    record = execute_stage(nb_path, folder, params, Redactor(dep.secret_values()), timeout)
+    (folder / "run.json").write_text(json.dumps(asdict(record), default=str, indent=2) + "\n")
+    return record
+
+
+def execute_stage(
+    nb_path: Path,
+    folder: Path,
+    params: Mapping[str, Any],
+    redactor: Redactor,
+    timeout: float | None = None,
+) -> RunRecord:
+    """Run one notebook with papermill into ``folder``; the notebook is written even when a
+    cell fails, and the journal and verdicts go next to it."""
     output = folder / nb_path.name
-    verdicts_file = folder / "verdicts.jsonl"
-    redactor = Redactor(dep.secret_values())
+    verdicts_file = folder / f"{nb_path.stem}.verdicts.jsonl"
     started = time.monotonic()
     env = {JOURNAL_ENV: str(folder / "journal.jsonl"), outcome.OUTCOME_ENV: str(verdicts_file)}
     try:
@@ -143,7 +156,7 @@ def run_notebook(
             papermill.execute_notebook(
                 str(nb_path),
                 str(output),
-                parameters=params,
+                parameters=dict(params),
                 progress_bar=False,
                 cwd=str(nb_path.parent),
                 execution_timeout=timeout,
@@ -156,7 +169,11 @@ def run_notebook(
         verdicts = outcome.read(verdicts_file)
         code = exit_code_for(e.ename)
         message = f"cell {e.exec_count} raised {e.ename}: {e.evalue}"
-    record = RunRecord(
+    except Exception as e:  # a dead kernel or a broken notebook still gets a record
+        verdicts = outcome.read(verdicts_file)
+        code = EXIT_TOOL_FAILED
+        message = f"the notebook could not run: {type(e).__name__}: {e}"
+    return RunRecord(
         folder=folder,
         notebook=nb_path.name,
         exit_code=code,
@@ -166,8 +183,110 @@ def run_notebook(
         parameters={k: redactor.redact(str(v)) for k, v in params.items()},
         verdicts=verdicts,
     )
-    (folder / "run.json").write_text(json.dumps(asdict(record), default=str, indent=2) + "\n")
-    return record
+
+
+DEPLOY_STAGES = (
+    "00_preflight",
+    "01_download_check",
+    "02_config_patch",
+    "03_launch_script",
+    "04_launch",
+)
+DIAGNOSE_STAGE = "05_diagnose"
+
+
+def run_deploy(
+    deployment: str | Path,
+    runs_dir: str | Path = "runs",
+    *,
+    apply: bool = True,
+    timeout: float | None = None,
+) -> RunRecord:
+    """The whole runbook into one run folder: stages 00 to 04 in order, stopping at the first
+    that fails, then 05_diagnose; an HTML copy of each, ``summary.json`` and ``index.html``.
+    The folder is made read-only when the run ends.
+
+    Args:
+        deployment: the deployment file.
+        runs_dir: where run folders are made.
+        apply: passed to the stages that change the host; False makes the run a rehearsal
+            that stops at the first stage with something to change.
+        timeout: seconds a single cell may run.
+
+    Raises:
+        DeploymentError: the deployment file is unusable.
+    """
+    deployment_path = Path(deployment).resolve()
+    dep = load_deployment(deployment_path)
+    folder = new_run_folder(Path(runs_dir), "deploy", dep.host.address)
+    redactor = Redactor(dep.secret_values())
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    stage_records: list[tuple[str, RunRecord]] = []
+    for stage in DEPLOY_STAGES:
+        record = _deploy_stage(stage, deployment_path, folder, redactor, apply, timeout)
+        stage_records.append((stage, record))
+        if not record.ok:
+            break
+    failed = next((r for _, r in stage_records if not r.ok), None)
+    diagnosis = _deploy_stage(DIAGNOSE_STAGE, deployment_path, folder, redactor, apply, timeout)
+    stage_records.append((DIAGNOSE_STAGE, diagnosis))
+    final = failed or diagnosis
+    summary = RunRecord(
+        folder=folder,
+        notebook="deploy",
+        exit_code=final.exit_code,
+        status=STATUS[final.exit_code],
+        message=f"{Path(final.notebook).stem}: {final.message}" if failed else final.message,
+        duration=round(sum(r.duration for _, r in stage_records), 2),
+        parameters={"deployment": str(deployment_path), "apply": str(apply)},
+        verdicts=[v for _, r in stage_records for v in r.verdicts],
+    )
+    stages = [_stage_summary(stage, record) for stage, record in stage_records]
+    skipped = DEPLOY_STAGES[len(stage_records) - 1 :] if failed else ()
+    stages[-1:-1] = [_skipped(stage) for stage in skipped]
+    run_doc = {
+        **asdict(summary),
+        "name": dep.name,
+        "host": dep.host.name,
+        "deployment": str(deployment_path),
+        "started": started_at,
+    }
+    (folder / "run.json").write_text(json.dumps(run_doc, default=str, indent=2) + "\n")
+    records.write_summary(folder, run_doc, stages)
+    records.close(folder)
+    return summary
+
+
+def _deploy_stage(
+    stage: str,
+    deployment: Path,
+    folder: Path,
+    redactor: Redactor,
+    apply: bool,
+    timeout: float | None,
+) -> RunRecord:
+    nb_path = find_notebook(stage)
+    params: dict[str, Any] = {"deployment": str(deployment)}
+    if "apply" in papermill.inspect_notebook(str(nb_path)):
+        params["apply"] = apply
+    return execute_stage(nb_path, folder, params, redactor, timeout)
+
+
+def _stage_summary(stage: str, record: RunRecord) -> records.StageSummary:
+    page = records.export_html(record.executed_notebook)
+    return records.StageSummary(
+        stage=stage,
+        notebook=record.notebook,
+        status=record.status,
+        exit_code=record.exit_code,
+        duration=record.duration,
+        message=record.message,
+        html=page.name if page else None,
+    )
+
+
+def _skipped(stage: str) -> records.StageSummary:
+    return records.StageSummary(stage, f"{stage}.ipynb", "skipped", None, 0.0, "not run")
 
 
 STATUS = {

@@ -217,7 +217,7 @@ def _secrets_loader(deployment: Deployment) -> str:
         f"# Secret variables ({names}) are not written here: they are read from this\n"
         f"# script's path + {SECRETS_SUFFIX}, a file only its owner may read (mode 0600).\n"
         f'secrets_file="${{BASH_SOURCE[0]}}{SECRETS_SUFFIX}"\n'
-        'if [[ -f $secrets_file ]]; then\n'
+        "if [[ -f $secrets_file ]]; then\n"
         '  if [[ -n $(find "$secrets_file" -maxdepth 0 -perm /077) ]]; then\n'
         '    echo "opsbook: $secrets_file is readable by other users;'
         ' run: chmod 600 \\"$secrets_file\\"" >&2\n'
@@ -349,8 +349,11 @@ def upload_secrets(
         label=f"write secrets file {path} ({', '.join(present) or 'empty'})",
     )
     names = sorted(present)
-    return Result(True, f"secrets file {path} written with {len(names)} variable(s)",
-                  {"path": path, "names": names})
+    return Result(
+        True,
+        f"secrets file {path} written with {len(names)} variable(s)",
+        {"path": path, "names": names},
+    )
 
 
 def resolve_remote_path(host: ScriptHost, path: str) -> str:

@@ -61,8 +61,7 @@ def file_status(path: str, with_text: bool = False) -> dict:
     except OSError as e:
         out["error"] = f"{type(e).__name__}: {e.strerror}"
         return out
-    out.update(exists=True, size=st.st_size, mode=st.st_mode & 0o7777, uid=st.st_uid,
-               gid=st.st_gid)
+    out.update(exists=True, size=st.st_size, mode=st.st_mode & 0o7777, uid=st.st_uid, gid=st.st_gid)
     if st.st_size > MAX_TEXT_BYTES:
         out["error"] = f"larger than {MAX_TEXT_BYTES} bytes: not a config file"
         return out
@@ -84,14 +83,15 @@ def apply(folder: str, writes: dict, suffix: str) -> dict:
     """Back up and replace each file, if every file is still the one the caller planned on."""
     names = list(writes)
     before = {n: file_status(os.path.join(folder, n)) for n in names}
-    conflicts = [
-        n for n in names
-        if before[n].get("sha256") != writes[n]["expect_sha256"]
-    ]
+    conflicts = [n for n in names if before[n].get("sha256") != writes[n]["expect_sha256"]]
     actions: dict = {}
     if conflicts:
-        return {"ok": False, "conflicts": conflicts, "actions": actions,
-                "state": read_state(folder, names, suffix)}
+        return {
+            "ok": False,
+            "conflicts": conflicts,
+            "actions": actions,
+            "state": read_state(folder, names, suffix),
+        }
     ok = True
     for name in names:
         path = os.path.join(folder, name)
@@ -103,8 +103,12 @@ def apply(folder: str, writes: dict, suffix: str) -> dict:
             ok = False
             actions[name] = {"written": False, "error": f"{type(e).__name__}: {e}"}
             break
-    return {"ok": ok, "conflicts": [], "actions": actions,
-            "state": read_state(folder, names, suffix)}
+    return {
+        "ok": ok,
+        "conflicts": [],
+        "actions": actions,
+        "state": read_state(folder, names, suffix),
+    }
 
 
 def restore(folder: str, names: list, suffix: str) -> dict:
@@ -174,7 +178,7 @@ def write_synced(tmp: str, data: bytes, status: dict) -> bool:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
         if "uid" in status:
             try:

@@ -29,8 +29,8 @@ def test_unknown_parameters_are_refused(notebook) -> None:
 
 
 def test_run_folders_are_never_reused(tmp_path, notebook) -> None:
-    first = run.new_run_folder(tmp_path / "runs", notebook, "gpu-01")
-    second = run.new_run_folder(tmp_path / "runs", notebook, "gpu-01")
+    first = run.new_run_folder(tmp_path / "runs", notebook.stem, "gpu-01")
+    second = run.new_run_folder(tmp_path / "runs", notebook.stem, "gpu-01")
     assert first != second and first.is_dir() and second.is_dir()
     assert first.name.endswith("-00_check-gpu-01")
 
