@@ -55,7 +55,7 @@ NBVAL_BOX := .sandbox/nbval
 nbval: setup fresh-nbval-box
 	OPSBOOK_DEPLOYMENT=$(CURDIR)/$(NBVAL_BOX)/deployment.yml \
 	  $(VENV)/bin/pytest -q -p no:cacheprovider --nbval notebooks \
-	  --sanitize-with tests/nbval-sanitize.cfg; \
+	  --nbval-sanitize-with tests/nbval-sanitize.cfg; \
 	  code=$$?; $(OPSBOOK) sandbox down --dir $(NBVAL_BOX) >/dev/null; exit $$code
 
 # Refresh the stored outputs of the notebooks from a run on a fresh rehearsal host.
@@ -69,7 +69,7 @@ notebooks: setup fresh-nbval-box
 fresh-nbval-box:
 	-$(OPSBOOK) sandbox down --dir $(NBVAL_BOX) >/dev/null 2>&1
 	rm -rf $(NBVAL_BOX)
-	$(OPSBOOK) sandbox up --dir $(NBVAL_BOX)
+	$(OPSBOOK) sandbox up --dir $(NBVAL_BOX) --address 127.0.0.7 --port 42022 --server-port 48022
 
 sandbox-down:
 	$(OPSBOOK) sandbox down --dir $(SANDBOX)

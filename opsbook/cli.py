@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument("--address", default="127.0.0.1", help="loopback address to listen on")
     box.add_argument("--port", type=int, default=0, help="SSH port (default: a free one)")
     box.add_argument("--shell", default="zsh", choices=["zsh", "bash"], help="login shell")
+    box.add_argument(
+        "--server-port", type=int, default=0, help="the model server's port (default: a free one)"
+    )
     box.set_defaults(handler=cmd_sandbox)
 
     rec = sub.add_parser("records", help="list the run folders, or show one")
@@ -111,7 +114,13 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
     folder = Path(args.dir)
     if args.action == "up":
-        box = sandbox.up(folder, address=args.address, port=args.port, shell=args.shell)
+        box = sandbox.up(
+            folder,
+            address=args.address,
+            port=args.port,
+            shell=args.shell,
+            server_port=args.server_port,
+        )
         print(
             f"rehearsal host up: {box.user}@{box.address} port {box.port} (login shell {box.shell})"
         )

@@ -145,6 +145,7 @@ def up(
     gpus: int = 8,
     gpu_profile: str = "rtxpro6000",
     checkpoint: bool = True,
+    server_port: int = 0,
 ) -> Sandbox:
     """Start (or return the already running) rehearsal host in ``dir``.
 
@@ -156,6 +157,7 @@ def up(
         gpus: the number of simulated GPUs.
         gpu_profile: the simulated GPU model (see ``opsbook.sim.simgpu.PROFILES``).
         checkpoint: write the synthetic Kimi-K2.5-NVFP4 checkpoint if it is not there yet.
+        server_port: the model server's port in the deployment file; 0 picks a free one.
 
     Returns:
         The running sandbox.
@@ -177,6 +179,8 @@ def up(
                 return _sandbox_from_state(paths, state)
             _stop(paths, state)
             state = _read_state(paths)
+        if server_port:
+            state["server_port"] = server_port
         return _start(paths, state, address, port, shell, gpus, gpu_profile, checkpoint)
 
 
