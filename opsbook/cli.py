@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     box.set_defaults(handler=cmd_sandbox)
 
+    lint = sub.add_parser("lint", help="flag the hazards of an ad-hoc remote command")
+    lint.add_argument("shell_command", metavar="COMMAND", help="the command, quoted as one word")
+    lint.add_argument(
+        "--path", action="append", default=[], help="a path the command uses (may hold spaces)"
+    )
+    lint.set_defaults(handler=cmd_lint)
+
     rec = sub.add_parser("records", help="list the run folders, or show one")
     rec.add_argument("action", choices=["list", "show"])
     rec.add_argument("run", nargs="?", help="a run folder (for show)")
@@ -128,6 +135,17 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         return runner.EXIT_OK
     result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
     print(result)
+    return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from opsbook.lint import lint_result
+
+    result = lint_result(args.shell_command, paths=args.path)
+    print(result)
+    for finding in result.findings:
+        if finding.remedy:
+            print(f"    safer: {finding.remedy}")
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
 
 

@@ -33,6 +33,9 @@ EXIT_USAGE = 2  # bad arguments or deployment file
 EXIT_TOOL_FAILED = 3  # opsbook or the notebook itself failed
 EXIT_UNREACHABLE = 4  # the host could not be reached
 
+# Set for the notebook's kernel: progress goes to occasional lines, nothing waits for a click.
+HEADLESS_ENV = "OPSBOOK_HEADLESS"
+
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 
@@ -150,7 +153,11 @@ def execute_stage(
     output = folder / nb_path.name
     verdicts_file = folder / f"{nb_path.stem}.verdicts.jsonl"
     started = time.monotonic()
-    env = {JOURNAL_ENV: str(folder / "journal.jsonl"), outcome.OUTCOME_ENV: str(verdicts_file)}
+    env = {
+        JOURNAL_ENV: str(folder / "journal.jsonl"),
+        outcome.OUTCOME_ENV: str(verdicts_file),
+        HEADLESS_ENV: "1",
+    }
     try:
         with _environment(env):
             papermill.execute_notebook(
