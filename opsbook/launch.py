@@ -17,7 +17,7 @@ from typing import Any
 
 from opsbook import logscan
 from opsbook.deployment import Deployment
-from opsbook.exceptions import HostUnreachable
+from opsbook.exceptions import HostUnreachable, ProbeError
 from opsbook.facts import HostFacts
 from opsbook.hosts import Host
 from opsbook.results import Finding, Result, Table
@@ -27,6 +27,7 @@ PROBE = "launch"
 # A probe that waits for a process to die needs its own time on top of the grace period.
 PROBE_SLACK = 30.0
 RECONNECT_ATTEMPTS = 5
+RECONNECT_PAUSE = 2.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def stop_server(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Resul
         PROBE, paths.probe_args(op="stop", grace=grace), timeout=grace + PROBE_SLACK
     )
     reason = answer.get("reason")
-    findings = [_not_ours(p) for p in answer.get("refused", [])]
+    findings = [_not_ours(p, answer.get("uid")) for p in answer.get("refused", [])]
     stopped = answer.get("stopped", [])
     data = {"stopped": Table.from_records(stopped, PROCESS_COLUMNS), "answer": answer}
     if reason == "stopped":
@@ -101,26 +102,41 @@ def clean_stale_shm(host: Host, *, apply: bool = True) -> Result:
 
 
 def check_can_start(facts: HostFacts, server_port: int) -> Result:
-    """Refuse to start while the port is taken or other processes hold GPU memory."""
+    """Refuse to start while the port is taken or other processes hold GPU memory.
+
+    Args:
+        facts: the host's facts (:func:`opsbook.facts.gather_facts`), taken after the stop.
+        server_port: the port the server will listen on.
+
+    Returns:
+        ``ok`` when the port is free and no process holds GPU memory; otherwise one error
+        finding per holder, naming it.
+    """
     findings = []
-    for sock in facts.listening:
-        if sock.port == server_port:
-            who = f"PID {sock.pid} ({sock.process})" if sock.pid else "a process of another user"
-            findings.append(
-                Finding(
-                    "error",
-                    f"port {server_port}",
-                    f"port {server_port} is already taken by {who}",
-                    "stop that server first (notebook 04 stops only what opsbook started), "
-                    "or set server.port to a free port",
-                )
+    # A dual-stack listener shows once for IPv4 and once for IPv6: name each holder once.
+    holders = {(s.pid, s.user): s for s in facts.listening if s.port == server_port}
+    for sock in holders.values():
+        who = (
+            f"PID {sock.pid} ({sock.cmdline or sock.process})"
+            if sock.pid
+            else f"a process of user {sock.user or 'unknown'} (its PID is not visible)"
+        )
+        findings.append(
+            Finding(
+                "error",
+                f"port {server_port}",
+                f"port {server_port} is already taken by {who}",
+                "stop that server first (notebook 04 stops only what opsbook started), "
+                "or set server.port to a free port",
             )
+        )
     for proc in facts.processes:
         findings.append(
             Finding(
                 "error",
                 f"GPU {proc.gpu_index}",
-                f"PID {proc.pid} ({proc.process_name}) holds {proc.used_memory_mib} MiB on GPU {proc.gpu_index}",
+                f"PID {proc.pid} ({proc.process_name}) holds {proc.used_memory_mib} MiB "
+                f"on GPU {proc.gpu_index}",
                 "stop it if it is a leftover server (an orphan VLLM::EngineCore keeps GPU memory"
                 " after its API server died); vLLM would fail with 'Free memory on device ... "
                 "less than desired GPU memory utilization'",
@@ -135,7 +151,7 @@ def start_server(host: Host, paths: LaunchPaths, server_port: int) -> Result:
     and prove within about two seconds that it started (alive and logging) or say why not."""
     answer = host.probe(PROBE, paths.probe_args(op="start", port=server_port), timeout=60)
     if not answer.get("started"):
-        return _not_started(answer, paths)
+        return _not_started(answer, paths, server_port)
     record, proof = answer["record"], answer["proof"]
     data = {"record": record, "proof": proof}
     if proof["alive"] and proof["log_bytes"] > 0:
@@ -155,7 +171,7 @@ def start_server(host: Host, paths: LaunchPaths, server_port: int) -> Result:
     return Result(False, message, data, diagnosis.to_result().findings)
 
 
-def _not_started(answer: dict[str, Any], paths: LaunchPaths) -> Result:
+def _not_started(answer: dict[str, Any], paths: LaunchPaths, port: int) -> Result:
     reason = answer.get("reason")
     if reason == "running":
         pid = answer["record"]["pid"]
@@ -165,6 +181,14 @@ def _not_started(answer: dict[str, Any], paths: LaunchPaths) -> Result:
             answer,
             [Finding("error", "server", "still running", "stop it first (stop_server)")],
         )
+    if reason == "port-taken":
+        holders = ", ".join(_holder(h) for h in answer.get("holders", [])) or "an unseen process"
+        message = f"not started: port {port} is already taken by {holders}"
+        remedy = (
+            "stop that server first (stop_server stops only what opsbook started), "
+            "or set server.port to a free port"
+        )
+        return Result(False, message, answer, [Finding("error", f"port {port}", message, remedy)])
     remedies = {
         "no-script": f"{paths.script} does not exist: upload it with notebook 03_launch_script",
         "not-executable": f"{paths.script} is not executable: upload it again (mode 0755)",
@@ -221,7 +245,7 @@ def wait_until_ready(
                 False, f"the server exited ({diagnosis.summary})", data, _exit_findings(diagnosis)
             )
         if status["port_open"]:
-            health = http_get(host, server_port, "/health")
+            health = _probe_with_retry(host, {"op": "http", "port": server_port, "path": "/health"})
             if health.get("status") == 200:
                 return Result(True, f"ready after {elapsed:.0f} s", data)
         if elapsed > timeout:
@@ -231,15 +255,24 @@ def wait_until_ready(
 
 
 def _status_with_retry(host: Host, paths: LaunchPaths, port: int) -> dict[str, Any]:
+    return _probe_with_retry(host, paths.probe_args(op="status", port=port))
+
+
+def _probe_with_retry(host: Host, args: dict[str, Any]) -> dict[str, Any]:
+    """A read-only probe, run again on a fresh connection when the connection drops.
+
+    A channel cut mid-command reports no exit status (-1), which reaches us as a failed
+    probe rather than an unreachable host; both are retried, since reading is harmless.
+    """
     for attempt in range(RECONNECT_ATTEMPTS):
         try:
-            status: dict[str, Any] = host.probe(PROBE, paths.probe_args(op="status", port=port))
-            return status
-        except HostUnreachable:
+            answer: dict[str, Any] = host.probe(PROBE, args)
+            return answer
+        except (HostUnreachable, ProbeError):
             if attempt == RECONNECT_ATTEMPTS - 1:
                 raise
             host.close()
-            time.sleep(2.0 * (attempt + 1))
+            time.sleep(RECONNECT_PAUSE * attempt)
     raise AssertionError("unreachable")
 
 
@@ -336,7 +369,16 @@ def _seconds(when: datetime | None, origin: datetime | None) -> float:
 PROCESS_COLUMNS = ["pid", "ppid", "pgid", "uid", "cmdline"]
 
 
-def _not_ours(process: dict[str, Any]) -> Finding:
+def _not_ours(process: dict[str, Any], my_uid: int | None = None) -> Finding:
+    uid = process.get("uid")
+    if my_uid is not None and uid is not None and uid != my_uid:
+        return Finding(
+            "warning",
+            f"PID {process['pid']}",
+            f"belongs to another user (uid {uid}), left alone: {process.get('cmdline')}",
+            "ask its owner or an administrator to stop it if it holds the port or GPU memory; "
+            "opsbook never signals another user's processes",
+        )
     return Finding(
         "warning",
         f"PID {process['pid']}",
@@ -344,6 +386,12 @@ def _not_ours(process: dict[str, Any]) -> Finding:
         "if it is a leftover server of yours, stop it by its PID or process group "
         f"(kill -TERM -- -{process.get('pgid')}); never by a name pattern",
     )
+
+
+def _holder(process: dict[str, Any]) -> str:
+    if process.get("pid"):
+        return f"PID {process['pid']} (uid {process.get('uid')}: {process.get('cmdline')})"
+    return f"a process of uid {process.get('uid')} (its PID is not visible to this user)"
 
 
 def _last_line(text: str) -> str:

@@ -57,8 +57,9 @@ def test_fp8_kv_patch_round_trip_on_the_rehearsal_host(sandbox: Any) -> None:
             assert dry.ok and dry.data["dry_run"]
             assert {n: host.read_bytes(f"{model_dir}/{n}") for n in present} == originals
 
-            done = apply_patch(host, model_dir, plan, apply=True, gpus=SM120,
-                               vllm_version=VLLM, serve_args=ARGS)
+            done = apply_patch(
+                host, model_dir, plan, apply=True, gpus=SM120, vllm_version=VLLM, serve_args=ARGS
+            )
             assert done.ok, str(done)
             assert done.data["recheck"].ok
             after = read_config_state(host, model_dir)

@@ -24,7 +24,7 @@ def place(sandbox: Any) -> Iterator[tuple[Host, Deployment, str]]:
     """The sandbox's host and deployment, with the script in a fresh folder (relative to the
     remote home) whose name holds spaces and quotes; the folder is removed afterwards."""
     deployment = load_deployment(sandbox.deployment_path)
-    folder = f"opsbook-test {uuid.uuid4().hex[:8]}/it's a \"dir\""
+    folder = f'opsbook-test {uuid.uuid4().hex[:8]}/it\'s a "dir"'
     moved = dataclasses.replace(deployment, script_path=f"{folder}/launch.sh")
     with Host.from_deployment(deployment) as host:
         try:

@@ -34,7 +34,9 @@ SM120 = [{"index": i, "compute_cap": "12.0"} for i in range(8)]
 H200 = [{"index": 0, "compute_cap": "9.0"}]
 B200 = [{"index": 0, "compute_cap": "10.0"}]
 KIMI_ARGS = {
-    "tool-call-parser": "kimi_k2", "enable-auto-tool-choice": True, "trust-remote-code": True,
+    "tool-call-parser": "kimi_k2",
+    "enable-auto-tool-choice": True,
+    "trust-remote-code": True,
 }
 TRITON_FP8 = {"TRITON_MLA": ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3"]}
 
@@ -120,9 +122,13 @@ def test_deepseek_v31_nvfp4_reads_the_older_hf_quant_config() -> None:
 
 def test_non_mla_model_head_size_is_its_head_dim() -> None:
     config = {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-        "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4,
-        "head_dim": 128, "hidden_size": 4096,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 94,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "hidden_size": 4096,
     }
     facts = model_facts(config, load("hf_quant_config-Qwen3-235B-A22B-NVFP4.json"))
     assert not facts.mla
@@ -151,8 +157,10 @@ def test_config_json_wins_and_a_disagreement_is_noted() -> None:
     ],
 )
 def test_kv_cache_dtype_resolves_as_vllm(kv: Any, algo: str | None, dtype: str) -> None:
-    hf_quant = {"producer": {"name": "modelopt"},
-                "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": kv}}
+    hf_quant = {
+        "producer": {"name": "modelopt"},
+        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": kv},
+    }
     facts = model_facts({"model_type": "llama"}, hf_quant)
     assert facts.quant_method == "modelopt"
     assert (facts.kv_cache_algo, facts.kv_cache_dtype) == (algo, dtype)
@@ -180,9 +188,13 @@ def test_rules_table_is_complete_and_consistent() -> None:
         assert rule["severity"] in SEVERITIES
         assert set(rule["when"]) <= set(CONDITIONS)
     assert {r["id"] for r in table["rules"]} >= {
-        "fp8-kv-mla-triton", "fp8-kv-flash-attn-mla", "quant-below-min-capability",
-        "explicit-bf16-kv-vs-checkpoint", "tool-parser-without-auto-choice",
-        "disable-log-requests-removed", "remote-code-without-trust",
+        "fp8-kv-mla-triton",
+        "fp8-kv-flash-attn-mla",
+        "quant-below-min-capability",
+        "explicit-bf16-kv-vs-checkpoint",
+        "tool-parser-without-auto-choice",
+        "disable-log-requests-removed",
+        "remote-code-without-trust",
     }
 
 
@@ -195,8 +207,14 @@ def test_every_finding_text_is_filled(kimi25: ModelFacts) -> None:
 
 @pytest.mark.parametrize(
     ("text", "parsed"),
-    [("0.15.1", (0, 15, 1)), ("v0.17.0", (0, 17, 0)), ("0.20.2rc1.dev249+gabc", (0, 20, 2)),
-     ("0.18", (0, 18, 0)), (None, None), ("unknown", None)],
+    [
+        ("0.15.1", (0, 15, 1)),
+        ("v0.17.0", (0, 17, 0)),
+        ("0.20.2rc1.dev249+gabc", (0, 20, 2)),
+        ("0.18", (0, 18, 0)),
+        (None, None),
+        ("unknown", None),
+    ],
 )
 def test_parse_version(text: str | None, parsed: tuple[int, int, int] | None) -> None:
     assert parse_version(text) == parsed
@@ -318,8 +336,11 @@ def test_nvfp4_on_b200_is_fine(kimi25: ModelFacts) -> None:
 
 def test_forced_flash_attn_mla_with_fp8_kv_on_h200() -> None:
     facts = model_facts(load("deepseek-r1-config.json"), None)
-    args = {"--kv-cache-dtype": "fp8", "--attention-backend": "FLASH_ATTN_MLA",
-            "--trust-remote-code": True}
+    args = {
+        "--kv-cache-dtype": "fp8",
+        "--attention-backend": "FLASH_ATTN_MLA",
+        "--trust-remote-code": True,
+    }
     result = check_compat(facts, H200, "0.15.1", args)
     assert rule_ids(result) == ["fp8-kv-flash-attn-mla"]
     assert "Selected backend FLASH_ATTN_MLA is not valid" in result.findings[0].message
@@ -398,7 +419,8 @@ def test_no_gpus_means_capability_rules_are_not_checked(kimi25: ModelFacts) -> N
 def test_serve_arg_spellings_resolve_the_same(kimi25: ModelFacts) -> None:
     for key in ("kv-cache-dtype", "--kv-cache-dtype", "kv_cache_dtype"):
         assert resolve_kv_cache_dtype(kimi25, {key: "bfloat16"}) == (
-            "bfloat16", "--kv-cache-dtype bfloat16"
+            "bfloat16",
+            "--kv-cache-dtype bfloat16",
         )
     dtype, origin = resolve_kv_cache_dtype(kimi25, {"kv-cache-dtype": "auto"})
     assert dtype == "fp8_e4m3" and origin.startswith("the checkpoint asks for it")

@@ -62,7 +62,11 @@ def rules(command: str) -> set[str]:
 def test_the_incident_one_liner_shows_every_hazard() -> None:
     findings = lint_command(INCIDENT)
     assert {rule_of(f) for f in findings} == {
-        PATTERN_KILL, ZSH_GLOB, BACKGROUND_JOB, SIGKILL_FIRST, SLEEP_WAIT,
+        PATTERN_KILL,
+        ZSH_GLOB,
+        BACKGROUND_JOB,
+        SIGKILL_FIRST,
+        SLEEP_WAIT,
     }
     by_rule = {rule_of(f): f for f in findings}
     kill = by_rule[PATTERN_KILL]
@@ -73,7 +77,8 @@ def test_the_incident_one_liner_shows_every_hazard() -> None:
     assert "even the bracket trick fails" in kill.remedy
     globs = [f for f in findings if rule_of(f) == ZSH_GLOB]
     assert [f.subject for f in globs] == [
-        "zsh-glob: /dev/shm/psm_*", "zsh-glob: /dev/shm/sem.mp-*",
+        "zsh-glob: /dev/shm/psm_*",
+        "zsh-glob: /dev/shm/sem.mp-*",
     ]
     assert "find /dev/shm -maxdepth 1 -name 'psm_*' -user \"$USER\" -delete" in globs[0].remedy
     background = by_rule[BACKGROUND_JOB]
@@ -176,8 +181,18 @@ def test_unquoted_paths_with_spaces() -> None:
 def test_globs_are_found_only_outside_quotes() -> None:
     assert has_unquoted_glob("/dev/shm/psm_*")
     assert has_unquoted_glob("[v]llm") and has_unquoted_glob("x?")
-    for word in ["'psm_*'", '"psm_*"', "psm_\\*", "$?", "$*", "[", "[[", "a]b", "${A[@]}",
-                 "${x%%*/}"]:
+    for word in [
+        "'psm_*'",
+        '"psm_*"',
+        "psm_\\*",
+        "$?",
+        "$*",
+        "[",
+        "[[",
+        "a]b",
+        "${A[@]}",
+        "${x%%*/}",
+    ]:
         assert not has_unquoted_glob(word), word
     assert ZSH_GLOB in rules("pkill -f [v]llm")  # the bracket trick must be quoted
     (listing,) = lint_command("ls /data/models/*/config.json")
@@ -189,15 +204,25 @@ def test_globs_are_found_only_outside_quotes() -> None:
 def test_tokens_keep_their_source_and_operators_are_unquoted_only() -> None:
     tokens = tokenize("echo 'a;b' \"c d\"; ls>x 2>&1")
     assert [(t.text, t.operator) for t in tokens] == [
-        ("echo", False), ("a;b", False), ("c d", False), (";", True), ("ls", False),
-        (">", True), ("x", False), ("2", False), (">&", True), ("1", False),
+        ("echo", False),
+        ("a;b", False),
+        ("c d", False),
+        (";", True),
+        ("ls", False),
+        (">", True),
+        ("x", False),
+        ("2", False),
+        (">&", True),
+        ("1", False),
     ]
     assert tokens[1].raw == "'a;b'" and tokens[2].raw == '"c d"'
     commands = parse("A=1 sudo -u me nohup x > out 2>&1 < /dev/null & y | z && w")
     assert [c.argv for c in commands] == [["sudo", "-u", "me", "nohup", "x"], ["y"], ["z"], ["w"]]
     assert [c.after for c in commands] == ["&", "|", "&&", ""]
     assert [(r.fd, r.op, r.target) for r in commands[0].redirects] == [
-        ("", ">", "out"), ("2", ">&", "1"), ("", "<", "/dev/null"),
+        ("", ">", "out"),
+        ("2", ">&", "1"),
+        ("", "<", "/dev/null"),
     ]
     assert commands[0].unwrapped() == (["x"], {"sudo", "nohup"})
 
@@ -240,8 +265,9 @@ def test_pkill_pattern_self_match_is_real(template: str) -> None:
     assert severities(as_pkill.format(p=bracketed(marker))) == ["warning"]
 
 
-@pytest.mark.parametrize("template", ["pgrep -f '{p}'", "sleep 0.1; pgrep -f '{p}'",
-                                      "true && pgrep -f '{p}'"])
+@pytest.mark.parametrize(
+    "template", ["pgrep -f '{p}'", "sleep 0.1; pgrep -f '{p}'", "true && pgrep -f '{p}'"]
+)
 def test_a_lone_last_command_is_execd_and_cannot_match_its_shell(template: str) -> None:
     marker = f"xyz-marker-{uuid.uuid4().hex[:12]}"
     assert pgrep_pids(template.format(p=marker)) == []

@@ -30,7 +30,9 @@ from opsbook.probes import run_local
 DATA = Path(__file__).resolve().parents[1] / "data" / "checkpoints"
 SM120 = [{"compute_cap": "12.0"}] * 8
 KIMI_ARGS = {
-    "tool-call-parser": "kimi_k2", "enable-auto-tool-choice": True, "trust-remote-code": True,
+    "tool-call-parser": "kimi_k2",
+    "enable-auto-tool-choice": True,
+    "trust-remote-code": True,
 }
 
 
@@ -84,12 +86,23 @@ def test_plan_keeps_indent_key_order_and_missing_final_newline() -> None:
     old_keys = list(json.loads(files["config.json"])["quantization_config"])
     new_keys = list(json.loads(new_config)["quantization_config"])
     assert new_keys == [k for k in old_keys if k != "kv_cache_scheme"]
-    removed = [line for line in plan.files["config.json"].diff.splitlines()
-               if line.startswith("-") and not line.startswith("---")]
-    added = [line for line in plan.files["config.json"].diff.splitlines()
-             if line.startswith("+") and not line.startswith("+++")]
-    assert removed == ['-        "kv_cache_scheme": {', '-            "dynamic": false,',
-                       '-            "num_bits": 8,', '-            "type": "float"', "-        },"]
+    removed = [
+        line
+        for line in plan.files["config.json"].diff.splitlines()
+        if line.startswith("-") and not line.startswith("---")
+    ]
+    added = [
+        line
+        for line in plan.files["config.json"].diff.splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    ]
+    assert removed == [
+        '-        "kv_cache_scheme": {',
+        '-            "dynamic": false,',
+        '-            "num_bits": 8,',
+        '-            "type": "float"',
+        "-        },",
+    ]
     assert added == []
     hf_diff = plan.files["hf_quant_config.json"].diff
     assert '-        "kv_cache_quant_algo": "FP8",' in hf_diff
@@ -127,11 +140,15 @@ def test_two_space_file_keeps_two_spaces() -> None:
 
 def test_text_config_kv_scheme_is_patched_too() -> None:
     config = json.loads((DATA / "kimi-k26-nvfp4-config.json").read_text())
-    config["text_config"]["quantization_config"] = {"quant_method": "modelopt",
-                                                    "kv_cache_quant_algo": "FP8"}
+    config["text_config"]["quantization_config"] = {
+        "quant_method": "modelopt",
+        "kv_cache_quant_algo": "FP8",
+    }
     edits = fp8_kv_cache_edits({"config.json": json.dumps(config, indent=4)})
-    assert Edit("config.json", ("text_config", "quantization_config", "kv_cache_quant_algo"),
-                "delete") in edits
+    assert (
+        Edit("config.json", ("text_config", "quantization_config", "kv_cache_quant_algo"), "delete")
+        in edits
+    )
 
 
 def test_no_kv_quantization_means_no_edits() -> None:
@@ -199,8 +216,9 @@ def test_dry_run_changes_nothing(model_dir: Path) -> None:
     host = LocalProbeHost()
     before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
     files = read_configs(host, str(model_dir))
-    result = apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)),
-                         apply=False)
+    result = apply_patch(
+        host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=False
+    )
     assert result.ok and result.data["dry_run"]
     assert result.message.startswith("dry run: would change config.json, hf_quant_config.json")
     assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
@@ -212,8 +230,15 @@ def test_apply_backs_up_writes_verifies_and_is_idempotent(model_dir: Path) -> No
     files = read_configs(host, str(model_dir))
     plan = plan_patch(files, fp8_kv_cache_edits(files))
 
-    result = apply_patch(host, str(model_dir), plan, apply=True, gpus=SM120,
-                         vllm_version="0.15.1", serve_args=KIMI_ARGS)
+    result = apply_patch(
+        host,
+        str(model_dir),
+        plan,
+        apply=True,
+        gpus=SM120,
+        vllm_version="0.15.1",
+        serve_args=KIMI_ARGS,
+    )
     assert result.ok, str(result)
     assert result.data["changed"] == ["config.json", "hf_quant_config.json"]
     assert result.data["recheck"].ok
@@ -222,7 +247,8 @@ def test_apply_backs_up_writes_verifies_and_is_idempotent(model_dir: Path) -> No
         backup = model_dir / (name + BACKUP_SUFFIX)
         assert backup.read_bytes() == originals[name]
         assert result.data["backups"][name] == {
-            "path": str(backup), "sha256": hashlib.sha256(originals[name]).hexdigest(),
+            "path": str(backup),
+            "sha256": hashlib.sha256(originals[name]).hexdigest(),
             "created": True,
         }
     assert (model_dir / "config.json").stat().st_mode & 0o7777 == 0o640
@@ -270,8 +296,9 @@ def test_the_first_backup_is_never_overwritten(model_dir: Path) -> None:
     edited["max_position_embeddings"] = 131072
     (model_dir / "config.json").write_text(json.dumps(edited, indent=4))
     files = read_configs(host, str(model_dir))
-    result = apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)),
-                         apply=True)
+    result = apply_patch(
+        host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True
+    )
     assert result.ok, str(result)
     assert result.data["backups"]["config.json"]["created"] is False
     assert (model_dir / ("config.json" + BACKUP_SUFFIX)).read_bytes() == first
@@ -302,8 +329,9 @@ def test_owner_is_kept_when_root(model_dir: Path) -> None:
     shutil.chown(model_dir / "config.json", user=65534, group=65534)
     host = LocalProbeHost()
     files = read_configs(host, str(model_dir))
-    result = apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)),
-                         apply=True)
+    result = apply_patch(
+        host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True
+    )
     assert result.ok, str(result)
     st = (model_dir / "config.json").stat()
     assert (st.st_uid, st.st_gid) == (65534, 65534)

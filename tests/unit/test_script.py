@@ -77,8 +77,9 @@ def run_script(
     script = tmp_path / name
     script.write_text(text)
     env = {"PATH": f"{stub_bin(tmp_path)}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, cwd=tmp_path,
-                          timeout=30)
+    done = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, cwd=tmp_path, timeout=30
+    )
     items = done.stdout.decode().split("\0")[:-1]
     argv = [i for i in items if not i.startswith("ENV ")]
     variables = dict(i[4:].split("=", 1) for i in items if i.startswith("ENV "))
@@ -89,7 +90,7 @@ HOSTILE = [
     "$(touch {marker})",
     "`touch {marker}`",
     "a;touch {marker} && b || c | d &",
-    "it's \"quoted\" \\ and $HOME and *",
+    'it\'s "quoted" \\ and $HOME and *',
     "two\nlines",
     "",
 ]
@@ -98,7 +99,7 @@ HOSTILE = [
 def test_every_value_reaches_the_program_literally_and_nothing_runs(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     hostile = [h.format(marker=marker) for h in HOSTILE]
-    model = f"/data/My Models/it's \"K2.5\" $(touch {marker})"
+    model = f'/data/My Models/it\'s "K2.5" $(touch {marker})'
     args = {f"arg-{i}": value for i, value in enumerate(hostile)}
     dep = deployment(model={"path": model}, server__args=args)
     argv, _, done = run_script(tmp_path, render_script(dep, entrypoint="module"))
@@ -114,8 +115,15 @@ def test_serve_entrypoint_passes_the_model_as_positional(tmp_path: Path) -> None
     model = "/data/a model/$(id)"
     argv, _, done = run_script(tmp_path, render_script(deployment(model={"path": model})))
     assert done.returncode == 0, done.stderr
-    assert argv == ["serve", model, "--tensor-parallel-size", "8", "--trust-remote-code",
-                    "--port", "8011"]
+    assert argv == [
+        "serve",
+        model,
+        "--tensor-parallel-size",
+        "8",
+        "--trust-remote-code",
+        "--port",
+        "8011",
+    ]
 
 
 def test_value_types_render_as_documented(tmp_path: Path) -> None:
@@ -142,7 +150,8 @@ def test_value_types_render_as_documented(tmp_path: Path) -> None:
     ]
     argv, _, _ = run_script(tmp_path, render_script(deployment(server__args=args)))
     assert argv[argv.index("--served-model-name") + 1 : argv.index("--compilation-config")] == [
-        "kimi", "k2 5",
+        "kimi",
+        "k2 5",
     ]
 
 
@@ -277,8 +286,13 @@ class LocalHost:
 
     def run(self, command: str, *, check: bool = False, stdin: Any = None, **_: Any) -> Ran:
         self.commands.append(command)
-        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                              input=stdin, env={**os.environ, "HOME": str(self.home)})
+        done = subprocess.run(
+            ["bash", "-c", command],
+            capture_output=True,
+            text=True,
+            input=stdin,
+            env={**os.environ, "HOME": str(self.home)},
+        )
         assert not check or done.returncode == 0, done.stderr
         return Ran(done.returncode, done.stdout, done.stderr)
 
@@ -302,9 +316,9 @@ def test_relative_and_home_paths_resolve_against_the_remote_home(tmp_path: Path)
 
 def test_upload_reports_new_unchanged_and_changed(tmp_path: Path) -> None:
     host = LocalHost(tmp_path)
-    dep = deployment(paths={"script": "it's a \"dir\"/launch.sh"})
+    dep = deployment(paths={"script": 'it\'s a "dir"/launch.sh'})
     first = upload_script(host, dep, render_script(dep))
-    path = tmp_path / "it's a \"dir\"" / "launch.sh"
+    path = tmp_path / 'it\'s a "dir"' / "launch.sh"
     assert first.ok and first.data["path"] == str(path)
     assert first.data["diff"] == NEW_FILE and first.data["written"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o755
@@ -312,8 +326,9 @@ def test_upload_reports_new_unchanged_and_changed(tmp_path: Path) -> None:
     second = upload_script(host, dep, render_script(dep))
     assert second.data["unchanged"] and second.data["diff"] == "" and not second.data["written"]
 
-    changed = deployment(paths={"script": "it's a \"dir\"/launch.sh"},
-                         server__args={"tensor-parallel-size": 4})
+    changed = deployment(
+        paths={"script": 'it\'s a "dir"/launch.sh'}, server__args={"tensor-parallel-size": 4}
+    )
     third = upload_script(host, changed, render_script(changed))
     assert third.ok and not third.data["unchanged"]
     assert "-  --tensor-parallel-size 8 \\\n" in third.data["diff"]
@@ -340,7 +355,8 @@ def test_upload_secrets_writes_a_private_env_file_the_script_reads(tmp_path: Pat
     upload_script(host, dep, render_script(dep))
     stub_bin(tmp_path)
     env = {"PATH": f"{tmp_path}/bin:/usr/bin:/bin", "HOME": str(tmp_path)}
-    done = subprocess.run(["bash", str(env_file)[: -len(".env")]], env=env, capture_output=True,
-                          cwd=tmp_path)
+    done = subprocess.run(
+        ["bash", str(env_file)[: -len(".env")]], env=env, capture_output=True, cwd=tmp_path
+    )
     assert f"ENV HF_TOKEN={secret}\0".encode() in done.stdout
     assert not (tmp_path / "pwned").exists()
