@@ -4,6 +4,9 @@ A deployment file names the host(s), how to reach them, the model, the interpret
 server's arguments and environment, and where the script, log and state live on the host.
 Secret values are never stored in it: ``secrets`` names environment variables whose values
 are taken from the local environment when needed and redacted everywhere they could appear.
+A serve argument whose name says it holds a secret (``api-key``, ``hf-token``, ``*-password``...)
+is a secret too, even when written in the file by mistake: it is redacted like the others and
+kept out of the launch script (see ``opsbook.script``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from opsbook.exceptions import DeploymentError
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "OPENAI_API_KEY")
+# Whole dash-separated words of a flag name: "max-num-batched-tokens" and "tokenizer" are not
+# secrets, "hf-token" and "api-key" are.
+SECRET_FLAG = re.compile(r"(?:^|-)(?:api-key|token|password|passwd|secret)(?:-|$)")
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,28 @@ class Deployment:
         return self.hosts[0]
 
     def secret_values(self) -> list[str]:
-        """Values of the secret variables present in the local environment (for redaction)."""
-        return [os.environ[n] for n in self.secrets if os.environ.get(n)]
+        """Values to redact: the secret variables present in the local environment and the
+        values of secret serve arguments."""
+        from_env = [os.environ[n] for n in self.secrets if os.environ.get(n)]
+        return from_env + [v for values in self.secret_args().values() for v in values]
+
+    def secret_args(self) -> dict[str, list[str]]:
+        """Serve arguments that hold secrets, by flag name (as written, without ``--``): those
+        whose name is a secret's (see :func:`is_secret_flag`) and have a value, not a bare flag.
+        """
+        found = {}
+        for name, value in self.serve_args.items():
+            flag = str(name).removeprefix("--")
+            if not is_secret_flag(flag) or value is None or isinstance(value, bool):
+                continue
+            values = value if isinstance(value, (list, tuple)) else [value]
+            found[flag] = [str(v) for v in values]
+        return {flag: values for flag, values in found.items() if values}
+
+
+def is_secret_flag(flag: str) -> bool:
+    """Whether a serve argument's name (``api-key``, not ``--api-key``) says it holds a secret."""
+    return bool(SECRET_FLAG.search(flag.split(".")[0].lower()))
 
 
 def load_deployment(

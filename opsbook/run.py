@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import papermill
 from papermill.exceptions import PapermillExecutionError
 
@@ -180,6 +181,7 @@ def execute_stage(
         verdicts = outcome.read(verdicts_file)
         code = EXIT_TOOL_FAILED
         message = f"the notebook could not run: {type(e).__name__}: {e}"
+    redact_notebook(output, redactor)
     return RunRecord(
         folder=folder,
         notebook=nb_path.name,
@@ -190,6 +192,30 @@ def execute_stage(
         parameters={k: redactor.redact(str(v)) for k, v in params.items()},
         verdicts=verdicts,
     )
+
+
+def redact_notebook(path: Path, redactor: Redactor) -> None:
+    """Mask secrets in every cell and output of an executed notebook, in place.
+
+    The library redacts what it logs, but a table a notebook displays is the host's own text
+    (a command line with an API key, say): the record is the last place to catch it.
+    """
+    if not path.exists():
+        return
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        cell.source = redactor.redact(cell.source)
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = redactor.redact(out["text"])
+            if "traceback" in out:
+                out["traceback"] = [redactor.redact(line) for line in out["traceback"]]
+            if "evalue" in out:
+                out["evalue"] = redactor.redact(out["evalue"])
+            for mime, value in out.get("data", {}).items():
+                if isinstance(value, str):
+                    out["data"][mime] = redactor.redact(value)
+    nbformat.write(nb, path)
 
 
 DEPLOY_STAGES = (

@@ -24,7 +24,16 @@ Flag names are lower case letters, digits and dashes; dotted sub-keys such as
 Secrets: variables named in the deployment's ``secrets`` are never written into the script.
 At start the script sources ``<script>.env`` (e.g. ``launch.sh.env``), the file next to it
 holding ``export NAME=value`` lines, if that file exists; it refuses to start if that file is
-readable by group or others. :func:`upload_secrets` writes it with mode 0600.
+readable by group or others. :func:`upload_secrets` writes it with mode 0600, and
+:func:`upload_script` calls it when there is a secret to deliver.
+
+A serve argument whose name says it holds a secret (``api-key``, ``hf-token``, see
+``opsbook.deployment.is_secret_flag``) is never written into the script either, even when its
+value sits in the deployment file: the value goes to the secrets file. ``api-key`` and
+``hf-token`` become the variables vLLM reads by itself (``VLLM_API_KEY``, ``HF_TOKEN``), so the
+value is not on the server's command line, which every user of the host can read in ``ps``;
+any other such flag is written as a reference, ``--flag "$OPSBOOK_SECRET_FLAG"``. The script
+refuses to start when such a variable is unset.
 """
 
 from __future__ import annotations
@@ -36,12 +45,13 @@ import os
 import posixpath
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opsbook.deployment import ENV_NAME, Deployment
 from opsbook.exceptions import DeploymentError
+from opsbook.redact import Redactor
 from opsbook.results import Finding, Result
 
 ENTRYPOINTS = ("serve", "module")
@@ -52,6 +62,9 @@ SECRETS_SUFFIX = ".env"
 SCRIPT_MODE = 0o755
 NEW_FILE = "new file"
 CONTINUATION = " \\\n  "
+# Secret serve arguments that vLLM also reads from an environment variable of its own.
+SECRET_FLAG_VARIABLES = {"api-key": "VLLM_API_KEY", "hf-token": "HF_TOKEN"}
+SECRET_VARIABLE_PREFIX = "OPSBOOK_SECRET_"
 
 
 class ScriptHost(Protocol):
@@ -71,6 +84,23 @@ class ScriptHost(Protocol):
     def upload(self, remote_path: str, data: str | bytes, mode: int = 0o644) -> None: ...
 
     def read_bytes(self, remote_path: str) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class SecretArg:
+    """A secret serve argument and the variable that carries its value to the server.
+
+    Args:
+        flag: the flag name without ``--``.
+        variable: the variable the secrets file sets.
+        value: the secret.
+        on_command_line: False when vLLM reads ``variable`` itself and the flag is left out.
+    """
+
+    flag: str
+    variable: str
+    value: str
+    on_command_line: bool
 
 
 @dataclass(frozen=True)
@@ -124,6 +154,7 @@ def render_script(deployment: Deployment, *, entrypoint: str = "serve") -> str:
         "set -euo pipefail\n",
         _env_lines(deployment),
         _secrets_loader(deployment),
+        _secret_checks(deployment),
         _exec_line(deployment, entrypoint),
     ]
     return "\n".join(part for part in parts if part)
@@ -142,6 +173,37 @@ def serve_flags(args: Mapping[str, Any]) -> list[list[str]]:
         if values is not None:
             groups.append([f"--{flag}", *values])
     return groups
+
+
+def secret_args(deployment: Deployment) -> list[SecretArg]:
+    """The deployment's secret serve arguments and the variables that carry them, in order.
+
+    Raises:
+        DeploymentError: a flag name is invalid or reserved.
+    """
+    found = []
+    for flag, values in deployment.secret_args().items():
+        flag = check_flag_name(flag)
+        if len(values) == 1 and flag in SECRET_FLAG_VARIABLES:
+            found.append(SecretArg(flag, SECRET_FLAG_VARIABLES[flag], values[0], False))
+            continue
+        stem = SECRET_VARIABLE_PREFIX + re.sub(r"[^A-Z0-9]", "_", flag.upper())
+        for number, value in enumerate(values, start=1):
+            variable = stem if len(values) == 1 else f"{stem}_{number}"
+            found.append(SecretArg(flag, variable, value, True))
+    return found
+
+
+def server_api_key(deployment: Deployment, environ: Mapping[str, str] | None = None) -> str | None:
+    """The API key the server will require (the ``api-key`` serve argument, else
+    ``VLLM_API_KEY`` from ``environ`` or ``server.env``), for clients such as a smoke test;
+    None when it requires none.
+
+    Raises:
+        DeploymentError: a flag name is invalid or reserved.
+    """
+    keys = [arg.value for arg in secret_args(deployment) if arg.flag == "api-key"]
+    return keys[0] if keys else _secret_values(deployment, environ).get("VLLM_API_KEY")
 
 
 def check_flag_name(name: str) -> str:
@@ -211,7 +273,7 @@ def _env_lines(deployment: Deployment) -> str:
 
 
 def _secrets_loader(deployment: Deployment) -> str:
-    names = ", ".join(deployment.secrets) or "none"
+    names = ", ".join(dict.fromkeys([*deployment.secrets, *_secret_variables(deployment)]))
     # The path is derived at run time so the script keeps working when moved with its env file.
     return (
         f"# Secret variables ({names}) are not written here: they are read from this\n"
@@ -228,6 +290,24 @@ def _secrets_loader(deployment: Deployment) -> str:
     )
 
 
+def _secret_variables(deployment: Deployment) -> list[str]:
+    return [arg.variable for arg in secret_args(deployment)]
+
+
+def _secret_checks(deployment: Deployment) -> str:
+    # Without this, a missing secrets file would start a server without its API key.
+    blocks = []
+    for arg in secret_args(deployment):
+        blocks.append(
+            f"if [[ -z ${{{arg.variable}:-}} ]]; then\n"
+            f'  echo "opsbook: {arg.variable} (serve argument --{arg.flag}) is not set by'
+            ' $secrets_file; write it with upload_secrets (notebook 03_launch_script)" >&2\n'
+            "  exit 1\n"
+            "fi\n"
+        )
+    return "".join(blocks)
+
+
 def _exec_line(deployment: Deployment, entrypoint: str) -> str:
     if entrypoint == "serve":
         vllm = shell_word(vllm_executable(deployment.python))
@@ -237,9 +317,27 @@ def _exec_line(deployment: Deployment, entrypoint: str) -> str:
             f"{shell_word(deployment.python)} -m {API_SERVER_MODULE}",
             f"--model {shell_word(deployment.model_path)}",
         ]
-    flags = [*serve_flags(deployment.serve_args), ["--port", str(deployment.server_port)]]
-    lines += [" ".join(shlex.quote(word) for word in group) for group in flags]
+    lines += _flag_lines(deployment)
+    lines.append(f"--port {deployment.server_port}")
     return "exec " + CONTINUATION.join(lines) + "\n"
+
+
+def _flag_lines(deployment: Deployment) -> list[str]:
+    """One line per serve argument, in the file's order; secrets as variable references."""
+    secret: dict[str, list[SecretArg]] = {}
+    for arg in secret_args(deployment):
+        secret.setdefault(arg.flag, []).append(arg)
+    lines = []
+    for name, value in deployment.serve_args.items():
+        flag = check_flag_name(str(name))
+        if flag in secret:
+            shown = [f'"${arg.variable}"' for arg in secret[flag] if arg.on_command_line]
+            if shown:
+                lines.append(" ".join([f"--{flag}", *shown]))
+            continue
+        group = serve_flags({flag: value})
+        lines += [" ".join(shlex.quote(word) for word in words) for words in group]
+    return lines
 
 
 def _flag_values(value: Any) -> list[str] | None:
@@ -268,23 +366,34 @@ def _suggest_flag(flag: str) -> str:
 # -- uploading -------------------------------------------------------------------------------
 
 
-def upload_script(host: ScriptHost, deployment: Deployment, text: str) -> Result:
-    """Write the launch script to ``deployment.script_path`` on the host and check its syntax.
+def upload_script(
+    host: ScriptHost,
+    deployment: Deployment,
+    text: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Result:
+    """Write the launch script to ``deployment.script_path`` on the host and check its syntax;
+    write its secrets file too when there is a secret to deliver.
 
     The folder is created if missing; the file is replaced atomically over SFTP with mode
     0755 (nothing passes through a shell's quoting) unless it already holds ``text`` with that
     mode; then ``bash -n`` checks it on the host. A relative or ``~/`` path is taken from the
-    remote home folder.
+    remote home folder. When the deployment has secret serve arguments, or a secret variable
+    has a value in ``environ``, :func:`upload_secrets` writes the secrets file the script reads
+    (a script whose secrets stay behind would start without them, or not at all).
 
     Args:
         host: the host (an :class:`opsbook.hosts.Host`).
         deployment: where the script goes.
         text: the script, usually from :func:`render_script`.
+        environ: where secret variables' values come from (default: ``os.environ``).
 
     Returns:
         ``ok`` when bash accepts the syntax. Data: ``path`` (absolute), ``diff`` (unified diff
         against the script that was there, ``"new file"``, or ``""`` when unchanged),
-        ``syntax_ok``, ``unchanged``, ``written``.
+        ``syntax_ok``, ``unchanged``, ``written``, ``secrets`` (the variable names written to
+        the secrets file; empty when it was not written).
 
     Raises:
         HostError: the folder could not be created or the host could not be reached.
@@ -298,12 +407,16 @@ def upload_script(host: ScriptHost, deployment: Deployment, text: str) -> Result
         host.upload(path, text, mode=SCRIPT_MODE)
     check = host.run(f"bash -n -- {shlex.quote(path)}", label=f"bash -n {path}")
     syntax_ok = check.exit_code == 0
+    delivered: list[str] = []
+    if syntax_ok and _secret_values(deployment, environ):
+        delivered = upload_secrets(host, deployment, environ).data["names"]
     data = {
         "path": path,
         "diff": script_diff(previous, text, path),
         "syntax_ok": syntax_ok,
         "unchanged": unchanged,
         "written": written,
+        "secrets": delivered,
     }
     if not syntax_ok:
         finding = Finding(
@@ -315,7 +428,10 @@ def upload_script(host: ScriptHost, deployment: Deployment, text: str) -> Result
         )
         return Result(False, f"launch script {path} has a syntax error", data, [finding])
     state = "unchanged" if unchanged else ("written (new file)" if previous is None else "updated")
-    return Result(True, f"launch script {path} {state}; bash -n: syntax OK", data)
+    message = f"launch script {path} {state}; bash -n: syntax OK"
+    if delivered:
+        message += f"; secrets file written ({', '.join(delivered)})"
+    return Result(True, message, data)
 
 
 def upload_secrets(
@@ -323,9 +439,11 @@ def upload_secrets(
 ) -> Result:
     """Write the script's secrets file (mode 0600) from the local environment.
 
-    Values come from ``environ`` (default: ``os.environ``), else from the deployment's
-    ``server.env``. They travel on the command's standard input, never on a command line, and
-    the file is created under ``umask 077`` before being renamed into place.
+    Values of the secret variables come from ``environ`` (default: ``os.environ``), else from
+    the deployment's ``server.env``; values of secret serve arguments (:func:`secret_args`)
+    from the deployment, after them, so that an explicit ``hf-token`` wins over ``HF_TOKEN``.
+    They travel on the command's standard input, never on a command line, and the file is
+    created under ``umask 077`` before being renamed into place.
 
     Returns:
         ``ok`` with data ``path`` and ``names`` (the variables written; never their values).
@@ -333,9 +451,7 @@ def upload_secrets(
     Raises:
         HostError: the file could not be written.
     """
-    source = os.environ if environ is None else environ
-    values = {n: source.get(n) or deployment.env.get(n) for n in deployment.secrets}
-    present = {n: v for n, v in values.items() if v}
+    present = _secret_values(deployment, environ)
     path = secrets_path(resolve_remote_path(host, deployment.script_path))
     folder = posixpath.dirname(path)
     temp = f"{path}.opsbook-tmp"
@@ -354,6 +470,19 @@ def upload_secrets(
         f"secrets file {path} written with {len(names)} variable(s)",
         {"path": path, "names": names},
     )
+
+
+def _secret_values(
+    deployment: Deployment, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """What the secrets file holds: variable name -> value, for those that have one."""
+    source = os.environ if environ is None else environ
+    values = {n: source.get(n) or deployment.env.get(n) for n in deployment.secrets}
+    present = {n: v for n, v in values.items() if v}
+    for arg in secret_args(deployment):
+        present.pop(arg.variable, None)
+        present[arg.variable] = arg.value
+    return present
 
 
 def resolve_remote_path(host: ScriptHost, path: str) -> str:
@@ -401,9 +530,17 @@ def _previous_script(host: ScriptHost, path: str) -> tuple[str | None, int | Non
 # -- notebook display ------------------------------------------------------------------------
 
 
-def highlight(text: str) -> Html:
-    """``text`` as highlighted bash for a notebook (plain ``<pre>`` without pygments)."""
-    return Html(_pygmentize(text, "bash"), text)
+def highlight(text: str, secrets: Iterable[str] = ()) -> Html:
+    """``text`` as highlighted bash for a notebook (plain ``<pre>`` without pygments), with
+    ``secrets`` and anything shaped like a token masked: what a notebook shows is filed in
+    run records.
+
+    Args:
+        text: the script.
+        secrets: values to mask, e.g. ``deployment.secret_values()``.
+    """
+    shown = Redactor(secrets).redact(text)
+    return Html(_pygmentize(shown, "bash"), shown)
 
 
 def diff_html(diff: str) -> Html:

@@ -1,6 +1,6 @@
 import pytest
 
-from opsbook.deployment import load_deployment
+from opsbook.deployment import is_secret_flag, load_deployment, parse_deployment
 from opsbook.exceptions import DeploymentError
 
 GOOD = """
@@ -47,3 +47,36 @@ def test_missing_file_says_so(tmp_path) -> None:
     with pytest.raises(DeploymentError, match="does not exist") as e:
         load_deployment(tmp_path / "nope.yml")
     assert e.value.remedy
+
+
+@pytest.mark.parametrize(
+    "flag, secret",
+    [
+        ("api-key", True),
+        ("hf-token", True),
+        ("ssl-password", True),
+        ("client-secret-file", True),
+        ("max-num-batched-tokens", False),
+        ("tokenizer", False),
+        ("tokenizer-mode", False),
+        ("ssl-keyfile", False),
+        ("tensor-parallel-size", False),
+    ],
+)
+def test_secret_flags_are_told_by_whole_words(flag: str, secret: bool) -> None:
+    assert is_secret_flag(flag) is secret
+
+
+def test_secret_serve_args_are_secret_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_TOKEN", "from-the-environment")
+    args = {"api-key": "written-by-mistake", "hf-token": True, "max-num-batched-tokens": 8192}
+    dep = parse_deployment(
+        {
+            "hosts": ["a"],
+            "model": {"path": "/m"},
+            "server": {"args": args},
+            "secrets": ["MY_TOKEN"],
+        }
+    )
+    assert dep.secret_args() == {"api-key": ["written-by-mistake"]}
+    assert set(dep.secret_values()) >= {"from-the-environment", "written-by-mistake"}

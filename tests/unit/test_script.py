@@ -24,8 +24,10 @@ from opsbook.script import (
     render_script,
     resolve_remote_path,
     script_diff,
+    secret_args,
     secrets_path,
     serve_flags,
+    server_api_key,
     upload_script,
     upload_secrets,
     vllm_executable,
@@ -35,7 +37,7 @@ from opsbook.script import (
 STUB = """#!/bin/bash
 printf '%s\\0' "$@"
 printf 'ENV %s=%s\\0' NCCL_P2P_LEVEL "${NCCL_P2P_LEVEL-}" WEIRD "${WEIRD-}" \
-    HF_TOKEN "${HF_TOKEN-}"
+    HF_TOKEN "${HF_TOKEN-}" VLLM_API_KEY "${VLLM_API_KEY-}"
 """
 
 
@@ -360,3 +362,80 @@ def test_upload_secrets_writes_a_private_env_file_the_script_reads(tmp_path: Pat
     )
     assert f"ENV HF_TOKEN={secret}\0".encode() in done.stdout
     assert not (tmp_path / "pwned").exists()
+
+
+SECRET_ARGS = {
+    "tensor-parallel-size": 8,
+    "api-key": "key-$(touch pwned) 'q'",
+    "max-num-batched-tokens": 8192,
+    "db-password": ["first pass", "second pass"],
+    "hf-token": True,
+}
+
+
+def test_secret_serve_args_stay_out_of_the_script_and_reach_the_server(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+    dep = deployment(server__args=SECRET_ARGS, paths={"script": "launch.sh"})
+    text = render_script(dep)
+    for value in ("key-", "first pass", "second pass"):
+        assert value not in text
+    assert [(a.flag, a.variable, a.on_command_line) for a in secret_args(dep)] == [
+        ("api-key", "VLLM_API_KEY", False),
+        ("db-password", "OPSBOOK_SECRET_DB_PASSWORD_1", True),
+        ("db-password", "OPSBOOK_SECRET_DB_PASSWORD_2", True),
+    ]
+
+    written = upload_script(host, dep, text, environ={})
+    assert written.data["secrets"] == [
+        "OPSBOOK_SECRET_DB_PASSWORD_1",
+        "OPSBOOK_SECRET_DB_PASSWORD_2",
+        "VLLM_API_KEY",
+    ]
+    assert "secrets file written" in written.message
+    argv, variables, done = run_script(tmp_path, text)
+    assert done.returncode == 0, done.stderr
+    # vLLM reads VLLM_API_KEY itself: the key is not on the command line that `ps` shows.
+    assert variables["VLLM_API_KEY"] == SECRET_ARGS["api-key"]
+    assert "--api-key" not in argv
+    assert argv[argv.index("--db-password") + 1 : argv.index("--hf-token")] == [
+        "first pass",
+        "second pass",
+    ]
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "8192"
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_secret_serve_arg_without_its_secrets_file_stops_the_launch(tmp_path: Path) -> None:
+    argv, _, done = run_script(tmp_path, render_script(deployment(server__args=SECRET_ARGS)))
+    assert done.returncode == 1 and argv == []
+    assert b"VLLM_API_KEY (serve argument --api-key) is not set by" in done.stderr
+
+
+def test_upload_script_writes_the_secrets_file_only_when_there_is_a_secret(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+    dep = deployment(paths={"script": "launch.sh"})
+    plain = upload_script(host, dep, render_script(dep), environ={})
+    assert plain.data["secrets"] == [] and not (tmp_path / "launch.sh.env").exists()
+
+    token = "hf_" + "x" * 34
+    delivered = upload_script(host, dep, render_script(dep), environ={"HF_TOKEN": token})
+    assert delivered.data["secrets"] == ["HF_TOKEN"]
+    env_file = tmp_path / "launch.sh.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert not any(token in command for command in host.commands)
+    _, variables, _ = run_script(tmp_path, render_script(dep))
+    assert variables["HF_TOKEN"] == token
+
+
+def test_server_api_key_is_the_serve_arg_or_the_variable() -> None:
+    assert server_api_key(deployment(server__args=SECRET_ARGS)) == SECRET_ARGS["api-key"]
+    assert server_api_key(deployment(), {"VLLM_API_KEY": "from-env"}) == "from-env"
+    assert server_api_key(deployment(), {}) is None
+
+
+def test_highlight_masks_secrets_and_token_shaped_text() -> None:
+    text = "export WANDB_API_KEY=abcdefgh123\nexec vllm serve m --seed plain-secret-value\n"
+    shown = highlight(text, ["plain-secret-value"])
+    assert "abcdefgh123" not in str(shown) + shown._repr_html_()
+    assert "plain-secret-value" not in str(shown) + shown._repr_html_()
+    assert "--seed ***" in str(shown)
