@@ -11,7 +11,7 @@ from typing import Any
 
 from opsbook import logscan
 from opsbook.hosts import Host
-from opsbook.launch import PROBE, LaunchPaths, http_get
+from opsbook.launch import HEALTH_TIMEOUT, PROBE, LaunchPaths, http_get
 from opsbook.results import Finding, Result, Table
 
 # A live server whose log has been silent this long, with its port closed, is called hung.
@@ -86,6 +86,7 @@ def server_state(
         healthy=_healthy(host, server_port) if status["port_open"] else False,
         diagnosis=diagnosis,
         silent_after=silent_after,
+        orphans=0 if running else len(status["group"]),
     )
     return ServerState(state, message, diagnosis, **evidence)
 
@@ -100,28 +101,63 @@ def classify(
     healthy: bool,
     diagnosis: logscan.LogDiagnosis | None,
     silent_after: float = SILENT_SECONDS,
+    orphans: int = 0,
 ) -> tuple[str, str]:
-    """The state and a one-line reason, from the facts gathered (pure, for tests)."""
+    """The state and a one-line reason, from the facts gathered (pure, for tests).
+
+    Args:
+        record: whether opsbook recorded a launch.
+        running: whether the recorded server process is alive (and still the same process).
+        log_exists: whether the deployment's log file exists.
+        log_age: seconds since the log last changed.
+        port_open: whether the server port accepts connections (None when not checked).
+        healthy: whether ``/health`` answered 200.
+        diagnosis: what the log of this launch says; None when it holds nothing.
+        silent_after: a live server whose log is silent this long, port closed, is hung.
+        orphans: processes of the launch's group still alive after its leader is gone.
+
+    Returns:
+        One of :data:`STATES` and the reason.
+    """
     if not running:
-        if not record and not log_exists:
-            return "never started", "no launch recorded, no log, no process"
-        if diagnosis is not None and diagnosis.state == "failed":
-            return "crashed", diagnosis.title
-        if not log_exists:
-            return "never started", "the launch left no log: the script did not run"
-        phase = diagnosis.phase if diagnosis else None
-        return "exited", f"the process is gone and its log shows no error (last phase {phase})"
+        state, message = _classify_gone(record, log_exists, diagnosis)
+        if orphans:
+            message += (
+                f"; {orphans} of its processes still run (orphans holding GPU memory): "
+                "stop_server stops them"
+            )
+        return state, message
     if healthy:
         return "ready", "the process runs and /health answers 200"
-    if diagnosis is not None and diagnosis.state == "failed":
-        return "crashed", f"{diagnosis.title} (the process is still alive)"
-    if log_age is not None and log_age > silent_after and not port_open:
-        phase = diagnosis.phase if diagnosis else None
-        return "hung", f"alive, log silent for {log_age:.0f} s in phase {phase}, port closed"
     phase = diagnosis.phase if diagnosis else None
+    if diagnosis is not None and diagnosis.state == logscan.FAILED:
+        return "crashed", f"{diagnosis.title} (the process is still alive)"
+    if diagnosis is not None and diagnosis.state == logscan.HUNG and not port_open:
+        return "hung", f"{diagnosis.title} (alive, in phase {phase}, port closed)"
+    if log_age is not None and log_age > silent_after and not port_open:
+        return "hung", f"alive, log silent for {log_age:.0f} s in phase {phase}, port closed"
     age = f", last log line {log_age:.0f} s ago" if log_age is not None else ""
     return "loading", f"phase {phase or 'starting'}{age}"
 
 
+def _classify_gone(
+    record: bool, log_exists: bool, diagnosis: logscan.LogDiagnosis | None
+) -> tuple[str, str]:
+    """The state of a server whose process is not running."""
+    if not record and not log_exists:
+        return "never started", "no launch recorded, no log, no process"
+    if diagnosis is not None and diagnosis.state == logscan.FAILED:
+        return "crashed", diagnosis.title
+    if not log_exists:
+        return "never started", "the launch left no log: the script did not run"
+    if diagnosis is None or (diagnosis.phase is None and diagnosis.state != logscan.HUNG):
+        # The incident's silent failure: something ran, but vLLM never said a word.
+        return "never started", "the process is gone and its log shows no vLLM startup"
+    if diagnosis.state == logscan.HUNG:
+        return "exited", f"the process is gone after a stall: {diagnosis.title}"
+    phase = diagnosis.phase
+    return "exited", f"the process is gone and its log shows no error (last phase {phase})"
+
+
 def _healthy(host: Host, port: int) -> bool:
-    return http_get(host, port, "/health").get("status") == 200
+    return http_get(host, port, "/health", timeout=HEALTH_TIMEOUT).get("status") == 200

@@ -326,6 +326,15 @@ class Host:
             self.close()  # the channel was abandoned mid-command; start afresh next time
         except (paramiko.SSHException, OSError, EOFError) as e:
             self.close()
+            self.journal.record(
+                host=self.name,
+                kind="run",
+                command=shown,
+                exit_code=None,
+                duration=time.monotonic() - started,
+                started=started_at,
+                note=f"connection dropped: {e}",
+            )
             raise HostUnreachable(
                 f"the SSH connection dropped while running {self.redactor.redact(shown)!r}: {e}",
                 host=self.name,
@@ -524,6 +533,9 @@ def _exec(
             if time.monotonic() > deadline:
                 raise TimeoutError
         code = chan.recv_exit_status()
+        if code == -1 and not transport.is_active():
+            # The connection died before the command said how it ended.
+            raise EOFError("the SSH connection closed before the command finished")
     finally:
         chan.close()
     return code, out.decode(errors="replace"), err.decode(errors="replace")

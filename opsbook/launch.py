@@ -28,6 +28,9 @@ PROBE = "launch"
 PROBE_SLACK = 30.0
 RECONNECT_ATTEMPTS = 5
 RECONNECT_PAUSE = 2.0
+# A listener that accepts but never answers (not vLLM, or a wedged server) must not stall a
+# readiness loop that looks every second.
+HEALTH_TIMEOUT = 3.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,16 @@ def stop_server(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Resul
 
     Processes opsbook did not start (another user's server, a server started by hand, a PID
     now used by another program) are never signalled: they are findings with the remedy.
+
+    Args:
+        host: the host.
+        paths: the deployment's paths (the launch record lives in ``paths.state_dir``).
+        grace: seconds between SIGTERM and SIGKILL.
+
+    Returns:
+        ``ok`` when the recorded launch is stopped or there was none, and no vLLM process of
+        this user that opsbook did not start runs (another user's only gives ``info``
+        findings). Data: ``stopped`` (a table of the processes signalled) and ``answer``.
     """
     answer = host.probe(
         PROBE, paths.probe_args(op="stop", grace=grace), timeout=grace + PROBE_SLACK
@@ -72,8 +85,10 @@ def stop_server(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Resul
         return Result(True, f"stopped {len(stopped)} process(es) with SIG{signals}", data, findings)
     if reason in ("no-record", "not-running"):
         what = "no launch by opsbook is recorded" if reason == "no-record" else "nothing to stop"
-        ok = not findings
-        message = what if ok else f"{what}, but other vLLM processes run: see the findings"
+        # A server of this user that opsbook did not start is likely the previous one, started
+        # by hand: the user must deal with it. Another user's is only worth knowing about.
+        ok = not any(f.severity == "warning" for f in findings)
+        message = what if ok else f"{what}, but other vLLM processes of yours run: see the findings"
         return Result(ok, message, data, findings)
     problems = {
         "pid-reused": "the recorded PID now belongs to another process: nothing was signalled",
@@ -212,6 +227,15 @@ class Progress:
     def line(self) -> str:
         return f"{self.seconds:5.0f} s  {self.state:<13} phase: {self.phase or '-'}"
 
+    @property
+    def step(self) -> int:
+        """How many of the :data:`STARTUP_STEPS` phases are behind (for a progress bar)."""
+        names = logscan.PHASE_NAMES
+        return names.index(self.phase) + 1 if self.phase in names else 0
+
+
+STARTUP_STEPS = len(logscan.PHASE_NAMES)
+
 
 def wait_until_ready(
     host: Host,
@@ -245,7 +269,7 @@ def wait_until_ready(
                 False, f"the server exited ({diagnosis.summary})", data, _exit_findings(diagnosis)
             )
         if status["port_open"]:
-            health = _probe_with_retry(host, {"op": "http", "port": server_port, "path": "/health"})
+            health = _probe_with_retry(host, _health_args(server_port))
             if health.get("status") == 200:
                 return Result(True, f"ready after {elapsed:.0f} s", data)
         if elapsed > timeout:
@@ -276,6 +300,10 @@ def _probe_with_retry(host: Host, args: dict[str, Any]) -> dict[str, Any]:
     raise AssertionError("unreachable")
 
 
+def _health_args(port: int) -> dict[str, Any]:
+    return {"op": "http", "port": port, "path": "/health", "timeout": HEALTH_TIMEOUT}
+
+
 def _exit_findings(diagnosis: logscan.LogDiagnosis) -> list[Finding]:
     return diagnosis.to_result().findings
 
@@ -293,26 +321,59 @@ def _timeout_finding(diagnosis: logscan.LogDiagnosis, timeout: float) -> Finding
 # -- HTTP and the smoke test ------------------------------------------------------------------
 
 
-def http_get(host: Host, port: int, path: str) -> dict[str, Any]:
-    """GET ``path`` on the server, from the host itself (the port need not be exposed)."""
-    answer: dict[str, Any] = host.probe(PROBE, {"op": "http", "port": port, "path": path})
+def http_get(
+    host: Host,
+    port: int,
+    path: str,
+    *,
+    timeout: float = 10.0,
+    api_key: str | None = None,
+    json_body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """GET ``path`` on the server (POST with ``json_body``), from the host itself, so the
+    port need not be exposed.
+
+    Args:
+        host: the host.
+        port: the server's port.
+        path: the URL path, e.g. ``/health``.
+        timeout: seconds to wait for the answer.
+        api_key: sent as ``Authorization: Bearer`` (the server's ``--api-key``).
+        json_body: a JSON request body.
+
+    Returns:
+        ``status`` (None when nothing answered), ``body`` and ``seconds``, or ``error``.
+    """
+    args: dict[str, Any] = {"op": "http", "port": port, "path": path, "timeout": timeout}
+    if api_key:
+        args["bearer"] = api_key
+    if json_body is not None:
+        args["json"] = json_body
+    answer: dict[str, Any] = host.probe(PROBE, args, timeout=timeout + PROBE_SLACK)
     return answer
 
 
-def smoke_test(host: Host, port: int, *, prompt: str = "Hello, my name is") -> Result:
-    """``/health``, ``/v1/models`` and one small completion, each a finding."""
+def smoke_test(
+    host: Host, port: int, *, prompt: str = "Hello, my name is", api_key: str | None = None
+) -> Result:
+    """``/health``, ``/v1/models`` and one small completion, each a finding.
+
+    Args:
+        host: the host.
+        port: the server's port.
+        prompt: the completion's prompt.
+        api_key: the server's ``--api-key``, when it has one.
+    """
     findings = []
     health = http_get(host, port, "/health")
     findings.append(_http_finding("/health", health))
-    models = http_get(host, port, "/v1/models")
+    models = http_get(host, port, "/v1/models", api_key=api_key)
     findings.append(_http_finding("/v1/models", models))
     model_id = _first_model(models)
     completion: dict[str, Any] = {}
     if model_id:
         body = {"model": model_id, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-        completion = host.probe(
-            PROBE, {"op": "http", "port": port, "path": "/v1/completions", "json": body}
-        )
+        completion = http_get(host, port, "/v1/completions", api_key=api_key, json_body=body)
         findings.append(_http_finding("/v1/completions", completion))
     ok = all(f.severity == "ok" for f in findings) and bool(model_id)
     text = _completion_text(completion)
@@ -373,7 +434,7 @@ def _not_ours(process: dict[str, Any], my_uid: int | None = None) -> Finding:
     uid = process.get("uid")
     if my_uid is not None and uid is not None and uid != my_uid:
         return Finding(
-            "warning",
+            "info",
             f"PID {process['pid']}",
             f"belongs to another user (uid {uid}), left alone: {process.get('cmdline')}",
             "ask its owner or an administrator to stop it if it holds the port or GPU memory; "

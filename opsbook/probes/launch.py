@@ -2,10 +2,11 @@
 
 Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
 
-- ``start``: refuse if the recorded launch still runs; start the script detached in a session of
-  its own with its output to the log; record PID, process group, start time and command line;
-  then watch about two seconds for proof that it started (alive, log created and growing).
-- ``status``: the recorded launch (alive, still the same process), its group, other ``VLLM::``
+- ``start``: refuse if the recorded launch still runs or the port is taken (naming who holds
+  it); start the script detached in a session of its own with its output to the log; record
+  PID, process group, start time and command line; then watch about two seconds for proof
+  that it started (alive, log created and growing).
+- ``status``: the recorded launch (alive, still the same process), its group, other vLLM
   processes of the user, the log (size, age, the tail from an offset), and whether the port
   answers.
 - ``stop``: SIGTERM to the recorded process group, wait, then SIGKILL; only after checking the
@@ -29,6 +30,7 @@ SHM = "/dev/shm"
 SHM_PREFIXES = ("psm_", "sem.mp-")
 PROOF_SECONDS = 2.0
 TAIL_LIMIT = 512 * 1024
+TCP_LISTEN = "0A"
 
 
 def main(args):
@@ -117,12 +119,14 @@ def group_members(pgid):
     return [pid for pid in all_pids() if (proc_stat(pid) or {}).get("pgid") == pgid and alive(pid)]
 
 
-def vllm_processes(uid):
-    """Live processes of ``uid`` that look like a vLLM server or its renamed children."""
+def vllm_processes(uid=None):
+    """Live processes that look like a vLLM server or its renamed children: those of ``uid``,
+    or of every user when ``uid`` is None (another user's server holds GPUs and ports too)."""
     found = []
+    skip = set(ancestors())
     for pid in all_pids():
         line = cmdline(pid) or ""
-        if owner(pid) != uid or not alive(pid):
+        if pid in skip or (uid is not None and owner(pid) != uid) or not alive(pid):
             continue
         if line.startswith("VLLM::") or "vllm.entrypoints" in line or " vllm serve" in " " + line:
             found.append(describe(pid))
@@ -156,11 +160,20 @@ def write_record(args, record):
 
 
 def same_process(record):
-    """Whether the recorded PID is still the process opsbook started (not a reused PID)."""
+    """Whether the recorded PID is still the process opsbook started (not a reused PID).
+
+    The start time (clock ticks since boot) tells a reused PID apart; the command line is
+    checked too. It may still change legitimately: a script recorded before its ``exec``
+    becomes the server, and vLLM may retitle its processes ``VLLM::...``."""
     if record is None or not alive(record["pid"]):
         return False
     stat = proc_stat(record["pid"])
-    return stat is not None and stat["start"] == record["start"]
+    if stat is None or stat["start"] != record["start"]:
+        return False
+    recorded, current = record.get("cmdline"), cmdline(record["pid"]) or ""
+    if not recorded or current == recorded or current.startswith("VLLM::"):
+        return True
+    return bool(record.get("script")) and record["script"] in recorded
 
 
 # -- operations -------------------------------------------------------------------------------
@@ -175,6 +188,8 @@ def start(args):
         return {"started": False, "reason": "no-script", "script": script}
     if not os.access(script, os.X_OK):
         return {"started": False, "reason": "not-executable", "script": script}
+    if port_open(args.get("port")):
+        return {"started": False, "reason": "port-taken", "holders": port_holders(args["port"])}
     os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
     with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
         offset = out.tell()
@@ -200,7 +215,10 @@ def start(args):
         "started_at": time.time(),
     }
     write_record(args, record)
-    return {"started": True, "record": record, "proof": prove_started(proc, record)}
+    proof = prove_started(proc, record)
+    # After the proof the script has exec'd the server: its command line identifies it.
+    write_record(args, record)
+    return {"started": True, "record": record, "proof": proof}
 
 
 def prove_started(proc, record):
@@ -251,8 +269,8 @@ def status(args):
 
 def stop(args):
     record = read_record(args)
-    answer = {"record": record, "stopped": [], "refused": [], "remaining": []}
-    others = vllm_processes(os.getuid())
+    answer = {"record": record, "stopped": [], "refused": [], "remaining": [], "uid": os.getuid()}
+    others = vllm_processes()
     if record is None:
         answer["reason"] = "no-record"
         answer["refused"] = others
@@ -379,6 +397,8 @@ def http(args):
     request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
     if data:
         request.add_header("Content-Type", "application/json")
+    if args.get("bearer"):
+        request.add_header("Authorization", "Bearer " + args["bearer"])
     started = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=float(args.get("timeout", 10))) as r:
@@ -424,6 +444,41 @@ def log_state(path, offset):
         "text": read_from(path, offset),
         "offset": offset or 0,
     }
+
+
+def port_holders(port):
+    """Who listens on ``port``: PID and command line where this user may see them, else the
+    owner's uid only (another user's process)."""
+    holders, owners = [], None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 10 or fields[3] != TCP_LISTEN:
+                continue
+            if int(fields[1].rpartition(":")[2], 16) != int(port):
+                continue
+            if owners is None:
+                owners = socket_owners()
+            pid = owners.get(fields[9])
+            holder = describe(pid) if pid else {"pid": None, "uid": int(fields[7])}
+            if holder not in holders:
+                holders.append(holder)
+    return holders
+
+
+def socket_owners():
+    """Socket inode to PID, for the processes this user may look into."""
+    found = {}
+    for pid in all_pids():
+        for target in fd_targets(pid):
+            if target.startswith("socket:["):
+                found.setdefault(target[8:-1], pid)
+    return found
 
 
 def port_open(port):

@@ -110,11 +110,6 @@ def test_every_stage_ran_and_the_server_became_ready(deployed: RunRecord) -> Non
     assert verdicts["diagnose"]["ok"] and verdicts["diagnose"]["message"].startswith("ready")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="launch.smoke_test sends no API key, so GET /v1/models answers 401 on a server "
-    "started with one (script.server_api_key gives the key to send)",
-)
 def test_the_smoke_test_passes_on_a_server_with_an_api_key(deployed: RunRecord) -> None:
     assert deployed.ok, deployed.message
 

@@ -1,0 +1,201 @@
+"""Server state classification: every state from the facts a status probe gathers, with the
+diagnoses of real vLLM logs (tests/data/logs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsbook import diagnose, logscan
+from opsbook.diagnose import STATES, ServerState, classify
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
+READY_LOG = (DATA / "ready-3.log").read_text()
+FP8_LOG = (DATA / "fp8kv-mla-1.log").read_text()
+# The same startup cut off while loading: no error, no readiness.
+LOADING_LOG = "\n".join(READY_LOG.splitlines()[:25]) + "\n"
+
+
+def diagnosis(text: str, running: bool) -> logscan.LogDiagnosis:
+    return logscan.diagnose_log(text, running=running)
+
+
+def hung_diagnosis() -> logscan.LogDiagnosis:
+    """A log whose last lines show a known stall (e.g. NCCL waiting forever)."""
+    return logscan.LogDiagnosis(
+        state=logscan.HUNG,
+        phase="weights",
+        failure="nccl",
+        title="NCCL stalls",
+        severity="error",
+        line=None,
+        remedy="set NCCL_P2P_DISABLE=1",
+        source="test",
+    )
+
+
+def state(**facts: Any) -> tuple[str, str]:
+    given: dict[str, Any] = {
+        "record": True,
+        "running": True,
+        "log_exists": True,
+        "log_age": 2.0,
+        "port_open": False,
+        "healthy": False,
+        "diagnosis": None,
+    }
+    given.update(facts)
+    return classify(**given)
+
+
+# -- never started ------------------------------------------------------------------------------
+
+
+def test_nothing_at_all_is_never_started() -> None:
+    assert state(record=False, running=False, log_exists=False) == (
+        "never started",
+        "no launch recorded, no log, no process",
+    )
+
+
+def test_a_launch_without_a_log_is_never_started() -> None:
+    verdict, why = state(running=False, log_exists=False)
+    assert verdict == "never started" and "left no log" in why
+
+
+def test_an_empty_log_is_never_started() -> None:
+    verdict, why = state(running=False, diagnosis=None)
+    assert verdict == "never started" and why.endswith("shows no vLLM startup")
+
+
+def test_a_log_without_any_vllm_line_is_never_started() -> None:
+    said = diagnosis("zsh: command not found: python3\n", running=False)
+    assert said.phase is None
+    assert state(running=False, diagnosis=said)[0] == "never started"
+
+
+# -- crashed ----------------------------------------------------------------------------------
+
+
+def test_a_dead_process_with_a_known_failure_crashed() -> None:
+    verdict, why = state(running=False, diagnosis=diagnosis(FP8_LOG, running=False))
+    assert verdict == "crashed" and why.startswith("FP8 KV cache requested")
+
+
+def test_a_live_process_whose_log_shows_a_failure_crashed() -> None:
+    verdict, why = state(diagnosis=diagnosis(FP8_LOG, running=True))
+    assert verdict == "crashed" and why.endswith("(the process is still alive)")
+
+
+def test_a_crash_that_left_orphans_says_so() -> None:
+    verdict, why = state(running=False, diagnosis=diagnosis(FP8_LOG, running=False), orphans=9)
+    assert verdict == "crashed"
+    assert "9 of its processes still run (orphans holding GPU memory)" in why
+
+
+# -- loading, ready, hung --------------------------------------------------------------------
+
+
+def test_a_live_process_in_the_middle_of_its_startup_is_loading() -> None:
+    said = diagnosis(LOADING_LOG, running=True)
+    verdict, why = state(diagnosis=said, log_age=4.0)
+    assert verdict == "loading" and why == f"phase {said.phase}, last log line 4 s ago"
+
+
+def test_loading_before_the_first_log_line() -> None:
+    assert state(log_age=None) == ("loading", "phase starting")
+
+
+def test_a_live_process_that_answers_health_is_ready() -> None:
+    verdict, _ = state(diagnosis=diagnosis(READY_LOG, running=True), port_open=True, healthy=True)
+    assert verdict == "ready"
+
+
+def test_a_live_process_silent_for_long_with_its_port_closed_is_hung() -> None:
+    said = diagnosis(LOADING_LOG, running=True)
+    verdict, why = state(diagnosis=said, log_age=400.0)
+    assert verdict == "hung" and why.startswith("alive, log silent for 400 s")
+
+
+def test_the_silence_limit_is_a_parameter() -> None:
+    assert state(log_age=10.0, silent_after=5.0)[0] == "hung"
+    assert state(log_age=10.0, silent_after=50.0)[0] == "loading"
+
+
+def test_a_silent_server_whose_port_is_open_is_still_loading() -> None:
+    assert state(log_age=400.0, port_open=True)[0] == "loading"
+
+
+def test_a_known_stall_in_the_log_is_hung() -> None:
+    verdict, why = state(diagnosis=hung_diagnosis())
+    assert verdict == "hung" and why.startswith("NCCL stalls")
+
+
+# -- exited -------------------------------------------------------------------------------------
+
+
+def test_a_dead_process_whose_log_shows_no_error_exited() -> None:
+    said = diagnosis(LOADING_LOG, running=False)
+    verdict, why = state(running=False, diagnosis=said)
+    assert verdict == "exited" and why.endswith(f"(last phase {said.phase})")
+
+
+def test_a_server_killed_after_it_was_ready_exited_and_its_orphans_are_named() -> None:
+    verdict, why = state(running=False, diagnosis=diagnosis(READY_LOG, running=False), orphans=2)
+    assert verdict == "exited"
+    assert "last phase ready" in why and "stop_server stops them" in why
+
+
+def test_a_dead_process_after_a_stall_exited() -> None:
+    verdict, why = state(running=False, diagnosis=hung_diagnosis())
+    assert verdict == "exited" and "after a stall: NCCL stalls" in why
+
+
+def test_every_verdict_is_a_known_state() -> None:
+    seen = {
+        state(record=False, running=False, log_exists=False)[0],
+        state(running=False, diagnosis=diagnosis(FP8_LOG, running=False))[0],
+        state()[0],
+        state(healthy=True)[0],
+        state(log_age=1e6)[0],
+        state(running=False, diagnosis=diagnosis(LOADING_LOG, running=False))[0],
+    }
+    assert seen == set(STATES)
+
+
+# -- the verdict as a result ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("verdict", "ok"),
+    [
+        ("ready", True),
+        ("loading", True),
+        ("crashed", False),
+        ("hung", False),
+        ("exited", False),
+        ("never started", False),
+    ],
+)
+def test_only_ready_and_loading_are_ok(verdict: str, ok: bool) -> None:
+    assert ServerState(verdict, "why", None).ok is ok
+
+
+def test_the_result_lists_the_log_findings_and_the_processes_not_started_by_opsbook() -> None:
+    other = {"pid": 99, "ppid": 1, "pgid": 99, "cmdline": "VLLM::EngineCore"}
+    mine = {"pid": 10, "ppid": 1, "pgid": 10, "cmdline": "vllm serve /models/kimi"}
+    found = ServerState("crashed", "FP8", diagnosis(FP8_LOG, running=False), [mine], [other])
+    result = found.to_result()
+    assert not result.ok and result.message == "crashed: FP8"
+    assert result.findings[0].subject == "fp8kv-mla"
+    assert result.findings[-1].subject == "PID 99" and "not started by this launch" in (
+        result.findings[-1].message
+    )
+    roles = {row["pid"]: row["role"] for row in found.processes_table().records()}
+    assert roles == {10: "this launch", 99: "not started by opsbook"}
+
+
+def test_states_are_the_documented_ones() -> None:
+    assert diagnose.STATES == ("never started", "crashed", "loading", "ready", "hung", "exited")

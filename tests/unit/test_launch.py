@@ -1,0 +1,324 @@
+"""Launch logic without a remote host: the startup timeline, the start gate from host facts,
+and the start and stop verdicts with the launch probe run on this machine (a local stand-in for
+the host runs each probe with the local python, as :func:`opsbook.probes.run_local` does)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsbook import diagnose, launch, logscan, probes
+from opsbook.facts import GpuProcess, HostFacts, facts_from_probe
+from opsbook.logscan import Phase
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
+T0 = datetime(2000, 6, 10, 6, 16, 19)
+
+
+# -- the timeline -----------------------------------------------------------------------------
+
+
+def phase(name: str, seconds: float | None, line: int = 1) -> Phase:
+    return Phase(name, line, None if seconds is None else T0 + timedelta(seconds=seconds))
+
+
+def test_timeline_gives_each_phase_its_start_and_length() -> None:
+    table = launch.timeline([phase("args", 0), phase("weights", 12.5), phase("ready", 40)])
+    assert table.columns == ["phase", "starts at (s)", "lasts (s)"]
+    assert table.rows == [["args", 0.0, 12.5], ["weights", 12.5, 27.5], ["ready", 40.0, None]]
+
+
+def test_timeline_leaves_out_phases_without_a_time() -> None:
+    table = launch.timeline(
+        [phase("args", None), phase("weights", 3), phase("http", None), phase("ready", 5)]
+    )
+    assert table.rows == [["weights", 0.0, 2.0], ["ready", 2.0, None]]
+
+
+def test_timeline_of_nothing_is_an_empty_table() -> None:
+    assert launch.timeline([]).rows == []
+    assert launch.timeline([phase("args", None)]).rows == []
+
+
+def test_timeline_of_a_real_startup_log() -> None:
+    text = (DATA / "vllm-startup-8x-rtxpro6000-glm51-nvfp4.log").read_text()
+    rows = launch.timeline(logscan.phases(text)).rows
+    assert [r[0] for r in rows] == [
+        "args",
+        "engine-config",
+        "weights",
+        "backend",
+        "compile",
+        "kv-cache",
+        "graphs",
+        "engine-ready",
+        "http",
+        "ready",
+    ]
+    assert rows[0][1] == 0.0 and rows[-1] == ["ready", 236.0, None]
+    # Each phase lasts until the next one starts.
+    for row, following in zip(rows, rows[1:], strict=False):
+        assert row[1] + row[2] == pytest.approx(following[1])
+
+
+def test_progress_line_shows_time_state_and_phase() -> None:
+    assert launch.Progress(3.4, "weights", "loading", 100).line() == (
+        "    3 s  loading       phase: weights"
+    )
+    assert launch.Progress(0, None, "loading", 0).line().endswith("phase: -")
+
+
+# -- may it start? ------------------------------------------------------------------------------
+
+
+def facts(
+    listening: list[dict[str, Any]] | None = None, processes: list[GpuProcess] | None = None
+) -> HostFacts:
+    base = facts_from_probe({"listening": listening or []}, host="gpu1", server_port=8000)
+    return dataclasses.replace(base, processes=processes or [])
+
+
+def test_a_free_port_and_idle_gpus_may_start() -> None:
+    other_port = {"port": 22, "address": "0.0.0.0", "family": "tcp", "user": "root"}
+    result = launch.check_can_start(facts([other_port]), 8000)
+    assert result.ok and result.message == "port free and GPUs idle" and not result.findings
+
+
+def test_a_taken_port_is_refused_naming_the_holder() -> None:
+    holder = {
+        "port": 8000,
+        "address": "0.0.0.0",
+        "family": "tcp",
+        "user": "alice",
+        "pid": 4242,
+        "process": "python3",
+        "cmdline": "python3 -m vllm.entrypoints.openai.api_server",
+    }
+    result = launch.check_can_start(facts([holder]), 8000)
+    assert not result.ok and result.message == "cannot start yet"
+    (finding,) = result.findings
+    assert finding.severity == "error" and finding.subject == "port 8000"
+    assert "PID 4242 (python3 -m vllm.entrypoints.openai.api_server)" in finding.message
+    assert "server.port" in finding.remedy
+
+
+def test_a_port_held_by_another_user_names_the_user_once_for_both_families() -> None:
+    v4 = {"port": 8000, "address": "0.0.0.0", "family": "tcp", "user": "bob"}
+    v6 = {"port": 8000, "address": "::", "family": "tcp6", "user": "bob"}
+    result = launch.check_can_start(facts([v4, v6]), 8000)
+    (finding,) = result.findings
+    assert "a process of user bob (its PID is not visible)" in finding.message
+
+
+def test_gpu_memory_held_by_a_process_is_refused_naming_it() -> None:
+    orphan = GpuProcess(
+        pid=777, process_name="VLLM::EngineCore", used_memory_mib=81000, gpu_index=3
+    )
+    result = launch.check_can_start(facts(processes=[orphan]), 8000)
+    (finding,) = result.findings
+    assert not result.ok and finding.subject == "GPU 3"
+    assert finding.message == "PID 777 (VLLM::EngineCore) holds 81000 MiB on GPU 3"
+    assert "orphan VLLM::EngineCore" in finding.remedy
+
+
+def test_every_holder_is_a_finding() -> None:
+    holder = {"port": 8000, "address": "0.0.0.0", "family": "tcp", "user": "bob"}
+    gpus = [
+        GpuProcess(pid=p, process_name="python3", used_memory_mib=10, gpu_index=i)
+        for i, p in enumerate((11, 12))
+    ]
+    result = launch.check_can_start(facts([holder], gpus), 8000)
+    assert [f.subject for f in result.findings] == ["port 8000", "GPU 0", "GPU 1"]
+
+
+# -- start and stop verdicts, with the probe run on this machine -------------------------------
+
+
+class LocalHost:
+    """Runs probes with this machine's python: the probe code is the one a host runs."""
+
+    def probe(self, name: str, args: dict[str, Any] | None = None, **_: Any) -> Any:
+        return probes.run_local(name, args)
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> launch.LaunchPaths:
+    return launch.LaunchPaths(
+        script=str(tmp_path / "launch.sh"),
+        log=str(tmp_path / "vllm.log"),
+        state_dir=str(tmp_path / "state"),
+    )
+
+
+def script(paths: launch.LaunchPaths, body: str, mode: int = 0o755) -> None:
+    Path(paths.script).write_text("#!/bin/bash\n" + body)
+    os.chmod(paths.script, mode)
+
+
+def start(paths: launch.LaunchPaths) -> Any:
+    return launch.start_server(LocalHost(), paths, free_port())  # type: ignore[arg-type]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_missing_script_never_starts(paths: launch.LaunchPaths) -> None:
+    result = start(paths)
+    assert not result.ok and result.message.endswith(
+        "does not exist: upload it with notebook 03_launch_script"
+    )
+    assert not Path(paths.state_dir, "launch.json").exists()
+
+
+def test_a_script_that_is_not_executable_never_starts(paths: launch.LaunchPaths) -> None:
+    script(paths, "exit 0\n", mode=0o644)
+    assert "is not executable" in start(paths).message
+
+
+def test_a_silent_exit_is_never_started(paths: launch.LaunchPaths) -> None:
+    script(paths, "exit 3\n")
+    result = start(paths)
+    assert not result.ok
+    assert result.message == "never started: exited with code 3 and logged nothing"
+
+
+def test_an_exit_with_words_says_them(paths: launch.LaunchPaths) -> None:
+    script(paths, "echo 'zsh: command not found: python3' >&2\nexit 127\n")
+    result = start(paths)
+    assert result.message == "exited at once with code 127: zsh: command not found: python3"
+    assert result.data["proof"]["exit_code"] == 127
+
+
+def test_a_known_failure_in_the_first_seconds_is_a_crash(paths: launch.LaunchPaths) -> None:
+    log = (DATA / "fp8kv-mla-1.log").read_text()
+    Path(paths.script).with_name("crash.log").write_text(log)
+    script(paths, 'cat "$(dirname "$0")/crash.log"\nexit 1\n')
+    result = start(paths)
+    assert result.message.startswith("crashed within seconds (exit code 1): FP8 KV cache")
+    assert result.data["diagnosis"].failure == "fp8kv-mla"
+    assert "02_config_patch" in result.findings[0].remedy
+
+
+def test_a_taken_port_is_refused_by_the_start_itself(paths: launch.LaunchPaths) -> None:
+    script(paths, "exit 0\n")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        result = launch.start_server(LocalHost(), paths, port)  # type: ignore[arg-type]
+    assert not result.ok
+    assert f"port {port} is already taken by PID {os.getpid()}" in result.message
+
+
+def test_start_records_its_group_and_stop_ends_it_with_sigkill_when_ignored(
+    paths: launch.LaunchPaths,
+) -> None:
+    # A server that ignores SIGTERM, with a child in its group.
+    script(paths, "trap '' TERM\necho starting\nsleep 60 &\nwhile true; do sleep 0.1; done\n")
+    started = start(paths)
+    record = started.data["record"]
+    try:
+        assert started.ok and started.message.startswith(f"started: PID {record['pid']}")
+        assert record["pgid"] == record["pid"] != os.getpgid(0)
+        saved = json.loads(Path(paths.state_dir, "launch.json").read_text())
+        assert saved["cmdline"].startswith("/bin/bash") and saved["start"] == record["start"]
+        again = start(paths)
+        assert not again.ok and "still running" in again.message
+
+        stopped = launch.stop_server(LocalHost(), paths, grace=0.5)  # type: ignore[arg-type]
+        assert stopped.ok and "with SIGTERM+KILL" in stopped.message
+        assert len(stopped.data["stopped"].rows) >= 2
+        assert not _alive(record["pid"])
+    finally:
+        _kill_group(record["pgid"])
+
+
+def test_stop_refuses_a_recorded_pid_now_used_by_another_process(
+    paths: launch.LaunchPaths,
+) -> None:
+    Path(paths.state_dir).mkdir()
+    me = os.getpid()
+    Path(paths.state_dir, "launch.json").write_text(
+        json.dumps({"pid": me, "pgid": os.getpgid(0), "start": 1})
+    )
+    stopped = launch.stop_server(LocalHost(), paths)  # type: ignore[arg-type]
+    assert not stopped.ok
+    assert stopped.message.startswith("the recorded PID now belongs to another process")
+    assert stopped.data["answer"]["reason"] == "pid-reused"
+
+
+def test_a_script_that_execs_late_is_still_the_recorded_launch(paths: launch.LaunchPaths) -> None:
+    # Recorded while still the script (before its exec), then it becomes the "server".
+    script(paths, "echo preparing\nsleep 2.5\nexec sleep 60\n")
+    started = start(paths)
+    record = started.data["record"]
+    try:
+        assert started.ok and "launch.sh" in record["cmdline"]
+        until_cmdline(record["pid"], "sleep 60")
+        found = diagnose.server_state(LocalHost(), paths, free_port())  # type: ignore[arg-type]
+        assert found.state == "loading" and found.processes[0]["pid"] == record["pid"]
+        stopped = launch.stop_server(LocalHost(), paths, grace=2)  # type: ignore[arg-type]
+        assert stopped.ok and stopped.message == "stopped 1 process(es) with SIGTERM"
+    finally:
+        _kill_group(record["pgid"])
+
+
+def test_stop_refuses_a_recorded_pid_now_running_another_program(
+    paths: launch.LaunchPaths,
+) -> None:
+    Path(paths.state_dir).mkdir()
+    me = os.getpid()
+    text = Path(f"/proc/{me}/stat").read_text()
+    ticks = int(text[text.rindex(")") + 2 :].split()[19])
+    record = {
+        "pid": me,
+        "pgid": os.getpgid(0),
+        "start": ticks,
+        "cmdline": "vllm serve /m",
+        "script": paths.script,
+    }
+    Path(paths.state_dir, "launch.json").write_text(json.dumps(record))
+    stopped = launch.stop_server(LocalHost(), paths)  # type: ignore[arg-type]
+    assert stopped.data["answer"]["reason"] == "pid-reused" and not stopped.data["stopped"].rows
+
+
+def until_cmdline(pid: int, expected: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip() != (
+        expected.encode()
+    ):
+        assert time.monotonic() < deadline, f"PID {pid} never ran {expected!r}"
+        time.sleep(0.05)
+
+
+def test_stop_without_a_record_has_nothing_to_stop(paths: launch.LaunchPaths) -> None:
+    stopped = launch.stop_server(LocalHost(), paths)  # type: ignore[arg-type]
+    assert stopped.data["answer"]["reason"] == "no-record" and not stopped.data["stopped"].rows
+
+
+def _alive(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2] not in "ZX"
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    time.sleep(0.1)
