@@ -53,7 +53,7 @@ lint: setup
 # outputs come from (`make notebooks`), and compares what they show.
 NBVAL_BOX := .sandbox/nbval
 nbval: setup fresh-nbval-box
-	OPSBOOK_DEPLOYMENT=$(CURDIR)/$(NBVAL_BOX)/deployment.yml \
+	OPSBOOK_HEADLESS=1 OPSBOOK_DEPLOYMENT=$(CURDIR)/$(NBVAL_BOX)/deployment.yml \
 	  $(VENV)/bin/pytest -q -p no:cacheprovider --nbval notebooks \
 	  --nbval-sanitize-with tests/nbval-sanitize.cfg; \
 	  code=$$?; $(OPSBOOK) sandbox down --dir $(NBVAL_BOX) >/dev/null; exit $$code
@@ -61,7 +61,7 @@ nbval: setup fresh-nbval-box
 # Refresh the stored outputs of the notebooks from a run on a fresh rehearsal host.
 notebooks: setup fresh-nbval-box
 	for nb in notebooks/*.ipynb; do \
-	  OPSBOOK_DEPLOYMENT=$(CURDIR)/$(NBVAL_BOX)/deployment.yml \
+	  OPSBOOK_HEADLESS=1 OPSBOOK_DEPLOYMENT=$(CURDIR)/$(NBVAL_BOX)/deployment.yml \
 	  $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; \
 	done
 	$(OPSBOOK) sandbox down --dir $(NBVAL_BOX) >/dev/null
