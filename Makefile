@@ -4,7 +4,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OPSBOOK := $(VENV)/bin/opsbook
 SANDBOX ?= .sandbox/demo
-SYSTEM_PACKAGES := openssh-server zsh
 
 .PHONY: demo test setup system lint notebooks nbval fresh-nbval-box sandbox-down bench clean
 
@@ -23,11 +22,13 @@ test: setup lint
 
 setup: system $(VENV)/.installed
 
-# sshd and zsh for the rehearsal host: installed when missing and we are root, else explained.
+# sshd and zsh for the rehearsal host, chromium for the browser test: installed when missing
+# and we are root, else explained.
 system:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v zsh >/dev/null || missing="$$missing zsh"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
