@@ -26,6 +26,8 @@ from opsbook.script import resolve_remote_path
 PROBE = "launch"
 # A probe that waits for a process to die needs its own time on top of the grace period.
 PROBE_SLACK = 30.0
+# How much of the log's end a progress report carries, for a live tail.
+TAIL = 4096
 RECONNECT_ATTEMPTS = 5
 RECONNECT_PAUSE = 2.0
 # A listener that accepts but never answers (not vLLM, or a wedged server) must not stall a
@@ -97,6 +99,17 @@ def stop_server(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Resul
         "survived": "processes survived SIGKILL (uninterruptible sleep?)",
     }
     return Result(False, problems.get(str(reason), f"stop failed: {reason}"), data, findings)
+
+
+def stop_previous(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
+    """:func:`stop_server`, then :func:`clean_stale_shm`: the step before a start."""
+    stopped = stop_server(host, paths, grace=grace)
+    if not stopped.ok:
+        return stopped
+    cleaned = clean_stale_shm(host)
+    data = {**stopped.data, "shm": cleaned.data}
+    message = f"{stopped.message}; {cleaned.message}"
+    return Result(cleaned.ok, message, data, stopped.findings + cleaned.findings)
 
 
 def clean_stale_shm(host: Host, *, apply: bool = True) -> Result:
@@ -223,6 +236,7 @@ class Progress:
     phase: str | None
     state: str
     log_bytes: int
+    tail: str = ""
 
     def line(self) -> str:
         return f"{self.seconds:5.0f} s  {self.state:<13} phase: {self.phase or '-'}"
@@ -260,7 +274,8 @@ def wait_until_ready(
         diagnosis = logscan.diagnose_log(text, running=running)
         elapsed = time.monotonic() - started
         if on_progress:
-            on_progress(Progress(elapsed, diagnosis.phase, diagnosis.state, len(text)))
+            progress = Progress(elapsed, diagnosis.phase, diagnosis.state, len(text), text[-TAIL:])
+            on_progress(progress)
         data = {"diagnosis": diagnosis, "status": status, "seconds": round(elapsed, 1)}
         if diagnosis.state == "failed":
             return Result(False, f"failed: {diagnosis.title}", data, diagnosis.to_result().findings)

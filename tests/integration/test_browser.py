@@ -366,13 +366,13 @@ def test_no_cell_raised(executed: ExecutedNotebook) -> None:
     assert "[*]" not in executed.page.locator(".jp-Notebook").inner_text()
 
 
-def test_widgets_render_where_the_notebook_has_them(executed: ExecutedNotebook) -> None:
-    source = (REPOSITORY / "notebooks" / NOTEBOOK).read_text()
-    if "ipywidgets" not in source and "widget-view+json" not in source:
-        pytest.skip(f"{NOTEBOOK} shows no ipywidgets")
+def test_the_deployment_form_renders_as_widgets(executed: ExecutedNotebook, sandbox) -> None:
     widgets = executed.page.locator(".jp-OutputArea .jupyter-widgets")
     widgets.first.wait_for(state="visible")
     assert widgets.count() > 0
+    picker = executed.page.locator(".jp-OutputArea .widget-dropdown select").first
+    assert picker.input_value() == str(sandbox.deployment_path)
+    assert executed.page.locator(".jp-OutputArea .widget-text input").count() >= 1
 
 
 def test_the_screenshot_was_saved(executed: ExecutedNotebook) -> None:
