@@ -229,7 +229,7 @@ def facts_from_texts(files: Mapping[str, str | None]) -> ModelFacts:
             "config.json is missing from the model directory",
             remedy="point model.path at the checkpoint directory (the one holding config.json)",
         )
-    parsed = {name: _parse_json(name, text) for name, text in files.items() if text}
+    parsed = {name: parse_json(name, text) for name, text in files.items() if text}
     return model_facts(
         parsed["config.json"],
         parsed.get("hf_quant_config.json"),
@@ -1022,7 +1022,8 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
-def _parse_json(name: str, text: str) -> Any:
+def parse_json(name: str, text: str) -> Any:
+    """A config file's JSON, or an error naming the file and how to recover it."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from opsbook.probes import Prober
 from opsbook.results import Finding, Result, Table
 
 PROBE = "download"
@@ -27,14 +28,6 @@ SOURCE = "safetensors format (huggingface/safetensors) and huggingface_hub downl
 SHARD_COLUMNS = ("file", "status", "size", "expected_size", "header_len", "tensors", "detail")
 HASH_COLUMNS = ("file", "status", "sha256", "expected", "source", "cached")
 PROGRESS_COLUMNS = ("file", "state", "bytes", "expected")
-
-
-class Prober(Protocol):
-    """What this module needs from a host: running one probe (``opsbook.hosts.Host``)."""
-
-    def probe(
-        self, name: str, args: dict[str, Any] | None = None, *, timeout: float | None = None
-    ) -> Any: ...
 
 
 @dataclass(frozen=True)

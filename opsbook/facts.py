@@ -11,9 +11,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from opsbook.deployment import Deployment
+from opsbook.probes import Prober
 from opsbook.results import Finding, Result, Table
 
 QUERY_GPU_FIELDS = (
@@ -42,20 +43,6 @@ _CUDA_VERSION = re.compile(r"CUDA(?: UMD)? Version\s*:\s*([0-9][0-9.]*)")
 _DRIVER_VERSION = re.compile(r"(?:Driver|KMD) Version\s*:\s*([0-9][0-9.]*)")
 # Header names nvidia-smi prints for some query fields differ from the names queried.
 _FIELD_ALIASES = {"used_gpu_memory": "used_memory"}
-
-
-class Prober(Protocol):
-    """What :func:`gather_facts` needs from a host: running one probe."""
-
-    def probe(
-        self,
-        name: str,
-        args: dict[str, Any] | None = None,
-        /,
-        *,
-        python: str = "python3",
-        timeout: float | None = None,
-    ) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -19,21 +19,16 @@ import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from opsbook.compat import CONFIG_FILES, check_compat, facts_from_texts
+from opsbook.compat import CONFIG_FILES, check_compat, facts_from_texts, parse_json
 from opsbook.exceptions import OpsbookError
+from opsbook.probes import Prober
 from opsbook.results import Finding, Result, Table
 
 BACKUP_SUFFIX = ".opsbook-orig"
 PATCHABLE_FILES = ("config.json", "hf_quant_config.json")
 ACTIONS = ("delete", "set")
-
-
-class ProbeHost(Protocol):
-    """What this module needs of :class:`opsbook.hosts.Host`."""
-
-    def probe(self, name: str, args: dict[str, Any] | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -155,7 +150,7 @@ def detect_style(text: str) -> tuple[JsonStyle, bool]:
     Raises:
         OpsbookError: the text is not JSON.
     """
-    obj = _loads("(file)", text)
+    obj = parse_json("(file)", text)
     newline = "\r\n" if "\r\n" in text else "\n"
     body = text.rstrip()
     trailing = text[len(body) :]
@@ -241,7 +236,9 @@ def plan_patch(files: Mapping[str, str], edits: Sequence[Edit]) -> Plan:
     for name in dict.fromkeys(e.file for e in edits):
         original = files[name]
         style, exact = detect_style(original)
-        doc, effective = apply_edits(_loads(name, original), [e for e in edits if e.file == name])
+        doc, effective = apply_edits(
+            parse_json(name, original), [e for e in edits if e.file == name]
+        )
         new = style.dumps(doc) if effective else original
         plans[name] = FilePlan(
             name,
@@ -284,7 +281,7 @@ def fp8_kv_cache_edits(files: Mapping[str, str | None]) -> list[Edit]:
     """
     edits: list[Edit] = []
     config_text = files.get("config.json")
-    config = _loads("config.json", config_text) if config_text else {}
+    config = parse_json("config.json", config_text) if config_text else {}
     for prefix in (("quantization_config",), ("text_config", "quantization_config")):
         qc = _walk(config, prefix)
         if isinstance(qc, dict):
@@ -294,7 +291,7 @@ def fp8_kv_cache_edits(files: Mapping[str, str | None]) -> list[Edit]:
                 if key in qc
             ]
     text = files.get("hf_quant_config.json")
-    hf_quant = _loads("hf_quant_config.json", text) if text else {}
+    hf_quant = parse_json("hf_quant_config.json", text) if text else {}
     for path in (("quantization", "kv_cache_quant_algo"), ("kv_cache_quant_algo",)):
         parent = _walk(hf_quant, path[:-1])
         if isinstance(parent, dict) and path[-1] in parent:
@@ -306,7 +303,7 @@ def fp8_kv_cache_edits(files: Mapping[str, str | None]) -> list[Edit]:
 # The remote part
 
 
-def read_config_state(host: ProbeHost, model_dir: str) -> dict[str, Any]:
+def read_config_state(host: Prober, model_dir: str) -> dict[str, Any]:
     """Texts and status (mode, uid, gid, sha256) of the config files and their backups.
 
     Args:
@@ -331,7 +328,7 @@ def read_config_state(host: ProbeHost, model_dir: str) -> dict[str, Any]:
     return state
 
 
-def read_configs(host: ProbeHost, model_dir: str) -> dict[str, str]:
+def read_configs(host: Prober, model_dir: str) -> dict[str, str]:
     """The texts of ``config.json``, ``hf_quant_config.json`` and ``tokenizer_config.json``.
 
     One round trip. Files that do not exist are left out.
@@ -347,7 +344,7 @@ def read_configs(host: ProbeHost, model_dir: str) -> dict[str, str]:
 
 
 def apply_patch(
-    host: ProbeHost,
+    host: Prober,
     model_dir: str,
     plan: Plan,
     *,
@@ -436,9 +433,7 @@ def apply_patch(
     return Result(ok, message, data, findings)
 
 
-def restore_patch(
-    host: ProbeHost, model_dir: str, files: Sequence[str] = PATCHABLE_FILES
-) -> Result:
+def restore_patch(host: Prober, model_dir: str, files: Sequence[str] = PATCHABLE_FILES) -> Result:
     """Put the originals saved by :func:`apply_patch` back, byte for byte.
 
     The backups stay where they are. A file without a backup is left alone.
@@ -611,16 +606,6 @@ def _walk(doc: Any, path: Sequence[str]) -> Any:
             return None
         node = node[key]
     return node
-
-
-def _loads(name: str, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise OpsbookError(
-            f"{name} is not valid JSON: {e}",
-            remedy=f"restore {name} from its backup or re-download it",
-        ) from None
 
 
 def _sha256(text: str) -> str:

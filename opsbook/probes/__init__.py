@@ -10,9 +10,23 @@ from __future__ import annotations
 import json
 import subprocess
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 from opsbook.exceptions import ProbeError
+
+
+class Prober(Protocol):
+    """What a check needs of a host: running a probe. :class:`opsbook.hosts.Host` is one."""
+
+    def probe(
+        self,
+        name: str,
+        args: dict[str, Any] | None = None,
+        *,
+        python: str = "python3",
+        timeout: float | None = None,
+    ) -> Any: ...
+
 
 _FOOTER = """
 
