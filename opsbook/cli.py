@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs)")
     run.add_argument("--timeout", type=float, default=None, help="seconds a cell may run")
+    run.add_argument(
+        "--stage-timeout", type=float, default=None, help="seconds a whole notebook may run"
+    )
     run.set_defaults(handler=cmd_run)
 
     box = sub.add_parser("sandbox", help="the rehearsal host: a real sshd with a simulated GPU box")
@@ -102,13 +105,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.runs_dir,
             apply=bool(params.get("apply", True)),
             timeout=args.timeout,
+            stage_timeout=args.stage_timeout,
         )
         print(f"{record.status}: {record.message}")
         print(f"run folder: {record.folder}")
         print(f"index: {record.folder / 'index.html'}")
         return record.exit_code
     record = runner.run_notebook(
-        args.notebook, args.deployment, params, runs_dir=args.runs_dir, timeout=args.timeout
+        args.notebook,
+        args.deployment,
+        params,
+        runs_dir=args.runs_dir,
+        timeout=args.timeout,
+        stage_timeout=args.stage_timeout,
     )
     print(f"{record.status}: {record.message}")
     print(f"run folder: {record.folder}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -117,6 +119,7 @@ def run_notebook(
     parameters: Mapping[str, Any] | None = None,
     runs_dir: str | Path = "runs",
     timeout: float | None = None,
+    stage_timeout: float | None = None,
 ) -> RunRecord:
     """Execute one runbook notebook against a deployment and file the run.
 
@@ -126,6 +129,7 @@ def run_notebook(
         parameters: further notebook parameters; unknown names are refused.
         runs_dir: where run folders are made.
         timeout: seconds a single cell may run.
+        stage_timeout: seconds the whole notebook may run.
 
     Raises:
         RunError: the notebook or a parameter is unknown.
@@ -137,7 +141,8 @@ def run_notebook(
     params = {"deployment": str(deployment_path), **dict(parameters or {})}
     check_parameters(nb_path, params)
     folder = new_run_folder(Path(runs_dir), nb_path.stem, dep.host.address)
-    record = execute_stage(nb_path, folder, params, Redactor(dep.secret_values()), timeout)
+    redactor = Redactor(dep.secret_values())
+    record = execute_stage(nb_path, folder, params, redactor, timeout, stage_timeout)
     (folder / "run.json").write_text(json.dumps(asdict(record), default=str, indent=2) + "\n")
     return record
 
@@ -148,9 +153,19 @@ def execute_stage(
     params: Mapping[str, Any],
     redactor: Redactor,
     timeout: float | None = None,
+    stage_timeout: float | None = None,
 ) -> RunRecord:
     """Run one notebook with papermill into ``folder``; the notebook is written even when a
-    cell fails, and the journal and verdicts go next to it."""
+    cell fails, and the journal and verdicts go next to it.
+
+    Args:
+        nb_path: the notebook.
+        folder: the run folder.
+        params: its parameters.
+        redactor: masks secrets in what is filed.
+        timeout: seconds a cell may run.
+        stage_timeout: seconds the whole notebook may run (enforced from the main thread).
+    """
     output = folder / nb_path.name
     verdicts_file = folder / f"{nb_path.stem}.verdicts.jsonl"
     started = time.monotonic()
@@ -160,7 +175,7 @@ def execute_stage(
         HEADLESS_ENV: "1",
     }
     try:
-        with _environment(env):
+        with _environment(env), _deadline(stage_timeout):
             papermill.execute_notebook(
                 str(nb_path),
                 str(output),
@@ -177,6 +192,10 @@ def execute_stage(
         verdicts = outcome.read(verdicts_file)
         code = exit_code_for(e.ename)
         message = f"cell {e.exec_count} raised {e.ename}: {e.evalue}"
+    except StageTimeout:
+        verdicts = outcome.read(verdicts_file)
+        code = EXIT_TOOL_FAILED
+        message = f"the stage ran longer than {stage_timeout:g} s and was stopped"
     except Exception as e:  # a dead kernel or a broken notebook still gets a record
         verdicts = outcome.read(verdicts_file)
         code = EXIT_TOOL_FAILED
@@ -234,6 +253,7 @@ def run_deploy(
     *,
     apply: bool = True,
     timeout: float | None = None,
+    stage_timeout: float | None = None,
 ) -> RunRecord:
     """The whole runbook into one run folder: stages 00 to 04 in order, stopping at the first
     that fails, then 05_diagnose; an HTML copy of each, ``summary.json`` and ``index.html``.
@@ -245,6 +265,7 @@ def run_deploy(
         apply: passed to the stages that change the host; False makes the run a rehearsal
             that stops at the first stage with something to change.
         timeout: seconds a single cell may run.
+        stage_timeout: seconds each stage may run.
 
     Raises:
         DeploymentError: the deployment file is unusable.
@@ -252,16 +273,17 @@ def run_deploy(
     deployment_path = Path(deployment).resolve()
     dep = load_deployment(deployment_path)
     folder = new_run_folder(Path(runs_dir), "deploy", dep.host.address)
+    limits = (timeout, stage_timeout)
     redactor = Redactor(dep.secret_values())
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     stage_records: list[tuple[str, RunRecord]] = []
     for stage in DEPLOY_STAGES:
-        record = _deploy_stage(stage, deployment_path, folder, redactor, apply, timeout)
+        record = _deploy_stage(stage, deployment_path, folder, redactor, apply, limits)
         stage_records.append((stage, record))
         if not record.ok:
             break
     failed = next((r for _, r in stage_records if not r.ok), None)
-    diagnosis = _deploy_stage(DIAGNOSE_STAGE, deployment_path, folder, redactor, apply, timeout)
+    diagnosis = _deploy_stage(DIAGNOSE_STAGE, deployment_path, folder, redactor, apply, limits)
     stage_records.append((DIAGNOSE_STAGE, diagnosis))
     final = failed or diagnosis
     summary = RunRecord(
@@ -296,13 +318,13 @@ def _deploy_stage(
     folder: Path,
     redactor: Redactor,
     apply: bool,
-    timeout: float | None,
+    limits: tuple[float | None, float | None],
 ) -> RunRecord:
     nb_path = find_notebook(stage)
     params: dict[str, Any] = {"deployment": str(deployment)}
     if "apply" in papermill.inspect_notebook(str(nb_path)):
         params["apply"] = apply
-    return execute_stage(nb_path, folder, params, redactor, timeout)
+    return execute_stage(nb_path, folder, params, redactor, *limits)
 
 
 def _stage_summary(stage: str, record: RunRecord) -> records.StageSummary:
@@ -337,6 +359,30 @@ def exit_code_for(ename: str) -> int:
     if isinstance(cls, type) and issubclass(cls, exceptions.HostUnreachable):
         return EXIT_UNREACHABLE
     return EXIT_TOOL_FAILED
+
+
+class StageTimeout(Exception):
+    """Raised inside a stage that ran past its deadline."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    # SIGALRM interrupts the wait for the kernel; papermill has saved every finished cell,
+    # and nbclient shuts the kernel down on the way out.
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise StageTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
 
@@ -63,3 +64,28 @@ def test_a_second_run_gets_a_new_folder(sandbox, tmp_path) -> None:
     second = run.run_notebook("01_download_check", sandbox.deployment_path, runs_dir=tmp_path)
     assert first.folder != second.folder
     assert first.executed_notebook.exists() and second.executed_notebook.exists()
+
+
+def test_a_stage_past_its_deadline_is_stopped_and_still_filed(sandbox, tmp_path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    params = nbformat.v4.new_code_cell("deployment = ''")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [
+        params,
+        nbformat.v4.new_code_cell("print('started')"),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(120)"),
+    ]
+    path = tmp_path / "slow.ipynb"
+    nbformat.write(nb, path)
+    record = run.run_notebook(
+        path, sandbox.deployment_path, runs_dir=tmp_path / "runs", stage_timeout=6
+    )
+    assert record.exit_code == run.EXIT_TOOL_FAILED
+    assert "longer than 6 s" in record.message
+    assert record.duration < 30
+    assert "started" in outputs_text(record.executed_notebook)
