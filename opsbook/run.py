@@ -101,6 +101,8 @@ def new_run_folder(runs_dir: Path, name: str, host: str) -> Path:
     """Create ``runs_dir/<UTC time>-<notebook>-<host>``; a taken name gets a suffix."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe_host = "".join(c if c.isalnum() or c in ".-" else "_" for c in host)
+    # Absolute: the notebook's kernel runs in notebooks/ and writes the journal here.
+    runs_dir = runs_dir.resolve()
     base = runs_dir / f"{stamp}-{name}-{safe_host}"
     runs_dir.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):

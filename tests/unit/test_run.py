@@ -53,3 +53,9 @@ def test_notebooks_are_found_by_stage_name() -> None:
 )
 def test_exit_codes_follow_the_exception(ename: str, code: int) -> None:
     assert run.exit_code_for(ename) == code
+
+
+def test_run_folders_are_absolute(tmp_path, notebook, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    folder = run.new_run_folder(run.Path("runs"), "deploy", "gpu-01")
+    assert folder.is_absolute() and folder.parent == tmp_path / "runs"
