@@ -610,3 +610,17 @@ def _walk(doc: Any, path: Sequence[str]) -> Any:
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def patch_verdict(before: Result, applied: Result | None, *, restored: bool = False) -> Result:
+    """The config-patch stage's verdict: the prediction when nothing was applied (or the
+    originals were put back), else the patch and its re-check, naming what was predicted."""
+    if applied is None or restored:
+        return before
+    recheck = applied.data.get("recheck")
+    ok = applied.ok and (recheck is None or recheck.ok)
+    parts = [] if before.ok else [f"predicted: {before.message}"]
+    parts.append(applied.message)
+    if recheck is not None:
+        parts.append(f"re-check: {recheck.message}")
+    return Result(ok, "; ".join(parts), applied.data, applied.findings)

@@ -338,3 +338,22 @@ def test_owner_is_kept_when_root(model_dir: Path) -> None:
     restore_patch(host, str(model_dir))
     st = (model_dir / "config.json").stat()
     assert (st.st_uid, st.st_gid) == (65534, 65534)
+
+
+def test_patch_verdict_names_the_prediction_and_the_recheck() -> None:
+    from opsbook.patch import patch_verdict
+    from opsbook.results import Result
+
+    before = Result(False, "1 problem(s) will stop vLLM: FP8 KV cache with MLA")
+    recheck = Result(True, "no known incompatibility")
+    applied = Result(True, "patched config.json; backups kept", {"recheck": recheck})
+    verdict = patch_verdict(before, applied)
+    assert verdict.ok
+    assert verdict.message == (
+        "predicted: 1 problem(s) will stop vLLM: FP8 KV cache with MLA; "
+        "patched config.json; backups kept; re-check: no known incompatibility"
+    )
+    assert patch_verdict(before, None) is before
+    assert patch_verdict(before, applied, restored=True) is before
+    failed = Result(True, "patched", {"recheck": Result(False, "still broken")})
+    assert not patch_verdict(before, failed).ok
