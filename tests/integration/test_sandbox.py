@@ -153,7 +153,8 @@ def test_stale_state_is_restarted_and_down_leaves_nothing_of_ours() -> None:
         assert not sandboxes.status(folder).ok
         box = sandboxes.up(folder, address="127.0.0.4", checkpoint=False)
         assert sandboxes.status(folder).ok
-        started = ssh(box, "nohup sleep 300 >/dev/null 2>&1 & echo $!")
+        # The pause lets nohup ignore SIGHUP before the login shell exits and hangs up its jobs.
+        started = ssh(box, "nohup sleep 300 >/dev/null 2>&1 & pid=$!; sleep 0.5; echo $pid")
         sleeper = int(started.stdout.strip())
         assert sleeper in processes_of(uid)
         result = sandboxes.down(folder)
