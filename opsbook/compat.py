@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from opsbook.exceptions import OpsbookError
+from opsbook.probes import Prober
 from opsbook.results import Finding, Result, Table
 
 RULES_FILE = "compat_rules.yaml"
@@ -959,6 +960,14 @@ def tokens_that_fit(free_bytes: int, facts: ModelFacts, kv_dtype: str) -> int:
         The number of tokens (all sequences together).
     """
     return max(0, int(free_bytes)) // kv_cache_bytes_per_token(facts, kv_dtype)
+
+
+def probe_backends(host: Prober, python: str) -> dict[str, list[str]] | None:
+    """The KV-cache dtypes the installed vLLM's MLA backends support, read on the host
+    (None when vLLM is not importable there); pass it as ``probed_backends``."""
+    answer = host.probe("backends", {"python": python}, timeout=240)
+    backends = answer.get("backends")
+    return {str(k): [str(d) for d in v] for k, v in backends.items()} if backends else None
 
 
 def kv_budget_bytes(gpus: Sequence[Any], weight_bytes: int, utilization: float = 0.9) -> int:

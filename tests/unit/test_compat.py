@@ -465,3 +465,22 @@ def test_kv_budget_is_the_memory_left_after_the_weights_slice() -> None:
     assert budget == int(97887 * 2**20 * 0.9 - weights / 8)
     assert kv_budget_bytes([], weights) == 0
     assert kv_budget_bytes(gpus[:1], weights) == 0
+
+
+def test_backends_probe_reads_the_installed_vllm(tmp_path) -> None:
+    import os
+
+    from opsbook import probes
+
+    mla = tmp_path / "vllm" / "v1" / "attention" / "backends" / "mla"
+    mla.mkdir(parents=True)
+    for folder in [mla, *mla.parents][:5]:
+        (folder / "__init__.py").touch()
+    (mla / "triton_mla.py").write_text(
+        "class TritonMLABackend:\n    supported_kv_cache_dtypes = ['auto', 'bfloat16', 'fp8']\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    answer = probes.run_local("backends", {"python": "/usr/bin/python3"}, env=env)
+    assert answer == {"backends": {"TRITON_MLA": ["auto", "bfloat16", "fp8"]}, "error": None}
+    missing = probes.run_local("backends", {"python": "/no/such/python"})
+    assert missing["backends"] is None and "No such file" in missing["error"]
