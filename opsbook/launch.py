@@ -122,7 +122,8 @@ def clean_stale_shm(host: Host, *, apply: bool = True) -> Result:
     removed, kept = answer["removed"], answer["kept"]
     freed = sum(r["bytes"] for r in removed)
     verb = "would remove" if not apply else "removed"
-    message = f"{verb} {len(removed)} stale file(s) ({freed} bytes); kept {len(kept)}"
+    in_use = [k for k in kept if k.get("mine")]
+    message = f"{verb} {len(removed)} stale file(s) ({freed} bytes); {len(in_use)} in use kept"
     return Result(True, message, answer)
 
 

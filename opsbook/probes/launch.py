@@ -343,15 +343,15 @@ def clean_shm(args):
         except OSError:
             continue
         if st.st_uid != uid:
-            kept.append({"file": name, "why": f"belongs to uid {st.st_uid}"})
+            kept.append({"file": name, "why": f"belongs to uid {st.st_uid}", "mine": False})
         elif path in in_use:
-            kept.append({"file": name, "why": f"open in process {in_use[path]}"})
+            kept.append({"file": name, "why": f"open in process {in_use[path]}", "mine": True})
         elif args.get("apply", True):
             try:
                 os.unlink(path)
                 removed.append({"file": name, "bytes": st.st_size})
             except OSError as e:
-                kept.append({"file": name, "why": e.strerror})
+                kept.append({"file": name, "why": e.strerror, "mine": True})
         else:
             removed.append({"file": name, "bytes": st.st_size, "dry_run": True})
     return {"removed": removed, "kept": kept}
