@@ -155,6 +155,7 @@ class Host:
         self.redactor = Redactor(secrets)
         self.journal = journal or Journal.from_env(self.redactor)
         self._conn: Connection | None = None
+        self._home: str | None = None
 
     @classmethod
     def from_deployment(
@@ -390,6 +391,16 @@ class Host:
             label=f"probe {name} ({python} -) args={_short(args)}",
         )
         return probes.decode(name, result.stdout, result.stderr, result.exit_code, self.name)
+
+    def home_folder(self) -> str:
+        """The login user's home folder on the host (asked once per Host).
+
+        Raises:
+            HostError: it could not be read.
+        """
+        if self._home is None:
+            self._home = self.run('printf %s "$HOME"', check=True, label="home folder").stdout
+        return self._home
 
     # -- files --------------------------------------------------------------------------
 

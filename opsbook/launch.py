@@ -17,7 +17,7 @@ from typing import Any
 
 from opsbook import logscan
 from opsbook.deployment import Deployment
-from opsbook.exceptions import HostUnreachable, ProbeError
+from opsbook.exceptions import HostUnreachable
 from opsbook.facts import HostFacts
 from opsbook.hosts import Host
 from opsbook.results import Finding, Result, Table
@@ -268,9 +268,13 @@ def wait_until_ready(
     opened again and the wait goes on with the same recorded process.
     """
     started = time.monotonic()
+    text, offset = "", None
     while True:
-        status = _status_with_retry(host, paths, server_port)
-        text = status["log"].get("text", "") if status["log"].get("exists") else ""
+        # Only the bytes logged since the last look cross the network.
+        status = _status_with_retry(host, paths, server_port, offset)
+        log = status["log"]
+        if log.get("exists"):
+            text, offset = text + log["text"], log["end"]
         running = bool(status["running"])
         diagnosis = logscan.diagnose_log(text, running=running)
         elapsed = time.monotonic() - started
@@ -294,21 +298,20 @@ def wait_until_ready(
         sleep(interval)
 
 
-def _status_with_retry(host: Host, paths: LaunchPaths, port: int) -> dict[str, Any]:
-    return _probe_with_retry(host, paths.probe_args(op="status", port=port))
+def _status_with_retry(
+    host: Host, paths: LaunchPaths, port: int, offset: int | None
+) -> dict[str, Any]:
+    return _probe_with_retry(host, paths.probe_args(op="status", port=port, offset=offset))
 
 
 def _probe_with_retry(host: Host, args: dict[str, Any]) -> dict[str, Any]:
-    """A read-only probe, run again on a fresh connection when the connection drops.
-
-    A channel cut mid-command reports no exit status (-1), which reaches us as a failed
-    probe rather than an unreachable host; both are retried, since reading is harmless.
-    """
+    """A read-only probe, run again on a fresh connection when the connection drops
+    (reading twice is harmless)."""
     for attempt in range(RECONNECT_ATTEMPTS):
         try:
             answer: dict[str, Any] = host.probe(PROBE, args)
             return answer
-        except (HostUnreachable, ProbeError):
+        except HostUnreachable:
             if attempt == RECONNECT_ATTEMPTS - 1:
                 raise
             host.close()

@@ -83,6 +83,8 @@ class ScriptHost(Protocol):
 
     def upload(self, remote_path: str, data: str | bytes, mode: int = 0o644) -> None: ...
 
+    def home_folder(self) -> str: ...
+
     def read_bytes(self, remote_path: str) -> bytes: ...
 
 
@@ -493,7 +495,7 @@ def resolve_remote_path(host: ScriptHost, path: str) -> str:
     """
     if path.startswith("/"):
         return posixpath.normpath(path)
-    home = host.run('printf %s "$HOME"', check=True, label="home folder").stdout
+    home = host.home_folder()
     relative = path[2:] if path.startswith("~/") else ("" if path == "~" else path)
     return posixpath.normpath(posixpath.join(home, relative))
 

@@ -240,7 +240,7 @@ def prove_started(proc, record):
         "log_exists": os.path.exists(record["log"]),
         "log_bytes": grown,
         "cmdline": record["cmdline"],
-        "tail": read_from(record["log"], record["log_offset"])[-8192:],
+        "tail": read_from(record["log"], record["log_offset"])[0][-8192:],
     }
 
 
@@ -422,14 +422,20 @@ def file_size(path):
 
 
 def read_from(path, offset):
+    """The log from byte ``offset`` (at most its last TAIL_LIMIT bytes) and where it ended."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            start = max(offset or 0, size - TAIL_LIMIT)
+            # A log shorter than the offset was truncated or replaced: read it from the start.
+            start = offset or 0
+            if start > size:
+                start = 0
+            start = max(start, size - TAIL_LIMIT)
             f.seek(start)
-            return f.read().decode(errors="replace")
+            data = f.read()
+            return data.decode(errors="replace"), start + len(data)
     except OSError:
-        return ""
+        return "", offset or 0
 
 
 def log_state(path, offset):
@@ -437,12 +443,14 @@ def log_state(path, offset):
         st = os.stat(path)
     except OSError:
         return {"exists": False}
+    text, end = read_from(path, offset)
     return {
         "exists": True,
         "size": st.st_size,
         "age": time.time() - st.st_mtime,
-        "text": read_from(path, offset),
+        "text": text,
         "offset": offset or 0,
+        "end": end,
     }
 
 

@@ -306,6 +306,9 @@ class LocalHost:
     def read_bytes(self, remote_path: str) -> bytes:
         return Path(remote_path).read_bytes()
 
+    def home_folder(self) -> str:
+        return self.run('printf %s "$HOME"', check=True).stdout
+
 
 def test_relative_and_home_paths_resolve_against_the_remote_home(tmp_path: Path) -> None:
     host = LocalHost(tmp_path)
