@@ -50,7 +50,6 @@ MLA_MODEL_TYPES = (
 SPARSE_MLA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
 # vllm/utils/torch_utils.py MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP.
 MODELOPT_TO_VLLM_KV_CACHE_DTYPE = {"fp8": "fp8_e4m3"}
-FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 KV_DTYPE_BYTES = {
     "auto": 2,
     "bfloat16": 2,

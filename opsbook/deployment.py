@@ -52,7 +52,7 @@ class HostSpec:
 
 @dataclass
 class Deployment:
-    """A parsed deployment file. ``raw`` keeps the whole document for stage parameters."""
+    """A parsed deployment file."""
 
     name: str
     hosts: list[HostSpec]
@@ -66,7 +66,6 @@ class Deployment:
     log_path: str = "opsbook/vllm.log"
     state_dir: str = "opsbook/state"
     source: str = ""
-    raw: dict[str, Any] = field(default_factory=dict)
 
     @property
     def host(self) -> HostSpec:
@@ -172,7 +171,6 @@ def parse_deployment(doc: dict[str, Any], source: str = "<dict>") -> Deployment:
         log_path=str(paths.get("log") or "opsbook/vllm.log"),
         state_dir=str(paths.get("state") or "opsbook/state"),
         source=source,
-        raw=doc,
     )
 
 

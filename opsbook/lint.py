@@ -50,7 +50,6 @@ OPERATORS = (
     ";", "&", "|", "(", ")", "<", ">", "\n",
 )  # fmt: skip
 REDIRECTIONS = {"&>>", "<<<", ">>", ">&", "&>", "<&", "<<", "<>", ">|", "<", ">"}
-SEPARATORS = {"&&", "||", "|&", ";;", ";", "&", "|", "(", ")", "\n"}
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\+?=")
 SIGNAL_NAMES = {s.name[3:] for s in signal.Signals} | {"0"}
 SIGNAL_NUMBERS = {str(int(s)): s.name[3:] for s in signal.Signals}

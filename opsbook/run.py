@@ -27,6 +27,7 @@ from opsbook import exceptions, outcome, records
 from opsbook.deployment import load_deployment
 from opsbook.exceptions import RunError
 from opsbook.journal import JOURNAL_ENV
+from opsbook.progress import HEADLESS_ENV
 from opsbook.redact import Redactor
 
 # Exit codes of `opsbook run`, documented in the README.
@@ -35,9 +36,6 @@ EXIT_PROBLEM = 1  # the notebook ran and a check found a problem on the host
 EXIT_USAGE = 2  # bad arguments or deployment file
 EXIT_TOOL_FAILED = 3  # opsbook or the notebook itself failed
 EXIT_UNREACHABLE = 4  # the host could not be reached
-
-# Set for the notebook's kernel: progress goes to occasional lines, nothing waits for a click.
-HEADLESS_ENV = "OPSBOOK_HEADLESS"
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 

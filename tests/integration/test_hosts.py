@@ -160,3 +160,22 @@ def _q(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def test_a_group_answers_per_host_and_one_failure_does_not_stop_the_others(
+    sandbox, bash_sandbox
+) -> None:
+    from opsbook.hosts import HostGroup
+
+    good = [host_of(sandbox), host_of(bash_sandbox)]
+    closed = Host(HostSpec(**{**good[0].spec.__dict__, "port": 1}))
+    group = HostGroup([*good, closed])
+    try:
+        answers = group.run("id -un")
+        facts = group.probe("facts", {"python": "python3", "model_path": "/", "ports": []})
+    finally:
+        group.close()
+    assert [answers[h.name].stdout.strip() for h in good] == [sandbox.user, bash_sandbox.user]
+    assert isinstance(answers[closed.name], ConnectionRefused)
+    assert all(len(facts[h.name]["nvidia_smi"]) > 0 for h in good)
+    assert isinstance(facts[closed.name], ConnectionRefused)

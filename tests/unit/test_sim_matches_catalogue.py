@@ -21,8 +21,8 @@ import pytest
 
 from opsbook.checkpoint import make_checkpoint, truncate_shard
 from opsbook.logscan import PHASE_NAMES, LogDiagnosis, diagnose_log
+from opsbook.probes.launch import group_members
 from opsbook.sim import simgpu
-from opsbook.sim.vllm_install import install_vllm
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
@@ -62,14 +62,6 @@ class Box:
     groups: list[subprocess.Popen[bytes]]
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("venv")
-    subprocess.run([str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(root)], check=True)
-    install_vllm(root)
-    return root
-
-
 @pytest.fixture
 def box(venv: Path, tmp_path: Path) -> Iterator[Box]:
     simgpu.write_config(tmp_path / "sim")
@@ -96,17 +88,8 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            found.append(int(entry.name))
-    return found
+    """Live (non-zombie) processes of a process group, as the launch probe sees them."""
+    return sorted(group_members(pgid))
 
 
 def shm_files(pid: int) -> set[Path]:

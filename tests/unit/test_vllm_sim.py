@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from opsbook.checkpoint import make_checkpoint, truncate_shard
+from opsbook.probes.launch import group_members
 from opsbook.sim import simgpu
 from opsbook.sim.vllm import _simmodel
-from opsbook.sim.vllm_install import install_vllm
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 STARTUP_SECONDS = "0.3"
@@ -38,14 +38,6 @@ READY = "Application startup complete."
 pytestmark = pytest.mark.skipif(
     not SYSTEM_PYTHON.exists() or not Path("/dev/shm").is_dir(), reason="needs python3 and /dev/shm"
 )
-
-
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("venv")
-    subprocess.run([str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(root)], check=True)
-    install_vllm(root)
-    return root
 
 
 @pytest.fixture
@@ -76,19 +68,8 @@ def free_port() -> int:
 
 
 def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            found.append(int(entry.name))
-    return sorted(found)
+    """Live (non-zombie) processes of a process group, as the launch probe sees them."""
+    return sorted(group_members(pgid))
 
 
 def cmdline(pid: int) -> bytes:
