@@ -87,15 +87,14 @@ def index_page(doc: dict[str, Any]) -> str:
 
 def close(folder: Path) -> None:
     """Make a finished run folder read-only, files and folders alike."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = Path(root) / name
-            path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
-    for root, dirs, _ in os.walk(folder, topdown=False):
-        for name in dirs:
-            path = Path(root) / name
-            path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
-    folder.chmod(folder.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for name in [*files, *dirs]:
+            _drop_write_bits(Path(root) / name)
+    _drop_write_bits(folder)
+
+
+def _drop_write_bits(path: Path) -> None:
+    path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
 
 
 def list_runs(runs_dir: Path) -> Table:
