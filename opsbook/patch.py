@@ -8,6 +8,9 @@ overwritten; atomic replace keeping owner and mode; verification; idempotent) an
 :func:`restore_patch` (the originals back, byte for byte).
 
 :func:`fp8_kv_cache_edits` is the incident's patch: drop the checkpoint's FP8 KV-cache request.
+:func:`plan_for_prediction` plans it only when the prediction of
+:func:`opsbook.compat.check_compat` has a failure that the patch avoids: an FP8 KV cache that
+vLLM can serve is kept, since a 16-bit one holds half the tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsbook.compat import CONFIG_FILES, check_compat, facts_from_texts, parse_json
+from opsbook.compat import (
+    CONFIG_FILES,
+    ModelFacts,
+    check_compat,
+    facts_from_texts,
+    parse_json,
+    tokens_that_fit,
+)
 from opsbook.exceptions import OpsbookError
 from opsbook.probes import Prober
 from opsbook.results import Finding, Result, Table
@@ -107,10 +117,24 @@ class FilePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """New texts for a set of files, with their diffs."""
+    """New texts for a set of files, with their diffs.
+
+    Attributes:
+        files: file name to its planned change.
+        edits: the edits asked for.
+        reason: why these edits, or why none (set by :func:`plan_for_prediction`).
+        avoids: the predicted problems (finding subjects) the edits avoid.
+    """
 
     files: dict[str, FilePlan] = field(default_factory=dict)
     edits: tuple[Edit, ...] = ()
+    reason: str = ""
+    avoids: tuple[str, ...] = ()
+
+    @property
+    def nothing_planned(self) -> bool:
+        """True when no edit was planned at all (as opposed to edits already applied)."""
+        return not self.edits
 
     @property
     def already_applied(self) -> bool:
@@ -299,6 +323,120 @@ def fp8_kv_cache_edits(files: Mapping[str, str | None]) -> list[Edit]:
     return edits
 
 
+def plan_for_prediction(
+    files: Mapping[str, str],
+    prediction: Result,
+    gpus: Sequence[Any],
+    vllm_version: str | None,
+    serve_args: Mapping[str, Any],
+    probed_backends: Mapping[str, Sequence[str]] | None = None,
+    *,
+    kv_budget_bytes: int | None = None,
+) -> Plan:
+    """The incident's patch, planned only when it avoids a failure the prediction names.
+
+    The prediction is run again on the files as the patch would leave them: the patch is
+    planned when an error of ``prediction`` is gone there. Otherwise nothing is planned and
+    the reason says why, with the tokens the checkpoint's KV cache keeps.
+
+    Args:
+        files: file name to text, as :func:`read_configs` gives them.
+        prediction: :func:`opsbook.compat.check_compat` on these files, GPUs, version, args.
+        gpus: the GPU facts the prediction was made for.
+        vllm_version: the vLLM version it was made for (None when unknown).
+        serve_args: the server's arguments.
+        probed_backends: backend KV dtypes read from the installed vLLM, if any.
+        kv_budget_bytes: one GPU's KV-cache memory (:func:`opsbook.compat.kv_budget_bytes`),
+            to say how many tokens fit; None leaves the token count out.
+
+    Returns:
+        The :class:`Plan`: the patch with ``avoids`` naming the failures it avoids, or no
+        edits with ``reason`` saying why.
+    """
+    edits = fp8_kv_cache_edits(files)
+    if not edits:
+        return Plan(reason="the checkpoint asks for no quantized KV cache: nothing to change")
+    candidate = plan_patch(files, edits)
+    patched = {**files, **{name: fp.new for name, fp in candidate.files.items()}}
+    after = check_compat(facts_from_texts(patched), gpus, vllm_version, serve_args, probed_backends)
+    remaining = {f.subject for f in after.findings if f.severity == "error"}
+    avoided = tuple(
+        f.subject
+        for f in prediction.findings
+        if f.severity == "error" and f.subject not in remaining
+    )
+    facts = facts_from_texts(files)
+    kv_dtype = str(prediction.data.get("kv_cache_dtype", facts.kv_cache_dtype))
+    sizes = _token_counts(facts, kv_dtype, kv_budget_bytes)
+    if avoided:
+        cost = f": {sizes[1]:,} tokens per GPU instead of {sizes[0]:,}" if sizes else ""
+        reason = (
+            f"predicted: {'; '.join(avoided)}. Removing the checkpoint's {kv_dtype} KV-cache "
+            f"request avoids it; the KV cache becomes bfloat16{cost}"
+        )
+        return Plan(candidate.files, candidate.edits, reason, avoided)
+    keeps = f": {sizes[0]:,} tokens per GPU ({sizes[1]:,} with bfloat16)" if sizes else ""
+    return Plan(reason=_keep_reason(prediction, after, kv_dtype, vllm_version, keeps))
+
+
+def _keep_reason(
+    prediction: Result, after: Result, kv_dtype: str, vllm_version: str | None, keeps: str
+) -> str:
+    """Why the checkpoint's KV cache is kept: what vLLM will use, or what the patch won't fix."""
+    errors = [f.subject for f in prediction.findings if f.severity == "error"]
+    if errors:
+        return (
+            f"nothing to change: removing the FP8 KV cache would not avoid what is predicted "
+            f"({'; '.join(errors)}); the checkpoint is left as it is"
+        )
+    uses = _backends_text(prediction)
+    unsure = [
+        f.subject
+        for f in prediction.findings
+        if f.severity == "warning"
+        and f.subject not in {g.subject for g in after.findings if g.severity == "warning"}
+    ]
+    doubt = (
+        f". The vLLM version is unknown, and some releases stop here ({'; '.join(unsure)}): "
+        "give the version (vllm_version) to decide"
+        if unsure
+        else ""
+    )
+    asked = (
+        "with the checkpoint's KV-cache keys, which vLLM does not apply here (KV cache auto)"
+        if kv_dtype == "auto"
+        else f"with the {kv_dtype} KV cache the checkpoint asks for"
+    )
+    return (
+        f"nothing to change: no failure is predicted {asked} "
+        f"({_vllm_name(vllm_version)}{uses}); it is kept{keeps}{doubt}"
+    )
+
+
+def _backends_text(prediction: Result) -> str:
+    backends = prediction.data.get("backends") or {}
+    named = [
+        f"{choice['name']} on compute capability {cc}"
+        for cc, choice in backends.items()
+        if choice.get("name")
+    ]
+    return f" uses {', '.join(named)}" if named else ""
+
+
+def _vllm_name(version: str | None) -> str:
+    return f"vLLM {version}" if version else "vLLM of unknown version"
+
+
+def _token_counts(facts: ModelFacts, kv_dtype: str, budget: int | None) -> tuple[int, int] | None:
+    """Tokens of KV cache one GPU holds with ``kv_dtype`` and with bfloat16 (None: unknown)."""
+    if not budget or not facts.num_layers:
+        return None
+    try:
+        return tokens_that_fit(budget, facts, kv_dtype), tokens_that_fit(budget, facts, "bfloat16")
+    except OpsbookError:
+        return None
+
+
 # --------------------------------------------------------------------------------------------
 # The remote part
 
@@ -375,18 +513,17 @@ def apply_patch(
         A :class:`Result`; ``data`` holds ``dry_run``, ``already_applied``, ``changed``,
         ``backups`` (name to path, sha256, whether created now), ``diff`` and ``recheck``.
     """
+    if plan.nothing_planned:
+        # Nothing to write: the host is not touched, and the plan says why.
+        return Result(
+            True,
+            plan.reason or "nothing planned: nothing to change",
+            _apply_data(apply, pending=[], done=[], diff=""),
+        )
     state = read_config_state(host, model_dir)
     current = _texts(state)
     pending, done, conflicts = _compare_with_host(plan, current)
-    data: dict[str, Any] = {
-        "dry_run": not apply,
-        "already_applied": not pending,
-        "changed": [],
-        "unchanged": done,
-        "backups": {},
-        "diff": "".join(plan.files[n].diff for n in pending),
-        "recheck": None,
-    }
+    data = _apply_data(apply, pending, done, "".join(plan.files[n].diff for n in pending))
     if conflicts:
         return Result(
             False,
@@ -431,6 +568,20 @@ def apply_patch(
         else "the patch did not fully apply: see the findings"
     )
     return Result(ok, message, data, findings)
+
+
+def _apply_data(
+    apply: bool, pending: Sequence[str], done: Sequence[str], diff: str
+) -> dict[str, Any]:
+    return {
+        "dry_run": not apply,
+        "already_applied": not pending,
+        "changed": [],
+        "unchanged": list(done),
+        "backups": {},
+        "diff": diff,
+        "recheck": None,
+    }
 
 
 def restore_patch(host: Prober, model_dir: str, files: Sequence[str] = PATCHABLE_FILES) -> Result:
@@ -612,9 +763,18 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def patch_verdict(before: Result, applied: Result | None, *, restored: bool = False) -> Result:
+def patch_verdict(
+    before: Result,
+    applied: Result | None,
+    *,
+    restored: bool = False,
+    plan: Plan | None = None,
+) -> Result:
     """The config-patch stage's verdict: the prediction when nothing was applied (or the
-    originals were put back), else the patch and its re-check, naming what was predicted."""
+    originals were put back), with the plan's reason when it planned nothing; else the patch
+    and its re-check, naming what was predicted."""
+    if plan is not None and plan.nothing_planned and plan.reason and not restored:
+        return Result(before.ok, f"{before.message}; {plan.reason}", before.data, before.findings)
     if applied is None or restored:
         return before
     recheck = applied.data.get("recheck")

@@ -357,3 +357,129 @@ def test_patch_verdict_names_the_prediction_and_the_recheck() -> None:
     assert patch_verdict(before, applied, restored=True) is before
     failed = Result(True, "patched", {"recheck": Result(False, "still broken")})
     assert not patch_verdict(before, failed).ok
+
+
+# --- the plan follows the prediction ---------------------------------------------------------
+
+SM100 = [{"compute_cap": "10.0", "memory_total_mib": 183359}] * 8
+SM120_MEM = [{"compute_cap": "12.0", "memory_total_mib": 97887}] * 8
+WEIGHTS = 540 * 10**9
+FP8_SUBJECT = "FP8 KV cache with MLA on compute capability 12.x"
+
+
+def predicted_plan(
+    gpus: list[dict[str, Any]], version: str | None, args: dict[str, Any] | None = None
+) -> tuple[Any, Any, int]:
+    from opsbook.compat import check_compat, kv_budget_bytes
+    from opsbook.patch import plan_for_prediction
+
+    files = kimi_files()
+    serve_args = args if args is not None else KIMI_ARGS
+    before = check_compat(facts_from_texts(files), gpus, version, serve_args)
+    budget = kv_budget_bytes(gpus, WEIGHTS, 0.9)
+    plan = plan_for_prediction(files, before, gpus, version, serve_args, kv_budget_bytes=budget)
+    return before, plan, budget
+
+
+def tokens(budget: int, dtype: str) -> str:
+    from opsbook.compat import tokens_that_fit
+
+    return f"{tokens_that_fit(budget, facts_from_texts(kimi_files()), dtype):,}"
+
+
+def test_incident_release_on_sm120_plans_the_patch_for_the_predicted_failure() -> None:
+    before, plan, budget = predicted_plan(SM120_MEM, "0.15.1")
+    assert not before.ok
+    assert plan.avoids == (FP8_SUBJECT,)
+    assert plan.changed_files == ["config.json", "hf_quant_config.json"]
+    assert plan.edits == tuple(fp8_kv_cache_edits(kimi_files()))
+    assert f"{tokens(budget, 'bfloat16')} tokens per GPU instead of" in plan.reason
+    assert tokens(budget, "fp8_e4m3") in plan.reason
+
+
+def test_release_with_fp8_triton_mla_on_sm120_keeps_the_fp8_kv_cache() -> None:
+    before, plan, budget = predicted_plan(SM120_MEM, "0.33.0")
+    assert before.ok
+    assert plan.nothing_planned and not plan.files and not plan.avoids
+    assert "TRITON_MLA on compute capability 12.0" in plan.reason
+    assert f"{tokens(budget, 'fp8_e4m3')} tokens per GPU" in plan.reason
+    assert f"({tokens(budget, 'bfloat16')} with bfloat16)" in plan.reason
+    assert plan.reason.startswith("nothing to change: no failure is predicted")
+
+
+def test_b200_keeps_the_fp8_kv_cache_on_the_incident_release() -> None:
+    before, plan, _ = predicted_plan(SM100, "0.15.1")
+    assert before.ok
+    assert plan.nothing_planned
+    assert "FLASHINFER_MLA on compute capability 10.0" in plan.reason
+
+
+def test_unknown_version_plans_nothing_and_asks_for_the_version() -> None:
+    before, plan, _ = predicted_plan(SM120_MEM, None)
+    assert before.ok and any(f.severity == "warning" for f in before.findings)
+    assert plan.nothing_planned
+    assert "vLLM of unknown version" in plan.reason
+    assert FP8_SUBJECT in plan.reason and "vllm_version" in plan.reason
+
+
+def test_a_failure_the_patch_cannot_avoid_plans_nothing() -> None:
+    args = {**KIMI_ARGS, "tool-call-parser": None}
+    before, plan, _ = predicted_plan(SM120_MEM, "0.33.0", args)
+    assert not before.ok
+    assert plan.nothing_planned
+    assert "would not avoid" in plan.reason
+    assert "--enable-auto-tool-choice without --tool-call-parser" in plan.reason
+
+
+def test_only_the_failures_the_patch_avoids_are_named() -> None:
+    args = {**KIMI_ARGS, "tool-call-parser": None}
+    before, plan, _ = predicted_plan(SM120_MEM, "0.15.1", args)
+    assert len([f for f in before.findings if f.severity == "error"]) == 2
+    assert plan.avoids == (FP8_SUBJECT,)
+
+
+def test_a_checkpoint_without_kv_quantization_plans_nothing() -> None:
+    from opsbook.compat import check_compat
+    from opsbook.patch import plan_for_prediction
+
+    files = {"config.json": (DATA / "kimi-k2-instruct-config.json").read_text()}
+    before = check_compat(facts_from_texts(files), SM120_MEM, "0.15.1", KIMI_ARGS)
+    plan = plan_for_prediction(files, before, SM120_MEM, "0.15.1", KIMI_ARGS)
+    assert plan.nothing_planned
+    assert "asks for no quantized KV cache" in plan.reason
+
+
+def test_kv_keys_vllm_does_not_apply_are_left_alone() -> None:
+    from opsbook.compat import check_compat
+    from opsbook.patch import plan_for_prediction
+
+    # Kimi-K2.5's INT4 config declares a KV scheme that vLLM resolves only for ModelOpt.
+    files = {"config.json": (DATA / "kimi-k25-config.json").read_text()}
+    assert fp8_kv_cache_edits(files)
+    before = check_compat(facts_from_texts(files), SM120_MEM, "0.15.1", KIMI_ARGS)
+    plan = plan_for_prediction(files, before, SM120_MEM, "0.15.1", KIMI_ARGS)
+    assert plan.nothing_planned
+    assert "which vLLM does not apply here (KV cache auto)" in plan.reason
+
+
+class UntouchableHost:
+    def probe(self, name: str, args: dict[str, Any] | None = None) -> Any:
+        raise AssertionError("nothing planned: the host must not be asked")
+
+
+def test_applying_an_empty_plan_touches_nothing_and_says_why() -> None:
+    _, plan, _ = predicted_plan(SM120_MEM, "0.33.0")
+    result = apply_patch(UntouchableHost(), "/nowhere", plan, apply=True)
+    assert result.ok
+    assert result.message == plan.reason
+    assert result.data["already_applied"] and result.data["changed"] == []
+
+
+def test_verdict_carries_the_reason_nothing_was_planned() -> None:
+    from opsbook.patch import patch_verdict
+
+    before, plan, _ = predicted_plan(SM120_MEM, "0.33.0")
+    verdict = patch_verdict(before, None, plan=plan)
+    assert verdict.ok
+    assert verdict.message == f"{before.message}; {plan.reason}"
+    assert patch_verdict(before, None, restored=True, plan=plan) is before
