@@ -30,6 +30,9 @@ NO_DRIVER = (
 
 WIDE_RULE = "+" + "-" * 89 + "+"
 GPU_RULE = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+# Drivers before 580 open the line under the version banner with "|" (575.57.08 on B200).
+OLD_BANNER_RULE = "|" + GPU_RULE[1:]
+NEW_BANNER_RULE_SINCE = 580
 GPU_HEADER = [
     "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
     "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
@@ -140,13 +143,13 @@ def _identities(gpu: dict[str, Any]) -> set[str]:
 
 
 def render_table(machine: Machine, gpus: list[dict[str, Any]], now: float) -> str:
-    """The default ``nvidia-smi`` output, laid out as driver 580+ prints it."""
+    """The default ``nvidia-smi`` output, laid out as the machine's driver prints it."""
     lines = [time.strftime("%a %b %e %H:%M:%S %Y", time.localtime(now)) + " " * 7, WIDE_RULE]
     lines.append(
         f"| NVIDIA-SMI {machine.driver:<22} Driver Version: {machine.driver:<14} "
         f"CUDA Version: {machine.cuda:<9}|"
     )
-    lines += [GPU_RULE, *GPU_HEADER]
+    lines += [_banner_rule(machine.driver), *GPU_HEADER]
     for position, gpu in enumerate(gpus):
         if position:
             lines.append(GPU_RULE)
@@ -160,6 +163,13 @@ def render_table(machine: Machine, gpus: list[dict[str, Any]], now: float) -> st
         lines.append("|  No running processes found" + " " * 61 + "|")
     lines.append(WIDE_RULE)
     return "\n".join(lines) + "\n"
+
+
+def _banner_rule(driver: str) -> str:
+    major = driver.split(".")[0]
+    return (
+        GPU_RULE if not major.isdigit() or int(major) >= NEW_BANNER_RULE_SINCE else OLD_BANNER_RULE
+    )
 
 
 def _gpu_rows(machine: Machine, gpu: dict[str, Any]) -> list[str]:

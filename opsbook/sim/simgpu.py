@@ -12,7 +12,11 @@ State lives in a *sim dir*:
 The values of the profiles come from real ``nvidia-smi`` output: ``rtxpro6000`` from an
 8-GPU RTX PRO 6000 Blackwell box (driver 595.58.03, CUDA 13.2, PCIe switches), ``h200``
 from an H200 machine (driver 580.159.04, CUDA 13.0), extended to several GPUs joined by
-NVLink (NV18) as on an HGX H200 board.
+NVLink (NV18) as on an HGX H200 board; ``b200`` from an 8-GPU B200 machine (driver 575.57.08,
+CUDA 12.9; the table in modal-labs/gpu-glossary@e05d085, gpu-glossary/host-software/
+nvidia-smi.md), whose GPUs are joined by NV18 with CPU sets ``0-55,112-167`` and
+``56-111,168-223`` (``nvidia-smi topo -m`` of 8-B200 machines in vllm-project/vllm#16336 and
+sgl-project/sglang#9064).
 """
 
 from __future__ import annotations
@@ -48,6 +52,19 @@ _H200_BOARD = (
     40,
     126.0,
 )
+
+# The 8 boards of that B200 table: bus id, temperature, power draw. The table shows no UUID,
+# serial, minor number or VBIOS: those are made up (see _synthetic_board) or N/A.
+_B200_BOARDS = [
+    ("00000000:51:00.0", None, 0, None, 27, 136.0),
+    ("00000000:52:00.0", None, 1, None, 25, 140.0),
+    ("00000000:62:00.0", None, 2, None, 27, 138.0),
+    ("00000000:63:00.0", None, 3, None, 26, 138.0),
+    ("00000000:75:00.0", None, 4, None, 27, 139.0),
+    ("00000000:76:00.0", None, 5, None, 25, 140.0),
+    ("00000000:86:00.0", None, 6, None, 27, 142.0),
+    ("00000000:87:00.0", None, 7, None, 26, 138.0),
+]
 
 PROFILES: dict[str, dict[str, Any]] = {
     "rtxpro6000": {
@@ -87,6 +104,25 @@ PROFILES: dict[str, dict[str, Any]] = {
         "cpu_sets": ["0-47,96-143", "48-95,144-191"],
         # The real H200 machine was a one-GPU VM with 16 CPUs.
         "single_gpu_cpu_set": "0-15",
+        "interconnect": "nvlink",
+    },
+    "b200": {
+        "name": "NVIDIA B200",
+        "driver_version": "575.57.08",
+        "cuda_version": "12.9",
+        "compute_cap": "10.0",
+        "memory_total_mib": 183359,
+        # 183359 MiB less the 178.35 GiB CUDA reports on a B200 (pytorch/ao#4002).
+        "memory_reserved_mib": 729,
+        "power_limit_w": 1000.0,
+        "perf": "P0",
+        "persistence": "On",
+        "ecc": "0",
+        "mig": "Disabled",
+        "vbios": "N/A",
+        "architecture": "Blackwell",
+        "boards": _B200_BOARDS,
+        "cpu_sets": ["0-55,112-167", "56-111,168-223"],
         "interconnect": "nvlink",
     },
 }
@@ -239,6 +275,8 @@ def _gpu_record(
     boards = spec["boards"]
     if index < len(boards):
         bus, gpu_uuid, minor, serial, temp, power = boards[index]
+        made_up = _synthetic_board(profile, index, boards[0])
+        gpu_uuid, serial = gpu_uuid or made_up[1], serial or made_up[3]
     else:
         bus, gpu_uuid, minor, serial, temp, power = _synthetic_board(profile, index, boards[0])
     cpu_sets = spec["cpu_sets"]

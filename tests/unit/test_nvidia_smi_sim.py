@@ -12,7 +12,7 @@ from opsbook.sim import nvidia_smi, simgpu
 
 SIM = Path(nvidia_smi.__file__).resolve().parent
 REAL = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
-H200, RTX = REAL / "h200", REAL / "rtxpro6000"
+H200, RTX, B200 = REAL / "h200", REAL / "rtxpro6000", REAL / "b200"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
@@ -83,6 +83,29 @@ def test_h200_machine_of_eight_is_all_nvlink(tmp_path) -> None:
     assert all(
         row[1 + j] == ("NV18" if i != j else " X ") for i, row in enumerate(rows) for j in range(8)
     )
+
+
+def test_b200_table_is_the_real_eight_gpu_one(tmp_path) -> None:
+    out = smi(sim_dir(tmp_path, "b200", 8)).stdout.splitlines(keepends=True)
+    reference = real(B200 / "nvidia-smi-8gpu.txt").splitlines(keepends=True)
+    # The published table starts at the banner (no clock line) and stops before the processes.
+    assert out[1 : 1 + len(reference)] == reference
+    assert out[1 + len(reference)] == "\n"
+    assert "|  No running processes found" in out[-2]
+
+
+def test_b200_answers_its_compute_capability_and_nvlink(tmp_path) -> None:
+    folder = sim_dir(tmp_path, "b200", 8)
+    query = "--query-gpu=index,name,compute_cap,memory.total,pci.bus_id,power.limit"
+    rows = smi(folder, query, "--format=csv,noheader").stdout.splitlines()
+    assert rows[0] == "0, NVIDIA B200, 10.0, 183359 MiB, 00000000:51:00.0, 1000.00 W"
+    assert len(rows) == 8 and all(", 10.0, 183359 MiB, " in row for row in rows)
+    topo = [line.split("\t") for line in smi(folder, "topo", "-m").stdout.splitlines()[1:9]]
+    assert all(
+        row[1 + j] == ("NV18" if i != j else " X ") for i, row in enumerate(topo) for j in range(8)
+    )
+    assert [row[9] for row in topo] == ["0-55,112-167"] * 4 + ["56-111,168-223"] * 4
+    assert len({row[0] for row in topo}) == 8
 
 
 def test_default_table_has_the_real_header_and_eight_gpus(tmp_path) -> None:
