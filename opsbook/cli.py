@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,6 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument("--shell", default="zsh", choices=["zsh", "bash"], help="login shell")
     box.add_argument(
         "--server-port", type=int, default=0, help="the model server's port (default: a free one)"
+    )
+    box.add_argument(
+        "--gpus",
+        default="rtx-pro-6000",
+        choices=["rtx-pro-6000", "b200", "h200"],
+        help="the simulated GPUs, 8 of them (default: %(default)s)",
+    )
+    box.add_argument(
+        "--vllm-version",
+        default="0.15.1",
+        type=_release,
+        metavar="X.Y.Z",
+        help="the vLLM release the simulated server plays (default: %(default)s, the incident's)",
     )
     box.set_defaults(handler=cmd_sandbox)
 
@@ -136,10 +150,13 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             port=args.port,
             shell=args.shell,
             server_port=args.server_port,
+            gpu_profile=sandbox.GPU_CHOICES[args.gpus],
+            vllm_version=args.vllm_version,
         )
         print(
             f"rehearsal host up: {box.user}@{box.address} port {box.port} (login shell {box.shell})"
         )
+        print(f"simulated: 8 x {args.gpus} GPUs, vLLM {args.vllm_version}")
         print(f"deployment file: {box.deployment_path}")
         return runner.EXIT_OK
     result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
@@ -190,6 +207,12 @@ def _read_log(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError as e:
         raise RunError(f"cannot read log {path}: {e.strerror}", remedy="check the path") from None
+
+
+def _release(text: str) -> str:
+    if not re.fullmatch(r"\d+\.\d+\.\d+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a release number X.Y.Z (e.g. 0.33.0)")
+    return text
 
 
 def _yaml_value(text: str) -> Any:

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import signal
 import socket
 import stat
@@ -44,7 +45,7 @@ from opsbook.deployment import HostSpec
 from opsbook.exceptions import SandboxError
 from opsbook.results import Finding, Result
 from opsbook.sim import simgpu
-from opsbook.sim.vllm_install import install_vllm
+from opsbook.sim.vllm_install import DEFAULT_VERSION, install_vllm
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = Path("/usr/bin/ssh-keygen")
@@ -56,6 +57,8 @@ STATE_FILE = "state.json"
 READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
 SIM_SOURCES = Path(__file__).resolve().parent / "sim"
+# `--gpus` names of the simulated GPU profiles.
+GPU_CHOICES = {"rtx-pro-6000": "rtxpro6000", "b200": "b200", "h200": "h200"}
 # Characters that sshd_config, SetEnv and the dotfiles could not carry in a path unquoted.
 UNSAFE_PATH_CHARS = set(" \t\n\"'%$`\\")
 
@@ -146,6 +149,7 @@ def up(
     gpu_profile: str = "rtxpro6000",
     checkpoint: bool = True,
     server_port: int = 0,
+    vllm_version: str = DEFAULT_VERSION,
 ) -> Sandbox:
     """Start (or return the already running) rehearsal host in ``dir``.
 
@@ -158,6 +162,7 @@ def up(
         gpu_profile: the simulated GPU model (see ``opsbook.sim.simgpu.PROFILES``).
         checkpoint: write the synthetic Kimi-K2.5-NVFP4 checkpoint if it is not there yet.
         server_port: the model server's port in the deployment file; 0 picks a free one.
+        vllm_version: the vLLM release the simulated server plays (``X.Y.Z``).
 
     Returns:
         The running sandbox.
@@ -168,6 +173,7 @@ def up(
     """
     folder = _absolute_folder(dir)
     _check_request(address, port, shell, gpus, gpu_profile)
+    check_vllm_version(vllm_version)
     paths = _Paths(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(paths):
@@ -176,11 +182,13 @@ def up(
             healthy = state["status"] == "up" and _is_healthy(paths, state)
             if healthy and _compatible(state, address, port, shell):
                 _refresh_gpus(paths, state, gpus, gpu_profile)
+                _refresh_vllm(paths, _read_state(paths), vllm_version)
                 return _sandbox_from_state(paths, state)
             _stop(paths, state)
             state = _read_state(paths)
         if server_port:
             state["server_port"] = server_port
+        state["vllm_version"] = vllm_version
         return _start(paths, state, address, port, shell, gpus, gpu_profile, checkpoint)
 
 
@@ -267,6 +275,7 @@ def _start(
         "server_port": state.get("server_port") or _free_port(address),
         "gpus": gpus,
         "gpu_profile": gpu_profile,
+        "vllm_version": state.get("vllm_version") or DEFAULT_VERSION,
     }
     os.chmod(paths.dir, 0o755)
     if os.geteuid() == 0:
@@ -288,7 +297,7 @@ def _provision(paths: _Paths, state: dict[str, Any], checkpoint: bool) -> Sandbo
     _write_keys(paths)
     _write_simulator(paths, owner, gpus, gpu_profile)
     _write_home(paths, owner)
-    _ensure_venv(paths, owner)
+    _ensure_venv(paths, owner, str(state["vllm_version"]))
     if checkpoint:
         _ensure_checkpoint(paths, owner)
     _write_sshd_config(paths, address, chosen_port, owner)
@@ -512,6 +521,27 @@ def _write_simulator(paths: _Paths, owner: pwd.struct_passwd, gpus: int, gpu_pro
     _chown_tree(paths.sim / simgpu.PROCS_DIR, owner)
 
 
+def _refresh_vllm(paths: _Paths, state: dict[str, Any], vllm_version: str) -> None:
+    if state.get("vllm_version") == vllm_version:
+        return
+    install_vllm(paths.venv, version=vllm_version)
+    _chown_tree(paths.venv, _account(str(state["user"])))
+    _write_state(paths, {**state, "vllm_version": vllm_version})
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a simulated vLLM version that is not a release number ``X.Y.Z``.
+
+    Raises:
+        SandboxError: the version is not of that form.
+    """
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise SandboxError(
+            f"{version!r} is not a vLLM release number",
+            remedy="give the simulated release as X.Y.Z, such as 0.15.1 or 0.33.0",
+        )
+
+
 def _refresh_gpus(paths: _Paths, state: dict[str, Any], gpus: int, gpu_profile: str) -> None:
     if (state.get("gpus"), state.get("gpu_profile")) == (gpus, gpu_profile):
         return
@@ -546,7 +576,7 @@ def _path_snippet(paths: _Paths) -> str:
     )
 
 
-def _ensure_venv(paths: _Paths, owner: pwd.struct_passwd) -> None:
+def _ensure_venv(paths: _Paths, owner: pwd.struct_passwd, vllm_version: str) -> None:
     created = not (paths.venv / "bin" / "python").exists()
     if created:
         _run(
@@ -557,7 +587,7 @@ def _ensure_venv(paths: _Paths, owner: pwd.struct_passwd) -> None:
         )
     marker = paths.venv / simgpu.VENV_MARKER
     _write_text(marker, json.dumps({"sim_dir": str(paths.sim)}) + "\n", 0o644)
-    install_vllm(paths.venv)
+    install_vllm(paths.venv, version=vllm_version)
     _chown_tree(paths.venv, owner)
 
 

@@ -18,6 +18,8 @@ SIM_SOURCES = Path(__file__).resolve().parent
 PACKAGE_SOURCE = SIM_SOURCES / "vllm"
 SIMGPU_SOURCE = SIM_SOURCES / "simgpu.py"
 SETTINGS_NAME = "opsbook-vllm-sim.json"
+# The release the rehearsal host plays unless told otherwise: the incident's.
+DEFAULT_VERSION = "0.15.1"
 CONSOLE_SCRIPT = """#!{python}
 # -*- coding: utf-8 -*-
 import re
@@ -29,7 +31,9 @@ if __name__ == "__main__":
 """
 
 
-def install_vllm(venv: Path, *, version: str = "0.15.1", startup_seconds: float = 3.0) -> None:
+def install_vllm(
+    venv: Path, *, version: str = DEFAULT_VERSION, startup_seconds: float = 3.0
+) -> None:
     """Put the simulated vLLM into ``venv`` (replacing an earlier copy) and set its settings.
 
     Args:

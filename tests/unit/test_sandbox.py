@@ -88,6 +88,8 @@ def test_login_user_name_is_short_and_stable(tmp_path) -> None:
         ({"port": 70000}, "not a TCP port"),
         ({"gpus": 0}, "cannot simulate"),
         ({"gpu_profile": "a100"}, "cannot simulate"),
+        ({"vllm_version": "0.33"}, "not a vLLM release number"),
+        ({"vllm_version": "latest"}, "not a vLLM release number"),
     ],
 )
 def test_bad_requests_are_refused_before_anything_starts(tmp_path, kwargs, message) -> None:
@@ -156,3 +158,26 @@ def test_a_corrupt_state_file_is_an_error_with_a_remedy(tmp_path) -> None:
 def test_process_ancestry_spares_the_caller() -> None:
     chain = sandbox._ancestors(os.getpid())
     assert os.getpid() in chain and os.getppid() in chain
+
+
+def test_cli_knobs_name_the_gpus_and_the_release() -> None:
+    from opsbook.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["sandbox", "up", "--gpus", "b200", "--vllm-version", "0.33.0"]
+    )
+    assert sandbox.GPU_CHOICES[args.gpus] == "b200" and args.vllm_version == "0.33.0"
+    default = build_parser().parse_args(["sandbox", "up"])
+    assert (sandbox.GPU_CHOICES[default.gpus], default.vllm_version) == ("rtxpro6000", "0.15.1")
+    assert set(sandbox.GPU_CHOICES.values()) <= set(sandbox.simgpu.PROFILES)
+
+
+@pytest.mark.parametrize("argv", [["--gpus", "a100"], ["--vllm-version", "0.33"]])
+def test_cli_refuses_unknown_gpus_and_bad_releases_with_exit_2(argv, capsys) -> None:
+    from opsbook.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["sandbox", "up", *argv])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "opsbook sandbox: error: argument --" in err and argv[1] in err
