@@ -177,6 +177,20 @@ def fp8_kv_on_sm120(box: Box) -> str:
     return run_server(box, checkpoint(box, fp8_kv=True), "-tp", "8", "--trust-remote-code")
 
 
+def fp8_kv_on_sm120_0_10_2(box: Box) -> str:
+    # 0.10.2's --kv-cache-dtype auto does not follow the checkpoint: FP8 is asked for by flag.
+    return run_server(
+        box,
+        checkpoint(box, fp8_kv=True),
+        "-tp",
+        "8",
+        "--trust-remote-code",
+        "--kv-cache-dtype",
+        "fp8",
+        OPSBOOK_SIM_VLLM_VERSION="0.10.2",
+    )
+
+
 def sparse_mla_on_sm120(box: Box) -> str:
     model = checkpoint(box)
     make_sparse(model)
@@ -237,11 +251,13 @@ def custom_code_not_trusted(box: Box) -> str:
 
 
 def removed_flag(box: Box) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPSBOOK_SIM_")}
     done = subprocess.run(
         [str(box.venv / "bin" / "vllm"), "serve", "m", "--disable-log-requests"],
         capture_output=True,
         text=True,
         timeout=30,
+        env={**env, "OPSBOOK_SIM_VLLM_VERSION": "0.17.1"},
     )
     assert done.returncode == 2
     return done.stdout + done.stderr
@@ -250,6 +266,17 @@ def removed_flag(box: Box) -> str:
 SCENARIOS: dict[str, tuple[Callable[[Box], str], Scenario]] = {
     "fp8-kv-mla-sm120-0.15.1": (
         fp8_kv_on_sm120,
+        # 0.15.1's selector refuses the FP8 KV cache for every MLA backend on SM120
+        # (vllm/platforms/cuda.py get_attn_backend_cls); no public log of this release's text.
+        Scenario(
+            "fp8kv-mla",
+            "ValueError: No valid attention backend found for cuda with "
+            "AttentionSelectorConfig(head_size=576",
+            ("kv_cache_dtype=fp8_e4m3", "TRITON_MLA: [kv_cache_dtype not supported]"),
+        ),
+    ),
+    "fp8-kv-mla-sm120-0.10.2": (
+        fp8_kv_on_sm120_0_10_2,
         Scenario(
             "fp8kv-mla",
             "NotImplementedError: TritonMLA",
@@ -275,10 +302,13 @@ SCENARIOS: dict[str, tuple[Callable[[Box], str], Scenario]] = {
     "no-backend-forced": (
         forced_invalid_backend,
         # vllm-facts §1.3 (docs attention_backends.md); no public log of it.
+        # Since 0.11.2 the backend prints as an AttentionBackendEnum member
+        # (vllm/platforms/cuda.py, vllm/v1/attention/backends/registry.py).
         Scenario(
             "no-backend",
-            "ValueError: Selected backend FLASHMLA is not valid for this configuration. "
-            "Reason: ['compute capability not supported']",
+            "ValueError: Selected backend AttentionBackendEnum.FLASHMLA is not valid for this "
+            "configuration. Reason: ['compute capability not supported', 'FlashMLA Dense is "
+            "only supported on Hopper devices.']",
         ),
     ),
     "port-in-use": (
@@ -381,7 +411,20 @@ def identifying_text(diagnosis: LogDiagnosis) -> str:
     return diagnosis.line.text
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
+# The catalogue (opsbook/data/failures.yaml, not this test's) still expects
+# "Selected backend FLASHMLA"; the real text names the enum member (issue 10).
+CATALOGUE_GAPS = {"no-backend-forced": "catalogue lacks 'Selected backend AttentionBackendEnum.X'"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(reason=CATALOGUE_GAPS[name], strict=True))
+        if name in CATALOGUE_GAPS
+        else name
+        for name in SCENARIOS
+    ],
+)
 def test_simulated_failure_is_diagnosed_on_the_real_text(name: str, box: Box) -> None:
     make_log, expected = SCENARIOS[name]
     log = make_log(box)

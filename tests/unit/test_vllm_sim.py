@@ -24,15 +24,30 @@ from opsbook.checkpoint import make_checkpoint, truncate_shard
 from opsbook.probes.launch import group_members
 from opsbook.sim import simgpu
 from opsbook.sim.vllm import _simmodel
+from opsbook.sim.vllm._simrelease import Release
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 STARTUP_SECONDS = "0.3"
-FP8_FAILURE = "NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported"
+# What 0.15.1 prints for the incident's checkpoint on SM120: its selector refuses the FP8 KV
+# cache for every MLA backend (vllm/platforms/cuda.py, vllm/v1/attention/backend.py and the
+# backends' supported_kv_cache_dtypes / supports_combination in the 0.15.1 wheel).
+FP8_FAILURE = (
+    "ValueError: No valid attention backend found for cuda with AttentionSelectorConfig("
+    "head_size=576, dtype=torch.bfloat16, kv_cache_dtype=fp8_e4m3, block_size=None, "
+    "use_mla=True, has_sink=False, use_sparse=False, use_mm_prefix=False, attn_type=decoder). "
+    "Reasons: {FLASH_ATTN_MLA: [kv_cache_dtype not supported, compute capability not supported, "
+    "FlashAttention MLA not supported on this device], FLASHMLA: [compute capability not "
+    "supported, FlashMLA Dense is only supported on Hopper devices.], FLASHINFER_MLA: [compute "
+    "capability not supported], TRITON_MLA: [kv_cache_dtype not supported], FLASHMLA_SPARSE: "
+    "[kv_cache_dtype not supported, non-sparse not supported, compute capability not supported]}."
+)
 ENGINE_FAILED = (
     "RuntimeError: Engine core initialization failed. See root cause above. "
     "Failed core proc(s): {'EngineCore_DP0': 1}"
 )
-TRITON_CHOSEN = "Using TRITON_MLA attention backend out of potential backends: ['TRITON_MLA']"
+# 0.13.0-0.15.1 log the candidates as a tuple; 0.16.0 on as "['A']." (vllm/platforms/cuda.py).
+TRITON_CHOSEN = "Using TRITON_MLA attention backend out of potential backends: ('TRITON_MLA',)"
+TRITON_CHOSEN_0_18 = "Using TRITON_MLA attention backend out of potential backends: ['TRITON_MLA']."
 READY = "Application startup complete."
 
 pytestmark = pytest.mark.skipif(
@@ -188,7 +203,9 @@ def test_fp8_kv_checkpoint_fails_on_sm120_with_0_15_1(
     text = launch.text
     assert "kv_cache_dtype=fp8_e4m3" in text
     assert "quantization=modelopt_fp4" in text
-    assert text.index(TRITON_CHOSEN) < text.index(FP8_FAILURE) < text.index(ENGINE_FAILED)
+    assert "Using fp8 data type to store kv cache." in text
+    assert text.index(FP8_FAILURE) < text.index(ENGINE_FAILED)
+    assert "out of potential backends" not in text
     assert "(EngineCore_DP0 pid=" in text and "(Worker_TP0 pid=" in text
     assert not group_pids(launch.pgid)
     assert simgpu.live_processes(sim_dir) == []
@@ -283,7 +300,7 @@ def test_version_0_18_serves_fp8_kv_cache(
     text = launch.text
     assert "Initializing a V1 LLM engine (v0.18.0)" in text
     assert "kv_cache_dtype=fp8_e4m3" in text
-    assert TRITON_CHOSEN in text
+    assert TRITON_CHOSEN_0_18 in text
     assert f"Starting vLLM server on http://0.0.0.0:{port}" in text
     assert get(port, "/version") == (200, {"version": "0.18.0"})
 
@@ -412,17 +429,85 @@ def test_free_memory_held_by_another_process_fails_startup(
     simgpu.release_process(sim_dir, os.getpid())
 
 
-def test_unrecognized_argument_exits_2(venv: Path, sim_dir: Path, tmp_path: Path) -> None:
-    out = subprocess.run(
-        [str(venv / "bin" / "vllm"), "serve", "m", "--disable-log-requests"],
+def vllm_cli(venv: Path, *argv: str, version: str = "0.15.1") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPSBOOK_SIM_")}
+    return subprocess.run(
+        [str(venv / "bin" / "vllm"), *argv],
         capture_output=True,
         text=True,
         timeout=30,
+        env={**env, "OPSBOOK_SIM_VLLM_VERSION": version},
     )
+
+
+def test_disable_log_requests_is_gone_in_0_17_only(venv: Path) -> None:
+    # vllm/engine/arg_utils.py: AsyncEngineArgs adds it up to 0.16.0, not in 0.17.1.
+    out = vllm_cli(venv, "serve", "m", "--disable-log-requests", version="0.17.1")
     assert out.returncode == 2
     assert out.stderr.strip().endswith(
         "vllm: error: unrecognized arguments: --disable-log-requests"
     )
+    accepted = vllm_cli(venv, "serve", "/nowhere", "--disable-log-requests", version="0.16.0")
+    assert accepted.returncode == 1
+    assert "Invalid repository ID or local directory specified: '/nowhere'" in (
+        accepted.stdout + accepted.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--attention-config.backend", "TRITON_MLA"],
+        ["--attention-config.backend=TRITON_MLA"],
+        ["--attention-backend", "TRITON_MLA"],
+        ["--kv-cache-memory", "1000000"],
+        ["--kv-cache-memory-bytes", "1G"],
+        ["--compilation-config", '{"cudagraph_mode": "PIECEWISE"}'],
+        ["-cc.cudagraph_mode=PIECEWISE"],
+        ["--hf-token"],
+        ["--hf-token", "hf_x"],
+        ["--disable-log-requests"],
+    ],
+)
+def test_flags_of_0_15_1_pass_the_parser(venv: Path, flags: list[str]) -> None:
+    out = vllm_cli(venv, "serve", "/nowhere", *flags)
+    assert out.returncode == 1, out.stderr
+    assert "Invalid repository ID or local directory specified" in out.stdout + out.stderr
+
+
+def test_attention_backend_flags_arrive_in_0_13(venv: Path) -> None:
+    for flag in ("--attention-backend", "--attention-config.backend"):
+        out = vllm_cli(venv, "serve", "m", flag, "TRITON_MLA", version="0.12.0")
+        assert out.returncode == 2
+        assert "unrecognized arguments" in out.stderr or "invalid choice" in out.stderr
+
+
+def test_unknown_kv_dtype_is_refused_by_argparse_before_0_33(venv: Path) -> None:
+    out = vllm_cli(venv, "serve", "m", "--kv-cache-dtype", "fp9")
+    assert out.returncode == 2
+    assert "argument --kv-cache-dtype: invalid choice: 'fp9'" in out.stderr
+
+
+def test_unknown_kv_dtype_fails_after_config_load_from_0_33(
+    venv: Path, sim_dir: Path, tmp_path: Path, launches: list[Launch]
+) -> None:
+    model = fp8_checkpoint(tmp_path)
+    launch, _ = serve(
+        venv,
+        sim_dir,
+        model,
+        launches,
+        "--trust-remote-code",
+        "--kv-cache-dtype",
+        "fp9",
+        OPSBOOK_SIM_VLLM_VERSION="0.33.0",
+    )
+    assert launch.exit_code() == 1
+    text = launch.text
+    assert "1 validation error for CacheConfig" in text
+    assert "Value error, Invalid kv_cache_dtype: 'fp9'. Valid values are: [" in text
+    assert text.index("Resolved architecture:") < text.index("Invalid kv_cache_dtype")
+    assert "EngineCore" not in text
 
 
 def test_selector_reasons_match_the_real_sm120_sparse_log() -> None:
@@ -434,7 +519,7 @@ def test_selector_reasons_match_the_real_sm120_sparse_log() -> None:
         "index_topk": 2048,
     }
     with pytest.raises(_simmodel.SimError) as failure:
-        _simmodel.select_backend(config, (12, 0), "auto", "0.13.0", None)
+        _simmodel.select_backend(config, (12, 0), "auto", Release("0.13.0"), None)
     assert failure.value.message == (
         "No valid attention backend found for cuda with AttentionSelectorConfig(head_size=576, "
         "dtype=torch.bfloat16, kv_cache_dtype=auto, block_size=None, use_mla=True, "
@@ -448,42 +533,79 @@ def test_selector_reasons_match_the_real_sm120_sparse_log() -> None:
     )
 
 
+KIMI_TEXT = {
+    "text_config": {
+        "model_type": "deepseek_v3",
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+    }
+}
+
+
 @pytest.mark.parametrize(
     ("capability", "version", "kv", "chosen"),
     [
-        ((12, 0), "0.15.1", "fp8_e4m3", ["TRITON_MLA"]),
+        ((12, 0), "0.15.1", "auto", ["TRITON_MLA"]),
         ((12, 0), "0.18.0", "fp8_e4m3", ["TRITON_MLA"]),
+        ((12, 0), "0.33.0", "fp8_e4m3", ["TRITON_MLA"]),
         ((9, 0), "0.15.1", "auto", ["FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"]),
+        ((10, 0), "0.18.0", "fp8_e4m3", ["FLASHINFER_MLA", "CUTLASS_MLA", "TRITON_MLA"]),
         (
             (10, 0),
-            "0.18.0",
+            "0.33.0",
             "fp8_e4m3",
-            ["FLASHINFER_MLA", "CUTLASS_MLA", "FLASHMLA", "TRITON_MLA"],
+            ["FLASHINFER_MLA", "TOKENSPEED_MLA", "CUTLASS_MLA", "TRITON_MLA"],
         ),
     ],
 )
 def test_dense_mla_backend_priority(
     capability: tuple[int, int], version: str, kv: str, chosen: list[str]
 ) -> None:
-    config = {
-        "text_config": {
-            "model_type": "deepseek_v3",
-            "kv_lora_rank": 512,
-            "qk_rope_head_dim": 64,
-            "qk_nope_head_dim": 128,
-        }
-    }
-    assert _simmodel.select_backend(config, capability, kv, version, None) == (chosen[0], chosen)
+    assert _simmodel.select_backend(KIMI_TEXT, capability, kv, Release(version), None) == (
+        chosen[0],
+        chosen,
+        False,
+    )
+
+
+def test_fp8_kv_on_sm120_with_0_15_1_is_refused_by_the_selector() -> None:
+    with pytest.raises(_simmodel.SimError) as failure:
+        _simmodel.select_backend(KIMI_TEXT, (12, 0), "fp8_e4m3", Release("0.15.1"), None)
+    assert f"ValueError: {failure.value.message}" == FP8_FAILURE
+
+
+@pytest.mark.parametrize("version", ["0.13.0", "0.15.1", "0.17.1"])
+def test_blackwell_default_selects_flashinfer_mla_with_fp8(version: str) -> None:
+    # 0.13-0.17 set attention_config.backend = FLASHINFER_MLA on SM10x (vllm/platforms/cuda.py).
+    release = Release(version)
+    assert _simmodel.select_backend(KIMI_TEXT, (10, 0), "fp8_e4m3", release, None) == (
+        "FLASHINFER_MLA",
+        ["FLASHINFER_MLA"],
+        True,
+    )
+    assert release.backend_name("FLASHINFER_MLA") == "AttentionBackendEnum.FLASHINFER_MLA"
+
+
+def test_0_10_2_picks_triton_mla_and_its_impl_refuses_fp8() -> None:
+    release = Release("0.10.2")
+    chosen = _simmodel.select_backend(KIMI_TEXT, (12, 0), "fp8_e4m3", release, None)
+    assert chosen[0] == "TRITON_MLA"
+    error = _simmodel.backend_init_error("TRITON_MLA", "fp8_e4m3", release)
+    assert error is not None
+    assert error.message == "TritonMLA V1 with FP8 KV cache not yet supported"
+    assert _simmodel.backend_init_error("TRITON_MLA", "fp8_e4m3", Release("0.15.1")) is None
 
 
 def test_forced_backend_with_wrong_capability_is_refused() -> None:
     config = {"model_type": "kimi_k2", "kv_lora_rank": 512, "qk_rope_head_dim": 64}
     with pytest.raises(
         _simmodel.SimError,
-        match=r"Selected backend FLASHMLA is not valid .* "
-        r"Reason: \['compute capability not supported'\]",
+        match=r"Selected backend AttentionBackendEnum.FLASHMLA is not valid .* "
+        r"Reason: \['compute capability not supported', "
+        r"'FlashMLA Dense is only supported on Hopper devices.'\]",
     ):
-        _simmodel.select_backend(config, (12, 0), "auto", "0.15.1", "FLASHMLA")
+        _simmodel.select_backend(config, (12, 0), "auto", Release("0.15.1"), "FLASHMLA")
 
 
 def test_kv_dtype_auto_follows_the_checkpoint() -> None:
@@ -519,3 +641,40 @@ def test_sim_package_stays_independent_of_opsbook() -> None:
         and "import opsbook" in p.read_text()
     ]
     assert sys.version_info >= (3, 9)
+
+
+def test_b200_serves_the_fp8_kv_checkpoint_with_flashinfer_mla_on_0_15_1(
+    venv: Path, tmp_path: Path, launches: list[Launch]
+) -> None:
+    b200 = tmp_path / "b200"
+    simgpu.write_config(b200, "b200", 8)
+    model = fp8_checkpoint(tmp_path)
+    launch, port = serve(venv, b200, model, launches, "-tp", "8", "--trust-remote-code")
+    launch.wait_for(READY)
+    text = launch.text
+    assert "kv_cache_dtype=fp8_e4m3" in text
+    assert "Using fp8 data type to store kv cache." in text
+    assert "Forcing kv cache block size to 64 for FlashInferMLA backend." in text
+    assert "Using AttentionBackendEnum.FLASHINFER_MLA backend." in text
+    assert get(port, "/version") == (200, {"version": "0.15.1"})
+
+
+def test_0_33_0_serves_the_fp8_kv_checkpoint_on_sm120(
+    venv: Path, sim_dir: Path, tmp_path: Path, launches: list[Launch]
+) -> None:
+    model = fp8_checkpoint(tmp_path)
+    launch, _ = serve(
+        venv,
+        sim_dir,
+        model,
+        launches,
+        "-tp",
+        "8",
+        "--trust-remote-code",
+        OPSBOOK_SIM_VLLM_VERSION="0.33.0",
+    )
+    launch.wait_for(READY)
+    text = launch.text
+    assert "Using fp8_e4m3 data type to store kv cache." in text
+    assert "Using TRITON_MLA attention backend out of potential backends: ['TRITON_MLA']." in text
+    assert "Forcing kv cache block size" not in text

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _simmodel as model
+from . import _simrelease
 from ._simlog import Frame, Log, source
 from ._simprocs import (
     ShmFile,
@@ -556,17 +557,25 @@ class Engine:
 
     def _select_backend(self, capability: tuple[int, int], kv_dtype: str) -> str:
         spec = self.spec
+        release = _simrelease.load(spec["version"])
         try:
-            backend, valid = model.select_backend(
-                self.config, capability, kv_dtype, spec["version"], spec.get("attention_backend")
+            backend, valid, selected = model.select_backend(
+                self.config, capability, kv_dtype, release, spec.get("attention_backend")
             )
         except model.SimError as error:
             error.phase = "select"
             raise
-        self._rank_log(0).info(
-            "cuda.py:351", f"Using {backend} attention backend out of potential backends: {valid}"
-        )
-        impl_error = model.backend_init_error(backend, kv_dtype, spec["version"])
+        if selected:
+            self._rank_log(0).info(
+                release.cuda_line("selected"), f"Using {release.backend_name(backend)} backend."
+            )
+        else:
+            self._rank_log(0).info(
+                release.cuda_line("chosen"),
+                f"Using {backend} attention backend out of potential backends: "
+                f"{release.candidates_text(valid)}",
+            )
+        impl_error = model.backend_init_error(backend, kv_dtype, release)
         if impl_error is not None:
             impl_error.phase = "impl"
             raise impl_error

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ._simconfig import at_least
+from ._simrelease import Release
 
 GIB = 1024**3
 MIB = 1024**2
@@ -36,9 +37,6 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2",
 MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP = {"fp8": "fp8_e4m3"}
 # The first release whose --kv-cache-dtype auto follows the checkpoint (PR #29980).
 KV_FROM_CHECKPOINT_SINCE = "0.13"
-# The first release simulated with FP8 in TRITON_MLA (PR #34597); its selector also checks
-# KV dtypes, and SM12.x gets its own MLA priority list.
-TRITON_MLA_FP8_SINCE = "0.18"
 MAX_HEADER_SIZE = 100_000_000
 
 _FULL_KV = ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3"]
@@ -47,6 +45,8 @@ MLA_BACKENDS: dict[str, dict[str, Any]] = {
     "FLASHMLA": {"majors": (9, 10), "kv": _FULL_KV, "sparse": False},
     "FLASHINFER_MLA": {"majors": (10,), "kv": _FULL_KV, "sparse": False},
     "CUTLASS_MLA": {"majors": (10,), "kv": _FULL_KV, "sparse": False},
+    # 0.21.0 on (vllm/v1/attention/backends/mla/tokenspeed_mla.py: FP8 KV only, SM10x).
+    "TOKENSPEED_MLA": {"majors": (10,), "kv": ["fp8", "fp8_e4m3"], "sparse": False},
     "TRITON_MLA": {"majors": None, "kv": ["auto", "bfloat16"], "sparse": False},
     "FLASHMLA_SPARSE": {
         "majors": (9, 10),
@@ -305,28 +305,9 @@ def is_quantized_kv(kv_cache_dtype: str) -> bool:
 # Attention backend selection.
 
 
-def triton_mla_kv_dtypes(version: str) -> list[str]:
-    """``TritonMLABackend.supported_kv_cache_dtypes`` of a version."""
-    if at_least(version, TRITON_MLA_FP8_SINCE):
-        return list(_FULL_KV)
-    return ["auto", "bfloat16"]
-
-
-def mla_priority(major: int, version: str) -> list[str]:
-    """``_get_backend_priorities`` for MLA (``platforms/cuda.py``)."""
-    if major == 10:
-        return [
-            "FLASHINFER_MLA",
-            "CUTLASS_MLA",
-            "FLASH_ATTN_MLA",
-            "FLASHMLA",
-            "TRITON_MLA",
-            "FLASHINFER_MLA_SPARSE",
-            "FLASHMLA_SPARSE",
-        ]
-    if major == 12 and at_least(version, TRITON_MLA_FP8_SINCE):
-        return ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
-    return ["FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASHMLA_SPARSE"]
+def triton_mla_kv_dtypes(release: Release) -> list[str]:
+    """``TritonMLABackend.supported_kv_cache_dtypes`` of a release."""
+    return release.backend_kv_dtypes("TRITON_MLA", ["auto", "bfloat16"])
 
 
 def dense_priority(major: int) -> list[str]:
@@ -343,6 +324,16 @@ def selector_config(head: int, kv_cache_dtype: str, mla: bool, sparse: bool) -> 
     )
 
 
+def _supports_capability(name: str, capability: tuple[int, int], release: Release) -> bool:
+    listed = release.backend_capabilities(name)
+    if listed is not None:
+        return f"{capability[0]}.{capability[1]}" in listed
+    spec = MLA_BACKENDS.get(name)
+    if spec is None:
+        return capability >= DENSE_BACKENDS[name]["min_cap"]
+    return spec["majors"] is None or capability[0] in spec["majors"]
+
+
 def backend_reasons(
     name: str,
     capability: tuple[int, int],
@@ -350,24 +341,27 @@ def backend_reasons(
     mla: bool,
     sparse: bool,
     qk_nope_head_dim: int,
-    version: str,
+    release: Release,
 ) -> list[str]:
-    """Why ``name`` cannot serve this configuration (``validate_configuration``); [] if it can."""
-    checks_kv = at_least(version, TRITON_MLA_FP8_SINCE)
+    """Why ``name`` cannot serve this configuration (``validate_configuration``); [] if it can.
+
+    The reasons come in vLLM's order (vllm/v1/attention/backend.py): KV dtype, MLA, sparse,
+    compute capability, then the backend's own ``supports_combination``.
+    """
+    checks_kv = release.selector_checks_kv_dtype
     if name in DENSE_BACKENDS:
         spec = DENSE_BACKENDS[name]
         reasons = []
-        if checks_kv and kv_cache_dtype not in spec["kv"]:
+        if checks_kv and kv_cache_dtype not in release.backend_kv_dtypes(name, spec["kv"]):
             reasons.append("kv_cache_dtype not supported")
         if mla:
             reasons.append("MLA not supported")
-        if capability < spec["min_cap"]:
+        if not _supports_capability(name, capability, release):
             reasons.append("compute capability not supported")
         return reasons
     spec = MLA_BACKENDS[name]
-    kv_types = triton_mla_kv_dtypes(version) if name == "TRITON_MLA" else spec["kv"]
     reasons = []
-    if checks_kv and kv_cache_dtype not in kv_types:
+    if checks_kv and kv_cache_dtype not in release.backend_kv_dtypes(name, spec["kv"]):
         reasons.append("kv_cache_dtype not supported")
     if not mla:
         reasons.append("non-MLA not supported")
@@ -375,44 +369,62 @@ def backend_reasons(
         reasons.append("sparse not supported")
     if not sparse and spec["sparse"]:
         reasons.append("non-sparse not supported")
-    if spec["majors"] is not None and capability[0] not in spec["majors"]:
+    if not _supports_capability(name, capability, release):
         reasons.append("compute capability not supported")
-    if name == "FLASH_ATTN_MLA" and capability[0] != 9:
-        reasons.append("FlashAttention MLA not supported on this device")
-    if name == "FLASHMLA" and sparse and capability[0] not in (9, 10):
-        reasons.append("FlashMLA Sparse is only supported on Hopper and Blackwell devices.")
-    if name == "FLASHINFER_MLA" and qk_nope_head_dim not in (64, 128, 192):
-        reasons.append(
-            "FlashInfer MLA kernel requires qk_nope_head_dim in [64, 128, 192], "
-            f"but got {qk_nope_head_dim}"
-        )
+    reasons += _combination_reasons(name, capability, sparse, qk_nope_head_dim, release)
     return reasons
+
+
+def _combination_reasons(
+    name: str, capability: tuple[int, int], sparse: bool, qk_nope: int, release: Release
+) -> list[str]:
+    """The backends' own ``supports_combination`` texts (vllm/v1/attention/ops/flashmla.py,
+    fa_utils.py, backends/mla/flashinfer_mla.py)."""
+    if name == "FLASH_ATTN_MLA" and capability[0] != 9:
+        return ["FlashAttention MLA not supported on this device"]
+    if name == "FLASHMLA" and not sparse and capability[0] != 9:
+        return ["FlashMLA Dense is only supported on Hopper devices."]
+    if name == "FLASHMLA" and sparse and capability[0] not in (9, 10):
+        return ["FlashMLA Sparse is only supported on Hopper and Blackwell devices."]
+    if name == "FLASHINFER_MLA":
+        reason = release.flashinfer_mla_head_reason(qk_nope)
+        return [reason] if reason else []
+    return []
 
 
 def select_backend(
     config: dict[str, Any],
     capability: tuple[int, int],
     kv_cache_dtype: str,
-    version: str,
+    release: Release,
     forced: str | None,
-) -> tuple[str, list[str]]:
+) -> tuple[str, list[str], bool]:
     """Pick the attention backend as vLLM's CUDA platform does.
 
     Returns:
-        The chosen backend and the valid candidates in priority order.
+        The chosen backend, the valid candidates in priority order, and whether it was a
+        selected backend (``--attention-backend``, or the Blackwell default of 0.13-0.17)
+        rather than the first valid one of the priority list.
 
     Raises:
-        SimError: the forced backend is invalid, or no backend fits (with per-backend reasons).
+        SimError: the selected backend is invalid, or no backend fits (with per-backend
+            reasons).
     """
     mla = uses_mla(config)
     sparse = mla and uses_sparse(config)
     head = head_size(config, mla)
     nope = int(text_config(config).get("qk_nope_head_dim") or 0)
-    major = capability[0]
-    priority = mla_priority(major, version) if mla else dense_priority(major)
+    if not forced and mla and release.blackwell_default(capability, nope, sparse):
+        forced = "FLASHINFER_MLA"
+    if mla:
+        priority = release.mla_priority(capability, kv_cache_dtype)
+    else:
+        priority = dense_priority(capability[0])
 
     def reasons_of(name: str) -> list[str]:
-        return backend_reasons(name, capability, kv_cache_dtype, mla, sparse, nope, version)
+        if name not in MLA_BACKENDS and name not in DENSE_BACKENDS:
+            return ["ImportError"]
+        return backend_reasons(name, capability, kv_cache_dtype, mla, sparse, nope, release)
 
     if forced:
         if forced not in MLA_BACKENDS and forced not in DENSE_BACKENDS:
@@ -426,10 +438,11 @@ def select_backend(
         if reasons:
             raise SimError(
                 "ValueError",
-                f"Selected backend {forced} is not valid for this configuration. Reason: {reasons}",
+                f"Selected backend {release.backend_name(forced)} is not valid for this "
+                f"configuration. Reason: {reasons}",
                 "worker",
             )
-        return forced, [forced]
+        return forced, [forced], True
     valid = [name for name in priority if not reasons_of(name)]
     if not valid:
         listed = ", ".join(f"{name}: [{', '.join(reasons_of(name))}]" for name in priority)
@@ -439,20 +452,19 @@ def select_backend(
             f"{selector_config(head, kv_cache_dtype, mla, sparse)}. Reasons: {{{listed}}}.",
             "worker",
         )
-    return valid[0], valid
+    return valid[0], valid, False
 
 
-def backend_init_error(backend: str, kv_cache_dtype: str, version: str) -> SimError | None:
-    """The NotImplementedError an attention impl raises in ``__init__`` for FP8 KV cache."""
-    if not is_quantized_kv(kv_cache_dtype):
+def backend_init_error(backend: str, kv_cache_dtype: str, release: Release) -> SimError | None:
+    """The NotImplementedError an MLA impl raises in ``__init__`` for an FP8 KV cache.
+
+    Only 0.10.2 gets here: from 0.11.2 on the selector refuses the KV dtype first.
+    """
+    if not is_quantized_kv(kv_cache_dtype) or release.selector_checks_kv_dtype:
         return None
-    if backend == "TRITON_MLA" and kv_cache_dtype not in triton_mla_kv_dtypes(version):
+    if backend == "TRITON_MLA":
         return SimError(
             "NotImplementedError", "TritonMLA V1 with FP8 KV cache not yet supported", "worker"
-        )
-    if backend == "FLASH_ATTN_MLA":
-        return SimError(
-            "NotImplementedError", "FlashAttnMLA V1 with FP8 KV cache not yet supported", "worker"
         )
     return None
 

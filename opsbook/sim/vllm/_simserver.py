@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -21,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from . import _simconfig
+from . import _simconfig, _simrelease
 from . import _simmodel as model
 from ._simlog import Frame, Log, source
 from ._simprocs import ShmFile, is_alive, python_executable, spawn
@@ -29,7 +30,6 @@ from ._simprocs import ShmFile, is_alive, python_executable, spawn
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 NEW_SERVER_LINE_SINCE = "0.16"
 BANNER_SINCE = "0.18"
-DISABLE_LOG_REQUESTS_REMOVED = "0.11"
 ENGINE_STOP_TIMEOUT = 5.0
 API_SHARE = 0.05
 ROUTES = [
@@ -60,16 +60,50 @@ WORDS = (
 
 
 def human_int(text: str) -> int:
-    """vLLM's human-readable integers: ``32768``, ``32k`` (x1000), ``32K`` (x1024)."""
-    factors = {"k": 1000, "m": 1000**2, "K": 1024, "M": 1024**2}
-    if text and text[-1] in factors:
-        return int(float(text[:-1]) * factors[text[-1]])
-    return int(text)
+    """vLLM's human_readable_int (vllm/engine/arg_utils.py): ``32768``, ``25.6k`` (x1000),
+    ``32K`` (x1024, no decimals), with k/m/g/t and K/M/G/T."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text.strip())
+    if not match:
+        return int(text)
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+    try:
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
+            f"{number}{suffix.lower()} instead?"
+        ) from None
+
+
+def json_arg(text: str) -> Any:
+    """A JSON-valued flag (``--attention-config '{"backend": "X"}'``), as vLLM parses it."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
-    """The flags this simulation knows, in the order vLLM lists non-default args."""
-    add = parser.add_argument
+    """The flags this simulation knows, in the order vLLM lists non-default args.
+
+    Which flags exist follows the release played (``_simrelease``): with its facts sheet, every
+    serve flag of the release is accepted and no other; without, the flags below that the
+    release has.
+    """
+    release = _simrelease.load(version)
+    flags = release.serve_flags
+    defined: set[str] = set()
+
+    def add(*names: str, **kwargs: Any) -> None:
+        if flags is not None and names[0] not in flags:
+            # Not a flag of this release: refused on the command line, default in the code.
+            parser.set_defaults(**{names[0][2:].replace("-", "_"): kwargs.get("default")})
+            return
+        defined.update(names)
+        parser.add_argument(*names, **kwargs)
+
     add("--enable-auto-tool-choice", action="store_true", default=False)
     add("--tool-call-parser", default=None)
     add("--host", default=None)
@@ -77,7 +111,7 @@ def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
     add("--uvicorn-log-level", default="info")
     add("--api-key", default=None)
     add("--chat-template", default=None)
-    if not _simconfig.at_least(version, DISABLE_LOG_REQUESTS_REMOVED):
+    if release.has_disable_log_requests:
         add("--disable-log-requests", action="store_true", default=False)
     add("--enable-log-requests", action="store_true", default=False)
     add("--model", default=None)
@@ -92,7 +126,9 @@ def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
     add("--generation-config", default="auto")
     add("--load-format", default="auto")
     add("--download-dir", default=None)
-    add("--attention-backend", default=None)
+    add("--hf-token", type=str, nargs="?", const=True, default=None)
+    if release.has_attention_backend_flag:
+        add("--attention-backend", default=None)
     add("--reasoning-parser", default=None)
     add("--distributed-executor-backend", default=None)
     add("--pipeline-parallel-size", "-pp", type=int, default=1)
@@ -101,13 +137,23 @@ def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
     add("--disable-custom-all-reduce", action="store_true", default=False)
     add("--block-size", type=int, default=None)
     add("--gpu-memory-utilization", type=float, default=0.9)
-    add("--kv-cache-dtype", choices=model.KV_CACHE_DTYPES, default="auto")
+    add("--kv-cache-memory-bytes", type=human_int, default=None)
+    if release.kv_dtype_checked_after_load:
+        add("--kv-cache-dtype", default="auto")
+    else:
+        add("--kv-cache-dtype", choices=release.kv_cache_dtypes, default="auto")
     add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     add("--max-num-batched-tokens", type=human_int, default=None)
     add("--max-num-seqs", type=int, default=None)
     add("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     add("--mm-encoder-tp-mode", default="weights")
     add("--limit-mm-per-prompt", default=None)
+    add("--compilation-config", "-cc", type=json_arg, default=None)
+    if release.has_attention_backend_flag:
+        add("--attention-config", "-ac", type=json_arg, default=None)
+    # The rest of the release's flags: accepted, and without effect on the simulation.
+    for name in sorted((flags or set()) - defined - {"--model-tag", "--help"}):
+        parser.add_argument(name, nargs="?", const=True, default=None)
 
 
 def build_parser(
@@ -143,14 +189,34 @@ def build_parser(
 
 
 def normalise_flags(argv: list[str]) -> list[str]:
-    """vLLM's FlexibleArgumentParser accepts ``--max_model_len`` for ``--max-model-len``."""
-    out = []
-    for item in argv:
+    """As vLLM's FlexibleArgumentParser: ``--max_model_len`` is ``--max-model-len``, and dotted
+    flags (``--attention-config.backend X``) are gathered into one JSON value per flag
+    (vllm/utils/argparse_utils.py)."""
+    out: list[str] = []
+    dotted: dict[str, dict[str, Any]] = {}
+    items = list(argv)
+    while items:
+        item = items.pop(0)
         if item.startswith("--"):
             name, sep, value = item.partition("=")
             item = name.replace("_", "-") + sep + value
+        if item.startswith("-") and "." in item.partition("=")[0]:
+            name, sep, value = item.partition("=")
+            if not sep:
+                value = items.pop(0) if items else ""
+            key, *keys = name.split(".")
+            _set_nested(dotted.setdefault(key, {}), keys, json_arg(value))
+            continue
         out.append(item)
+    for key, value in dotted.items():
+        out += [key, json.dumps(value)]
     return out
+
+
+def _set_nested(target: dict[str, Any], keys: list[str], value: Any) -> None:
+    for key in keys[:-1]:
+        target = target.setdefault(key, {})
+    target[keys[-1]] = value
 
 
 def non_default_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -345,13 +411,13 @@ class ApiServer:
         kv_dtype = model.resolve_kv_cache_dtype(args.kv_cache_dtype, quant, self.version, warnings)
         for text in warnings:
             log.warning("torch_utils.py:331", text)
+        release = _simrelease.load(self.version)
+        if kv_dtype not in release.kv_cache_dtypes:
+            raise _kv_dtype_error(kv_dtype, release.kv_cache_dtypes)
         if model.is_quantized_kv(kv_dtype):
-            log.info(
-                "cache.py:207",
-                f"Using {kv_dtype} data type to store kv cache. It reduces the GPU memory "
-                "footprint and boosts the performance. Meanwhile, it may cause accuracy drop "
-                "without a proper scaling factor",
-            )
+            log.info(*release.fp8_kv_log(kv_dtype))
+        backend = self._attention_backend()
+        self._log_blackwell_default(release, config, backend)
         batched = args.max_num_batched_tokens or 8192
         log.info(
             "scheduler.py:216", f"Chunked prefill is enabled with max_num_batched_tokens={batched}."
@@ -393,12 +459,35 @@ class ApiServer:
             "kv_cache_dtype": kv_dtype,
             "quantization": quantization,
             "enforce_eager": args.enforce_eager,
-            "attention_backend": args.attention_backend or os.environ.get("VLLM_ATTENTION_BACKEND"),
+            "attention_backend": backend,
             "disable_custom_all_reduce": args.disable_custom_all_reduce,
             "max_num_seqs": args.max_num_seqs,
             "trust_remote_code": args.trust_remote_code,
             "reasoning_parser": args.reasoning_parser,
         }
+
+    def _attention_backend(self) -> str | None:
+        """--attention-backend, --attention-config.backend, or VLLM_ATTENTION_BACKEND."""
+        config = getattr(self.args, "attention_config", None)
+        from_config = config.get("backend") if isinstance(config, dict) else None
+        named = getattr(self.args, "attention_backend", None) or from_config
+        return named or os.environ.get("VLLM_ATTENTION_BACKEND")
+
+    def _log_blackwell_default(
+        self, release: _simrelease.Release, config: dict[str, Any], backend: str | None
+    ) -> None:
+        """0.13-0.17 choose FLASHINFER_MLA for MLA on SM10x while building the config."""
+        gpus = _sim_gpus()
+        if backend or not gpus or not model.uses_mla(config):
+            return
+        major, _, minor = str(gpus[0].get("compute_cap", "0.0")).partition(".")
+        nope = int(model.text_config(config).get("qk_nope_head_dim") or 0)
+        sparse = model.uses_sparse(config)
+        if release.blackwell_default((int(major), int(minor or 0)), nope, sparse):
+            self.log.info(
+                release.cuda_line("forcing"),
+                "Forcing kv cache block size to 64 for FlashInferMLA backend.",
+            )
 
     def _start_engine(self, spec: dict[str, Any]) -> None:
         time.sleep(self.seconds * API_SHARE)
@@ -956,6 +1045,28 @@ def _validation_error(config: str, message: str, model_name: str) -> model.SimEr
         "    For further information visit https://errors.pydantic.dev/2.11/v/value_error",
         "api",
     )
+
+
+def _kv_dtype_error(kv_dtype: str, known: list[str]) -> model.SimError:
+    """CacheConfig's refusal of an unknown KV dtype after the model config loaded (0.33.0+;
+    vllm/config/cache.py _validate_cache_dtype under pydantic)."""
+    return model.SimError(
+        "pydantic_core._pydantic_core.ValidationError",
+        "1 validation error for CacheConfig\ncache_dtype\n  Value error, Invalid kv_cache_dtype: "
+        f"{kv_dtype!r}. Valid values are: {known} [type=value_error, input_value={kv_dtype!r}, "
+        "input_type=str]\n    For further information visit "
+        "https://errors.pydantic.dev/2.12/v/value_error",
+        "api",
+    )
+
+
+def _sim_gpus() -> list[dict[str, Any]]:
+    from . import _simgpu
+
+    try:
+        return list(_simgpu.load_gpus(_simgpu.sim_dir()))
+    except (OSError, ValueError, KeyError):
+        return []
 
 
 def _sim_dir() -> Path:
