@@ -1,0 +1,152 @@
+"""The config patch follows the prediction, end to end: `opsbook sandbox up` with a GPU type and
+a vLLM release, then `opsbook run deploy -p apply True`, over the real sshd rehearsal host.
+
+- vLLM 0.33.0 on compute capability 12.0 and vLLM 0.15.1 on 8 x B200 (10.0) serve the
+  checkpoint's FP8 KV cache: the deploy leaves config.json and hf_quant_config.json
+  byte-identical, makes no backup, and the server starts with an FP8 KV cache.
+- vLLM 0.15.1 on compute capability 12.0 (the incident) cannot: the deploy patches both files
+  (with backups) and the server starts with a 16-bit KV cache.
+
+Each case has a rehearsal host of its own on this module's loopback addresses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from opsbook import launch
+from opsbook.deployment import load_deployment
+from opsbook.hosts import Host
+from opsbook.patch import BACKUP_SUFFIX, PATCHABLE_FILES
+
+pytestmark = pytest.mark.integration
+
+MODEL = Path("models") / "Kimi-K2.5-NVFP4"
+
+
+@dataclass(frozen=True)
+class Case:
+    gpus: str
+    vllm: str
+    address: str
+    patched: bool
+    kv_line: str
+
+
+CASES = {
+    "0.33.0-on-sm120": Case(
+        "rtx-pro-6000", "0.33.0", "127.0.0.30", False, "Using fp8_e4m3 data type to store kv cache"
+    ),
+    "0.15.1-on-b200": Case(
+        "b200", "0.15.1", "127.0.0.31", False, "Using fp8 data type to store kv cache"
+    ),
+    "0.15.1-on-sm120": Case("rtx-pro-6000", "0.15.1", "127.0.0.32", True, "kv_cache_dtype=auto"),
+}
+
+
+@dataclass(frozen=True)
+class Deployed:
+    case: Case
+    folder: Path
+    before: dict[str, str]
+    code: int
+    output: str
+    summary: dict[str, object]
+    server_log: str
+
+
+def opsbook(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "opsbook", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def digests(model: Path) -> dict[str, str]:
+    return {
+        name: hashlib.sha256((model / name).read_bytes()).hexdigest() for name in PATCHABLE_FILES
+    }
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def deployed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployed]:
+    case = CASES[request.param]
+    folder = Path(tempfile.mkdtemp(prefix="opsbook-patchfix-", dir="/tmp"))
+    up = opsbook(
+        "sandbox", "up", "--dir", str(folder), "--address", case.address,
+        "--gpus", case.gpus, "--vllm-version", case.vllm, timeout=300,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    deployment = folder / "deployment.yml"
+    try:
+        before = digests(folder / MODEL)
+        runs = tmp_path_factory.mktemp("runs")
+        run = opsbook(
+            "run", "deploy", "-f", str(deployment), "-p", "apply", "True",
+            "--runs-dir", str(runs), "--stage-timeout", "300", timeout=1500,
+        )  # fmt: skip
+        run_folder = next(runs.iterdir())
+        summary = json.loads((run_folder / "summary.json").read_text())
+        dep = load_deployment(deployment)
+        with Host.from_deployment(dep) as host:
+            paths = launch.resolve_paths(host, dep)
+            server_log = host.read_bytes(paths.log).decode(errors="replace")
+            yield Deployed(case, folder, before, run.returncode, run.stdout, summary, server_log)
+            launch.stop_server(host, paths)
+    finally:
+        opsbook("sandbox", "down", "--dir", str(folder), timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def verdicts(deployed: Deployed) -> dict[str, dict[str, object]]:
+    found = deployed.summary["verdicts"]
+    assert isinstance(found, list)
+    return {str(v["stage"]): v for v in found}
+
+
+def test_deploy_reaches_ready(deployed: Deployed) -> None:
+    assert deployed.code == 0, deployed.output
+    diagnose = verdicts(deployed)["diagnose"]
+    assert diagnose["ok"] and str(diagnose["message"]).startswith("ready"), diagnose
+    assert "Application startup complete." in deployed.server_log
+    assert f"Initializing a V1 LLM engine (v{deployed.case.vllm})" in deployed.server_log
+
+
+def test_the_patch_follows_the_prediction(deployed: Deployed) -> None:
+    model = deployed.folder / MODEL
+    after = digests(model)
+    backups = {name: (model / (name + BACKUP_SUFFIX)).exists() for name in PATCHABLE_FILES}
+    message = str(verdicts(deployed)["config-patch"]["message"])
+    if deployed.case.patched:
+        assert all(after[n] != deployed.before[n] for n in PATCHABLE_FILES)
+        assert all(backups.values())
+        assert "FP8 KV cache with MLA on compute capability 12.x" in message
+        config = json.loads((model / "config.json").read_text())
+        assert "kv_cache_scheme" not in config["quantization_config"]
+    else:
+        assert after == deployed.before
+        assert not any(backups.values())
+        assert "nothing to change: no failure is predicted with the fp8_e4m3 KV cache" in message
+        assert "tokens per GPU" in message
+
+
+def test_the_server_keeps_the_kv_cache_the_prediction_allows(deployed: Deployed) -> None:
+    log = deployed.server_log
+    assert deployed.case.kv_line in log
+    fp8 = not deployed.case.patched
+    assert ("kv_cache_dtype=fp8_e4m3" in log) == fp8
+    assert "GPU KV cache size:" in log
