@@ -519,7 +519,8 @@ def backend_kv_dtypes(
 
 def _fact_dtypes(release: ReleaseFacts, name: str) -> list[str]:
     backend = release.backends[name]
-    declared = list(backend.kv_cache_dtypes or ["auto", "float16", "bfloat16"])
+    # A class that declares no list is not checked by the selector: every CacheDType passes.
+    declared = list(backend.kv_cache_dtypes or release.cache_dtypes)
     if backend.fp8_refusal:
         declared = [d for d in declared if not d.startswith("fp8")]
     return declared

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from opsbook import vllm_facts
+from opsbook import compat, vllm_facts
 from opsbook.exceptions import OpsbookError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def test_index_lists_every_release_file_and_nothing_else():
 
 def test_releases_are_sorted_by_version_not_text():
     releases = vllm_facts.releases()
-    assert releases.index("0.9.0" if "0.9.0" in releases else "0.10.2") == 0
+    assert releases[0] == "0.10.2"
     keys = [vllm_facts.version_key(r) for r in releases]
     assert keys == sorted(keys)
 
@@ -188,3 +189,162 @@ def test_the_tool_reports_what_it_cannot_interpret():
     fn = ast.parse("def f(capability):\n    return mystery(capability)\n").body[0]
     with pytest.raises(tool.Unresolved, match="mystery"):
         tool.call_with(fn, {"capability": tool.Cap((9, 0))}, tool.Cap((9, 0)))
+
+
+# --------------------------------------------------------------------------------------------
+# The contract: opsbook's predictions agree with the facts of every release read
+
+
+def _expected_choice(release: vllm_facts.ReleaseFacts, cc: str, mla: bool, kv: str) -> str | None:
+    """The backend vLLM's selector would take, straight from the release's declarations."""
+    for name in release.priority(cc, mla, kv, head_size=576 if mla else 128) or ():
+        backend = release.backends.get(name)
+        if backend is None or backend.mla != mla or bool(backend.sparse):
+            continue
+        if backend.supports_capability(cc) is False:
+            continue
+        if not backend.supports_head_size(576 if mla else 128):
+            continue
+        if not backend.supports_kv_dtype(kv):
+            continue
+        gate = backend.fp8_min_capability
+        if gate and kv.startswith("fp8") and compat.capability_int(cc) < gate:
+            continue
+        return name
+    return None
+
+
+def _mla_facts(model_type: str = "deepseek_v3", kv_algo: str | None = "FP8") -> compat.ModelFacts:
+    config = {
+        "model_type": model_type,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 64,
+        "hidden_size": 7168,
+    }
+    hf_quant = {
+        "producer": {"name": "modelopt"},
+        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": kv_algo},
+    }
+    return compat.model_facts(config, hf_quant)
+
+
+def disagreements(release: vllm_facts.ReleaseFacts) -> list[str]:
+    """Every place where opsbook's prediction for this release differs from its facts."""
+    out: list[str] = []
+    v = release.version
+    if release.priorities:
+        for cc in vllm_facts.EVALUATED:
+            for mla in (True, False):
+                for kv in ("auto", "fp8_e4m3"):
+                    got = compat.select_backend(mla, cc, kv, v, head_size=576 if mla else 128)
+                    want = _expected_choice(release, cc, mla, kv)
+                    if got.name != want:
+                        out.append(f"{v} {cc} mla={mla} kv={kv}: opsbook {got.name}, vLLM {want}")
+    for name, backend in release.backends.items():
+        if backend.kv_cache_dtypes is None:
+            continue
+        dtypes, certain, _ = compat.backend_kv_dtypes(name, v)
+        for kv in backend.kv_cache_dtypes:
+            if (kv in dtypes) != backend.supports_kv_dtype(kv):
+                out.append(f"{v} {name}: KV dtype {kv} opsbook {kv in dtypes}")
+    for method, facts in release.quant_methods.items():
+        value, _, _ = compat.min_capability(method, v)
+        if value != facts.min_capability:
+            out.append(f"{v} {method}: min capability opsbook {value}, vLLM {facts.min_capability}")
+    for model_type in release.mla_model_types:
+        narrowed = compat.narrow_to_release(_mla_facts(model_type), v)
+        if not narrowed.mla:
+            out.append(f"{v} model type {model_type}: opsbook says not MLA")
+    # The incident's rule: FP8 KV + MLA on 12.x fails exactly when no backend takes it.
+    result = compat.check_compat(_mla_facts(), [{"compute_cap": "12.0"}], v, {})
+    fired = any(f.subject.startswith("FP8 KV cache with MLA") for f in result.findings)
+    if release.priorities:
+        fails = _expected_choice(release, "12.0", True, "fp8_e4m3") is None
+        if fired != fails:
+            out.append(f"{v} 12.0 FP8 MLA: rule fired={fired}, vLLM fails={fails}")
+    flag_gone = "--disable-log-requests" not in release.serve_flags
+    args = {"disable-log-requests": True}
+    flagged = any(
+        "removed it" in f.subject for f in compat.check_compat(_mla_facts(), [], v, args).findings
+    )
+    if flag_gone != flagged:
+        out.append(f"{v} --disable-log-requests: flagged={flagged}, vLLM lacks it={flag_gone}")
+    return out
+
+
+@pytest.mark.parametrize("release", vllm_facts.releases())
+def test_predictions_agree_with_the_release_facts(release):
+    assert disagreements(vllm_facts.load(release)) == []
+
+
+def test_the_contract_fails_when_the_selection_ignores_a_kv_dtype(monkeypatch):
+    real = compat.fact_reasons
+
+    def lax(release, name, mla, sparse, cc, kv, head_size, probed=None):
+        return [
+            r
+            for r in real(release, name, mla, sparse, cc, kv, head_size, probed)
+            if r != "kv_cache_dtype not supported"
+        ]
+
+    monkeypatch.setattr(compat, "fact_reasons", lax)
+    found = disagreements(vllm_facts.load("0.15.1"))
+    assert any("12.0 mla=True kv=fp8_e4m3: opsbook TRITON_MLA, vLLM None" in d for d in found)
+
+
+def test_the_contract_fails_when_a_rule_range_is_wrong(monkeypatch):
+    table = compat.load_rules()
+    rules = [dict(r) for r in table["rules"]]
+    for rule in rules:
+        if rule["id"] == "disable-log-requests-removed":
+            rule["when"] = dict(rule["when"], vllm_version=">=0.11")
+    monkeypatch.setattr(compat, "load_rules", lambda: dict(table, rules=rules))
+    assert any("--disable-log-requests" in d for d in disagreements(vllm_facts.load("0.15.1")))
+
+
+def test_the_contract_fails_when_a_fact_changes():
+    facts = vllm_facts.load("0.33.0")
+    quant = dict(facts.quant_methods)
+    quant["modelopt_fp4"] = replace(quant["modelopt_fp4"], min_capability=100)
+    mutated = replace(facts, quant_methods=quant)
+    assert "0.33.0 modelopt_fp4: min capability opsbook 75, vLLM 100" in disagreements(mutated)
+
+
+def test_the_fallback_table_agrees_with_the_oldest_release_read():
+    """compat_rules.yaml states 0.10.2's facts for releases without a priority function."""
+    oldest = vllm_facts.load("0.10.2")
+    table = compat.load_rules()
+    for method, spec in table["quantization_methods"].items():
+        assert spec["min_capability"] == oldest.quant_methods[method].min_capability, method
+    refusals = {
+        name.removesuffix("_VLLM_V1"): bool(b.fp8_refusal) for name, b in oldest.backends.items()
+    }
+    for name in ("TRITON_MLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "CUTLASS_MLA", "FLASHMLA"):
+        dtypes, _, _ = compat.backend_kv_dtypes(name, "0.10.2")
+        assert ("fp8_e4m3" not in dtypes) == refusals[name], name
+    for name, spec in table["backends"].items():
+        if "available" not in spec:
+            continue
+        first = next(r for r in vllm_facts.releases() if name in vllm_facts.load(r).backends)
+        assert compat.version_in(compat.parse_version(first), spec["available"]), name
+        before = vllm_facts.releases()[vllm_facts.releases().index(first) - 1]
+        assert not compat.version_in(compat.parse_version(before), spec["available"]), name
+
+
+def test_nvfp4_kv_cache_is_sized_as_vllm_packs_it():
+    # vLLM 0.33.0 vllm/utils/torch_utils.py::nvfp4_kv_cache_full_dim: head // 2 + head // 16.
+    assert "nvfp4" in vllm_facts.load("0.33.0").cache_dtypes
+    llama = compat.model_facts(
+        {
+            "model_type": "llama",
+            "num_hidden_layers": 2,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "hidden_size": 1024,
+        },
+        None,
+    )
+    assert compat.kv_cache_bytes_per_token_per_layer(llama, "nvfp4") == 2 * 2 * (64 + 8)
+    assert compat.kv_cache_bytes_per_token_per_layer(llama, "bfloat16") == 2 * 2 * 128 * 2
