@@ -20,36 +20,34 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 import yaml
 
+from opsbook import vllm_facts
 from opsbook.exceptions import OpsbookError
 from opsbook.probes import Prober
 from opsbook.results import Finding, Result, Table
+from opsbook.vllm_facts import ReleaseFacts
 
 RULES_FILE = "compat_rules.yaml"
 CONFIG_FILES = ("config.json", "hf_quant_config.json", "tokenizer_config.json")
 FINDING_COLUMNS = ["severity", "what will happen", "why", "fix", "source"]
 
-# vLLM's is_deepseek_mla list (vllm/config/model.py); it grows with each release.
-MLA_MODEL_TYPES = (
-    "deepseek_v2",
-    "deepseek_v3",
-    "deepseek_v32",
-    "deepseek_mtp",
-    "kimi_k2",
-    "kimi_linear",
-    "longcat_flash",
-    "pangu_ultra_moe",
-    "glm_moe_dsa",
+# MLA model types: vLLM's is_deepseek_mla list, read per release into opsbook/data/vllm_facts.
+# A checkpoint is read before the version is known, so the union of every release is used here
+# and check_compat narrows it to the installed release.
+MLA_MODEL_TYPES = tuple(
+    sorted({t for r in vllm_facts.releases() for t in vllm_facts.load(r).mla_model_types})
 )
 SPARSE_MLA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
-# vllm/utils/torch_utils.py MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP.
-MODELOPT_TO_VLLM_KV_CACHE_DTYPE = {"fp8": "fp8_e4m3"}
+# MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (vllm/utils/torch_utils.py), every release's entries.
+MODELOPT_TO_VLLM_KV_CACHE_DTYPE = {
+    k: v for r in vllm_facts.releases() for k, v in vllm_facts.load(r).modelopt_kv_map.items()
+}
 KV_DTYPE_BYTES = {
     "auto": 2,
     "bfloat16": 2,
@@ -61,6 +59,9 @@ KV_DTYPE_BYTES = {
     "fp8_e5m2": 1,
     "fp8_inc": 1,
 }
+# nvfp4 packs each head's values into head_size // 2 bytes of FP4 data plus head_size // 16
+# bytes of FP8 block scales (vLLM 0.33.0 vllm/utils/torch_utils.py::nvfp4_kv_cache_full_dim).
+NVFP4_KV_DTYPES = ("nvfp4", "nvfp4_4over6")
 # fp8_ds_mla packs a 576-wide MLA entry into 656 bytes (vllm-project/vllm#52202).
 FP8_DS_MLA_BYTES_PER_LAYER = 656
 ATTENTION_BACKEND_ARGS = ("attention-backend", "attention-config.backend", "ac.backend")
@@ -134,7 +135,10 @@ class BackendChoice:
         candidates: the backends tried, in vLLM's priority order.
         reasons: per rejected backend, vLLM's reasons (``compute capability not supported``...).
         forced: the backend asked for with ``--attention-backend``, if any.
-        uncertain: True when the vLLM version was unknown and the table differs by version.
+        uncertain: True when the vLLM version was unknown and the releases differ.
+        source: where the choice comes from: ``asked the installed vLLM 0.x.y``,
+            ``vLLM's 0.x.y source, opsbook table`` (the facts read from that release) or
+            ``opsbook table compat_rules.yaml`` (releases without a priority function).
     """
 
     name: str | None
@@ -142,6 +146,7 @@ class BackendChoice:
     reasons: dict[str, list[str]] = field(default_factory=dict)
     forced: str | None = None
     uncertain: bool = False
+    source: str = ""
 
     def reasons_text(self) -> str:
         """The reasons in the form of vLLM's error message: ``{A: [r1, r2], B: [r]}``."""
@@ -447,6 +452,29 @@ def capability_matches(cc: str | None, patterns: Any) -> bool:
     return any(p == cc or p == f"{major}.x" or p == "any" for p in patterns)
 
 
+TABLE_SOURCE = "opsbook table compat_rules.yaml"
+
+
+def release_facts(vllm_version: str | None) -> ReleaseFacts | None:
+    """The facts of the nearest release at or below ``vllm_version`` (None when unknown or
+    older than every release read)."""
+    if not vllm_version or parse_version(vllm_version) is None:
+        return None
+    try:
+        return vllm_facts.for_version(vllm_version)
+    except OpsbookError:
+        return None
+
+
+def facts_source(release: ReleaseFacts) -> str:
+    """How a verdict names a prediction taken from a release's source."""
+    return f"vLLM's {release.version} source, opsbook table"
+
+
+def _selecting_releases() -> list[ReleaseFacts]:
+    return [f for f in map(vllm_facts.load, vllm_facts.releases()) if f.priorities]
+
+
 def backend_kv_dtypes(
     name: str,
     vllm_version: str | None,
@@ -458,14 +486,27 @@ def backend_kv_dtypes(
         name: the backend (``TRITON_MLA``).
         vllm_version: the installed vLLM version, or None when unknown.
         probed_backends: backend name to ``supported_kv_cache_dtypes`` read from the installed
-            vLLM; takes precedence over the version table.
+            vLLM; takes precedence over the facts of the release.
 
     Returns:
-        ``(dtypes, certain, source)``. With an unknown version and a table that differs by
-        version, the dtypes supported in every range are given and ``certain`` is False.
+        ``(dtypes, certain, source)``. With an unknown version, the dtypes every release read
+        supports are given and ``certain`` is False when the releases differ.
     """
     if probed_backends and name in probed_backends:
         return [str(d) for d in probed_backends[name]], True, "probed on the host"
+    release = release_facts(vllm_version)
+    if release is not None and name in release.backends:
+        return (
+            _fact_dtypes(release, name),
+            True,
+            release.source(release.backends[name].kv_cache_dtypes_source),
+        )
+    if vllm_version is None:
+        per_release = [_fact_dtypes(r, name) for r in _selecting_releases() if name in r.backends]
+        if per_release:
+            in_all = [d for d in per_release[-1] if all(d in other for other in per_release)]
+            same = all(set(p) == set(per_release[0]) for p in per_release)
+            return in_all, same, "version unknown: dtypes supported in every release read"
     entries = load_rules()["backends"][name]["kv_cache_dtypes"]
     version = parse_version(vllm_version)
     for entry in entries:
@@ -474,6 +515,15 @@ def backend_kv_dtypes(
     common = set.intersection(*(set(e["dtypes"]) for e in entries))
     ordered = [d for d in entries[0]["dtypes"] if d in common]
     return ordered, len(entries) == 1, "version unknown: dtypes supported in every release"
+
+
+def _fact_dtypes(release: ReleaseFacts, name: str) -> list[str]:
+    backend = release.backends[name]
+    # A class that declares no list is not checked by the selector: every CacheDType passes.
+    declared = list(backend.kv_cache_dtypes or release.cache_dtypes)
+    if backend.fp8_refusal:
+        declared = [d for d in declared if not d.startswith("fp8")]
+    return declared
 
 
 def select_backend(
@@ -485,8 +535,16 @@ def select_backend(
     sparse: bool = False,
     forced: str | None = None,
     probed_backends: Mapping[str, Sequence[str]] | None = None,
+    num_heads: int | None = None,
+    head_size: int | None = None,
 ) -> BackendChoice:
     """Choose the attention backend as vLLM's CUDA selector does.
+
+    For a release read by ``tools/vllm_facts.py`` the choice follows that release's own
+    priority list and its backend classes' declarations (``opsbook/data/vllm_facts``); with
+    the version unknown, every release read is asked and the choice is uncertain when they
+    differ; releases without a priority function (0.10.x) use the table of
+    ``compat_rules.yaml``.
 
     Args:
         mla: whether the model uses MLA attention.
@@ -496,10 +554,105 @@ def select_backend(
         sparse: whether the MLA is sparse (DeepSeek-V3.2 DSA).
         forced: a backend asked for with ``--attention-backend``.
         probed_backends: KV dtypes read from the installed vLLM's backends (take precedence).
+        num_heads: attention heads (vLLM's sparse MLA order depends on it).
+        head_size: the head size the selector sees (576 for DeepSeek MLA).
 
     Returns:
         The :class:`BackendChoice`.
     """
+    release = release_facts(vllm_version)
+    args = (mla, sparse, compute_cap, kv_cache_dtype, forced, probed_backends, num_heads, head_size)
+    if release is not None and release.priorities:
+        return _select_from_facts(release, *args)
+    if vllm_version is None:
+        choices = [_select_from_facts(r, *args) for r in _selecting_releases()]
+        if choices:
+            newest = choices[-1]
+            differ = len({c.name for c in choices}) > 1
+            return BackendChoice(
+                newest.name,
+                newest.candidates,
+                newest.reasons,
+                forced,
+                uncertain=differ,
+                source=f"version unknown: {len(choices)} releases read "
+                + ("disagree" if differ else "agree"),
+            )
+    return _select_from_table(
+        mla, compute_cap, kv_cache_dtype, vllm_version, sparse, forced, probed_backends
+    )
+
+
+def _select_from_facts(
+    release: ReleaseFacts,
+    mla: bool,
+    sparse: bool,
+    cc: str,
+    kv: str,
+    forced: str | None,
+    probed: Mapping[str, Sequence[str]] | None,
+    num_heads: int | None,
+    head_size: int | None,
+) -> BackendChoice:
+    candidates = release.priority(cc, mla, kv, num_heads, head_size) or ()
+    reasons: dict[str, list[str]] = {}
+    for name in [forced] if forced else candidates:
+        why = fact_reasons(release, name, mla, sparse, cc, kv, head_size, probed)
+        if not why:
+            return BackendChoice(name, candidates, reasons, forced, source=facts_source(release))
+        reasons[name] = why
+    return BackendChoice(None, candidates, reasons, forced, source=facts_source(release))
+
+
+def fact_reasons(
+    release: ReleaseFacts,
+    name: str,
+    mla: bool,
+    sparse: bool,
+    cc: str,
+    kv: str,
+    head_size: int | None,
+    probed: Mapping[str, Sequence[str]] | None = None,
+) -> list[str]:
+    """vLLM's ``validate_configuration`` reasons for one backend of a release, in its words,
+    plus the FP8-KV capability gate its implementation raises at start-up."""
+    backend = release.backends.get(name)
+    if backend is None:
+        return ["backend not in this release's registry"]
+    reasons = []
+    if backend.mla is not None and backend.mla != mla:
+        reasons.append("MLA not supported" if mla else "non-MLA not supported")
+    if bool(backend.sparse) != sparse:
+        reasons.append("sparse not supported" if sparse else "non-sparse not supported")
+    if not backend.supports_head_size(head_size):
+        reasons.append("head_size not supported")
+    if backend.supports_capability(cc) is False:
+        reasons.append("compute capability not supported")
+    if probed and name in probed:
+        kv_ok = kv in probed[name]
+    else:
+        kv_ok = (
+            kv in _fact_dtypes(release, name)
+            if backend.fp8_refusal
+            else (backend.supports_kv_dtype(kv))
+        )
+    if not kv_ok:
+        reasons.append("kv_cache_dtype not supported")
+    gate = backend.fp8_min_capability
+    if kv_ok and gate and kv.startswith("fp8") and capability_int(cc) < gate:
+        reasons.append(f"FP8 KV cache needs compute capability {gate / 10:.1f}")
+    return reasons
+
+
+def _select_from_table(
+    mla: bool,
+    compute_cap: str,
+    kv_cache_dtype: str,
+    vllm_version: str | None,
+    sparse: bool,
+    forced: str | None,
+    probed_backends: Mapping[str, Sequence[str]] | None,
+) -> BackendChoice:
     table = load_rules()
     priority = next(
         p for p in table["priorities"] if capability_matches(compute_cap, p["compute_capability"])
@@ -517,9 +670,11 @@ def select_backend(
         )
         uncertain = uncertain or not sure
         if not why:
-            return BackendChoice(name, tuple(candidates), reasons, forced, uncertain)
+            return BackendChoice(
+                name, tuple(candidates), reasons, forced, uncertain, source=TABLE_SOURCE
+            )
         reasons[name] = why
-    return BackendChoice(None, tuple(candidates), reasons, forced, uncertain)
+    return BackendChoice(None, tuple(candidates), reasons, forced, uncertain, source=TABLE_SOURCE)
 
 
 def _available(
@@ -540,7 +695,7 @@ def _backend_reasons(
     vllm_version: str | None,
     probed: Mapping[str, Sequence[str]] | None,
 ) -> tuple[list[str], bool]:
-    """vLLM's validate_configuration reasons for one backend, and whether they are certain."""
+    """The table's reasons for one backend, and whether they are certain."""
     spec = load_rules()["backends"].get(name)
     if spec is None:
         return ["unknown backend"], True
@@ -555,6 +710,34 @@ def _backend_reasons(
     if kv not in dtypes:
         reasons.append("kv_cache_dtype not supported")
     return reasons, certain
+
+
+def min_capability(method: str, vllm_version: str | None) -> tuple[int | None, bool, str]:
+    """A quantization method's minimum compute capability (``major*10+minor``).
+
+    Returns:
+        ``(value, certain, source)``: from the release's ``get_min_capability``; with the
+        version unknown, the newest release's value, uncertain when releases differ; from the
+        table for releases without facts. ``value`` is None when nothing is known.
+    """
+    release = release_facts(vllm_version)
+    if release is not None:
+        method_facts = release.quant_methods.get(method)
+        if method_facts is None or method_facts.min_capability is None:
+            return None, True, release.source(None)
+        return method_facts.min_capability, True, release.source(method_facts.file)
+    if vllm_version is None:
+        values = [
+            m.min_capability
+            for m in (vllm_facts.load(r).quant_methods.get(method) for r in vllm_facts.releases())
+            if m is not None and m.min_capability is not None
+        ]
+        if values:
+            return values[-1], len(set(values)) == 1, "version unknown: newest release read"
+    spec = load_rules()["quantization_methods"].get(method)
+    if spec is None:
+        return None, True, TABLE_SOURCE
+    return int(spec["min_capability"]), True, str(spec.get("source", TABLE_SOURCE))
 
 
 # --------------------------------------------------------------------------------------------
@@ -630,13 +813,16 @@ def _cond_no_backend(ctx: _Context, want: Any) -> bool | None:
     return found == bool(want)
 
 
-def _cond_quant_below_min_capability(ctx: _Context, want: Any) -> bool:
+def _cond_quant_below_min_capability(ctx: _Context, want: Any) -> bool | None:
     method = ctx.facts.quant_method
-    spec = ctx.table["quantization_methods"].get(method or "")
-    if spec is None or ctx.cc is None:
+    value, certain, _ = min_capability(method or "", ctx.version)
+    if value is None or ctx.cc is None:
         return not want
-    ctx.values["min_capability"] = str(spec["min_capability"])
-    return (capability_int(ctx.cc) < int(spec["min_capability"])) == bool(want)
+    ctx.values["min_capability"] = str(value)
+    below = capability_int(ctx.cc) < value
+    if below == bool(want) and not certain:
+        return None
+    return below == bool(want)
 
 
 def _cond_vllm_version(ctx: _Context, spec: Any) -> bool | None:
@@ -739,6 +925,7 @@ def check_compat(
     """
     table = load_rules()
     args = normalize_serve_args(serve_args)
+    facts = narrow_to_release(facts, vllm_version)
     kv_dtype, kv_origin = resolve_kv_cache_dtype(facts, args)
     forced = next((str(args[a]) for a in ATTENTION_BACKEND_ARGS if _is_set(args.get(a))), None)
     caps = list(dict.fromkeys(cc for cc in map(_compute_cap, gpus) if cc))
@@ -758,6 +945,7 @@ def check_compat(
                 sparse=facts.sparse_mla,
                 forced=forced,
                 probed_backends=probed_backends,
+                head_size=facts.head_size,
             )
             backends[cc] = asdict(choice)
         ctx = _Context(
@@ -798,6 +986,31 @@ def check_compat(
             "table_version": str(table.get("version", "")),
         },
         findings=findings,
+    )
+
+
+def narrow_to_release(facts: ModelFacts, vllm_version: str | None) -> ModelFacts:
+    """The facts as the installed release sees them: a model type missing from that
+    release's ``is_deepseek_mla`` list gets standard attention."""
+    release = release_facts(vllm_version)
+    if release is None:
+        return facts
+    algo = (facts.kv_cache_algo or "").lower()
+    if facts.kv_cache_dtype != "auto" and release.modelopt_kv_map:
+        if algo not in release.modelopt_kv_map:
+            note = (
+                f"vLLM {release.version} has no KV dtype for kv_cache_quant_algo "
+                f"{facts.kv_cache_algo} ({release.modelopt_kv_map_file}): it falls back to auto"
+            )
+            facts = replace(facts, kv_cache_dtype="auto", notes=(*facts.notes, note))
+    if not facts.mla or facts.text_model_type in release.mla_model_types:
+        return facts
+    note = (
+        f"vLLM {release.version} does not list model_type {facts.text_model_type!r} as MLA "
+        f"({release.mla_model_types_file}): it uses standard attention"
+    )
+    return replace(
+        facts, mla=False, sparse_mla=False, head_size=facts.head_dim, notes=(*facts.notes, note)
     )
 
 
@@ -886,7 +1099,7 @@ def _backend_notes(backends: Mapping[str, Mapping[str, Any]], facts: ModelFacts)
                     f"attention backend on {cc}",
                     f"vLLM will use {choice['name']} "
                     f"({kind}; tried {', '.join(choice['candidates'])})",
-                    source="vllm/platforms/cuda.py priorities; compat_rules.yaml",
+                    source=choice["source"] or "vllm/platforms/cuda.py priorities",
                 )
             )
     return notes
@@ -904,7 +1117,8 @@ def kv_cache_bytes_per_token_per_layer(facts: ModelFacts, kv_dtype: str) -> int:
 
     Args:
         facts: from :func:`model_facts`.
-        kv_dtype: ``auto``/``bfloat16`` (2 bytes), ``fp8``/``fp8_e4m3`` (1 byte)...
+        kv_dtype: ``auto``/``bfloat16`` (2 bytes), ``fp8``/``fp8_e4m3`` (1 byte),
+            ``nvfp4`` (half a byte plus a scale byte per 16 values)...
 
     Returns:
         The size in bytes.
@@ -914,9 +1128,16 @@ def kv_cache_bytes_per_token_per_layer(facts: ModelFacts, kv_dtype: str) -> int:
     """
     if facts.mla and kv_dtype == "fp8_ds_mla":
         return FP8_DS_MLA_BYTES_PER_LAYER
+    if kv_dtype in NVFP4_KV_DTYPES:
+        if facts.mla and facts.head_size:
+            return nvfp4_packed_bytes(facts.head_size)
+        if facts.num_kv_heads and facts.head_dim:
+            return 2 * facts.num_kv_heads * nvfp4_packed_bytes(facts.head_dim)
+        raise OpsbookError("the config lacks the attention sizes needed to size the KV cache")
     if kv_dtype not in KV_DTYPE_BYTES:
         raise OpsbookError(
-            f"unknown KV cache dtype {kv_dtype!r}", remedy=f"use one of {sorted(KV_DTYPE_BYTES)}"
+            f"unknown KV cache dtype {kv_dtype!r}",
+            remedy=f"use one of {sorted([*KV_DTYPE_BYTES, *NVFP4_KV_DTYPES])}",
         )
     width = KV_DTYPE_BYTES[kv_dtype]
     if facts.mla and facts.head_size:
@@ -924,6 +1145,11 @@ def kv_cache_bytes_per_token_per_layer(facts: ModelFacts, kv_dtype: str) -> int:
     if facts.num_kv_heads and facts.head_dim:
         return 2 * facts.num_kv_heads * facts.head_dim * width
     raise OpsbookError("the config lacks the attention sizes needed to size the KV cache")
+
+
+def nvfp4_packed_bytes(head_size: int) -> int:
+    """Bytes of one head's NVFP4 KV entry: FP4 data plus FP8 scales per 16 values."""
+    return head_size // 2 + head_size // 16
 
 
 def kv_cache_bytes_per_token(facts: ModelFacts, kv_dtype: str) -> int:

@@ -152,7 +152,8 @@ def test_config_json_wins_and_a_disagreement_is_noted() -> None:
         ("FP8", "FP8", "fp8_e4m3"),
         ("fp8", "FP8", "fp8_e4m3"),
         ({"dynamic": False, "num_bits": 8, "type": "float"}, "FP8", "fp8_e4m3"),
-        ("NVFP4", "NVFP4", "auto"),
+        # MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP has nvfp4 from vLLM 0.20.2 (vllm/utils/torch_utils.py)
+        ("NVFP4", "NVFP4", "nvfp4"),
         (None, None, "auto"),
     ],
 )
@@ -233,10 +234,29 @@ def test_version_ranges() -> None:
 
 
 def test_sm120_fp8_mla_has_no_backend_before_the_triton_fp8_release() -> None:
-    choice = select_backend(True, "12.0", "fp8_e4m3", "0.15.1")
+    # vLLM 0.15.1 has no 12.x branch in _get_backend_priorities (it appears in 0.24.0): 12.x
+    # falls into the Ampere/Hopper list, where only TRITON_MLA accepts the capability and
+    # it lacks FP8 (vllm/v1/attention/backends/mla/triton_mla.py).
+    choice = select_backend(True, "12.0", "fp8_e4m3", "0.15.1", head_size=576)
     assert choice.name is None
-    assert choice.candidates == ("TRITON_MLA",)
-    assert choice.reasons_text() == "{TRITON_MLA: [kv_cache_dtype not supported]}"
+    assert choice.candidates[:4] == ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA")
+    assert choice.reasons["TRITON_MLA"] == ["kv_cache_dtype not supported"]
+    assert "compute capability not supported" in choice.reasons["FLASHMLA"]
+    assert choice.source == "vLLM's 0.15.1 source, opsbook table"
+
+
+def test_sm120_fp8_mla_uses_triton_mla_from_0_18_0() -> None:
+    assert select_backend(True, "12.0", "fp8_e4m3", "0.17.1").name is None
+    assert select_backend(True, "12.0", "fp8_e4m3", "0.18.0").name == "TRITON_MLA"
+    newest = select_backend(True, "12.0", "fp8_e4m3", "0.33.0")
+    assert newest.candidates == ("TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120")
+
+
+def test_triton_mla_fp8_needs_sm89_from_0_26_0() -> None:
+    assert select_backend(True, "8.0", "fp8_e4m3", "0.25.1").name == "TRITON_MLA"
+    choice = select_backend(True, "8.0", "fp8_e4m3", "0.26.0")
+    assert choice.name is None
+    assert choice.reasons["TRITON_MLA"] == ["FP8 KV cache needs compute capability 8.9"]
 
 
 def test_sm120_bf16_mla_uses_triton_mla() -> None:
@@ -260,11 +280,15 @@ def test_probe_takes_precedence_over_version_table() -> None:
 
 def test_unknown_version_is_uncertain() -> None:
     choice = select_backend(True, "12.0", "fp8_e4m3", None)
-    assert choice.name is None and choice.uncertain
+    assert choice.uncertain
+    assert "disagree" in choice.source
+    assert not select_backend(True, "9.0", "auto", None).uncertain
 
 
 def test_non_mla_model_always_finds_a_backend() -> None:
-    assert select_backend(False, "12.0", "fp8_e4m3", "0.15.1").name == "TRITON_ATTN"
+    # FLASH_ATTN lacks FP8 on 0.15.1; FLASHINFER, next in the list, has it.
+    assert select_backend(False, "12.0", "fp8_e4m3", "0.15.1").name == "FLASHINFER"
+    assert select_backend(False, "12.0", "auto", "0.15.1").name == "FLASH_ATTN"
 
 
 # --- rules ---------------------------------------------------------------------------------
@@ -321,11 +345,20 @@ def test_fp8_dense_mla_on_h200_uses_flashmla() -> None:
     assert any(f.severity == "ok" and "FLASHMLA" in f.message for f in result.findings)
 
 
-def test_nvfp4_on_h200_is_a_capability_error(kimi25: ModelFacts) -> None:
+def test_nvfp4_on_h200_is_fine_its_minimum_is_75(kimi25: ModelFacts) -> None:
+    # ModelOptNvFp4Config.get_min_capability returns 75 from 0.14.1 (80 before), never 100.
     result = check_compat(kimi25, H200, "0.15.1", KIMI_ARGS)
-    assert not result.ok
-    assert rule_ids(result) == ["quant-below-min-capability"]
-    assert "Minimum capability: 100. Current capability: 90" in result.findings[0].message
+    assert "quant-below-min-capability" not in rule_ids(result)
+
+
+def test_nvfp4_on_a_turing_gpu_before_0_14_is_a_capability_error(kimi25: ModelFacts) -> None:
+    result = check_compat(kimi25, [{"compute_cap": "7.5"}], "0.13.0", KIMI_ARGS)
+    assert "quant-below-min-capability" in rule_ids(result)
+    finding = next(f for f in result.findings if "newer GPU" in f.subject)
+    assert "Minimum capability: 80. Current capability: 75" in finding.message
+    assert "quant-below-min-capability" not in rule_ids(
+        check_compat(kimi25, [{"compute_cap": "7.5"}], "0.14.1", KIMI_ARGS)
+    )
 
 
 def test_nvfp4_on_b200_is_fine(kimi25: ModelFacts) -> None:
@@ -343,7 +376,10 @@ def test_forced_flash_attn_mla_with_fp8_kv_on_h200() -> None:
     }
     result = check_compat(facts, H200, "0.15.1", args)
     assert rule_ids(result) == ["fp8-kv-flash-attn-mla"]
-    assert "Selected backend FLASH_ATTN_MLA is not valid" in result.findings[0].message
+    assert (
+        "Selected backend AttentionBackendEnum.FLASH_ATTN_MLA is not valid"
+        in result.findings[0].message
+    )
 
 
 def test_forced_backend_on_the_wrong_gpu() -> None:
@@ -384,7 +420,10 @@ def test_auto_tool_choice_without_parser_is_an_error(kimi25: ModelFacts) -> None
     assert rule_ids(result) == ["enable-auto-tool-choice-without-parser"]
 
 
-@pytest.mark.parametrize(("version", "fires"), [("0.10.1", False), ("0.11.0", True), (None, True)])
+# vLLM 0.16.0's arg_utils.py still adds --disable-log-requests; 0.17.1's does not.
+@pytest.mark.parametrize(
+    ("version", "fires"), [("0.11.0", False), ("0.16.0", False), ("0.17.1", True), (None, True)]
+)
 def test_disable_log_requests(kimi25: ModelFacts, version: str | None, fires: bool) -> None:
     args = dict(KIMI_ARGS, **{"disable-log-requests": True})
     result = check_compat(kimi25, B200, version, args)
