@@ -328,6 +328,8 @@ def _supports_capability(name: str, capability: tuple[int, int], release: Releas
     listed = release.backend_capabilities(name)
     if listed is not None:
         return f"{capability[0]}.{capability[1]}" in listed
+    if name not in MLA_BACKENDS and name not in DENSE_BACKENDS:
+        return False
     spec = MLA_BACKENDS.get(name)
     if spec is None:
         return capability >= DENSE_BACKENDS[name]["min_cap"]
@@ -372,6 +374,32 @@ def backend_reasons(
     if not _supports_capability(name, capability, release):
         reasons.append("compute capability not supported")
     reasons += _combination_reasons(name, capability, sparse, qk_nope_head_dim, release)
+    return reasons
+
+
+def _sheet_reasons(
+    name: str,
+    capability: tuple[int, int],
+    kv_cache_dtype: str,
+    mla: bool,
+    sparse: bool,
+    release: Release,
+) -> list[str]:
+    """The reasons of a backend this simulation has no table for, from the facts sheet (its
+    own supports_combination is not played)."""
+    sheet = release.backend_sheet(name)
+    if sheet is None:
+        return ["ImportError"]
+    reasons = []
+    kv = sheet.get("kv_cache_dtypes")
+    if release.selector_checks_kv_dtype and kv and kv_cache_dtype not in kv:
+        reasons.append("kv_cache_dtype not supported")
+    if bool(sheet.get("mla")) != mla:
+        reasons.append("MLA not supported" if mla else "non-MLA not supported")
+    if bool(sheet.get("sparse")) != sparse:
+        reasons.append("sparse not supported" if sparse else "non-sparse not supported")
+    if not _supports_capability(name, capability, release):
+        reasons.append("compute capability not supported")
     return reasons
 
 
@@ -423,7 +451,7 @@ def select_backend(
 
     def reasons_of(name: str) -> list[str]:
         if name not in MLA_BACKENDS and name not in DENSE_BACKENDS:
-            return ["ImportError"]
+            return _sheet_reasons(name, capability, kv_cache_dtype, mla, sparse, release)
         return backend_reasons(name, capability, kv_cache_dtype, mla, sparse, nope, release)
 
     if forced:

@@ -1,10 +1,11 @@
 """What the simulated vLLM does differently from one release to the next.
 
 Every rule here was read from the source of the releases' wheels (the file is named with each
-rule). When the rehearsal host installed a facts sheet for the release (``_facts.json`` next to
-this file, written by ``opsbook.sim.vllm_install`` from the facts extracted from vLLM's wheels),
+rule). When the rehearsal host installed facts sheets (``_facts/<release>.json`` next to this
+file, written by ``opsbook.sim.vllm_install`` from the facts extracted from vLLM's wheels), the
+sheet of the newest release at or below the one played is used:
 its backends, priority lists, KV-cache dtypes and serve flags take precedence over the tables
-below, which stand for the releases read by hand: 0.10.2 to 0.34.0.
+below, which were read by hand from releases 0.10.2 to 0.34.0 and stay as the fallback.
 
 Standard library only: this package runs on the rehearsal host.
 """
@@ -15,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ._simconfig import at_least
+from ._simconfig import at_least, version_tuple
 
-FACTS_FILE = "_facts.json"
+FACTS_DIR = "_facts"
 
 # vllm/config/cache.py CacheDType (0.15.1); 0.18.0 added float16, 0.33.0 nvfp4_ds_mla and more.
 _CACHE_DTYPES_0_15 = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"]
@@ -155,6 +156,11 @@ class Release:
             return _mla_kv(self.version, fp8=True)
         return default
 
+    def backend_sheet(self, name: str) -> dict[str, Any] | None:
+        """What the facts sheet says of a backend: KV dtypes, capabilities, mla, sparse."""
+        sheet = self.facts.get("backends", {}).get(name)
+        return dict(sheet) if isinstance(sheet, dict) else None
+
     def backend_capabilities(self, name: str) -> list[str] | None:
         """Compute capabilities the facts sheet says the backend accepts (None: no sheet)."""
         sheet = self.facts.get("backends", {}).get(name)
@@ -217,14 +223,19 @@ class Release:
 
 
 def load(version: str, folder: Path | None = None) -> Release:
-    """The release played, with the facts sheet installed next to this file if there is one."""
-    path = (folder or Path(__file__).resolve().parent) / FACTS_FILE
+    """The release played, with the facts sheet of the newest release read at or below it
+    (installed in ``_facts/`` next to this file), else with the tables of this module."""
+    sheets = folder or Path(__file__).resolve().parent / FACTS_DIR
+    want = version_tuple(version)
+    candidates = []
+    for path in sheets.glob("*.json") if sheets.is_dir() else []:
+        release = version_tuple(path.stem)
+        if release <= want:
+            candidates.append((release, path))
+    if not candidates:
+        return Release(version)
     try:
-        facts = json.loads(path.read_text())
+        facts = json.loads(max(candidates)[1].read_text())
     except (OSError, ValueError):
-        facts = None
-    # The sheet is for the release the host was set up with; a one-launch override of the
-    # version (OPSBOOK_SIM_VLLM_VERSION) falls back to the tables above.
-    if not isinstance(facts, dict) or facts.get("played") != version:
-        facts = None
-    return Release(version, facts)
+        return Release(version)
+    return Release(version, facts if isinstance(facts, dict) else None)

@@ -88,20 +88,15 @@ def json_arg(text: str) -> Any:
 def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
     """The flags this simulation knows, in the order vLLM lists non-default args.
 
-    Which flags exist follows the release played (``_simrelease``): with its facts sheet, every
-    serve flag of the release is accepted and no other; without, the flags below that the
-    release has.
+    Which flags exist follows the release played (``_simrelease``): the flags below that the
+    release has, and, with its facts sheet, every other serve flag the sheet lists (the sheets
+    of 0.29.0 on miss the frontend flags that moved to entrypoints/common/cli_args.py, so the
+    sheet adds flags rather than replacing these).
     """
     release = _simrelease.load(version)
     flags = release.serve_flags
-    defined: set[str] = set()
 
     def add(*names: str, **kwargs: Any) -> None:
-        if flags is not None and names[0] not in flags:
-            # Not a flag of this release: refused on the command line, default in the code.
-            parser.set_defaults(**{names[0][2:].replace("-", "_"): kwargs.get("default")})
-            return
-        defined.update(names)
         parser.add_argument(*names, **kwargs)
 
     add("--enable-auto-tool-choice", action="store_true", default=False)
@@ -152,8 +147,10 @@ def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
     if release.has_attention_backend_flag:
         add("--attention-config", "-ac", type=json_arg, default=None)
     # The rest of the release's flags: accepted, and without effect on the simulation.
-    for name in sorted((flags or set()) - defined - {"--model-tag", "--help"}):
-        parser.add_argument(name, nargs="?", const=True, default=None)
+    taken = set(parser._option_string_actions)
+    for name in sorted((flags or set()) - taken):
+        if name.startswith("-") and name != "--model-tag":
+            parser.add_argument(name, nargs="?", const=True, default=None)
 
 
 def build_parser(
