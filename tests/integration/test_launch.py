@@ -268,7 +268,7 @@ def test_default_checkpoint_fails_at_launch_and_the_diagnosis_points_to_the_patc
     assert started.message.startswith("crashed within seconds (exit code 1)")
     diagnosis = started.data["diagnosis"]
     assert diagnosis.failure == "fp8kv-mla"
-    assert "FP8 KV cache" in diagnosis.line.raw
+    assert "kv_cache_dtype=fp8_e4m3" in diagnosis.line.raw
     assert "TRITON_MLA" in rig.host.read_text(rig.paths.log)
     assert "02_config_patch" in started.findings[0].remedy
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -150,3 +151,30 @@ def test_the_server_keeps_the_kv_cache_the_prediction_allows(deployed: Deployed)
     fp8 = not deployed.case.patched
     assert ("kv_cache_dtype=fp8_e4m3" in log) == fp8
     assert "GPU KV cache size:" in log
+
+
+def test_an_up_host_switches_gpus_and_release_in_place() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="opsbook-patchfix-", dir="/tmp"))
+    try:
+        first = opsbook("sandbox", "up", "--dir", str(folder), "--address", "127.0.0.33",
+                        timeout=300)  # fmt: skip
+        assert first.returncode == 0, first.stderr
+        again = opsbook(
+            "sandbox", "up", "--dir", str(folder), "--address", "127.0.0.33",
+            "--gpus", "b200", "--vllm-version", "0.33.0", timeout=300,
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        assert "simulated: 8 x b200 GPUs, vLLM 0.33.0" in again.stdout
+        state = json.loads((folder / "state.json").read_text())
+        assert (state["gpu_profile"], state["vllm_version"]) == ("b200", "0.33.0")
+        dep = load_deployment(folder / "deployment.yml")
+        with Host.from_deployment(dep) as host:
+            smi = host.run("nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader")
+            assert smi.stdout.splitlines() == ["NVIDIA B200, 10.0"] * 8
+            version = host.run(
+                f"{shlex.quote(dep.python)} -c 'import vllm; print(vllm.__version__)'"
+            )
+            assert version.stdout.strip() == "0.33.0"
+    finally:
+        opsbook("sandbox", "down", "--dir", str(folder), timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
