@@ -118,3 +118,19 @@ def test_the_simulated_backend_is_the_predicted_one(
         assert chosen == "FLASHINFER_MLA" and chosen not in predicted.reasons
         return
     assert chosen == predicted.name, (valid, predicted)
+
+
+def test_the_played_release_takes_the_newest_sheet_at_or_below_it(sheets: Path) -> None:
+    assert _simrelease.load("0.15.1", sheets).facts["release"] == "0.15.1"
+    assert _simrelease.load("0.15.0", sheets).facts["release"] == "0.14.1"
+    assert _simrelease.load("0.40.2", sheets).facts["release"] == RELEASES[-1]
+    older = _simrelease.load("0.9.2", sheets)
+    assert older.facts == {} and older.kv_cache_dtypes  # the module's own tables
+    assert _simrelease.load("0.33.0", sheets / "missing").facts == {}
+
+
+def test_the_installed_package_carries_a_sheet_per_release(venv: Path) -> None:
+    sheets = sorted(venv.glob("lib/python3*/site-packages/vllm/_facts/*.json"))
+    assert [path.stem for path in sheets] == sorted(RELEASES, key=vllm_facts.version_key)
+    played = _simrelease.load("0.33.0", sheets[0].parent)
+    assert "--kv-cache-memory-bytes" in (played.serve_flags or set())
