@@ -506,20 +506,9 @@ def test_kv_budget_is_the_memory_left_after_the_weights_slice() -> None:
     assert kv_budget_bytes(gpus[:1], weights) == 0
 
 
-def test_backends_probe_reads_the_installed_vllm(tmp_path) -> None:
-    import os
-
-    from opsbook import probes
-
-    mla = tmp_path / "vllm" / "v1" / "attention" / "backends" / "mla"
-    mla.mkdir(parents=True)
-    for folder in [mla, *mla.parents][:5]:
-        (folder / "__init__.py").touch()
-    (mla / "triton_mla.py").write_text(
-        "class TritonMLABackend:\n    supported_kv_cache_dtypes = ['auto', 'bfloat16', 'fp8']\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    answer = probes.run_local("backends", {"python": "/usr/bin/python3"}, env=env)
-    assert answer == {"backends": {"TRITON_MLA": ["auto", "bfloat16", "fp8"]}, "error": None}
-    missing = probes.run_local("backends", {"python": "/no/such/python"})
-    assert missing["backends"] is None and "No such file" in missing["error"]
+def test_the_verdict_names_the_source_of_its_prediction(kimi25: ModelFacts) -> None:
+    from_source = check_compat(kimi25, SM120, "0.15.1", KIMI_ARGS)
+    assert from_source.message.endswith("(vLLM's 0.15.1 source, opsbook table)")
+    assert from_source.data["prediction_source"] == "vLLM's 0.15.1 source, opsbook table"
+    older = check_compat(kimi25, SM120, "0.9.2", KIMI_ARGS)
+    assert older.data["prediction_source"] == "opsbook table compat_rules.yaml"
