@@ -1283,6 +1283,14 @@ class InstalledVllm(Mapping[str, Sequence[str]]):
     def source(self) -> str:
         return f"asked the installed vLLM {self.version or '(version unknown)'}"
 
+    def __str__(self) -> str:
+        parts = [f"{n} [{', '.join(d)}]" for n, d in self.kv_dtypes.items()]
+        for s in self.selections:
+            parts.append(f"on {s.compute_capability} with {s.kv_cache_dtype}: {s.chosen or 'none'}")
+        if self.import_errors:
+            parts.append("not importable: " + ", ".join(self.import_errors))
+        return f"{self.source}: " + "; ".join(parts)
+
     def selection(self, cc: str, mla: bool, kv_cache_dtype: str) -> ProbedSelection | None:
         """The installed vLLM's answer for this case, if it was asked."""
         for s in self.selections:

@@ -214,3 +214,12 @@ def test_the_probe_asks_a_real_vllm_and_answers_fast_from_its_cache(tmp_path):
     choice = compat.select_backend(True, "12.0", "fp8_e4m3", version, probed_backends=probed)
     assert choice.name == "TRITON_MLA"
     assert choice.source == f"asked the installed vLLM {version}"
+
+
+def test_the_answer_prints_as_one_readable_line(tmp_path):
+    env = stand_in_vllm(tmp_path, tmp_path / "imports.log")
+    probed = compat.installed_vllm(ask(env, capabilities=["9.0"], kv_cache_dtypes=["fp8_e4m3"]))
+    assert str(probed) == (
+        "asked the installed vLLM 9.9.9: FLASHMLA [auto, bfloat16, fp8_e4m3]; "
+        "on 9.0 with fp8_e4m3: FLASHMLA"
+    )
