@@ -820,6 +820,27 @@ def _cond_backend_lacks_kv_dtype(ctx: _Context, name: Any) -> bool | None:
     return True if certain else None
 
 
+def _cond_kv_flag_unknown(ctx: _Context, want: Any) -> bool | None:
+    """``--kv-cache-dtype`` names a value outside the release's ``CacheDType`` literal."""
+    flag = str(ctx.args.get("kv-cache-dtype") or "auto")
+    release = release_facts(ctx.version)
+    if release is not None and release.cache_dtypes:
+        known: Sequence[str] = release.cache_dtypes
+        unknown: bool | None = flag not in known
+        ctx.values["kv_dtypes_file"] = release.source(release.cache_dtypes_file)
+    else:
+        everywhere = [vllm_facts.load(r).cache_dtypes for r in vllm_facts.releases()]
+        known = list(dict.fromkeys(d for ds in everywhere for d in ds))
+        in_some = flag in known
+        in_all = all(flag in ds for ds in everywhere)
+        unknown = not in_some if (in_all or not in_some) else None
+        ctx.values["kv_dtypes_file"] = "vllm/config/cache.py of every release read"
+    ctx.values["known_kv_dtypes"] = ", ".join(known)
+    if unknown is None:
+        return None
+    return unknown == bool(want)
+
+
 def _cond_backend_forced(ctx: _Context, name: Any) -> bool:
     return ctx.choice is not None and ctx.choice.forced == name
 
@@ -877,6 +898,7 @@ CONDITIONS: dict[str, Condition] = {
     "compute_capability": _cond_compute_capability,
     "kv_cache_dtype": _cond_kv_cache_dtype,
     "kv_flag": _cond_kv_flag,
+    "kv_flag_unknown": _cond_kv_flag_unknown,
     "checkpoint_kv_quant": _cond_checkpoint_kv_quant,
     "backend_lacks_kv_dtype": _cond_backend_lacks_kv_dtype,
     "backend_forced": _cond_backend_forced,

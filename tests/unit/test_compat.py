@@ -512,3 +512,18 @@ def test_the_verdict_names_the_source_of_its_prediction(kimi25: ModelFacts) -> N
     assert from_source.data["prediction_source"] == "vLLM's 0.15.1 source, opsbook table"
     older = check_compat(kimi25, SM120, "0.9.2", KIMI_ARGS)
     assert older.data["prediction_source"] == "opsbook table compat_rules.yaml"
+
+
+def test_a_kv_cache_dtype_the_release_does_not_know_is_an_error(kimi25: ModelFacts) -> None:
+    args = dict(KIMI_ARGS, **{"kv-cache-dtype": "nvfp4"})
+    # CacheDType has nvfp4 from vLLM 0.20.2 (vllm/config/cache.py).
+    old = check_compat(kimi25, B200, "0.15.1", args)
+    assert rule_ids(old) == ["kv-cache-dtype-unknown"]
+    assert "vLLM 0.15.1 vllm/config/cache.py" in old.findings[0].message
+    assert "kv-cache-dtype-unknown" not in rule_ids(check_compat(kimi25, B200, "0.33.0", args))
+    unknown_version = check_compat(kimi25, B200, None, args)
+    assert any(
+        f.severity == "warning" and "does not know" in f.subject for f in unknown_version.findings
+    )
+    bogus = check_compat(kimi25, B200, None, dict(KIMI_ARGS, **{"kv-cache-dtype": "fp3"}))
+    assert "kv-cache-dtype-unknown" in rule_ids(bogus) and not bogus.ok
