@@ -1410,9 +1410,13 @@ def kv_budget_bytes(gpus: Sequence[Any], weight_bytes: int, utilization: float =
 
 
 def kv_tradeoff_table(free_bytes: int, facts: ModelFacts) -> Table:
-    """Tokens that fit with an FP8 and with a BF16 KV cache, side by side."""
+    """Tokens that fit with an FP8 and with a BF16 KV cache, side by side (and with the
+    checkpoint's own KV dtype first when it is another one, such as nvfp4)."""
     rows = []
-    for dtype in ("fp8_e4m3", "bfloat16"):
+    own = (
+        () if facts.kv_cache_dtype in ("auto", "fp8_e4m3", "bfloat16") else (facts.kv_cache_dtype,)
+    )
+    for dtype in (*own, "fp8_e4m3", "bfloat16"):
         per_layer = kv_cache_bytes_per_token_per_layer(facts, dtype)
         rows.append(
             [

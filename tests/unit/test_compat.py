@@ -18,6 +18,7 @@ from opsbook.compat import (
     facts_from_texts,
     kv_cache_bytes_per_token,
     kv_cache_bytes_per_token_per_layer,
+    kv_tradeoff_table,
     load_rules,
     model_facts,
     parse_version,
@@ -527,3 +528,22 @@ def test_a_kv_cache_dtype_the_release_does_not_know_is_an_error(kimi25: ModelFac
     )
     bogus = check_compat(kimi25, B200, None, dict(KIMI_ARGS, **{"kv-cache-dtype": "fp3"}))
     assert "kv-cache-dtype-unknown" in rule_ids(bogus) and not bogus.ok
+
+
+def test_the_tradeoff_table_shows_an_nvfp4_kv_cache_first() -> None:
+    hf_quant = {
+        "producer": {"name": "modelopt"},
+        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"},
+    }
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "hidden_size": 1024,
+    }
+    facts = model_facts(config, hf_quant)
+    assert facts.kv_cache_dtype == "nvfp4"
+    table = kv_tradeoff_table(2**20, facts)
+    assert [row[0] for row in table.rows] == ["nvfp4", "fp8_e4m3", "bfloat16"]
+    assert [row[1] for row in table.rows] == [2 * 2 * (64 + 8), 2 * 2 * 128, 2 * 2 * 128 * 2]
