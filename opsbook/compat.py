@@ -656,11 +656,7 @@ def fact_reasons(
     if probed and name in probed:
         kv_ok = kv in probed[name]
     else:
-        kv_ok = (
-            kv in _fact_dtypes(release, name)
-            if backend.fp8_refusal
-            else (backend.supports_kv_dtype(kv))
-        )
+        kv_ok = backend.supports_kv_dtype(kv)
     if not kv_ok:
         reasons.append("kv_cache_dtype not supported")
     gate = backend.fp8_min_capability
