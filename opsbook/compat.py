@@ -837,6 +837,27 @@ def _cond_kv_flag_unknown(ctx: _Context, want: Any) -> bool | None:
     return unknown == bool(want)
 
 
+FP8_GATE_REASON = "FP8 KV cache needs compute capability"
+
+
+def _cond_fp8_kv_gate(ctx: _Context, want: Any) -> bool:
+    """No backend is left, and one would have run but for its FP8-KV capability gate (the
+    implementation raises at start-up: TritonMLAImpl's SM89 check from vLLM 0.26.0)."""
+    gated = ""
+    if ctx.choice is not None and ctx.choice.name is None:
+        gated = next(
+            (
+                name
+                for name, why in ctx.choice.reasons.items()
+                if len(why) == 1 and why[0].startswith(FP8_GATE_REASON)
+            ),
+            "",
+        )
+    if gated:
+        ctx.values.update(backend=gated, gate=ctx.choice.reasons[gated][0] if ctx.choice else "")
+    return bool(gated) == bool(want)
+
+
 def _cond_backend_forced(ctx: _Context, name: Any) -> bool:
     return ctx.choice is not None and ctx.choice.forced == name
 
@@ -898,6 +919,7 @@ CONDITIONS: dict[str, Condition] = {
     "checkpoint_kv_quant": _cond_checkpoint_kv_quant,
     "backend_lacks_kv_dtype": _cond_backend_lacks_kv_dtype,
     "backend_forced": _cond_backend_forced,
+    "fp8_kv_gate": _cond_fp8_kv_gate,
     "backend_forced_invalid": _cond_backend_forced_invalid,
     "no_backend": _cond_no_backend,
     "quant_below_min_capability": _cond_quant_below_min_capability,

@@ -547,3 +547,14 @@ def test_the_tradeoff_table_shows_an_nvfp4_kv_cache_first() -> None:
     table = kv_tradeoff_table(2**20, facts)
     assert [row[0] for row in table.rows] == ["nvfp4", "fp8_e4m3", "bfloat16"]
     assert [row[1] for row in table.rows] == [2 * 2 * (64 + 8), 2 * 2 * 128, 2 * 2 * 128 * 2]
+
+
+def test_fp8_kv_mla_on_an_a100_fails_at_the_triton_sm89_gate_from_0_26_0() -> None:
+    facts = model_facts(load("deepseek-r1-config.json"), None)
+    args = {"kv-cache-dtype": "fp8", "trust-remote-code": True}
+    a100 = [{"compute_cap": "8.0"}]
+    gated = check_compat(facts, a100, "0.26.0", args)
+    assert rule_ids(gated) == ["fp8-kv-below-sm89"]
+    assert "requires SM89+" in gated.findings[0].message
+    assert "TRITON_MLA: FP8 KV cache needs compute capability 8.9" in gated.findings[0].message
+    assert check_compat(facts, a100, "0.25.1", args).ok
