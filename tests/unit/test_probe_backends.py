@@ -130,6 +130,10 @@ def test_the_answer_is_cached_on_the_host_and_vllm_is_not_started_again(tmp_path
     other = ask(env, capabilities=["9.0"])
     assert not other["cached"]
     assert log.read_text().count("imported") == 2
+    # A reinstall (same version, new files) is asked again.
+    init = tmp_path / "vllm" / "__init__.py"
+    os.utime(init, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert not ask(env, capabilities=["12.0"])["cached"]
 
 
 def test_the_probe_reads_the_hosts_gpus_when_no_capability_is_given(tmp_path):
