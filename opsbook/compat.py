@@ -6,13 +6,16 @@ Three parts:
   ``hf_quant_config.json`` and ``tokenizer_config.json``: MLA or not, the attention head size
   the backend selector sees, the quantization and the KV-cache dtype resolved as vLLM resolves
   it, whether remote code is needed, the layer count.
-- :func:`select_backend` chooses an attention backend the way vLLM's selector does, from the
-  backend table in ``opsbook/data/compat_rules.yaml``.
-- :func:`check_compat` evaluates the rules of that table (conditions, the real failure text, the
-  remedy, the source) and returns a :class:`~opsbook.results.Result` of findings.
+- :func:`select_backend` chooses an attention backend the way vLLM's selector does: the
+  installed vLLM's own answer when :func:`probe_backends` asked it, else the release's own
+  priority list and backend declarations (``opsbook/data/vllm_facts``, read from its source by
+  ``tools/vllm_facts.py``), else the fallback table of ``opsbook/data/compat_rules.yaml``
+  (releases before 0.11.2). The choice names its source.
+- :func:`check_compat` evaluates the rules of ``compat_rules.yaml`` (conditions, the real
+  failure text, the remedy, the source) and returns a :class:`~opsbook.results.Result`.
 
 :func:`kv_cache_bytes_per_token` and :func:`tokens_that_fit` size the KV cache, to explain
-what a BF16 KV cache costs against FP8.
+what a BF16 KV cache costs against FP8 (or NVFP4).
 """
 
 from __future__ import annotations
