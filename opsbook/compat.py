@@ -46,6 +46,8 @@ FINDING_COLUMNS = ["severity", "what will happen", "why", "fix", "source"]
 MLA_MODEL_TYPES = tuple(
     sorted({t for r in vllm_facts.releases() for t in vllm_facts.load(r).mla_model_types})
 )
+# Sparse (DSA) MLA: vLLM's DeepSeek model code sets is_sparse when the config has index_topk
+# (vLLM 0.33.0 vllm/model_executor/models/deepseek_v2.py); these types always carry it.
 SPARSE_MLA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
 # MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (vllm/utils/torch_utils.py), every release's entries.
 MODELOPT_TO_VLLM_KV_CACHE_DTYPE = {
