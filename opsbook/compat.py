@@ -6,20 +6,23 @@ Three parts:
   ``hf_quant_config.json`` and ``tokenizer_config.json``: MLA or not, the attention head size
   the backend selector sees, the quantization and the KV-cache dtype resolved as vLLM resolves
   it, whether remote code is needed, the layer count.
-- :func:`select_backend` chooses an attention backend the way vLLM's selector does, from the
-  backend table in ``opsbook/data/compat_rules.yaml``.
-- :func:`check_compat` evaluates the rules of that table (conditions, the real failure text, the
-  remedy, the source) and returns a :class:`~opsbook.results.Result` of findings.
+- :func:`select_backend` chooses an attention backend the way vLLM's selector does: the
+  installed vLLM's own answer when :func:`probe_backends` asked it, else the release's own
+  priority list and backend declarations (``opsbook/data/vllm_facts``, read from its source by
+  ``tools/vllm_facts.py``), else the fallback table of ``opsbook/data/compat_rules.yaml``
+  (releases before 0.11.2). The choice names its source.
+- :func:`check_compat` evaluates the rules of ``compat_rules.yaml`` (conditions, the real
+  failure text, the remedy, the source) and returns a :class:`~opsbook.results.Result`.
 
 :func:`kv_cache_bytes_per_token` and :func:`tokens_that_fit` size the KV cache, to explain
-what a BF16 KV cache costs against FP8.
+what a BF16 KV cache costs against FP8 (or NVFP4).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
@@ -43,6 +46,8 @@ FINDING_COLUMNS = ["severity", "what will happen", "why", "fix", "source"]
 MLA_MODEL_TYPES = tuple(
     sorted({t for r in vllm_facts.releases() for t in vllm_facts.load(r).mla_model_types})
 )
+# Sparse (DSA) MLA: vLLM's DeepSeek model code sets is_sparse when the config has index_topk
+# (vLLM 0.33.0 vllm/model_executor/models/deepseek_v2.py); these types always carry it.
 SPARSE_MLA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
 # MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (vllm/utils/torch_utils.py), every release's entries.
 MODELOPT_TO_VLLM_KV_CACHE_DTYPE = {
@@ -561,6 +566,10 @@ def select_backend(
         The :class:`BackendChoice`.
     """
     release = release_facts(vllm_version)
+    if isinstance(probed_backends, InstalledVllm) and not forced:
+        asked = probed_backends.selection(compute_cap, mla, kv_cache_dtype)
+        if asked is not None:
+            return _from_installed(probed_backends, asked, release, mla, sparse, head_size)
     args = (mla, sparse, compute_cap, kv_cache_dtype, forced, probed_backends, num_heads, head_size)
     if release is not None and release.priorities:
         return _select_from_facts(release, *args)
@@ -581,6 +590,27 @@ def select_backend(
     return _select_from_table(
         mla, compute_cap, kv_cache_dtype, vllm_version, sparse, forced, probed_backends
     )
+
+
+def _from_installed(
+    installed: InstalledVllm,
+    asked: ProbedSelection,
+    release: ReleaseFacts | None,
+    mla: bool,
+    sparse: bool,
+    head_size: int | None,
+) -> BackendChoice:
+    """The installed vLLM's own choice; its implementation's FP8 capability gate (read from
+    the release's source: ``validate_configuration`` does not check it) is added."""
+    reasons = {k: list(v) for k, v in asked.reasons.items()}
+    chosen = asked.chosen
+    if chosen and release is not None and chosen in release.backends:
+        gate = release.backends[chosen].fp8_min_capability
+        cc, kv = asked.compute_capability, asked.kv_cache_dtype
+        if gate and kv.startswith("fp8") and capability_int(cc) < gate:
+            reasons[chosen] = [f"FP8 KV cache needs compute capability {gate / 10:.1f}"]
+            chosen = None
+    return BackendChoice(chosen, asked.order, reasons, None, source=installed.source)
 
 
 def _select_from_facts(
@@ -631,11 +661,7 @@ def fact_reasons(
     if probed and name in probed:
         kv_ok = kv in probed[name]
     else:
-        kv_ok = (
-            kv in _fact_dtypes(release, name)
-            if backend.fp8_refusal
-            else (backend.supports_kv_dtype(kv))
-        )
+        kv_ok = backend.supports_kv_dtype(kv)
     if not kv_ok:
         reasons.append("kv_cache_dtype not supported")
     gate = backend.fp8_min_capability
@@ -795,6 +821,48 @@ def _cond_backend_lacks_kv_dtype(ctx: _Context, name: Any) -> bool | None:
     return True if certain else None
 
 
+def _cond_kv_flag_unknown(ctx: _Context, want: Any) -> bool | None:
+    """``--kv-cache-dtype`` names a value outside the release's ``CacheDType`` literal."""
+    flag = str(ctx.args.get("kv-cache-dtype") or "auto")
+    release = release_facts(ctx.version)
+    if release is not None and release.cache_dtypes:
+        known: Sequence[str] = release.cache_dtypes
+        unknown: bool | None = flag not in known
+        ctx.values["kv_dtypes_file"] = release.source(release.cache_dtypes_file)
+    else:
+        everywhere = [vllm_facts.load(r).cache_dtypes for r in vllm_facts.releases()]
+        known = list(dict.fromkeys(d for ds in everywhere for d in ds))
+        in_some = flag in known
+        in_all = all(flag in ds for ds in everywhere)
+        unknown = not in_some if (in_all or not in_some) else None
+        ctx.values["kv_dtypes_file"] = "vllm/config/cache.py of every release read"
+    ctx.values["known_kv_dtypes"] = ", ".join(known)
+    if unknown is None:
+        return None
+    return unknown == bool(want)
+
+
+FP8_GATE_REASON = "FP8 KV cache needs compute capability"
+
+
+def _cond_fp8_kv_gate(ctx: _Context, want: Any) -> bool:
+    """No backend is left, and one would have run but for its FP8-KV capability gate (the
+    implementation raises at start-up: TritonMLAImpl's SM89 check from vLLM 0.26.0)."""
+    gated = ""
+    if ctx.choice is not None and ctx.choice.name is None:
+        gated = next(
+            (
+                name
+                for name, why in ctx.choice.reasons.items()
+                if len(why) == 1 and why[0].startswith(FP8_GATE_REASON)
+            ),
+            "",
+        )
+    if gated:
+        ctx.values.update(backend=gated, gate=ctx.choice.reasons[gated][0] if ctx.choice else "")
+    return bool(gated) == bool(want)
+
+
 def _cond_backend_forced(ctx: _Context, name: Any) -> bool:
     return ctx.choice is not None and ctx.choice.forced == name
 
@@ -852,9 +920,11 @@ CONDITIONS: dict[str, Condition] = {
     "compute_capability": _cond_compute_capability,
     "kv_cache_dtype": _cond_kv_cache_dtype,
     "kv_flag": _cond_kv_flag,
+    "kv_flag_unknown": _cond_kv_flag_unknown,
     "checkpoint_kv_quant": _cond_checkpoint_kv_quant,
     "backend_lacks_kv_dtype": _cond_backend_lacks_kv_dtype,
     "backend_forced": _cond_backend_forced,
+    "fp8_kv_gate": _cond_fp8_kv_gate,
     "backend_forced_invalid": _cond_backend_forced_invalid,
     "no_backend": _cond_no_backend,
     "quant_below_min_capability": _cond_quant_below_min_capability,
@@ -975,6 +1045,8 @@ def check_compat(
         message = f"no certain incompatibility; {len(warnings)} warning(s): " + "; ".join(warnings)
     else:
         message = "no known incompatibility"
+    source = prediction_source(backends, vllm_version, probed_backends)
+    message += f" ({source})"
     return Result(
         ok=not errors,
         message=message,
@@ -984,9 +1056,25 @@ def check_compat(
             "backends": backends,
             "findings_table": Table(FINDING_COLUMNS, rows),
             "table_version": str(table.get("version", "")),
+            "prediction_source": source,
         },
         findings=findings,
     )
+
+
+def prediction_source(
+    backends: Mapping[str, Mapping[str, Any]],
+    vllm_version: str | None,
+    probed: Mapping[str, Sequence[str]] | None,
+) -> str:
+    """Which source the prediction used: the installed vLLM, a release's source, the table."""
+    sources = list(dict.fromkeys(str(c["source"]) for c in backends.values() if c["source"]))
+    if sources:
+        return "; ".join(sources)
+    if isinstance(probed, InstalledVllm):
+        return probed.source
+    release = release_facts(vllm_version)
+    return facts_source(release) if release is not None else TABLE_SOURCE
 
 
 def narrow_to_release(facts: ModelFacts, vllm_version: str | None) -> ModelFacts:
@@ -1187,12 +1275,148 @@ def tokens_that_fit(free_bytes: int, facts: ModelFacts, kv_dtype: str) -> int:
     return max(0, int(free_bytes)) // kv_cache_bytes_per_token(facts, kv_dtype)
 
 
-def probe_backends(host: Prober, python: str) -> dict[str, list[str]] | None:
-    """The KV-cache dtypes the installed vLLM's MLA backends support, read on the host
-    (None when vLLM is not importable there); pass it as ``probed_backends``."""
-    answer = host.probe("backends", {"python": python}, timeout=240)
+@dataclass(frozen=True)
+class ProbedSelection:
+    """What the installed vLLM chose for one compute capability, model kind and KV dtype."""
+
+    compute_capability: str
+    use_mla: bool
+    kv_cache_dtype: str
+    chosen: str | None
+    order: tuple[str, ...]
+    reasons: Mapping[str, list[str]]
+
+
+@dataclass(frozen=True)
+class InstalledVllm(Mapping[str, Sequence[str]]):
+    """The answer of the ``backends`` probe: the installed vLLM's own backend selection.
+
+    As a mapping it gives backend name -> ``supported_kv_cache_dtypes`` of the backends it
+    imported (what ``probed_backends`` has always been), so it can be passed wherever that is.
+
+    Attributes:
+        version: the installed vLLM version (from its distribution metadata).
+        kv_dtypes: backend -> its ``supported_kv_cache_dtypes``.
+        selections: the selections asked for.
+        import_errors: backend -> why it did not import on this host (kept, not dropped).
+        priorities_from: where the priority function came from (imported, or compiled from
+            the installed ``vllm/platforms/cuda.py`` when that module does not import).
+        note: why only KV dtypes were read (an older vLLM, the simulator), or None.
+        cached: the answer came from the host's cache.
+        seconds: how long the probe took.
+    """
+
+    version: str | None
+    kv_dtypes: Mapping[str, tuple[str, ...]]
+    selections: tuple[ProbedSelection, ...] = ()
+    import_errors: Mapping[str, str] = field(default_factory=dict)
+    priorities_from: str | None = None
+    note: str | None = None
+    cached: bool = False
+    seconds: float | None = None
+
+    def __getitem__(self, name: str) -> Sequence[str]:
+        return self.kv_dtypes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.kv_dtypes)
+
+    def __len__(self) -> int:
+        return len(self.kv_dtypes)
+
+    @property
+    def source(self) -> str:
+        return f"asked the installed vLLM {self.version or '(version unknown)'}"
+
+    def __str__(self) -> str:
+        parts = [f"{n} [{', '.join(d)}]" for n, d in self.kv_dtypes.items()]
+        for s in self.selections:
+            parts.append(f"on {s.compute_capability} with {s.kv_cache_dtype}: {s.chosen or 'none'}")
+        if self.import_errors:
+            parts.append("not importable: " + ", ".join(self.import_errors))
+        return f"{self.source}: " + "; ".join(parts)
+
+    def selection(self, cc: str, mla: bool, kv_cache_dtype: str) -> ProbedSelection | None:
+        """The installed vLLM's answer for this case, if it was asked."""
+        for s in self.selections:
+            if (s.compute_capability, s.use_mla, s.kv_cache_dtype) == (cc, mla, kv_cache_dtype):
+                return s
+        return None
+
+
+def probe_backends(
+    host: Prober,
+    python: str,
+    facts: ModelFacts | None = None,
+    capabilities: Sequence[str] = (),
+    kv_cache_dtypes: Sequence[str] = (),
+) -> InstalledVllm | None:
+    """Ask the installed vLLM on the host which attention backend it chooses.
+
+    The probe calls the release's own ``_get_backend_priorities`` and each backend's
+    ``validate_configuration`` (see ``opsbook/probes/backends.py``) and caches the answer on
+    the host. Pass the result to :func:`check_compat` as ``probed_backends``.
+
+    Args:
+        host: where vLLM is installed.
+        python: the deployment's interpreter.
+        facts: the model (MLA or not, head size); without it an MLA model of head size 576.
+        capabilities: the GPUs' compute capabilities; without them the host's own GPUs.
+        kv_cache_dtypes: the KV dtypes to ask about; without them ``auto`` and ``fp8_e4m3``.
+
+    Returns:
+        The :class:`InstalledVllm`, or None when vLLM is not importable there.
+    """
+    args: dict[str, Any] = {"python": python}
+    if facts is not None:
+        args["model"] = {
+            "use_mla": facts.mla,
+            "use_sparse": facts.sparse_mla,
+            "head_size": facts.head_size,
+        }
+    if capabilities:
+        args["capabilities"] = list(dict.fromkeys(capabilities))
+    if kv_cache_dtypes:
+        args["kv_cache_dtypes"] = list(dict.fromkeys(kv_cache_dtypes))
+    return installed_vllm(host.probe("backends", args, timeout=240))
+
+
+def installed_vllm(answer: Mapping[str, Any]) -> InstalledVllm | None:
+    """The probe's JSON answer as a typed :class:`InstalledVllm` (None: vLLM not there)."""
     backends = answer.get("backends")
-    return {str(k): [str(d) for d in v] for k, v in backends.items()} if backends else None
+    if not backends and not answer.get("selections"):
+        return None
+    cases = {
+        "|".join([c["compute_capability"], str(c["use_mla"]), c["kv_cache_dtype"]]): c
+        for c in answer.get("cases") or []
+    }
+    selections = []
+    for key, raw in (answer.get("selections") or {}).items():
+        case = cases.get(key)
+        if case is None:
+            continue
+        selections.append(
+            ProbedSelection(
+                compute_capability=str(case["compute_capability"]),
+                use_mla=bool(case["use_mla"]),
+                kv_cache_dtype=str(case["kv_cache_dtype"]),
+                chosen=raw.get("chosen"),
+                order=tuple(raw.get("order") or ()),
+                reasons={
+                    str(k): [str(r) for r in v] for k, v in (raw.get("reasons") or {}).items()
+                },
+            )
+        )
+    return InstalledVllm(
+        version=answer.get("vllm_version"),
+        kv_dtypes={str(k): tuple(str(d) for d in v) for k, v in (backends or {}).items()},
+        selections=tuple(selections),
+        import_errors={str(k): str(v) for k, v in (answer.get("import_errors") or {}).items()},
+        priorities_from=answer.get("priorities_from"),
+        note=answer.get("note"),
+        cached=bool(answer.get("cached")),
+        seconds=answer.get("seconds"),
+    )
 
 
 def kv_budget_bytes(gpus: Sequence[Any], weight_bytes: int, utilization: float = 0.9) -> int:
@@ -1209,9 +1433,13 @@ def kv_budget_bytes(gpus: Sequence[Any], weight_bytes: int, utilization: float =
 
 
 def kv_tradeoff_table(free_bytes: int, facts: ModelFacts) -> Table:
-    """Tokens that fit with an FP8 and with a BF16 KV cache, side by side."""
+    """Tokens that fit with an FP8 and with a BF16 KV cache, side by side (and with the
+    checkpoint's own KV dtype first when it is another one, such as nvfp4)."""
     rows = []
-    for dtype in ("fp8_e4m3", "bfloat16"):
+    own = (
+        () if facts.kv_cache_dtype in ("auto", "fp8_e4m3", "bfloat16") else (facts.kv_cache_dtype,)
+    )
+    for dtype in (*own, "fp8_e4m3", "bfloat16"):
         per_layer = kv_cache_bytes_per_token_per_layer(facts, dtype)
         rows.append(
             [

@@ -160,11 +160,11 @@ def find_class(wheel: Wheel, file: str, name: str, depth: int = 0) -> ClassRef |
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             return ClassRef(file, node)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
+    for found_node in ast.walk(tree):
+        if isinstance(found_node, ast.ImportFrom) and found_node.module:
+            for alias in found_node.names:
                 if (alias.asname or alias.name) == name:
-                    target = resolve_relative(file, node)
+                    target = resolve_relative(file, found_node)
                     src = wheel.module_file(target) if target else None
                     if src:
                         found = find_class(wheel, src, alias.name, depth + 1)
@@ -236,8 +236,10 @@ def literal(node: ast.AST) -> Any:
         raise Unresolved(ast.unparse(node)) from None
 
 
-def returned_literal(fn: ast.FunctionDef) -> Any:
+def returned_literal(fn: ast.AST) -> Any:
     """The literal a method returns when its body is (docstring +) ``return <literal>``."""
+    if not isinstance(fn, ast.FunctionDef):
+        raise Unresolved(ast.unparse(fn))
     body = [s for s in fn.body if not _is_docstring(s)]
     if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
         return literal(body[0].value)
@@ -256,7 +258,7 @@ def _is_docstring(stmt: ast.stmt) -> bool:
 # A tiny interpreter for capability checks and the priority function
 
 
-class Cap(tuple):  # type: ignore[type-arg]
+class Cap(tuple):
     """vLLM's DeviceCapability: a (major, minor) named tuple with to_int()."""
 
     @property
@@ -513,9 +515,9 @@ def backend_facts(wheel: Wheel, classpath: str) -> dict[str, Any]:
     chain = mro(wheel, ref)
     facts: dict[str, Any] = {"class": classpath, "file": ref.file}
     facts["kv_cache_dtypes"] = _attr_literal(chain, "supported_kv_cache_dtypes")
-    facts["head_sizes"] = _method_literal(chain, "get_supported_head_sizes")
-    facts["is_mla"] = _method_literal(chain, "is_mla")
-    facts["is_sparse"] = _method_literal(chain, "is_sparse")
+    facts["head_sizes"] = _attr_literal(chain, "get_supported_head_sizes")
+    facts["is_mla"] = _attr_literal(chain, "is_mla")
+    facts["is_sparse"] = _attr_literal(chain, "is_sparse")
     facts["compute_capability"] = _capability_gate(chain)
     facts["fp8_kv_gates"] = fp8_gates(wheel, ref.file)
     return facts
@@ -531,10 +533,6 @@ def _attr_literal(chain: list[ClassRef], attr: str) -> dict[str, Any] | None:
     except Unresolved as e:
         return {"value": None, "unresolved": str(e)[:300], "file": ref.file}
     return {"value": value, "file": ref.file, "defined_in": ref.node.name}
-
-
-def _method_literal(chain: list[ClassRef], attr: str) -> dict[str, Any] | None:
-    return _attr_literal(chain, attr)
 
 
 def _capability_gate(chain: list[ClassRef]) -> dict[str, Any] | None:
@@ -566,7 +564,9 @@ def _capability_gate(chain: list[ClassRef]) -> dict[str, Any] | None:
     }
 
 
-def _body_text(fn: ast.FunctionDef) -> str:
+def _body_text(fn: ast.AST) -> str:
+    if not isinstance(fn, ast.FunctionDef):
+        return ast.unparse(fn)[:400]
     body = [s for s in fn.body if not _is_docstring(s)]
     return " ".join(" ".join(ast.unparse(s).split()) for s in body)[:400]
 
@@ -788,19 +788,19 @@ def quantization_methods(wheel: Wheel) -> dict[str, Any]:
             if not name_def or not cap_def or name_def[1].node is not node:
                 continue
             try:
-                name = returned_literal(name_def[0])  # type: ignore[arg-type]
+                name = returned_literal(name_def[0])
             except Unresolved:
                 continue
             if not isinstance(name, str) or name in out:
                 continue
             fn, ref = cap_def
             try:
-                value = returned_literal(fn)  # type: ignore[arg-type]
+                value = returned_literal(fn)
             except Unresolved:
                 value = None
             out[name] = {
                 "min_capability": value,
-                "expression": _body_text(fn) if value is None else None,  # type: ignore[arg-type]
+                "expression": _body_text(fn) if value is None else None,
                 "class": node.name,
                 "file": ref.file,
             }

@@ -18,6 +18,7 @@ from opsbook.compat import (
     facts_from_texts,
     kv_cache_bytes_per_token,
     kv_cache_bytes_per_token_per_layer,
+    kv_tradeoff_table,
     load_rules,
     model_facts,
     parse_version,
@@ -506,20 +507,54 @@ def test_kv_budget_is_the_memory_left_after_the_weights_slice() -> None:
     assert kv_budget_bytes(gpus[:1], weights) == 0
 
 
-def test_backends_probe_reads_the_installed_vllm(tmp_path) -> None:
-    import os
+def test_the_verdict_names_the_source_of_its_prediction(kimi25: ModelFacts) -> None:
+    from_source = check_compat(kimi25, SM120, "0.15.1", KIMI_ARGS)
+    assert from_source.message.endswith("(vLLM's 0.15.1 source, opsbook table)")
+    assert from_source.data["prediction_source"] == "vLLM's 0.15.1 source, opsbook table"
+    older = check_compat(kimi25, SM120, "0.9.2", KIMI_ARGS)
+    assert older.data["prediction_source"] == "opsbook table compat_rules.yaml"
 
-    from opsbook import probes
 
-    mla = tmp_path / "vllm" / "v1" / "attention" / "backends" / "mla"
-    mla.mkdir(parents=True)
-    for folder in [mla, *mla.parents][:5]:
-        (folder / "__init__.py").touch()
-    (mla / "triton_mla.py").write_text(
-        "class TritonMLABackend:\n    supported_kv_cache_dtypes = ['auto', 'bfloat16', 'fp8']\n"
+def test_a_kv_cache_dtype_the_release_does_not_know_is_an_error(kimi25: ModelFacts) -> None:
+    args = dict(KIMI_ARGS, **{"kv-cache-dtype": "nvfp4"})
+    # CacheDType has nvfp4 from vLLM 0.20.2 (vllm/config/cache.py).
+    old = check_compat(kimi25, B200, "0.15.1", args)
+    assert rule_ids(old) == ["kv-cache-dtype-unknown"]
+    assert "vLLM 0.15.1 vllm/config/cache.py" in old.findings[0].message
+    assert "kv-cache-dtype-unknown" not in rule_ids(check_compat(kimi25, B200, "0.33.0", args))
+    unknown_version = check_compat(kimi25, B200, None, args)
+    assert any(
+        f.severity == "warning" and "does not know" in f.subject for f in unknown_version.findings
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    answer = probes.run_local("backends", {"python": "/usr/bin/python3"}, env=env)
-    assert answer == {"backends": {"TRITON_MLA": ["auto", "bfloat16", "fp8"]}, "error": None}
-    missing = probes.run_local("backends", {"python": "/no/such/python"})
-    assert missing["backends"] is None and "No such file" in missing["error"]
+    bogus = check_compat(kimi25, B200, None, dict(KIMI_ARGS, **{"kv-cache-dtype": "fp3"}))
+    assert "kv-cache-dtype-unknown" in rule_ids(bogus) and not bogus.ok
+
+
+def test_the_tradeoff_table_shows_an_nvfp4_kv_cache_first() -> None:
+    hf_quant = {
+        "producer": {"name": "modelopt"},
+        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"},
+    }
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "hidden_size": 1024,
+    }
+    facts = model_facts(config, hf_quant)
+    assert facts.kv_cache_dtype == "nvfp4"
+    table = kv_tradeoff_table(2**20, facts)
+    assert [row[0] for row in table.rows] == ["nvfp4", "fp8_e4m3", "bfloat16"]
+    assert [row[1] for row in table.rows] == [2 * 2 * (64 + 8), 2 * 2 * 128, 2 * 2 * 128 * 2]
+
+
+def test_fp8_kv_mla_on_an_a100_fails_at_the_triton_sm89_gate_from_0_26_0() -> None:
+    facts = model_facts(load("deepseek-r1-config.json"), None)
+    args = {"kv-cache-dtype": "fp8", "trust-remote-code": True}
+    a100 = [{"compute_cap": "8.0"}]
+    gated = check_compat(facts, a100, "0.26.0", args)
+    assert rule_ids(gated) == ["fp8-kv-below-sm89"]
+    assert "requires SM89+" in gated.findings[0].message
+    assert "TRITON_MLA: FP8 KV cache needs compute capability 8.9" in gated.findings[0].message
+    assert check_compat(facts, a100, "0.25.1", args).ok

@@ -264,6 +264,11 @@ def disagreements(release: vllm_facts.ReleaseFacts) -> list[str]:
         fails = _expected_choice(release, "12.0", True, "fp8_e4m3") is None
         if fired != fails:
             out.append(f"{v} 12.0 FP8 MLA: rule fired={fired}, vLLM fails={fails}")
+    for kv in (*release.cache_dtypes[-1:], "no_such_dtype"):
+        findings = compat.check_compat(_mla_facts(), [], v, {"kv-cache-dtype": kv}).findings
+        refused = any("does not know" in f.subject for f in findings)
+        if refused != (kv not in release.cache_dtypes):
+            out.append(f"{v} --kv-cache-dtype {kv}: refused={refused}")
     flag_gone = "--disable-log-requests" not in release.serve_flags
     args = {"disable-log-requests": True}
     flagged = any(
