@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from opsbook.exceptions import LogError
 
-CHUNK_BYTES = 1 << 22
+CHUNK_BYTES = 1 << 20
 # A longer line is cut here: no vLLM message is near this long, and the cut bounds memory.
 MAX_LINE_BYTES = 1 << 16
 # So much data without a line break is no log (``/dev/zero``, a binary file): refuse it.

@@ -304,3 +304,74 @@ def test_no_diagnosis_source_names_a_document_outside_the_repository(name: str) 
         diagnosis = diagnose_log(read_log(name), running=running)
         assert not PRIVATE_SOURCE.search(diagnosis.source), diagnosis.source
     assert not PRIVATE_SOURCE.search(diagnose_log("hello").source)
+
+
+# --- bounded memory (issue 16 item 5) ---------------------------------------------------
+
+
+class RepeatedLog(io.RawIOBase):
+    """A log of ``size`` bytes made on the fly: a head, one line repeated, a tail."""
+
+    def __init__(self, head: bytes, line: bytes, size: int, tail: bytes) -> None:
+        self.parts = [head]
+        self.line, self.left, self.tail = line * 10_000, size, tail
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
+        if not self.parts:
+            if self.left > 0:
+                self.parts.append(self.line)
+                self.left -= len(self.line)
+            elif self.tail:
+                self.parts.append(self.tail)
+                self.tail = b""
+            else:
+                return 0
+        part = self.parts.pop()
+        size = min(len(buffer), len(part))
+        buffer[:size] = part[:size]
+        if size < len(part):
+            self.parts.append(part[size:])
+        return size
+
+
+def test_a_large_log_is_read_in_bounded_memory() -> None:
+    import tracemalloc
+
+    routine = b"(APIServer pid=155) INFO 11-28 16:00:00 [loggers.py:127] Engine 000: Avg\n"
+    stream = RepeatedLog(
+        (LOGS / "ready-4.log").read_bytes(),
+        routine,
+        96 * 1024 * 1024,
+        (LOGS / "trust-remote-code-2.log").read_bytes(),
+    )
+    tracemalloc.start()
+    try:
+        diagnosis = diagnose_stream(io.BufferedReader(stream, 1 << 20))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert diagnosis.failure == "trust-remote-code"
+    assert diagnosis.earlier_counts == {READY: 1}
+    assert peak < 24 * 1024 * 1024, peak
+
+
+def test_a_startup_keeps_its_first_and_last_lines_of_interest_only() -> None:
+    from opsbook import logscan
+
+    warning = "(APIServer pid=155) WARNING 11-28 16:00:00 [x.py:1] request {n} ignored a field\n"
+    lines = [warning.format(n=n) for n in range(logscan.STARTUP_HEAD_LINES * 3)]
+    text = (
+        read_log("ready-4.log")
+        + "".join(lines)
+        + "ERROR 11-28 16:00:01 [x.py:1] OSError: [Errno 98] x\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "port-in-use"
+    assert diagnosis.skipped_lines > 0
+    assert diagnosis.phase == "ready"
