@@ -183,6 +183,7 @@ class CatalogueEntry:
     source: str
     parse: tuple[re.Pattern[str], ...] = ()
     remedy_parsed: str = ""
+    stems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,7 @@ class LogDiagnosis:
     phases: list[Phase] = field(default_factory=list)
     notes: list[Hit] = field(default_factory=list)
     suspect: str | None = None
+    root_cause: LogLine | None = None
     first_line: int = 1
     skipped_lines: int = 0
     earlier: list[EarlierStartup] = field(default_factory=list)
@@ -268,6 +270,7 @@ class LogDiagnosis:
             "severity": self.severity,
             "line": _line_dict(self.line),
             "wrapper": _line_dict(self.wrapper),
+            "root_cause": _root_dict(self.root_cause),
             "remedy": self.remedy,
             "source": self.source,
             "numbers": self.numbers,
@@ -327,6 +330,9 @@ class LogDiagnosis:
             rows.append(f"summary: {self.title}")
         if self.line:
             rows.append(f"line {self.line.number}: {self.line.raw}")
+        if self.root_cause:
+            process = f" ({self.root_cause.process})" if self.root_cause.process else ""
+            rows.append(f"root cause at line {self.root_cause.number}{process}")
         if self.wrapper:
             rows.append(f"wrapper at line {self.wrapper.number}: {self.wrapper.text}")
         if self.numbers:
@@ -389,6 +395,7 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
             source=raw["source"],
             parse=tuple(re.compile(p) for p in raw.get("parse", ())),
             remedy_parsed=raw.get("remedy_parsed", ""),
+            stems=tuple(raw.get("stems", ())),
         )
     except (KeyError, TypeError, re.error) as exc:
         raise OpsbookError(
@@ -571,6 +578,8 @@ def classify_kernel_log(dmesg_text: str) -> list[OomKill]:
     kills = []
     for hit in match_catalogue(read_log_lines(dmesg_text), [entry]):
         values = _parse_values(entry, [hit.line])
+        if "pid" not in values or "process" not in values:
+            continue
         kills.append(
             OomKill(
                 pid=int(values["pid"]),
@@ -647,7 +656,14 @@ def _diagnose_lines(
     }
     failure = _choose_failure(hits, ready_at)
     if failure:
-        return _failed(FAILED, failure, hits, events, base)
+        diagnosis = _failed(FAILED, failure, hits, events, base)
+        if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
+            start = failure.line
+            if failure.entry.id in _WRAPPER_CAUSES:
+                # Ray's message runs over several lines: walk back from its first one.
+                start = min((h.line for h in hits if h.entry is failure.entry), key=_number_of)
+            _report_root_cause(diagnosis, _root_cause(lines, hits, start))
+        return diagnosis
     stalls = [hit for hit in hits if hit.entry.kind == "stall"]
     if _stall_is_hang(stalls, lines, events, ready_at):
         return _failed(HUNG, _pick_line(stalls), hits, events, base)
@@ -788,6 +804,10 @@ def _failed(
         numbers["reasons"] = parse_backend_reasons(chosen.line.text)
     wrappers = [h.line for h in hits if h.entry.kind == "wrapper"]
     wrapper = wrappers[-1] if wrappers and entry.kind != "wrapper" else None
+    if entry.id == "nccl-timeout" and "rank" not in numbers:
+        rank = re.fullmatch(r"rank(\d+)", chosen.line.process or "")
+        if rank:
+            numbers["rank"] = int(rank.group(1))
     return LogDiagnosis(
         state=state,
         failure=entry.id,
@@ -799,6 +819,90 @@ def _failed(
         source=entry.source,
         numbers=numbers,
         **base,
+    )
+
+
+# Catalogue classes that only say a process died: the cause is that process's first error.
+_WRAPPER_CAUSES = ("ray-node-died",)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit)\b(?::|$)")
+_NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of|The above)")
+_API_SERVER = re.compile(r"^(?:APIServer|ApiServer)")
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The first error of the process that failed, under a wrapper error."""
+
+    line: LogLine
+    entry: CatalogueEntry | None
+
+
+def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+    """Walk back from the wrapper to the first error of the failed process.
+
+    The first error is the first exception line (a traceback's last line), ``ERROR`` line
+    or NCCL ``WARN`` line before the wrapper that is not itself a wrapper; a worker's or
+    engine core's error comes before the API server's (which only reports that its engine
+    died).
+    """
+    wrapper_lines = {h.line.number for h in hits if h.entry.kind == "wrapper"}
+    wrapper_lines |= {h.line.number for h in hits if h.entry.id in _WRAPPER_CAUSES}
+    candidates = [
+        line
+        for line in lines
+        if line.number < wrapper.number
+        and line.number not in wrapper_lines
+        and not line.is_code
+        and _is_error_line(line)
+    ]
+    if not candidates:
+        return None
+    others = [line for line in candidates if not _API_SERVER.match(line.process or "")]
+    first = (others or candidates)[0]
+    causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
+    best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+    return RootCause(first, best)
+
+
+def _number_of(line: LogLine) -> int:
+    return line.number
+
+
+def _is_error_line(line: LogLine) -> bool:
+    text = line.text
+    if not text or _NOT_A_CAUSE.match(text):
+        return False
+    return (
+        bool(_EXCEPTION_LINE.match(text))
+        or line.level in ("ERROR", "CRITICAL")
+        or "NCCL WARN" in text
+    )
+
+
+def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
+    wrapper = diagnosis.line
+    if root is None:
+        diagnosis.remedy = (
+            "No error of the failed process is in this log before the wrapper: it was killed "
+            "from outside (check `dmesg -T` for the OOM killer) or it wrote elsewhere (a "
+            "worker's own log, Ray's logs under /tmp/ray/session_latest/logs). " + diagnosis.remedy
+        )
+        return
+    where = f"line {root.line.number}" + (f", {root.line.process}" if root.line.process else "")
+    diagnosis.wrapper = wrapper
+    diagnosis.line = root.line
+    diagnosis.root_cause = root.line
+    if root.entry is not None:
+        diagnosis.failure = root.entry.id
+        diagnosis.title = root.entry.title
+        diagnosis.remedy = root.entry.remedy
+        diagnosis.source = root.entry.source
+        return
+    diagnosis.title = f"the process died; its first error ({where}): {root.line.text}"
+    diagnosis.remedy = (
+        f"The root cause is the first error of the failed process ({where}): "
+        f"{root.line.text!r}. It is not in opsbook's catalogue: read its traceback and search "
+        "the vLLM issues for it."
     )
 
 
@@ -982,7 +1086,7 @@ def _furthest_phase(events: list[tuple[LogLine, str]]) -> str | None:
 def _parse_values(entry: CatalogueEntry, lines: Sequence[LogLine]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for line in lines:
-        for pattern in entry.parse:
+        for pattern in entry.patterns + entry.parse:
             found = pattern.search(line.text)
             if not found:
                 continue
@@ -1028,7 +1132,11 @@ def _entry_by_id(entry_id: str) -> CatalogueEntry:
 @lru_cache(maxsize=8)
 def _screen(entries: tuple[CatalogueEntry, ...]) -> re.Pattern[str]:
     # One pass of all patterns at once: most lines of a long log match none of them.
-    return re.compile("|".join(f"(?:{p.pattern})" for e in entries for p in e.patterns))
+    alternatives = (_NAMED_GROUP.sub("(?:", p.pattern) for e in entries for p in e.patterns)
+    return re.compile("|".join(f"(?:{alternative})" for alternative in alternatives))
+
+
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
 def _first_matching(patterns: Sequence[re.Pattern[str]], text: str) -> int | None:
@@ -1161,6 +1269,13 @@ def _line_dict(line: LogLine | None) -> dict[str, Any] | None:
     if line is None:
         return None
     return {"number": line.number, "raw": line.raw, "text": line.text}
+
+
+def _root_dict(line: LogLine | None) -> dict[str, Any] | None:
+    found = _line_dict(line)
+    if found is not None and line is not None:
+        found["process"] = line.process
+    return found
 
 
 def _iso(stamp: datetime | None) -> str | None:

@@ -274,9 +274,9 @@ SCENARIOS: dict[str, tuple[Callable[[Box], str], Scenario]] = {
     ),
     "no-backend-forced": (
         forced_invalid_backend,
-        # vllm-facts §1.3 (docs attention_backends.md); no public log of it.
+        # vLLM 0.15.1 vllm/platforms/cuda.py (get_attn_backend_cls); no public log of it.
         Scenario(
-            "no-backend",
+            "backend-invalid",
             "ValueError: Selected backend FLASHMLA is not valid for this configuration. "
             "Reason: ['compute capability not supported']",
         ),
