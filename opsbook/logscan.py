@@ -122,6 +122,8 @@ _LINE_START = re.compile(
 _COMMENT = re.compile(r"^#+ ")
 _MIN_WRAP_WIDTH = 60
 _FRAME = re.compile(r"^\s+File \"")
+# Python 3.11+ marks the failing expression of a frame with a line of ^ and ~ only.
+_MARKERS_ONLY = re.compile(r"[\^~\s]+")
 
 _VERSION_PATTERNS = (
     re.compile(r"vLLM API server version v?(\d[\w.+-]*)"),
@@ -458,7 +460,11 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
             joined = ""
         message, level, stamp, process = _strip_prefixes(joined, year)
         body = message.strip()
-        is_code = body.startswith(("raise ", 'File "')) or (after_frame and message[:1].isspace())
+        is_code = (
+            body.startswith(("raise ", 'File "'))
+            or (after_frame and message[:1].isspace())
+            or bool(_MARKERS_ONLY.fullmatch(body) and body)
+        )
         after_frame = body.startswith('File "')
         raw = "\n".join(raws[i] for i in members)
         lines.append(LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process))
