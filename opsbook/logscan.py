@@ -322,6 +322,15 @@ class LogDiagnosis:
             )
             for n in self.notes
         ]
+        if self.earlier_summary:
+            findings.append(
+                Finding(
+                    "info",
+                    "earlier startups",
+                    f"{self.earlier_summary}; this diagnosis is about the last one (from line "
+                    f"{self.first_line})",
+                )
+            )
         return Result(self.ok, self.summary, self.to_dict(), findings)
 
     def __str__(self) -> str:

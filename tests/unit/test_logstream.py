@@ -85,6 +85,8 @@ def test_the_last_startup_ready_after_two_failed_ones() -> None:
     assert diagnosis.earlier_summary == "2 earlier startups in this file: 2 failed"
     data = diagnosis.to_dict()["earlier_startups"]
     assert data["count"] == 2
+    finding = diagnosis.to_result().findings[-1]
+    assert finding.subject == "earlier startups" and "2 failed" in finding.message
     assert [s["failure"] for s in data["startups"]] == ["engine-dead", "trust-remote-code"]
 
 
