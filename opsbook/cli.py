@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -191,10 +191,22 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from opsbook.logscan import diagnose_log
+    from opsbook.exceptions import LogError
+    from opsbook.logscan import diagnose_stream
 
-    text = sys.stdin.read() if args.log == "-" else _read_log(Path(args.log))
-    diagnosis = diagnose_log(text)
+    try:
+        with _read_log(args.log) as stream:
+            diagnosis = diagnose_stream(stream)
+    except LogError as e:
+        print(f"opsbook: {e}", file=sys.stderr)
+        return runner.EXIT_USAGE
+    except OpsbookError:
+        raise
+    except Exception as e:  # a defect of opsbook must not pass for a finding (exit 1)
+        raise OpsbookError(
+            f"diagnose failed on {args.log}: {type(e).__name__}: {e}",
+            remedy="this is a defect of opsbook: report it with the log",
+        ) from e
     if args.json:
         print(json.dumps(diagnosis.to_dict(), indent=2))
     else:
@@ -202,11 +214,19 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return runner.EXIT_OK if diagnosis.ok else runner.EXIT_PROBLEM
 
 
-def _read_log(path: Path) -> str:
+def _read_log(name: str) -> BinaryIO:
+    """The log as a binary stream: lines are split on ``\n`` only, as ``grep -n`` counts."""
+    from opsbook.exceptions import LogError
+
+    if name == "-":
+        return sys.stdin.buffer
+    path = Path(name)
+    if path.is_dir():
+        raise LogError(f"{path} is a folder, not a log", remedy="give the log file's path")
     try:
-        return path.read_text(errors="replace")
+        return path.open("rb")
     except OSError as e:
-        raise RunError(f"cannot read log {path}: {e.strerror}", remedy="check the path") from None
+        raise LogError(f"cannot read log {path}: {e.strerror}", remedy="check the path") from None
 
 
 def _release(text: str) -> str:

@@ -18,7 +18,8 @@ Every error says what was wrong, where, and what to do about it. Third-party err
     │   ├── ProbeError
     │   └── TransferError
     ├── SandboxError             the rehearsal host could not be started or stopped
-    └── RunError                 a notebook run could not be carried out
+    ├── RunError                 a notebook run could not be carried out
+    └── LogError                 a log given to diagnose is not a readable text log
 """
 
 from __future__ import annotations
@@ -153,3 +154,7 @@ class SandboxError(OpsbookError):
 
 class RunError(OpsbookError):
     """A notebook run could not be carried out."""
+
+
+class LogError(OpsbookError):
+    """A log given to diagnose cannot be read as a text log (unreadable, binary, endless)."""

@@ -20,18 +20,20 @@ finds the startup phases, matches the catalogue and decides the state:
 from __future__ import annotations
 
 import html
+import io
 import re
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
 from opsbook.exceptions import OpsbookError
+from opsbook.logread import screened_lines
 from opsbook.results import SEVERITIES, Finding, Result, Table
 
 READY = "ready"
@@ -41,6 +43,7 @@ HUNG = "hung"
 NO_CONCLUSION = "no-conclusion"
 
 KINDS = ("cause", "wrapper", "stall", "generic", "note")
+_STATE_WORDS = {NO_CONCLUSION: "stopped without an error"}
 
 # vLLM's V1/V0 prefix has no year: year 2000 stands in (a leap year, so 02-29 parses) unless
 # a line with a full date (Python logging format) says which year it is.
@@ -93,8 +96,8 @@ _ANSI = re.compile(
 _QUOTE_START = re.compile(r"^\s{0,3}(?:>\s?)+|^\*\*")
 _QUOTE_END = re.compile(r"\*\*\s*$")
 _COMPOSE = re.compile(r"^[\w.-]{1,40}\s+\|\s?")
-_PROCESS = re.compile(r"^\([^()\n]{0,80}?\bpid=\d+[^()\n]{0,60}\)\s?")
-_RANK = re.compile(r"^\[rank\d+\]:\s?")
+_PROCESS = re.compile(r"^\((?P<process>[^()\n]{0,80}?\bpid=\d+[^()\n]{0,60})\)\s?")
+_RANK = re.compile(r"^\[(?P<process>rank\d+)\]:\s?")
 _VLLM_LEVEL = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(?P<month>\d\d)-(?P<day>\d\d)\s+"
     r"(?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?\s+\[?[\w./<>-]+:\d+\]\s?"
@@ -119,6 +122,8 @@ _LINE_START = re.compile(
 _COMMENT = re.compile(r"^#+ ")
 _MIN_WRAP_WIDTH = 60
 _FRAME = re.compile(r"^\s+File \"")
+# Python 3.11+ marks the failing expression of a frame with a line of ^ and ~ only.
+_MARKERS_ONLY = re.compile(r"[\^~\s]+")
 
 _VERSION_PATTERNS = (
     re.compile(r"vLLM API server version v?(\d[\w.+-]*)"),
@@ -145,6 +150,7 @@ class LogLine:
         level: the log level when the line has one (``INFO``, ``ERROR``...).
         timestamp: when the line's prefix carries a time (see ``PLACEHOLDER_YEAR``).
         is_code: a traceback's frame or source line, never a message.
+        process: the process prefix (``EngineCore_DP0 pid=7``, ``rank0``) when there is one.
     """
 
     number: int
@@ -153,6 +159,7 @@ class LogLine:
     level: str | None = None
     timestamp: datetime | None = None
     is_code: bool = False
+    process: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,7 @@ class CatalogueEntry:
     source: str
     parse: tuple[re.Pattern[str], ...] = ()
     remedy_parsed: str = ""
+    stems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,6 +227,10 @@ class LogDiagnosis:
         phases: the startup phases seen.
         notes: lines worth pointing out that are not failures.
         suspect: for a log that stops without an error, the catalogue id that likely explains it.
+        first_line: where the diagnosed (last) startup begins in the file.
+        skipped_lines: lines of interest of that startup left out to bound memory.
+        earlier: the startups before it in the same file (the last ``EARLIER_LISTED``).
+        earlier_counts: how many earlier startups ended in each state.
     """
 
     state: str
@@ -235,6 +247,11 @@ class LogDiagnosis:
     phases: list[Phase] = field(default_factory=list)
     notes: list[Hit] = field(default_factory=list)
     suspect: str | None = None
+    root_cause: LogLine | None = None
+    first_line: int = 1
+    skipped_lines: int = 0
+    earlier: list[EarlierStartup] = field(default_factory=list)
+    earlier_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -255,6 +272,7 @@ class LogDiagnosis:
             "severity": self.severity,
             "line": _line_dict(self.line),
             "wrapper": _line_dict(self.wrapper),
+            "root_cause": _root_dict(self.root_cause),
             "remedy": self.remedy,
             "source": self.source,
             "numbers": self.numbers,
@@ -268,7 +286,26 @@ class LogDiagnosis:
                 for n in self.notes
             ],
             "suspect": self.suspect,
+            "startup_first_line": self.first_line,
+            "skipped_lines": self.skipped_lines,
+            "earlier_startups": {
+                "count": sum(self.earlier_counts.values()),
+                "states": self.earlier_counts,
+                "summary": self.earlier_summary,
+                "startups": [startup.to_dict() for startup in self.earlier],
+            },
         }
+
+    @property
+    def earlier_summary(self) -> str | None:
+        """``3 earlier startups in this file: 2 failed, 1 ready``, or None when there are none."""
+        total = sum(self.earlier_counts.values())
+        if not total:
+            return None
+        counts = sorted(self.earlier_counts.items(), key=lambda item: (-item[1], item[0]))
+        states = ", ".join(f"{count} {_STATE_WORDS.get(state, state)}" for state, count in counts)
+        noun = "startup" if total == 1 else "startups"
+        return f"{total} earlier {noun} in this file: {states}"
 
     def to_result(self) -> Result:
         """The diagnosis as an opsbook ``Result`` with findings."""
@@ -285,6 +322,15 @@ class LogDiagnosis:
             )
             for n in self.notes
         ]
+        if self.earlier_summary:
+            findings.append(
+                Finding(
+                    "info",
+                    "earlier startups",
+                    f"{self.earlier_summary}; this diagnosis is about the last one (from line "
+                    f"{self.first_line})",
+                )
+            )
         return Result(self.ok, self.summary, self.to_dict(), findings)
 
     def __str__(self) -> str:
@@ -295,6 +341,9 @@ class LogDiagnosis:
             rows.append(f"summary: {self.title}")
         if self.line:
             rows.append(f"line {self.line.number}: {self.line.raw}")
+        if self.root_cause:
+            process = f" ({self.root_cause.process})" if self.root_cause.process else ""
+            rows.append(f"root cause at line {self.root_cause.number}{process}")
         if self.wrapper:
             rows.append(f"wrapper at line {self.wrapper.number}: {self.wrapper.text}")
         if self.numbers:
@@ -303,6 +352,10 @@ class LogDiagnosis:
         rows.append(f"source:  {self.source}")
         if self.version:
             rows.append(f"vLLM:    {self.version}")
+        if self.earlier_summary:
+            rows.append(
+                f"startup: the last one, from line {self.first_line}; {self.earlier_summary}"
+            )
         rows += [f"note line {n.line.number}: {n.entry.title}" for n in self.notes]
         return "\n".join(rows)
 
@@ -310,6 +363,7 @@ class LogDiagnosis:
         colour = {READY: "#1a7f37", LOADING: "#9a6700"}.get(self.state, "#cf222e")
         head = f'<p style="color:{colour}"><b>{html.escape(self.summary)}</b></p>'
         rows = [["phase", self.phase], ["vLLM version", self.version]]
+        rows.append(["earlier startups", self.earlier_summary])
         if self.line:
             rows.append([f"line {self.line.number}", self.line.raw])
         if self.wrapper:
@@ -352,6 +406,7 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
             source=raw["source"],
             parse=tuple(re.compile(p) for p in raw.get("parse", ())),
             remedy_parsed=raw.get("remedy_parsed", ""),
+            stems=tuple(raw.get("stems", ())),
         )
     except (KeyError, TypeError, re.error) as exc:
         raise OpsbookError(
@@ -389,31 +444,49 @@ def read_log_lines(text: str) -> list[LogLine]:
     Returns:
         One ``LogLine`` per logical line, numbered like ``grep -n``.
     """
-    physical = [line.rstrip("\r") for line in text.split("\n")]
-    cleaned = [_clean(line) for line in physical]
-    year = _first_year(text)
+    return logical_lines(list(enumerate(text.split("\n"), 1)))
+
+
+def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
+    """Logical lines from numbered physical lines (a gap in the numbers breaks any joining).
+
+    Args:
+        physical: ``(line number, text)`` in file order, e.g. from
+            :func:`opsbook.logread.screened_lines`.
+
+    Returns:
+        One ``LogLine`` per logical line.
+    """
+    numbers = [number for number, _ in physical]
+    raws = [text.rstrip("\r") for _, text in physical]
+    cleaned = [_clean(line) for line in raws]
+    year = _first_year(raws)
     lines: list[LogLine] = []
     after_frame = False
-    for members in _wrapped_groups(cleaned):
-        number = members[0] + 1
+    for members in _wrapped_groups(numbers, cleaned):
         joined = "".join(cleaned[i] for i in members)
         if _COMMENT.match(joined):
             joined = ""
-        message, level, stamp = _strip_prefixes(joined, year)
+        message, level, stamp, process = _strip_prefixes(joined, year)
         body = message.strip()
-        is_code = body.startswith(("raise ", 'File "')) or (after_frame and message[:1].isspace())
+        is_code = (
+            body.startswith(("raise ", 'File "'))
+            or (after_frame and message[:1].isspace())
+            or bool(_MARKERS_ONLY.fullmatch(body) and body)
+        )
         after_frame = body.startswith('File "')
-        raw = "\n".join(physical[i] for i in members)
-        lines.append(LogLine(number, raw, body, level, stamp, is_code))
+        raw = "\n".join(raws[i] for i in members)
+        lines.append(LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process))
     return _roll_years(lines)
 
 
-def _wrapped_groups(cleaned: list[str]) -> list[list[int]]:
+def _wrapped_groups(numbers: list[int], cleaned: list[str]) -> list[list[int]]:
     # Indexes of the physical lines that make up each logical line.
     width = _wrap_width(cleaned)
     groups: list[list[int]] = []
     for index, line in enumerate(cleaned):
-        if groups and _continues(cleaned[index - 1], line, width):
+        adjacent = index > 0 and numbers[index] == numbers[index - 1] + 1
+        if groups and adjacent and _continues(cleaned[index - 1], line, width):
             groups[-1].append(index)
         else:
             groups.append([index])
@@ -520,6 +593,8 @@ def classify_kernel_log(dmesg_text: str) -> list[OomKill]:
     kills = []
     for hit in match_catalogue(read_log_lines(dmesg_text), [entry]):
         values = _parse_values(entry, [hit.line])
+        if "pid" not in values or "process" not in values:
+            continue
         kills.append(
             OomKill(
                 pid=int(values["pid"]),
@@ -544,9 +619,46 @@ def diagnose_log(
         kernel_log: ``dmesg`` text of the host, to recognise an OOM kill.
 
     Returns:
-        The diagnosis.
+        The diagnosis of the last startup in the text (see :func:`diagnose_stream`).
     """
-    lines = read_log_lines(text)
+    stream = io.BytesIO(text.encode("utf-8", "surrogateescape"))
+    return diagnose_stream(stream, running=running, kernel_log=kernel_log)
+
+
+def diagnose_stream(
+    stream: BinaryIO, *, running: bool | None = None, kernel_log: str | None = None
+) -> LogDiagnosis:
+    """Diagnose a log read as a stream, in bounded memory whatever its size.
+
+    A file that several launches appended to (``>> vllm.log``) holds several startups: the
+    diagnosis is about the last one; the earlier ones are counted with their verdicts.
+
+    Args:
+        stream: the log, opened in binary mode.
+        running: as for :func:`diagnose_log`.
+        kernel_log: as for :func:`diagnose_log`.
+
+    Returns:
+        The diagnosis.
+
+    Raises:
+        LogError: when the stream is not a text log or cannot be read.
+    """
+    splitter = _StartupSplitter()
+    for number, text in screened_lines(stream):
+        splitter.add(number, text)
+    last = splitter.finish()
+    diagnosis = _diagnose_lines(logical_lines(last.lines()), running, kernel_log)
+    diagnosis.first_line = last.first_line
+    diagnosis.skipped_lines = last.skipped
+    diagnosis.earlier = splitter.earlier
+    diagnosis.earlier_counts = dict(splitter.earlier_counts)
+    return diagnosis
+
+
+def _diagnose_lines(
+    lines: list[LogLine], running: bool | None, kernel_log: str | None
+) -> LogDiagnosis:
     events = _phase_events(lines)
     hits = match_catalogue(lines)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
@@ -559,7 +671,14 @@ def diagnose_log(
     }
     failure = _choose_failure(hits, ready_at)
     if failure:
-        return _failed(FAILED, failure, hits, events, base)
+        diagnosis = _failed(FAILED, failure, hits, events, base)
+        if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
+            start = failure.line
+            if failure.entry.id in _WRAPPER_CAUSES:
+                # Ray's message runs over several lines: walk back from its first one.
+                start = min((h.line for h in hits if h.entry is failure.entry), key=_number_of)
+            _report_root_cause(diagnosis, _root_cause(lines, hits, start))
+        return diagnosis
     stalls = [hit for hit in hits if hit.entry.kind == "stall"]
     if _stall_is_hang(stalls, lines, events, ready_at):
         return _failed(HUNG, _pick_line(stalls), hits, events, base)
@@ -570,6 +689,116 @@ def diagnose_log(
     if kills:
         return _killed(kills[-1], kernel_log or "", base)
     return _unfinished(lines, events, running, base)
+
+
+# Where a startup begins: vLLM's banner (or argparse's usage line), the API server's version
+# line, its arguments line (vllm/entrypoints/openai/api_server.py, vllm/entrypoints/utils.py).
+# A marker that the current startup has already passed, or a new API-server PID, begins the
+# next one.
+_STARTUP_MARKERS = (
+    re.compile(r"^usage: vllm |[█▄▀]\s+version v?\d"),
+    re.compile(r"vLLM API server version "),
+    re.compile(r"\bnon-default args: |\bargs: Namespace\("),
+)
+_API_SERVER_PID = re.compile(r"\(APIServer pid=(\d+)\)")
+# Bounds on what one startup keeps: its first and its last lines of interest.
+STARTUP_HEAD_LINES = 10_000
+STARTUP_TAIL_LINES = 10_000
+EARLIER_LISTED = 1_000
+
+
+@dataclass(frozen=True)
+class EarlierStartup:
+    """The verdict on a startup that a later one in the same file followed."""
+
+    first_line: int
+    last_line: int
+    state: str
+    failure: str | None
+    line: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first_line": self.first_line,
+            "last_line": self.last_line,
+            "state": self.state,
+            "failure": self.failure,
+            "line": self.line,
+        }
+
+
+class _Startup:
+    """The lines of interest of one startup: the first ones and, bounded, the last ones."""
+
+    def __init__(self, first_line: int) -> None:
+        self.first_line = first_line
+        self.last_line = first_line
+        self.head: list[tuple[int, str]] = []
+        self.tail: deque[tuple[int, str]] = deque(maxlen=STARTUP_TAIL_LINES)
+        self.skipped = 0
+        self.marker = -1
+        self.api_pid: str | None = None
+
+    def add(self, number: int, text: str) -> None:
+        self.last_line = number
+        if len(self.head) < STARTUP_HEAD_LINES:
+            self.head.append((number, text))
+            return
+        if len(self.tail) == self.tail.maxlen:
+            self.skipped += 1
+        self.tail.append((number, text))
+
+    def lines(self) -> list[tuple[int, str]]:
+        return self.head + list(self.tail)
+
+
+class _StartupSplitter:
+    def __init__(self) -> None:
+        self.current = _Startup(1)
+        self.earlier: list[EarlierStartup] = []
+        self.earlier_counts: Counter[str] = Counter()
+
+    def add(self, number: int, text: str) -> None:
+        plain = _ANSI.sub("", text) if "[" in text else text
+        marker = next((i for i, p in enumerate(_STARTUP_MARKERS) if p.search(plain)), None)
+        pid_found = _API_SERVER_PID.search(plain)
+        pid = pid_found.group(1) if pid_found else None
+        current = self.current
+        if (marker is not None and current.marker >= marker) or self._new_api_server(pid):
+            self._close(number)
+            current = self.current
+        if marker is not None:
+            current.marker = max(current.marker, marker)
+        if pid and current.api_pid is None:
+            current.api_pid = pid
+        current.add(number, text)
+
+    def _new_api_server(self, pid: str | None) -> bool:
+        # One run's lines all carry the API server's PID prefix or none do: a PID prefix after
+        # a started run without one, or another PID, is the next run.
+        current = self.current
+        if pid is None:
+            return False
+        return pid != current.api_pid if current.api_pid else current.marker >= 0
+
+    def finish(self) -> _Startup:
+        return self.current
+
+    def _close(self, next_first: int) -> None:
+        startup = self.current
+        verdict = _diagnose_lines(logical_lines(startup.lines()), False, None)
+        self.earlier_counts[verdict.state] += 1
+        self.earlier.append(
+            EarlierStartup(
+                startup.first_line,
+                startup.last_line,
+                verdict.state,
+                verdict.failure,
+                verdict.line.number if verdict.line else None,
+            )
+        )
+        del self.earlier[:-EARLIER_LISTED]
+        self.current = _Startup(next_first)
 
 
 def _failed(
@@ -590,6 +819,10 @@ def _failed(
         numbers["reasons"] = parse_backend_reasons(chosen.line.text)
     wrappers = [h.line for h in hits if h.entry.kind == "wrapper"]
     wrapper = wrappers[-1] if wrappers and entry.kind != "wrapper" else None
+    if entry.id == "nccl-timeout" and "rank" not in numbers:
+        rank = re.fullmatch(r"rank(\d+)", chosen.line.process or "")
+        if rank:
+            numbers["rank"] = int(rank.group(1))
     return LogDiagnosis(
         state=state,
         failure=entry.id,
@@ -604,6 +837,90 @@ def _failed(
     )
 
 
+# Catalogue classes that only say a process died: the cause is that process's first error.
+_WRAPPER_CAUSES = ("ray-node-died",)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit)\b(?::|$)")
+_NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of|The above)")
+_API_SERVER = re.compile(r"^(?:APIServer|ApiServer)")
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The first error of the process that failed, under a wrapper error."""
+
+    line: LogLine
+    entry: CatalogueEntry | None
+
+
+def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+    """Walk back from the wrapper to the first error of the failed process.
+
+    The first error is the first exception line (a traceback's last line), ``ERROR`` line
+    or NCCL ``WARN`` line before the wrapper that is not itself a wrapper; a worker's or
+    engine core's error comes before the API server's (which only reports that its engine
+    died).
+    """
+    wrapper_lines = {h.line.number for h in hits if h.entry.kind == "wrapper"}
+    wrapper_lines |= {h.line.number for h in hits if h.entry.id in _WRAPPER_CAUSES}
+    candidates = [
+        line
+        for line in lines
+        if line.number < wrapper.number
+        and line.number not in wrapper_lines
+        and not line.is_code
+        and _is_error_line(line)
+    ]
+    if not candidates:
+        return None
+    others = [line for line in candidates if not _API_SERVER.match(line.process or "")]
+    first = (others or candidates)[0]
+    causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
+    best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+    return RootCause(first, best)
+
+
+def _number_of(line: LogLine) -> int:
+    return line.number
+
+
+def _is_error_line(line: LogLine) -> bool:
+    text = line.text
+    if not text or _NOT_A_CAUSE.match(text):
+        return False
+    return (
+        bool(_EXCEPTION_LINE.match(text))
+        or line.level in ("ERROR", "CRITICAL")
+        or "NCCL WARN" in text
+    )
+
+
+def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
+    wrapper = diagnosis.line
+    if root is None:
+        diagnosis.remedy = (
+            "No error of the failed process is in this log before the wrapper: it was killed "
+            "from outside (check `dmesg -T` for the OOM killer) or it wrote elsewhere (a "
+            "worker's own log, Ray's logs under /tmp/ray/session_latest/logs). " + diagnosis.remedy
+        )
+        return
+    where = f"line {root.line.number}" + (f", {root.line.process}" if root.line.process else "")
+    diagnosis.wrapper = wrapper
+    diagnosis.line = root.line
+    diagnosis.root_cause = root.line
+    if root.entry is not None:
+        diagnosis.failure = root.entry.id
+        diagnosis.title = root.entry.title
+        diagnosis.remedy = root.entry.remedy
+        diagnosis.source = root.entry.source
+        return
+    diagnosis.title = f"the process died; its first error ({where}): {root.line.text}"
+    diagnosis.remedy = (
+        f"The root cause is the first error of the failed process ({where}): "
+        f"{root.line.text!r}. It is not in opsbook's catalogue: read its traceback and search "
+        "the vLLM issues for it."
+    )
+
+
 def _ready(lines: list[LogLine], ready_at: int, base: dict[str, Any]) -> LogDiagnosis:
     line = next(line for line in lines if line.number == ready_at)
     return LogDiagnosis(
@@ -613,7 +930,10 @@ def _ready(lines: list[LogLine], ready_at: int, base: dict[str, Any]) -> LogDiag
         severity="ok",
         line=line,
         remedy="Nothing to do: smoke-test it (GET /health, GET /v1/models, one completion).",
-        source="vllm-facts §5.1 (uvicorn 'Application startup complete.')",
+        source=(
+            "uvicorn uvicorn/lifespan/on.py ('Application startup complete.'); vLLM "
+            "vllm/entrypoints/openai/api_server.py serves with uvicorn"
+        ),
         **base,
     )
 
@@ -654,7 +974,7 @@ def _unfinished(
             severity="warning",
             line=None,
             remedy="Give the whole server log, from the launch command to its last line.",
-            source="vllm-facts §5.1 (startup sequence)",
+            source="vLLM vllm/entrypoints/openai/api_server.py (run_server: the startup sequence)",
             **base,
         )
     if running:
@@ -665,7 +985,7 @@ def _unfinished(
             severity="info",
             line=line,
             remedy="Nothing to do yet: follow the log until 'Application startup complete.'",
-            source="vllm-facts §5.1 (startup sequence)",
+            source="vLLM vllm/entrypoints/openai/api_server.py (run_server: the startup sequence)",
             **base,
         )
     suspect = _entry_by_id("nccl" if _stops_after_nccl_init(lines, events) else "host-oom-killer")
@@ -781,7 +1101,7 @@ def _furthest_phase(events: list[tuple[LogLine, str]]) -> str | None:
 def _parse_values(entry: CatalogueEntry, lines: Sequence[LogLine]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for line in lines:
-        for pattern in entry.parse:
+        for pattern in entry.patterns + entry.parse:
             found = pattern.search(line.text)
             if not found:
                 continue
@@ -827,7 +1147,11 @@ def _entry_by_id(entry_id: str) -> CatalogueEntry:
 @lru_cache(maxsize=8)
 def _screen(entries: tuple[CatalogueEntry, ...]) -> re.Pattern[str]:
     # One pass of all patterns at once: most lines of a long log match none of them.
-    return re.compile("|".join(f"(?:{p.pattern})" for e in entries for p in e.patterns))
+    alternatives = (_NAMED_GROUP.sub("(?:", p.pattern) for e in entries for p in e.patterns)
+    return re.compile("|".join(f"(?:{alternative})" for alternative in alternatives))
+
+
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
 def _first_matching(patterns: Sequence[re.Pattern[str]], text: str) -> int | None:
@@ -853,17 +1177,19 @@ def _last_redraw(line: str) -> str:
     return last or head
 
 
-def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | None]:
+def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | None, str | None]:
     level: str | None = None
     stamp: datetime | None = None
+    process: str | None = None
     if _COMPOSE.match(line) and "pid=" not in line[:40]:
         line = _COMPOSE.sub("", line, count=1)
     while True:
         found = next((m for m in (p.match(line) for p in _PREFIXES) if m and m.end()), None)
         if found is None:
-            return line, level, stamp
+            return line, level, stamp, process
         groups = found.groupdict()
         level = groups.get("level") or level
+        process = groups.get("process") or process
         if groups.get("time"):
             stamp = _stamp(groups, year) or stamp
         line = line[found.end() :]
@@ -884,23 +1210,35 @@ def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:
         return None
 
 
-def _first_year(text: str) -> int:
-    found = _FULL_DATE.search(text)
+def _first_year(lines: Iterable[str]) -> int:
+    found = next((m for m in map(_FULL_DATE.search, lines) if m), None)
     return int(found.group(1)) if found else PLACEHOLDER_YEAR
 
 
 def _roll_years(lines: list[LogLine]) -> list[LogLine]:
-    # A log that runs over New Year goes from 12-31 to 01-01; keep its times increasing.
+    # A log that runs over New Year goes from 12-31 to 01-01; keep its times increasing. Only
+    # that step adds a year: logs appended to one file also step back in time, and a stamp
+    # that would leave the calendar keeps its year.
+    years = 0
     previous: datetime | None = None
     rolled = []
     for line in lines:
         stamp = line.timestamp
-        if stamp and previous and (previous - stamp).days > 180:
-            stamp = stamp.replace(year=previous.year + 1)
-            line = replace(line, timestamp=stamp)
-        previous = stamp or previous
+        if stamp is not None:
+            if previous is not None and previous.month == 12 and stamp.month == 1:
+                years += 1
+            if years:
+                line = replace(line, timestamp=_add_years(stamp, years))
+            previous = stamp
         rolled.append(line)
     return rolled
+
+
+def _add_years(stamp: datetime, years: int) -> datetime:
+    try:
+        return stamp.replace(year=stamp.year + years)
+    except ValueError:  # past year 9999, or 02-29 in a year that has none
+        return stamp
 
 
 def _has_prefix(line: str) -> bool:
@@ -946,6 +1284,13 @@ def _line_dict(line: LogLine | None) -> dict[str, Any] | None:
     if line is None:
         return None
     return {"number": line.number, "raw": line.raw, "text": line.text}
+
+
+def _root_dict(line: LogLine | None) -> dict[str, Any] | None:
+    found = _line_dict(line)
+    if found is not None and line is not None:
+        found["process"] = line.process
+    return found
 
 
 def _iso(stamp: datetime | None) -> str | None:

@@ -747,14 +747,16 @@ def test_catalogue_entries_are_complete() -> None:
             "on 'https://huggingface.co/models'",
             "model-not-found",
         ),
-        ("huggingface_hub.errors.GatedRepoError: 401 Client Error.", "model-not-found"),
+        ("huggingface_hub.errors.GatedRepoError: 401 Client Error.", "hub-gated"),
         (
             "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
             "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE",
             "port-in-use",
         ),
         (
-            "RuntimeError: Insufficient space in /dev/shm: 640.00 MiB required, 60.00 MiB free.",
+            # vLLM 0.34.0 vllm/distributed/device_communicators/shm_broadcast.py
+            "RuntimeError: Insufficient space in /dev/shm for MessageQueue: 640 MiB required, "
+            "60 MiB free. Increase /dev/shm (e.g. --shm-size or --ipc=host).",
             "shm-space",
         ),
         (
@@ -764,7 +766,7 @@ def test_catalogue_entries_are_complete() -> None:
         ),
         (
             "[rank1]:[E ProcessGroupNCCL.cpp:563] Watchdog caught collective operation timeout",
-            "nccl",
+            "nccl-timeout",
         ),
         (
             "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:455 'invalid argument'",
@@ -773,7 +775,7 @@ def test_catalogue_entries_are_complete() -> None:
         (
             "ValueError: Selected backend FLASHMLA is not valid for this configuration. Reason: "
             "['compute capability not supported']",
-            "no-backend",
+            "backend-invalid",
         ),
         ("NotImplementedError: FP8 Triton MLA not yet supported", "fp8kv-mla"),
         ("NotImplementedError: FlashAttnMLA V1 with FP8 KV cache not yet supported", "fp8kv-mla"),

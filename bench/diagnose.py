@@ -1,0 +1,158 @@
+"""Benchmark: ``opsbook diagnose --log`` on a 500 MB log and on a small one, against ``grep``.
+
+Writes a log as a server that ran for a long time leaves it: the shared real logs of
+``tests/data/logs`` (several startups), then a real startup that became ready
+(``ready-4.log``) followed by routine lines (throughput metrics, the access log, a warning
+every 10,000 lines) up to the size asked for, then a last startup that failed
+(``trust-remote-code-2.log``, another API-server PID). Then it times, each in its own process,
+with the peak RSS from ``wait4``:
+
+* ``opsbook diagnose --log FILE`` (the whole CLI: interpreter start, imports, the scan);
+* ``grep -c`` of a fixed word on the same file: the strongest plain way to touch every line;
+* the same two on a small real log (``ready-4.log``).
+
+It prints the figures, the ratios, and the goals of issue 16 (500 MB in at most 10 s and
+100 MB). ``--worst`` also times a log made only of the real logs concatenated (three lines of
+four are lines of interest there: the hardest case for the screen).
+
+Usage: ``.venv/bin/python bench/diagnose.py [--mb 500] [--worst-mb 50] [--keep]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / "tests" / "data" / "logs"
+GNU_TIME = "/usr/bin/time"
+GOAL_SECONDS = 10.0
+GOAL_RSS_MB = 100.0
+METRICS = (
+    "(APIServer pid=155) INFO 11-28 16:{m:02d}:{s:02d} [loggers.py:127] Engine 000: Avg prompt"
+    " throughput: 1873.4 tokens/s, Avg generation throughput: 412.9 tokens/s, Running: 14 reqs,"
+    " Waiting: 0 reqs, GPU KV cache usage: 7.3%, Prefix cache hit rate: 61.2%\n"
+)
+ACCESS = (
+    '(APIServer pid=155) INFO:     127.0.0.1:{port} - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+)
+WARNING = (
+    "(APIServer pid=155) WARNING 11-28 16:{m:02d}:{s:02d} [protocol.py:82] The following fields"
+    " were present in the request but ignored: {{'top_k'}}\n"
+)
+
+
+def write_long_log(path: Path, megabytes: int) -> None:
+    """The real logs, a ready startup, routine lines to ``megabytes``, a failed startup."""
+    real = "".join(p.read_text(encoding="utf-8") for p in sorted(LOGS.glob("*.log")))
+    ready = (LOGS / "ready-4.log").read_text(encoding="utf-8")
+    failed = (LOGS / "trust-remote-code-2.log").read_text(encoding="utf-8")
+    block = []
+    for i in range(10_000):
+        m, s = divmod(i % 3600, 60)
+        block.append(METRICS.format(m=m, s=s) if i % 2 else ACCESS.format(port=40000 + i))
+    block.append(WARNING.format(m=0, s=0))
+    routine = "".join(block).encode()
+    target = megabytes * 1_000_000
+    with path.open("wb") as out:
+        out.write(real.encode() + ready.encode())
+        while out.tell() < target:
+            out.write(routine)
+        out.write(failed.encode())
+
+
+def write_worst_log(path: Path, megabytes: int) -> None:
+    real = "".join(p.read_text(encoding="utf-8") for p in sorted(LOGS.glob("*.log"))).encode()
+    with path.open("wb") as out:
+        while out.tell() < megabytes * 1_000_000:
+            out.write(real)
+
+
+def measure(command: list[str]) -> tuple[float, float, int]:
+    """Wall seconds, peak RSS in MB, and exit code of one process.
+
+    GNU time reports the peak RSS of the command itself; ``wait4`` from here would count
+    this interpreter's pages copied by the fork before the exec.
+    """
+    if os.path.exists(GNU_TIME):
+        command = [GNU_TIME, "-f", "%M", *command]
+    start = time.perf_counter()
+    # Output to a pipe, not /dev/null: GNU grep stops at the first match when it sees that
+    # its output goes nowhere.
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if os.path.exists(GNU_TIME):
+        return seconds, int(done.stderr.split()[-1]) / 1024, done.returncode
+    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, done.returncode
+
+
+def opsbook_diagnose(path: Path) -> list[str]:
+    return [sys.executable, "-m", "opsbook.cli", "diagnose", "--log", str(path)]
+
+
+def grep_count(path: Path) -> list[str]:
+    return ["grep", "-c", "-F", "Application startup complete", str(path)]
+
+
+def compare(label: str, path: Path) -> tuple[float, float]:
+    ours = measure(opsbook_diagnose(path))
+    plain = measure(grep_count(path))
+    size = path.stat().st_size / 1e6
+    print(f"{label} ({size:.1f} MB):")
+    print(f"  opsbook diagnose --log: {ours[0]:7.3f} s, max RSS {ours[1]:6.1f} MB (exit {ours[2]})")
+    print(f"  grep -c              : {plain[0]:7.3f} s, max RSS {plain[1]:6.1f} MB")
+    print(
+        f"  ratio                : {ours[0] / plain[0]:7.1f}x time, {ours[1] / plain[1]:.1f}x RSS"
+    )
+    return ours[0], ours[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=500, help="size of the long log (MB)")
+    parser.add_argument("--worst-mb", type=int, default=0, help="also a log of real logs only")
+    parser.add_argument("--keep", action="store_true", help="keep the generated logs")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-diagnose-"))
+    try:
+        long_log = folder / "long.log"
+        write_long_log(long_log, args.mb)
+        seconds, rss = compare(
+            "long log: real startups + routine lines + a failed startup", long_log
+        )
+        verdict = "met" if seconds <= GOAL_SECONDS and rss <= GOAL_RSS_MB else "NOT met"
+        print(
+            f"  goal                 : <= {GOAL_SECONDS:.0f} s, <= {GOAL_RSS_MB:.0f} MB: {verdict}"
+        )
+        done = subprocess.run(opsbook_diagnose(long_log), capture_output=True, text=True)
+        print("  verdict              : " + " | ".join(done.stdout.splitlines()[:2]))
+        compare("small log: ready-4.log", LOGS / "ready-4.log")
+        empty = folder / "empty.log"
+        empty.write_bytes(b"")
+        start = measure(opsbook_diagnose(empty))
+        print(
+            f"the CLI on an empty log (interpreter start and imports): {start[0]:.3f} s, "
+            f"max RSS {start[1]:.1f} MB"
+        )
+        if args.worst_mb:
+            worst = folder / "worst.log"
+            write_worst_log(worst, args.worst_mb)
+            compare("worst case: the real logs concatenated", worst)
+    finally:
+        if args.keep:
+            print(f"logs kept in {folder}")
+        else:
+            for path in folder.iterdir():
+                path.unlink()
+            folder.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

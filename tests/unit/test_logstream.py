@@ -1,0 +1,379 @@
+"""Unit tests of reading logs as streams: several startups in one file, logs of any size,
+line numbers as ``grep -n`` counts them, inputs that are no log, and public sources."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opsbook import logread
+from opsbook.exceptions import LogError
+from opsbook.logscan import FAILED, READY, diagnose_log, diagnose_stream, load_catalogue
+
+LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
+
+
+def read_log(name: str) -> str:
+    return (LOGS / name).read_text(encoding="utf-8")
+
+
+def concatenated(*names: str) -> str:
+    return "".join(read_log(name) for name in names)
+
+
+def grep_n(text: str, fixed: str) -> list[int]:
+    """The line numbers ``grep -n -F`` gives for ``fixed`` in ``text``."""
+    done = subprocess.run(
+        ["grep", "-n", "-F", "--", fixed], input=text.encode(), capture_output=True, check=True
+    )
+    return [int(line.split(b":", 1)[0]) for line in done.stdout.splitlines()]
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    from opsbook import cli
+
+    code = cli.main(["diagnose", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def run_cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "opsbook.cli", "diagnose", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+# --- several startups in one file (issue 17 item 1) --------------------------------------
+
+
+def test_the_last_startup_failed_after_earlier_ones_were_ready_and_failed() -> None:
+    text = concatenated(
+        "ready-3.log", "engine-dead-1.log", "ready-4.log", "trust-remote-code-2.log"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "trust-remote-code")
+    assert diagnosis.line is not None
+    key = "Please pass the argument `trust_remote_code=True`"
+    assert diagnosis.line.number in grep_n(text, key)
+    assert diagnosis.earlier_counts == {READY: 2, FAILED: 1}
+    assert diagnosis.earlier_summary == "3 earlier startups in this file: 2 ready, 1 failed"
+    assert [s.failure for s in diagnosis.earlier] == [None, "engine-dead", None]
+    starts = [s.first_line for s in diagnosis.earlier] + [diagnosis.first_line]
+    assert starts == sorted(starts) and len(set(starts)) == 4
+
+
+def test_the_last_startup_ready_after_two_failed_ones() -> None:
+    text = concatenated("engine-dead-1.log", "trust-remote-code-2.log", "ready-4.log")
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None
+    assert diagnosis.line.number == grep_n(text, "Application startup complete.")[-1]
+    assert diagnosis.earlier_summary == "2 earlier startups in this file: 2 failed"
+    data = diagnosis.to_dict()["earlier_startups"]
+    assert data["count"] == 2
+    finding = diagnosis.to_result().findings[-1]
+    assert finding.subject == "earlier startups" and "2 failed" in finding.message
+    assert [s["failure"] for s in data["startups"]] == ["engine-dead", "trust-remote-code"]
+
+
+def test_the_cli_prints_the_earlier_startups_in_text_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(concatenated("ready-3.log", "ready-6.log", "trust-remote-code-2.log"))
+
+    code, text, _ = in_process(capsys, "--log", str(log))
+    _, as_json, _ = in_process(capsys, "--log", str(log), "--json")
+
+    assert code == 1
+    assert "2 earlier startups in this file: 2 ready" in text
+    data = json.loads(as_json)
+    assert data["failure"] == "trust-remote-code"
+    assert data["earlier_startups"]["states"] == {"ready": 2}
+
+
+def test_one_startup_has_no_earlier_ones() -> None:
+    diagnosis = diagnose_log(read_log("vllm-startup-8x-rtxpro6000-glm51-nvfp4.log"))
+
+    assert diagnosis.state == READY
+    assert diagnosis.earlier == [] and diagnosis.earlier_summary is None
+
+
+# --- long logs and bad input (issue 17 item 2) --------------------------------------------
+
+
+def all_logs() -> str:
+    return "".join(read_log(path.name) for path in sorted(LOGS.glob("*.log")))
+
+
+def test_the_logs_concatenated_16_times_are_answered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "long.log"
+    log.write_text(all_logs() * 16)
+    assert log.stat().st_size > 2_000_000
+
+    code, out, err = in_process(capsys, "--log", str(log), "--json")
+
+    assert code in (0, 1), err
+    data = json.loads(out)
+    assert data["earlier_startups"]["count"] >= 16 * 4
+    assert data["state"] in (READY, FAILED)
+
+
+def test_timestamps_stepping_back_over_many_appended_runs_never_leave_the_calendar() -> None:
+    december = "INFO 12-31 23:59:59 [api_server.py:1] vLLM API server version 0.9.0\n"
+    january = "ERROR 01-01 00:00:01 [core.py:1] ValueError: boom\n"
+
+    diagnosis = diagnose_log((december + january) * 9000)
+
+    assert diagnosis.state == FAILED
+    assert all(p.timestamp is None or p.timestamp.year <= 9999 for p in diagnosis.phases)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\n\n\n",
+        b"\x00" * 10_000,
+        b"\xff\xfe\x00garbage\r\r\r\n" * 50,
+        bytes(random.Random(7).randrange(256) for _ in range(200_000)),
+        "(APIServer pid=1) ERROR 02-30 99:99:99 [x.py:1] ValueError: \u2603\n".encode() * 3,
+        b"Traceback (most recent call last):\n" * 500,
+    ],
+    ids=["empty", "blank", "nul", "garbage", "random", "bad-date", "tracebacks"],
+)
+def test_no_input_crashes_the_diagnosis(data: bytes) -> None:
+    diagnosis = diagnose_stream(io.BytesIO(data))
+
+    assert diagnosis.state
+    assert diagnosis.to_dict()["state"] == diagnosis.state
+
+
+def test_random_mixes_of_real_lines_never_crash() -> None:
+    lines = all_logs().split("\n")
+    rng = random.Random(11)
+    for _ in range(30):
+        sample = "\n".join(rng.choice(lines) for _ in range(rng.randrange(1, 400)))
+        assert diagnose_log(sample).state
+
+
+def test_dev_zero_is_refused_as_no_text_log_with_exit_2() -> None:
+    done = run_cli("--log", "/dev/zero")
+
+    assert done.returncode == 2
+    assert b"not a text log" in done.stderr
+
+
+def test_a_long_file_without_newlines_is_cut_not_held() -> None:
+    stream = io.BytesIO(b"ERROR x " + b"a" * (3 * logread.MAX_LINE_BYTES))
+
+    lines = list(logread.screened_lines(stream))
+
+    assert len(lines) == 1
+    assert len(lines[0][1]) == logread.MAX_LINE_BYTES
+
+
+def test_a_missing_or_folder_log_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = in_process(capsys, "--log", str(tmp_path / "nope.log"))
+    assert code == 2 and "No such file" in err
+    code, _, err = in_process(capsys, "--log", str(tmp_path))
+    assert code == 2 and "is a folder" in err
+
+
+def test_a_defect_of_the_tool_exits_3_not_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opsbook import cli, logscan
+
+    def broken(stream: object) -> None:
+        raise ValueError("year 10000 is out of range")
+
+    monkeypatch.setattr(logscan, "diagnose_stream", broken)
+
+    assert cli.main(["diagnose", "--log", str(LOGS / "ready-3.log")]) == 3
+
+
+def test_unreadable_stream_raises_log_error() -> None:
+    class Broken(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: object) -> int:
+            raise OSError(5, "Input/output error")
+
+    with pytest.raises(LogError, match="cannot read the log"):
+        diagnose_stream(io.BufferedReader(Broken()))
+
+
+# --- line numbers as grep -n counts them (issue 17 item 3) --------------------------------
+
+
+def test_line_numbers_with_carriage_returns_match_grep(tmp_path: Path) -> None:
+    bar = "Loading safetensors checkpoint shards:  50% Completed | 1/2\r" * 3
+    text = (
+        "INFO 03-12 10:11:12 [api_server.py:1] vLLM API server version 0.11.0\n"
+        f"{bar}\n"
+        "a progress bar\rredrawn\rtwice\n"
+        "ERROR 03-12 10:11:13 [core.py:1] EngineCore failed to start.\r\n"
+        "ValueError: The quantization method fp8 is not supported for the current GPU. "
+        "Minimum capability: 89. Current capability: 86.\n"
+    )
+    log = tmp_path / "cr.log"
+    log.write_bytes(text.encode())
+
+    diagnosis = diagnose_log(text)
+    data = json.loads(run_cli("--log", str(log), "--json").stdout)
+
+    expected = grep_n(text, "The quantization method fp8")
+    assert diagnosis.failure == "quant-capability"
+    assert diagnosis.line is not None and [diagnosis.line.number] == expected == [5]
+    assert data["line"]["number"] == 5
+
+
+def test_line_numbers_of_a_large_file_match_grep_across_chunks(tmp_path: Path) -> None:
+    routine = "(APIServer pid=1) INFO 05-15 06:00:00 [loggers.py:1] Engine 000: throughput\n"
+    lines_per_chunk = logread.CHUNK_BYTES // len(routine)
+    error = "(APIServer pid=1) ERROR 05-15 06:00:01 [x.py:1] OSError: [Errno 98] Address in use\n"
+    text = routine * (lines_per_chunk + 123) + error + routine * 10
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.line is not None
+    assert diagnosis.line.number == grep_n(text, "[Errno 98]")[0] == lines_per_chunk + 124
+
+
+def test_reading_from_standard_input() -> None:
+    done = run_cli("--log", "-", stdin=(LOGS / "oom-2.log").read_bytes())
+
+    assert done.returncode == 1
+    assert b"failure: oom" in done.stdout
+
+
+# --- the screen keeps every line the catalogue or the phases need -----------------------
+
+
+def test_routine_info_lines_are_skipped_and_others_kept() -> None:
+    assert logread.is_routine(
+        "(APIServer pid=1) INFO 05-15 06:00:00 [loggers.py:127] Engine 000: Avg prompt"
+    )
+    assert logread.is_routine('INFO:     127.0.0.1:51234 - "POST /v1/completions HTTP/1.1" 200')
+    kept = [
+        "(APIServer pid=1) INFO 05-15 05:33:37 [api_server.py:1] vLLM API server version 0.2",
+        "INFO 06-10 06:16:42 [core.py:65] Initializing a V1 LLM engine (v0.9.0.1) with config",
+        "(APIServer pid=1) WARNING 05-15 05:33:37 [x.py:1] anything",
+        "ERROR 05-15 05:33:37 [x.py:1] anything",
+        "INFO:     Application startup complete.",
+        "node1:123:456 [0] NCCL INFO Init COMPLETE",
+        "Traceback (most recent call last):",
+    ]
+    assert not any(logread.is_routine(line) for line in kept)
+
+
+# --- public sources (issue 17 item 4) -----------------------------------------------------
+
+PRIVATE_SOURCE = re.compile(r"vllm-facts|§|shared/|DESIGN\.md|INDEX\.md|reference/", re.I)
+PUBLIC_SOURCE = re.compile(
+    r"vLLM \d|vllm-project/vllm#|PyTorch|NVIDIA/nccl|huggingface_hub|safetensors|transformers"
+    r"|uvicorn|Linux kernel|ray-project/ray|opsbook \(no catalogue entry\)"
+)
+
+
+def test_no_catalogue_source_names_a_document_outside_the_repository() -> None:
+    for entry in load_catalogue():
+        assert not PRIVATE_SOURCE.search(entry.source), (entry.id, entry.source)
+        assert PUBLIC_SOURCE.search(entry.source), (entry.id, entry.source)
+
+
+@pytest.mark.parametrize("name", ["ready-4.log", "engine-dead-1.log", "shm-1.log"])
+def test_no_diagnosis_source_names_a_document_outside_the_repository(name: str) -> None:
+    for running in (None, True):
+        diagnosis = diagnose_log(read_log(name), running=running)
+        assert not PRIVATE_SOURCE.search(diagnosis.source), diagnosis.source
+    assert not PRIVATE_SOURCE.search(diagnose_log("hello").source)
+
+
+# --- bounded memory (issue 16 item 5) ---------------------------------------------------
+
+
+class RepeatedLog(io.RawIOBase):
+    """A log of ``size`` bytes made on the fly: a head, one line repeated, a tail."""
+
+    def __init__(self, head: bytes, line: bytes, size: int, tail: bytes) -> None:
+        self.parts = [head]
+        self.line, self.left, self.tail = line * 10_000, size, tail
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
+        if not self.parts:
+            if self.left > 0:
+                self.parts.append(self.line)
+                self.left -= len(self.line)
+            elif self.tail:
+                self.parts.append(self.tail)
+                self.tail = b""
+            else:
+                return 0
+        part = self.parts.pop()
+        size = min(len(buffer), len(part))
+        buffer[:size] = part[:size]
+        if size < len(part):
+            self.parts.append(part[size:])
+        return size
+
+
+def test_a_large_log_is_read_in_bounded_memory() -> None:
+    import tracemalloc
+
+    routine = b"(APIServer pid=155) INFO 11-28 16:00:00 [loggers.py:127] Engine 000: Avg\n"
+    stream = RepeatedLog(
+        (LOGS / "ready-4.log").read_bytes(),
+        routine,
+        96 * 1024 * 1024,
+        (LOGS / "trust-remote-code-2.log").read_bytes(),
+    )
+    tracemalloc.start()
+    try:
+        diagnosis = diagnose_stream(io.BufferedReader(stream, 1 << 20))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert diagnosis.failure == "trust-remote-code"
+    assert diagnosis.earlier_counts == {READY: 1}
+    assert peak < 24 * 1024 * 1024, peak
+
+
+def test_a_startup_keeps_its_first_and_last_lines_of_interest_only() -> None:
+    from opsbook import logscan
+
+    warning = "(APIServer pid=155) WARNING 11-28 16:00:00 [x.py:1] request {n} ignored a field\n"
+    lines = [warning.format(n=n) for n in range(logscan.STARTUP_HEAD_LINES * 3)]
+    text = (
+        read_log("ready-4.log")
+        + "".join(lines)
+        + "ERROR 11-28 16:00:01 [x.py:1] OSError: [Errno 98] x\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "port-in-use"
+    assert diagnosis.skipped_lines > 0
+    assert diagnosis.phase == "ready"

@@ -1,0 +1,401 @@
+"""Extract the format strings of the errors opsbook's failure catalogue covers, per vLLM release.
+
+Reads vLLM release wheels (``zipfile`` + ``ast``; nothing is installed or imported) and, for
+the Python libraries whose messages the catalogue also covers (huggingface_hub, transformers,
+uvicorn), a site-packages folder or their wheels (``pip download huggingface_hub --no-deps``).
+Every string expression of the source is rendered to a template: literal text, with each
+variable part (an f-string field, a ``%s`` of ``%``-formatting or of a logger call, a ``{}``
+of ``.format``) as ``{expression}``. A template is kept when it holds one of the ``stems`` an
+entry of ``opsbook/data/failures.yaml`` lists; it is recorded with the entry, the releases and
+the file and line where it appears.
+
+Messages of compiled code (PyTorch's C++, NCCL's C, safetensors' Rust, the Linux kernel)
+cannot be read this way; ``NATIVE_FORMATS`` quotes them with their public source file.
+
+Usage::
+
+    .venv/bin/python tools/vllm_error_formats.py \\
+        --wheels /work/cache/vllm-wheels --site-packages PATH \\
+        --out tests/data/vllm_error_formats.json
+    .venv/bin/python tools/vllm_error_formats.py --wheels DIR --grep 'NUMA nodes'
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CATALOGUE = ROOT / "opsbook" / "data" / "failures.yaml"
+FIRST_RELEASE = (0, 10, 2)
+LAST_RELEASE = (0, 33, 0)
+LIBRARIES = ("huggingface_hub", "transformers", "uvicorn")
+_PERCENT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*\d*(?:\.\d+)?[sdrfgiexXc]")
+_FORMAT_FIELD = re.compile(r"\{([^{}]*)\}")
+_LOGGER_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical"}
+
+# Messages of compiled code, quoted from their public source (file at the named project).
+NATIVE_FORMATS: list[dict[str, str]] = [
+    {
+        "entry": "oom",
+        "template": "CUDA out of memory. Tried to allocate {alloc}. GPU {device} has a total "
+        "capacity of {total} of which {free} is free. ",
+        "source": "pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp (malloc: OutOfMemoryError)",
+    },
+    {
+        "entry": "nccl",
+        "template": "NCCL error in: {file}:{line}, unhandled cuda error (run with "
+        "NCCL_DEBUG=INFO for details), NCCL version {version}",
+        "source": "pytorch/pytorch torch/csrc/distributed/c10d/NCCLUtils.hpp (C10D_NCCL_CHECK)",
+    },
+    {
+        "entry": "nccl-timeout",
+        "template": "[Rank {rank}] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={n}, NumelOut={n}, Timeout(ms)={ms}) "
+        "ran for {ran} milliseconds before timing out.",
+        "source": "pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp "
+        "(WorkNCCL::checkTimeout)",
+    },
+    {
+        "entry": "shm-space",
+        "template": "{host}:{pid}:{tid} [{dev}] NCCL WARN Error: failed to extend "
+        "/dev/shm/nccl-{id} to {size} bytes, error: No space left on device (28)",
+        "source": "NVIDIA/nccl src/misc/shmutils.cc (ncclShmOpen)",
+    },
+    {
+        "entry": "shm-space",
+        "template": "{host}:{pid}:{tid} [{dev}] NCCL WARN Error while creating shared memory "
+        "segment /dev/shm/nccl-{id} (size {size}), error: No space left on device (28)",
+        "source": "NVIDIA/nccl src/misc/shmutils.cc (ncclShmOpen)",
+    },
+    {
+        "entry": "safetensors-corrupt",
+        "template": "safetensors_rust.SafetensorError: Error while deserializing header: "
+        "incomplete metadata, file not fully covered",
+        "source": "huggingface/safetensors safetensors/src/tensor.rs (SafeTensorError)",
+    },
+    {
+        "entry": "safetensors-corrupt",
+        "template": "safetensors_rust.SafetensorError: Error while deserializing header: "
+        "invalid header length",
+        "source": "huggingface/safetensors safetensors/src/tensor.rs (SafeTensorError)",
+    },
+    {
+        "entry": "kv-dtype-kernel-mismatch",
+        "template": "RuntimeError: expected scalar type {expected} but found {found}",
+        "source": "pytorch/pytorch c10/core/ScalarType.h / aten TensorIterator type checks",
+    },
+    {
+        "entry": "cuda-arch-unsupported",
+        "template": "RuntimeError: CUDA error: no kernel image is available for execution on "
+        "the device",
+        "source": "NVIDIA CUDA runtime cudaErrorNoKernelImageForDevice, as PyTorch "
+        "c10/cuda/CUDAException.h reports it",
+    },
+    {
+        "entry": "cuda-arch-unsupported",
+        "template": "RuntimeError: Triton Error [CUDA]: device kernel image is invalid",
+        "source": "triton-lang/triton python/triton/backends/nvidia/driver.c (CUDA_ERROR_"
+        "INVALID_SOURCE as cuGetErrorString words it)",
+    },
+    {
+        "entry": "port-in-use",
+        "template": "ERROR:    [Errno 98] error while attempting to bind on address "
+        "('{host}', {port}): address already in use",
+        "source": "python/cpython Lib/asyncio/base_events.py (create_server), as uvicorn "
+        "uvicorn/server.py logs it",
+    },
+    {
+        "entry": "unknown-arg",
+        "template": "vllm: error: unrecognized arguments: --disable-log-requests",
+        "source": "python/cpython Lib/argparse.py (parse_args: 'unrecognized arguments: %s')",
+    },
+    {
+        "entry": "host-oom-killer",
+        "template": "Out of memory: Killed process {pid} ({comm}) total-vm:{vm}kB, "
+        "anon-rss:{rss}kB, file-rss:{frss}kB, shmem-rss:{srss}kB, UID:{uid} "
+        "pgtables:{pt}kB oom_score_adj:{adj}",
+        "source": "torvalds/linux mm/oom_kill.c (__oom_kill_process)",
+    },
+]
+
+
+@dataclass
+class Format:
+    """One template of one catalogue entry, with where it appears."""
+
+    entry: str
+    template: str
+    kind: str
+    places: dict[str, list[str]] = field(default_factory=dict)  # "file:line" -> releases
+
+    def to_dict(self) -> dict[str, object]:
+        releases = sorted({r for rs in self.places.values() for r in rs}, key=_version_key)
+        return {
+            "entry": self.entry,
+            "template": self.template,
+            "kind": self.kind,
+            "releases": releases,
+            "found": [
+                {"file": place, "releases": sorted(rs, key=_version_key)}
+                for place, rs in sorted(self.places.items())
+            ],
+        }
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def release_of(wheel: Path) -> str | None:
+    found = re.match(r"vllm-(\d+\.\d+\.\d+)", wheel.name)
+    return found.group(1) if found else None
+
+
+def vllm_wheels(folder: Path) -> list[tuple[str, Path]]:
+    wheels = []
+    for wheel in sorted(folder.glob("vllm-*.whl")):
+        release = release_of(wheel)
+        if release and FIRST_RELEASE <= _version_key(release) <= LAST_RELEASE:
+            wheels.append((release, wheel))
+    return sorted(wheels, key=lambda item: _version_key(item[0]))
+
+
+def wheel_sources(wheel: Path, package: str) -> Iterator[tuple[str, str]]:
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.startswith(f"{package}/") and name.endswith(".py"):
+                yield name, archive.read(name).decode("utf-8", "replace")
+
+
+def folder_sources(site_packages: Path, package: str) -> Iterator[tuple[str, str]]:
+    for path in sorted((site_packages / package).rglob("*.py")):
+        yield str(path.relative_to(site_packages)), path.read_text("utf-8", "replace")
+
+
+# --- rendering string expressions to templates -------------------------------------------
+
+
+def render(node: ast.AST) -> str | None:
+    """The template of a string expression, or None when ``node`` is none."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return _literal(node.value)
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for value in node.values:
+            if isinstance(value, ast.Constant):
+                parts.append(_literal(str(value.value)))
+            elif isinstance(value, ast.FormattedValue):
+                parts.append("{" + _source(value.value) + "}")
+        return "".join(parts)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = render(node.left), render(node.right)
+        if left is None and right is None:
+            return None
+        return (left or "{" + _source(node.left) + "}") + (right or "{" + _source(node.right) + "}")
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        left = render(node.left)
+        if left is None:
+            return None
+        values = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
+        return _fill_percent(left, [_source(v) for v in values])
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "format"
+    ):
+        base = render(node.func.value)
+        if base is None:
+            return None
+        args = [_source(a) for a in node.args]
+        return _fill_format(base, args)
+    return None
+
+
+def _literal(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _source(node: ast.AST) -> str:
+    return ast.unparse(node).replace("{", "(").replace("}", ")")
+
+
+def _fill_percent(template: str, values: list[str]) -> str:
+    names = iter(values)
+    return _PERCENT.sub(lambda m: "{" + next(names, "value") + "}", template)
+
+
+def _fill_format(template: str, args: list[str]) -> str:
+    # The literal braces were doubled by _literal: undo that, then mark the fields.
+    text = template.replace("{{", "\x00").replace("}}", "\x01")
+    positional = iter(args)
+
+    def field(m: re.Match[str]) -> str:
+        name = m.group(1).split(":")[0].split("!")[0]
+        return "{" + (name or next(positional, "value")) + "}"
+
+    text = _FORMAT_FIELD.sub(field, text)
+    return text.replace("\x00", "{{").replace("\x01", "}}")
+
+
+def templates(source: str) -> Iterator[tuple[int, str, str]]:
+    """``(line, kind, template)`` of every outermost string expression of a module."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return
+    yield from _walk(tree, "other")
+
+
+def _walk(node: ast.AST, kind: str) -> Iterator[tuple[int, str, str]]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Expr) and isinstance(child.value, ast.Constant):
+            continue  # a docstring, never printed
+        child_kind = _kind(child) or kind
+        if isinstance(child, ast.Call) and _is_exception_call(child) and len(child.args) > 1:
+            # BaseException prints several arguments as a tuple: ('a ', 'b').
+            parts = [render(a) for a in child.args]
+            if all(part is not None for part in parts):
+                yield child.lineno, "raise", "(" + ", ".join(f"'{p}'" for p in parts) + ")"
+                continue
+        if isinstance(child, ast.Call) and _is_logger_call(child) and child.args:
+            first = render(child.args[0])
+            if first is not None:
+                rest = [_source(a) for a in child.args[1:]]
+                level = _logger_level(child)
+                yield child.lineno, level, _fill_percent(first, rest) if rest else first
+                continue
+        template = render(child) if isinstance(child, ast.expr) else None
+        if template is not None and _has_text(template):
+            yield getattr(child, "lineno", 0), child_kind, template
+            continue
+        yield from _walk(child, child_kind)
+
+
+def _kind(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Raise):
+        return "raise"
+    if isinstance(node, ast.Assign):
+        return "assign"
+    return None
+
+
+def _logger_level(node: ast.Call) -> str:
+    method = getattr(node.func, "attr", "info").removesuffix("_once")
+    return "logger." + {"warn": "warning", "exception": "error"}.get(method, method)
+
+
+def _is_exception_call(node: ast.Call) -> bool:
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    return name.endswith(("Error", "Exception"))
+
+
+def _is_logger_call(node: ast.Call) -> bool:
+    func = node.func
+    return isinstance(func, ast.Attribute) and (func.attr.removesuffix("_once") in _LOGGER_METHODS)
+
+
+def _has_text(template: str) -> bool:
+    return bool(re.search(r"[A-Za-z]{3}", _FORMAT_FIELD.sub("", template)))
+
+
+# --- selecting what the catalogue covers ---------------------------------------------------
+
+
+def catalogue_stems(path: Path = CATALOGUE) -> dict[str, list[str]]:
+    """Each entry's ``stems``: literal texts that select its format strings."""
+    entries = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {e["id"]: list(e.get("stems", [])) for e in entries if e.get("stems")}
+
+
+def select(
+    sources: Iterator[tuple[str, str]], stems: dict[str, list[str]]
+) -> Iterator[tuple[str, str, int, str, str]]:
+    """``(entry, file, line, kind, template)`` of every template that holds an entry's stem."""
+    words = {stem: stem.split()[0] for entry in stems.values() for stem in entry}
+    for name, text in sources:
+        if not any(word in text for word in words.values()):
+            continue
+        for line, kind, template in templates(text):
+            plain = template.replace("{{", "{").replace("}}", "}")
+            for entry, entry_stems in stems.items():
+                if any(stem in plain for stem in entry_stems):
+                    yield entry, name, line, kind, template
+
+
+def extract(
+    wheels: list[tuple[str, Path]], site_packages: Path | None, stems: dict[str, list[str]]
+) -> dict[str, object]:
+    formats: dict[tuple[str, str], Format] = {}
+    for release, wheel in wheels:
+        print(f"reading vLLM {release}", file=sys.stderr)
+        for entry, name, line, kind, template in select(wheel_sources(wheel, "vllm"), stems):
+            found = formats.setdefault((entry, template), Format(entry, template, kind))
+            found.places.setdefault(f"{name}:{line}", []).append(release)
+    libraries: dict[str, str] = {}
+    if site_packages is not None:
+        for package in LIBRARIES:
+            version = _installed_version(site_packages, package)
+            if version is None:
+                continue
+            libraries[package] = version
+            label = f"{package} {version}"
+            for entry, name, line, kind, template in select(
+                folder_sources(site_packages, package), stems
+            ):
+                found = formats.setdefault((entry, template), Format(entry, template, kind))
+                found.places.setdefault(f"{name}:{line}", []).append(label)
+    return {
+        "generated_by": "tools/vllm_error_formats.py",
+        "vllm_releases": [release for release, _ in wheels],
+        "libraries": libraries,
+        "formats": [f.to_dict() for f in sorted(formats.values(), key=lambda f: f.entry)],
+        "native_formats": NATIVE_FORMATS,
+    }
+
+
+def _installed_version(site_packages: Path, package: str) -> str | None:
+    for info in site_packages.glob(f"{package}-*.dist-info"):
+        return info.name[len(package) + 1 : -len(".dist-info")]
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wheels", type=Path, required=True, help="folder of vLLM wheels")
+    parser.add_argument("--site-packages", type=Path, help="where huggingface_hub etc. are")
+    parser.add_argument("--out", type=Path, help="write the JSON here")
+    parser.add_argument("--grep", help="only print the templates holding this text")
+    parser.add_argument("--release", help="with --grep: one release only")
+    args = parser.parse_args()
+    wheels = vllm_wheels(args.wheels)
+    if args.grep:
+        chosen = [(r, w) for r, w in wheels if args.release in (None, r)]
+        for release, wheel in chosen[-1:] if not args.release else chosen:
+            for _, name, line, kind, template in select(
+                wheel_sources(wheel, "vllm"), {"grep": [args.grep]}
+            ):
+                print(f"{release} {name}:{line} [{kind}] {template}")
+        return 0
+    data = extract(wheels, args.site_packages, catalogue_stems())
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+        print(f"{len(data['formats'])} formats written to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
