@@ -64,13 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
 
     box = sub.add_parser("sandbox", help="the rehearsal host: a real sshd with a simulated GPU box")
-    box.add_argument("action", choices=["up", "down", "status"])
+    box.add_argument("action", choices=["up", "down", "status", "prepare"])
     box.add_argument("--dir", default=DEFAULT_SANDBOX_DIR, help="its folder (default: %(default)s)")
     box.add_argument("--address", default="127.0.0.1", help="loopback address to listen on")
     box.add_argument("--port", type=int, default=0, help="SSH port (default: a free one)")
     box.add_argument("--shell", default="zsh", choices=["zsh", "bash"], help="login shell")
     box.add_argument(
         "--server-port", type=int, default=0, help="the model server's port (default: a free one)"
+    )
+    box.add_argument(
+        "--vllm",
+        default="sim",
+        choices=["sim", "real"],
+        help="the simulated vLLM, or a real CPU build serving tiny models, installed once into "
+        "a shared cache (`prepare` installs it without starting a host) (default: %(default)s)",
     )
     box.set_defaults(handler=cmd_sandbox)
 
@@ -136,15 +143,30 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             port=args.port,
             shell=args.shell,
             server_port=args.server_port,
+            vllm=args.vllm,
         )
         print(
             f"rehearsal host up: {box.user}@{box.address} port {box.port} (login shell {box.shell})"
         )
         print(f"deployment file: {box.deployment_path}")
         return runner.EXIT_OK
+    if args.action == "prepare":
+        return _prepare_sandbox(args.vllm)
     result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
+
+
+def _prepare_sandbox(vllm: str) -> int:
+    if vllm != "real":
+        print("the simulated vLLM needs nothing installed beforehand")
+        return runner.EXIT_OK
+    from opsbook import rehearsal_vllm
+
+    tier = rehearsal_vllm.ensure_tier()
+    print(f"real vLLM {tier.version} in {tier.venv} (installed in {tier.install_seconds:.0f} s)")
+    print(f"tiny models: {tier.models}")
+    return runner.EXIT_OK
 
 
 def cmd_lint(args: argparse.Namespace) -> int:

@@ -129,7 +129,7 @@ def save_model(model: torch.nn.Module, folder: Path, extra_config: dict[str, obj
         path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-# DeepSeek-V3's router; vLLM reads these from config.json (vllm/model_executor/models/deepseek_v2.py).
+# DeepSeek-V3's router, read by vLLM from config.json (vllm/model_executor/models/deepseek_v2.py).
 DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 
 
