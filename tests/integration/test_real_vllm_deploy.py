@@ -34,6 +34,8 @@ def opsbook(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def folder() -> Iterator[Path]:
     rehearsal_vllm.ensure_tier()
     where = Path(tempfile.mkdtemp(prefix="opsbook-realdeploy-", dir="/tmp"))
+    # The sandbox's login user must enter it to reach the box below.
+    where.chmod(0o755)
     try:
         yield where
     finally:

