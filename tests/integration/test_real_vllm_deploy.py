@@ -79,6 +79,8 @@ def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
     summary = json.loads(next(runs.glob("*/summary.json")).read_text())
     stages = {s["stage"]: s for s in summary["stages"]}
+    for stage in stages.values():
+        print(f"[real vLLM] {stage['stage']}: {stage['duration']:.1f} s, {stage['message']}")
     assert all(s["status"] == "ok" for s in stages.values()), stages
     launched = stages["04_launch"]["message"]
     assert "smoke test passed" in launched, launched
@@ -89,6 +91,7 @@ def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
         body = {"model": dep.model_path, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
         answer = launch.http_get(host, dep.server_port, "/v1/completions", json_body=body)
         assert answer["status"] == 200, answer
-        assert json.loads(answer["body"])["choices"][0]["text"]
+        # Random weights may pick tokens that decode to nothing: count them instead.
+        assert json.loads(answer["body"])["usage"]["completion_tokens"] == 4
         version = launch.http_get(host, dep.server_port, "/version")
         assert json.loads(version["body"])["version"] == "0.32.0"

