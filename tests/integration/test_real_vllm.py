@@ -281,7 +281,8 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     assert stopped.ok and stopped.data["answer"]["signals"] == ["TERM"], str(stopped)
     assert group(pid) == []
     assert server_processes(rig.box.user) == []
-    assert rig.state().state == "exited"
+    after = rig.state()
+    assert after.state == "exited", (after.message, after.diagnosis, rig.log()[-3000:])
 
 
 # -- real failures, diagnosed -----------------------------------------------------------------

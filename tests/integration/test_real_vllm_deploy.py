@@ -82,13 +82,20 @@ def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
     for stage in stages.values():
         print(f"[real vLLM] {stage['stage']}: {stage['duration']:.1f} s, {stage['message']}")
     assert all(s["status"] == "ok" for s in stages.values()), stages
+    assert "vLLM 0.32.0+cpu" in stages["00_preflight"]["message"]
     launched = stages["04_launch"]["message"]
     assert "smoke test passed" in launched, launched
     assert stages["05_diagnose"]["message"].startswith("ready"), stages["05_diagnose"]
 
     # The server the deploy left running answers again, from the host itself, over SSH.
     with Host.from_deployment(dep) as host:
-        body = {"model": dep.model_path, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+        body = {
+            "model": dep.model_path,
+            "prompt": "Hello",
+            "max_tokens": 4,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         answer = launch.http_get(host, dep.server_port, "/v1/completions", json_body=body)
         assert answer["status"] == 200, answer
         # Random weights may pick tokens that decode to nothing: count them instead.
