@@ -287,7 +287,7 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     # which the diagnosis then reads as a crash. Either way nothing runs or listens.
     assert after.state in ("exited", "crashed"), after.message
     assert not after.port_open and after.processes == []
-    if after.diagnosis is not None and after.diagnosis.line is not None:
+    if after.state == "crashed" and after.diagnosis and after.diagnosis.line:
         print(f"[real vLLM] after the stop: {after.state}, {after.diagnosis.line.raw[:300]}")
 
 
