@@ -137,6 +137,8 @@ def rig(box: Sandbox) -> Iterator[Rig]:
     finally:
         stopped = launch.stop_server(host, rig.paths, grace=10)
         host.close()
+    if stopped.data["stopped"].rows:
+        print(f"[real vLLM] after the test: {stopped.message}")
     assert not stopped.data["answer"].get("remaining"), str(stopped)
     assert server_processes(box.user) == [], "a vLLM process outlived its test"
 
