@@ -293,6 +293,19 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
         print(f"[real vLLM] after the stop: {after.state}, {after.diagnosis.line.raw[:300]}")
 
 
+def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(rig: Rig) -> None:
+    """The control for the two MLA failures below: the same model serves, so what kills them
+    is the FP8 KV cache and the head size, not the model."""
+    dep = rig.variant(model=rig.model("tiny-deepseek-v3"))
+    started = rig.start()
+    assert started.ok, str(started)
+    ready = rig.wait()
+    assert ready.ok, str(ready)
+    smoke = launch.smoke_test(rig.host, dep.server_port)
+    assert smoke.ok, str(smoke)
+    assert "CPU_MLA" in rig.log()
+
+
 # -- real failures, diagnosed -----------------------------------------------------------------
 
 
