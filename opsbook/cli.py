@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
 
     box = sub.add_parser("sandbox", help="the rehearsal host: a real sshd with a simulated GPU box")
-    box.add_argument("action", choices=["up", "down", "status"])
+    box.add_argument("action", choices=["up", "down", "status", "prepare"])
     box.add_argument("--dir", default=DEFAULT_SANDBOX_DIR, help="its folder (default: %(default)s)")
     box.add_argument("--address", default="127.0.0.1", help="loopback address to listen on")
     box.add_argument("--port", type=int, default=0, help="SSH port (default: a free one)")
@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_release,
         metavar="X.Y.Z",
         help="the vLLM release the simulated server plays (default: %(default)s, the incident's)",
+    )
+    box.add_argument(
+        "--vllm",
+        default="sim",
+        choices=["sim", "real"],
+        help="the simulated vLLM, or a real CPU build serving tiny models, installed once into "
+        "a shared cache (`prepare` installs it without starting a host) (default: %(default)s)",
     )
     box.set_defaults(handler=cmd_sandbox)
 
@@ -152,6 +159,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             server_port=args.server_port,
             gpu_profile=sandbox.GPU_CHOICES[args.gpus],
             vllm_version=args.vllm_version,
+            vllm=args.vllm,
         )
         print(
             f"rehearsal host up: {box.user}@{box.address} port {box.port} (login shell {box.shell})"
@@ -159,9 +167,23 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         print(f"simulated: 8 x {args.gpus} GPUs, vLLM {args.vllm_version}")
         print(f"deployment file: {box.deployment_path}")
         return runner.EXIT_OK
+    if args.action == "prepare":
+        return _prepare_sandbox(args.vllm)
     result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
+
+
+def _prepare_sandbox(vllm: str) -> int:
+    if vllm != "real":
+        print("the simulated vLLM needs nothing installed beforehand")
+        return runner.EXIT_OK
+    from opsbook import rehearsal_vllm
+
+    tier = rehearsal_vllm.ensure_tier()
+    print(f"real vLLM {tier.version} in {tier.venv} (installed in {tier.install_seconds:.0f} s)")
+    print(f"tiny models: {tier.models}")
+    return runner.EXIT_OK
 
 
 def cmd_lint(args: argparse.Namespace) -> int:

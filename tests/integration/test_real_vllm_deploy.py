@@ -1,0 +1,104 @@
+"""The real-vLLM tier's done-when, as a user types it: ``opsbook sandbox up --dir D --vllm real``
+then ``opsbook run deploy -f D/deployment.yml -p apply True``; the real vLLM server reaches
+ready and answers a completion, over SSH (its own rehearsal host at 127.0.0.21)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opsbook import launch, rehearsal_vllm
+from opsbook import sandbox as sandboxes
+from opsbook.deployment import load_deployment
+from opsbook.hosts import Host
+
+pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
+
+ADDRESS = "127.0.0.21"
+OPSBOOK = [sys.executable, "-m", "opsbook"]
+
+
+def opsbook(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*OPSBOOK, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    rehearsal_vllm.ensure_tier()
+    where = Path(tempfile.mkdtemp(prefix="opsbook-realdeploy-", dir="/tmp"))
+    # The sandbox's login user must enter it to reach the box below.
+    where.chmod(0o755)
+    try:
+        yield where
+    finally:
+        deployment = where / "box" / "deployment.yml"
+        if deployment.exists():
+            dep = load_deployment(deployment)
+            with Host.from_deployment(dep) as host:
+                launch.stop_server(host, launch.resolve_paths(host, dep), grace=10)
+        sandboxes.down(where / "box")
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
+    box = folder / "box"
+    began = time.monotonic()
+    up = opsbook(
+        "sandbox", "up", "--dir", str(box), "--vllm", "real", "--address", ADDRESS, timeout=1800
+    )
+    assert up.returncode == 0, up.stderr
+    up_seconds = time.monotonic() - began
+    dep = load_deployment(box / "deployment.yml")
+    assert dep.python == str(rehearsal_vllm.ensure_tier().python)
+    assert Path(dep.model_path).name == "tiny-llama"
+
+    began = time.monotonic()
+    runs = folder / "runs"
+    deploy = opsbook(
+        "run",
+        "deploy",
+        "-f",
+        str(box / "deployment.yml"),
+        "-p",
+        "apply",
+        "True",
+        "--runs-dir",
+        str(runs),
+        timeout=1800,
+    )
+    deploy_seconds = time.monotonic() - began
+    print(f"\n[real vLLM] sandbox up {up_seconds:.1f} s, deploy {deploy_seconds:.1f} s")
+    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+    summary = json.loads(next(runs.glob("*/summary.json")).read_text())
+    stages = {s["stage"]: s for s in summary["stages"]}
+    for stage in stages.values():
+        print(f"[real vLLM] {stage['stage']}: {stage['duration']:.1f} s, {stage['message']}")
+    assert all(s["status"] == "ok" for s in stages.values()), stages
+    assert "vLLM 0.32.0+cpu" in stages["00_preflight"]["message"]
+    launched = stages["04_launch"]["message"]
+    assert "smoke test passed" in launched, launched
+    assert stages["05_diagnose"]["message"].startswith("ready"), stages["05_diagnose"]
+
+    # The server the deploy left running answers again, from the host itself, over SSH.
+    with Host.from_deployment(dep) as host:
+        body = {
+            "model": dep.model_path,
+            "prompt": "Hello",
+            "max_tokens": 4,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        answer = launch.http_get(host, dep.server_port, "/v1/completions", json_body=body)
+        assert answer["status"] == 200, answer
+        # Random weights may pick tokens that decode to nothing: count them instead.
+        assert json.loads(answer["body"])["usage"]["completion_tokens"] == 4
+        version = launch.http_get(host, dep.server_port, "/version")
+        assert json.loads(version["body"])["version"] == "0.32.0"
