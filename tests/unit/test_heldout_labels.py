@@ -1,0 +1,104 @@
+"""Checks of the held-out real vLLM logs (tests/data/logs/heldout) and their labels.
+
+The set measures the diagnosis catalogue on logs it was not developed on (issue 11, item 4);
+these tests only check the set itself: every labelled file exists, keeps its provenance line,
+holds its key line verbatim (as ``grep -F`` would find it) and carries a failure id of the
+shared vocabulary. They never run the diagnosis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+HELDOUT = Path(__file__).resolve().parents[1] / "data" / "logs" / "heldout"
+
+# The failure ids of the diagnosis catalogue, as fixed for this session (existing and new).
+VOCABULARY = frozenset(
+    {
+        "fp8kv-mla",
+        "no-backend",
+        "oom",
+        "kv-cache-too-small",
+        "free-memory",
+        "free-memory-info",
+        "port-in-use",
+        "trust-remote-code",
+        "custom-allreduce",
+        "custom-allreduce-disabled",
+        "symm-mem-unsupported",
+        "nccl",
+        "quant-capability",
+        "safetensors-corrupt",
+        "shm",
+        "shm-space",
+        "unknown-arg",
+        "model-not-found",
+        "host-oom-killer",
+        "engine-dead",
+        "unrecognised-error",
+        "not-enough-devices",
+        "no-device",
+        "tp-not-divisible",
+        "max-model-len-too-large",
+        "no-weights",
+        "weights-missing",
+        "invalid-kv-cache-dtype",
+        "unknown-attention-backend",
+        "backend-invalid",
+        "tool-call-parser-missing",
+        "hub-gated",
+        "ray-version-mismatch",
+        "ray-resources",
+        "ray-node-died",
+        "nccl-timeout",
+        "cuda-arch-unsupported",
+        "head-size-unsupported",
+        "kv-dtype-kernel-mismatch",
+    }
+)
+STATES = frozenset({"ready", "failed", "unfinished"})
+
+
+def _labels() -> list[dict[str, object]]:
+    entries = yaml.safe_load((HELDOUT / "labels.yaml").read_text(encoding="utf-8"))
+    assert isinstance(entries, list)
+    return entries
+
+
+LABELS = _labels()
+
+
+def test_the_set_is_large_enough_and_mostly_failures() -> None:
+    failures = [e for e in LABELS if e["state"] == "failed"]
+    wrappers = [e for e in LABELS if e.get("wrapper")]
+    assert len(LABELS) >= 45
+    assert len(failures) >= 40
+    assert len(wrappers) >= 5
+
+
+def test_every_log_file_is_labelled_once() -> None:
+    labelled = [str(e["file"]) for e in LABELS]
+    assert len(labelled) == len(set(labelled))
+    assert set(labelled) == {p.name for p in HELDOUT.glob("*.log")}
+
+
+@pytest.mark.parametrize("entry", LABELS, ids=lambda e: str(e["file"]))
+def test_label_is_consistent_with_its_file(entry: dict[str, object]) -> None:
+    path = HELDOUT / str(entry["file"])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("# source: ")
+    assert entry["state"] in STATES
+    if entry["state"] == "failed":
+        assert entry["failure"] in VOCABULARY
+    else:
+        # A ready server, or a startup the log leaves in progress with no error: no failure id.
+        assert entry["failure"] is None
+    if entry["failure"] == "unrecognised-error":
+        assert entry.get("class")
+    key = str(entry["key_line"])
+    assert key and any(key in line for line in lines[1:]), f"key line not in {path.name}"
+    assert path.name.startswith(f"{entry['failure'] or entry['state']}-h")
+    assert entry["source"] and entry["version"]
