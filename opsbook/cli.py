@@ -17,6 +17,7 @@ import yaml
 
 from opsbook import run as runner
 from opsbook.exceptions import DeploymentError, HostUnreachable, OpsbookError, RunError
+from opsbook.results import HostResult, recap
 
 DEFAULT_SANDBOX_DIR = ".sandbox/demo"
 
@@ -61,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--stage-timeout", type=float, default=None, help="seconds a whole notebook may run"
     )
+    run.add_argument(
+        "--forks", type=_positive, default=10, help="hosts worked on at once (default: 10)"
+    )
+    run.add_argument(
+        "--max-fail-percentage",
+        type=float,
+        default=None,
+        metavar="P",
+        help="deploy: stop the run once more than P%% of the hosts failed",
+    )
     run.set_defaults(handler=cmd_run)
 
     box = sub.add_parser("sandbox", help="the rehearsal host: a real sshd with a simulated GPU box")
@@ -97,17 +108,24 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     params = {name: _yaml_value(value) for name, value in args.parameter}
     if args.notebook == "deploy":
-        unknown = sorted(set(params) - {"apply"})
+        unknown = sorted(set(params) - {"apply", "serial"})
         if unknown:
-            raise RunError(f"deploy takes only the parameter apply, not {', '.join(unknown)}")
+            raise RunError(
+                f"deploy takes only the parameters apply and serial, not {', '.join(unknown)}",
+                remedy="e.g. -p apply false, or -p serial 1 for one host at a time",
+            )
         record = runner.run_deploy(
             args.deployment,
             args.runs_dir,
             apply=bool(params.get("apply", True)),
             timeout=args.timeout,
             stage_timeout=args.stage_timeout,
+            forks=args.forks,
+            max_fail_percentage=args.max_fail_percentage,
+            serial=params.get("serial"),
+            on_result=_print_result,
         )
-        print(f"{record.status}: {record.message}")
+        _print_recap(record)
         print(f"run folder: {record.folder}")
         print(f"index: {record.folder / 'index.html'}")
         return record.exit_code
@@ -118,11 +136,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         runs_dir=args.runs_dir,
         timeout=args.timeout,
         stage_timeout=args.stage_timeout,
+        forks=args.forks,
+        on_result=_print_result,
     )
-    print(f"{record.status}: {record.message}")
+    _print_recap(record)
     print(f"run folder: {record.folder}")
     print(f"executed notebook: {record.executed_notebook}")
     return record.exit_code
+
+
+def _print_result(result: HostResult) -> None:
+    print(result.line(), flush=True)
+    if result.remedy and not result.ok:
+        print(f"{'':<15}remedy: {result.remedy}", flush=True)
+
+
+def _print_recap(record: runner.RunRecord) -> None:
+    lines = recap(record.results)
+    if lines:
+        width = max(len(line.host) for line in lines)
+        print("RECAP")
+        for line in lines:
+            print(line.line(width))
+    print(f"{record.status}: {record.message}")
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
@@ -190,6 +226,13 @@ def _read_log(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError as e:
         raise RunError(f"cannot read log {path}: {e.strerror}", remedy="check the path") from None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _yaml_value(text: str) -> Any:
