@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument(
         "--server-port", type=int, default=0, help="the model server's port (default: a free one)"
     )
+    box.add_argument(
+        "--hosts",
+        type=_positive,
+        default=None,
+        help="a rehearsal fleet of N hosts on consecutive addresses from --address, "
+        "one deployment file listing them all",
+    )
     box.set_defaults(handler=cmd_sandbox)
 
     lint = sub.add_parser("lint", help="flag the hazards of an ad-hoc remote command")
@@ -162,9 +169,11 @@ def _print_recap(record: runner.RunRecord) -> None:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from opsbook import sandbox
+    from opsbook import fleet_sandbox, sandbox
 
     folder = Path(args.dir)
+    if args.hosts is not None or fleet_sandbox.is_fleet(folder):
+        return _cmd_fleet(args, folder)
     if args.action == "up":
         box = sandbox.up(
             folder,
@@ -179,6 +188,22 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         print(f"deployment file: {box.deployment_path}")
         return runner.EXIT_OK
     result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
+    print(result)
+    return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
+
+
+def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
+    from opsbook import fleet_sandbox
+
+    if args.action == "up":
+        fleet = fleet_sandbox.up(
+            folder, hosts=args.hosts or 1, address=args.address, shell=args.shell
+        )
+        for box in fleet.hosts:
+            print(f"rehearsal host up: {box.user}@{box.address} port {box.port}")
+        print(f"deployment file: {fleet.deployment_path}")
+        return runner.EXIT_OK
+    result = fleet_sandbox.down(folder) if args.action == "down" else fleet_sandbox.status(folder)
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
 

@@ -219,11 +219,10 @@ def _run_one(stage: Stage, host: Any, deployment: Deployment, options: dict[str,
     try:
         return stage.run_host(host, deployment.for_host(host.spec), **options)
     except HostUnreachable as e:
-        return Report(State.UNREACHABLE, Result(False, str(e), findings=[_finding(host, e)]))
+        return Report(State.UNREACHABLE, Result(False, e.message, findings=[_finding(host, e)]))
     except OpsbookError as e:
-        return Report(
-            State.FAILED, Result(False, str(e), findings=[_finding(host, e)]), [], TOOL_FAILED
-        )
+        verdict = Result(False, e.message, findings=[_finding(host, e)])
+        return Report(State.FAILED, verdict, [], TOOL_FAILED)
     except Exception as e:  # a bug on one host is that host's failure, not the fleet's
         message = f"opsbook failed: {type(e).__name__}: {e}"
         return Report(State.FAILED, Result(False, message), [], TOOL_FAILED)

@@ -1,0 +1,188 @@
+"""A rehearsal fleet over real sshd: one run over four hosts with an unreachable one and a
+broken checkpoint, and a rolling restart that stops at the batch that fails.
+
+The fleets use 127.0.1.0/24, an address range of their own, so they need no lock.
+"""
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from opsbook import fleet_sandbox, run
+from opsbook.fleet_sandbox import Fleet
+from opsbook.results import State
+
+pytestmark = pytest.mark.integration
+
+
+def start_fleet(label: str, address: str) -> Iterator[Fleet]:
+    folder = Path(tempfile.mkdtemp(prefix=f"opsbook-{label}-", dir="/tmp"))
+    fleet = fleet_sandbox.up(folder, hosts=4, address=address)
+    try:
+        yield fleet
+    finally:
+        fleet_sandbox.down(folder)
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+@pytest.fixture(scope="module")
+def broken_fleet() -> Iterator[Fleet]:
+    """Four hosts: the second's sshd stopped, the third's checkpoint truncated."""
+    for fleet in start_fleet("fleet", "127.0.1.21"):
+        fleet_sandbox.stop_sshd(fleet.hosts[1])
+        fleet_sandbox.truncate_checkpoint(fleet.hosts[2])
+        yield fleet
+
+
+@pytest.fixture(scope="module")
+def deployed(
+    broken_fleet: Fleet, tmp_path_factory: pytest.TempPathFactory
+) -> subprocess.CompletedProcess[str]:
+    runs = tmp_path_factory.mktemp("runs")
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opsbook",
+            "run",
+            "deploy",
+            "-f",
+            str(broken_fleet.deployment_path),
+            "-p",
+            "apply",
+            "True",
+            "--runs-dir",
+            str(runs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def name(box) -> str:
+    return f"{box.user}@{box.address}:{box.port}"
+
+
+def summary_of(out: str) -> dict:
+    folder = next(
+        line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("run folder: ")
+    )
+    return json.loads((Path(folder) / "summary.json").read_text()) | {"folder": folder}
+
+
+def test_the_healthy_hosts_are_ready_and_the_others_say_why_not(broken_fleet, deployed) -> None:
+    assert deployed.returncode == run.EXIT_UNREACHABLE, deployed.stdout + deployed.stderr
+    summary = summary_of(deployed.stdout)
+    state = {(r["host"], r["stage"]): r for r in summary["results"]}
+    healthy = [name(broken_fleet.hosts[0]), name(broken_fleet.hosts[3])]
+    for host in healthy:
+        assert state[(host, "launch")]["state"] == "changed"
+        assert state[(host, "launch")]["message"].startswith("smoke test passed")
+        assert state[(host, "diagnose")]["state"] == "ok"
+        assert state[(host, "diagnose")]["message"].startswith("ready")
+    stopped, truncated = name(broken_fleet.hosts[1]), name(broken_fleet.hosts[2])
+    assert state[(stopped, "preflight")]["state"] == "unreachable"
+    assert "refused" in state[(stopped, "preflight")]["message"]
+    assert all(
+        state[(stopped, s)]["state"] == "skipped" for s in ("download", "launch", "diagnose")
+    )
+    assert state[(truncated, "preflight")]["state"] == "ok"
+    assert state[(truncated, "download")]["state"] == "failed"
+    assert state[(truncated, "download")]["failure_id"] == "safetensors-corrupt"
+    assert "1 truncated" in state[(truncated, "download")]["message"]
+    assert state[(truncated, "config-patch")]["message"] == "not run: failed at download"
+    assert summary["recap"][stopped]["unreachable"] == 1
+    assert summary["recap"][truncated]["failed"] >= 1
+    assert summary["recap"][healthy[0]] == {
+        "ok": 3,
+        "changed": 3,
+        "failed": 0,
+        "unreachable": 0,
+        "skipped": 0,
+        "exit_code": 0,
+    }
+
+
+def test_a_line_per_stage_and_host_then_the_recap(broken_fleet, deployed) -> None:
+    lines = deployed.stdout.splitlines()
+    recap = lines.index("RECAP")
+    host_lines = [
+        line
+        for line in lines[:recap]
+        if line.split()[:1]
+        and line.split()[0]
+        in ("preflight", "download", "config-patch", "launch-script", "launch", "diagnose")
+    ]
+    # 4 preflight, 3 download, 2 x (patch, script, launch), 3 diagnose (not the unreachable one)
+    assert len(host_lines) == 16, host_lines
+    assert any("unreachable" in line and name(broken_fleet.hosts[1]) in line for line in host_lines)
+    recap_lines = lines[recap + 1 : recap + 6]
+    assert any(
+        line.startswith(name(broken_fleet.hosts[0])) and "ok=3  changed=3  failed=0" in line
+        for line in recap_lines
+    )
+    assert any("failed at download" in line for line in lines[recap:])
+    assert "Traceback" not in deployed.stdout + deployed.stderr
+
+
+def test_the_record_shows_all_of_it(broken_fleet, deployed) -> None:
+    summary = summary_of(deployed.stdout)
+    folder = Path(summary["folder"])
+    page = (folder / "index.html").read_text()
+    for box in broken_fleet.hosts:
+        assert f"<th style='text-align:left'>{name(box)}</th>" in page
+    assert page.count("<td class='state'") == 4 * 6
+    assert page.count(">unreachable</a>") == 1
+    names = {p.name for p in folder.iterdir()}
+    assert {f"{s}.ipynb" for s in run.DEPLOY_STAGES} | {"05_diagnose.ipynb"} <= names
+    assert {"summary.json", "run.json", "journal.jsonl", "index.html"} <= names
+    versions = summary["script_versions"]
+    assert versions[name(broken_fleet.hosts[0])] == versions[name(broken_fleet.hosts[3])] != ""
+    assert versions[name(broken_fleet.hosts[1])] == versions[name(broken_fleet.hosts[2])] == ""
+
+
+@pytest.fixture(scope="module")
+def serving_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """Four hosts all serving the same launch script."""
+    for fleet in start_fleet("rolling", "127.0.1.31"):
+        first = run.run_deploy(fleet.deployment_path, tmp_path_factory.mktemp("runs"))
+        assert first.exit_code == run.EXIT_OK, first.message
+        yield fleet
+
+
+def test_a_rolling_restart_stops_at_the_batch_that_fails(serving_fleet, tmp_path) -> None:
+    hosts = [name(box) for box in serving_fleet.hosts]
+    doc = yaml.safe_load(serving_fleet.deployment_path.read_text())
+    doc["server"]["env"]["OPSBOOK_RELEASE"] = "2"  # a new launch script for every host
+    upgrade = tmp_path / "upgrade.yml"
+    upgrade.write_text(yaml.safe_dump(doc))
+    fleet_sandbox.crash_on_start(serving_fleet.hosts[2])
+    seen = []
+    record = run.run_deploy(upgrade, tmp_path / "runs", serial=1, on_result=seen.append)
+    assert record.exit_code == run.EXIT_PROBLEM, record.message
+    state = {(r.host, r.stage): r for r in record.results}
+    for host in hosts[:2]:
+        assert state[(host, "launch")].state is State.CHANGED
+        assert state[(host, "diagnose")].message.startswith("ready")
+    assert state[(hosts[2], "launch")].state is State.FAILED
+    assert state[(hosts[2], "launch")].failure_id == "oom"
+    assert state[(hosts[3], "preflight")].state is State.SKIPPED
+    assert "batch 3 of 4 failed" in state[(hosts[3], "launch")].message
+    assert state[(hosts[3], "diagnose")].state is State.OK
+    assert state[(hosts[3], "diagnose")].message.startswith("ready")
+    # Batches one after the other: host 2's first line comes after host 1's launch.
+    order = [(r.host, r.stage) for r in seen]
+    assert order.index((hosts[0], "launch")) < order.index((hosts[1], "preflight"))
+    summary = json.loads((record.folder / "summary.json").read_text())
+    versions = summary["script_versions"]
+    assert versions[hosts[0]] == versions[hosts[1]] != versions[hosts[3]] != ""
+    assert versions[hosts[2]] == ""
+    assert (record.folder / "batch-03" / "04_launch.ipynb").exists()
+    assert not (record.folder / "batch-04").exists()
