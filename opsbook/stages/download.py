@@ -41,7 +41,8 @@ def run(
     """
     path = model_path or deployment.model_path
     check = download.check_download(host, path)
-    shows: list[object] = [check]
+    # The host's heading shows the check's message and problems; the rest is counted there.
+    shows: list[object] = []
     verdict = check
     if watch and not check.ok:
         verdict = download.watch_download(host, path, timeout=watch_timeout)

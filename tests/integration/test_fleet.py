@@ -4,6 +4,7 @@ broken checkpoint, and a rolling restart that stops at the batch that fails.
 The fleets use 127.0.1.0/24, an address range of their own, so they need no lock.
 """
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -144,7 +145,9 @@ def test_the_record_shows_all_of_it(broken_fleet, deployed) -> None:
     assert {f"{s}.ipynb" for s in run.DEPLOY_STAGES} | {"05_diagnose.ipynb"} <= names
     assert {"summary.json", "run.json", "journal.jsonl", "index.html"} <= names
     versions = summary["script_versions"]
-    assert versions[name(broken_fleet.hosts[0])] == versions[name(broken_fleet.hosts[3])] != ""
+    for box in (broken_fleet.hosts[0], broken_fleet.hosts[3]):
+        on_disk = hashlib.sha256((box.home / "opsbook" / "launch.sh").read_bytes()).hexdigest()
+        assert versions[name(box)] == on_disk
     assert versions[name(broken_fleet.hosts[1])] == versions[name(broken_fleet.hosts[2])] == ""
 
 
@@ -154,11 +157,13 @@ def serving_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     for fleet in start_fleet("rolling", "127.0.1.31"):
         first = run.run_deploy(fleet.deployment_path, tmp_path_factory.mktemp("runs"))
         assert first.exit_code == run.EXIT_OK, first.message
-        yield fleet
+        yield fleet, json.loads((first.folder / "summary.json").read_text())["script_versions"]
 
 
 def test_a_rolling_restart_stops_at_the_batch_that_fails(serving_fleet, tmp_path) -> None:
+    serving_fleet, before = serving_fleet
     hosts = [name(box) for box in serving_fleet.hosts]
+    assert all(before[h] for h in hosts)
     doc = yaml.safe_load(serving_fleet.deployment_path.read_text())
     doc["server"]["env"]["OPSBOOK_RELEASE"] = "2"  # a new launch script for every host
     upgrade = tmp_path / "upgrade.yml"
@@ -181,8 +186,15 @@ def test_a_rolling_restart_stops_at_the_batch_that_fails(serving_fleet, tmp_path
     order = [(r.host, r.stage) for r in seen]
     assert order.index((hosts[0], "launch")) < order.index((hosts[1], "preflight"))
     summary = json.loads((record.folder / "summary.json").read_text())
-    versions = summary["script_versions"]
-    assert versions[hosts[0]] == versions[hosts[1]] != versions[hosts[3]] != ""
-    assert versions[hosts[2]] == ""
+    after = summary["script_versions"]
+    # Hosts 1-2 run the new script, host 3 runs nothing, host 4 still the old one.
+    for box in serving_fleet.hosts[:2]:
+        new = hashlib.sha256((box.home / "opsbook" / "launch.sh").read_bytes()).hexdigest()
+        assert after[name(box)] == new != before[name(box)]
+    assert after[hosts[2]] == ""
+    assert after[hosts[3]] == before[hosts[3]]
+    assert (
+        "OPSBOOK_RELEASE" not in (serving_fleet.hosts[3].home / "opsbook" / "launch.sh").read_text()
+    )
     assert (record.folder / "batch-03" / "04_launch.ipynb").exists()
     assert not (record.folder / "batch-04").exists()
