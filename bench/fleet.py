@@ -47,6 +47,7 @@ def main() -> int:
     parser.add_argument("--forks", type=int, default=16, help="hosts worked on at once")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="opsbook-bench-fleet-", dir="/tmp"))
+    work.chmod(0o755)  # the rehearsal hosts' users must enter it
     try:
         started = time.monotonic()
         fleet = fleet_sandbox.up(work / "fleet", hosts=max(SIZES), address=args.address)

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,3 +199,23 @@ def test_a_rolling_restart_stops_at_the_batch_that_fails(serving_fleet, tmp_path
     )
     assert (record.folder / "batch-03" / "04_launch.ipynb").exists()
     assert not (record.folder / "batch-04").exists()
+
+
+def test_a_slow_host_delays_no_other_over_real_ssh(broken_fleet, deployed) -> None:
+    from opsbook import stages
+    from opsbook.deployment import load_deployment
+
+    slow, fast = broken_fleet.hosts[3], broken_fleet.hosts[0]
+    fleet_sandbox.make_slow(slow, 3)
+    dep = load_deployment(broken_fleet.deployment_path)
+    finished: dict[str, float] = {}
+    started = time.monotonic()
+    fleet = stages.run_stage(
+        stages.get("diagnose"),
+        dep,
+        hosts=[name(slow), name(fast)],
+        on_result=lambda r: finished.setdefault(r.host, time.monotonic() - started),
+    )
+    assert [r.state for r in fleet.results] == [State.OK, State.OK]
+    assert finished[name(slow)] >= 3
+    assert finished[name(fast)] < finished[name(slow)] - 2
