@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from opsbook.exceptions import RunError
-from opsbook.results import HostResult, State, Table, recap
+from opsbook.results import HostResult, State, Table, host_anchor, recap
 
 SUMMARY = "summary.json"
 INDEX = "index.html"
@@ -155,7 +155,7 @@ def _grid_cell(run: RunSummary, host: str, stage: str) -> str:
     label = html.escape(result.state.value)
     entry = run.notebook_of(host, stage)
     if entry is not None:
-        link = entry.html or entry.notebook
+        link = f"{entry.html}#{host_anchor(host)}" if entry.html else entry.notebook
         label = f"<a href='{html.escape(link)}'>{label}</a>"
     return (
         f"<td class='state' style='background:{result.state.colour};color:white' "

@@ -235,6 +235,11 @@ class HostResult:
 TOOL_FAILED = "tool-failed"
 
 
+def host_anchor(host: str) -> str:
+    """The id of a host's section in a stage notebook's HTML copy (``host-ops-gpu-01-22``)."""
+    return "host-" + "".join(c if c.isalnum() else "-" for c in host)
+
+
 @dataclass(frozen=True)
 class HostRecap:
     """One host's line of the recap: its states counted over the stages of a run."""

@@ -184,6 +184,7 @@ def execute_stage(
     timeout: float | None = None,
     stage_timeout: float | None = None,
     on_result: OnResult | None = None,
+    journal: Path | None = None,
 ) -> RunRecord:
     """Run one notebook with papermill into ``folder``; the notebook is written even when a
     cell fails, and the journal and per-host results go next to it.
@@ -196,14 +197,14 @@ def execute_stage(
         timeout: seconds a cell may run.
         stage_timeout: seconds the whole notebook may run (enforced from the main thread).
         on_result: called with each host's result while the notebook runs.
+        journal: where the remote commands are journalled (default: ``journal.jsonl`` in
+            ``folder``).
     """
     output = folder / nb_path.name
     results_file = folder / f"{nb_path.stem}.results.jsonl"
     started = time.monotonic()
     env = {
-        JOURNAL_ENV: str(folder.parent / "journal.jsonl")
-        if folder.name.startswith(BATCH_PREFIX)
-        else str(folder / "journal.jsonl"),
+        JOURNAL_ENV: str(journal or folder / "journal.jsonl"),
         outcome.OUTCOME_ENV: str(results_file),
         HEADLESS_ENV: "1",
     }
@@ -454,7 +455,10 @@ def _run_stage(
     params: dict[str, Any] = {"deployment": str(run.deployment), "hosts": hosts, "forks": run.forks}
     if "apply" in papermill.inspect_notebook(str(nb_path)):
         params["apply"] = run.apply
-    record = execute_stage(nb_path, where, params, run.redactor, *run.limits, run.on_result)
+    journal = run.folder / "journal.jsonl"
+    record = execute_stage(
+        nb_path, where, params, run.redactor, *run.limits, run.on_result, journal=journal
+    )
     results = _complete(record, stage, hosts, run.on_result)
     run.results += results
     run.notebooks.append(

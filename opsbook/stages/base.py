@@ -20,7 +20,7 @@ from opsbook import outcome
 from opsbook.deployment import Deployment
 from opsbook.exceptions import HostUnreachable, OpsbookError
 from opsbook.hosts import DEFAULT_FORKS, HostGroup
-from opsbook.results import TOOL_FAILED, Finding, HostResult, Result, State, Table
+from opsbook.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
 
 
 @dataclass
@@ -156,7 +156,9 @@ class HostHeading:
     result: HostResult
 
     def _repr_html_(self) -> str:
-        return f"<h3>{html.escape(self.result.host)}</h3>" + self.result._repr_html_()
+        anchor = host_anchor(self.result.host)
+        heading = f'<h3 id="{anchor}">{html.escape(self.result.host)}</h3>'
+        return heading + self.result._repr_html_()
 
     def __repr__(self) -> str:
         lines = [f"### {self.result.host}", self.result.line()]

@@ -219,3 +219,15 @@ def test_a_slow_host_delays_no_other_over_real_ssh(broken_fleet, deployed) -> No
     assert [r.state for r in fleet.results] == [State.OK, State.OK]
     assert finished[name(slow)] >= 3
     assert finished[name(fast)] < finished[name(slow)] - 2
+
+
+def test_the_run_stops_once_too_many_hosts_failed(broken_fleet, deployed, tmp_path) -> None:
+    record = run.run_deploy(broken_fleet.deployment_path, tmp_path, max_fail_percentage=10)
+    state = {(r.host, r.stage): r for r in record.results}
+    assert record.exit_code == run.EXIT_UNREACHABLE
+    assert "more than 10% of the hosts failed" in record.message
+    healthy = name(broken_fleet.hosts[0])
+    assert state[(healthy, "preflight")].state is State.OK
+    assert state[(healthy, "download")].state is State.SKIPPED
+    assert "more than 10%" in state[(healthy, "download")].message
+    assert state[(healthy, "diagnose")].state is State.OK  # still serving, untouched

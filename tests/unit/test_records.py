@@ -64,7 +64,8 @@ def test_the_index_is_a_host_by_stage_grid_linking_the_notebooks(tmp_path) -> No
     row_a = page.split("<th style='text-align:left'>a</th>")[1].split("</tr>")[0]
     assert row_a.count("<td class='state'") == 3
     assert (
-        "href='00_preflight.html'>ok</a>" in row_a and "href='04_launch.ipynb'>failed</a>" in row_a
+        "href='00_preflight.html#host-a'>ok</a>" in row_a
+        and "href='04_launch.ipynb'>failed</a>" in row_a
     )
     assert "crashed &lt;x&gt;" in page and "<x>" not in page
     row_b = page.split("<th style='text-align:left'>b</th>")[1].split("</tr>")[0]
