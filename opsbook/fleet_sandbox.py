@@ -88,9 +88,10 @@ def up(dir: Path, *, hosts: int, address: str = "127.0.0.1", shell: str = "zsh")
 def down(dir: Path) -> Result:
     """Stop every rehearsal host of the fleet in ``dir`` (only what ``up`` started)."""
     folder = Path(dir).resolve()
-    results = [sandbox.down(folder / name) for name in _host_names(folder)]
+    names = _host_names(folder)
+    results = [sandbox.down(folder / name) for name in names]
     findings = [f for r in results for f in r.findings]
-    findings += [Finding("ok", r.data.get("dir", ""), r.message) for r in results if r.ok]
+    findings += [Finding("ok", n, r.message) for n, r in zip(names, results, strict=True) if r.ok]
     ok = all(r.ok for r in results)
     return Result(ok, f"{len(results)} rehearsal host(s) in {folder} stopped", {}, findings)
 
