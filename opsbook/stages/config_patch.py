@@ -37,8 +37,8 @@ def run(
     )
     plan = patch.plan_patch(texts, patch.fp8_kv_cache_edits(texts))
     shows: list[object] = [model.table(), before]
-    weights = download.check_download(host, deployment.model_path).data["summary"]
-    budget = compat.kv_budget_bytes(found.gpus, weights["bytes_expected"], gpu_memory_utilization)
+    weights = download.shard_counts(download.check_download(host, deployment.model_path))
+    budget = compat.kv_budget_bytes(found.gpus, weights.bytes_expected, gpu_memory_utilization)
     shows += [
         Note(f"KV-cache budget per GPU {budget / 2**30:.1f} GiB (first estimate)"),
         compat.kv_tradeoff_table(budget, model),

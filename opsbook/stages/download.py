@@ -8,11 +8,8 @@ from pathlib import Path
 from opsbook import download
 from opsbook.deployment import Deployment
 from opsbook.probes import Prober
-from opsbook.results import State
+from opsbook.results import Result, State
 from opsbook.stages.base import Report
-
-# The failure vLLM would meet on such a checkpoint (ids of opsbook/data/failures.yaml).
-FAILURE_OF = {"truncated": "safetensors-corrupt", "corrupt": "safetensors-corrupt"}
 
 
 def run(
@@ -52,9 +49,15 @@ def run(
         known = json.loads(Path(manifest).read_text()) if manifest else None
         verdict = download.hash_shards(host, path, manifest=known, cache_path=hash_cache or None)
         shows.append(verdict)
-    summary = check.data["summary"]
-    failure = next((FAILURE_OF[k] for k in FAILURE_OF if summary.get(k)), "")
-    if summary.get("missing"):
-        failure = "weights-missing"
     state = State.OK if verdict.ok else State.FAILED
-    return Report(state, verdict, shows, failure if state is State.FAILED else "")
+    return Report(state, verdict, shows, failure_id(check) if state is State.FAILED else "")
+
+
+def failure_id(check: Result) -> str:
+    """The failure vLLM would meet on this checkpoint (ids of opsbook/data/failures.yaml)."""
+    counts = download.shard_counts(check)
+    if counts.missing:
+        return "weights-missing"
+    if counts.truncated or counts.corrupt:
+        return "safetensors-corrupt"
+    return ""

@@ -9,7 +9,6 @@ import shlex
 from opsbook import diagnose, facts, launch, plots, script
 from opsbook.deployment import Deployment
 from opsbook.hosts import Host
-from opsbook.logscan import LogDiagnosis
 from opsbook.results import Result, State
 from opsbook.stages.base import Report
 
@@ -49,8 +48,8 @@ def run(
         return Report(State.FAILED, ready, shows, _failure_of(ready), digest)
     api_key = script.server_api_key(deployment)
     smoke = launch.smoke_test(host, deployment.server_port, api_key=api_key)
-    diagnosis = ready.data.get("diagnosis")
-    if isinstance(diagnosis, LogDiagnosis):
+    diagnosis = launch.diagnosis_of(ready)
+    if diagnosis is not None:
         timeline = launch.timeline(diagnosis.phases)
         shows += [timeline, plots.startup_timeline(timeline)]
     shows.append(smoke)
@@ -86,5 +85,5 @@ def running_script(host: Host, paths: launch.LaunchPaths) -> str:
 
 
 def _failure_of(result: Result) -> str:
-    diagnosis = result.data.get("diagnosis")
-    return diagnosis.failure or "" if isinstance(diagnosis, LogDiagnosis) else ""
+    diagnosis = launch.diagnosis_of(result)
+    return diagnosis.failure or "" if diagnosis is not None else ""

@@ -1,5 +1,6 @@
 """A stage over a set of hosts: bounded fan-out, per-host results, live recording."""
 
+import os
 import threading
 import time
 
@@ -151,3 +152,20 @@ def test_the_launch_script_stage_knows_ok_would_change_and_changed() -> None:
     assert done.state is State.CHANGED and path in host.files
     again = stages.launch_script.run(host, dep, apply=False)
     assert again.state is State.OK and again.script_sha256 == dry.script_sha256
+
+
+def test_the_download_stage_names_the_failure_vllm_would_meet(tmp_path) -> None:
+    from opsbook.checkpoint import make_checkpoint
+    from opsbook.testing import local_probe
+
+    model = tmp_path / "m"
+    make_checkpoint(model)
+    dep = parse_deployment({"hosts": ["a"], "model": {"path": str(model)}})
+    host = FakeHost("a", probes={"download": local_probe("download")})
+    assert stages.download.run(host, dep).state is State.OK
+    shard = sorted(model.glob("*.safetensors"))[0]
+    os.truncate(shard, shard.stat().st_size - 4096)
+    report = stages.download.run(host, dep)
+    assert report.state is State.FAILED and report.failure_id == "safetensors-corrupt"
+    shard.unlink()
+    assert stages.download.run(host, dep).failure_id == "weights-missing"
