@@ -33,6 +33,8 @@ class Report:
         shows: what the notebook displays in the host's section (tables, charts, results).
         failure_id: the catalogue id of the failure, when one is known.
         script_sha256: the launch script's hash, when the stage knows which one runs.
+        detail: the stage's own typed findings on the host (preflight's ``HostFacts``, the
+            download check's ``Result``...), for checks that compare hosts with each other.
     """
 
     state: State
@@ -40,6 +42,7 @@ class Report:
     shows: list[Any] = field(default_factory=list)
     failure_id: str = ""
     script_sha256: str = ""
+    detail: Any = None
 
 
 StageFunction = Callable[..., Report]

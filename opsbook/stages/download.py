@@ -50,7 +50,8 @@ def run(
         verdict = download.hash_shards(host, path, manifest=known, cache_path=hash_cache or None)
         shows.append(verdict)
     state = State.OK if verdict.ok else State.FAILED
-    return Report(state, verdict, shows, failure_id(check) if state is State.FAILED else "")
+    failure = failure_id(check) if state is State.FAILED else ""
+    return Report(state, verdict, shows, failure, detail=check)
 
 
 def failure_id(check: Result) -> str:

@@ -22,4 +22,4 @@ def run(host: Prober, deployment: Deployment) -> Report:
         facts.process_table(found),
         facts.server_table(found),
     ]
-    return Report(State.OK if verdict.ok else State.FAILED, verdict, shows)
+    return Report(State.OK if verdict.ok else State.FAILED, verdict, shows, detail=found)

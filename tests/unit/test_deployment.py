@@ -111,3 +111,14 @@ def test_a_single_host_file_is_its_own_view() -> None:
 def test_host_vars_must_be_a_mapping() -> None:
     with pytest.raises(DeploymentError, match="vars must be a mapping"):
         parse_deployment({"hosts": [{"address": "a", "vars": [1]}], "model": {"path": "/m"}})
+
+
+def test_the_example_deployments_load() -> None:
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).parents[2] / "deployments").glob("*.yml"))
+    assert examples
+    fleet = load_deployment(examples[[p.name for p in examples].index("fleet-example.yml")])
+    assert [fleet.for_host(h).server_port for h in fleet.hosts] == [8000, 8000, 8001]
+    for path in examples:
+        assert load_deployment(path).hosts
