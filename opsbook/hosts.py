@@ -155,7 +155,8 @@ class Host:
         self.spec = spec
         self.name = spec.name
         self.redactor = Redactor(secrets)
-        self.journal = journal or Journal.from_env(self.redactor)
+        # An empty journal is falsy (it has a length): test for None, or hosts sharing one split.
+        self.journal = journal if journal is not None else Journal.from_env(self.redactor)
         self._conn: Connection | None = None
         self._home: str | None = None
 

@@ -169,3 +169,9 @@ def test_the_download_stage_names_the_failure_vllm_would_meet(tmp_path) -> None:
     assert report.state is State.FAILED and report.failure_id == "safetensors-corrupt"
     shard.unlink()
     assert stages.download.run(host, dep).failure_id == "weights-missing"
+
+
+def test_the_hosts_of_a_group_share_one_journal() -> None:
+    group = HostGroup.from_deployment(deployment("a", "b", "c"))
+    journals = {id(h.journal) for h in group.hosts}
+    assert len(journals) == 1
