@@ -17,6 +17,7 @@ import yaml
 
 from opsbook import run as runner
 from opsbook.exceptions import DeploymentError, HostUnreachable, OpsbookError, RunError
+from opsbook.outcome import StageProgress
 from opsbook.results import HostResult, recap
 
 DEFAULT_SANDBOX_DIR = ".sandbox/demo"
@@ -131,6 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             max_fail_percentage=args.max_fail_percentage,
             serial=params.get("serial"),
             on_result=_print_result,
+            on_progress=_print_progress,
         )
         _print_recap(record)
         print(f"run folder: {record.folder}")
@@ -145,6 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         stage_timeout=args.stage_timeout,
         forks=args.forks,
         on_result=_print_result,
+        on_progress=_print_progress,
     )
     _print_recap(record)
     print(f"run folder: {record.folder}")
@@ -156,6 +159,10 @@ def _print_result(result: HostResult) -> None:
     print(result.line(), flush=True)
     if result.remedy and not result.ok:
         print(f"{'':<15}remedy: {result.remedy}", flush=True)
+
+
+def _print_progress(progress: StageProgress) -> None:
+    print(progress.line(), flush=True)
 
 
 def _print_recap(record: runner.RunRecord) -> None:

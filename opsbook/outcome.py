@@ -2,7 +2,8 @@
 
 This module owns both directions of the one format between the kernel and ``opsbook run``:
 a stage writes each host's :class:`~opsbook.results.HostResult` as one JSON line the moment the
-host is done (:func:`record_host`), into the file that ``OPSBOOK_OUTCOME`` names; the runner
+host is done (:func:`record_host`), and a long stage the steps it reaches on the way
+(:func:`record_progress`), into the file that ``OPSBOOK_OUTCOME`` names; the runner
 follows that file while the notebook runs (:class:`Follower`), so it prints a line per host as it
 happens, and reads it back typed (:func:`read`). Stepping through in JupyterLab, nothing is
 written.
@@ -13,13 +14,39 @@ from __future__ import annotations
 import json
 import os
 import threading
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from opsbook.results import Finding, HostResult, Result, State
 
 OUTCOME_ENV = "OPSBOOK_OUTCOME"
+PROGRESS = "progress"
 _lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class StageProgress:
+    """A step a long stage reached on one host (a launch's startup phase), for a live line."""
+
+    host: str
+    stage: str
+    seconds: float
+    text: str
+
+    def line(self) -> str:
+        return f"{self.stage:<14} {self.host:<32} {'...':<12} {self.seconds:6.0f} s  {self.text}"
+
+
+def encode_progress(progress: StageProgress) -> str:
+    """One JSON line for ``progress``."""
+    return json.dumps({"kind": PROGRESS, **asdict(progress)})
+
+
+def record_progress(progress: StageProgress) -> StageProgress:
+    """Append ``progress`` to the outcome file of this run, if there is one."""
+    _append(encode_progress(progress))
+    return progress
 
 
 def encode(result: HostResult) -> str:
@@ -44,8 +71,8 @@ def decode(line: str) -> HostResult:
         ValueError: the line is not such a record.
     """
     doc = json.loads(line)
-    if not isinstance(doc, dict):
-        raise ValueError(f"not an outcome record: {line[:80]!r}")
+    if not isinstance(doc, dict) or doc.get("kind") == PROGRESS:
+        raise ValueError(f"not a host result: {line[:80]!r}")
     return HostResult(
         host=str(doc["host"]),
         stage=str(doc["stage"]),
@@ -70,12 +97,16 @@ def record_host(result: HostResult) -> HostResult:
     Threads of a stage's fan-out call this as each host finishes: one write per line, under a
     lock, flushed at once so that the runner sees it now.
     """
+    _append(encode(result))
+    return result
+
+
+def _append(line: str) -> None:
     path = os.environ.get(OUTCOME_ENV)
     if path:
         with _lock, Path(path).open("a") as f:
-            f.write(encode(result) + "\n")
+            f.write(line + "\n")
             f.flush()
-    return result
 
 
 def record(result: Result, stage: str = "", host: str = "") -> Result:
@@ -89,7 +120,8 @@ def read(path: Path) -> list[HostResult]:
     """The results a run recorded, in order (none when the file is missing)."""
     if not path.exists():
         return []
-    return [decode(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [_decode_any(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if isinstance(r, HostResult)]
 
 
 class Follower:
@@ -100,7 +132,7 @@ class Follower:
         self._offset = 0
         self._partial = ""
 
-    def new(self) -> list[HostResult]:
+    def new(self) -> list[HostResult | StageProgress]:
         """The complete lines written since the last call, decoded."""
         try:
             with self.path.open() as f:
@@ -111,7 +143,16 @@ class Follower:
             return []
         text = self._partial + chunk
         *lines, self._partial = text.split("\n")
-        return [decode(line) for line in lines if line.strip()]
+        return [_decode_any(line) for line in lines if line.strip()]
+
+
+def _decode_any(line: str) -> HostResult | StageProgress:
+    doc = json.loads(line)
+    if isinstance(doc, dict) and doc.get("kind") == PROGRESS:
+        return StageProgress(
+            str(doc["host"]), str(doc["stage"]), float(doc["seconds"]), str(doc["text"])
+        )
+    return decode(line)
 
 
 def _finding_doc(finding: Finding) -> dict[str, str]:

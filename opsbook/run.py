@@ -51,6 +51,7 @@ from opsbook.results import (
 __all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_TOOL_FAILED", "EXIT_UNREACHABLE", "EXIT_USAGE"]
 
 OnResult = Callable[[HostResult], None]
+OnProgress = Callable[[outcome.StageProgress], None]
 # How often the runner looks for results the notebook wrote.
 FOLLOW_SECONDS = 0.2
 
@@ -140,6 +141,7 @@ def run_notebook(
     *,
     forks: int = DEFAULT_FORKS,
     on_result: OnResult | None = None,
+    on_progress: OnProgress | None = None,
 ) -> RunRecord:
     """Execute one runbook notebook against a deployment and file the run.
 
@@ -152,6 +154,7 @@ def run_notebook(
         stage_timeout: seconds the whole notebook may run.
         forks: how many hosts a stage notebook works on at once.
         on_result: called with each host's result as the notebook records it.
+        on_progress: called with the steps long stages reach on each host.
 
     Raises:
         RunError: the notebook or a parameter is unknown.
@@ -166,7 +169,16 @@ def run_notebook(
     check_parameters(nb_path, params)
     folder = new_run_folder(Path(runs_dir), nb_path.stem, run_label(dep))
     redactor = Redactor(dep.secret_values())
-    record = execute_stage(nb_path, folder, params, redactor, timeout, stage_timeout, on_result)
+    record = execute_stage(
+        nb_path,
+        folder,
+        params,
+        redactor,
+        timeout,
+        stage_timeout,
+        on_result,
+        on_progress=on_progress,
+    )
     _write_run_json(folder, record)
     return record
 
@@ -185,6 +197,7 @@ def execute_stage(
     stage_timeout: float | None = None,
     on_result: OnResult | None = None,
     journal: Path | None = None,
+    on_progress: OnProgress | None = None,
 ) -> RunRecord:
     """Run one notebook with papermill into ``folder``; the notebook is written even when a
     cell fails, and the journal and per-host results go next to it.
@@ -199,6 +212,7 @@ def execute_stage(
         on_result: called with each host's result while the notebook runs.
         journal: where the remote commands are journalled (default: ``journal.jsonl`` in
             ``folder``).
+        on_progress: called with the steps long stages reach on each host.
     """
     output = folder / nb_path.name
     results_file = folder / f"{nb_path.stem}.results.jsonl"
@@ -209,7 +223,7 @@ def execute_stage(
         HEADLESS_ENV: "1",
     }
     failure: tuple[int, str] | None = None
-    with _following(results_file, on_result) as results:
+    with _following(results_file, on_result, on_progress) as results:
         try:
             with _environment(env), _deadline(stage_timeout):
                 papermill.execute_notebook(
@@ -255,18 +269,24 @@ def _verdict(results: list[HostResult], failure: tuple[int, str] | None) -> tupl
 
 
 @contextlib.contextmanager
-def _following(path: Path, on_result: OnResult | None) -> Iterator[list[HostResult]]:
+def _following(
+    path: Path, on_result: OnResult | None, on_progress: OnProgress | None
+) -> Iterator[list[HostResult]]:
     """Collect the results written to ``path`` while the body runs, reporting each to
-    ``on_result`` as it appears; the list is complete when the body is done."""
+    ``on_result`` (and each progress line to ``on_progress``) as it appears; the list is
+    complete when the body is done."""
     follower = outcome.Follower(path)
     results: list[HostResult] = []
     done = threading.Event()
 
     def take() -> None:
-        for result in follower.new():
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
+        for record in follower.new():
+            if isinstance(record, HostResult):
+                results.append(record)
+                if on_result is not None:
+                    on_result(record)
+            elif on_progress is not None:
+                on_progress(record)
 
     def loop() -> None:
         while not done.wait(FOLLOW_SECONDS):
@@ -357,6 +377,7 @@ class _DeployRun:
     forks: int
     limits: tuple[float | None, float | None]
     on_result: OnResult | None
+    on_progress: OnProgress | None
     results: list[HostResult] = field(default_factory=list)
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
@@ -373,6 +394,7 @@ def run_deploy(
     max_fail_percentage: float | None = None,
     serial: int | str | None = None,
     on_result: OnResult | None = None,
+    on_progress: OnProgress | None = None,
 ) -> RunRecord:
     """The whole runbook on every host of a deployment, into one run folder: the stages 00 to
     04 in order, a host dropped from the later stages once it fails, then 05_diagnose on every
@@ -392,6 +414,7 @@ def run_deploy(
             through all the stages before the next; the run stops at the first batch in which
             a host fails, and the hosts of later batches are left untouched.
         on_result: called with each host's result of each stage as it finishes.
+        on_progress: called with the steps long stages reach on each host.
 
     Raises:
         DeploymentError: the deployment file is unusable.
@@ -412,6 +435,7 @@ def run_deploy(
         forks,
         (timeout, stage_timeout),
         on_result,
+        on_progress,
     )
     for number, batch in enumerate(batches, start=1):
         where = folder if len(batches) == 1 else folder / f"{BATCH_PREFIX}{number:02d}"
@@ -457,7 +481,14 @@ def _run_stage(
         params["apply"] = run.apply
     journal = run.folder / "journal.jsonl"
     record = execute_stage(
-        nb_path, where, params, run.redactor, *run.limits, run.on_result, journal=journal
+        nb_path,
+        where,
+        params,
+        run.redactor,
+        *run.limits,
+        run.on_result,
+        journal=journal,
+        on_progress=run.on_progress,
     )
     results = _complete(record, stage, hosts, run.on_result)
     run.results += results

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+from collections.abc import Callable
 
-from opsbook import diagnose, facts, launch, plots, script
+from opsbook import diagnose, facts, launch, outcome, plots, script
 from opsbook.deployment import Deployment
 from opsbook.hosts import Host
 from opsbook.results import Result, State
@@ -41,7 +42,9 @@ def run(
     shows.append(started)
     if not started.ok:
         return Report(State.FAILED, started, shows, _failure_of(started))
-    ready = launch.wait_until_ready(host, paths, deployment.server_port, timeout=ready_timeout)
+    ready = launch.wait_until_ready(
+        host, paths, deployment.server_port, timeout=ready_timeout, on_progress=_phases(host)
+    )
     shows.append(ready)
     digest = record_running_script(host, paths)
     if not ready.ok:
@@ -54,6 +57,21 @@ def run(
         shows += [timeline, plots.startup_timeline(timeline)]
     shows.append(smoke)
     return Report(State.CHANGED if smoke.ok else State.FAILED, smoke, shows, "", digest)
+
+
+def _phases(host: Host) -> Callable[[launch.Progress], None]:
+    """Note each startup phase a host's server reaches, once, for the runner's live lines."""
+    seen: set[str | None] = set()
+
+    def note(progress: launch.Progress) -> None:
+        if progress.phase in seen:
+            return
+        seen.add(progress.phase)
+        phase = progress.phase or "starting"
+        text = phase if phase == progress.state else f"{progress.state} {phase}"
+        outcome.record_progress(outcome.StageProgress(host.name, "launch", progress.seconds, text))
+
+    return note
 
 
 def _dry_run(host: Host, deployment: Deployment, paths: launch.LaunchPaths) -> Report:

@@ -49,3 +49,15 @@ def test_a_line_that_is_not_a_result_is_refused() -> None:
         outcome.decode('{"host": "a"}')
     with pytest.raises(ValueError):
         outcome.decode('{"host": "a", "stage": "s", "state": "fine", "message": ""}')
+
+
+def test_progress_lines_are_followed_live_but_are_not_results(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "out.jsonl"
+    monkeypatch.setenv(outcome.OUTCOME_ENV, str(path))
+    step = outcome.StageProgress("a", "launch", 12.0, "loading: weights")
+    done = HostResult("a", "launch", State.CHANGED, "smoke test passed")
+    outcome.record_progress(step)
+    outcome.record_host(done)
+    assert outcome.Follower(path).new() == [step, done]
+    assert outcome.read(path) == [done]
+    assert "loading: weights" in step.line() and "12 s" in step.line()
