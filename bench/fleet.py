@@ -9,7 +9,9 @@ best of ``--repeat`` runs. Goal: 16 hosts in at most 2.0 x the time of one, for 
 the round trip, not the host count, should set the time.
 
 The servers of the fleet are not started, so diagnose answers "never started" on every host,
-the same answer for 1 and for 16 hosts.
+the same answer for 1 and for 16 hosts. All rehearsal hosts run on this machine: what each one
+does on its side (sshd, the probe's python, the simulated nvidia-smi) shares its cores, which
+real hosts do not; the CPU-seconds the machine was busy during one fan-out are printed too.
 
 Usage: ``.venv/bin/python bench/fleet.py [--address 127.0.1.101] [--repeat 2] [--forks 16]``
 """
@@ -17,6 +19,7 @@ Usage: ``.venv/bin/python bench/fleet.py [--address 127.0.1.101] [--repeat 2] [-
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
@@ -38,6 +41,13 @@ def best_of(repeat: int, timed: Callable[[], object]) -> float:
         timed()
         times.append(time.monotonic() - started)
     return min(times)
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds this machine has spent busy, all cores and processes (from /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -80,6 +90,9 @@ def measure(
                 repeat, run_cli_path(stage, file, n, runs, forks)
             )
             rows[(stage, "fan-out only", n)] = best_of(repeat, fan_out(stage, file, forks))
+            busy = machine_busy_seconds()
+            fan_out(stage, file, forks)()
+            rows[(stage, "cpu-s busy", n)] = machine_busy_seconds() - busy
     return rows
 
 
@@ -112,6 +125,13 @@ def report(rows: dict[tuple[str, str, int], float]) -> None:
             ratio = times[-1] / times[0]
             cells = " ".join(f"{t:9.2f} s" for t in times)
             print(f"{stage:<14} {path:<14} {cells}  {ratio:5.2f}")
+    for stage in STAGES:
+        busy = [f"{rows[(stage, 'cpu-s busy', n)]:.1f}" for n in SIZES]
+        print(
+            f"{stage}: one fan-out kept this machine's {os.cpu_count()} cores busy for "
+            f"{' / '.join(busy)} CPU-seconds on {' / '.join(map(str, SIZES))} host(s) (every "
+            "process, the rehearsal hosts' included: they all share these cores)"
+        )
     for stage in STAGES:
         ratio = rows[(stage, "opsbook run", max(SIZES))] / rows[(stage, "opsbook run", 1)]
         verdict = "met" if ratio <= GOAL else "NOT met"
