@@ -18,6 +18,8 @@ import yaml
 
 from opsbook import run as runner
 from opsbook.exceptions import DeploymentError, HostUnreachable, OpsbookError, RunError
+from opsbook.outcome import StageProgress
+from opsbook.results import HostResult, recap
 
 DEFAULT_SANDBOX_DIR = ".sandbox/demo"
 
@@ -62,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--stage-timeout", type=float, default=None, help="seconds a whole notebook may run"
     )
+    run.add_argument(
+        "--forks", type=_positive, default=10, help="hosts worked on at once (default: 10)"
+    )
+    run.add_argument(
+        "--max-fail-percentage",
+        type=float,
+        default=None,
+        metavar="P",
+        help="deploy: stop the run once more than P%% of the hosts failed",
+    )
     run.set_defaults(handler=cmd_run)
 
     box = sub.add_parser("sandbox", help="the rehearsal host: a real sshd with a simulated GPU box")
@@ -93,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the simulated vLLM, or a real CPU build serving tiny models, installed once into "
         "a shared cache (`prepare` installs it without starting a host) (default: %(default)s)",
     )
+    box.add_argument(
+        "--hosts",
+        type=_positive,
+        default=None,
+        help="a rehearsal fleet of N hosts on consecutive addresses from --address, "
+        "one deployment file listing them all",
+    )
     box.set_defaults(handler=cmd_sandbox)
 
     lint = sub.add_parser("lint", help="flag the hazards of an ad-hoc remote command")
@@ -118,17 +137,25 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     params = {name: _yaml_value(value) for name, value in args.parameter}
     if args.notebook == "deploy":
-        unknown = sorted(set(params) - {"apply"})
+        unknown = sorted(set(params) - {"apply", "serial"})
         if unknown:
-            raise RunError(f"deploy takes only the parameter apply, not {', '.join(unknown)}")
+            raise RunError(
+                f"deploy takes only the parameters apply and serial, not {', '.join(unknown)}",
+                remedy="e.g. -p apply false, or -p serial 1 for one host at a time",
+            )
         record = runner.run_deploy(
             args.deployment,
             args.runs_dir,
             apply=bool(params.get("apply", True)),
             timeout=args.timeout,
             stage_timeout=args.stage_timeout,
+            forks=args.forks,
+            max_fail_percentage=args.max_fail_percentage,
+            serial=params.get("serial"),
+            on_result=_print_result,
+            on_progress=_print_progress,
         )
-        print(f"{record.status}: {record.message}")
+        _print_recap(record)
         print(f"run folder: {record.folder}")
         print(f"index: {record.folder / 'index.html'}")
         return record.exit_code
@@ -139,17 +166,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         runs_dir=args.runs_dir,
         timeout=args.timeout,
         stage_timeout=args.stage_timeout,
+        forks=args.forks,
+        on_result=_print_result,
+        on_progress=_print_progress,
     )
-    print(f"{record.status}: {record.message}")
+    _print_recap(record)
     print(f"run folder: {record.folder}")
     print(f"executed notebook: {record.executed_notebook}")
     return record.exit_code
 
 
+def _print_result(result: HostResult) -> None:
+    print(result.line(), flush=True)
+    if result.remedy and not result.ok:
+        print(f"{'':<15}remedy: {result.remedy}", flush=True)
+
+
+def _print_progress(progress: StageProgress) -> None:
+    print(progress.line(), flush=True)
+
+
+def _print_recap(record: runner.RunRecord) -> None:
+    lines = recap(record.results)
+    if lines:
+        width = max(len(line.host) for line in lines)
+        print("RECAP")
+        for line in lines:
+            print(line.line(width))
+    print(f"{record.status}: {record.message}")
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from opsbook import sandbox
+    from opsbook import fleet_sandbox, sandbox
 
     folder = Path(args.dir)
+    if args.hosts is not None or fleet_sandbox.is_fleet(folder):
+        return _cmd_fleet(args, folder)
     if args.action == "up":
         box = sandbox.up(
             folder,
@@ -184,6 +236,22 @@ def _prepare_sandbox(vllm: str) -> int:
     print(f"real vLLM {tier.version} in {tier.venv} (installed in {tier.install_seconds:.0f} s)")
     print(f"tiny models: {tier.models}")
     return runner.EXIT_OK
+
+
+def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
+    from opsbook import fleet_sandbox
+
+    if args.action == "up":
+        fleet = fleet_sandbox.up(
+            folder, hosts=args.hosts or 1, address=args.address, shell=args.shell
+        )
+        for box in fleet.hosts:
+            print(f"rehearsal host up: {box.user}@{box.address} port {box.port}")
+        print(f"deployment file: {fleet.deployment_path}")
+        return runner.EXIT_OK
+    result = fleet_sandbox.down(folder) if args.action == "down" else fleet_sandbox.status(folder)
+    print(result)
+    return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -255,6 +323,13 @@ def _release(text: str) -> str:
     if not re.fullmatch(r"\d+\.\d+\.\d+", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a release number X.Y.Z (e.g. 0.33.0)")
     return text
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _yaml_value(text: str) -> Any:

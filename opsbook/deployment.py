@@ -66,11 +66,21 @@ class Deployment:
     log_path: str = "opsbook/vllm.log"
     state_dir: str = "opsbook/state"
     source: str = ""
+    # Per host name, the deployment as that host sees it (its `vars` applied), when any differ.
+    host_views: dict[str, Deployment] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def host(self) -> HostSpec:
         """The first (often the only) host."""
         return self.hosts[0]
+
+    def for_host(self, spec: HostSpec) -> Deployment:
+        """The deployment as one of its hosts sees it: its own ``vars`` (model path, python,
+        server port, paths...) over the common values, and only that host."""
+        view = self.host_views.get(spec.name)
+        if view is not None:
+            return view
+        return Deployment(**{**self.__dict__, "hosts": [spec], "host_views": {}})
 
     def secret_values(self) -> list[str]:
         """Values to redact: the secret variables present in the local environment and the
@@ -143,6 +153,7 @@ def parse_deployment(doc: dict[str, Any], source: str = "<dict>") -> Deployment:
             remedy="add e.g. hosts: [{address: gpu-01, user: ubuntu, key: ~/.ssh/id_ed25519}]",
         )
     hosts = [_parse_host(h, source, i) for i, h in enumerate(hosts_doc)]
+    host_vars = [_host_vars(h, source, i) for i, h in enumerate(hosts_doc)]
     model = doc.get("model") or {}
     model_path = model.get("path") if isinstance(model, dict) else None
     if not model_path:
@@ -171,7 +182,55 @@ def parse_deployment(doc: dict[str, Any], source: str = "<dict>") -> Deployment:
         log_path=str(paths.get("log") or "opsbook/vllm.log"),
         state_dir=str(paths.get("state") or "opsbook/state"),
         source=source,
+        host_views=_host_views(doc, hosts, host_vars, source),
     )
+
+
+def _host_vars(entry: Any, source: str, index: int) -> dict[str, Any]:
+    """A host entry's ``vars``: values of the top level that differ on this host."""
+    found = entry.get("vars") if isinstance(entry, dict) else None
+    if found is None:
+        return {}
+    if not isinstance(found, dict) or "hosts" in found:
+        raise DeploymentError(
+            f"{source}: hosts[{index}].vars must be a mapping of top-level keys other than hosts",
+            remedy="e.g. vars: {model: {path: /data/models/x}, server: {port: 8001}}",
+        )
+    return found
+
+
+def _host_views(
+    doc: dict[str, Any], hosts: list[HostSpec], host_vars: list[dict[str, Any]], source: str
+) -> dict[str, Deployment]:
+    if not any(host_vars):
+        return {}
+    views = {}
+    for index, (spec, overrides) in enumerate(zip(hosts, host_vars, strict=True)):
+        merged = copy.deepcopy(doc)
+        entry = doc["hosts"][index]
+        if isinstance(entry, dict):
+            entry = {k: v for k, v in entry.items() if k != "vars"}
+        merged["hosts"] = [entry]
+        for key, value in _dotted(overrides):
+            set_dotted(merged, key, value)
+        view = parse_deployment(merged, source)
+        views[spec.name] = view
+    return views
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``{"a": {"b": 1}}`` -> ``[("a.b", 1)]``: a host's vars replace leaves, not whole maps.
+
+    Keys holding dots (``server.args`` flag names never do) would be split: vars name
+    top-level keys and their children only."""
+    pairs: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            pairs += _dotted(value, name + ".")
+        else:
+            pairs.append((name, value))
+    return pairs
 
 
 def set_dotted(doc: dict[str, Any], dotted: str, value: Any) -> None:
@@ -192,13 +251,13 @@ def _parse_host(entry: Any, source: str, index: int) -> HostSpec:
     if not isinstance(entry, dict) or not entry.get("address"):
         raise DeploymentError(f"{source}: hosts[{index}] needs an 'address'")
     known = {f for f in HostSpec.__dataclass_fields__}
-    unknown = sorted(set(entry) - known)
+    unknown = sorted(set(entry) - known - {"vars"})
     if unknown:
         raise DeploymentError(
             f"{source}: hosts[{index}] has unknown keys {unknown}",
             remedy=f"use only {sorted(known)}",
         )
-    values = dict(entry)
+    values = {k: v for k, v in entry.items() if k != "vars"}
     values["port"] = _int(values.get("port", 22), f"hosts[{index}].port", source)
     for key in ("key", "known_hosts"):
         if values.get(key):

@@ -125,6 +125,33 @@ def check_result(answer: Mapping[str, Any]) -> Result:
     return Result(ok, check_message(summary, ok), data, findings)
 
 
+@dataclass(frozen=True)
+class ShardCounts:
+    """How many shards of a checked checkpoint are in which state, and its size."""
+
+    shards: int
+    ok: int
+    missing: int
+    truncated: int
+    corrupt: int
+    unreadable: int
+    bytes_expected: int
+
+
+def shard_counts(check: Result) -> ShardCounts:
+    """The counts of a :func:`check_download` result."""
+    summary = check.data["summary"]
+    return ShardCounts(
+        shards=int(summary["shards"]),
+        ok=int(summary["ok"]),
+        missing=len(summary["missing"]),
+        truncated=len(summary["truncated"]),
+        corrupt=len(summary["corrupt"]),
+        unreadable=len(summary["unreadable"]),
+        bytes_expected=int(summary["bytes_expected"]),
+    )
+
+
 def check_message(summary: Mapping[str, Any], ok: bool) -> str:
     """One sentence on the state of the shards and the bytes present."""
     total = summary["shards"]

@@ -20,7 +20,7 @@ import shlex
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -54,6 +54,8 @@ LOCAL_SLACK = 10
 TIMEOUT_EXIT_CODES = (124, 137)
 # How often a running command is checked for exit when it prints nothing.
 POLL_SECONDS = 0.01
+# Hosts worked on at once by a group (Ansible's default is 5; SSH round trips are cheap here).
+DEFAULT_FORKS = 10
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,8 @@ class Host:
         self.spec = spec
         self.name = spec.name
         self.redactor = Redactor(secrets)
-        self.journal = journal or Journal.from_env(self.redactor)
+        # An empty journal is falsy (it has a length): test for None, or hosts sharing one split.
+        self.journal = journal if journal is not None else Journal.from_env(self.redactor)
         self._conn: Connection | None = None
         self._home: str | None = None
 
@@ -479,36 +482,66 @@ class Host:
 
 
 class HostGroup:
-    """Several hosts; each call answers per host, as Fabric's ``GroupResult`` does."""
+    """Several hosts; each call answers per host, as Fabric's ``GroupResult`` does.
 
-    def __init__(self, hosts: Sequence[Host]):
+    Calls fan out on at most ``forks`` threads at once (Ansible's ``--forks``): a slow or
+    unreachable host holds one thread, never the others. An exception a host raised is that
+    host's answer, not the group's.
+
+    Args:
+        hosts: the hosts, in the deployment's order.
+        forks: how many hosts are worked on at once.
+    """
+
+    def __init__(self, hosts: Sequence[Any], forks: int = DEFAULT_FORKS):
+        if forks < 1:
+            raise ValueError(f"forks must be at least 1, not {forks}")
         self.hosts = list(hosts)
+        self.forks = forks
 
     @classmethod
-    def from_deployment(cls, deployment: Deployment) -> HostGroup:
+    def from_deployment(
+        cls, deployment: Deployment, forks: int = DEFAULT_FORKS, names: Sequence[str] = ()
+    ) -> HostGroup:
+        """The deployment's hosts (only those named, when ``names`` is given), sharing one
+        journal."""
         journal = Journal.from_env(Redactor(deployment.secret_values()))
-        return cls(
-            [Host.from_deployment(deployment, i, journal) for i in range(len(deployment.hosts))]
-        )
+        specs = [s for s in deployment.hosts if not names or s.name in names]
+        return cls([Host(s, deployment.secret_values(), journal) for s in specs], forks)
+
+    @property
+    def names(self) -> list[str]:
+        return [h.name for h in self.hosts]
 
     def run(self, command: str, **kwargs: Any) -> dict[str, CommandResult | Exception]:
-        return self._each(lambda h: h.run(command, **kwargs))
+        return self.map(lambda h: h.run(command, **kwargs))
 
     def probe(self, name: str, args: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-        return self._each(lambda h: h.probe(name, args, **kwargs))
+        return self.map(lambda h: h.probe(name, args, **kwargs))
+
+    def map(
+        self, call: Callable[[Any], Any], on_done: Callable[[str, Any], None] | None = None
+    ) -> dict[str, Any]:
+        """``call(host)`` on every host, ``forks`` at a time; per host name its return value
+        or the exception it raised, in the hosts' order. ``on_done(name, answer)`` is called
+        as each host finishes (from the worker thread)."""
+
+        def one(host: Any) -> Any:
+            try:
+                answer = call(host)
+            except Exception as e:  # the host's answer, not the group's failure
+                answer = e
+            if on_done is not None:
+                on_done(host.name, answer)
+            return answer
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.forks, len(self.hosts)))) as pool:
+            futures = [(h.name, pool.submit(one, h)) for h in self.hosts]
+        return {name: future.result() for name, future in futures}
 
     def close(self) -> None:
         for host in self.hosts:
             host.close()
-
-    def _each(self, call: Any) -> dict[str, Any]:
-        with ThreadPoolExecutor(max_workers=max(1, len(self.hosts))) as pool:
-            futures = {h.name: pool.submit(call, h) for h in self.hosts}
-        results: dict[str, Any] = {}
-        for name, future in futures.items():
-            error = future.exception()
-            results[name] = error if error is not None else future.result()
-        return results
 
 
 def _exec(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,6 +44,7 @@ class Journal:
         self.redactor = redactor or Redactor()
         self.path = Path(path) if path else None
         self.entries: list[JournalEntry] = []
+        self._lock = threading.Lock()
 
     @classmethod
     def from_env(cls, redactor: Redactor | None = None) -> Journal:
@@ -74,10 +76,13 @@ class Journal:
             started=(started or datetime.now(timezone.utc)).isoformat(timespec="milliseconds"),
             note=clean(note),
         )
-        self.entries.append(entry)
-        if self.path:
-            with self.path.open("a") as f:
-                f.write(json.dumps(asdict(entry)) + "\n")
+        line = json.dumps(asdict(entry)) + "\n"
+        # The hosts of a stage share one journal and record from their own threads.
+        with self._lock:
+            self.entries.append(entry)
+            if self.path:
+                with self.path.open("a") as f:
+                    f.write(line)
         return entry
 
     def records(self) -> list[dict[str, object]]:

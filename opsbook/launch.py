@@ -200,6 +200,12 @@ def start_server(host: Host, paths: LaunchPaths, server_port: int) -> Result:
     return Result(False, message, data, diagnosis.to_result().findings)
 
 
+def diagnosis_of(result: Result) -> logscan.LogDiagnosis | None:
+    """What the log said, for a result of :func:`start_server` or :func:`wait_until_ready`."""
+    diagnosis = result.data.get("diagnosis")
+    return diagnosis if isinstance(diagnosis, logscan.LogDiagnosis) else None
+
+
 def _not_started(answer: dict[str, Any], paths: LaunchPaths, port: int) -> Result:
     reason = answer.get("reason")
     if reason == "running":

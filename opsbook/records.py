@@ -14,24 +14,62 @@ from pathlib import Path
 from typing import Any
 
 from opsbook.exceptions import RunError
-from opsbook.results import Table
+from opsbook.results import HostResult, State, Table, host_anchor, recap
 
 SUMMARY = "summary.json"
 INDEX = "index.html"
-STATUS_COLOURS = {"ok": "#1a7f37", "problem found": "#bf8700", "skipped": "#6e7781"}
 
 
-@dataclass
-class StageSummary:
-    """One stage of a run, as the summary records it."""
+@dataclass(frozen=True)
+class NotebookEntry:
+    """One executed notebook of a run: the stage it ran, on which hosts, and how it ended."""
 
     stage: str
     notebook: str
-    status: str
-    exit_code: int | None
-    duration: float
+    html: str | None
+    hosts: tuple[str, ...]
+    exit_code: int
     message: str
-    html: str | None = None
+    duration: float
+
+
+@dataclass
+class RunSummary:
+    """What a deploy run did, host by host and stage by stage."""
+
+    name: str
+    deployment: str
+    started: str
+    status: str
+    exit_code: int
+    message: str
+    duration: float
+    parameters: dict[str, str]
+    hosts: list[str]
+    stages: list[str]
+    results: list[HostResult]
+    notebooks: list[NotebookEntry]
+
+    def result(self, host: str, stage: str) -> HostResult | None:
+        return next((r for r in self.results if r.host == host and r.stage == stage), None)
+
+    def notebook_of(self, host: str, stage: str) -> NotebookEntry | None:
+        return next((n for n in self.notebooks if n.stage == stage and host in n.hosts), None)
+
+    def script_versions(self) -> dict[str, str]:
+        """Per host, the sha256 of the launch script its server runs, as the last stage that
+        knows it says (empty when no server of opsbook runs there)."""
+        versions = {}
+        for host in self.hosts:
+            known = [
+                r.script_sha256
+                for r in self.results
+                if r.host == host
+                and r.stage in ("launch", "diagnose")
+                and r.state in (State.OK, State.CHANGED)
+            ]
+            versions[host] = known[-1] if known else ""
+        return versions
 
 
 def export_html(notebook: Path) -> Path | None:
@@ -46,42 +84,82 @@ def export_html(notebook: Path) -> Path | None:
     return target
 
 
-def write_summary(folder: Path, run: dict[str, Any], stages: list[StageSummary]) -> Path:
+def summary_doc(run: RunSummary) -> dict[str, Any]:
+    """``summary.json``: the run, per-host results, the recap and the script versions."""
+    from opsbook import outcome
+
+    doc = {k: v for k, v in asdict(run).items() if k not in ("results", "notebooks")}
+    doc["results"] = [outcome.to_dict(r) for r in run.results]
+    doc["notebooks"] = [asdict(n) for n in run.notebooks]
+    doc["recap"] = {
+        line.host: {**line.counts, "exit_code": line.exit_code} for line in recap(run.results)
+    }
+    doc["script_versions"] = run.script_versions()
+    return doc
+
+
+def write_summary(folder: Path, run: RunSummary) -> Path:
     """``summary.json`` and ``index.html`` of a run folder."""
-    doc = {**run, "stages": [asdict(s) for s in stages]}
-    (folder / SUMMARY).write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    (folder / INDEX).write_text(index_page(doc))
+    (folder / SUMMARY).write_text(json.dumps(summary_doc(run), indent=2, default=str) + "\n")
+    (folder / INDEX).write_text(index_page(run))
     return folder / SUMMARY
 
 
-def index_page(doc: dict[str, Any]) -> str:
-    """A self-contained status page linking every stage's notebook and HTML copy."""
+def index_page(run: RunSummary) -> str:
+    """A self-contained status page: a host x stage grid of states, each cell linking the
+    notebook that ran it, the recap and the launch script each host runs."""
+    esc = html.escape
+    head = "".join(f"<th>{esc(s)}</th>" for s in run.stages)
+    versions = run.script_versions()
     rows = []
-    for s in doc["stages"]:
-        colour = STATUS_COLOURS.get(s["status"], "#cf222e")
-        links = f'<a href="{html.escape(s["notebook"])}">notebook</a>'
-        if s.get("html"):
-            links += f' · <a href="{html.escape(s["html"])}">html</a>'
-        rows.append(
-            f"<tr><td>{html.escape(s['stage'])}</td>"
-            f'<td style="background:{colour};color:white">{html.escape(s["status"])}</td>'
-            f"<td>{s['duration']:.1f} s</td><td>{html.escape(s['message'])}</td>"
-            f"<td>{links}</td></tr>"
+    lines = {line.host: line for line in recap(run.results)}
+    for host in run.hosts:
+        cells = "".join(_grid_cell(run, host, stage) for stage in run.stages)
+        counts = (
+            " ".join(f"{k}={v}" for k, v in lines[host].counts.items()) if host in lines else ""
         )
-    title = f"opsbook run {doc.get('name', '')}: {doc.get('status', '')}"
+        version = esc(versions.get(host, "")[:12]) or "&mdash;"
+        rows.append(
+            f"<tr><th style='text-align:left'>{esc(host)}</th>{cells}"
+            f"<td><code>{version}</code></td><td>{esc(counts)}</td></tr>"
+        )
+    title = f"opsbook run {run.name}: {run.status}"
+    notebooks = "".join(
+        f"<li><a href='{esc(n.notebook)}'>{esc(n.notebook)}</a>"
+        + (f" · <a href='{esc(n.html)}'>html</a>" if n.html else "")
+        + f" ({esc(n.stage)} on {len(n.hosts)} host(s), {n.duration:.1f} s)</li>"
+        for n in run.notebooks
+    )
     return (
         "<!doctype html><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title>"
+        f"<title>{esc(title)}</title>"
         "<style>body{font-family:sans-serif}td,th{padding:4px 10px;border-bottom:1px solid #ddd}"
-        "</style>"
-        f"<h1>{html.escape(title)}</h1>"
-        f"<p>deployment {html.escape(str(doc.get('deployment', '')))}"
-        f" · host {html.escape(str(doc.get('host', '')))}"
-        f" · started {html.escape(str(doc.get('started', '')))}"
+        "td.state a{color:white}</style>"
+        f"<h1>{esc(title)}</h1>"
+        f"<p>{esc(run.message)}</p>"
+        f"<p>deployment {esc(run.deployment)} · {len(run.hosts)} host(s)"
+        f" · started {esc(run.started)} · {run.duration:.1f} s"
         " · <a href='journal.jsonl'>journal</a></p>"
-        "<table><tr><th>stage</th><th>status</th><th>time</th><th>message</th><th>record</th></tr>"
+        f"<table><tr><th>host</th>{head}<th>launch script running</th><th>recap</th></tr>"
         + "".join(rows)
-        + "</table>"
+        + "</table><h2>Notebooks</h2><ul>"
+        + notebooks
+        + "</ul>"
+    )
+
+
+def _grid_cell(run: RunSummary, host: str, stage: str) -> str:
+    result = run.result(host, stage)
+    if result is None:
+        return "<td></td>"
+    label = html.escape(result.state.value)
+    entry = run.notebook_of(host, stage)
+    if entry is not None:
+        link = f"{entry.html}#{host_anchor(host)}" if entry.html else entry.notebook
+        label = f"<a href='{html.escape(link)}'>{label}</a>"
+    return (
+        f"<td class='state' style='background:{result.state.colour};color:white' "
+        f"title='{html.escape(result.message, quote=True)}'>{label}</td>"
     )
 
 

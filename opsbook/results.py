@@ -1,7 +1,11 @@
-"""Small result objects shared by every stage: ``ok``, a message, the data, and tables.
+"""Small result objects shared by every stage: ``ok``, a message, the data, and tables; and the
+one vocabulary of per-host states a stage ends in.
 
 Raising is for failures of the tool; a problem found on the host being checked is a
-``Finding`` inside a ``Result`` whose ``ok`` is False.
+``Finding`` inside a ``Result`` whose ``ok`` is False. A stage run on a set of hosts ends with
+one :class:`HostResult` per host, in a :class:`State` taken from Ansible's recap: ok, changed,
+skipped, failed, unreachable; and "would change" for a dry run that found something to do,
+which is never shown as a green ok.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 SEVERITIES = ("ok", "info", "warning", "error")
@@ -114,3 +119,170 @@ class Table:
 
 def _cell(value: Any) -> str:
     return "" if value is None else str(value)
+
+
+class State(str, Enum):
+    """How a stage ended on one host."""
+
+    OK = "ok"  # nothing to do, or the check passed
+    CHANGED = "changed"  # the stage changed the host, and the change was checked
+    WOULD_CHANGE = "would change"  # a dry run (apply=False) that found something to change
+    SKIPPED = "skipped"  # not run on this host (dropped earlier, or nothing applies)
+    FAILED = "failed"  # the check found a problem, or the step failed on the host
+    UNREACHABLE = "unreachable"  # the host could not be reached
+
+    @property
+    def goes_on(self) -> bool:
+        """Whether the host takes part in the next stages of the run."""
+        return self in (State.OK, State.CHANGED)
+
+    @property
+    def counted_as(self) -> str:
+        """Its column in the recap: a dry run's change counts as changed, as Ansible's does."""
+        return State.CHANGED.value if self is State.WOULD_CHANGE else self.value
+
+    @property
+    def colour(self) -> str:
+        return STATE_COLOURS[self]
+
+
+STATE_COLOURS = {
+    State.OK: "#1a7f37",
+    State.CHANGED: "#bf8700",
+    State.WOULD_CHANGE: "#8250df",
+    State.SKIPPED: "#6e7781",
+    State.FAILED: "#cf222e",
+    State.UNREACHABLE: "#82071e",
+}
+RECAP_COLUMNS = ("ok", "changed", "failed", "unreachable", "skipped")
+
+# Exit codes of `opsbook run`, documented in the README; a run's is its worst host's.
+EXIT_OK = 0
+EXIT_PROBLEM = 1  # a check found a problem on a host, or a dry run found something to change
+EXIT_USAGE = 2  # bad arguments or deployment file
+EXIT_TOOL_FAILED = 3  # opsbook or the notebook itself failed
+EXIT_UNREACHABLE = 4  # a host could not be reached
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """How one stage ended on one host.
+
+    Args:
+        host: the host's name (``user@address:port``).
+        stage: the stage's name, e.g. ``download``.
+        state: how it ended.
+        message: one line for people.
+        failure_id: the catalogue id of the failure (``opsbook/data/failures.yaml``), or
+            ``tool-failed`` when opsbook itself raised; empty when there is none.
+        findings: what the stage found.
+        duration: seconds it took on this host.
+        script_sha256: the launch script's hash, where the stage knows which one runs.
+    """
+
+    host: str
+    stage: str
+    state: State
+    message: str
+    failure_id: str = ""
+    findings: tuple[Finding, ...] = ()
+    duration: float = 0.0
+    script_sha256: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.state in (State.OK, State.CHANGED, State.SKIPPED)
+
+    @property
+    def exit_code(self) -> int:
+        if self.state is State.UNREACHABLE:
+            return EXIT_UNREACHABLE
+        if self.failure_id == TOOL_FAILED:
+            return EXIT_TOOL_FAILED
+        if self.state in (State.FAILED, State.WOULD_CHANGE):
+            return EXIT_PROBLEM
+        return EXIT_OK
+
+    @property
+    def remedy(self) -> str:
+        """The first remedy among the problems found, for a terminal line."""
+        return next((f.remedy for f in self.findings if f.is_problem and f.remedy), "")
+
+    def line(self) -> str:
+        """``download  gpu-01  failed  0.4 s  message``: what the terminal prints as it ends."""
+        state, took = self.state.value, f"{self.duration:6.1f} s"
+        return f"{self.stage:<14} {self.host:<32} {state:<12} {took}  {self.message}"
+
+    def _repr_html_(self) -> str:
+        badge = (
+            f'<span style="background:{self.state.colour};color:white;padding:1px 6px">'
+            f"{html.escape(self.state.value)}</span>"
+        )
+        head = f"<p>{badge} <b>{html.escape(self.host)}</b> {html.escape(self.message)}</p>"
+        problems = [f for f in self.findings if f.severity != "ok"]
+        if not problems:
+            return head
+        table = Table(
+            ["severity", "subject", "message", "remedy"],
+            [[f.severity, f.subject, f.message, f.remedy] for f in problems],
+        )
+        return head + table._repr_html_()
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+TOOL_FAILED = "tool-failed"
+
+
+def host_anchor(host: str) -> str:
+    """The id of a host's section in a stage notebook's HTML copy (``host-ops-gpu-01-22``)."""
+    return "host-" + "".join(c if c.isalnum() else "-" for c in host)
+
+
+@dataclass(frozen=True)
+class HostRecap:
+    """One host's line of the recap: its states counted over the stages of a run."""
+
+    host: str
+    counts: dict[str, int]
+    first_failure: HostResult | None
+    exit_code: int = EXIT_OK
+
+    def line(self, width: int = 32) -> str:
+        counts = "  ".join(f"{name}={self.counts.get(name, 0)}" for name in RECAP_COLUMNS)
+        where = ""
+        if self.first_failure is not None:
+            f = self.first_failure
+            where = f"  ({f.state.value} at {f.stage}: {f.message})"
+        return f"{self.host:<{width}} {counts}{where}"
+
+
+def recap(results: Sequence[HostResult]) -> list[HostRecap]:
+    """Per host, in the order hosts first appear: its states counted, and where it first
+    failed or was unreachable."""
+    hosts = list(dict.fromkeys(r.host for r in results))
+    lines = []
+    for host in hosts:
+        mine = [r for r in results if r.host == host]
+        counts = {name: 0 for name in RECAP_COLUMNS}
+        for r in mine:
+            counts[r.state.counted_as] += 1
+        bad = next((r for r in mine if r.state in (State.FAILED, State.UNREACHABLE)), None)
+        bad = bad or next((r for r in mine if r.state is State.WOULD_CHANGE), None)
+        lines.append(HostRecap(host, counts, bad, worst_exit_code(mine)))
+    return lines
+
+
+def worst_exit_code(results: Sequence[HostResult]) -> int:
+    """The exit code of a run: its worst host's (unreachable > tool failed > problem > ok)."""
+    order = (EXIT_OK, EXIT_PROBLEM, EXIT_TOOL_FAILED, EXIT_UNREACHABLE)
+    return max((r.exit_code for r in results), key=order.index, default=EXIT_OK)
+
+
+def results_table(results: Sequence[HostResult]) -> Table:
+    """One row per host and stage: state, time, message."""
+    return Table(
+        ["host", "stage", "state", "time", "message"],
+        [[r.host, r.stage, r.state.value, f"{r.duration:.1f} s", r.message] for r in results],
+    )

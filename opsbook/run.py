@@ -1,8 +1,14 @@
-"""Running a runbook notebook headless with papermill, into a run folder of its own.
+"""Running the runbook headless with papermill, into a run folder of its own.
 
-A run folder is named by UTC time, notebook and host, and is never overwritten. It holds the
-executed notebook (written even when a cell fails), the journal of remote commands, the
-verdicts the notebook recorded, and ``run.json`` with the exit code.
+A run folder is named by UTC time, notebook and host (or deployment), and is never overwritten.
+It holds the executed notebooks (written even when a cell fails), the journal of remote
+commands, the per-host results the notebooks recorded, and ``run.json`` with the exit code.
+
+Each stage notebook runs its stage on every host it is given, in one kernel, fanning out over
+threads (:mod:`opsbook.stages`); the runner follows the results file while the notebook runs,
+so each host's line is reported as it finishes. ``run_deploy`` goes through the stages, drops
+a host from the later stages once it fails, stops when too many hosts failed, and with
+``serial`` does it one batch of hosts at a time, stopping at the first batch that fails.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,19 +29,31 @@ import nbformat
 import papermill
 from papermill.exceptions import PapermillExecutionError
 
-from opsbook import exceptions, outcome, records
-from opsbook.deployment import load_deployment
+from opsbook import exceptions, outcome, records, stages
+from opsbook.deployment import Deployment, load_deployment
 from opsbook.exceptions import RunError
+from opsbook.hosts import DEFAULT_FORKS
 from opsbook.journal import JOURNAL_ENV
 from opsbook.progress import HEADLESS_ENV
 from opsbook.redact import Redactor
+from opsbook.results import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_TOOL_FAILED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    TOOL_FAILED,
+    HostResult,
+    State,
+    worst_exit_code,
+)
 
-# Exit codes of `opsbook run`, documented in the README.
-EXIT_OK = 0
-EXIT_PROBLEM = 1  # the notebook ran and a check found a problem on the host
-EXIT_USAGE = 2  # bad arguments or deployment file
-EXIT_TOOL_FAILED = 3  # opsbook or the notebook itself failed
-EXIT_UNREACHABLE = 4  # the host could not be reached
+__all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_TOOL_FAILED", "EXIT_UNREACHABLE", "EXIT_USAGE"]
+
+OnResult = Callable[[HostResult], None]
+OnProgress = Callable[[outcome.StageProgress], None]
+# How often the runner looks for results the notebook wrote.
+FOLLOW_SECONDS = 0.2
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -51,7 +69,7 @@ class RunRecord:
     message: str
     duration: float
     parameters: dict[str, Any] = field(default_factory=dict)
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    results: list[HostResult] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -120,6 +138,10 @@ def run_notebook(
     runs_dir: str | Path = "runs",
     timeout: float | None = None,
     stage_timeout: float | None = None,
+    *,
+    forks: int = DEFAULT_FORKS,
+    on_result: OnResult | None = None,
+    on_progress: OnProgress | None = None,
 ) -> RunRecord:
     """Execute one runbook notebook against a deployment and file the run.
 
@@ -130,6 +152,9 @@ def run_notebook(
         runs_dir: where run folders are made.
         timeout: seconds a single cell may run.
         stage_timeout: seconds the whole notebook may run.
+        forks: how many hosts a stage notebook works on at once.
+        on_result: called with each host's result as the notebook records it.
+        on_progress: called with the steps long stages reach on each host.
 
     Raises:
         RunError: the notebook or a parameter is unknown.
@@ -139,12 +164,28 @@ def run_notebook(
     deployment_path = Path(deployment).resolve()
     dep = load_deployment(deployment_path)
     params = {"deployment": str(deployment_path), **dict(parameters or {})}
+    if stages.for_notebook(nb_path.stem) is not None:
+        params.setdefault("forks", forks)
     check_parameters(nb_path, params)
-    folder = new_run_folder(Path(runs_dir), nb_path.stem, dep.host.address)
+    folder = new_run_folder(Path(runs_dir), nb_path.stem, run_label(dep))
     redactor = Redactor(dep.secret_values())
-    record = execute_stage(nb_path, folder, params, redactor, timeout, stage_timeout)
-    (folder / "run.json").write_text(json.dumps(asdict(record), default=str, indent=2) + "\n")
+    record = execute_stage(
+        nb_path,
+        folder,
+        params,
+        redactor,
+        timeout,
+        stage_timeout,
+        on_result,
+        on_progress=on_progress,
+    )
+    _write_run_json(folder, record)
     return record
+
+
+def run_label(deployment: Deployment) -> str:
+    """What a run folder is named after: the host, or the deployment when it has several."""
+    return deployment.host.address if len(deployment.hosts) == 1 else deployment.name
 
 
 def execute_stage(
@@ -154,9 +195,12 @@ def execute_stage(
     redactor: Redactor,
     timeout: float | None = None,
     stage_timeout: float | None = None,
+    on_result: OnResult | None = None,
+    journal: Path | None = None,
+    on_progress: OnProgress | None = None,
 ) -> RunRecord:
     """Run one notebook with papermill into ``folder``; the notebook is written even when a
-    cell fails, and the journal and verdicts go next to it.
+    cell fails, and the journal and per-host results go next to it.
 
     Args:
         nb_path: the notebook.
@@ -165,44 +209,39 @@ def execute_stage(
         redactor: masks secrets in what is filed.
         timeout: seconds a cell may run.
         stage_timeout: seconds the whole notebook may run (enforced from the main thread).
+        on_result: called with each host's result while the notebook runs.
+        journal: where the remote commands are journalled (default: ``journal.jsonl`` in
+            ``folder``).
+        on_progress: called with the steps long stages reach on each host.
     """
     output = folder / nb_path.name
-    verdicts_file = folder / f"{nb_path.stem}.verdicts.jsonl"
+    results_file = folder / f"{nb_path.stem}.results.jsonl"
     started = time.monotonic()
     env = {
-        JOURNAL_ENV: str(folder / "journal.jsonl"),
-        outcome.OUTCOME_ENV: str(verdicts_file),
+        JOURNAL_ENV: str(journal or folder / "journal.jsonl"),
+        outcome.OUTCOME_ENV: str(results_file),
         HEADLESS_ENV: "1",
     }
-    try:
-        with _environment(env), _deadline(stage_timeout):
-            papermill.execute_notebook(
-                str(nb_path),
-                str(output),
-                parameters=dict(params),
-                progress_bar=False,
-                cwd=str(nb_path.parent),
-                execution_timeout=timeout,
-            )
-        verdicts = outcome.read(verdicts_file)
-        problems = [v for v in verdicts if not v["ok"]]
-        code = EXIT_PROBLEM if problems else EXIT_OK
-        shown = problems or verdicts
-        message = (
-            "; ".join(v["message"] for v in shown) or "the notebook ran (it records no verdict)"
-        )
-    except PapermillExecutionError as e:
-        verdicts = outcome.read(verdicts_file)
-        code = exit_code_for(e.ename)
-        message = f"cell {e.exec_count} raised {e.ename}: {e.evalue}"
-    except StageTimeout:
-        verdicts = outcome.read(verdicts_file)
-        code = EXIT_TOOL_FAILED
-        message = f"the stage ran longer than {stage_timeout:g} s and was stopped"
-    except Exception as e:  # a dead kernel or a broken notebook still gets a record
-        verdicts = outcome.read(verdicts_file)
-        code = EXIT_TOOL_FAILED
-        message = f"the notebook could not run: {type(e).__name__}: {e}"
+    failure: tuple[int, str] | None = None
+    with _following(results_file, on_result, on_progress) as results:
+        try:
+            with _environment(env), _deadline(stage_timeout):
+                papermill.execute_notebook(
+                    str(nb_path),
+                    str(output),
+                    parameters=dict(params),
+                    progress_bar=False,
+                    cwd=str(nb_path.parent),
+                    execution_timeout=timeout,
+                )
+        except PapermillExecutionError as e:
+            failure = exit_code_for(e.ename), f"cell {e.exec_count} raised {e.ename}: {e.evalue}"
+        except StageTimeout:
+            message = f"the stage ran longer than {stage_timeout:g} s and was stopped"
+            failure = EXIT_TOOL_FAILED, message
+        except Exception as e:  # a dead kernel or a broken notebook still gets a record
+            failure = EXIT_TOOL_FAILED, f"the notebook could not run: {type(e).__name__}: {e}"
+    code, message = _verdict(results, failure)
     redact_notebook(output, redactor)
     return RunRecord(
         folder=folder,
@@ -212,8 +251,55 @@ def execute_stage(
         message=redactor.redact(message),
         duration=round(time.monotonic() - started, 2),
         parameters={k: redactor.redact(str(v)) for k, v in params.items()},
-        verdicts=verdicts,
+        results=results,
     )
+
+
+def _verdict(results: list[HostResult], failure: tuple[int, str] | None) -> tuple[int, str]:
+    """A notebook run's exit code (its worst host's, or the failure of the notebook itself)
+    and message (the problems, host by host when there are several)."""
+    codes = [worst_exit_code(results)] + ([failure[0]] if failure else [])
+    code = max(codes, key=(EXIT_OK, EXIT_PROBLEM, EXIT_TOOL_FAILED, EXIT_UNREACHABLE).index)
+    several = len({r.host for r in results}) > 1
+    problems = [r for r in results if r.exit_code != EXIT_OK]
+    shown = [f"{r.host}: {r.message}" if several else r.message for r in problems or results]
+    if failure:
+        shown.insert(0, failure[1])
+    return code, "; ".join(shown) or "the notebook ran (it records no result)"
+
+
+@contextlib.contextmanager
+def _following(
+    path: Path, on_result: OnResult | None, on_progress: OnProgress | None
+) -> Iterator[list[HostResult]]:
+    """Collect the results written to ``path`` while the body runs, reporting each to
+    ``on_result`` (and each progress line to ``on_progress``) as it appears; the list is
+    complete when the body is done."""
+    follower = outcome.Follower(path)
+    results: list[HostResult] = []
+    done = threading.Event()
+
+    def take() -> None:
+        for record in follower.new():
+            if isinstance(record, HostResult):
+                results.append(record)
+                if on_result is not None:
+                    on_result(record)
+            elif on_progress is not None:
+                on_progress(record)
+
+    def loop() -> None:
+        while not done.wait(FOLLOW_SECONDS):
+            take()
+
+    thread = threading.Thread(target=loop, name="opsbook-results", daemon=True)
+    thread.start()
+    try:
+        yield results
+    finally:
+        done.set()
+        thread.join()
+        take()
 
 
 def redact_notebook(path: Path, redactor: Redactor) -> None:
@@ -240,14 +326,61 @@ def redact_notebook(path: Path, redactor: Redactor) -> None:
     nbformat.write(nb, path)
 
 
-DEPLOY_STAGES = (
-    "00_preflight",
-    "01_download_check",
-    "02_config_patch",
-    "03_launch_script",
-    "04_launch",
-)
-DIAGNOSE_STAGE = "05_diagnose"
+DEPLOY_STAGES = tuple(s.notebook for s in stages.DEPLOY)
+DIAGNOSE_STAGE = stages.DIAGNOSE.notebook
+BATCH_PREFIX = "batch-"
+
+
+def plan_batches(hosts: Sequence[str], serial: int | str | None) -> list[list[str]]:
+    """The hosts in batches for a rolling run: ``serial`` hosts at a time (a count, or a
+    percentage such as ``"25%"``); all at once when it is empty or 0.
+
+    Raises:
+        RunError: ``serial`` is neither a positive count nor a percentage.
+    """
+    if serial in (None, "", 0):
+        return [list(hosts)]
+    text = str(serial).strip()
+    try:
+        if text.endswith("%"):
+            percent = int(text[:-1])
+            size = max(1, len(hosts) * percent // 100) if percent > 0 else 0
+        else:
+            size = int(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise RunError(
+            f"serial must be a number of hosts or a percentage, not {serial!r}",
+            remedy="e.g. -p serial 1, -p serial 2 or -p serial 25%",
+        )
+    return [list(hosts[i : i + size]) for i in range(0, len(hosts), size)]
+
+
+def too_many_failed(results: Sequence[HostResult], total: int, percentage: float | None) -> bool:
+    """Ansible's ``max_fail_percentage``: more than ``percentage`` of the hosts failed or were
+    unreachable."""
+    if percentage is None or total == 0:
+        return False
+    bad = {r.host for r in results if r.state in (State.FAILED, State.UNREACHABLE)}
+    return len(bad) * 100 / total > percentage
+
+
+@dataclass
+class _DeployRun:
+    """What a deploy run collects as it goes."""
+
+    deployment: Path
+    folder: Path
+    redactor: Redactor
+    apply: bool
+    forks: int
+    limits: tuple[float | None, float | None]
+    on_result: OnResult | None
+    on_progress: OnProgress | None
+    results: list[HostResult] = field(default_factory=list)
+    notebooks: list[records.NotebookEntry] = field(default_factory=list)
+    stopped: str = ""
 
 
 def run_deploy(
@@ -257,94 +390,216 @@ def run_deploy(
     apply: bool = True,
     timeout: float | None = None,
     stage_timeout: float | None = None,
+    forks: int = DEFAULT_FORKS,
+    max_fail_percentage: float | None = None,
+    serial: int | str | None = None,
+    on_result: OnResult | None = None,
+    on_progress: OnProgress | None = None,
 ) -> RunRecord:
-    """The whole runbook into one run folder: stages 00 to 04 in order, stopping at the first
-    that fails, then 05_diagnose; an HTML copy of each, ``summary.json`` and ``index.html``.
-    The folder is made read-only when the run ends.
+    """The whole runbook on every host of a deployment, into one run folder: the stages 00 to
+    04 in order, a host dropped from the later stages once it fails, then 05_diagnose on every
+    reachable host; an HTML copy of each notebook, ``summary.json`` and ``index.html`` with a
+    host x stage grid. The folder is made read-only when the run ends.
 
     Args:
         deployment: the deployment file.
         runs_dir: where run folders are made.
         apply: passed to the stages that change the host; False makes the run a rehearsal
-            that stops at the first stage with something to change.
+            in which a host with something to change is reported "would change".
         timeout: seconds a single cell may run.
         stage_timeout: seconds each stage may run.
+        forks: how many hosts a stage works on at once.
+        max_fail_percentage: stop the run once more than this share of hosts failed.
+        serial: a rolling run: this many hosts (or this percentage) at a time, each batch
+            through all the stages before the next; the run stops at the first batch in which
+            a host fails, and the hosts of later batches are left untouched.
+        on_result: called with each host's result of each stage as it finishes.
+        on_progress: called with the steps long stages reach on each host.
 
     Raises:
         DeploymentError: the deployment file is unusable.
+        RunError: ``serial`` is not a count or a percentage.
     """
     deployment_path = Path(deployment).resolve()
     dep = load_deployment(deployment_path)
-    folder = new_run_folder(Path(runs_dir), "deploy", dep.host.address)
-    limits = (timeout, stage_timeout)
-    redactor = Redactor(dep.secret_values())
+    names = [h.name for h in dep.hosts]
+    batches = plan_batches(names, serial)
+    folder = new_run_folder(Path(runs_dir), "deploy", run_label(dep))
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    stage_records: list[tuple[str, RunRecord]] = []
-    for stage in DEPLOY_STAGES:
-        record = _deploy_stage(stage, deployment_path, folder, redactor, apply, limits)
-        stage_records.append((stage, record))
-        if not record.ok:
-            break
-    failed = next((r for _, r in stage_records if not r.ok), None)
-    diagnosis = _deploy_stage(DIAGNOSE_STAGE, deployment_path, folder, redactor, apply, limits)
-    stage_records.append((DIAGNOSE_STAGE, diagnosis))
-    final = failed or diagnosis
-    summary = RunRecord(
-        folder=folder,
-        notebook="deploy",
-        exit_code=final.exit_code,
-        status=STATUS[final.exit_code],
-        message=f"{Path(final.notebook).stem}: {final.message}" if failed else final.message,
-        duration=round(sum(r.duration for _, r in stage_records), 2),
-        parameters={"deployment": str(deployment_path), "apply": str(apply)},
-        verdicts=[v for _, r in stage_records for v in r.verdicts],
+    started = time.monotonic()
+    run = _DeployRun(
+        deployment_path,
+        folder,
+        Redactor(dep.secret_values()),
+        apply,
+        forks,
+        (timeout, stage_timeout),
+        on_result,
+        on_progress,
     )
-    stages = [_stage_summary(stage, record) for stage, record in stage_records]
-    skipped = DEPLOY_STAGES[len(stage_records) - 1 :] if failed else ()
-    stages[-1:-1] = [_skipped(stage) for stage in skipped]
-    run_doc = {
-        **asdict(summary),
-        "name": dep.name,
-        "host": dep.host.name,
-        "deployment": str(deployment_path),
-        "started": started_at,
-    }
-    (folder / "run.json").write_text(json.dumps(run_doc, default=str, indent=2) + "\n")
-    records.write_summary(folder, run_doc, stages)
-    records.close(folder)
+    for number, batch in enumerate(batches, start=1):
+        where = folder if len(batches) == 1 else folder / f"{BATCH_PREFIX}{number:02d}"
+        where.mkdir(exist_ok=True)
+        _deploy_batch(run, batch, where, len(names), max_fail_percentage)
+        failed = [r.host for r in run.results if r.host in batch and not r.state.goes_on]
+        if run.stopped:
+            break
+        if failed and number < len(batches):
+            run.stopped = (
+                f"batch {number} of {len(batches)} failed on {', '.join(dict.fromkeys(failed))}: "
+                "the hosts of later batches were left untouched"
+            )
+            break
+    unreachable = {r.host for r in run.results if r.state is State.UNREACHABLE}
+    diagnosed = [n for n in names if n not in unreachable]
+    if diagnosed:
+        _run_stage(run, stages.DIAGNOSE, diagnosed, folder)
+    run.results = _with_skipped(run.results, names, run.stopped)
+    return _file_deploy(run, dep, started_at, time.monotonic() - started, serial)
+
+
+def _deploy_batch(
+    run: _DeployRun, batch: list[str], where: Path, total: int, max_fail: float | None
+) -> None:
+    active = list(batch)
+    for stage in stages.DEPLOY:
+        if not active:
+            return
+        results = _run_stage(run, stage, active, where)
+        active = [r.host for r in results if r.state.goes_on]
+        if too_many_failed(run.results, total, max_fail):
+            run.stopped = f"more than {max_fail:g}% of the hosts failed: the run was stopped"
+            return
+
+
+def _run_stage(
+    run: _DeployRun, stage: stages.Stage, hosts: list[str], where: Path
+) -> list[HostResult]:
+    nb_path = find_notebook(stage.notebook)
+    params: dict[str, Any] = {"deployment": str(run.deployment), "hosts": hosts, "forks": run.forks}
+    if "apply" in papermill.inspect_notebook(str(nb_path)):
+        params["apply"] = run.apply
+    journal = run.folder / "journal.jsonl"
+    record = execute_stage(
+        nb_path,
+        where,
+        params,
+        run.redactor,
+        *run.limits,
+        run.on_result,
+        journal=journal,
+        on_progress=run.on_progress,
+    )
+    results = _complete(record, stage, hosts, run.on_result)
+    run.results += results
+    run.notebooks.append(
+        records.NotebookEntry(
+            stage=stage.name,
+            notebook=str(record.executed_notebook.relative_to(run.folder)),
+            html=_html_copy(record, run.folder),
+            hosts=tuple(hosts),
+            exit_code=record.exit_code,
+            message=record.message,
+            duration=record.duration,
+        )
+    )
+    return results
+
+
+def _complete(
+    record: RunRecord, stage: stages.Stage, hosts: list[str], on_result: OnResult | None
+) -> list[HostResult]:
+    """The stage's result for each host it was given: a host the notebook recorded nothing for
+    (a cell raised before or after the fan-out) gets the notebook's failure as its result."""
+    by_host = {r.host: r for r in record.results if r.stage == stage.name}
+    results = []
+    for host in hosts:
+        result = by_host.get(host)
+        if result is None:
+            state = State.UNREACHABLE if record.exit_code == EXIT_UNREACHABLE else State.FAILED
+            result = HostResult(host, stage.name, state, record.message, failure_id=TOOL_FAILED)
+            if on_result is not None:
+                on_result(result)
+        results.append(result)
+    return results
+
+
+def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> list[HostResult]:
+    """Every host x stage of the run: a pair with no result is skipped, saying why."""
+    done = {(r.host, r.stage) for r in results}
+    filled = list(results)
+    for host in names:
+        mine = [r for r in results if r.host == host]
+        reason = next(
+            (f"not run: {r.state.value} at {r.stage}" for r in mine if not r.state.goes_on),
+            f"not run: {stopped}" if stopped else "not run",
+        )
+        for stage in stages.STAGES:
+            if (host, stage.name) not in done:
+                filled.append(HostResult(host, stage.name, State.SKIPPED, reason))
+    return filled
+
+
+def _html_copy(record: RunRecord, folder: Path) -> str | None:
+    page = records.export_html(record.executed_notebook)
+    return str(page.relative_to(folder)) if page else None
+
+
+def _file_deploy(
+    run: _DeployRun, dep: Deployment, started_at: str, duration: float, serial: Any
+) -> RunRecord:
+    code = worst_exit_code(run.results)
+    problems = [r for r in run.results if r.exit_code != EXIT_OK]
+    if problems:
+        first = problems[0]
+        message = f"{len({r.host for r in problems})} of {len(dep.hosts)} host(s) not ok; " + (
+            f"{first.host} {first.state.value} at {first.stage}: {first.message}"
+        )
+    else:
+        message = f"all {len(dep.hosts)} host(s) ok"
+    if run.stopped:
+        message = f"{run.stopped}; {message}"
+    summary = RunRecord(
+        folder=run.folder,
+        notebook="deploy",
+        exit_code=code,
+        status=STATUS[code],
+        message=run.redactor.redact(message),
+        duration=round(duration, 2),
+        parameters={
+            "deployment": str(run.deployment),
+            "apply": str(run.apply),
+            "serial": str(serial or ""),
+            "forks": str(run.forks),
+        },
+        results=run.results,
+    )
+    doc = records.RunSummary(
+        name=dep.name,
+        deployment=str(run.deployment),
+        started=started_at,
+        status=summary.status,
+        exit_code=code,
+        message=summary.message,
+        duration=summary.duration,
+        parameters=summary.parameters,
+        hosts=[h.name for h in dep.hosts],
+        stages=[s.name for s in stages.STAGES],
+        results=run.results,
+        notebooks=run.notebooks,
+    )
+    _write_run_json(run.folder, summary)
+    records.write_summary(run.folder, doc)
+    records.close(run.folder)
     return summary
 
 
-def _deploy_stage(
-    stage: str,
-    deployment: Path,
-    folder: Path,
-    redactor: Redactor,
-    apply: bool,
-    limits: tuple[float | None, float | None],
-) -> RunRecord:
-    nb_path = find_notebook(stage)
-    params: dict[str, Any] = {"deployment": str(deployment)}
-    if "apply" in papermill.inspect_notebook(str(nb_path)):
-        params["apply"] = apply
-    return execute_stage(nb_path, folder, params, redactor, *limits)
-
-
-def _stage_summary(stage: str, record: RunRecord) -> records.StageSummary:
-    page = records.export_html(record.executed_notebook)
-    return records.StageSummary(
-        stage=stage,
-        notebook=record.notebook,
-        status=record.status,
-        exit_code=record.exit_code,
-        duration=record.duration,
-        message=record.message,
-        html=page.name if page else None,
-    )
-
-
-def _skipped(stage: str) -> records.StageSummary:
-    return records.StageSummary(stage, f"{stage}.ipynb", "skipped", None, 0.0, "not run")
+def _write_run_json(folder: Path, record: RunRecord) -> None:
+    doc = {
+        **{k: v for k, v in asdict(record).items() if k != "results"},
+        "results": [outcome.to_dict(r) for r in record.results],
+    }
+    (folder / "run.json").write_text(json.dumps(doc, default=str, indent=2) + "\n")
 
 
 STATUS = {

@@ -257,6 +257,26 @@ def status(dir: Path) -> Result:
     return Result(False, f"rehearsal host {where} is down: {problem}", data, [finding])
 
 
+def running(dir: Path) -> Sandbox:
+    """The rehearsal host running in ``dir``.
+
+    Raises:
+        SandboxError: none was started there.
+    """
+    paths = _Paths(_absolute_folder(dir))
+    state = _read_state(paths)
+    if state.get("status") != "up":
+        raise SandboxError(
+            f"no rehearsal host runs in {paths.dir}", remedy="run `opsbook sandbox up`"
+        )
+    return _sandbox_from_state(paths, state)
+
+
+def is_own_sshd(box: Sandbox) -> bool:
+    """Whether the sandbox's recorded sshd PID is still its own sshd."""
+    return _is_our_sshd(box.sshd_pid, _Paths(box.dir))
+
+
 # Starting.
 
 

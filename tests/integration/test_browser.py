@@ -327,12 +327,16 @@ def executed(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exe
 def test_the_notebook_ran_against_the_rehearsal_host(
     executed: ExecutedNotebook, sandbox: Sandbox
 ) -> None:
-    text = cell_output(executed.page, "preflight.gather_facts(").inner_text()
-    assert f"{GPU_COUNT} GPU(s) on {sandbox.user}@{sandbox.address}:{sandbox.port}" in text, text
+    text = cell_output(executed.page, "stages.run_stage(").inner_text()
+    assert f"{sandbox.user}@{sandbox.address}:{sandbox.port}" in text, text
+    assert f"{GPU_COUNT} GPU(s)" in cell_output(executed.page, "fleet.show()").inner_text()
 
 
 def test_the_gpu_table_lists_eight_blackwell_gpus(executed: ExecutedNotebook) -> None:
-    rows = cell_output(executed.page, "preflight.gpu_table(").locator("table tbody tr")
+    table = cell_output(executed.page, "fleet.show()").locator(
+        "table", has=executed.page.locator("th", has_text="compute capability")
+    )
+    rows = table.locator("tbody tr")
     texts = rows.all_inner_texts()
     assert len(texts) == GPU_COUNT, texts
     for text in texts:
@@ -341,7 +345,7 @@ def test_the_gpu_table_lists_eight_blackwell_gpus(executed: ExecutedNotebook) ->
 
 
 def test_the_gpu_memory_chart_is_drawn_for_every_gpu(executed: ExecutedNotebook) -> None:
-    output = cell_output(executed.page, "plots.gpu_memory(")
+    output = cell_output(executed.page, "fleet.show()")
     image = output.locator('[data-mime-type="image/svg+xml"] img').first
     image.wait_for(state="visible")
     # JupyterLab shows SVG as an <img> of a data: URL; a width of 0 means it failed to decode.
@@ -353,11 +357,11 @@ def test_the_gpu_memory_chart_is_drawn_for_every_gpu(executed: ExecutedNotebook)
 
 
 def test_the_verdict_and_findings_are_shown(executed: ExecutedNotebook) -> None:
-    output = cell_output(executed.page, "outcome.record(")
+    output = cell_output(executed.page, "stages.run_stage(")
     verdict = output.locator(".jp-RenderedHTMLCommon").first
     verdict.wait_for(state="visible")
     text = verdict.inner_text()
-    assert "✔" in text and GPU_NAME in text and "compute capability 12.0" in text, text
+    assert "ok" in text and GPU_NAME in text and "compute capability 12.0" in text, text
 
 
 def test_no_cell_raised(executed: ExecutedNotebook) -> None:

@@ -27,11 +27,11 @@ def test_preflight_shows_eight_blackwell_gpus(sandbox, tmp_path) -> None:
     record = run.run_notebook("00_preflight", sandbox.deployment_path, runs_dir=tmp_path)
     assert record.exit_code == run.EXIT_OK, record.message
     text = outputs_text(record.executed_notebook)
-    assert "8 GPU(s) on" in text
+    assert "8 GPU(s); interconnect: PCIe-only" in text
     assert text.count("NVIDIA RTX PRO 6000 Blackwell Workstation Edition  12.0") == 8
-    assert "PCIe-only" in text
     saved = json.loads((record.folder / "run.json").read_text())
-    assert saved["exit_code"] == 0 and saved["verdicts"][0]["stage"] == "preflight"
+    assert saved["exit_code"] == 0 and saved["results"][0]["stage"] == "preflight"
+    assert saved["results"][0]["state"] == "ok"
     journal = (record.folder / "journal.jsonl").read_text().splitlines()
     assert len(journal) == 1 and "probe facts" in journal[0]
 
@@ -49,7 +49,7 @@ def test_an_unreachable_host_has_its_own_exit_code_and_still_a_record(sandbox, t
     bad.write_text(yaml.safe_dump(doc))
     record = run.run_notebook("00_preflight", bad, runs_dir=tmp_path / "runs")
     assert record.exit_code == run.EXIT_UNREACHABLE
-    assert "ConnectionRefused" in record.message
+    assert "refused" in record.message and record.results[0].state.value == "unreachable"
     assert record.executed_notebook.exists()
 
 

@@ -80,3 +80,45 @@ def test_secret_serve_args_are_secret_values(monkeypatch: pytest.MonkeyPatch) ->
     )
     assert dep.secret_args() == {"api-key": ["written-by-mistake"]}
     assert set(dep.secret_values()) >= {"from-the-environment", "written-by-mistake"}
+
+
+def test_a_host_sees_the_deployment_through_its_own_vars() -> None:
+    dep = parse_deployment(
+        {
+            "hosts": [
+                {"address": "gpu-01", "vars": {"model": {"path": "/m1"}, "server": {"port": 9001}}},
+                "gpu-02",
+            ],
+            "model": {"path": "/models/m"},
+            "server": {"port": 8000, "args": {"tensor-parallel-size": 8}},
+        }
+    )
+    first, second = (dep.for_host(h) for h in dep.hosts)
+    assert (first.model_path, first.server_port, first.hosts) == ("/m1", 9001, [dep.hosts[0]])
+    assert first.serve_args == {"tensor-parallel-size": 8}
+    assert (second.model_path, second.server_port, second.hosts) == (
+        "/models/m",
+        8000,
+        [dep.hosts[1]],
+    )
+
+
+def test_a_single_host_file_is_its_own_view() -> None:
+    dep = parse_deployment({"hosts": ["gpu-01"], "model": {"path": "/m"}})
+    assert dep.for_host(dep.host) == dep and not dep.host_views
+
+
+def test_host_vars_must_be_a_mapping() -> None:
+    with pytest.raises(DeploymentError, match="vars must be a mapping"):
+        parse_deployment({"hosts": [{"address": "a", "vars": [1]}], "model": {"path": "/m"}})
+
+
+def test_the_example_deployments_load() -> None:
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).parents[2] / "deployments").glob("*.yml"))
+    assert examples
+    fleet = load_deployment(examples[[p.name for p in examples].index("fleet-example.yml")])
+    assert [fleet.for_host(h).server_port for h in fleet.hosts] == [8000, 8000, 8001]
+    for path in examples:
+        assert load_deployment(path).hosts

@@ -13,22 +13,14 @@ import pytest
 from opsbook import checkpoint, download, probes
 from opsbook.checkpoint import make_checkpoint
 from opsbook.download import DownloadProgress, HashProgress
+from opsbook.testing import FakeHost, local_probe
 
 INDEX = "model.safetensors.index.json"
 
 
-class LocalProber:
-    """Runs probes with the local python3, exactly as a host's python would run them."""
-
-    def __init__(self, python: str = "/usr/bin/python3"):
-        self.python = python
-        self.calls: list[dict[str, Any]] = []
-
-    def probe(
-        self, name: str, args: dict[str, Any] | None = None, *, timeout: float | None = None
-    ) -> Any:
-        self.calls.append(dict(args or {}))
-        return probes.run_local(name, args, python=self.python)
+def LocalProber() -> FakeHost:
+    """A host whose download probe runs with the local python3, as a host's python would."""
+    return FakeHost(probes={"download": local_probe("download")})
 
 
 def check(path: Path | str) -> dict[str, Any]:
@@ -337,7 +329,7 @@ def test_progress_between_batches_and_resumable_cache(local: Path, tmp_path: Pat
     assert [p.files_done for p in seen] == [2, 4, 5]
     assert seen[-1].bytes_done == seen[-1].bytes_total == 500_000
     assert "hashed 5/5 shards" in seen[-1].line()
-    assert len(host.calls) == 4  # one listing, three batches
+    assert len(host.probe_args) == 4  # one listing, three batches
     assert len(json.loads(cache.read_text())) == 5
     again = download.hash_shards(host, str(local), cache_path=str(cache))
     assert all(row["cached"] for row in again.data["rows"])

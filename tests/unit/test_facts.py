@@ -32,6 +32,7 @@ from opsbook.facts import (
     summary_table,
 )
 from opsbook.probes import run_local
+from opsbook.testing import FakeHost, local_probe
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 H200 = DATA / "h200"
@@ -457,21 +458,6 @@ def test_probe_finds_running_model_servers(tmp_path: Path) -> None:
 
 
 def test_gather_facts_makes_one_probe_call(tmp_path: Path) -> None:
-    class LocalHost:
-        def __init__(self) -> None:
-            self.calls: list[tuple[str, dict[str, Any] | None]] = []
-
-        def probe(
-            self,
-            name_or_source: str,
-            args: dict[str, Any] | None = None,
-            *,
-            python: str = "python3",
-            timeout: float | None = None,
-        ) -> Any:
-            self.calls.append((name_or_source, args))
-            return run_local(name_or_source, args, env=probe_env())
-
     deployment = Deployment(
         name="t",
         hosts=[HostSpec(address="127.0.0.1", user="me")],
@@ -479,9 +465,10 @@ def test_gather_facts_makes_one_probe_call(tmp_path: Path) -> None:
         python="/usr/bin/python3",
         server_port=8123,
     )
-    host = LocalHost()
+    host = FakeHost("127.0.0.1", user="me", probes={"facts": local_probe("facts", env=probe_env())})
     facts = gather_facts(host, deployment)
-    assert host.calls == [
+    assert host.calls == [("probe", "facts")]
+    assert host.probe_args == [
         (
             "facts",
             {"python": "/usr/bin/python3", "model_path": str(tmp_path / "model"), "ports": [8123]},

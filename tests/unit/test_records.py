@@ -5,28 +5,71 @@ import pytest
 
 from opsbook import records
 from opsbook.exceptions import RunError
+from opsbook.results import HostResult, State
 
 
-def stages() -> list[records.StageSummary]:
-    return [
-        records.StageSummary(
-            "00_preflight", "00_preflight.ipynb", "ok", 0, 2.0, "8 GPUs", "a.html"
-        ),
-        records.StageSummary(
-            "04_launch", "04_launch.ipynb", "problem found", 1, 9.5, "crashed <x>"
-        ),
-        records.StageSummary("05_diagnose", "05_diagnose.ipynb", "skipped", None, 0.0, "not run"),
+def summary() -> records.RunSummary:
+    results = [
+        HostResult("a", "preflight", State.OK, "8 GPUs", duration=2.0),
+        HostResult("b", "preflight", State.UNREACHABLE, "connection refused"),
+        HostResult("a", "launch", State.FAILED, "crashed <x>", failure_id="oom"),
+        HostResult("a", "diagnose", State.OK, "ready", script_sha256="ab" * 32),
+        HostResult("b", "launch", State.SKIPPED, "not run: unreachable at preflight"),
     ]
+    notebooks = [
+        records.NotebookEntry(
+            "preflight", "00_preflight.ipynb", "00_preflight.html", ("a", "b"), 4, "m", 2.0
+        ),
+        records.NotebookEntry("launch", "04_launch.ipynb", None, ("a",), 1, "m", 9.5),
+    ]
+    return records.RunSummary(
+        name="rehearsal",
+        deployment="d.yml",
+        started="now",
+        status="host unreachable",
+        exit_code=4,
+        message="m",
+        duration=12.0,
+        parameters={},
+        hosts=["a", "b"],
+        stages=["preflight", "launch", "diagnose"],
+        results=results,
+        notebooks=notebooks,
+    )
 
 
-def test_summary_and_index_link_every_stage(tmp_path) -> None:
-    run = {"name": "rehearsal", "status": "problem found", "exit_code": 1, "message": "m"}
-    records.write_summary(tmp_path, run, stages())
+def test_summary_holds_every_host_result_the_recap_and_the_script_versions(tmp_path) -> None:
+    records.write_summary(tmp_path, summary())
     doc = json.loads((tmp_path / "summary.json").read_text())
-    assert [s["stage"] for s in doc["stages"]] == ["00_preflight", "04_launch", "05_diagnose"]
+    assert [(r["host"], r["stage"], r["state"]) for r in doc["results"]][:3] == [
+        ("a", "preflight", "ok"),
+        ("b", "preflight", "unreachable"),
+        ("a", "launch", "failed"),
+    ]
+    assert doc["recap"]["a"] == {
+        "ok": 2,
+        "changed": 0,
+        "failed": 1,
+        "unreachable": 0,
+        "skipped": 0,
+        "exit_code": 1,
+    }
+    assert doc["recap"]["b"]["unreachable"] == 1 and doc["recap"]["b"]["exit_code"] == 4
+    assert doc["script_versions"] == {"a": "ab" * 32, "b": ""}
+
+
+def test_the_index_is_a_host_by_stage_grid_linking_the_notebooks(tmp_path) -> None:
+    records.write_summary(tmp_path, summary())
     page = (tmp_path / "index.html").read_text()
-    assert 'href="00_preflight.ipynb"' in page and 'href="a.html"' in page
+    row_a = page.split("<th style='text-align:left'>a</th>")[1].split("</tr>")[0]
+    assert row_a.count("<td class='state'") == 3
+    assert (
+        "href='00_preflight.html#host-a'>ok</a>" in row_a
+        and "href='04_launch.ipynb'>failed</a>" in row_a
+    )
     assert "crashed &lt;x&gt;" in page and "<x>" not in page
+    row_b = page.split("<th style='text-align:left'>b</th>")[1].split("</tr>")[0]
+    assert ">unreachable</a>" in row_b and ">skipped<" in row_b and "<td></td>" in row_b
 
 
 def test_a_closed_run_folder_is_read_only(tmp_path) -> None:

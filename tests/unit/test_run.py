@@ -3,6 +3,7 @@ import pytest
 
 from opsbook import run
 from opsbook.exceptions import RunError
+from opsbook.results import HostResult, State
 
 
 @pytest.fixture
@@ -59,3 +60,51 @@ def test_run_folders_are_absolute(tmp_path, notebook, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     folder = run.new_run_folder(run.Path("runs"), "deploy", "gpu-01")
     assert folder.is_absolute() and folder.parent == tmp_path / "runs"
+
+
+@pytest.mark.parametrize(
+    "serial, sizes",
+    [
+        (None, [5]),
+        (0, [5]),
+        (1, [1, 1, 1, 1, 1]),
+        (2, [2, 2, 1]),
+        ("40%", [2, 2, 1]),
+        ("10%", [1] * 5),
+    ],
+)
+def test_a_rolling_run_goes_in_batches(serial, sizes) -> None:
+    hosts = list("abcde")
+    batches = run.plan_batches(hosts, serial)
+    assert [len(b) for b in batches] == sizes and sum(batches, []) == hosts
+
+
+@pytest.mark.parametrize("serial", [-1, "x", "0%"])
+def test_a_bad_batch_size_is_refused(serial) -> None:
+    with pytest.raises(RunError, match="serial"):
+        run.plan_batches(["a"], serial)
+
+
+def test_the_run_stops_when_more_than_the_percentage_failed() -> None:
+    results = [
+        HostResult("a", "preflight", State.FAILED, ""),
+        HostResult("a", "download", State.SKIPPED, ""),
+        HostResult("b", "preflight", State.UNREACHABLE, ""),
+        HostResult("c", "preflight", State.OK, ""),
+    ]
+    assert not run.too_many_failed(results, 4, None)
+    assert not run.too_many_failed(results, 4, 50)
+    assert run.too_many_failed(results, 4, 49)
+
+
+def test_every_host_and_stage_of_a_run_has_a_result_saying_why_it_was_skipped() -> None:
+    results = [
+        HostResult("a", "preflight", State.OK, ""),
+        HostResult("a", "download", State.FAILED, "truncated"),
+        HostResult("b", "preflight", State.OK, ""),
+    ]
+    filled = run._with_skipped(results, ["a", "b"], "batch 1 failed")
+    assert len(filled) == 12
+    skipped = {(r.host, r.stage): r.message for r in filled if r.state is State.SKIPPED}
+    assert skipped[("a", "launch")] == "not run: failed at download"
+    assert skipped[("b", "download")] == "not run: batch 1 failed"

@@ -1,0 +1,142 @@
+"""Benchmark: wall time of a fleet stage on 1, 4 and 16 rehearsal hosts, and the 16:1 ratio.
+
+Starts a rehearsal fleet of 16 hosts of its own (each its own sshd on its own loopback address)
+and takes it down at the end. For 1, 4 and 16 of them, it times the product's own path,
+``opsbook run 00_preflight`` and ``opsbook run 05_diagnose`` (papermill, one kernel per stage,
+the hosts fanned out over ``--forks`` threads in it), and, to show where the time goes, the
+stage's fan-out alone (:func:`opsbook.stages.run_stage` in this process). Each figure is the
+best of ``--repeat`` runs. Goal: 16 hosts in at most 2.0 x the time of one, for both stages:
+the round trip, not the host count, should set the time.
+
+The servers of the fleet are not started, so diagnose answers "never started" on every host,
+the same answer for 1 and for 16 hosts. All rehearsal hosts run on this machine: what each one
+does on its side (sshd, the probe's python, the simulated nvidia-smi) shares its cores, which
+real hosts do not; the CPU-seconds the machine was busy during one fan-out are printed too.
+
+Usage: ``.venv/bin/python bench/fleet.py [--address 127.0.1.101] [--repeat 2] [--forks 16]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from opsbook import fleet_sandbox, run, stages
+from opsbook.deployment import load_deployment
+
+SIZES = (1, 4, 16)
+STAGES = ("00_preflight", "05_diagnose")
+GOAL = 2.0
+
+
+def best_of(repeat: int, timed: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.monotonic()
+        timed()
+        times.append(time.monotonic() - started)
+    return min(times)
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds this machine has spent busy, all cores and processes (from /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--address", default="127.0.1.101", help="the first host's address")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per figure (best is kept)")
+    parser.add_argument("--forks", type=int, default=16, help="hosts worked on at once")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="opsbook-bench-fleet-", dir="/tmp"))
+    work.chmod(0o755)  # the rehearsal hosts' users must enter it
+    try:
+        started = time.monotonic()
+        fleet = fleet_sandbox.up(work / "fleet", hosts=max(SIZES), address=args.address)
+        print(f"{max(SIZES)} rehearsal hosts up in {time.monotonic() - started:.1f} s")
+        files = {
+            n: fleet_sandbox.write_deployment(
+                fleet.hosts[:n], work / f"fleet-{n}.yml", name=f"bench-{n}"
+            )
+            for n in SIZES
+        }
+        rows = measure(files, work / "runs", args.repeat, args.forks)
+        report(rows)
+        ratios = [
+            rows[(stage, "opsbook run", max(SIZES))] / rows[(stage, "opsbook run", 1)]
+            for stage in STAGES
+        ]
+        return 0 if max(ratios) <= GOAL else 1
+    finally:
+        fleet_sandbox.down(work / "fleet")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(
+    files: dict[int, Path], runs: Path, repeat: int, forks: int
+) -> dict[tuple[str, str, int], float]:
+    rows: dict[tuple[str, str, int], float] = {}
+    for stage in STAGES:
+        for n, file in files.items():
+            rows[(stage, "opsbook run", n)] = best_of(
+                repeat, run_cli_path(stage, file, n, runs, forks)
+            )
+            rows[(stage, "fan-out only", n)] = best_of(repeat, fan_out(stage, file, forks))
+            busy = machine_busy_seconds()
+            fan_out(stage, file, forks)()
+            rows[(stage, "cpu-s busy", n)] = machine_busy_seconds() - busy
+    return rows
+
+
+def run_cli_path(stage: str, file: Path, hosts: int, runs: Path, forks: int) -> Callable[[], None]:
+    def timed() -> None:
+        check(run.run_notebook(stage, file, runs_dir=runs, forks=forks), hosts)
+
+    return timed
+
+
+def fan_out(stage: str, file: Path, forks: int) -> Callable[[], None]:
+    dep = load_deployment(file)
+
+    def timed() -> None:
+        stages.run_stage(stages.get(stage), dep, forks=forks, on_result=None)
+
+    return timed
+
+
+def check(record: run.RunRecord, hosts: int) -> None:
+    if len(record.results) != hosts or any(r.state.value == "unreachable" for r in record.results):
+        raise SystemExit(f"{record.notebook}: expected {hosts} reachable hosts: {record.message}")
+
+
+def report(rows: dict[tuple[str, str, int], float]) -> None:
+    print(f"{'stage':<14} {'path':<14} " + " ".join(f"{n:>3} host(s)" for n in SIZES) + "   16:1")
+    for stage in STAGES:
+        for path in ("opsbook run", "fan-out only"):
+            times = [rows[(stage, path, n)] for n in SIZES]
+            ratio = times[-1] / times[0]
+            cells = " ".join(f"{t:9.2f} s" for t in times)
+            print(f"{stage:<14} {path:<14} {cells}  {ratio:5.2f}")
+    for stage in STAGES:
+        busy = [f"{rows[(stage, 'cpu-s busy', n)]:.1f}" for n in SIZES]
+        print(
+            f"{stage}: one fan-out kept this machine's {os.cpu_count()} cores busy for "
+            f"{' / '.join(busy)} CPU-seconds on {' / '.join(map(str, SIZES))} host(s) (every "
+            "process, the rehearsal hosts' included: they all share these cores)"
+        )
+    for stage in STAGES:
+        ratio = rows[(stage, "opsbook run", max(SIZES))] / rows[(stage, "opsbook run", 1)]
+        verdict = "met" if ratio <= GOAL else "NOT met"
+        print(f"{stage}: 16:1 = {ratio:.2f} (goal <= {GOAL}: {verdict})")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

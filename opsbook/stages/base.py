@@ -1,0 +1,278 @@
+"""A stage as a unit over a set of hosts: its per-host function, the bounded fan-out, and the
+typed per-host results it ends with.
+
+A stage module (``preflight``, ``download``...) wraps the library functions of its step in one
+function ``run(host, deployment, **options) -> Report`` for one host. :func:`run_stage` runs it on
+every host of a deployment, ``forks`` at a time; each host's :class:`~opsbook.results.HostResult`
+is recorded the moment it is done (:func:`opsbook.outcome.record_host`), so ``opsbook run``
+prints it as it happens. An unreachable host is a result, not an exception.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsbook import outcome
+from opsbook.deployment import Deployment
+from opsbook.exceptions import HostUnreachable, OpsbookError
+from opsbook.hosts import DEFAULT_FORKS, HostGroup
+from opsbook.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
+
+
+@dataclass
+class Report:
+    """What a stage did on one host, before it is timed and named.
+
+    Args:
+        state: how it ended.
+        verdict: its result (message and findings).
+        shows: what the notebook displays in the host's section (tables, charts, results).
+        failure_id: the catalogue id of the failure, when one is known.
+        script_sha256: the launch script's hash, when the stage knows which one runs.
+        detail: the stage's own typed findings on the host (preflight's ``HostFacts``, the
+            download check's ``Result``...), for checks that compare hosts with each other.
+    """
+
+    state: State
+    verdict: Result
+    shows: list[Any] = field(default_factory=list)
+    failure_id: str = ""
+    script_sha256: str = ""
+    detail: Any = None
+
+
+StageFunction = Callable[..., Report]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the runbook.
+
+    Args:
+        name: its short name, as results and the recap show it (``config-patch``).
+        notebook: the notebook that runs it (``02_config_patch``).
+        changes_host: whether it can change a host (with ``apply=True``).
+        run_host: the per-host function.
+    """
+
+    name: str
+    notebook: str
+    changes_host: bool
+    run_host: StageFunction
+
+
+class Note(str):
+    """A line of text that a notebook shows as it is (no quotes)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        return f"<p>{html.escape(self)}</p>"
+
+
+@dataclass
+class StageRun:
+    """A stage's results over its hosts, in the deployment's order."""
+
+    stage: Stage
+    results: list[HostResult]
+    reports: dict[str, Report]
+    group: HostGroup
+
+    @property
+    def going_on(self) -> list[str]:
+        """The hosts that take part in the next stages."""
+        return [r.host for r in self.results if r.state.goes_on]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def hosts_in(self, state: State) -> list[str]:
+        return [r.host for r in self.results if r.state is state]
+
+    def as_result(self) -> Result:
+        """The whole run as one :class:`Result`: ok when every host is, a finding per host
+        that is not."""
+        findings = [
+            Finding("ok" if r.ok else "error", r.host, f"{r.state.value}: {r.message}")
+            for r in self.results
+        ]
+        counts = {s: len(self.hosts_in(s)) for s in State if self.hosts_in(s)}
+        summary = ", ".join(f"{n} {s.value}" for s, n in counts.items())
+        return Result(
+            self.ok,
+            f"{self.stage.name} on {len(self.results)} host(s): {summary}",
+            findings=findings,
+        )
+
+    def result(self, host: str) -> HostResult:
+        return next(r for r in self.results if r.host == host)
+
+    def table(self) -> Table:
+        return Table(
+            ["host", "state", "time", "message"],
+            [[r.host, r.state.value, f"{r.duration:.1f} s", r.message] for r in self.results],
+        )
+
+    def journal(self) -> Table:
+        """Every command the stage sent, all hosts (they share one journal)."""
+        hosts = self.group.hosts
+        return hosts[0].journal.table() if hosts else Table(["host", "command"], [])
+
+    def show(self) -> None:
+        """Display one section per host: its result, then what the stage shows of it."""
+        from IPython.display import display
+
+        for r in self.results:
+            display(HostHeading(r))
+            report = self.reports.get(r.host)
+            for item in report.shows if report else []:
+                display(item)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(r.host)}</td>"
+            f'<td style="background:{r.state.colour};color:white">{html.escape(r.state.value)}'
+            f"</td><td>{r.duration:.1f} s</td><td>{html.escape(r.message)}</td></tr>"
+            for r in self.results
+        )
+        return (
+            f"<p><b>{html.escape(self.stage.name)}</b> on {len(self.results)} host(s)</p>"
+            "<table><tr><th>host</th><th>state</th><th>time</th><th>message</th></tr>"
+            f"{rows}</table>"
+        )
+
+    def __repr__(self) -> str:
+        return f"{self.stage.name} on {len(self.results)} host(s)\n{self.table()}"
+
+
+@dataclass(frozen=True)
+class HostHeading:
+    """The heading of a host's section: its name, state and message, and its problems."""
+
+    result: HostResult
+
+    def _repr_html_(self) -> str:
+        anchor = host_anchor(self.result.host)
+        heading = f'<h3 id="{anchor}">{html.escape(self.result.host)}</h3>'
+        return heading + self.result._repr_html_()
+
+    def __repr__(self) -> str:
+        lines = [f"### {self.result.host}", self.result.line()]
+        lines += [
+            f"  [{f.severity}] {f.subject}: {f.message}"
+            for f in self.result.findings
+            if f.severity in ("warning", "error")
+        ]
+        return "\n".join(lines)
+
+
+def run_stage(
+    stage: Stage,
+    deployment: Deployment,
+    *,
+    hosts: Sequence[str] = (),
+    forks: int = DEFAULT_FORKS,
+    group: HostGroup | None = None,
+    on_result: Callable[[HostResult], None] | None = print,
+    **options: Any,
+) -> StageRun:
+    """Run ``stage`` on the deployment's hosts (those named in ``hosts``, when given),
+    ``forks`` at a time.
+
+    Args:
+        stage: the stage.
+        deployment: the deployment; each host sees it through its own ``vars``.
+        hosts: names of the hosts to run on (default: all).
+        forks: how many hosts are worked on at once.
+        group: the hosts to use instead of new connections (tests pass test doubles here).
+        on_result: called with each host's result as it finishes (default: print its line).
+        options: the stage's own options (``apply``, ``ready_timeout``...).
+
+    Raises:
+        RunError: a name in ``hosts`` is not a host of the deployment.
+    """
+    group = group or HostGroup.from_deployment(deployment, forks, _known(deployment, hosts))
+    reports: dict[str, Report] = {}
+
+    def one(host: Any) -> HostResult:
+        started = time.monotonic()
+        report = _run_one(stage, host, deployment, options)
+        reports[host.name] = report
+        return _host_result(stage, host.name, report, time.monotonic() - started)
+
+    def done(name: str, answer: Any) -> None:
+        if isinstance(answer, HostResult):
+            outcome.record_host(answer)
+            if on_result is not None:
+                on_result(answer)
+
+    answers = group.map(one, on_done=done)
+    results = [
+        a if isinstance(a, HostResult) else _crashed(stage, n, a) for n, a in answers.items()
+    ]
+    return StageRun(stage, results, reports, group)
+
+
+def _run_one(stage: Stage, host: Any, deployment: Deployment, options: dict[str, Any]) -> Report:
+    try:
+        return stage.run_host(host, deployment.for_host(host.spec), **options)
+    except HostUnreachable as e:
+        return Report(State.UNREACHABLE, Result(False, e.message, findings=[_finding(host, e)]))
+    except OpsbookError as e:
+        verdict = Result(False, e.message, findings=[_finding(host, e)])
+        return Report(State.FAILED, verdict, [], TOOL_FAILED)
+    except Exception as e:  # a bug on one host is that host's failure, not the fleet's
+        message = f"opsbook failed: {type(e).__name__}: {e}"
+        return Report(State.FAILED, Result(False, message), [], TOOL_FAILED)
+    finally:
+        host.close()
+
+
+def _finding(host: Any, e: OpsbookError) -> Finding:
+    return Finding("error", host.name, e.message, e.remedy or "")
+
+
+def _host_result(stage: Stage, host: str, report: Report, duration: float) -> HostResult:
+    return HostResult(
+        host=host,
+        stage=stage.name,
+        state=report.state,
+        message=report.verdict.message,
+        failure_id=report.failure_id,
+        findings=tuple(report.verdict.findings),
+        duration=round(duration, 3),
+        script_sha256=report.script_sha256,
+    )
+
+
+def _crashed(stage: Stage, host: str, error: BaseException) -> HostResult:
+    # A bug in opsbook on one host is that host's failure; the others' results stand.
+    result = HostResult(
+        host,
+        stage.name,
+        State.FAILED,
+        f"opsbook failed: {type(error).__name__}: {error}",
+        failure_id=TOOL_FAILED,
+    )
+    outcome.record_host(result)
+    return result
+
+
+def _known(deployment: Deployment, names: Sequence[str]) -> list[str]:
+    from opsbook.exceptions import RunError
+
+    known = [h.name for h in deployment.hosts]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise RunError(
+            f"{', '.join(unknown)} is not a host of {deployment.name}",
+            remedy=f"its hosts are: {', '.join(known)}",
+        )
+    return list(names)

@@ -1,0 +1,80 @@
+"""Config patch on one host: predict the launch failure from the checkpoint's config, and fix
+the config (backup, atomic write, re-check) with ``apply=True``."""
+
+from __future__ import annotations
+
+from opsbook import compat, download, facts, patch
+from opsbook.deployment import Deployment
+from opsbook.probes import Prober
+from opsbook.results import Result, State
+from opsbook.stages.base import Note, Report
+
+
+def run(
+    host: Prober,
+    deployment: Deployment,
+    *,
+    apply: bool = False,
+    restore: bool = False,
+    vllm_version: str = "",
+    gpu_memory_utilization: float = 0.9,
+) -> Report:
+    """Predict what vLLM will do with the checkpoint here, plan the edits, and apply them when
+    ``apply`` (or put the originals back when ``restore``).
+
+    States: ok when nothing is to change and nothing is predicted to fail; would change when a
+    dry run has a plan; changed when the patch was written and its re-check passed; failed
+    when a problem is left.
+    """
+    found = facts.gather_facts(host, deployment)
+    version = vllm_version or found.vllm_version
+    # What the installed vLLM's MLA backends really support outranks the version table.
+    probed = compat.probe_backends(host, deployment.python)
+    texts = patch.read_configs(host, deployment.model_path)
+    model = compat.facts_from_texts(texts)
+    before = compat.check_compat(
+        model, found.gpus, version, deployment.serve_args, probed_backends=probed
+    )
+    shows: list[object] = [model.table(), before]
+    weights = download.shard_counts(download.check_download(host, deployment.model_path))
+    budget = compat.kv_budget_bytes(found.gpus, weights.bytes_expected, gpu_memory_utilization)
+    # The patch is planned only when it avoids a failure the prediction names.
+    plan = patch.plan_for_prediction(
+        texts,
+        before,
+        found.gpus,
+        version,
+        deployment.serve_args,
+        probed,
+        kv_budget_bytes=budget,
+    )
+    shows += [
+        Note(f"KV-cache budget per GPU {budget / 2**30:.1f} GiB (first estimate)"),
+        compat.kv_tradeoff_table(budget, model),
+    ]
+    if restore:
+        restored = patch.restore_patch(host, deployment.model_path)
+        return Report(State.CHANGED if restored.ok else State.FAILED, restored, shows)
+    if plan.nothing_planned:
+        verdict = patch.patch_verdict(before, None, plan=plan)
+        return Report(State.OK if before.ok else State.FAILED, verdict, shows)
+    if plan.already_applied:
+        return Report(State.OK if before.ok else State.FAILED, before, shows)
+    shows.append(Note(plan.diff))
+    if not apply:
+        dry = patch.apply_patch(host, deployment.model_path, plan, apply=False)
+        predicted = "" if before.ok else f"predicted: {before.message}; "
+        verdict = Result(dry.ok, predicted + dry.message, findings=before.findings)
+        return Report(State.WOULD_CHANGE if dry.ok else State.FAILED, verdict, shows)
+    applied = patch.apply_patch(
+        host,
+        deployment.model_path,
+        plan,
+        apply=True,
+        gpus=found.gpus,
+        vllm_version=version,
+        serve_args=deployment.serve_args,
+        probed_backends=probed,
+    )
+    verdict = patch.patch_verdict(before, applied, plan=plan)
+    return Report(State.CHANGED if verdict.ok else State.FAILED, verdict, shows)

@@ -1,0 +1,107 @@
+"""Launch on one host: stop the server opsbook started, start the script detached, prove it
+started, follow it to ready and smoke-test it; record which script the server runs."""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from collections.abc import Callable
+
+from opsbook import diagnose, facts, launch, outcome, plots, script
+from opsbook.deployment import Deployment
+from opsbook.hosts import Host
+from opsbook.results import Result, State
+from opsbook.stages.base import Report
+
+# Written next to the launch record when a server starts: the sha256 of the script it runs.
+RUNNING_SCRIPT = "running-script.sha256"
+
+
+def run(
+    host: Host,
+    deployment: Deployment,
+    *,
+    apply: bool = False,
+    ready_timeout: float = 900.0,
+    stop_grace: float = 10.0,
+) -> Report:
+    """With ``apply``: stop, start, follow to ready, smoke test (changed, or failed at the
+    step that failed). Without: ok when the server runs and is ready, else would change."""
+    paths = launch.resolve_paths(host, deployment)
+    if not apply:
+        return _dry_run(host, deployment, paths)
+    stopped = launch.stop_previous(host, paths, grace=stop_grace)
+    shows: list[object] = [stopped]
+    if not stopped.ok:
+        return Report(State.FAILED, stopped, shows)
+    can_start = launch.check_can_start(facts.gather_facts(host, deployment), deployment.server_port)
+    shows.append(can_start)
+    if not can_start.ok:
+        return Report(State.FAILED, can_start, shows)
+    started = launch.start_server(host, paths, deployment.server_port)
+    shows.append(started)
+    if not started.ok:
+        return Report(State.FAILED, started, shows, _failure_of(started))
+    ready = launch.wait_until_ready(
+        host, paths, deployment.server_port, timeout=ready_timeout, on_progress=_phases(host)
+    )
+    shows.append(ready)
+    digest = record_running_script(host, paths)
+    if not ready.ok:
+        return Report(State.FAILED, ready, shows, _failure_of(ready), digest)
+    api_key = script.server_api_key(deployment)
+    smoke = launch.smoke_test(host, deployment.server_port, api_key=api_key)
+    diagnosis = launch.diagnosis_of(ready)
+    if diagnosis is not None:
+        timeline = launch.timeline(diagnosis.phases)
+        shows += [timeline, plots.startup_timeline(timeline)]
+    shows.append(smoke)
+    return Report(State.CHANGED if smoke.ok else State.FAILED, smoke, shows, "", digest)
+
+
+def _phases(host: Host) -> Callable[[launch.Progress], None]:
+    """Note each startup phase a host's server reaches, once, for the runner's live lines."""
+    seen: set[str | None] = set()
+
+    def note(progress: launch.Progress) -> None:
+        if progress.phase in seen:
+            return
+        seen.add(progress.phase)
+        phase = progress.phase or "starting"
+        text = phase if phase == progress.state else f"{progress.state} {phase}"
+        outcome.record_progress(outcome.StageProgress(host.name, "launch", progress.seconds, text))
+
+    return note
+
+
+def _dry_run(host: Host, deployment: Deployment, paths: launch.LaunchPaths) -> Report:
+    state = diagnose.server_state(host, paths, deployment.server_port)
+    digest = running_script(host, paths)
+    if state.state == "ready":
+        verdict = Result(True, f"already running and ready: {state.message}")
+        return Report(State.OK, verdict, [state.processes_table()], "", digest)
+    verdict = Result(True, f"would (re)start the server (now {state.state}); apply=True does it")
+    return Report(State.WOULD_CHANGE, verdict, [state.processes_table()], "", digest)
+
+
+def record_running_script(host: Host, paths: launch.LaunchPaths) -> str:
+    """Note on the host the sha256 of the script the server was started from; returns it."""
+    target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
+    done = host.run(
+        f"mkdir -p -- {shlex.quote(paths.state_dir)} && "
+        f"sha256sum -- {shlex.quote(paths.script)} | cut -c1-64 | tee -- {shlex.quote(target)}",
+        label=f"record the sha256 of {paths.script} in {target}",
+    )
+    return done.stdout.strip() if done.ok else ""
+
+
+def running_script(host: Host, paths: launch.LaunchPaths) -> str:
+    """The sha256 of the script the last started server runs, as noted at its start."""
+    target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
+    done = host.run(f"cat -- {shlex.quote(target)} 2>/dev/null || true", label=f"read {target}")
+    return done.stdout.strip()
+
+
+def _failure_of(result: Result) -> str:
+    diagnosis = launch.diagnosis_of(result)
+    return diagnosis.failure or "" if diagnosis is not None else ""

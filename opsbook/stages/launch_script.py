@@ -1,0 +1,49 @@
+"""Launch script on one host: render it from the deployment, and with ``apply=True`` upload it
+over SFTP and check it with ``bash -n``."""
+
+from __future__ import annotations
+
+import hashlib
+
+from opsbook import script
+from opsbook.deployment import Deployment
+from opsbook.exceptions import TransferError
+from opsbook.results import Result, State
+from opsbook.script import ScriptHost
+from opsbook.stages.base import Note, Report
+
+
+def script_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run(
+    host: ScriptHost, deployment: Deployment, *, apply: bool = False, entrypoint: str = "serve"
+) -> Report:
+    """Render the script; ok when the host already has it, would change (dry run) or changed
+    (uploaded and accepted by ``bash -n``) when it differs, failed when bash rejects it."""
+    text = script.render_script(deployment, entrypoint=entrypoint)
+    digest = script_sha256(text)
+    path = script.resolve_remote_path(host, deployment.script_path)
+    previous = _current(host, path)
+    diff = script.script_diff(previous, text, path)
+    shows: list[object] = [Note(f"script {path}, sha256 {digest[:12]}")]
+    if previous != text:
+        shows.append(script.diff_html(diff))
+    if not apply:
+        if previous == text:
+            return Report(State.OK, Result(True, f"{path} is up to date"), shows, "", digest)
+        verdict = Result(True, f"would write {path} (sha256 {digest[:12]}); apply=True to upload")
+        return Report(State.WOULD_CHANGE, verdict, shows, "", digest)
+    uploaded = script.upload_script(host, deployment, text)
+    if not uploaded.ok:
+        return Report(State.FAILED, uploaded, shows, "", digest)
+    state = State.OK if previous == text else State.CHANGED
+    return Report(state, uploaded, shows, "", digest)
+
+
+def _current(host: ScriptHost, path: str) -> str | None:
+    try:
+        return host.read_bytes(path).decode(errors="replace")
+    except TransferError:
+        return None

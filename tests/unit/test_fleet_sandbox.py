@@ -1,0 +1,75 @@
+"""The pure parts of the rehearsal fleet: its addresses and its one deployment file."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from opsbook import fleet_sandbox
+from opsbook.deployment import load_deployment
+from opsbook.exceptions import SandboxError
+from opsbook.sandbox import Sandbox
+
+
+def test_hosts_get_consecutive_loopback_addresses() -> None:
+    assert fleet_sandbox.consecutive("127.0.1.254", 3) == [
+        "127.0.1.254",
+        "127.0.1.255",
+        "127.0.2.0",
+    ]
+    with pytest.raises(SandboxError, match="do not fit"):
+        fleet_sandbox.consecutive("127.255.255.254", 3)
+    with pytest.raises(SandboxError, match="at least one"):
+        fleet_sandbox.consecutive("127.0.0.1", 0)
+
+
+def box(tmp_path: Path, n: int) -> Sandbox:
+    folder = tmp_path / f"host-{n:02d}"
+    folder.mkdir()
+    doc = {
+        "name": "rehearsal",
+        "hosts": [{"address": f"127.0.1.{n}", "port": 4000 + n, "user": f"u{n}", "key": "k"}],
+        "model": {"path": f"{folder}/models/m"},
+        "python": f"{folder}/venv/bin/python",
+        "server": {"port": 8000 + n, "args": {"tensor-parallel-size": 8}},
+        "paths": {
+            "script": f"{folder}/home/launch.sh",
+            "log": f"{folder}/home/vllm.log",
+            "state": f"{folder}/home/state",
+        },
+    }
+    (folder / "deployment.yml").write_text(yaml.safe_dump(doc))
+    return Sandbox(
+        dir=folder,
+        address=f"127.0.1.{n}",
+        port=4000 + n,
+        user=f"u{n}",
+        shell="zsh",
+        sshd_pid=0,
+        deployment_path=folder / "deployment.yml",
+        key=folder / "k",
+        known_hosts=folder / "kh",
+        home=folder / "home",
+        sim_dir=folder / "sim",
+        venv=folder / "venv",
+        model_path=folder / "models/m",
+        server_port=8000 + n,
+        created_user=False,
+    )
+
+
+def test_one_deployment_lists_every_host_with_its_own_paths_and_port(tmp_path) -> None:
+    boxes = [box(tmp_path, n) for n in (1, 2, 3)]
+    path = fleet_sandbox.write_deployment(boxes, tmp_path / "deployment.yml", name="fleet")
+    assert "&id" not in path.read_text()  # no YAML anchors shared between hosts
+    dep = load_deployment(path)
+    assert dep.name == "fleet" and [h.address for h in dep.hosts] == [
+        "127.0.1.1",
+        "127.0.1.2",
+        "127.0.1.3",
+    ]
+    for n, spec in enumerate(dep.hosts, start=1):
+        view = dep.for_host(spec)
+        assert view.server_port == 8000 + n and view.model_path.endswith(f"host-{n:02d}/models/m")
+        assert view.script_path.endswith(f"host-{n:02d}/home/launch.sh")
+        assert view.serve_args == {"tensor-parallel-size": 8}

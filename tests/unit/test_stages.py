@@ -1,0 +1,177 @@
+"""A stage over a set of hosts: bounded fan-out, per-host results, live recording."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from opsbook import outcome, stages
+from opsbook.deployment import parse_deployment
+from opsbook.exceptions import ProbeError, RunError
+from opsbook.hosts import HostGroup
+from opsbook.results import TOOL_FAILED, Result, State
+from opsbook.stages.base import Report, Stage, run_stage
+from opsbook.testing import Answer, FakeHost
+
+DOC = {"model": {"path": "/models/m"}, "server": {"port": 8000}}
+
+
+def deployment(*addresses: str, **vars_by_address):
+    hosts = [
+        {
+            "address": a,
+            "user": "ops",
+            **({"vars": vars_by_address[a]} if a in vars_by_address else {}),
+        }
+        for a in addresses
+    ]
+    return parse_deployment({**DOC, "hosts": hosts})
+
+
+def probe_stage(host, dep) -> Report:
+    answer = host.probe("check", {"path": dep.model_path})
+    return Report(State.OK if answer["ok"] else State.FAILED, Result(answer["ok"], answer["msg"]))
+
+
+CHECK = Stage("check", "99_check", False, probe_stage)
+
+
+def ok(args):
+    return {"ok": True, "msg": f"fine at {args['path']}"}
+
+
+def test_each_host_gets_a_result_and_an_unreachable_one_is_a_result_not_an_error(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv(outcome.OUTCOME_ENV, str(tmp_path / "out.jsonl"))
+    dep = deployment("a", "b", "c")
+    hosts = [
+        FakeHost("a", probes={"check": ok}),
+        FakeHost("b", probes={"check": {"ok": False, "msg": "shard 3 truncated"}}),
+        FakeHost("c", unreachable=True),
+    ]
+    seen = []
+    run = run_stage(CHECK, dep, group=HostGroup(hosts), on_result=seen.append)
+    assert [(r.host, r.state) for r in run.results] == [
+        ("ops@a", State.OK),
+        ("ops@b", State.FAILED),
+        ("ops@c", State.UNREACHABLE),
+    ]
+    assert run.results[1].message == "shard 3 truncated"
+    assert "refused" in run.results[2].message
+    assert sorted(r.host for r in seen) == ["ops@a", "ops@b", "ops@c"]
+    assert sorted(outcome.read(tmp_path / "out.jsonl"), key=lambda r: r.host) == run.results
+    assert run.going_on == ["ops@a"]
+
+
+def test_each_host_sees_the_deployment_through_its_own_vars() -> None:
+    dep = deployment("a", "b", b={"model": {"path": "/other/m"}})
+    hosts = [FakeHost("a", probes={"check": ok}), FakeHost("b", probes={"check": ok})]
+    run = run_stage(CHECK, dep, group=HostGroup(hosts), on_result=None)
+    assert [r.message for r in run.results] == ["fine at /models/m", "fine at /other/m"]
+
+
+def test_a_slow_host_delays_no_other(tmp_path) -> None:
+    dep = deployment("slow", "a", "b", "c")
+    hosts = [FakeHost("slow", probes={"check": ok}, delay=1.5)]
+    hosts += [FakeHost(n, probes={"check": ok}) for n in "abc"]
+    finished = {}
+    started = time.monotonic()
+    run_stage(
+        CHECK,
+        dep,
+        group=HostGroup(hosts, forks=2),
+        on_result=lambda r: finished.setdefault(r.host, time.monotonic() - started),
+    )
+    assert finished["ops@slow"] >= 1.5
+    assert max(finished[f"ops@{n}"] for n in "abc") < 0.5
+
+
+def test_forks_bound_how_many_hosts_are_worked_on_at_once() -> None:
+    lock, busy, peak = threading.Lock(), [0], [0]
+
+    def counting(args):
+        with lock:
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+        time.sleep(0.1)
+        with lock:
+            busy[0] -= 1
+        return {"ok": True, "msg": "fine"}
+
+    names = [f"h{i}" for i in range(9)]
+    hosts = [FakeHost(n, probes={"check": counting}) for n in names]
+    run_stage(CHECK, deployment(*names), group=HostGroup(hosts, forks=3), on_result=None)
+    assert peak[0] == 3
+
+
+def test_a_tool_failure_on_one_host_is_that_hosts_failure() -> None:
+    dep = deployment("a", "b")
+    hosts = [
+        FakeHost("a", probes={"check": ProbeError("probe check failed: no python3", host="ops@a")}),
+        FakeHost("b", probes={"check": lambda args: {"msg": "no ok key"}}),
+    ]
+    run = run_stage(CHECK, dep, group=HostGroup(hosts), on_result=None)
+    assert [r.state for r in run.results] == [State.FAILED, State.FAILED]
+    assert [r.failure_id for r in run.results] == [TOOL_FAILED, TOOL_FAILED]
+    assert "KeyError" in run.results[1].message
+
+
+def test_hosts_not_in_the_deployment_are_refused() -> None:
+    with pytest.raises(RunError, match="not a host"):
+        run_stage(CHECK, deployment("a"), hosts=["ops@z"])
+
+
+def test_the_registry_lists_the_runbook_in_order() -> None:
+    assert [s.notebook for s in stages.STAGES] == [
+        "00_preflight",
+        "01_download_check",
+        "02_config_patch",
+        "03_launch_script",
+        "04_launch",
+        "05_diagnose",
+    ]
+    assert stages.get("download") is stages.get("01_download_check")
+    assert [s.name for s in stages.DEPLOY if s.changes_host] == [
+        "config-patch",
+        "launch-script",
+        "launch",
+    ]
+    with pytest.raises(RunError):
+        stages.get("nope")
+
+
+def test_the_launch_script_stage_knows_ok_would_change_and_changed() -> None:
+    dep = deployment("a")
+    path = "/home/ops/opsbook/launch.sh"
+    host = FakeHost("a", commands={r"^bash -n": Answer(), r"^mkdir -p": Answer()})
+    dry = stages.launch_script.run(host, dep, apply=False)
+    assert dry.state is State.WOULD_CHANGE and len(dry.script_sha256) == 64
+    done = stages.launch_script.run(host, dep, apply=True)
+    assert done.state is State.CHANGED and path in host.files
+    again = stages.launch_script.run(host, dep, apply=False)
+    assert again.state is State.OK and again.script_sha256 == dry.script_sha256
+
+
+def test_the_download_stage_names_the_failure_vllm_would_meet(tmp_path) -> None:
+    from opsbook.checkpoint import make_checkpoint
+    from opsbook.testing import local_probe
+
+    model = tmp_path / "m"
+    make_checkpoint(model)
+    dep = parse_deployment({"hosts": ["a"], "model": {"path": str(model)}})
+    host = FakeHost("a", probes={"download": local_probe("download")})
+    assert stages.download.run(host, dep).state is State.OK
+    shard = sorted(model.glob("*.safetensors"))[0]
+    os.truncate(shard, shard.stat().st_size - 4096)
+    report = stages.download.run(host, dep)
+    assert report.state is State.FAILED and report.failure_id == "safetensors-corrupt"
+    shard.unlink()
+    assert stages.download.run(host, dep).failure_id == "weights-missing"
+
+
+def test_the_hosts_of_a_group_share_one_journal() -> None:
+    group = HostGroup.from_deployment(deployment("a", "b", "c"))
+    journals = {id(h.journal) for h in group.hosts}
+    assert len(journals) == 1
