@@ -25,10 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import launch
+from opsbook import launch, outcome
 from opsbook.deployment import load_deployment
 from opsbook.hosts import Host
 from opsbook.patch import BACKUP_SUFFIX, PATCHABLE_FILES
+from opsbook.results import HostResult, State
 
 pytestmark = pytest.mark.integration
 
@@ -113,16 +114,18 @@ def deployed(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def verdicts(deployed: Deployed) -> dict[str, dict[str, object]]:
-    found = deployed.summary["verdicts"]
+def verdicts(deployed: Deployed) -> dict[str, HostResult]:
+    """The one host's result of each stage, read back typed from ``summary.json``."""
+    found = deployed.summary["results"]
     assert isinstance(found, list)
-    return {str(v["stage"]): v for v in found}
+    results = [outcome.decode(json.dumps(entry)) for entry in found]
+    return {r.stage: r for r in results}
 
 
 def test_deploy_reaches_ready(deployed: Deployed) -> None:
     assert deployed.code == 0, deployed.output
     diagnose = verdicts(deployed)["diagnose"]
-    assert diagnose["ok"] and str(diagnose["message"]).startswith("ready"), diagnose
+    assert diagnose.state is State.OK and diagnose.message.startswith("ready"), diagnose
     assert "Application startup complete." in deployed.server_log
     assert f"Initializing a V1 LLM engine (v{deployed.case.vllm})" in deployed.server_log
 
@@ -131,7 +134,7 @@ def test_the_patch_follows_the_prediction(deployed: Deployed) -> None:
     model = deployed.folder / MODEL
     after = digests(model)
     backups = {name: (model / (name + BACKUP_SUFFIX)).exists() for name in PATCHABLE_FILES}
-    message = str(verdicts(deployed)["config-patch"]["message"])
+    message = verdicts(deployed)["config-patch"].message
     if deployed.case.patched:
         assert all(after[n] != deployed.before[n] for n in PATCHABLE_FILES)
         assert all(backups.values())
