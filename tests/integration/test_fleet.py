@@ -124,7 +124,8 @@ def test_a_line_per_stage_and_host_then_the_recap(broken_fleet, deployed) -> Non
         and line.split()[2] != "..."  # the startup phases a launch reports on the way
     ]
     phases = [line for line in lines[:recap] if line.split()[2:3] == ["..."]]
-    assert any("loading weights" in line for line in phases), phases
+    # Which intermediate phases a look catches depends on timing; one must be seen live.
+    assert any("loading" in line for line in phases), phases
     # 4 preflight, 3 download, 2 x (patch, script, launch), 3 diagnose (not the unreachable one)
     assert len(host_lines) == 16, host_lines
     assert any("unreachable" in line and name(broken_fleet.hosts[1]) in line for line in host_lines)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import launch, rehearsal_vllm
+from opsbook import launch, outcome, rehearsal_vllm
 from opsbook import sandbox as sandboxes
 from opsbook.deployment import load_deployment
 from opsbook.hosts import Host
@@ -78,14 +78,15 @@ def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
     print(f"\n[real vLLM] sandbox up {up_seconds:.1f} s, deploy {deploy_seconds:.1f} s")
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
     summary = json.loads(next(runs.glob("*/summary.json")).read_text())
-    stages = {s["stage"]: s for s in summary["stages"]}
-    for stage in stages.values():
-        print(f"[real vLLM] {stage['stage']}: {stage['duration']:.1f} s, {stage['message']}")
-    assert all(s["status"] == "ok" for s in stages.values()), stages
-    assert "vLLM 0.32.0+cpu" in stages["00_preflight"]["message"]
-    launched = stages["04_launch"]["message"]
+    results = [outcome.decode(json.dumps(entry)) for entry in summary["results"]]
+    stages = {r.stage: r for r in results}
+    for r in results:
+        print(f"[real vLLM] {r.stage}: {r.duration:.1f} s, {r.state.value}, {r.message}")
+    assert all(r.ok for r in results), results
+    assert "vLLM 0.32.0+cpu" in stages["preflight"].message
+    launched = stages["launch"].message
     assert "smoke test passed" in launched, launched
-    assert stages["05_diagnose"]["message"].startswith("ready"), stages["05_diagnose"]
+    assert stages["diagnose"].message.startswith("ready"), stages["diagnose"]
 
     # The server the deploy left running answers again, from the host itself, over SSH.
     with Host.from_deployment(dep) as host:
