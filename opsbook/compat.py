@@ -998,7 +998,7 @@ def check_compat(
     facts = narrow_to_release(facts, vllm_version)
     kv_dtype, kv_origin = resolve_kv_cache_dtype(facts, args)
     forced = next((str(args[a]) for a in ATTENTION_BACKEND_ARGS if _is_set(args.get(a))), None)
-    caps = list(dict.fromkeys(cc for cc in map(_compute_cap, gpus) if cc))
+    caps = list(dict.fromkeys(cc for cc in map(compute_capability, gpus) if cc))
     findings: list[Finding] = []
     rows: list[list[str]] = []
     backends: dict[str, dict[str, Any]] = {}
@@ -1464,7 +1464,8 @@ def _memory_total_bytes(gpu: Any) -> int:
     return int(mib or 0) * 2**20
 
 
-def _compute_cap(gpu: Any) -> str | None:
+def compute_capability(gpu: Any) -> str | None:
+    """A GPU's compute capability (``"12.0"``), from preflight facts or a mapping."""
     if isinstance(gpu, Mapping):
         value = gpu.get("compute_cap")
     else:

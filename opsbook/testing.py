@@ -25,7 +25,7 @@ from typing import Any
 
 from opsbook import probes
 from opsbook.deployment import HostSpec
-from opsbook.exceptions import ConnectionRefused, HostUnreachable, TransferError
+from opsbook.exceptions import ConnectionRefused, HostError, HostUnreachable, TransferError
 from opsbook.hosts import CommandResult
 from opsbook.journal import Journal
 
@@ -127,9 +127,16 @@ class FakeHost:
                     raise answer
                 if isinstance(answer, str):
                     answer = Answer(stdout=answer)
-                return CommandResult(
+                result = CommandResult(
                     self.name, label or command, answer.exit_code, answer.stdout, answer.stderr, 0.0
                 )
+                if check and not result.ok:
+                    # As Host.run: a failed command raises when the caller asked for check.
+                    raise HostError(
+                        f"command failed with exit code {result.exit_code}: {command[:200]}",
+                        host=self.name,
+                    )
+                return result
         raise UnexpectedCall(f"{self.name}: no scripted answer for command {command!r}")
 
     def probe(

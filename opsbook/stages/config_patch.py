@@ -28,10 +28,12 @@ def run(
     """
     found = facts.gather_facts(host, deployment)
     version = vllm_version or found.vllm_version
-    # What the installed vLLM's MLA backends really support outranks the version table.
-    probed = compat.probe_backends(host, deployment.python)
     texts = patch.read_configs(host, deployment.model_path)
     model = compat.facts_from_texts(texts)
+    # The installed vLLM's own selection outranks the version table; it is asked about this
+    # model on the GPUs preflight already read, so the probe runs no nvidia-smi of its own.
+    capabilities = list(dict.fromkeys(filter(None, map(compat.compute_capability, found.gpus))))
+    probed = compat.probe_backends(host, deployment.python, model, capabilities)
     before = compat.check_compat(
         model, found.gpus, version, deployment.serve_args, probed_backends=probed
     )
