@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import yaml
-
 from opsbook import run as runner
 from opsbook.exceptions import DeploymentError, HostUnreachable, OpsbookError, RunError
 from opsbook.outcome import StageProgress
@@ -333,6 +331,8 @@ def _positive(text: str) -> int:
 
 
 def _yaml_value(text: str) -> Any:
+    import yaml
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:

@@ -23,16 +23,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import nbformat
-import papermill
-from papermill.exceptions import PapermillExecutionError
-
-from opsbook import exceptions, outcome, records, stages
-from opsbook.deployment import Deployment, load_deployment
+from opsbook import exceptions, outcome, records
 from opsbook.exceptions import RunError
-from opsbook.hosts import DEFAULT_FORKS
 from opsbook.journal import JOURNAL_ENV
 from opsbook.progress import HEADLESS_ENV
 from opsbook.redact import Redactor
@@ -48,6 +42,13 @@ from opsbook.results import (
     worst_exit_code,
 )
 
+if TYPE_CHECKING:
+    from opsbook import stages
+    from opsbook.deployment import Deployment
+
+# papermill, nbformat, the stages (Fabric, paramiko) and YAML are imported by the functions that use
+# them: the CLI imports this module to parse its arguments, and must start in a blink.
+
 __all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_TOOL_FAILED", "EXIT_UNREACHABLE", "EXIT_USAGE"]
 
 OnResult = Callable[[HostResult], None]
@@ -56,6 +57,8 @@ OnProgress = Callable[[outcome.StageProgress], None]
 FOLLOW_SECONDS = 0.2
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+# As opsbook.hosts.DEFAULT_FORKS, without importing Fabric to read it.
+DEFAULT_FORKS = 10
 
 
 @dataclass
@@ -104,6 +107,8 @@ def check_parameters(notebook: Path, parameters: Mapping[str, Any]) -> None:
     Raises:
         RunError: a name is unknown.
     """
+    import papermill
+
     declared = set(papermill.inspect_notebook(str(notebook)))
     unknown = sorted(set(parameters) - declared)
     if unknown:
@@ -162,9 +167,11 @@ def run_notebook(
     """
     nb_path = find_notebook(str(notebook))
     deployment_path = Path(deployment).resolve()
+    from opsbook.deployment import load_deployment
+
     dep = load_deployment(deployment_path)
     params = {"deployment": str(deployment_path), **dict(parameters or {})}
-    if stages.for_notebook(nb_path.stem) is not None:
+    if _stages().for_notebook(nb_path.stem) is not None:
         params.setdefault("forks", forks)
     check_parameters(nb_path, params)
     folder = new_run_folder(Path(runs_dir), nb_path.stem, run_label(dep))
@@ -214,6 +221,9 @@ def execute_stage(
             ``folder``).
         on_progress: called with the steps long stages reach on each host.
     """
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
     output = folder / nb_path.name
     results_file = folder / f"{nb_path.stem}.results.jsonl"
     started = time.monotonic()
@@ -310,6 +320,8 @@ def redact_notebook(path: Path, redactor: Redactor) -> None:
     """
     if not path.exists():
         return
+    import nbformat
+
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         cell.source = redactor.redact(cell.source)
@@ -326,9 +338,22 @@ def redact_notebook(path: Path, redactor: Redactor) -> None:
     nbformat.write(nb, path)
 
 
-DEPLOY_STAGES = tuple(s.notebook for s in stages.DEPLOY)
-DIAGNOSE_STAGE = stages.DIAGNOSE.notebook
 BATCH_PREFIX = "batch-"
+
+
+def _stages() -> Any:
+    from opsbook import stages
+
+    return stages
+
+
+def __getattr__(name: str) -> Any:
+    # The notebooks of the deploy stages, read from the registry on first use.
+    if name == "DEPLOY_STAGES":
+        return tuple(s.notebook for s in _stages().DEPLOY)
+    if name == "DIAGNOSE_STAGE":
+        return str(_stages().DIAGNOSE.notebook)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def plan_batches(hosts: Sequence[str], serial: int | str | None) -> list[list[str]]:
@@ -421,6 +446,8 @@ def run_deploy(
         RunError: ``serial`` is not a count or a percentage.
     """
     deployment_path = Path(deployment).resolve()
+    from opsbook.deployment import load_deployment
+
     dep = load_deployment(deployment_path)
     names = [h.name for h in dep.hosts]
     batches = plan_batches(names, serial)
@@ -453,7 +480,7 @@ def run_deploy(
     unreachable = {r.host for r in run.results if r.state is State.UNREACHABLE}
     diagnosed = [n for n in names if n not in unreachable]
     if diagnosed:
-        _run_stage(run, stages.DIAGNOSE, diagnosed, folder)
+        _run_stage(run, _stages().DIAGNOSE, diagnosed, folder)
     run.results = _with_skipped(run.results, names, run.stopped)
     return _file_deploy(run, dep, started_at, time.monotonic() - started, serial)
 
@@ -462,7 +489,7 @@ def _deploy_batch(
     run: _DeployRun, batch: list[str], where: Path, total: int, max_fail: float | None
 ) -> None:
     active = list(batch)
-    for stage in stages.DEPLOY:
+    for stage in _stages().DEPLOY:
         if not active:
             return
         results = _run_stage(run, stage, active, where)
@@ -477,6 +504,8 @@ def _run_stage(
 ) -> list[HostResult]:
     nb_path = find_notebook(stage.notebook)
     params: dict[str, Any] = {"deployment": str(run.deployment), "hosts": hosts, "forks": run.forks}
+    import papermill
+
     if "apply" in papermill.inspect_notebook(str(nb_path)):
         params["apply"] = run.apply
     journal = run.folder / "journal.jsonl"
@@ -534,7 +563,7 @@ def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> 
             (f"not run: {r.state.value} at {r.stage}" for r in mine if not r.state.goes_on),
             f"not run: {stopped}" if stopped else "not run",
         )
-        for stage in stages.STAGES:
+        for stage in _stages().STAGES:
             if (host, stage.name) not in done:
                 filled.append(HostResult(host, stage.name, State.SKIPPED, reason))
     return filled
@@ -584,7 +613,7 @@ def _file_deploy(
         duration=summary.duration,
         parameters=summary.parameters,
         hosts=[h.name for h in dep.hosts],
-        stages=[s.name for s in stages.STAGES],
+        stages=[s.name for s in _stages().STAGES],
         results=run.results,
         notebooks=run.notebooks,
     )

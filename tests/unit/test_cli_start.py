@@ -1,0 +1,73 @@
+"""The CLI starts without the heavy packages: they are imported by the commands that use them.
+
+Each case runs in a fresh interpreter (this one has long imported them) and reads
+``sys.modules`` after the parse; no timing is asserted.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = (
+    "papermill",
+    "nbconvert",
+    "nbformat",
+    "nbclient",
+    "jupyter_client",
+    "fabric",
+    "paramiko",
+    "invoke",
+    "yaml",
+    "pydantic",
+    "matplotlib",
+)
+
+PROBE = """
+import json, sys
+from opsbook import cli
+try:
+    cli.main(json.loads(sys.argv[1]))
+except SystemExit:
+    pass
+heavy = json.loads(sys.argv[2])
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
+"""
+
+
+def imported_after(argv: list[str]) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    heavy: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return heavy
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["run", "--help"],
+        ["run", "deploy"],  # -f is missing
+        ["run", "deploy", "-f", "d.yml", "--forks", "0"],
+        ["sandbox", "sideways"],
+        ["sandbox", "up", "--vllm-version", "latest"],
+        ["lint"],
+        ["records", "sideways"],
+        ["diagnose"],
+        ["check"],
+        ["check", "-f", "d.yml", "--bogus"],
+    ],
+)
+def test_help_and_argument_errors_import_no_heavy_package(argv: list[str]) -> None:
+    assert imported_after(argv) == []
+
+
+def test_the_probe_sees_a_heavy_import_when_a_command_makes_one(tmp_path) -> None:
+    # The control: a command that reads a deployment file does import YAML.
+    missing = tmp_path / "none.yml"
+    assert "yaml" in imported_after(["run", "00_preflight", "-f", str(missing)])
