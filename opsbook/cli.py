@@ -125,6 +125,22 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--runs-dir", default="runs", help="where run folders are (default: runs)")
     rec.set_defaults(handler=cmd_records)
 
+    check = sub.add_parser(
+        "check",
+        help="the scheduled health check: each host's server state over one SSH connection",
+    )
+    check.add_argument("-f", "--deployment", required=True, help="deployment YAML file")
+    check.add_argument(
+        "--record",
+        action="store_true",
+        help="run the diagnose notebook into a run folder instead (a kernel start: seconds)",
+    )
+    check.add_argument("--runs-dir", default="runs", help="where run folders go (with --record)")
+    check.add_argument(
+        "--forks", type=_positive, default=10, help="hosts checked at once (default: 10)"
+    )
+    check.set_defaults(handler=cmd_check)
+
     diag = sub.add_parser("diagnose", help="classify a vLLM log: state, failure, remedy")
     diag.add_argument("--log", required=True, help="a vLLM log file ('-' for standard input)")
     diag.add_argument("--json", action="store_true", help="answer in JSON")
@@ -174,6 +190,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return record.exit_code
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    if args.record:
+        record = runner.run_notebook(
+            "05_diagnose",
+            args.deployment,
+            runs_dir=args.runs_dir,
+            forks=args.forks,
+            on_result=_print_result,
+        )
+        _print_recap(record)
+        print(f"run folder: {record.folder}")
+        return record.exit_code
+    checked = runner.check_servers(args.deployment, forks=args.forks, on_result=_print_result)
+    _print_recap(checked)
+    return checked.exit_code
+
+
 def _print_result(result: HostResult) -> None:
     print(result.line(), flush=True)
     if result.remedy and not result.ok:
@@ -184,7 +217,7 @@ def _print_progress(progress: StageProgress) -> None:
     print(progress.line(), flush=True)
 
 
-def _print_recap(record: runner.RunRecord) -> None:
+def _print_recap(record: runner.RunRecord | runner.CheckRecord) -> None:
     lines = recap(record.results)
     if lines:
         width = max(len(line.host) for line in lines)

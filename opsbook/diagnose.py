@@ -6,6 +6,7 @@ GPU memory) and what the log says (:mod:`opsbook.logscan`, the failure catalogue
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class ServerState:
     others: list[dict[str, Any]] = field(default_factory=list)
     port_open: bool | None = None
     log_age: float | None = None
+    notes: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -63,10 +65,21 @@ def server_state(
     *,
     kernel_log: str | None = None,
     silent_after: float = SILENT_SECONDS,
+    notes: Sequence[str] = (),
 ) -> ServerState:
-    """Classify the server the deployment launched, from one status probe (and one HTTP
-    check when its port is open)."""
-    status = host.probe(PROBE, paths.probe_args(op="status", port=server_port))
+    """Classify the server the deployment launched, from one status probe that also asks
+    ``/health`` when the port is open (one round trip).
+
+    Args:
+        notes: names of files of the launch's state folder to read in the same probe
+            (``ServerState.notes``, None for a missing one).
+    """
+    asked = paths.probe_args(
+        op="status", port=server_port, health="/health", health_timeout=HEALTH_TIMEOUT
+    )
+    if notes:
+        asked["notes"] = list(notes)
+    status = host.probe(PROBE, asked)
     log = status["log"]
     text = log.get("text", "") if log.get("exists") else ""
     running = bool(status["running"])
@@ -76,6 +89,7 @@ def server_state(
         "others": status["others"],
         "port_open": status["port_open"],
         "log_age": log.get("age"),
+        "notes": dict(status.get("notes") or {}),
     }
     state, message = classify(
         record=status["record"] is not None,
@@ -83,7 +97,7 @@ def server_state(
         log_exists=bool(log.get("exists")),
         log_age=log.get("age"),
         port_open=status["port_open"],
-        healthy=_healthy(host, server_port) if status["port_open"] else False,
+        healthy=_healthy(host, server_port, status) if status["port_open"] else False,
         diagnosis=diagnosis,
         silent_after=silent_after,
         orphans=0 if running else len(status["group"]),
@@ -159,5 +173,7 @@ def _classify_gone(
     return "exited", f"the process is gone and its log shows no error (last phase {phase})"
 
 
-def _healthy(host: Host, port: int) -> bool:
-    return http_get(host, port, "/health", timeout=HEALTH_TIMEOUT).get("status") == 200
+def _healthy(host: Host, port: int, status: dict[str, Any]) -> bool:
+    # A host whose probe predates the health answer in the status is asked separately.
+    answer = status.get("health") or http_get(host, port, "/health", timeout=HEALTH_TIMEOUT)
+    return bool(answer.get("status") == 200)

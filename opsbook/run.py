@@ -190,6 +190,52 @@ def run_notebook(
     return record
 
 
+@dataclass
+class CheckRecord:
+    """What a health check found on each host; nothing is filed (``--record`` files the
+    diagnose notebook instead)."""
+
+    exit_code: int
+    status: str
+    message: str
+    duration: float
+    results: list[HostResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+
+def check_servers(
+    deployment: str | Path,
+    *,
+    forks: int = DEFAULT_FORKS,
+    on_result: OnResult | None = None,
+) -> CheckRecord:
+    """The scheduled health check: the diagnose stage on every host of the deployment, in this
+    process, over one SSH connection and one status probe per host; no kernel, no notebook,
+    no run folder. The verdict and the exit code are those of ``run_notebook("05_diagnose")``,
+    which is the same check with a record.
+
+    Raises:
+        DeploymentError: the deployment file is unusable.
+    """
+    from opsbook.deployment import load_deployment
+
+    started = time.monotonic()
+    dep = load_deployment(Path(deployment).resolve())
+    stages = _stages()
+    done = stages.run_stage(stages.DIAGNOSE, dep, forks=forks, on_result=on_result)
+    code, message = _verdict(done.results, None)
+    return CheckRecord(
+        exit_code=code,
+        status=STATUS[code],
+        message=Redactor(dep.secret_values()).redact(message),
+        duration=round(time.monotonic() - started, 2),
+        results=done.results,
+    )
+
+
 def run_label(deployment: Deployment) -> str:
     """What a run folder is named after: the host, or the deployment when it has several."""
     return deployment.host.address if len(deployment.hosts) == 1 else deployment.name

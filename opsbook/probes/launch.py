@@ -8,7 +8,9 @@ Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
   that it started (alive, log created and growing).
 - ``status``: the recorded launch (alive, still the same process), its group, other vLLM
   processes of the user, the log (size, age, the tail from an offset), and whether the port
-  answers.
+  answers; with ``health`` (a URL path) also the server's answer to it when the port is open,
+  and with ``notes`` (file names) the text of those files of the state folder: a health check
+  in one round trip.
 - ``stop``: SIGTERM to the recorded process group, wait, then SIGKILL; only after checking the
   process is still the one recorded (start time and command line) and is not an ancestor of
   this probe; other processes are reported, never signalled.
@@ -264,7 +266,23 @@ def status(args):
         answer["group"] = [describe(p) for p in group_members(record["pgid"])]
     group_pids = {p["pid"] for p in answer["group"]}
     answer["others"] = [p for p in vllm_processes(uid) if p["pid"] not in group_pids]
+    if args.get("health") and answer["port_open"]:
+        asked = {"port": args["port"], "path": args["health"]}
+        answer["health"] = http(dict(asked, timeout=args.get("health_timeout", 10)))
+    if args.get("notes"):
+        answer["notes"] = {name: read_note(args["state_dir"], name) for name in args["notes"]}
     return answer
+
+
+def read_note(state_dir, name):
+    """The text of a file the launch noted in the state folder; None when there is none."""
+    if os.path.basename(name) != name or name in ("", ".", ".."):
+        return None
+    try:
+        with open(os.path.join(state_dir, name)) as f:
+            return f.read(1 << 16)
+    except OSError:
+        return None
 
 
 def stop(args):

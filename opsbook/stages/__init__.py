@@ -13,17 +13,49 @@ host). :func:`run_stage` fans a stage out over the hosts::
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from opsbook.exceptions import RunError
-from opsbook.stages import config_patch, diagnose, download, launch, launch_script, preflight
-from opsbook.stages.base import HostHeading, Note, Report, Stage, StageRun, run_stage
+from opsbook.stages.base import HostHeading, Note, Report, Stage, StageFunction, StageRun, run_stage
+
+if TYPE_CHECKING:
+    from opsbook.stages import config_patch as config_patch
+    from opsbook.stages import diagnose as diagnose
+    from opsbook.stages import download as download
+    from opsbook.stages import launch as launch
+    from opsbook.stages import launch_script as launch_script
+    from opsbook.stages import preflight as preflight
+
+_MODULES = ("preflight", "download", "config_patch", "launch_script", "launch", "diagnose")
+
+
+def _per_host(module: str) -> StageFunction:
+    """The stage module's ``run``, imported on the first call: a health check that runs only
+    the diagnose stage does not pay for the config patch's vLLM tables."""
+
+    def run(host: Any, deployment: Any, **options: Any) -> Report:
+        stage_run: StageFunction = importlib.import_module(f"opsbook.stages.{module}").run
+        return stage_run(host, deployment, **options)
+
+    run.__qualname__ = run.__name__ = f"{module}.run"
+    return run
+
+
+def __getattr__(name: str) -> Any:
+    # ``stages.preflight`` and the others, as before the registry became lazy.
+    if name in _MODULES:
+        return importlib.import_module(f"opsbook.stages.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 STAGES = (
-    Stage("preflight", "00_preflight", False, preflight.run),
-    Stage("download", "01_download_check", False, download.run),
-    Stage("config-patch", "02_config_patch", True, config_patch.run),
-    Stage("launch-script", "03_launch_script", True, launch_script.run),
-    Stage("launch", "04_launch", True, launch.run),
-    Stage("diagnose", "05_diagnose", False, diagnose.run),
+    Stage("preflight", "00_preflight", False, _per_host("preflight")),
+    Stage("download", "01_download_check", False, _per_host("download")),
+    Stage("config-patch", "02_config_patch", True, _per_host("config_patch")),
+    Stage("launch-script", "03_launch_script", True, _per_host("launch_script")),
+    Stage("launch", "04_launch", True, _per_host("launch")),
+    Stage("diagnose", "05_diagnose", False, _per_host("diagnose")),
 )
 # The stages a deploy runs in order; diagnose follows on every host.
 DEPLOY = tuple(s for s in STAGES if s.name != "diagnose")

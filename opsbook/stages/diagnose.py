@@ -8,15 +8,15 @@ from opsbook.deployment import Deployment
 from opsbook.hosts import Host
 from opsbook.results import State
 from opsbook.stages.base import Note, Report
-from opsbook.stages.launch import running_script
+from opsbook.stages.launch import RUNNING_SCRIPT, running_script
 
 
 def run(host: Host, deployment: Deployment) -> Report:
     """Classify the server: ok when ready or loading, failed otherwise (with the failure id
     the log shows)."""
     paths = launch.resolve_paths(host, deployment)
-    state = diagnose.server_state(host, paths, deployment.server_port)
-    digest = running_script(host, paths) if state.ok else ""
+    state = diagnose.server_state(host, paths, deployment.server_port, notes=(RUNNING_SCRIPT,))
+    digest = _script_digest(host, paths, state) if state.ok else ""
     verdict = state.to_result()
     shows: list[object] = [Note(f"{state.state}: {state.message}")]
     if state.diagnosis is not None:
@@ -24,3 +24,11 @@ def run(host: Host, deployment: Deployment) -> Report:
     shows.append(state.processes_table())
     failure = state.diagnosis.failure or "" if state.diagnosis is not None else ""
     return Report(State.OK if state.ok else State.FAILED, verdict, shows, failure, digest)
+
+
+def _script_digest(host: Host, paths: launch.LaunchPaths, state: diagnose.ServerState) -> str:
+    """The running script's hash, read by the status probe (or on its own when the status
+    did not carry it)."""
+    if RUNNING_SCRIPT not in state.notes:
+        return running_script(host, paths)
+    return (state.notes[RUNNING_SCRIPT] or "").strip()

@@ -5,10 +5,12 @@ the host runs each probe with the local python, as :func:`opsbook.probes.run_loc
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
 import os
 import signal
 import socket
+import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -322,3 +324,44 @@ def _kill_group(pgid: int) -> None:
     except ProcessLookupError:
         return
     time.sleep(0.1)
+
+
+# -- the status probe answers a health check in one round trip ---------------------------------
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_status_asks_health_when_the_port_is_open_and_reads_the_notes(
+    paths: launch.LaunchPaths,
+) -> None:
+    Path(paths.state_dir).mkdir()
+    Path(paths.state_dir, "running-script.sha256").write_text("abc123\n")
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        args = paths.probe_args(op="status", port=server.server_port, health="/health")
+        args["notes"] = ["running-script.sha256", "missing", "../launch.sh"]
+        answer = probes.run_local("launch", args)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answer["port_open"] is True
+    assert answer["health"]["status"] == 200
+    assert answer["notes"] == {
+        "running-script.sha256": "abc123\n",
+        "missing": None,
+        "../launch.sh": None,
+    }
+
+
+def test_status_asks_no_health_when_the_port_is_closed(paths: launch.LaunchPaths) -> None:
+    args = paths.probe_args(op="status", port=free_port(), health="/health")
+    answer = probes.run_local("launch", args)
+    assert answer["port_open"] is False and "health" not in answer and "notes" not in answer
