@@ -13,7 +13,14 @@ grep vllm``). Its time to any verdict is at least 45 s; the ratio printed for ea
 45 s over opsbook's time to the verdict (the 45 s are not slept here). For the ready case the
 simulator's configured startup time is printed next to the measured time to ready.
 
-Usage: ``.venv/bin/python bench/launch.py [--startup-seconds 3] [--address 127.0.0.6]``
+Then readiness, against the plain way an operator follows a log (``ssh host 'tail -F LOG |
+grep ...'``, over one open channel), both watching the same launch: while the simulated server
+starts (``--ready-seconds``), a writer appends 1 MB of routine log lines to its log, and a
+local watcher notes when the line that proves readiness (``Application startup complete``)
+is written. Printed: how long after that line each way noticed it (goal: at most 0.3 s), and
+the watcher's CPU per look early in the log and at 1 MB (goal: constant in the log's size).
+
+Usage: ``.venv/bin/python bench/launch.py [--startup-seconds 3] [--address 127.0.4.40]``
 """
 
 from __future__ import annotations
@@ -22,10 +29,16 @@ import argparse
 import json
 import shlex
 import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import benchtable
 
 from opsbook import launch, patch
 from opsbook import sandbox as sandboxes
@@ -36,6 +49,39 @@ from opsbook.script import render_script, upload_script
 
 PLAIN_WAIT = 45.0
 READY_TIMEOUT = 120.0
+PROOF = "Application startup complete"
+GOAL_NOTICE = 0.3
+FILLER_BYTES = 1_000_000
+FILLER = (
+    "(APIServer pid=155) INFO 11-28 16:00:{s:02d} [loggers.py:127] Engine 000: Avg prompt"
+    " throughput: 1873.4 tokens/s, Avg generation throughput: 412.9 tokens/s, Running: 14 reqs,"
+    " Waiting: 0 reqs, GPU KV cache usage: 7.3%, Prefix cache hit rate: 61.2%\n"
+)
+# Appends FILLER_BYTES of routine lines to the log in 100 pieces over the given seconds.
+WRITER = """
+import sys, time
+path, total, seconds, line = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+piece = "".join(line.format(s=i % 60) for i in range(total // 100 // len(line) + 1)).encode()
+with open(path, "ab", buffering=0) as f:
+    for _ in range(100):
+        f.write(piece)
+        time.sleep(seconds / 100)
+"""
+# Prints the wall time at which the proving line appears in the log (looks every 2 ms).
+MARKER = """
+import sys, time
+path, proof, position, seen = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), b""
+while True:
+    with open(path, "rb") as f:
+        f.seek(position)
+        data = f.read()
+    position += len(data)
+    seen = seen[-len(proof):] + data
+    if proof in seen:
+        print(time.time(), flush=True)
+        break
+    time.sleep(0.002)
+"""
 
 
 def time_to_verdict(host: Host, paths: launch.LaunchPaths, port: int) -> tuple[float, Result]:
@@ -93,25 +139,124 @@ def run_cases(box: sandboxes.Sandbox) -> list[tuple[str, float, Result]]:
     return rows
 
 
+def readiness(box: sandboxes.Sandbox, ready_seconds: float) -> None:
+    """One launch watched two ways at once; prints the table rows."""
+    set_startup(box, ready_seconds)
+    dep = load_deployment(box.deployment_path)
+    with Host.from_deployment(dep) as host:
+        paths = launch.resolve_paths(host, dep)
+        launch.stop_server(host, paths, grace=5)
+        prepare_patched(host, dep, paths)
+        log = Path(paths.log)
+        start_size = log.stat().st_size if log.exists() else 0
+        started = launch.start_server(host, paths, dep.server_port)
+        if not started.ok:
+            raise SystemExit(f"the server did not start: {started}")
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(log), str(FILLER_BYTES), str(ready_seconds * 0.7)]
+            + [FILLER]
+        )
+        marker = subprocess.Popen(
+            [sys.executable, "-c", MARKER, str(log), PROOF, str(start_size)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        plain_seen: list[float] = []
+        tail = follow_plain(box, dep, str(log), plain_seen)
+        looks: list[tuple[float, int]] = []
+        try:
+            verdict = launch.wait_until_ready(
+                host,
+                paths,
+                dep.server_port,
+                timeout=READY_TIMEOUT,
+                on_progress=lambda p: looks.append((time.process_time(), p.log_bytes)),
+            )
+            ours = time.time()
+            written = float(marker.communicate(timeout=30)[0].split()[0])
+            deadline = time.monotonic() + 10
+            while not plain_seen and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            tail.kill()
+            tail.wait()
+            writer.wait()
+            launch.stop_server(host, paths, grace=5)
+    print(f"readiness: {verdict.message}; {len(looks)} looks; log {looks[-1][1] / 1e6:.2f} MB")
+    plain = plain_seen[0] - written if plain_seen else float("nan")
+    late = ours - written
+    benchtable.header("readiness: opsbook vs ssh + tail -F | grep over one open channel")
+    benchtable.row(
+        "readiness noticed after the proving line is written",
+        benchtable.seconds(late),
+        f"tail -F over ssh {benchtable.seconds(plain)}",
+        late / plain if plain > 0 else None,
+        f"<= {GOAL_NOTICE} s: {benchtable.verdict(late <= GOAL_NOTICE)}",
+    )
+    early, at_end = cpu_per_look(looks)
+    benchtable.row(
+        "watcher CPU per look: early in the log / at 1 MB",
+        f"{early * 1000:.1f} ms / {at_end * 1000:.1f} ms",
+        "tail -F: constant",
+        at_end / early if early > 0 else None,
+        f"constant in the log's size (<= 2x): {benchtable.verdict(at_end <= 2 * early)}",
+    )
+
+
+def follow_plain(
+    box: sandboxes.Sandbox, dep: Deployment, log: str, seen: list[float]
+) -> subprocess.Popen[str]:
+    """``ssh host 'tail -F LOG | grep PROOF'``; ``seen`` gets the time its line arrives."""
+    remote = f"timeout 120 tail -n 0 -F {shlex.quote(log)} | grep --line-buffered -F {PROOF!r}"
+    spec = dep.host
+    command = ["ssh", "-i", str(spec.key), "-o", f"UserKnownHostsFile={spec.known_hosts}"]
+    command += ["-o", "BatchMode=yes", "-p", str(spec.port), f"{spec.user}@{spec.address}"]
+    proc = subprocess.Popen([*command, remote], stdout=subprocess.PIPE, text=True)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        if proc.stdout.readline():
+            seen.append(time.time())
+
+    threading.Thread(target=read, daemon=True).start()
+    time.sleep(0.5)  # the channel is open before the log grows
+    return proc
+
+
+def cpu_per_look(looks: list[tuple[float, int]]) -> tuple[float, float]:
+    """Median CPU seconds per look over the first and the last third of the looks."""
+    deltas = [(b[0] - a[0], b[1]) for a, b in zip(looks, looks[1:], strict=False)]
+    third = max(1, len(deltas) // 3)
+    early = statistics.median(d for d, _ in deltas[:third])
+    late = statistics.median(d for d, _ in deltas[-third:])
+    return early, late
+
+
+def set_startup(box: sandboxes.Sandbox, seconds: float) -> None:
+    settings = box.venv / "opsbook-vllm-sim.json"
+    stored = json.loads(settings.read_text()) if settings.exists() else {}
+    stored.update({"startup_seconds": seconds, "fault": None})
+    settings.write_text(json.dumps(stored))
+    settings.chmod(0o644)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--startup-seconds", type=float, default=3.0)
-    parser.add_argument("--address", default="127.0.0.6")
+    parser.add_argument("--ready-seconds", type=float, default=8.0)
+    parser.add_argument("--address", default="127.0.4.40")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-launch-", dir="/tmp"))
     try:
         began = time.perf_counter()
         box = sandboxes.up(folder, address=options.address)
-        settings = box.venv / "opsbook-vllm-sim.json"
-        stored = json.loads(settings.read_text()) if settings.exists() else {}
-        stored.update({"startup_seconds": options.startup_seconds, "fault": None})
-        settings.write_text(json.dumps(stored))
-        settings.chmod(0o644)
+        set_startup(box, options.startup_seconds)
         print(
             f"rehearsal host up in {time.perf_counter() - began:.1f} s "
             f"(simulated vLLM startup: {options.startup_seconds:g} s)"
         )
         rows = run_cases(box)
+        readiness(box, options.ready_seconds)
     finally:
         sandboxes.down(folder)
         shutil.rmtree(folder, ignore_errors=True)

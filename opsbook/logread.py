@@ -107,44 +107,90 @@ def screened_lines(stream: BinaryIO) -> Iterator[tuple[int, str]]:
     yield from reader.lines()
 
 
+class LineScreen:
+    """The same screen over a growing log, pushed in piece by piece as it is written: each
+    piece is screened once (a watcher never re-reads what it has seen)."""
+
+    def __init__(self) -> None:
+        self._reader = _Reader()
+
+    def feed(self, data: bytes) -> list[tuple[int, str]]:
+        """The lines of interest that ``data`` completes, with their numbers.
+
+        Raises:
+            LogError: the log runs over ``MAX_RUN_WITHOUT_NEWLINE`` bytes without a line break.
+        """
+        return list(self._reader.feed(data))
+
+    def pending(self) -> list[tuple[int, str]]:
+        """The last line with text if the screen skipped it, and the line still being written
+        (diagnosed as they are now, not kept)."""
+        return self._reader.pending()
+
+
 class _Reader:
-    def __init__(self, stream: BinaryIO) -> None:
+    """The screen over a stream read in chunks, or over bytes pushed in as they come
+    (:meth:`feed`, then :meth:`end`): the same lines either way."""
+
+    def __init__(self, stream: BinaryIO | None = None) -> None:
         self.stream = stream
         self.first_number = 1  # the number of the next block's first line
         self.emitted = 0  # the last line number yielded
         self.last_text: tuple[int, bytes] | None = None
+        self.carry = b""  # the unfinished last line (its first MAX_LINE_BYTES)
+        self.overflow = 0  # bytes of an over-long line dropped so far
 
     def lines(self) -> Iterator[tuple[int, str]]:
-        carry = b""
-        overflow = 0  # bytes of an over-long line dropped so far
         while True:
             chunk = self._read()
             if not chunk:
                 break
-            if overflow:
-                cut = chunk.find(b"\n")
-                if cut < 0:
-                    overflow = self._count_overflow(overflow, len(chunk))
-                    continue
-                chunk, overflow = chunk[cut:], 0
-            data = carry + chunk
-            end = data.rfind(b"\n")
-            if end < 0:
-                carry = data[:MAX_LINE_BYTES]
-                if len(data) > MAX_LINE_BYTES:
-                    overflow = self._count_overflow(0, len(data) - MAX_LINE_BYTES)
-                continue
-            carry = data[end + 1 :]
-            if len(carry) > MAX_LINE_BYTES:
-                overflow = self._count_overflow(0, len(carry) - MAX_LINE_BYTES)
-                carry = carry[:MAX_LINE_BYTES]
-            yield from self._block(data[:end])
-        if carry:
-            yield from self._block(carry)
+            yield from self.feed(chunk)
+        yield from self.end()
+
+    def feed(self, chunk: bytes) -> Iterator[tuple[int, str]]:
+        """The lines of interest that ``chunk`` completes."""
+        if self.overflow:
+            cut = chunk.find(b"\n")
+            if cut < 0:
+                self.overflow = self._count_overflow(self.overflow, len(chunk))
+                return
+            chunk, self.overflow = chunk[cut:], 0
+        data = self.carry + chunk
+        end = data.rfind(b"\n")
+        if end < 0:
+            self.carry = data[:MAX_LINE_BYTES]
+            if len(data) > MAX_LINE_BYTES:
+                self.overflow = self._count_overflow(0, len(data) - MAX_LINE_BYTES)
+            return
+        self.carry = data[end + 1 :]
+        if len(self.carry) > MAX_LINE_BYTES:
+            self.overflow = self._count_overflow(0, len(self.carry) - MAX_LINE_BYTES)
+            self.carry = self.carry[:MAX_LINE_BYTES]
+        yield from self._block(data[:end])
+
+    def end(self) -> Iterator[tuple[int, str]]:
+        """The unfinished last line, then the last line with text if it was not yielded."""
+        if self.carry:
+            yield from self._block(self.carry)
+            self.carry = b""
         if self.last_text and self.last_text[0] > self.emitted:
+            self.emitted = self.last_text[0]
             yield self.last_text[0], _decode(self.last_text[1])
 
+    def pending(self) -> list[tuple[int, str]]:
+        """What :meth:`end` would yield now, without ending: the last line with text when it
+        was screened out, and the unfinished line being written."""
+        shown = []
+        if self.last_text and self.last_text[0] > self.emitted:
+            shown.append((self.last_text[0], _decode(self.last_text[1])))
+        if self.carry.strip():
+            shown.append((self.first_number, _decode(self.carry)))
+        return shown
+
     def _read(self) -> bytes:
+        if self.stream is None:
+            return b""
         try:
             return self.stream.read(CHUNK_BYTES)
         except OSError as e:

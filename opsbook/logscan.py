@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 import yaml
 
 from opsbook.exceptions import OpsbookError
-from opsbook.logread import screened_lines
+from opsbook.logread import LineScreen, screened_lines
 from opsbook.results import SEVERITIES, Finding, Result, Table
 
 READY = "ready"
@@ -657,6 +657,43 @@ def diagnose_stream(
     diagnosis.earlier = splitter.earlier
     diagnosis.earlier_counts = dict(splitter.earlier_counts)
     return diagnosis
+
+
+class LogFollower:
+    """A growing log diagnosed look after look, as a watcher sees it: each look pushes only
+    the bytes written since the last (:meth:`feed`); they are screened once and the lines of
+    interest kept per startup, so a look costs the same whether the log holds 10 kB or 1 GB
+    of routine lines.
+    """
+
+    def __init__(self) -> None:
+        self._screen = LineScreen()
+        self._splitter = _StartupSplitter()
+        self.size = 0
+
+    def feed(self, data: bytes) -> None:
+        """Take the bytes the log grew by.
+
+        Raises:
+            LogError: the log runs over ``MAX_RUN_WITHOUT_NEWLINE`` bytes without a line break.
+        """
+        self.size += len(data)
+        for number, text in self._screen.feed(data):
+            self._splitter.add(number, text)
+
+    def diagnose(
+        self, *, running: bool | None = None, kernel_log: str | None = None
+    ) -> LogDiagnosis:
+        """The diagnosis of the last startup so far (as :func:`diagnose_stream` of the log)."""
+        last = self._splitter.current
+        diagnosis = _diagnose_lines(
+            logical_lines(last.lines() + self._screen.pending()), running, kernel_log
+        )
+        diagnosis.first_line = last.first_line
+        diagnosis.skipped_lines = last.skipped
+        diagnosis.earlier = list(self._splitter.earlier)
+        diagnosis.earlier_counts = dict(self._splitter.earlier_counts)
+        return diagnosis
 
 
 def _diagnose_lines(

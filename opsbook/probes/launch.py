@@ -17,6 +17,11 @@ Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
 - ``clean_shm``: remove ``/dev/shm/psm_*`` and ``sem.mp-*`` files of this user that no live
   process has open or mapped.
 - ``http``: GET or POST on the server's port from the host itself.
+- ``watch``: a ``status`` (with ``/health``) that waits on the host, up to ``wait`` seconds,
+  for something that decides a readiness wait: the line that proves the server ready (then
+  ``/health`` answers), an error line, or the process gone. It looks every
+  ``WATCH_STEP`` seconds, reading only the bytes the log grew by, so the watcher learns of
+  readiness within a step plus one round trip, and its cost does not grow with the log.
 """
 
 import json
@@ -33,6 +38,14 @@ SHM_PREFIXES = ("psm_", "sem.mp-")
 PROOF_SECONDS = 2.0
 TAIL_LIMIT = 512 * 1024
 TCP_LISTEN = "0A"
+WATCH_STEP = 0.05
+WATCH_LIMIT = 30.0
+WATCH_READ = 1 << 20
+WATCH_TAIL_LIMIT = 8 << 20
+# Log lines that decide a wait: uvicorn's ready lines (vLLM serves with uvicorn), and the
+# starts of error lines and tracebacks (the watcher's diagnosis tells which failure).
+PROOF_MARKERS = (b"Application startup complete", b"Uvicorn running on")
+ERROR_MARKERS = (b"Traceback (most recent call last)", b"ERROR ", b"Error: ")
 
 
 def main(args):
@@ -43,6 +56,7 @@ def main(args):
         "stop": stop,
         "clean_shm": clean_shm,
         "http": http,
+        "watch": watch,
     }.get(op)
     if handler is None:
         return {"error": f"unknown op {op!r}"}
@@ -258,7 +272,7 @@ def status(args):
         "running": same_process(record),
         "group": [],
         "others": [],
-        "log": log_state(args["log"], offset),
+        "log": log_state(args["log"], offset, args.get("tail_limit", TAIL_LIMIT)),
         "port_open": port_open(args.get("port")),
         "uid": uid,
     }
@@ -272,6 +286,50 @@ def status(args):
     if args.get("notes"):
         answer["notes"] = {name: read_note(args["state_dir"], name) for name in args["notes"]}
     return answer
+
+
+def watch(args):
+    record = read_record(args)
+    offset = args.get("offset")
+    if offset is None and record is not None:
+        offset = record.get("log_offset", 0)
+    deadline = time.monotonic() + min(float(args.get("wait", 0)), WATCH_LIMIT)
+    position = offset or 0
+    size = file_size(args["log"])
+    if size is not None and size < position:
+        position = 0  # truncated or replaced: read it from the start, as status does
+    steps = 0
+    while time.monotonic() < deadline:
+        position, found = new_markers(args["log"], position)
+        if found or not same_process(record):
+            break
+        steps += 1
+        # The port is looked at twice a second: a server may be ready with its log elsewhere.
+        if steps % 10 == 0 and port_open(args.get("port")):
+            break
+        time.sleep(WATCH_STEP)
+    asked = dict(args, offset=offset, health=args.get("health") or "/health")
+    asked.setdefault("tail_limit", WATCH_TAIL_LIMIT)
+    answer = status(asked)
+    answer["watched_steps"] = steps
+    return answer
+
+
+def new_markers(path, position):
+    """Where the log now ends, and whether the bytes after ``position`` hold a marker."""
+    size = file_size(path)
+    if size is None or size <= position:
+        return position, False
+    overlap = max(len(m) for m in PROOF_MARKERS + ERROR_MARKERS)
+    start = max(0, position - overlap, size - WATCH_READ)
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(size - start)
+    except OSError:
+        return position, False
+    found = any(m in data for m in PROOF_MARKERS + ERROR_MARKERS)
+    return start + len(data), found
 
 
 def read_note(state_dir, name):
@@ -439,8 +497,8 @@ def file_size(path):
         return None
 
 
-def read_from(path, offset):
-    """The log from byte ``offset`` (at most its last TAIL_LIMIT bytes) and where it ended."""
+def read_from(path, offset, limit=TAIL_LIMIT):
+    """The log from byte ``offset`` (at most its last ``limit`` bytes) and where it ended."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -448,7 +506,7 @@ def read_from(path, offset):
             start = offset or 0
             if start > size:
                 start = 0
-            start = max(start, size - TAIL_LIMIT)
+            start = max(start, size - limit)
             f.seek(start)
             data = f.read()
             return data.decode(errors="replace"), start + len(data)
@@ -456,12 +514,12 @@ def read_from(path, offset):
         return "", offset or 0
 
 
-def log_state(path, offset):
+def log_state(path, offset, limit=TAIL_LIMIT):
     try:
         st = os.stat(path)
     except OSError:
         return {"exists": False}
-    text, end = read_from(path, offset)
+    text, end = read_from(path, offset, limit)
     return {
         "exists": True,
         "size": st.st_size,

@@ -547,15 +547,17 @@ def test_bad_input_reaches_the_server_literally(rig: Rig, patched: None) -> None
 def test_the_wait_survives_a_dropped_ssh_connection_and_reattaches_by_pid(
     rig: Rig, patched: None
 ) -> None:
-    rig.deploy(OPSBOOK_SIM_STARTUP_SECONDS="3")
+    rig.deploy(OPSBOOK_SIM_STARTUP_SECONDS="6")
     started = rig.start()
     assert started.ok, str(started)
     pid = started.data["record"]["pid"]
     cuts: list[float] = []
 
     def cut_the_connection() -> None:
-        # Cut often enough that some cuts land while a probe is running on the channel.
-        for _ in range(8):
+        # Cut often enough that some cuts land while a probe is running on the channel (the
+        # watch waits on the host, so most do); the wait reconnects after a pause.
+        deadline = time.monotonic() + 4.5
+        while len(cuts) < 4 and time.monotonic() < deadline:
             time.sleep(0.15)
             conn = rig.host._conn
             transport = conn.client.get_transport() if conn is not None else None

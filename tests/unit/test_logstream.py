@@ -377,3 +377,33 @@ def test_a_startup_keeps_its_first_and_last_lines_of_interest_only() -> None:
     assert diagnosis.failure == "port-in-use"
     assert diagnosis.skipped_lines > 0
     assert diagnosis.phase == "ready"
+
+
+def test_a_log_followed_piece_by_piece_is_diagnosed_as_the_whole_file() -> None:
+    from opsbook.logscan import LogFollower, diagnose_log
+
+    for name in ("ready-4.log", "trust-remote-code-2.log", "engine-dead-1.log"):
+        raw = (LOGS / name).read_bytes()
+        follower = LogFollower()
+        for start in range(0, len(raw), 777):  # pieces that cut lines anywhere
+            follower.feed(raw[start : start + 777])
+        whole = diagnose_log(raw.decode("utf-8", "surrogateescape"))
+        followed = follower.diagnose()
+        assert (followed.state, followed.failure, followed.phase) == (
+            whole.state,
+            whole.failure,
+            whole.phase,
+        ), name
+        assert followed.line == whole.line and follower.size == len(raw)
+
+
+def test_a_follower_sees_the_line_still_being_written() -> None:
+    from opsbook.logscan import LogFollower
+
+    raw = (LOGS / "ready-4.log").read_bytes()
+    cut = raw.rindex(b"Application startup complete") + 5
+    follower = LogFollower()
+    follower.feed(raw[:cut])
+    assert follower.diagnose(running=True).state == "loading"
+    follower.feed(raw[cut:])
+    assert follower.diagnose(running=True).state == "ready"
