@@ -1,20 +1,22 @@
-"""Benchmark: the download check as one probe vs one SSH round trip per shard.
+"""Benchmark: the download check against the strongest plain ways, at 119, 1,190 and 11,900 shards.
 
-Starts a rehearsal host of its own (a real sshd on 127.0.0.8, in a temporary folder under
-/tmp), writes the synthetic 119-shard checkpoint (sparse, ~547 GB apparent) in its login
-user's home, then checks it over SSH both ways and prints both times and their ratio:
+Starts a rehearsal host of its own (a real sshd on 127.0.4.50, in a temporary folder under
+/tmp), writes synthetic checkpoints (sparse) in its login user's home, then checks each over
+one open SSH connection, taking turns, best of ``--repeat``:
 
-* opsbook: ``download.check_download``, one run of the ``download`` probe for all shards;
-* the plain way: one ``host.run`` per shard (``stat`` for the size, ``od`` and ``dd`` for the
-  safetensors header), after one ``ls`` for the shard names, the header parsed here.
+* opsbook: ``download.check_download``, one run of the ``download`` probe for all shards
+  (index against shards, sizes against headers, header layout, partial files, small files);
+* the plain way with the same reach as a size check: one small ``python3 -`` script that
+  reads every shard's size and safetensors header and compares them (what a competent
+  operator writes); the ratio is opsbook over this one (goal: at most 1.5x);
+* ``find -printf '%s %p'``: sizes only, no header read (a secondary line: it proves less);
+* the old comparison, one ssh round trip per shard (119 shards only, a secondary line).
 
-Both run over the same open connection, so the ratio is the cost of the round trips on
-loopback; over a real network each round trip costs more and the ratio grows. The same
-comparison without SSH (one interpreter start per shard vs one probe run, locally) is
-printed too. The rehearsal host is stopped at the end.
+Goal (issue 16): within 1.5x of the ``python3 -`` script at every size, and opsbook's time
+growing less than 2x from 119 to 1,190 shards.
 
-Usage: ``.venv/bin/python bench/download.py [--shards 119] [--repeat 2]`` (as root: the
-rehearsal host creates its login user).
+Usage: ``.venv/bin/python bench/download.py [--shards 119,1190,11900] [--repeat 3]`` (as
+root: the rehearsal host creates its login user).
 """
 
 from __future__ import annotations
@@ -32,13 +34,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import benchtable
+
 from opsbook import download, probes
 from opsbook import sandbox as sandboxes
 from opsbook.checkpoint import make_checkpoint
+from opsbook.exceptions import OpsbookError
 from opsbook.hosts import Host
 from opsbook.sandbox import Sandbox
 
-ADDRESS = "127.0.0.8"
+ADDRESS = "127.0.4.50"
+GOAL_RATIO = 1.5
+GOAL_GROWTH = 2.0
 PYTHON = "/usr/bin/python3"
 PER_SHARD_SSH = (
     'f={path}; stat -c %s -- "$f"; n=$(head -c 8 -- "$f" | od -An -tu8 | tr -d \' \'); '
@@ -50,6 +57,22 @@ PER_SHARD_LOCAL = (
     "e = max(v['data_offsets'][1] for k, v in h.items() if k != '__metadata__'); "
     "print(s == 8 + n + e)"
 )
+# The plain script: every shard's size against 8 + header length + the header's last offset.
+PLAIN_SCRIPT = """
+import json, os, struct, sys
+d = sys.argv[1]
+bad = 0
+names = sorted(n for n in os.listdir(d) if n.endswith(".safetensors"))
+for n in names:
+    p = os.path.join(d, n)
+    size = os.stat(p).st_size
+    with open(p, "rb") as f:
+        length = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(length))
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    bad += size != 8 + length + end
+print(len(names) - bad)
+"""
 T = TypeVar("T")
 
 
@@ -60,6 +83,18 @@ def one_probe(host: Host, model_dir: str) -> int:
     """The opsbook way: one probe run checks every shard; returns the shards found ok."""
     ok: int = download.check_download(host, model_dir).data["summary"]["ok"]
     return ok
+
+
+def plain_python(host: Host, model_dir: str) -> int:
+    """The plain way: one ``python3 -`` script over the same connection; the shards ok."""
+    done = host.run(f"python3 - {shlex.quote(model_dir)}", stdin=PLAIN_SCRIPT, check=True)
+    return int(done.stdout.split()[-1])
+
+
+def plain_find(host: Host, model_dir: str) -> int:
+    """Sizes only: one ``find -printf``; the shards listed."""
+    command = f"find {shlex.quote(model_dir)} -maxdepth 1 -name '*.safetensors' -printf '%s %p\\n'"
+    return len(host.run(command, check=True).stdout.splitlines())
 
 
 def round_trip_per_shard(host: Host, model_dir: str) -> int:
@@ -126,45 +161,102 @@ def checkpoint_for(box: Sandbox, shards: int) -> str:
     return str(model_dir)
 
 
-def report(label: str, seconds: float, ok: int) -> None:
-    print(f"{label:<32}: {seconds:7.3f} s  ({ok} shards ok)")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, default=119)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--shards", default="119,1190,11900", help="checkpoint sizes (a,b,c)")
+    parser.add_argument("--repeat", type=int, default=3)
     options = parser.parse_args()
+    sizes = [int(n) for n in options.shards.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-", dir="/tmp"))
+    figures: dict[int, tuple[float, float, float]] = {}
+    per_shard: tuple[int, float] | None = None
     try:
-        started = time.perf_counter()
         box = sandboxes.up(folder, address=ADDRESS, checkpoint=False)
-        model_dir = checkpoint_for(box, options.shards)
-        print(
-            f"rehearsal host and {options.shards}-shard checkpoint ready in "
-            f"{time.perf_counter() - started:.1f} s ({box.user}@{box.address}:{box.port})"
-        )
         with Host(box.host_spec()) as host:
             host.run("true", check=True)  # connect once, outside the measurements
-            probe_s, probe_ok = best_of(options.repeat, lambda: one_probe(host, model_dir))
-            plain_s, plain_ok = best_of(
-                options.repeat, lambda: round_trip_per_shard(host, model_dir)
-            )
-        local_probe_s, local_probe_ok = best_of(options.repeat, lambda: one_probe_local(model_dir))
-        local_plain_s, local_plain_ok = best_of(
-            options.repeat, lambda: interpreter_per_shard(model_dir)
-        )
+            for shards in sizes:
+                figures[shards], old = measure_size(box, host, shards, options.repeat, per_shard)
+                per_shard = per_shard or old
     finally:
         sandboxes.down(folder)
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"over SSH (best of {options.repeat}):")
-    report("  one probe", probe_s, probe_ok)
-    report(f"  {options.shards + 1} round trips (ls + 1/shard)", plain_s, plain_ok)
-    print(f"  ratio (per-shard / probe): {plain_s / probe_s:.1f}x")
-    print("on this machine, no SSH:")
-    report("  one probe", local_probe_s, local_probe_ok)
-    report("  one python3 per shard", local_plain_s, local_plain_ok)
-    print(f"  ratio (per-shard / probe): {local_plain_s / local_probe_s:.1f}x")
+    benchtable.header("download check: opsbook vs one python3 - script (sizes + headers)")
+    for shards, (ours, plain, find) in figures.items():
+        benchtable.row(
+            f"download check, {shards:,} shards",
+            benchtable.seconds(ours),
+            f"python3 - {benchtable.seconds(plain)}",
+            ours / plain,
+            f"<= {GOAL_RATIO}x: {benchtable.verdict(ours <= GOAL_RATIO * plain)}",
+        )
+        benchtable.row(
+            f"  secondary: sizes only, {shards:,} shards",
+            benchtable.seconds(ours),
+            f"find -printf {benchtable.seconds(find)}",
+            ours / find,
+            "(find reads no header)",
+        )
+    if 119 in figures and 1190 in figures:
+        growth = figures[1190][0] / figures[119][0]
+        plain_growth = figures[1190][1] / figures[119][1]
+        benchtable.row(
+            "download check growth 119 -> 1,190 shards",
+            f"{growth:.2f}x",
+            f"python3 - {plain_growth:.2f}x",
+            None,
+            f"< {GOAL_GROWTH:g}x: {benchtable.verdict(growth < GOAL_GROWTH)}",
+        )
+    if per_shard is not None:
+        shards, seconds = per_shard
+        ours = figures[shards][0]
+        benchtable.row(
+            f"  secondary (old): one ssh per shard, {shards:,} shards",
+            benchtable.seconds(ours),
+            f"ssh per shard {benchtable.seconds(seconds)}",
+            ours / seconds,
+            "(nobody competent writes this)",
+        )
+
+
+def measure_size(
+    box: Sandbox, host: Host, shards: int, repeat: int, per_shard: object
+) -> tuple[tuple[float, float, float], tuple[int, float] | None]:
+    """opsbook's, the script's and find's best seconds on a fresh ``shards``-shard checkpoint,
+    and the one-ssh-per-shard seconds the first time (``per_shard`` still None)."""
+    started = time.perf_counter()
+    model_dir = checkpoint_for(box, shards)
+    print(f"{shards}-shard checkpoint written in {time.perf_counter() - started:.1f} s")
+    try:
+        ours, plain, find = taking_turns(
+            repeat,
+            [
+                lambda: one_probe(host, model_dir),
+                lambda: plain_python(host, model_dir),
+                lambda: plain_find(host, model_dir),
+            ],
+        )
+        print(f"  shards ok: opsbook {ours[1]}, python3 - {plain[1]}; find: {find[1]}")
+        old = None
+        if per_shard is None:
+            try:
+                old = shards, best_of(1, lambda: round_trip_per_shard(host, model_dir))[0]
+            except (ValueError, OpsbookError) as e:  # the old way's shell parsing: a side line
+                print(f"  one ssh per shard failed: {type(e).__name__}: {e}")
+    finally:
+        shutil.rmtree(Path(box.home) / "bench")
+    return (ours[0], plain[0], find[0]), old
+
+
+def taking_turns(repeat: int, runs: list[Callable[[], int]]) -> list[tuple[float, int]]:
+    """Each run ``repeat`` times, taking turns; per run its best seconds and last answer."""
+    times: list[list[float]] = [[] for _ in runs]
+    answers = [0] * len(runs)
+    for _ in range(repeat):
+        for i, run in enumerate(runs):
+            started = time.perf_counter()
+            answers[i] = run()
+            times[i].append(time.perf_counter() - started)
+    return [(min(t), a) for t, a in zip(times, answers, strict=True)]
 
 
 if __name__ == "__main__":

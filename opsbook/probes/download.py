@@ -16,10 +16,10 @@ Every problem is a finding naming the file; the probe itself does not fail on ba
 
 from __future__ import annotations
 
-import concurrent.futures
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import stat
@@ -209,24 +209,22 @@ def read_header(path: str, size: int) -> tuple[int, dict[str, Any] | None, str, 
 def layout_of(header: dict[str, Any]) -> tuple[int, str]:
     """Check tensor entries and return ``(end of data, problem)``; problem is '' when fine."""
     spans = []
+    bits_of = DTYPE_BITS.get
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         try:
             begin, end = entry["data_offsets"]
-            shape = entry["shape"]
             if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
                 raise ValueError
-            count = 1
-            for dim in shape:
-                count *= int(dim)
+            count = math.prod(map(int, entry["shape"]))
         except (KeyError, TypeError, ValueError):
             return 0, f"tensor {name} has no valid dtype/shape/data_offsets"
-        bits = DTYPE_BITS.get(entry.get("dtype"))
+        bits = bits_of(entry.get("dtype"))
         if bits is not None and (count * bits + 7) // 8 != end - begin:
             return (
                 0,
-                f"tensor {name}: {entry.get('dtype')} x {shape} does not fill "
+                f"tensor {name}: {entry.get('dtype')} x {entry['shape']} does not fill "
                 f"its {end - begin} bytes",
             )
         spans.append((begin, end, name))
@@ -242,7 +240,8 @@ def layout_of(header: dict[str, Any]) -> tuple[int, str]:
 
 
 def inspect_shard(model_dir: str, name: str) -> dict[str, Any]:
-    """Everything about one shard: status, sizes; its parsed ``header`` is dropped before output."""
+    """Everything about one shard: status, sizes; its tensor names (``header``) are dropped
+    before output."""
     path = os.path.join(model_dir, name)
     row: dict[str, Any] = {
         "file": name, "status": "ok", "size": None, "expected_size": None,
@@ -269,7 +268,9 @@ def inspect_shard(model_dir: str, name: str) -> dict[str, Any]:
         return row
     end, problem = layout_of(header)
     row["tensors"] = len([k for k in header if k != "__metadata__"])
-    row["header"] = header
+    # Only the tensor names are kept (for the index's weight map): thousands of parsed
+    # headers kept whole make the cyclic garbage collector walk them at every parse.
+    row["header"] = frozenset(header)
     if problem:
         row.update(status="corrupt", detail=problem)
         return row
@@ -334,8 +335,9 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     rows = [inspect_shard(model_dir, name) for name in expected]
     if index is not None:
         match_weight_map(rows, index["weight_map"])
+    named = set(expected)
     for name in on_disk:
-        if name not in expected:
+        if name not in named:
             rows.append(
                 {
                     "file": name,
@@ -694,6 +696,9 @@ def hash_op(args: dict[str, Any]) -> dict[str, Any]:
     manifest = args.get("manifest") or {}
     workers = int(args.get("workers") or os.cpu_count() or 1)
     started = time.time()
+    # Imported here: concurrent.futures brings logging, 50 ms the check does not need.
+    import concurrent.futures
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
         # hashlib and file reads release the GIL, so threads use several cores; a process
         # pool would need an importable __main__, which a program read from stdin lacks.

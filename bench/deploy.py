@@ -1,0 +1,220 @@
+"""Benchmark: the whole runbook (``opsbook run deploy``) against the same steps as one shell
+script over ssh, on a rehearsal host of its own (127.0.4.60).
+
+The plain script is what a competent operator would write for the same job, run with one
+``ssh host bash -s``: preflight (``nvidia-smi``, ``df``, the interpreter and vLLM versions),
+the download check (one ``python3 -`` script: sizes against safetensors headers), the config
+patch (the FP8 KV-cache keys removed, with a backup, when present), the launch script
+(opsbook's own rendering, written and checked with ``bash -n``), the launch (detached, its
+log appended), the wait for ``/health``, a completion as smoke test, and a last health check.
+
+Both start from the same state: the server stopped (outside the timing) and the
+checkpoint already patched (a first, untimed opsbook deploy does it). Runs take turns;
+medians are printed with the ratio and issue 16's goal (at most 2x), and opsbook's own
+per-stage times from its record.
+
+Usage: ``.venv/bin/python bench/deploy.py [--runs 2] [--address 127.0.4.60]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import benchtable
+
+from opsbook import launch, run
+from opsbook import sandbox as sandboxes
+from opsbook.deployment import Deployment, load_deployment
+from opsbook.hosts import Host
+from opsbook.script import render_script
+
+GOAL = 2.0
+PLAIN_PID = "plain.pid"
+
+PLAIN = r"""
+set -euo pipefail
+M=@MODEL@; S=@SCRIPT@; L=@LOG@; P=@PORT@; V=@PYTHON@; ST=@STATE@
+# preflight
+nvidia-smi --query-gpu=name,compute_cap,memory.total,memory.used --format=csv,noheader >/dev/null
+df -h "$M" /dev/shm >/dev/null
+python3 --version >/dev/null
+"$V" -c 'import vllm, sys; print(vllm.__version__)' >/dev/null
+# download check: every shard's size against its safetensors header
+python3 - "$M" <<'PY'
+import json, os, struct, sys
+d = sys.argv[1]
+bad = []
+for n in sorted(n for n in os.listdir(d) if n.endswith(".safetensors")):
+    p = os.path.join(d, n)
+    size = os.stat(p).st_size
+    with open(p, "rb") as f:
+        length = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(length))
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    if size != 8 + length + end:
+        bad.append(n)
+sys.exit("bad shards: " + " ".join(bad) if bad else 0)
+PY
+# config patch: no FP8 KV cache (backups kept)
+python3 - "$M" <<'PY'
+import json, os, shutil, sys
+d = sys.argv[1]
+for name, paths in (("config.json", [("quantization_config", "kv_cache_scheme"),
+                                     ("quantization_config", "kv_cache_quant_algo")]),
+                    ("hf_quant_config.json", [("quantization", "kv_cache_quant_algo")])):
+    path = os.path.join(d, name)
+    doc = json.load(open(path))
+    changed = False
+    for parent, key in paths:
+        section = doc.get(parent) or {}
+        if section.get(key) is not None:
+            section.pop(key)
+            changed = True
+    if changed:
+        shutil.copy2(path, path + ".bak")
+        json.dump(doc, open(path, "w"), indent=2)
+PY
+# launch script
+cat > "$S" <<'SH'
+@LAUNCH_SCRIPT@SH
+chmod 755 "$S"
+bash -n "$S"
+# launch, detached
+mkdir -p "$ST"
+setsid nohup "$S" >> "$L" 2>&1 < /dev/null &
+echo $! > "$ST/@PID_FILE@"
+for i in $(seq 3000); do
+  curl -sf "localhost:$P/health" >/dev/null && break
+  kill -0 "$(cat "$ST/@PID_FILE@")" || { echo "the server died" >&2; exit 1; }
+  sleep 0.1
+done
+# smoke test
+curl -sf "localhost:$P/v1/completions" -H 'Content-Type: application/json' \
+  -d "{\"model\": \"$M\", \"prompt\": \"hello\", \"max_tokens\": 8}" >/dev/null
+# diagnose
+pgrep -u "$(id -u)" -f 'vllm serve' >/dev/null && curl -sf "localhost:$P/health"
+"""
+
+
+def plain_script(dep: Deployment, paths: launch.LaunchPaths) -> str:
+    values = {
+        "model": dep.model_path,
+        "script": paths.script,
+        "log": paths.log,
+        "port": str(dep.server_port),
+        "python": dep.python,
+        "state": paths.state_dir,
+    }
+    text = PLAIN.replace("@LAUNCH_SCRIPT@", render_script(dep)).replace("@PID_FILE@", PLAIN_PID)
+    for name, value in values.items():
+        text = text.replace(f"@{name.upper()}@", shlex.quote(value))
+    return text
+
+
+def ssh(dep: Deployment) -> list[str]:
+    spec = dep.host
+    command = ["ssh", "-i", str(spec.key), "-o", f"UserKnownHostsFile={spec.known_hosts}"]
+    return [*command, "-o", "BatchMode=yes", "-p", str(spec.port), f"{spec.user}@{spec.address}"]
+
+
+def stop_all(host: Host, paths: launch.LaunchPaths) -> None:
+    """Stop opsbook's server (its record) and the plain script's (its PID file), by id."""
+    launch.stop_server(host, paths, grace=5)
+    pid_file = Path(paths.state_dir) / PLAIN_PID
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        pid_file.unlink()
+        try:
+            os.killpg(pid, signal.SIGTERM)  # setsid made the script's PID its group's id
+        except ProcessLookupError:
+            return
+        for _ in range(100):
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.killpg(pid, signal.SIGKILL)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2, help="runs each (median kept)")
+    parser.add_argument("--address", default="127.0.4.60")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="opsbook-bench-deploy-", dir="/tmp"))
+    work.chmod(0o755)
+    ours: list[float] = []
+    plain: list[float] = []
+    stage_times: dict[str, list[float]] = {}
+    try:
+        box = sandboxes.up(work / "box", address=args.address, port=44160, server_port=44181)
+        dep = load_deployment(box.deployment_path)
+        first = run.run_deploy(box.deployment_path, work / "runs")
+        print(f"rehearsal host up; first deploy (untimed, patches the checkpoint): {first.status}")
+        command = [sys.executable, "-m", "opsbook", "run", "deploy", "-f", str(box.deployment_path)]
+        command += ["--runs-dir", str(work / "runs")]
+        with Host.from_deployment(dep) as host:
+            paths = launch.resolve_paths(host, dep)
+            script = plain_script(dep, paths)
+            for _ in range(args.runs):
+                stop_all(host, paths)
+                started = time.perf_counter()
+                done = subprocess.run(command, capture_output=True, text=True)
+                ours.append(time.perf_counter() - started)
+                if done.returncode != 0:
+                    print(done.stdout[-2000:], done.stderr[-2000:])
+                    raise SystemExit(f"opsbook run deploy exited {done.returncode}")
+                collect_stage_times(done.stdout, stage_times)
+                stop_all(host, paths)
+                started = time.perf_counter()
+                done = subprocess.run(
+                    [*ssh(dep), "bash -s"], input=script, capture_output=True, text=True
+                )
+                plain.append(time.perf_counter() - started)
+                if done.returncode != 0:
+                    raise SystemExit(f"the plain script failed: {done.stderr[-2000:]}")
+            stop_all(host, paths)
+    finally:
+        sandboxes.down(work / "box")
+        shutil.rmtree(work, ignore_errors=True)
+    mine, theirs = statistics.median(ours), statistics.median(plain)
+    benchtable.header("deploy end to end: opsbook run deploy vs the same steps as one ssh script")
+    benchtable.row(
+        "deploy end to end (6 stages)",
+        benchtable.seconds(mine),
+        f"one ssh script {benchtable.seconds(theirs)}",
+        mine / theirs,
+        f"<= {GOAL:g}x: {benchtable.verdict(mine <= GOAL * theirs)}",
+    )
+    shown = ", ".join(f"{k} {statistics.median(v):.1f} s" for k, v in stage_times.items())
+    print(f"opsbook's stages (median of the record's durations): {shown}")
+    return 0
+
+
+def collect_stage_times(stdout: str, into: dict[str, list[float]]) -> None:
+    """The per-stage seconds from the run's summary.json, named in its last lines."""
+    folder = next(
+        (line.split(": ", 1)[1] for line in stdout.splitlines() if line.startswith("run folder:")),
+        None,
+    )
+    if folder is None:
+        return
+    summary = json.loads((Path(folder) / "summary.json").read_text())
+    for entry in summary.get("notebooks", []):
+        into.setdefault(entry["stage"], []).append(float(entry["duration"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
