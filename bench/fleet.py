@@ -13,7 +13,7 @@ the same answer for 1 and for 16 hosts. All rehearsal hosts run on this machine:
 does on its side (sshd, the probe's python, the simulated nvidia-smi) shares its cores, which
 real hosts do not; the CPU-seconds the machine was busy during one fan-out are printed too.
 
-Usage: ``.venv/bin/python bench/fleet.py [--address 127.0.1.101] [--repeat 2] [--forks 16]``
+Usage: ``.venv/bin/python bench/fleet.py [--address 127.0.4.101] [--repeat 2] [--forks 16]``
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import benchtable
 
 from opsbook import fleet_sandbox, run, stages
 from opsbook.deployment import load_deployment
@@ -52,7 +54,7 @@ def machine_busy_seconds() -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--address", default="127.0.1.101", help="the first host's address")
+    parser.add_argument("--address", default="127.0.4.101", help="the first host's address")
     parser.add_argument("--repeat", type=int, default=2, help="runs per figure (best is kept)")
     parser.add_argument("--forks", type=int, default=16, help="hosts worked on at once")
     args = parser.parse_args()
@@ -132,10 +134,16 @@ def report(rows: dict[tuple[str, str, int], float]) -> None:
             f"{' / '.join(busy)} CPU-seconds on {' / '.join(map(str, SIZES))} host(s) (every "
             "process, the rehearsal hosts' included: they all share these cores)"
         )
+    benchtable.header(f"fleet: a stage on {max(SIZES)} hosts vs on one (the round trip sets it)")
     for stage in STAGES:
-        ratio = rows[(stage, "opsbook run", max(SIZES))] / rows[(stage, "opsbook run", 1)]
-        verdict = "met" if ratio <= GOAL else "NOT met"
-        print(f"{stage}: 16:1 = {ratio:.2f} (goal <= {GOAL}: {verdict})")
+        many, one = rows[(stage, "opsbook run", max(SIZES))], rows[(stage, "opsbook run", 1)]
+        benchtable.row(
+            f"`opsbook run {stage}`, {max(SIZES)} hosts vs 1",
+            benchtable.seconds(many),
+            f"1 host {benchtable.seconds(one)}",
+            many / one,
+            f"<= {GOAL}x: {benchtable.verdict(many / one <= GOAL)}",
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ threads (:mod:`opsbook.stages`); the runner follows the results file while the n
 so each host's line is reported as it finishes. ``run_deploy`` goes through the stages, drops
 a host from the later stages once it fails, stops when too many hosts failed, and with
 ``serial`` does it one batch of hosts at a time, stopping at the first batch that fails.
+The stages of a deploy share one kernel (:class:`SharedKernel`) and their HTML copies are
+exported on a thread of their own while the next stages run.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -251,6 +254,7 @@ def execute_stage(
     on_result: OnResult | None = None,
     journal: Path | None = None,
     on_progress: OnProgress | None = None,
+    kernel: SharedKernel | None = None,
 ) -> RunRecord:
     """Run one notebook with papermill into ``folder``; the notebook is written even when a
     cell fails, and the journal and per-host results go next to it.
@@ -266,6 +270,7 @@ def execute_stage(
         journal: where the remote commands are journalled (default: ``journal.jsonl`` in
             ``folder``).
         on_progress: called with the steps long stages reach on each host.
+        kernel: a kernel the stages of a run share (a fresh kernel per notebook without it).
     """
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -282,6 +287,7 @@ def execute_stage(
     with _following(results_file, on_result, on_progress) as results:
         try:
             with _environment(env), _deadline(stage_timeout):
+                shared = {"km": kernel.ready(env)} if kernel is not None else {}
                 papermill.execute_notebook(
                     str(nb_path),
                     str(output),
@@ -289,6 +295,7 @@ def execute_stage(
                     progress_bar=False,
                     cwd=str(nb_path.parent),
                     execution_timeout=timeout,
+                    **shared,
                 )
         except PapermillExecutionError as e:
             failure = exit_code_for(e.ename), f"cell {e.exec_count} raised {e.ename}: {e.evalue}"
@@ -297,6 +304,8 @@ def execute_stage(
             failure = EXIT_TOOL_FAILED, message
         except Exception as e:  # a dead kernel or a broken notebook still gets a record
             failure = EXIT_TOOL_FAILED, f"the notebook could not run: {type(e).__name__}: {e}"
+    if failure is not None and kernel is not None:
+        kernel.discard()  # a kernel that a cell failed or a deadline stopped is not reused
     code, message = _verdict(results, failure)
     redact_notebook(output, redactor)
     return RunRecord(
@@ -387,6 +396,54 @@ def redact_notebook(path: Path, redactor: Redactor) -> None:
 BATCH_PREFIX = "batch-"
 
 
+class SharedKernel:
+    """One Python kernel for the stage notebooks of a deploy run, started by the first stage
+    and handed to the next ones: a kernel start and opsbook's imports are paid once per run,
+    not once per stage. Each notebook still runs top to bottom from its own parameters; before
+    each, the kernel's environment is set to that stage's (results file, journal). A stage
+    that fails or runs past its deadline discards the kernel: the next starts a fresh one.
+    """
+
+    def __init__(self) -> None:
+        self.km: Any = None
+
+    def ready(self, env: Mapping[str, str]) -> Any:
+        """The kernel manager for the next notebook: not started yet (papermill starts it
+        with this process's environment), or running with ``env`` set in it."""
+        from jupyter_client.manager import AsyncKernelManager
+        from jupyter_core.utils import run_sync
+
+        if self.km is not None and self.km.has_kernel:
+            run_sync(_set_kernel_environment)(self.km, dict(env))
+            return self.km
+        self.km = AsyncKernelManager(kernel_name="python3")
+        return self.km
+
+    def discard(self) -> None:
+        """Shut the kernel down, if one runs; the next stage starts a new one."""
+        from jupyter_core.utils import run_sync
+
+        km, self.km = self.km, None
+        if km is not None and km.has_kernel:
+            with contextlib.suppress(Exception):  # a kernel already gone is what we want
+                run_sync(km.shutdown_kernel)(now=True)
+
+
+async def _set_kernel_environment(km: Any, env: dict[str, str]) -> None:
+    client = km.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        code = f"import os as _os\n_os.environ.update({env!r})\ndel _os"
+        reply = await client.execute_interactive(
+            code, store_history=False, timeout=60, output_hook=lambda msg: None
+        )
+        if reply["content"].get("status") != "ok":
+            raise RunError("the shared kernel refused to take the stage's environment")
+    finally:
+        client.stop_channels()
+
+
 def _stages() -> Any:
     from opsbook import stages
 
@@ -452,6 +509,12 @@ class _DeployRun:
     results: list[HostResult] = field(default_factory=list)
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
+    kernel: SharedKernel = field(default_factory=SharedKernel)
+    # The HTML copies, exported on a thread of their own while the next stages run.
+    exports: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="opsbook-html")
+    )
+    pages: list[Future[str | None]] = field(default_factory=list)
 
 
 def run_deploy(
@@ -510,25 +573,39 @@ def run_deploy(
         on_result,
         on_progress,
     )
+    try:
+        _deploy_batches(run, batches, names, max_fail_percentage)
+        unreachable = {r.host for r in run.results if r.state is State.UNREACHABLE}
+        diagnosed = [n for n in names if n not in unreachable]
+        if diagnosed:
+            _run_stage(run, _stages().DIAGNOSE, diagnosed, folder)
+    finally:
+        run.kernel.discard()
+        run.exports.shutdown(wait=True)
+    pages = [page.result() for page in run.pages]
+    run.notebooks = [
+        replace(entry, html=page) for entry, page in zip(run.notebooks, pages, strict=True)
+    ]
+    run.results = _with_skipped(run.results, names, run.stopped)
+    return _file_deploy(run, dep, started_at, time.monotonic() - started, serial)
+
+
+def _deploy_batches(
+    run: _DeployRun, batches: list[list[str]], names: list[str], max_fail: float | None
+) -> None:
     for number, batch in enumerate(batches, start=1):
-        where = folder if len(batches) == 1 else folder / f"{BATCH_PREFIX}{number:02d}"
+        where = run.folder if len(batches) == 1 else run.folder / f"{BATCH_PREFIX}{number:02d}"
         where.mkdir(exist_ok=True)
-        _deploy_batch(run, batch, where, len(names), max_fail_percentage)
+        _deploy_batch(run, batch, where, len(names), max_fail)
         failed = [r.host for r in run.results if r.host in batch and not r.state.goes_on]
         if run.stopped:
-            break
+            return
         if failed and number < len(batches):
             run.stopped = (
                 f"batch {number} of {len(batches)} failed on {', '.join(dict.fromkeys(failed))}: "
                 "the hosts of later batches were left untouched"
             )
-            break
-    unreachable = {r.host for r in run.results if r.state is State.UNREACHABLE}
-    diagnosed = [n for n in names if n not in unreachable]
-    if diagnosed:
-        _run_stage(run, _stages().DIAGNOSE, diagnosed, folder)
-    run.results = _with_skipped(run.results, names, run.stopped)
-    return _file_deploy(run, dep, started_at, time.monotonic() - started, serial)
+            return
 
 
 def _deploy_batch(
@@ -564,14 +641,16 @@ def _run_stage(
         run.on_result,
         journal=journal,
         on_progress=run.on_progress,
+        kernel=run.kernel,
     )
     results = _complete(record, stage, hosts, run.on_result)
     run.results += results
+    run.pages.append(run.exports.submit(_html_copy, record, run.folder))
     run.notebooks.append(
         records.NotebookEntry(
             stage=stage.name,
             notebook=str(record.executed_notebook.relative_to(run.folder)),
-            html=_html_copy(record, run.folder),
+            html=None,  # filled in from run.pages when the exports are done
             hosts=tuple(hosts),
             exit_code=record.exit_code,
             message=record.message,

@@ -5,6 +5,7 @@ without a run folder unless ``--record`` asks for one.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,7 @@ def test_check_says_what_the_notebook_says_with_its_exit_code(box: Sandbox, tmp_
 
     deployed = run.run_deploy(box.deployment_path, tmp_path / "deploy")
     assert deployed.ok, deployed.message
+    assert_one_kernel_served_every_stage(deployed)
     ready = check(box.deployment_path, cwd=tmp_path)
     assert ready.returncode == 0, ready.stdout + ready.stderr
     assert "ready: the process runs and /health answers 200" in ready.stdout
@@ -75,3 +77,17 @@ def test_check_of_a_host_nobody_answers_on_is_unreachable(box: Sandbox, tmp_path
     done = check(moved, cwd=tmp_path)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "unreachable" in done.stdout
+
+
+def assert_one_kernel_served_every_stage(deployed: run.RunRecord) -> None:
+    """Every stage is filed (notebook, HTML, its own results) and the stages shared a kernel:
+    each notebook's cells count on from the previous one's."""
+    summary = json.loads((deployed.folder / "summary.json").read_text())
+    first_counts = []
+    for entry in summary["notebooks"]:
+        assert entry["html"] and (deployed.folder / entry["html"]).is_file()
+        notebook = json.loads((deployed.folder / entry["notebook"]).read_text())
+        counts = [c["execution_count"] for c in notebook["cells"] if c.get("execution_count")]
+        first_counts.append(counts[0])
+    assert first_counts == sorted(first_counts) and first_counts[0] < first_counts[-1]
+    assert {r.stage for r in deployed.results} >= {"preflight", "launch", "diagnose"}
