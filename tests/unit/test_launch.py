@@ -21,6 +21,7 @@ import pytest
 from opsbook import diagnose, launch, logscan, probes
 from opsbook.facts import GpuProcess, HostFacts, facts_from_probe
 from opsbook.logscan import Phase
+from opsbook.testing import FakeHost
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
 T0 = datetime(2000, 6, 10, 6, 16, 19)
@@ -365,3 +366,40 @@ def test_status_asks_no_health_when_the_port_is_closed(paths: launch.LaunchPaths
     args = paths.probe_args(op="status", port=free_port(), health="/health")
     answer = probes.run_local("launch", args)
     assert answer["port_open"] is False and "health" not in answer and "notes" not in answer
+
+
+# -- the readiness wait: one waiting look at a time, each new byte read once -------------------
+
+
+def test_the_wait_asks_for_new_bytes_only_and_lets_the_host_wait(paths: launch.LaunchPaths) -> None:
+    ready_log = (Path(__file__).parents[1] / "data" / "logs" / "ready-4.log").read_bytes()
+    cut = ready_log.rindex(b"Application startup complete")
+    pieces = [ready_log[:2000], ready_log[2000:cut], ready_log[cut:]]
+    looks: list[dict[str, Any]] = []
+
+    def watch(args: dict[str, Any]) -> dict[str, Any]:
+        looks.append(args)
+        n = len(looks) - 1
+        start = sum(len(p) for p in pieces[:n])
+        text = pieces[n].decode("utf-8", "surrogateescape")
+        last = n == len(pieces) - 1
+        answer: dict[str, Any] = {
+            "record": {"pid": 7},
+            "running": True,
+            "port_open": last,
+            "log": {"exists": True, "text": text, "end": start + len(pieces[n])},
+            "watched_steps": 3,
+        }
+        if last:
+            answer["health"] = {"status": 200}
+        return answer
+
+    host = FakeHost(probes={"launch": watch})
+    slept: list[float] = []
+    done = launch.wait_until_ready(host, paths, 8000, interval=0.5, sleep=slept.append)  # type: ignore[arg-type]
+    assert done.ok, done.message
+    assert [a["op"] for a in looks] == ["watch"] * 3
+    assert [a["wait"] for a in looks] == [0.0, 0.5, 0.5]  # the host waits, not this process
+    assert [a["offset"] for a in looks] == [None, 2000, cut]  # each byte crosses once
+    assert slept == []
+    assert launch.diagnosis_of(done).state == "ready"
