@@ -285,12 +285,11 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     assert server_processes(rig.box.user) == []
     after = rig.state()
     # The stop signals the whole group at once: the API server, EngineCore and the worker
-    # race, and the API server may log its engine's death before its own orderly shutdown,
-    # which the diagnosis then reads as a crash. Either way nothing runs or listens.
-    assert after.state in ("exited", "crashed"), after.message
+    # race, and EngineCore may log its worker's death before its own orderly shutdown. The
+    # launch record keeps where the log stood at the stop: only what came before is diagnosed.
+    assert after.state == "exited", after.message
+    assert after.message.startswith("stopped by opsbook at "), after.message
     assert not after.port_open and after.processes == []
-    if after.state == "crashed" and after.diagnosis and after.diagnosis.line:
-        print(f"[real vLLM] after the stop: {after.state}, {after.diagnosis.line.raw[:300]}")
 
 
 def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(rig: Rig) -> None:
