@@ -198,3 +198,32 @@ def test_the_same_text_from_another_kernel_is_not_called_a_head_size_problem() -
     diagnosis = diagnose_log(gpu)
     assert diagnosis.failure != "head-size-unsupported"
     assert diagnosis.line is not None and "Unsupported block size: 16" in diagnosis.line.raw
+
+
+# Format strings added from their sources, rendered with sample values.
+@pytest.mark.parametrize(
+    ("rendered", "expected"),
+    [
+        # vLLM 0.34.0 vllm/v1/executor/multiproc_executor.py (WorkerProc.wait_for_ready)
+        (
+            "Exception: WorkerProc initialization failed due to an exception in a "
+            "background process. See stack trace for root cause.",
+            "engine-dead",
+        ),
+        # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py (collective_rpc)
+        (
+            "RuntimeError: Worker failed with error 'boom', please check the stack trace "
+            "above for the root cause",
+            "engine-dead",
+        ),
+        # transformers 4.x dynamic_module_utils.resolve_trust_remote_code
+        (
+            "ValueError: Loading org/model requires you to execute the configuration file in "
+            "that repo on your local machine. Make sure you have read the code there to avoid "
+            "malicious use, then set the option `trust_remote_code=True` to remove this error.",
+            "trust-remote-code",
+        ),
+    ],
+)
+def test_a_rendered_format_string_gets_its_class(rendered: str, expected: str) -> None:
+    assert diagnose_log(rendered + "\n").failure == expected
