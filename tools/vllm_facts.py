@@ -348,9 +348,27 @@ def quantization_methods(wheel: WheelSource) -> dict[str, Any]:
     return dict(sorted(out.items()))
 
 
+def frontend_files(wheel: WheelSource) -> list[str]:
+    """Where the release defines its frontend flags: ``FrontendArgs`` moved from
+    vllm/entrypoints/openai/cli_args.py to vllm/entrypoints/launchers/cli_args.py (0.29.0) and
+    vllm/entrypoints/common/cli_args.py (0.34.0); found by the class, not by the path."""
+    found = []
+    for file in wheel.names():
+        if not file.startswith("vllm/entrypoints/") or not file.endswith("/cli_args.py"):
+            continue
+        if any(
+            isinstance(node, ast.ClassDef) and node.name == "FrontendArgs"
+            for node in wheel.tree(file).body
+        ):
+            found.append(file)
+    return found
+
+
 def serve_flags(wheel: WheelSource) -> dict[str, Any]:
     flags: dict[str, str] = {}
-    for file in SERVE_FLAG_FILES:
+    files = list(SERVE_FLAG_FILES)
+    files += [f for f in frontend_files(wheel) if f not in files]
+    for file in files:
         if not wheel.has(file):
             continue
         tree = wheel.tree(file)
