@@ -98,6 +98,15 @@ class WheelSource(Source):
     def read(self, name: str) -> str:
         return self.zf.read(name).decode("utf-8", "replace")
 
+    def texts(self, package: str) -> list[tuple[str, str]]:
+        # In the archive's own order: tools/vllm_error_formats.py's output keeps it.
+        prefix = package + "/"
+        return [
+            (n, self.read(n))
+            for n in self.zf.namelist()
+            if n.startswith(prefix) and n.endswith(".py")
+        ]
+
     def sha256(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
 

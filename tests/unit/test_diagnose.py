@@ -217,6 +217,14 @@ while true; do sleep 0.1; done
 """
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def racing_host(tmp_path: Path, crash_first: bool = False) -> tuple[Any, Any]:
     from opsbook.launch import LaunchPaths
     from opsbook.testing import FakeHost, local_probe
@@ -237,7 +245,7 @@ def test_a_clean_stop_whose_processes_log_their_deaths_is_not_read_as_a_crash(tm
     from opsbook import launch
 
     host, paths = racing_host(tmp_path)
-    port = 48081  # nothing listens there: the probe only asks whether it is open
+    port = free_port()  # nothing listens there: the probe only asks whether it is open
     assert launch.start_server(host, paths, port).ok
     stopped = launch.stop_server(host, paths, grace=5)
     assert stopped.ok, str(stopped)
@@ -256,7 +264,7 @@ def test_a_server_that_had_failed_before_the_stop_is_still_crashed(tmp_path):
     from opsbook import launch
 
     host, paths = racing_host(tmp_path, crash_first=True)
-    port = 48082
+    port = free_port()
     assert launch.start_server(host, paths, port).ok
     assert launch.stop_server(host, paths, grace=5).ok
 
