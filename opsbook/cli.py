@@ -270,14 +270,23 @@ def _prepare_sandbox(vllm: str) -> int:
 
 
 def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
-    from opsbook import fleet_sandbox
+    from opsbook import fleet_sandbox, sandbox
 
+    if args.action == "prepare":
+        return _prepare_sandbox(args.vllm)
     if args.action == "up":
         fleet = fleet_sandbox.up(
-            folder, hosts=args.hosts or 1, address=args.address, shell=args.shell
+            folder,
+            hosts=args.hosts or 1,
+            address=args.address,
+            shell=args.shell,
+            gpu_profile=sandbox.GPU_CHOICES[args.gpus],
+            vllm_version=args.vllm_version,
+            vllm=args.vllm,
         )
         for box in fleet.hosts:
             print(f"rehearsal host up: {box.user}@{box.address} port {box.port}")
+        print(f"simulated on each: 8 x {args.gpus} GPUs, vLLM {args.vllm_version}")
         print(f"deployment file: {fleet.deployment_path}")
         return runner.EXIT_OK
     result = fleet_sandbox.down(folder) if args.action == "down" else fleet_sandbox.status(folder)

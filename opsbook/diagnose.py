@@ -6,6 +6,7 @@ GPU memory) and what the log says (:mod:`opsbook.logscan`, the failure catalogue
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,10 @@ def server_state(
     log = status["log"]
     text = log.get("text", "") if log.get("exists") else ""
     running = bool(status["running"])
+    stop = _stop_of(status) if not running else None
+    if stop is not None:
+        # What the processes logged while the stop's signal killed them is not a crash.
+        text = status.get("log_before_stop") or ""
     diagnosis = logscan.diagnose_log(text, running=running, kernel_log=kernel_log) if text else None
     evidence = {
         "processes": status["group"],
@@ -101,8 +106,18 @@ def server_state(
         diagnosis=diagnosis,
         silent_after=silent_after,
         orphans=0 if running else len(status["group"]),
+        stopped_at=stop,
     )
     return ServerState(state, message, diagnosis, **evidence)
+
+
+def _stop_of(status: dict[str, Any]) -> float | None:
+    """When opsbook stopped this launch (the record's stop), or None."""
+    record = status.get("record") or {}
+    stop = record.get("stop") or {}
+    if stop.get("log_size") is None or status.get("log_before_stop") is None:
+        return None
+    return float(stop.get("at") or 0.0)
 
 
 def classify(
@@ -116,6 +131,7 @@ def classify(
     diagnosis: logscan.LogDiagnosis | None,
     silent_after: float = SILENT_SECONDS,
     orphans: int = 0,
+    stopped_at: float | None = None,
 ) -> tuple[str, str]:
     """The state and a one-line reason, from the facts gathered (pure, for tests).
 
@@ -129,12 +145,21 @@ def classify(
         diagnosis: what the log of this launch says; None when it holds nothing.
         silent_after: a live server whose log is silent this long, port closed, is hung.
         orphans: processes of the launch's group still alive after its leader is gone.
+        stopped_at: when opsbook stopped this launch (then ``diagnosis`` is of the log written
+            before the stop).
 
     Returns:
         One of :data:`STATES` and the reason.
     """
     if not running:
         state, message = _classify_gone(record, log_exists, diagnosis)
+        if stopped_at is not None and state != "crashed":
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stopped_at))
+            state = "exited"
+            phase = diagnosis.phase if diagnosis else None
+            message = f"stopped by opsbook at {when}" + (
+                f" (it was in phase {phase})" if phase else ""
+            )
         if orphans:
             message += (
                 f"; {orphans} of its processes still run (orphans holding GPU memory): "

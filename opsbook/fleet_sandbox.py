@@ -30,7 +30,7 @@ from opsbook import sandbox
 from opsbook.exceptions import SandboxError
 from opsbook.results import Finding, Result
 from opsbook.sandbox import Sandbox
-from opsbook.sim.vllm_install import SETTINGS_NAME
+from opsbook.sim.vllm_install import DEFAULT_VERSION, SETTINGS_NAME
 
 FLEET_FILE = "fleet.json"
 DEPLOYMENT = "deployment.yml"
@@ -54,7 +54,16 @@ def is_fleet(dir: Path) -> bool:
     return (Path(dir) / FLEET_FILE).is_file()
 
 
-def up(dir: Path, *, hosts: int, address: str = "127.0.0.1", shell: str = "zsh") -> Fleet:
+def up(
+    dir: Path,
+    *,
+    hosts: int,
+    address: str = "127.0.0.1",
+    shell: str = "zsh",
+    gpu_profile: str = "rtxpro6000",
+    vllm_version: str = DEFAULT_VERSION,
+    vllm: str = "sim",
+) -> Fleet:
     """Start (or return the running) rehearsal fleet of ``hosts`` hosts in ``dir``.
 
     Args:
@@ -62,6 +71,9 @@ def up(dir: Path, *, hosts: int, address: str = "127.0.0.1", shell: str = "zsh")
         hosts: how many hosts.
         address: the first host's loopback address; the others follow it.
         shell: the login shell of every host.
+        gpu_profile: every host's simulated GPU model (``opsbook.sim.simgpu.PROFILES``).
+        vllm_version: the vLLM release every host's simulated server plays.
+        vllm: ``sim`` or ``real`` (the real-vLLM tier), as for :func:`opsbook.sandbox.up`.
 
     Raises:
         SandboxError: a host could not start (the others that did are left up: ``down``
@@ -77,7 +89,14 @@ def up(dir: Path, *, hosts: int, address: str = "127.0.0.1", shell: str = "zsh")
 
     def start(pair: tuple[str, str]) -> Sandbox:
         name, where = pair
-        return sandbox.up(folder / name, address=where, shell=shell)
+        return sandbox.up(
+            folder / name,
+            address=where,
+            shell=shell,
+            gpu_profile=gpu_profile,
+            vllm_version=vllm_version,
+            vllm=vllm,
+        )
 
     with ThreadPoolExecutor(max_workers=PARALLEL_UPS) as pool:
         boxes = list(pool.map(start, zip(names, addresses, strict=True)))

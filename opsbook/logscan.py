@@ -139,6 +139,10 @@ _SIZE_POWERS = {"bytes": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 _PERSISTENT_STALLS = 3
 
 
+# How far back a pattern's ``after`` context is looked for: a traceback's last frames.
+CONTEXT_WINDOW = 12
+
+
 @dataclass(frozen=True)
 class LogLine:
     """One logical log line (terminal-wrapped pieces joined).
@@ -186,6 +190,8 @@ class CatalogueEntry:
     parse: tuple[re.Pattern[str], ...] = ()
     remedy_parsed: str = ""
     stems: tuple[str, ...] = ()
+    # Per pattern: a text that must be on one of the CONTEXT_WINDOW lines before (None: any).
+    after: tuple[re.Pattern[str] | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -404,12 +410,13 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
             kind=raw["kind"],
             severity=raw["severity"],
             priority=int(raw["priority"]),
-            patterns=tuple(re.compile(p) for p in raw["patterns"]),
+            patterns=tuple(re.compile(_regex(p)) for p in raw["patterns"]),
             remedy=raw["remedy"],
             source=raw["source"],
             parse=tuple(re.compile(p) for p in raw.get("parse", ())),
             remedy_parsed=raw.get("remedy_parsed", ""),
             stems=tuple(raw.get("stems", ())),
+            after=tuple(_after(p) for p in raw["patterns"]),
         )
     except (KeyError, TypeError, re.error) as exc:
         raise OpsbookError(
@@ -423,6 +430,16 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
             remedy=f"use a kind of {KINDS} and a severity of {SEVERITIES}",
         )
     return entry
+
+
+def _regex(pattern: str | dict[str, str]) -> str:
+    return pattern["regex"] if isinstance(pattern, dict) else pattern
+
+
+def _after(pattern: str | dict[str, str]) -> re.Pattern[str] | None:
+    """A pattern's context: a text one of the lines just before must hold (a traceback's
+    frame), for a message that means different things from different kernels."""
+    return re.compile(pattern["after"]) if isinstance(pattern, dict) else None
 
 
 def normalise_line(line: str) -> str:
@@ -543,13 +560,14 @@ def match_catalogue(
     entries = _catalogue() if catalogue is None else tuple(catalogue)
     screen = _screen(entries)
     hits = []
+    recent: deque[str] = deque(maxlen=CONTEXT_WINDOW)
     for line in lines:
-        if line.is_code or not screen.search(line.text):
-            continue
-        for entry in entries:
-            index = _first_matching(entry.patterns, line.text)
-            if index is not None:
-                hits.append(Hit(entry, line, index))
+        if not line.is_code and screen.search(line.text):
+            for entry in entries:
+                index = _first_matching(entry, line.text, recent)
+                if index is not None:
+                    hits.append(Hit(entry, line, index))
+        recent.append(line.text)
     return hits
 
 
@@ -1194,8 +1212,14 @@ def _screen(entries: tuple[CatalogueEntry, ...]) -> re.Pattern[str]:
 _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
-def _first_matching(patterns: Sequence[re.Pattern[str]], text: str) -> int | None:
-    return next((i for i, pattern in enumerate(patterns) if pattern.search(text)), None)
+def _first_matching(entry: CatalogueEntry, text: str, recent: Sequence[str] = ()) -> int | None:
+    for index, pattern in enumerate(entry.patterns):
+        if not pattern.search(text):
+            continue
+        after = entry.after[index] if index < len(entry.after) else None
+        if after is None or any(after.search(before) for before in recent):
+            return index
+    return None
 
 
 def _clean(line: str) -> str:

@@ -27,12 +27,13 @@ import ast
 import json
 import re
 import sys
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from opsbook.probes.vllm_source import FolderSource, WheelSource
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGUE = ROOT / "opsbook" / "data" / "failures.yaml"
@@ -171,15 +172,11 @@ def vllm_wheels(folder: Path) -> list[tuple[str, Path]]:
 
 
 def wheel_sources(wheel: Path, package: str) -> Iterator[tuple[str, str]]:
-    with zipfile.ZipFile(wheel) as archive:
-        for name in archive.namelist():
-            if name.startswith(f"{package}/") and name.endswith(".py"):
-                yield name, archive.read(name).decode("utf-8", "replace")
+    yield from WheelSource(wheel).texts(package)
 
 
 def folder_sources(site_packages: Path, package: str) -> Iterator[tuple[str, str]]:
-    for path in sorted((site_packages / package).rglob("*.py")):
-        yield str(path.relative_to(site_packages)), path.read_text("utf-8", "replace")
+    yield from FolderSource(site_packages).texts(package)
 
 
 # --- rendering string expressions to templates -------------------------------------------

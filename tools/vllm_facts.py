@@ -35,15 +35,35 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import re
 import sys
-import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# The class-resolution, the small interpreter and the backend registry reader are shared with
+# the backends probe, which runs them over an installed vLLM's files on a host.
+from opsbook.probes.vllm_source import (
+    BACKEND_DIRS,
+    CUDA_PLATFORM,
+    Cap,
+    ClassRef,
+    Unresolved,
+    WheelSource,
+    attr_literal,
+    backend_registry,
+    body_text,
+    call_with,
+    cap_text,
+    capability_gate,
+    class_attr,
+    find_class,
+    legacy_backends,
+    literal,
+    mro,
+    returned_literal,
+)
 
 SCHEMA = 1
 # The capabilities every capability-dependent fact is evaluated at (major, minor).
@@ -64,12 +84,6 @@ PRIORITY_KV_DTYPES = ("auto", "fp8_e4m3")
 PRIORITY_NUM_HEADS = (16, 128)
 PRIORITY_MLA_HEAD_SIZES = (576, 512)
 PRIORITY_NON_MLA_HEAD_SIZE = 128
-REGISTRY_FILES = (
-    "vllm/v1/attention/backends/registry.py",
-    "vllm/attention/backends/registry.py",
-)
-BACKEND_DIRS = ("vllm/v1/attention/backends/",)
-CUDA_PLATFORM = "vllm/platforms/cuda.py"
 QUANT_DIR = "vllm/model_executor/layers/quantization/"
 SERVE_FLAG_FILES = (
     "vllm/engine/arg_utils.py",
@@ -79,434 +93,7 @@ SERVE_FLAG_FILES = (
 FLAG_DATACLASSES = ("EngineArgs", "AsyncEngineArgs", "FrontendArgs", "BaseFrontendArgs")
 
 
-class Unresolved(Exception):
-    """An expression the small interpreter does not understand."""
-
-
-def cap_text(cap: tuple[int, int]) -> str:
-    return f"{cap[0]}.{cap[1]}"
-
-
-# ------------------------------------------------------------------------------------------
-# The wheel
-
-
-@dataclass
-class Wheel:
-    path: Path
-    zf: zipfile.ZipFile
-    version: str
-    _trees: dict[str, ast.Module]
-
-    @classmethod
-    def open(cls, path: Path) -> Wheel:
-        zf = zipfile.ZipFile(path)
-        return cls(path, zf, wheel_version(path, zf), {})
-
-    def names(self) -> list[str]:
-        return sorted(n for n in self.zf.namelist() if n.endswith(".py"))
-
-    def has(self, name: str) -> bool:
-        try:
-            self.zf.getinfo(name)
-        except KeyError:
-            return False
-        return True
-
-    def tree(self, name: str) -> ast.Module:
-        if name not in self._trees:
-            self._trees[name] = ast.parse(self.zf.read(name).decode("utf-8"), filename=name)
-        return self._trees[name]
-
-    def module_file(self, dotted: str) -> str | None:
-        base = dotted.replace(".", "/")
-        for name in (f"{base}.py", f"{base}/__init__.py"):
-            if self.has(name):
-                return name
-        return None
-
-    def sha256(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest()
-
-
-def wheel_version(path: Path, zf: zipfile.ZipFile) -> str:
-    """The release from the dist-info directory name (``vllm-0.33.0.dist-info``)."""
-    for name in zf.namelist():
-        m = re.match(r"vllm-([^/]+)\.dist-info/METADATA$", name)
-        if m:
-            return m.group(1)
-    return path.name.split("-")[1]
-
-
-# ------------------------------------------------------------------------------------------
-# Classes across modules
-
-
-@dataclass
-class ClassRef:
-    file: str
-    node: ast.ClassDef
-
-
-def module_of(file: str) -> str:
-    return file[:-3].removesuffix("/__init__").replace("/", ".")
-
-
-def find_class(wheel: Wheel, file: str, name: str, depth: int = 0) -> ClassRef | None:
-    """The class ``name`` as seen from module ``file``: defined there or imported into it."""
-    if depth > 6 or not wheel.has(file):
-        return None
-    tree = wheel.tree(file)
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return ClassRef(file, node)
-    for found_node in ast.walk(tree):
-        if isinstance(found_node, ast.ImportFrom) and found_node.module:
-            for alias in found_node.names:
-                if (alias.asname or alias.name) == name:
-                    target = resolve_relative(file, found_node)
-                    src = wheel.module_file(target) if target else None
-                    if src:
-                        found = find_class(wheel, src, alias.name, depth + 1)
-                        if found:
-                            return found
-    return None
-
-
-def resolve_relative(file: str, node: ast.ImportFrom) -> str | None:
-    if not node.level:
-        return node.module
-    parts = module_of(file).split(".")
-    if not file.endswith("__init__.py"):
-        parts = parts[:-1]
-    parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
-    return ".".join(parts + ([node.module] if node.module else []))
-
-
-def mro(wheel: Wheel, ref: ClassRef) -> list[ClassRef]:
-    """The class and its bases, depth first, left to right (enough for these hierarchies)."""
-    out: list[ClassRef] = []
-    seen: set[tuple[str, str]] = set()
-
-    def visit(r: ClassRef) -> None:
-        key = (r.file, r.node.name)
-        if key in seen:
-            return
-        seen.add(key)
-        out.append(r)
-        for base in r.node.bases:
-            name = base.id if isinstance(base, ast.Name) else None
-            if isinstance(base, ast.Subscript) and isinstance(base.value, ast.Name):
-                name = base.value.id
-            if isinstance(base, ast.Attribute):
-                name = base.attr
-            if name and name not in ("object", "ABC", "Generic", "Enum"):
-                found = find_class(wheel, r.file, name)
-                if found:
-                    visit(found)
-
-    visit(ref)
-    return out
-
-
-def class_attr(chain: list[ClassRef], attr: str) -> tuple[ast.AST, ClassRef] | None:
-    """The first definition of ``attr`` (assignment value or method) along the MRO."""
-    for ref in chain:
-        for node in ref.node.body:
-            if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == attr for t in node.targets
-            ):
-                return node.value, ref
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and node.target.id == attr
-                and node.value is not None
-            ):
-                return node.value, ref
-            if isinstance(node, ast.FunctionDef) and node.name == attr:
-                return node, ref
-    return None
-
-
-def literal(node: ast.AST) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise Unresolved(ast.unparse(node)) from None
-
-
-def returned_literal(fn: ast.AST) -> Any:
-    """The literal a method returns when its body is (docstring +) ``return <literal>``."""
-    if not isinstance(fn, ast.FunctionDef):
-        raise Unresolved(ast.unparse(fn))
-    body = [s for s in fn.body if not _is_docstring(s)]
-    if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
-        return literal(body[0].value)
-    raise Unresolved(ast.unparse(fn))
-
-
-def _is_docstring(stmt: ast.stmt) -> bool:
-    return (
-        isinstance(stmt, ast.Expr)
-        and isinstance(stmt.value, ast.Constant)
-        and isinstance(stmt.value.value, str)
-    )
-
-
-# ------------------------------------------------------------------------------------------
-# A tiny interpreter for capability checks and the priority function
-
-
-class Cap(tuple):
-    """vLLM's DeviceCapability: a (major, minor) named tuple with to_int()."""
-
-    @property
-    def major(self) -> int:
-        return int(self[0])
-
-    @property
-    def minor(self) -> int:
-        return int(self[1])
-
-    def to_int(self) -> int:
-        return self.major * 10 + self.minor
-
-    def as_version_str(self) -> str:
-        return f"{self.major}.{self.minor}"
-
-
-class EnumMember(str):
-    """``AttentionBackendEnum.X`` evaluates to the member name."""
-
-
-def is_quantized(kv: Any) -> bool:
-    # The inputs fed in are "auto" and "fp8_e4m3"; every release's is_quantized_kv_cache
-    # (startswith("fp8") ... ) agrees on those two.
-    return kv is not None and str(kv).startswith("fp8")
-
-
-class Interp:
-    def __init__(self, env: dict[str, Any], capability: Cap | None = None):
-        self.env = dict(env)
-        self.capability = capability
-
-    # statements -----------------------------------------------------------------------
-    def run(self, body: list[ast.stmt]) -> Any:
-        for stmt in body:
-            done, value = self.step(stmt)
-            if done:
-                return value
-        return None
-
-    def step(self, stmt: ast.stmt) -> tuple[bool, Any]:
-        if isinstance(stmt, ast.Return):
-            return True, self.ev(stmt.value) if stmt.value is not None else None
-        if isinstance(stmt, ast.If):
-            branch = stmt.body if self.ev(stmt.test) else stmt.orelse
-            for inner in branch:
-                done, value = self.step(inner)
-                if done:
-                    return True, value
-            return False, None
-        if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
-            value = self.ev(stmt.value)
-            for t in stmt.targets:
-                assert isinstance(t, ast.Name)
-                self.env[t.id] = value
-            return False, None
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value:
-            self.env[stmt.target.id] = self.ev(stmt.value)
-            return False, None
-        if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)) or _is_docstring(stmt):
-            return False, None
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-            self.ev(stmt.value)
-            return False, None
-        raise Unresolved(ast.unparse(stmt))
-
-    # expressions ----------------------------------------------------------------------
-    def ev(self, node: ast.AST) -> Any:
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            if node.id in self.env:
-                return self.env[node.id]
-            if node.id in ("True", "False", "None"):
-                return {"True": True, "False": False, "None": None}[node.id]
-            raise Unresolved(node.id)
-        if isinstance(node, ast.Attribute):
-            if isinstance(node.value, ast.Name) and node.value.id.endswith(
-                ("AttentionBackendEnum", "_Backend")
-            ):
-                return EnumMember(node.attr)
-            base = self.ev(node.value)
-            if isinstance(base, Cap) and node.attr in ("major", "minor"):
-                return getattr(base, node.attr)
-            raise Unresolved(ast.unparse(node))
-        if isinstance(node, (ast.List, ast.Tuple)):
-            out: list[Any] = []
-            for elt in node.elts:
-                if isinstance(elt, ast.Starred):
-                    out.extend(self.ev(elt.value))
-                else:
-                    out.append(self.ev(elt))
-            return out if isinstance(node, ast.List) else tuple(out)
-        if isinstance(node, ast.BoolOp):
-            if isinstance(node.op, ast.And):
-                result: Any = True
-                for v in node.values:
-                    result = self.ev(v)
-                    if not result:
-                        return result
-                return result
-            for v in node.values:
-                result = self.ev(v)
-                if result:
-                    return result
-            return result
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return not self.ev(node.operand)
-        if isinstance(node, ast.IfExp):
-            return self.ev(node.body) if self.ev(node.test) else self.ev(node.orelse)
-        if isinstance(node, ast.Compare):
-            left = self.ev(node.left)
-            for op, comp in zip(node.ops, node.comparators, strict=True):
-                right = self.ev(comp)
-                if not compare(op, left, right):
-                    return False
-                left = right
-            return True
-        if isinstance(node, ast.Call):
-            return self.call(node)
-        raise Unresolved(ast.unparse(node))
-
-    def call(self, node: ast.Call) -> Any:
-        fn = node.func
-        args = [self.ev(a) for a in node.args]
-        if isinstance(fn, ast.Name):
-            if fn.id == "is_quantized_kv_cache":
-                return is_quantized(args[0])
-            if fn.id == "DeviceCapability":
-                kw = {k.arg: self.ev(k.value) for k in node.keywords}
-                values = args + [kw.get("major"), kw.get("minor", 0)][len(args) :]
-                return Cap((int(values[0]), int(values[1] or 0)))
-        if isinstance(fn, ast.Attribute):
-            owner = fn.value
-            if isinstance(owner, ast.Name) and owner.id == "current_platform":
-                if fn.attr == "is_cuda":
-                    return True
-                if fn.attr in ("is_rocm", "is_xpu", "is_cpu", "is_tpu"):
-                    return False
-                if fn.attr == "has_device_capability" and self.capability is not None:
-                    return self.capability.to_int() >= int(args[0])
-                if fn.attr == "is_device_capability" and self.capability is not None:
-                    return self.capability.to_int() == int(args[0])
-                if fn.attr == "get_device_capability" and self.capability is not None:
-                    return self.capability
-            target = self.ev(owner)
-            if isinstance(target, Cap) and fn.attr in ("to_int", "as_version_str"):
-                return getattr(target, fn.attr)()
-            if isinstance(target, str) and fn.attr in ("startswith", "endswith"):
-                return getattr(target, fn.attr)(*args)
-            if isinstance(target, list) and fn.attr in ("insert", "append", "extend", "remove"):
-                getattr(target, fn.attr)(*args)
-                return None
-        raise Unresolved(ast.unparse(node))
-
-
-def compare(op: ast.cmpop, left: Any, right: Any) -> bool:
-    ops = {
-        ast.Eq: lambda a, b: a == b,
-        ast.NotEq: lambda a, b: a != b,
-        ast.Lt: lambda a, b: a < b,
-        ast.LtE: lambda a, b: a <= b,
-        ast.Gt: lambda a, b: a > b,
-        ast.GtE: lambda a, b: a >= b,
-        ast.In: lambda a, b: a in b,
-        ast.NotIn: lambda a, b: a not in b,
-        ast.Is: lambda a, b: a is b,
-        ast.IsNot: lambda a, b: a is not b,
-    }
-    fn = ops.get(type(op))
-    if fn is None:
-        raise Unresolved(type(op).__name__)
-    return bool(fn(left, right))
-
-
-def call_with(fn: ast.FunctionDef, values: dict[str, Any], capability: Cap | None) -> Any:
-    """Run ``fn`` with parameters bound from ``values`` (others take their default)."""
-    env: dict[str, Any] = {}
-    params = fn.args.args + fn.args.kwonlyargs
-    defaults: list[ast.expr | None] = [None] * (len(fn.args.args) - len(fn.args.defaults))
-    defaults += list(fn.args.defaults) + list(fn.args.kw_defaults)
-    for param, default in zip(params, defaults, strict=True):
-        if param.arg in values:
-            env[param.arg] = values[param.arg]
-        elif default is not None:
-            env[param.arg] = literal(default)
-        elif param.arg not in ("cls", "self"):
-            raise Unresolved(f"no value for parameter {param.arg}")
-    return Interp(env, capability).run(fn.body)
-
-
-# ------------------------------------------------------------------------------------------
-# Attention backends
-
-
-def backend_registry(wheel: Wheel) -> tuple[dict[str, str], str | None]:
-    """Backend name -> ``module.Class`` from ``AttentionBackendEnum`` (0.11+)."""
-    for file in REGISTRY_FILES:
-        if not wheel.has(file):
-            continue
-        for node in wheel.tree(file).body:
-            if isinstance(node, ast.ClassDef) and node.name == "AttentionBackendEnum":
-                out = {}
-                for stmt in node.body:
-                    if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
-                        try:
-                            value = literal(stmt.value)
-                        except Unresolved:
-                            continue
-                        if isinstance(value, str) and value:
-                            out[stmt.targets[0].id] = value
-                return out, file
-    return {}, None
-
-
-def legacy_backends(wheel: Wheel) -> dict[str, str]:
-    """Releases without the registry: classes whose ``get_name()`` returns a literal."""
-    claims: dict[str, list[ClassRef]] = {}
-    for file in wheel.names():
-        if not file.startswith(BACKEND_DIRS):
-            continue
-        for node in wheel.tree(file).body:
-            if not isinstance(node, ast.ClassDef):
-                continue
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == "get_name":
-                    try:
-                        name = returned_literal(item)
-                    except Unresolved:
-                        continue
-                    if isinstance(name, str):
-                        claims.setdefault(name, []).append(ClassRef(file, node))
-    return {
-        name: f"{module_of(ref.file)}.{ref.node.name}"
-        for name, ref in ((n, _leaf(wheel, refs)) for n, refs in claims.items())
-    }
-
-
-def _leaf(wheel: Wheel, refs: list[ClassRef]) -> ClassRef:
-    """Of classes claiming one name (a base and its subclass), the subclass."""
-    for ref in refs:
-        ancestors = {(r.file, r.node.name) for r in mro(wheel, ref)}
-        if all((o.file, o.node.name) in ancestors for o in refs):
-            return ref
-    return refs[0]
-
-
-def backend_facts(wheel: Wheel, classpath: str) -> dict[str, Any]:
+def backend_facts(wheel: WheelSource, classpath: str) -> dict[str, Any]:
     module, _, cls_name = classpath.rpartition(".")
     file = wheel.module_file(module)
     ref = find_class(wheel, file, cls_name) if file else None
@@ -514,67 +101,19 @@ def backend_facts(wheel: Wheel, classpath: str) -> dict[str, Any]:
         return {"class": classpath, "error": "class not found in the wheel"}
     chain = mro(wheel, ref)
     facts: dict[str, Any] = {"class": classpath, "file": ref.file}
-    facts["kv_cache_dtypes"] = _attr_literal(chain, "supported_kv_cache_dtypes")
-    facts["head_sizes"] = _attr_literal(chain, "get_supported_head_sizes")
-    facts["is_mla"] = _attr_literal(chain, "is_mla")
-    facts["is_sparse"] = _attr_literal(chain, "is_sparse")
-    facts["compute_capability"] = _capability_gate(chain)
+    facts["kv_cache_dtypes"] = attr_literal(chain, "supported_kv_cache_dtypes")
+    facts["head_sizes"] = attr_literal(chain, "get_supported_head_sizes")
+    facts["is_mla"] = attr_literal(chain, "is_mla")
+    facts["is_sparse"] = attr_literal(chain, "is_sparse")
+    facts["compute_capability"] = capability_gate(chain, CAPABILITIES)
     facts["fp8_kv_gates"] = fp8_gates(wheel, ref.file)
     return facts
-
-
-def _attr_literal(chain: list[ClassRef], attr: str) -> dict[str, Any] | None:
-    found = class_attr(chain, attr)
-    if found is None:
-        return None
-    node, ref = found
-    try:
-        value = returned_literal(node) if isinstance(node, ast.FunctionDef) else literal(node)
-    except Unresolved as e:
-        return {"value": None, "unresolved": str(e)[:300], "file": ref.file}
-    return {"value": value, "file": ref.file, "defined_in": ref.node.name}
-
-
-def _capability_gate(chain: list[ClassRef]) -> dict[str, Any] | None:
-    found = class_attr(chain, "supports_compute_capability")
-    if found is None or not isinstance(found[0], ast.FunctionDef):
-        return None
-    fn, ref = found
-    assert isinstance(fn, ast.FunctionDef)
-    param = fn.args.args[-1].arg
-    supported: list[str] = []
-    try:
-        for cap in CAPABILITIES:
-            c = Cap(cap)
-            if call_with(fn, {param: c}, c):
-                supported.append(cap_text(cap))
-    except Unresolved as e:
-        return {
-            "supported": None,
-            "unresolved": str(e)[:300],
-            "expression": _body_text(fn),
-            "file": ref.file,
-            "defined_in": ref.node.name,
-        }
-    return {
-        "supported": supported,
-        "expression": _body_text(fn),
-        "file": ref.file,
-        "defined_in": ref.node.name,
-    }
-
-
-def _body_text(fn: ast.AST) -> str:
-    if not isinstance(fn, ast.FunctionDef):
-        return ast.unparse(fn)[:400]
-    body = [s for s in fn.body if not _is_docstring(s)]
-    return " ".join(" ".join(ast.unparse(s).split()) for s in body)[:400]
 
 
 FP8_NOT_SUPPORTED = re.compile(r"FP8 KV cache not yet supported|fp8 kv cache.*not supported", re.I)
 
 
-def fp8_gates(wheel: Wheel, file: str) -> list[dict[str, Any]]:
+def fp8_gates(wheel: WheelSource, file: str) -> list[dict[str, Any]]:
     """FP8-KV conditions in a backend's module: a minimum capability, or a refusal."""
     gates: list[dict[str, Any]] = []
     for node in ast.walk(wheel.tree(file)):
@@ -615,7 +154,7 @@ def _raised_text(stmt: ast.stmt) -> str | None:
     return None
 
 
-def attention_backends(wheel: Wheel) -> dict[str, Any]:
+def attention_backends(wheel: WheelSource) -> dict[str, Any]:
     registry, source = backend_registry(wheel)
     if not registry:
         registry, source = legacy_backends(wheel), "get_name() of classes under " + BACKEND_DIRS[0]
@@ -627,7 +166,7 @@ def attention_backends(wheel: Wheel) -> dict[str, Any]:
 # Priorities
 
 
-def backend_priorities(wheel: Wheel) -> dict[str, Any]:
+def backend_priorities(wheel: WheelSource) -> dict[str, Any]:
     if not wheel.has(CUDA_PLATFORM):
         return {"source": None, "note": f"{CUDA_PLATFORM} absent", "cases": []}
     fn = next(
@@ -684,7 +223,7 @@ def backend_priorities(wheel: Wheel) -> dict[str, Any]:
 # MLA model types, KV dtypes, quantization, flags
 
 
-def mla_model_types(wheel: Wheel) -> dict[str, Any]:
+def mla_model_types(wheel: WheelSource) -> dict[str, Any]:
     """The model types of ``is_deepseek_mla`` (the definition holding the literal list)."""
     for file in wheel.names():
         if not file.startswith(("vllm/config", "vllm/transformers_utils")):
@@ -728,7 +267,9 @@ def _model_type_lists(fn: ast.FunctionDef) -> tuple[list[str], list[str], str] |
     return (main, eagle, condition) if main else None
 
 
-def top_level_assign(wheel: Wheel, name: str, prefixes: tuple[str, ...]) -> tuple[ast.AST, str]:
+def top_level_assign(
+    wheel: WheelSource, name: str, prefixes: tuple[str, ...]
+) -> tuple[ast.AST, str]:
     for file in wheel.names():
         if not file.startswith(prefixes):
             continue
@@ -746,7 +287,7 @@ def top_level_assign(wheel: Wheel, name: str, prefixes: tuple[str, ...]) -> tupl
     raise Unresolved(f"{name} not found")
 
 
-def kv_cache_dtypes(wheel: Wheel) -> dict[str, Any]:
+def kv_cache_dtypes(wheel: WheelSource) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         node, file = top_level_assign(wheel, "CacheDType", ("vllm/config",))
@@ -773,7 +314,7 @@ def kv_cache_dtypes(wheel: Wheel) -> dict[str, Any]:
     return out
 
 
-def quantization_methods(wheel: Wheel) -> dict[str, Any]:
+def quantization_methods(wheel: WheelSource) -> dict[str, Any]:
     """``get_name()`` -> ``get_min_capability()`` of each quantization config class."""
     out: dict[str, Any] = {}
     for file in wheel.names():
@@ -800,16 +341,34 @@ def quantization_methods(wheel: Wheel) -> dict[str, Any]:
                 value = None
             out[name] = {
                 "min_capability": value,
-                "expression": _body_text(fn) if value is None else None,
+                "expression": body_text(fn) if value is None else None,
                 "class": node.name,
                 "file": ref.file,
             }
     return dict(sorted(out.items()))
 
 
-def serve_flags(wheel: Wheel) -> dict[str, Any]:
+def frontend_files(wheel: WheelSource) -> list[str]:
+    """Where the release defines its frontend flags: ``FrontendArgs`` moved from
+    vllm/entrypoints/openai/cli_args.py to vllm/entrypoints/launchers/cli_args.py (0.29.0) and
+    vllm/entrypoints/common/cli_args.py (0.34.0); found by the class, not by the path."""
+    found = []
+    for file in wheel.names():
+        if not file.startswith("vllm/entrypoints/") or not file.endswith("/cli_args.py"):
+            continue
+        if any(
+            isinstance(node, ast.ClassDef) and node.name == "FrontendArgs"
+            for node in wheel.tree(file).body
+        ):
+            found.append(file)
+    return found
+
+
+def serve_flags(wheel: WheelSource) -> dict[str, Any]:
     flags: dict[str, str] = {}
-    for file in SERVE_FLAG_FILES:
+    files = list(SERVE_FLAG_FILES)
+    files += [f for f in frontend_files(wheel) if f not in files]
+    for file in files:
         if not wheel.has(file):
             continue
         tree = wheel.tree(file)
@@ -844,7 +403,7 @@ def serve_flags(wheel: Wheel) -> dict[str, Any]:
 # One release
 
 
-def release_facts(wheel: Wheel) -> dict[str, Any]:
+def release_facts(wheel: WheelSource) -> dict[str, Any]:
     sections: dict[str, Any] = {}
     for key, fn in (
         ("attention_backends", attention_backends),
@@ -888,7 +447,7 @@ def release_wheels(directory: Path) -> Iterator[Path]:
 
 
 def write_release(wheel_path: Path, out: Path) -> dict[str, str]:
-    wheel = Wheel.open(wheel_path)
+    wheel = WheelSource(wheel_path)
     data = release_facts(wheel)
     target = out / f"{wheel.version}.json"
     target.write_text(dumps(data), encoding="utf-8")
@@ -931,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="append", help="only these releases (repeatable)")
     args = parser.parse_args(argv)
     if args.wheel:
-        sys.stdout.write(dumps(release_facts(Wheel.open(args.wheel))))
+        sys.stdout.write(dumps(release_facts(WheelSource(args.wheel))))
         return 0
     if not args.wheels or not args.wheels.is_dir():
         parser.error("--wheels must name a folder of vLLM wheels (pip download vllm==X --no-deps)")

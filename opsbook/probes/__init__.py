@@ -8,6 +8,7 @@ facts from a host costs one round trip. The same program runs locally in unit te
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from importlib import resources
 from typing import Any, Protocol
@@ -50,9 +51,25 @@ def source(name: str) -> str:
         raise ProbeError(f"there is no probe named {name!r}") from None
 
 
+# A probe that hands another stdlib-only module of this folder to a second interpreter declares
+# it (``INCLUDES = ("vllm_source",)``) and finds its text in ``INCLUDED_SOURCES`` on the host.
+_INCLUDES = re.compile(r"^INCLUDES = \(([^)]*)\)", re.M)
+
+
+def includes(text: str) -> list[str]:
+    """The modules a probe's source declares in ``INCLUDES``."""
+    found = _INCLUDES.search(text)
+    return re.findall(r"[\"']([a-z_]+)[\"']", found.group(1)) if found else []
+
+
 def assemble(name: str, args: dict[str, Any] | None = None) -> str:
-    """The program to send: the probe's source and a footer that runs it on ``args``."""
-    return source(name) + _FOOTER.format(args=json.dumps(args or {}))
+    """The program to send: the probe's source, the text of the modules it includes, and a
+    footer that runs it on ``args``."""
+    text = source(name)
+    carried = {dep: source(dep) for dep in includes(text)}
+    if carried:
+        text += f"\n\nINCLUDED_SOURCES.update({carried!r})\n"
+    return text + _FOOTER.format(args=json.dumps(args or {}))
 
 
 def decode(name: str, stdout: str, stderr: str, exit_code: int, where: str = "localhost") -> Any:

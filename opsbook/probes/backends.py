@@ -1,7 +1,14 @@
 """Probe: ask the installed vLLM which attention backend it would choose, and why.
 
-Stdlib only; runs on the host's python3 and asks the deployment's interpreter. That
-interpreter imports vLLM's ``DeviceCapability`` and backend registry, calls the release's own
+Stdlib only; runs on the host's python3 and asks the deployment's interpreter. First it reads
+the installed vLLM's own files without importing vLLM (``vllm_source.select``, shared with the
+maintainer tool that reads release wheels): the release's ``_get_backend_priorities``
+(vllm/platforms/cuda.py) interpreted over its AST, each backend's declarations checked as
+``validate_configuration`` checks them, and a backend whose module imports a package that is not
+installed reported as not importable. That answers in well under a second. Only when the source
+does not settle it (a release without the registry or the priority function, a declaration the
+reader cannot evaluate) does it fall back to importing vLLM: that interpreter imports vLLM's
+``DeviceCapability`` and backend registry, calls the release's own
 ``_get_backend_priorities`` (vllm/platforms/cuda.py) for each compute capability asked and
 each backend's own ``validate_configuration``, importing only the backends in that list.
 When ``vllm.platforms.cuda`` does not import (a CPU build lacks its CUDA extension), the
@@ -23,7 +30,24 @@ import subprocess
 import tempfile
 import time
 
-PROBE_VERSION = 2
+PROBE_VERSION = 3
+INCLUDES = ("vllm_source",)
+INCLUDED_SOURCES: dict = {}  # filled by opsbook.probes.assemble with the modules above
+
+# Runs vllm_source.select in the deployment's interpreter over the installed package's files.
+SOURCE_MAIN = """
+
+def _answer():
+    import json, sys
+    request = json.loads(sys.argv[2])
+    try:
+        return select(FolderSource(site_packages_of(sys.argv[1])), request)
+    except Exception as e:  # an unexpected shape of the source: ask vLLM itself instead
+        return {"note": "the source reader failed: " + type(e).__name__ + ": " + str(e)[:300]}
+
+
+print(__import__("json").dumps(_answer()))
+"""
 
 # Before vLLM had a backend registry: the MLA backend classes by their later names.
 LEGACY_BACKENDS = {
@@ -240,9 +264,9 @@ def installed_version(python, timeout):
         return None
 
 
-def cache_path(python, installed, request):
+def cache_path(python, installed, request, read):
     key = json.dumps(
-        [PROBE_VERSION, os.path.realpath(python), installed, request], sort_keys=True
+        [PROBE_VERSION, os.path.realpath(python), installed, request, read], sort_keys=True
     ).encode()
     return os.path.join(cache_folder(), hashlib.sha256(key).hexdigest()[:32] + ".json")
 
@@ -295,10 +319,46 @@ def build_cases(args, timeout):
     return [dict(model, compute_capability=cc, kv_cache_dtype=kv) for cc in caps for kv in dtypes]
 
 
+def run_json(command, timeout):
+    """The last stdout line of ``command`` as JSON, or (None, why)."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, str(e)
+    if proc.returncode != 0:
+        return None, proc.stderr.strip()[-500:]
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1]), None
+    except (ValueError, IndexError):
+        return None, "no answer: " + proc.stdout[-200:]
+
+
+def read_source(python, installed, request, timeout):
+    """The selection read from the installed vLLM's files, or None when they do not settle it
+    (then the note says why)."""
+    if not installed or not installed[1]:
+        return None, "the vllm package's files were not found"
+    program = INCLUDED_SOURCES.get("vllm_source")
+    if not program:
+        return None, "the probe was sent without vllm_source"
+    inner, error = run_json(
+        [python, "-c", program + SOURCE_MAIN, installed[1][0], json.dumps(request)], timeout
+    )
+    if inner is None:
+        return None, "the source reader failed: " + str(error)
+    if inner.get("note"):
+        return None, inner["note"]
+    if inner.get("unresolved"):
+        first = sorted(inner["unresolved"].items())[0]
+        return None, "the source does not settle " + first[0] + ": " + "; ".join(first[1])
+    return inner, None
+
+
 def main(args):
     started = time.time()
     python = args["python"]
     timeout = float(args.get("timeout", 180))
+    read = args.get("read", "source")
     request = {"cases": build_cases(args, timeout), "dtype": args.get("dtype") or "bfloat16"}
     try:
         installed = installed_version(python, timeout)
@@ -306,26 +366,21 @@ def main(args):
         return {"backends": None, "error": str(e)}
     version = installed[0] if installed else None
     use_cache = version and args.get("cache", True)
-    path = cache_path(python, installed, request) if use_cache else None
+    path = cache_path(python, installed, request, read) if use_cache else None
     cached = read_cache(path) if path else None
     if cached is not None:
         cached.update(cached=True, seconds=round(time.time() - started, 3))
         return cached
-    try:
-        proc = subprocess.run(
-            [python, "-c", READER, json.dumps(request), json.dumps(LEGACY_BACKENDS)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+    inner, why_not_source = None, "asked to import vLLM"
+    if read == "source" and request["cases"]:
+        inner, why_not_source = read_source(python, installed, request, timeout)
+    if inner is None:
+        inner, error = run_json(
+            [python, "-c", READER, json.dumps(request), json.dumps(LEGACY_BACKENDS)], timeout
         )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"backends": None, "error": str(e)}
-    if proc.returncode != 0:
-        return {"backends": None, "error": proc.stderr.strip()[-500:]}
-    try:
-        inner = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"backends": None, "error": "no answer: " + proc.stdout[-200:]}
+        if inner is None:
+            return {"backends": None, "error": error}
+        inner.setdefault("read_from", "import")
     answer = {
         "backends": inner["kv_dtypes"],
         "error": None,
@@ -335,6 +390,8 @@ def main(args):
         "cases": request["cases"],
         "priorities_from": inner["priorities_from"],
         "note": inner["note"],
+        "read_from": inner["read_from"],
+        "why_not_source": why_not_source if inner["read_from"] == "import" else None,
         "inner_seconds": inner.get("elapsed_s"),
         "cached": False,
     }

@@ -273,11 +273,15 @@ def status(args):
         "group": [],
         "others": [],
         "log": log_state(args["log"], offset, args.get("tail_limit", TAIL_LIMIT)),
+        "log_before_stop": None,
         "port_open": port_open(args.get("port")),
         "uid": uid,
     }
     if record is not None:
         answer["group"] = [describe(p) for p in group_members(record["pgid"])]
+        stopped_at = (record.get("stop") or {}).get("log_size")
+        if stopped_at is not None and args.get("offset") is None:
+            answer["log_before_stop"] = read_from(args["log"], offset, until=stopped_at)[0]
     group_pids = {p["pid"] for p in answer["group"]}
     answer["others"] = [p for p in vllm_processes(uid) if p["pid"] not in group_pids]
     if args.get("health") and answer["port_open"]:
@@ -372,6 +376,11 @@ def stop(args):
         answer["refused"] = [describe(p) for p in foreign]
         return answer
     answer["stopped"] = [describe(p) for p in members]
+    # The signal reaches the API server and its engine processes together: what they log while
+    # dying (an engine "died unexpectedly") is the stop's doing, not a crash. Where the log
+    # stood when the signal went is recorded so that diagnosis reads only what came before.
+    record["stop"] = {"at": time.time(), "log_size": file_size(record["log"]), "by": "opsbook"}
+    write_record(args, record)
     answer["signals"] = signal_group(record["pgid"], float(args.get("grace", 10)))
     answer["remaining"] = [describe(p) for p in group_members(record["pgid"])]
     answer["reason"] = "stopped" if not answer["remaining"] else "survived"
@@ -497,18 +506,21 @@ def file_size(path):
         return None
 
 
-def read_from(path, offset, limit=TAIL_LIMIT):
-    """The log from byte ``offset`` (at most its last ``limit`` bytes) and where it ended."""
+def read_from(path, offset, limit=TAIL_LIMIT, until=None):
+    """The log from byte ``offset`` (at most its last ``limit`` bytes, up to byte ``until``
+    when given) and where it ended."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
+            if until is not None and until <= size:
+                size = until
             # A log shorter than the offset was truncated or replaced: read it from the start.
             start = offset or 0
             if start > size:
                 start = 0
             start = max(start, size - limit)
             f.seek(start)
-            data = f.read()
+            data = f.read(size - start)
             return data.decode(errors="replace"), start + len(data)
     except OSError:
         return "", offset or 0

@@ -285,12 +285,11 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     assert server_processes(rig.box.user) == []
     after = rig.state()
     # The stop signals the whole group at once: the API server, EngineCore and the worker
-    # race, and the API server may log its engine's death before its own orderly shutdown,
-    # which the diagnosis then reads as a crash. Either way nothing runs or listens.
-    assert after.state in ("exited", "crashed"), after.message
+    # race, and EngineCore may log its worker's death before its own orderly shutdown. The
+    # launch record keeps where the log stood at the stop: only what came before is diagnosed.
+    assert after.state == "exited", after.message
+    assert after.message.startswith("stopped by opsbook at "), after.message
     assert not after.port_open and after.processes == []
-    if after.state == "crashed" and after.diagnosis and after.diagnosis.line:
-        print(f"[real vLLM] after the stop: {after.state}, {after.diagnosis.line.raw[:300]}")
 
 
 def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(rig: Rig) -> None:
@@ -408,13 +407,19 @@ def test_an_mla_head_size_the_cpu_kernel_lacks_dies_on_the_first_request(rig: Ri
     dep = rig.variant(model=rig.model("tiny-deepseek-v3-hd320"))
     outcome = launch_to_the_end(rig, dep, smoke=True)
     report("MLA head size 320", outcome)
-    keep_log(rig, "engine-dead--mla-head-320", "tiny DeepSeek-V3 MLA with kv_lora_rank 256 (320)")
+    keep_log(
+        rig,
+        "head-size-unsupported--mla-head-320",
+        "tiny DeepSeek-V3 MLA with kv_lora_rank 256 (320)",
+    )
     assert_smoke_caught(outcome)
-    # The CPU kernel says only "Unsupported block size: 16", a text vLLM's kernels also use for
-    # real block-size checks: not catalogued, so the worker's own error is the reported cause.
+    # The CPU MLA kernel says only "Unsupported block size: 16" (csrc/cpu/mla_decode.cpp is
+    # built for head 576 only); under its frame the catalogue names the head size.
     diagnosis = outcome.state.diagnosis
     assert diagnosis is not None and diagnosis.line is not None
     assert "RuntimeError: Unsupported block size: 16" in diagnosis.line.raw
+    assert outcome.failure == "head-size-unsupported"
+    assert "576" in (diagnosis.remedy or "")
 
 
 def test_a_head_dim_of_16_dies_on_the_first_request(rig: Rig) -> None:

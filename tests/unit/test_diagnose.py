@@ -199,3 +199,76 @@ def test_the_result_lists_the_log_findings_and_the_processes_not_started_by_opsb
 
 def test_states_are_the_documented_ones() -> None:
     assert diagnose.STATES == ("never started", "crashed", "loading", "ready", "hung", "exited")
+
+
+# -- a stop by opsbook is not a crash ----------------------------------------------------------
+# The stop signals the whole process group at once, so vLLM's EngineCore may see its worker die
+# before its own shutdown begins and log (vllm/v1/executor/multiproc_executor.py, 0.32.0)
+# "Worker proc %s died unexpectedly (exit code: %s), shutting down executor." -- seen on the
+# real tier in 1 of 4 stops. The server below does exactly that on SIGTERM: a real process
+# group, stopped and classified by the real launch probe (run locally through FakeHost).
+
+RACING_SERVER = """#!/bin/bash
+cat {ready!s}
+trap 'echo "(EngineCore pid=$$) ERROR 12-03 02:10:00 [multiproc_executor.py:316] \
+Worker proc VllmWorker-0 died unexpectedly (exit code: -15), shutting down executor."; \
+exit 0' TERM
+while true; do sleep 0.1; done
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def racing_host(tmp_path: Path, crash_first: bool = False) -> tuple[Any, Any]:
+    from opsbook.launch import LaunchPaths
+    from opsbook.testing import FakeHost, local_probe
+
+    ready = tmp_path / "ready.log"
+    text = READY_LOG if not crash_first else FP8_LOG
+    ready.write_text(text)
+    script = tmp_path / "serve.sh"
+    script.write_text(RACING_SERVER.format(ready=ready))
+    script.chmod(0o755)
+    paths = LaunchPaths(
+        script=str(script), log=str(tmp_path / "vllm.log"), state_dir=str(tmp_path / "state")
+    )
+    return FakeHost("127.0.8.1", probes={"launch": local_probe("launch")}), paths
+
+
+def test_a_clean_stop_whose_processes_log_their_deaths_is_not_read_as_a_crash(tmp_path):
+    from opsbook import launch
+
+    host, paths = racing_host(tmp_path)
+    port = free_port()  # nothing listens there: the probe only asks whether it is open
+    assert launch.start_server(host, paths, port).ok
+    stopped = launch.stop_server(host, paths, grace=5)
+    assert stopped.ok, str(stopped)
+    log = Path(paths.log).read_text()
+    assert "died unexpectedly (exit code: -15)" in log  # the race's line is there
+    assert logscan.diagnose_log(log, running=False).failure == "engine-dead"
+
+    state = diagnose.server_state(host, paths, port)
+
+    assert state.state == "exited", state.message
+    assert state.message.startswith("stopped by opsbook at ")
+    assert "phase ready" in state.message
+
+
+def test_a_server_that_had_failed_before_the_stop_is_still_crashed(tmp_path):
+    from opsbook import launch
+
+    host, paths = racing_host(tmp_path, crash_first=True)
+    port = free_port()
+    assert launch.start_server(host, paths, port).ok
+    assert launch.stop_server(host, paths, grace=5).ok
+
+    state = diagnose.server_state(host, paths, port)
+
+    assert state.state == "crashed", state.message
+    assert state.diagnosis is not None and state.diagnosis.failure == "fp8kv-mla"

@@ -628,3 +628,62 @@ def test_python_that_does_not_run() -> None:
     [finding] = facts.findings()
     assert finding.severity == "error" and "libpython3.12" in finding.message
     assert not check_facts(facts).ok
+
+
+# -- the static nvidia-smi outputs are kept on the host until reboot or a driver change -------
+
+FAKE_SMI = """#!/bin/sh
+echo "$*" >> {log}
+case "$1" in
+  --query-gpu*) cat {gpus} ;;
+  --query-compute-apps*) ;;
+  topo) echo "GPU0 X" ;;
+  *) echo "| NVIDIA-SMI 580.95.05    Driver Version: 580.95.05    CUDA Version: 13.0 |" ;;
+esac
+"""
+
+
+def _fake_smi_host(tmp_path):
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log, gpus = tmp_path / "calls.log", tmp_path / "gpus.csv"
+    gpus.write_text("0, NVIDIA B200, 10.0, 183359, 0, 183359, 580.95.05, GPU-aaaa\n")
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(FAKE_SMI.format(log=log, gpus=gpus))
+    smi.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+    return env, log, gpus, smi
+
+
+def _preflight_probe(env):
+    from opsbook import probes
+
+    return probes.run_local("facts", {"python": "python3", "ports": []}, env=env)
+
+
+def test_topology_and_banner_are_asked_once_per_boot_and_driver(tmp_path):
+    import os
+
+    env, log, gpus, smi = _fake_smi_host(tmp_path)
+    first = _preflight_probe(env)
+    second = _preflight_probe(env)
+    calls = log.read_text().splitlines()
+    assert sum(c.startswith("topo") for c in calls) == 1
+    assert len(calls) == 6  # 4 the first time, the 2 live queries the second
+    assert not first["nvidia_smi"]["static_cached"] and second["nvidia_smi"]["static_cached"]
+    assert second["nvidia_smi"]["topo"]["stdout"] == first["nvidia_smi"]["topo"]["stdout"]
+    from opsbook.facts import facts_from_probe
+
+    assert facts_from_probe(second, host="gpu-01").cuda == "13.0"
+    # Other GPUs, or a new nvidia-smi (a driver update), and the static outputs are asked again.
+    gpus.write_text("0, NVIDIA H200, 9.0, 143771, 0, 143771, 580.95.05, GPU-bbbb\n")
+    assert not _preflight_probe(env)["nvidia_smi"]["static_cached"]
+    assert _preflight_probe(env)["nvidia_smi"]["static_cached"]
+    os.utime(smi, ns=(1, 1))
+    assert not _preflight_probe(env)["nvidia_smi"]["static_cached"]

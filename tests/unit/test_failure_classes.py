@@ -164,3 +164,66 @@ def test_a_log_that_stops_mid_phase_names_the_oom_killer_as_the_suspect() -> Non
     assert diagnosis.suspect == "host-oom-killer"
     assert "stops during phase weights without an error" in diagnosis.title
     assert "dmesg" in diagnosis.remedy
+
+
+# vLLM's CPU MLA decode kernel (csrc/cpu/mla_decode.cpp) and the GPU paged-attention kernels
+# raise the same text; only the frame above it tells which kernel spoke.
+_BLOCK_SIZE_TAIL = (
+    "(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1] EngineCore encountered a fatal error.\n"
+    "(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1] Traceback (most recent call last):\n"
+    '(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1]   File "{file}", line 158, in {fn}\n'
+    "(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1]     {call}\n"
+    "(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1] RuntimeError: Unsupported block size: 16\n"
+)
+
+
+def test_the_cpu_mla_kernels_block_size_text_is_a_head_size_problem() -> None:
+    cpu = _BLOCK_SIZE_TAIL.format(
+        file="vllm/_custom_ops.py",
+        fn="mla_decode_kvcache_cpu",
+        call="torch.ops._C.mla_decode_kvcache(out, query, kv_cache, scale, block_tables, seq_lens)",
+    )
+    diagnosis = diagnose_log(cpu)
+    assert diagnosis.failure == "head-size-unsupported"
+    assert "only for an MLA head of 576" in diagnosis.remedy
+    assert "Unsupported block size: 16" in diagnosis.remedy
+
+
+def test_the_same_text_from_another_kernel_is_not_called_a_head_size_problem() -> None:
+    gpu = _BLOCK_SIZE_TAIL.format(
+        file="vllm/_custom_ops.py",
+        fn="paged_attention_v1",
+        call="torch.ops._C.paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads)",
+    )
+    diagnosis = diagnose_log(gpu)
+    assert diagnosis.failure != "head-size-unsupported"
+    assert diagnosis.line is not None and "Unsupported block size: 16" in diagnosis.line.raw
+
+
+# Format strings added from their sources, rendered with sample values.
+@pytest.mark.parametrize(
+    ("rendered", "expected"),
+    [
+        # vLLM 0.34.0 vllm/v1/executor/multiproc_executor.py (WorkerProc.wait_for_ready)
+        (
+            "Exception: WorkerProc initialization failed due to an exception in a "
+            "background process. See stack trace for root cause.",
+            "engine-dead",
+        ),
+        # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py (collective_rpc)
+        (
+            "RuntimeError: Worker failed with error 'boom', please check the stack trace "
+            "above for the root cause",
+            "engine-dead",
+        ),
+        # transformers 4.x dynamic_module_utils.resolve_trust_remote_code
+        (
+            "ValueError: Loading org/model requires you to execute the configuration file in "
+            "that repo on your local machine. Make sure you have read the code there to avoid "
+            "malicious use, then set the option `trust_remote_code=True` to remove this error.",
+            "trust-remote-code",
+        ),
+    ],
+)
+def test_a_rendered_format_string_gets_its_class(rendered: str, expected: str) -> None:
+    assert diagnose_log(rendered + "\n").failure == expected

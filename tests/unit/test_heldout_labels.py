@@ -102,3 +102,28 @@ def test_label_is_consistent_with_its_file(entry: dict[str, object]) -> None:
     assert key and any(key in line for line in lines[1:]), f"key line not in {path.name}"
     assert path.name.startswith(f"{entry['failure'] or entry['state']}-h")
     assert entry["source"] and entry["version"]
+
+
+# The fresh set (heldout2): gathered after the first was seen, labelled before it was run.
+HELDOUT2 = HELDOUT.parent / "heldout2"
+LABELS2 = yaml.safe_load((HELDOUT2 / "labels.yaml").read_text(encoding="utf-8"))
+
+
+def test_the_fresh_set_has_thirty_logs_from_issues_the_first_set_does_not_use() -> None:
+    assert len(LABELS2) >= 30
+    assert {str(e["file"]) for e in LABELS2} == {p.name for p in HELDOUT2.glob("*.log")}
+    first = {str(e["source"]).split(" ")[0] for e in LABELS}
+    fresh = [str(e["source"]).split(" ")[0] for e in LABELS2]
+    assert len(fresh) == len(set(fresh)), "one issue per log"
+    assert not first & set(fresh)
+
+
+@pytest.mark.parametrize("entry", LABELS2, ids=lambda e: str(e["file"]))
+def test_fresh_label_is_consistent_with_its_file(entry: dict[str, object]) -> None:
+    path = HELDOUT2 / str(entry["file"])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith(f"# source: {entry['source']} ")
+    assert entry["state"] == "failed" and entry["failure"] in VOCABULARY
+    key = str(entry["key_line"])
+    assert any(key in line for line in lines[1:]), f"key line not in {path.name}"
+    assert path.name.startswith(f"{entry['failure']}-g")

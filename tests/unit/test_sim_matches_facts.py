@@ -134,3 +134,16 @@ def test_the_installed_package_carries_a_sheet_per_release(venv: Path) -> None:
     assert [path.stem for path in sheets] == sorted(RELEASES, key=vllm_facts.version_key)
     played = _simrelease.load("0.33.0", sheets[0].parent)
     assert "--kv-cache-memory-bytes" in (played.serve_flags or set())
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_simulated_parser_has_no_flag_the_release_lacks(
+    version: str, sheets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unknown-arg check: a long flag the release's source does not define is refused."""
+    facts = vllm_facts.load(version)
+    options = set(parser_of(played(version, sheets), monkeypatch)._option_string_actions)
+    long_flags = {o for o in options if o.startswith("--") and o != "--help"}
+    # The sheet lists each boolean field once; vLLM's parser also offers its --no- form.
+    negated = {"--no-" + f[2:] for f in facts.serve_flags}
+    assert long_flags <= facts.serve_flags | negated, sorted(long_flags - facts.serve_flags)

@@ -353,3 +353,11 @@ def test_nvfp4_kv_cache_is_sized_as_vllm_packs_it():
     )
     assert compat.kv_cache_bytes_per_token_per_layer(llama, "nvfp4") == 2 * 2 * (64 + 8)
     assert compat.kv_cache_bytes_per_token_per_layer(llama, "bfloat16") == 2 * 2 * 128 * 2
+
+
+@pytest.mark.parametrize("version", vllm_facts.releases())
+def test_every_release_has_its_frontend_flags_wherever_they_moved(version: str) -> None:
+    """FrontendArgs lives in entrypoints/openai/cli_args.py up to 0.28.0, launchers/ from
+    0.29.0 and common/ from 0.34.0: the fact tool finds it by the class."""
+    flags = vllm_facts.load(version).serve_flags
+    assert {"--host", "--port", "--api-key", "--uvicorn-log-level"} <= flags

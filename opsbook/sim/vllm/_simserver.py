@@ -88,15 +88,18 @@ def json_arg(text: str) -> Any:
 def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
     """The flags this simulation knows, in the order vLLM lists non-default args.
 
-    Which flags exist follows the release played (``_simrelease``): the flags below that the
-    release has, and, with its facts sheet, every other serve flag the sheet lists (the sheets
-    of 0.29.0 on miss the frontend flags that moved to entrypoints/common/cli_args.py, so the
-    sheet adds flags rather than replacing these).
+    Which flags exist follows the release played (``_simrelease``): with its facts sheet (the
+    serve flags read from that release's source, frontend flags included wherever the release
+    defines ``FrontendArgs``), exactly the sheet's flags -- the ones below with their types, the
+    rest accepted without effect -- so a flag the release lacks fails as vLLM's own parser
+    fails it (``unrecognized arguments``, exit code 2).
     """
     release = _simrelease.load(version)
     flags = release.serve_flags
 
     def add(*names: str, **kwargs: Any) -> None:
+        if flags is not None and names[0] not in flags:
+            return  # not a flag of this release (its facts sheet, from its source)
         parser.add_argument(*names, **kwargs)
 
     add("--enable-auto-tool-choice", action="store_true", default=False)
