@@ -201,7 +201,9 @@ def new_run_folder(runs_dir: Path, name: str, host: str) -> Path:
     for n in range(1, 1000):
         folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
         try:
-            folder.mkdir()
+            # Private to the operator: the journal names hosts, users and their processes.
+            folder.mkdir(mode=records.FOLDER_MODE)
+            folder.chmod(records.FOLDER_MODE)
             return folder
         except FileExistsError:
             continue
@@ -263,7 +265,8 @@ def run_notebook(
         on_result,
         on_progress=on_progress,
     )
-    _write_run_json(folder, record)
+    with records.private_files():
+        _write_run_json(folder, record)
     return record
 
 
@@ -309,7 +312,7 @@ def execute_stage(
     failure: tuple[int, str] | None = None
     with _following(results_file, on_result, on_progress) as results:
         try:
-            with _environment(env), _deadline(stage_timeout):
+            with _environment(env), _deadline(stage_timeout), records.private_files():
                 papermill.execute_notebook(
                     str(nb_path),
                     str(output),
@@ -625,7 +628,8 @@ def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> 
 
 
 def _html_copy(record: RunRecord, folder: Path) -> str | None:
-    page = records.export_html(record.executed_notebook)
+    with records.private_files():
+        page = records.export_html(record.executed_notebook)
     return str(page.relative_to(folder)) if page else None
 
 
@@ -672,8 +676,9 @@ def _file_deploy(
         results=run.results,
         notebooks=run.notebooks,
     )
-    _write_run_json(run.folder, summary)
-    records.write_summary(run.folder, doc)
+    with records.private_files():
+        _write_run_json(run.folder, summary)
+        records.write_summary(run.folder, doc)
     records.close(run.folder)
     return summary
 

@@ -25,7 +25,10 @@ Secrets: variables named in the deployment's ``secrets`` are never written into 
 At start the script sources ``<script>.env`` (e.g. ``launch.sh.env``), the file next to it
 holding ``export NAME=value`` lines, if that file exists; it refuses to start if that file is
 readable by group or others. :func:`upload_secrets` writes it with mode 0600, and
-:func:`upload_script` calls it when there is a secret to deliver.
+:func:`upload_script` calls it when there is a secret to deliver, and removes the file when
+there is none (a file left by an earlier deployment would still be sourced). A ``server.env``
+entry whose name says it is a secret (``VLLM_API_KEY``, ``*_TOKEN``, ``*_PASSWORD``) goes to
+that file too, never into the script.
 
 A serve argument whose name says it holds a secret (``api-key``, ``hf-token``, see
 ``opsbook.deployment.is_secret_flag``) is never written into the script either, even when its
@@ -269,7 +272,7 @@ def _env_lines(deployment: Deployment) -> str:
                 f"{name!r} is not a valid environment variable name",
                 remedy="use letters, digits and underscores, not starting with a digit",
             )
-        if name not in secret:
+        if name not in secret and not deployment.is_secret_variable(name):
             lines.append(f"export {name}={shlex.quote(str(value))}\n")
     return "".join(lines)
 
@@ -412,6 +415,9 @@ def upload_script(
     delivered: list[str] = []
     if syntax_ok and _secret_values(deployment, environ):
         delivered = upload_secrets(host, deployment, environ).data["names"]
+    elif syntax_ok:
+        # A secrets file left by an earlier deployment would still be sourced: an old API key.
+        remove_secrets(host, deployment)
     data = {
         "path": path,
         "diff": script_diff(previous, text, path),
@@ -474,12 +480,24 @@ def upload_secrets(
     )
 
 
+def remove_secrets(host: ScriptHost, deployment: Deployment) -> None:
+    """Remove the script's secrets file, if any: the deployment now has no secret to deliver.
+
+    Raises:
+        HostError: the file could not be removed.
+    """
+    path = secrets_path(resolve_remote_path(host, deployment.script_path))
+    host.run(f"rm -f -- {shlex.quote(path)}", check=True, label=f"remove secrets file {path}")
+
+
 def _secret_values(
     deployment: Deployment, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """What the secrets file holds: variable name -> value, for those that have one."""
+    """What the secrets file holds: variable name -> value, for those that have one: the
+    ``secrets`` variables and the ``server.env`` entries whose name says they are secret."""
     source = os.environ if environ is None else environ
-    values = {n: source.get(n) or deployment.env.get(n) for n in deployment.secrets}
+    names = [*deployment.secrets, *(n for n in deployment.env if deployment.is_secret_variable(n))]
+    values = {n: source.get(n) or deployment.env.get(n) for n in dict.fromkeys(names)}
     present = {n: v for n, v in values.items() if v}
     for arg in secret_args(deployment):
         present.pop(arg.variable, None)
