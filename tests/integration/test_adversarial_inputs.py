@@ -175,3 +175,82 @@ def test_a_quoted_false_never_writes_an_unknown_host_key(box, tmp_path, capsys) 
     err = capsys.readouterr().err
     assert "hosts[0].trust_on_first_use" in err and "expected true or false" in err
     assert known_hosts.read_text() == ""
+
+
+CONFIGS = ("config.json", "hf_quant_config.json", "tokenizer_config.json")
+
+
+@pytest.fixture
+def small_disk(box: Sandbox) -> Iterator[Path]:
+    """A checkpoint's config files on a 256 kB tmpfs of their own, owned by the host's user, so
+    that the disk can be filled."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    import pwd
+    import subprocess
+
+    account = pwd.getpwnam(box.user)
+    folder = Path(tempfile.mkdtemp(prefix="opsbook-small-disk-", dir="/tmp"))
+    folder.chmod(0o755)
+    options = f"size=256k,mode=0755,uid={account.pw_uid},gid={account.pw_gid}"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True)
+    try:
+        for name in CONFIGS:
+            if (box.model_path / name).exists():
+                shutil.copy(box.model_path / name, folder / name)
+                os.chown(folder / name, account.pw_uid, account.pw_gid)
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+        folder.rmdir()
+
+
+def config_patch(deployment: Path, runs: Path, *params: str) -> list[str]:
+    argv = ["run", "02_config_patch", "-f", str(deployment), "--runs-dir", str(runs)]
+    for pair in params:
+        argv += ["-p", *pair.split("=")]
+    return argv
+
+
+def fill(folder: Path) -> None:
+    """Write until the disk is full (ENOSPC), in pages, then in bytes."""
+    for size in (4096, 1):
+        try:
+            with (folder / f"filler-{size}").open("wb", buffering=0) as f:
+                while True:
+                    f.write(b"\0" * size)
+        except OSError:
+            pass
+
+
+def test_a_restore_tells_what_the_restored_config_will_do_and_a_failed_one_fails(
+    box: Sandbox, small_disk: Path, tmp_path: Path, capsys
+) -> None:
+    doc = yaml.safe_load(box.deployment_path.read_text())
+    doc["model"]["path"] = str(small_disk)
+    deployment = tmp_path / "small.yml"
+    deployment.write_text(yaml.safe_dump(doc))
+    runs = tmp_path / "runs"
+    original = (small_disk / "config.json").read_bytes()
+
+    assert cli.main(config_patch(deployment, runs, "apply=true")) == EXIT_OK
+    assert (small_disk / "config.json").read_bytes() != original
+    capsys.readouterr()
+
+    # The originals come back, and with them the failure the patch avoided: not "ok".
+    code = cli.main(config_patch(deployment, runs, "restore=true"))
+    out = capsys.readouterr().out
+    assert (small_disk / "config.json").read_bytes() == original
+    assert code == 1 and "the restored config is predicted to fail" in out, out
+    assert "no known incompatibility" not in out.split("RECAP")[-1]
+
+    assert cli.main(config_patch(deployment, runs, "apply=true")) == EXIT_OK
+    patched = (small_disk / "config.json").read_bytes()
+    fill(small_disk)
+    capsys.readouterr()
+    code = cli.main(config_patch(deployment, runs, "restore=true"))
+    out = capsys.readouterr().out
+    assert code != EXIT_OK, out
+    assert "could not restore" in out and "No space left" in out, out
+    assert (small_disk / "config.json").read_bytes() == patched  # untouched, not half-written
+    assert [p.name for p in small_disk.iterdir() if ".tmp" in p.name] == []
