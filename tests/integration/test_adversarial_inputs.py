@@ -254,3 +254,25 @@ def test_a_restore_tells_what_the_restored_config_will_do_and_a_failed_one_fails
     assert "could not restore" in out and "No space left" in out, out
     assert (small_disk / "config.json").read_bytes() == patched  # untouched, not half-written
     assert [p.name for p in small_disk.iterdir() if ".tmp" in p.name] == []
+
+
+def test_without_its_index_a_missing_shard_is_named_by_the_series(box, tmp_path, capsys) -> None:
+    from opsbook.checkpoint import make_checkpoint, shard_name
+
+    folder = Path(tempfile.mkdtemp(prefix="opsbook-no-index-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        model = make_checkpoint(folder / "Kimi-K2.5-NVFP4")
+        (model / "model.safetensors.index.json").unlink()
+        (model / shard_name(50, 119)).unlink()
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        argv = ["run", "01_download_check", "-f", str(box.deployment_path)]
+        argv += ["--runs-dir", str(tmp_path / "runs"), "-p", "model_path", str(model)]
+        code = cli.main(argv)
+        out = capsys.readouterr().out
+        assert code == 1, out
+        assert "118 of 119 shards ok; 1 missing" in out, out
+        assert "all 118 shards complete" not in out
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
