@@ -249,8 +249,14 @@ def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from opsbook.lint import lint_result
+    from opsbook.lint import is_empty, lint_result
 
+    if is_empty(args.shell_command):
+        raise RunError(
+            "nothing to lint: the command is empty (or only comments)",
+            remedy="give the command as one quoted word, e.g. "
+            "opsbook lint \"ssh gpu 'pkill -f vllm'\"",
+        )
     result = lint_result(args.shell_command, paths=args.path)
     print(result)
     for finding in result.findings:
