@@ -206,6 +206,17 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
+def _flag_name(name: str) -> str:
+    # The launch script's own check (opsbook.script imports this module: imported here).
+    from opsbook.script import check_flag_name
+
+    try:
+        check_flag_name(name)
+    except DeploymentError as e:
+        raise _invalid(e.message, e.remedy or "") from None
+    return name
+
+
 def _arg_value(value: Any) -> Any:
     """A serve argument's value: a scalar, a list, or a mapping (JSON for vLLM), nothing else."""
     _check_json_like(value, 0)
@@ -244,8 +255,9 @@ def _host_entry(entry: Any) -> Any:
 EnvName = Annotated[str, AfterValidator(_env_name)]
 RemotePath = Annotated[str, AfterValidator(_remote_path)]
 Port = Annotated[int, Field(ge=1, le=65535)]
-Seconds = Annotated[float, Field(gt=0)]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 ArgValue = Annotated[Any, AfterValidator(_arg_value)]
+FlagName = Annotated[str, AfterValidator(_flag_name)]
 EnvValue = Annotated[Any, AfterValidator(_env_value)]
 
 
@@ -261,7 +273,7 @@ class ModelDoc(_Schema):
 
 class ServerDoc(_Schema):
     port: Port = Field(8000, description="the model server's port", examples=[8000])
-    args: dict[str, ArgValue] = Field(
+    args: dict[FlagName, ArgValue] = Field(
         default_factory=dict,
         description="serve arguments in vLLM's --help names without dashes: `name: value` is "
         "`--name value`, `true` a bare flag, `false`/null left out, a list several values, "
@@ -514,6 +526,17 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+# YAML 1.2's booleans only: `yes`, `no`, `on`, `off` stay text (PyYAML reads YAML 1.1, where
+# `trust_on_first_use: yes` is true and a country code `NO` is false), so the schema can say so.
+_BoundedLoader.yaml_implicit_resolvers = {
+    first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
 def load_yaml(text: str) -> Any:
     """A YAML document, bounded: the nesting depth while it is read, then the number of values
     it holds with every alias expanded (counted without expanding them), and no duplicate keys.
@@ -747,16 +770,16 @@ def describe(error: Any) -> tuple[str, str, str]:
         )
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return path, f"expected an integer, got {_shown(value)}", write
+    if kind == "finite_number":
+        return path, f"expected a finite number, got {value!r}", write
     if kind in ("float_type", "float_parsing"):
         return path, f"expected a number, got {_shown(value)}", write
     if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         return path, f"expected {_range(field_info)}, got {value!r}", write
     if kind == "string_type":
-        return (
-            path,
-            f"expected a string, got {_shown(value)}",
-            (f"quote it: {loc[-1]}: '{value}'" if _is_scalar(value) else write),
-        )
+        quotable = _is_scalar(value) and value is not None and isinstance(loc[-1], str)
+        remedy = f"quote it: {loc[-1]}: '{value}'" if quotable else write or "write a string"
+        return path, f"expected a string, got {_shown(value)}", remedy
     if kind == "list_type":
         remedy = f"write {loc[-1]}: [{value}]" if isinstance(value, str) else write
         return path, f"expected a list, got {_shown(value)}", remedy
@@ -859,7 +882,7 @@ def _kind(value: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, (dict, list)):
+    if isinstance(value, (dict, list)) or value is None:
         return _kind(value)
     text = repr(value)
     return f"{_kind(value)} {text if len(text) <= 60 else text[:57] + '...'}"

@@ -60,6 +60,12 @@ BAD = [
         "without quotes",
     ),
     (
+        "hosts: [{address: a, trust_on_first_use: yes}]\nmodel: {path: /m}",
+        "hosts[0].trust_on_first_use:",
+        "expected true or false, got a string 'yes'",
+        "without quotes",
+    ),
+    (
         "hosts: [{address: a, trust_on_first_use: yes please}]\nmodel: {path: /m}",
         "trust_on_first_use",
         "expected true or false",
@@ -78,6 +84,19 @@ BAD = [
         "",
     ),
     ("hosts: [{address: a, keepalive: -1}]\nmodel: {path: /m}", "keepalive", "at least 0", ""),
+    (
+        "hosts: [{address: a, connect_timeout: .inf}]\nmodel: {path: /m}",
+        "hosts[0].connect_timeout:",
+        "finite number",
+        "connect_timeout: 10",
+    ),
+    ("hosts: [{address: a, connect_timeout: .nan}]\nmodel: {path: /m}", "connect_timeout", "", ""),
+    ("hosts: [null]\nmodel: {path: /m}", "hosts[0]:", "expected a mapping", "hosts: [{address"),
+    (BASE + "secrets: [null]", "secrets[0]:", "got nothing (null)", "secrets: [HF_TOKEN]"),
+    (BASE + "server: {args: {x: !!binary aGVsbG8=}}", "server.args.x:", "got bytes", "no tags"),
+    (BASE + "server: {env: {A: 2024-01-01}}", "server.env.A:", "got date", "quote the value"),
+    ("a: &a [*a]\n" + BASE, "", "nested more than", "remove the nesting"),
+    (BASE + "---\n" + BASE, "", "single document", "fix the YAML"),
     ("hosts: [{port: 22}]\nmodel: {path: /m}", "hosts[0].address:", "is required", "address:"),
     ("hosts: [{address: ''}]\nmodel: {path: /m}", "hosts[0].address:", "non-empty", ""),
     ("hosts: gpu-01\nmodel: {path: /m}", "hosts:", "expected a list", "hosts: [gpu-01]"),
@@ -99,6 +118,10 @@ BAD = [
     (BASE + "server: {env: {A: true}}", "server.env.A:", "got a boolean", "quote the value"),
     (BASE + "server: {env: {A: null}}", "server.env.A:", "got nothing (null)", "quote the value"),
     (BASE + "server: {args: {1: x}}", "server.args", "expected a string", ""),
+    (BASE + "server: {args: {model: /x}}", "server.args", "set by the deployment", "model.path"),
+    (BASE + "server: {args: {port: 1}}", "server.args", "set by the deployment", "server.port"),
+    (BASE + "server: {args: {Tensor_Parallel: 8}}", "server.args", "not a valid flag", "tensor"),
+    (BASE + "server: {args: {'--x; rm -rf /': 1}}", "server.args", "not a valid flag", ""),
     (BASE + "server: {args: {x: {1: y}}}", "server.args.x:", "keys must be strings", ""),
     (BASE + "secrets: MY_SECRET", "secrets:", "expected a list", "secrets: [MY_SECRET]"),
     (BASE + "secrets: {A: 1}", "secrets:", "expected a list", "secrets: [HF_TOKEN]"),
@@ -176,6 +199,13 @@ def test_bad_deployments_name_the_key_the_problem_and_the_remedy(
     assert remedy in (e.value.remedy or ""), e.value.remedy
     if path or remedy:
         assert e.value.remedy, "every schema error says what to write instead"
+
+
+def test_yes_no_on_off_are_text_not_booleans(tmp_path) -> None:
+    f = tmp_path / "d.yml"
+    f.write_text(BASE + "server: {env: {NCCL_DEBUG: off, COUNTRY: NO}, args: {x: True}}\n")
+    dep = load_deployment(f)
+    assert dep.env == {"NCCL_DEBUG": "off", "COUNTRY": "NO"} and dep.serve_args == {"x": True}
 
 
 def test_several_problems_are_named_at_once(tmp_path) -> None:
