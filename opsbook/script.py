@@ -405,7 +405,11 @@ def upload_script(
         TransferError: the upload failed.
     """
     path = resolve_remote_path(host, deployment.script_path)
-    previous, mode = _previous_script(host, path)
+    has_secrets = bool(_secret_values(deployment, environ))
+    # A secrets file left by an earlier deployment would still be sourced (an old API key):
+    # with no secret to deliver, it goes in the same round trip that prepares the folder.
+    stale = None if has_secrets else secrets_path(path)
+    previous, mode = _previous_script(host, path, remove=stale)
     unchanged = previous == text
     written = not (unchanged and mode == SCRIPT_MODE)
     if written:
@@ -413,11 +417,8 @@ def upload_script(
     check = host.run(f"bash -n -- {shlex.quote(path)}", label=f"bash -n {path}")
     syntax_ok = check.exit_code == 0
     delivered: list[str] = []
-    if syntax_ok and _secret_values(deployment, environ):
+    if syntax_ok and has_secrets:
         delivered = upload_secrets(host, deployment, environ).data["names"]
-    elif syntax_ok:
-        # A secrets file left by an earlier deployment would still be sourced: an old API key.
-        remove_secrets(host, deployment)
     data = {
         "path": path,
         "diff": script_diff(previous, text, path),
@@ -480,16 +481,6 @@ def upload_secrets(
     )
 
 
-def remove_secrets(host: ScriptHost, deployment: Deployment) -> None:
-    """Remove the script's secrets file, if any: the deployment now has no secret to deliver.
-
-    Raises:
-        HostError: the file could not be removed.
-    """
-    path = secrets_path(resolve_remote_path(host, deployment.script_path))
-    host.run(f"rm -f -- {shlex.quote(path)}", check=True, label=f"remove secrets file {path}")
-
-
 def _secret_values(
     deployment: Deployment, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -532,11 +523,15 @@ def script_diff(previous: str | None, new: str, path: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
-def _previous_script(host: ScriptHost, path: str) -> tuple[str | None, int | None]:
-    """Create the folder and return the script already at ``path`` and its mode, if any."""
+def _previous_script(
+    host: ScriptHost, path: str, remove: str | None = None
+) -> tuple[str | None, int | None]:
+    """Create the folder and return the script already at ``path`` and its mode, if any;
+    remove the file ``remove`` on the way."""
     quoted = shlex.quote(path)
+    removal = f" && rm -f -- {shlex.quote(remove)}" if remove else ""
     probe = host.run(
-        f"mkdir -p -- {shlex.quote(posixpath.dirname(path))}"
+        f"mkdir -p -- {shlex.quote(posixpath.dirname(path))}{removal}"
         f" && if [[ -f {quoted} ]]; then stat -c %a -- {quoted}; fi",
         check=True,
         label=f"prepare {posixpath.dirname(path)}",

@@ -145,9 +145,7 @@ def test_the_registry_lists_the_runbook_in_order() -> None:
 def test_the_launch_script_stage_knows_ok_would_change_and_changed() -> None:
     dep = deployment("a")
     path = "/home/ops/opsbook/launch.sh"
-    host = FakeHost(
-        "a", commands={r"^bash -n": Answer(), r"^mkdir -p": Answer(), r"^rm -f -- ": Answer()}
-    )
+    host = FakeHost("a", commands={r"^bash -n": Answer(), r"^mkdir -p": Answer()})
     dry = stages.launch_script.run(host, dep, apply=False)
     assert dry.state is State.WOULD_CHANGE and len(dry.script_sha256) == 64
     done = stages.launch_script.run(host, dep, apply=True)
