@@ -196,8 +196,11 @@ def small_disk(box: Sandbox) -> Iterator[Path]:
     subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True)
     try:
         for name in CONFIGS:
-            if (box.model_path / name).exists():
-                shutil.copy(box.model_path / name, folder / name)
+            # The originals: an earlier deploy of this module may have patched the host's.
+            original = box.model_path / f"{name}.opsbook-orig"
+            source = original if original.exists() else box.model_path / name
+            if source.exists():
+                shutil.copy(source, folder / name)
                 os.chown(folder / name, account.pw_uid, account.pw_gid)
         yield folder
     finally:
