@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar=("NAME", "VALUE"),
-        help="a notebook parameter; VALUE is read as YAML (8000 is a number, true a boolean)",
+        help="a notebook parameter; VALUE is taken as the type the notebook declares "
+        "(true/false, a number, text; a list comma-separated)",
     )
     run.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs)")
     run.add_argument("--timeout", type=float, default=None, help="seconds a cell may run")
@@ -149,14 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    params = {name: _yaml_value(value) for name, value in args.parameter}
     if args.notebook == "deploy":
-        unknown = sorted(set(params) - {"apply", "serial"})
-        if unknown:
-            raise RunError(
-                f"deploy takes only the parameters apply and serial, not {', '.join(unknown)}",
-                remedy="e.g. -p apply false, or -p serial 1 for one host at a time",
-            )
+        params = _deploy_parameters(args.parameter)
         record = runner.run_deploy(
             args.deployment,
             args.runs_dir,
@@ -173,10 +168,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"run folder: {record.folder}")
         print(f"index: {record.folder / 'index.html'}")
         return record.exit_code
+    notebook = runner.find_notebook(args.notebook)
     record = runner.run_notebook(
-        args.notebook,
+        notebook,
         args.deployment,
-        params,
+        runner.typed_parameters(notebook, args.parameter),
         runs_dir=args.runs_dir,
         timeout=args.timeout,
         stage_timeout=args.stage_timeout,
@@ -295,8 +291,14 @@ def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from opsbook.lint import lint_result
+    from opsbook.lint import is_empty, lint_result
 
+    if is_empty(args.shell_command):
+        raise RunError(
+            "nothing to lint: the command is empty (or only comments)",
+            remedy="give the command as one quoted word, e.g. "
+            "opsbook lint \"ssh gpu 'pkill -f vllm'\"",
+        )
     result = lint_result(args.shell_command, paths=args.path)
     print(result)
     for finding in result.findings:
@@ -372,13 +374,18 @@ def _positive(text: str) -> int:
     return value
 
 
-def _yaml_value(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+def _deploy_parameters(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """``-p apply true|false`` and ``-p serial N|N%`` of a deploy, as plain values."""
+    unknown = sorted({name for name, _ in pairs} - {"apply", "serial"})
+    if unknown:
+        raise RunError(
+            f"deploy takes only the parameters apply and serial, not {', '.join(unknown)}",
+            remedy="e.g. -p apply false, or -p serial 1 for one host at a time",
+        )
+    params: dict[str, Any] = {}
+    for name, text in pairs:
+        params[name] = runner.plain_value(name, text, True if name == "apply" else "")
+    return params
 
 
 if __name__ == "__main__":

@@ -597,6 +597,12 @@ def _remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
         pass
 
 
+# Probe arguments that carry a secret: masked before the label is cut to length, since a cut
+# secret would no longer match the value the redactor knows.
+SECRET_PROBE_ARGS = frozenset({"bearer", "api_key", "token", "password"})
+
+
 def _short(args: dict[str, Any] | None) -> str:
-    text = repr(args or {})
+    shown = {k: ("***" if k in SECRET_PROBE_ARGS and v else v) for k, v in (args or {}).items()}
+    text = repr(shown)
     return text if len(text) <= 160 else text[:157] + "..."

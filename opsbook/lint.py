@@ -24,7 +24,9 @@ and each token keeps its source text, so quoting is known where it matters.
 
 from __future__ import annotations
 
-import io
+import contextlib
+import dataclasses
+import gc
 import posixpath
 import re
 import shlex
@@ -68,6 +70,15 @@ KILLALL_VALUE_OPTIONS = set("sunoyYZ") | {
     "--ns",
 }
 KILL_TOOLS = ("kill", "pkill", "killall")
+SHELLS = ("bash", "sh", "zsh", "dash", "ksh")
+# ssh options that take a value (the next word when not attached): OpenSSH's ssh(1).
+SSH_VALUE_OPTIONS = set("BbcDEeFIiJLlmOopQRSWw")
+MAX_NESTING = 4
+# Kill patterns searched for in the whole line (each search is a pass over the line): past
+# this many distinct ones, a pattern is assumed to match the line, which keeps the time linear.
+MAX_PATTERN_SCANS = 64
+# A pattern without these matches the line wherever it matches a piece of it.
+CONTEXT_SENSITIVE = re.compile(r"[\\^$]|\(\?")
 WRAPPERS = {
     "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "--user", "--group"},
     "nohup": set(),
@@ -164,12 +175,16 @@ class KillCall:
     ignore_ancestors: bool
     ignore_case: bool
     source: str
+    # Where the command lies in the line (start, end), when known.
+    span: tuple[int, int] | None = None
 
 
 # -- public API ------------------------------------------------------------------------------
 
 
-def lint_command(command: str, *, paths: Sequence[str] = ()) -> list[Finding]:
+def lint_command(
+    command: str, *, paths: Sequence[str] = (), depth: int = 0, zsh: bool = True
+) -> list[Finding]:
     """The hazards of ``command``, run as ``ssh host '<command>'`` or ``bash -c``.
 
     This is for commands typed or pasted by hand: :meth:`opsbook.hosts.Host.run` sends its
@@ -179,6 +194,10 @@ def lint_command(command: str, *, paths: Sequence[str] = ()) -> list[Finding]:
         command: the command line as it would be typed.
         paths: paths known to contain spaces (e.g. the deployment's model path); one of them
             appearing unquoted in the command is reported.
+        depth: how deep this line is nested in ``ssh host '...'``/``bash -c '...'`` (the
+            nested lines are linted too, down to :data:`MAX_NESTING`).
+        zsh: whether the line may run under zsh (a login shell may be zsh; ``bash -c`` is not),
+            where an unmatched glob stops the command.
 
     Returns:
         One finding per hazard, in rule order; the rule is the start of ``subject``
@@ -200,12 +219,41 @@ def lint_command(command: str, *, paths: Sequence[str] = ()) -> list[Finding]:
     kills = kill_calls(commands)
     return [
         *_pattern_kill_findings(command, commands, kills),
-        *_glob_findings(commands),
+        *(_glob_findings(commands) if zsh else []),
         *_background_findings(commands),
         *_unquoted_space_findings(command, commands, paths),
         *_sigkill_findings(kills),
         *_sleep_findings(commands, kills),
+        *_nested_findings(commands, paths, depth),
     ]
+
+
+def is_empty(command: str) -> bool:
+    """True when ``command`` holds no command at all (blank, or only comments)."""
+    try:
+        return not parse(command)
+    except ValueError:
+        return False
+
+
+def nested_commands(cmd: SimpleCommand) -> list[tuple[str, str, bool]]:
+    """The command lines a simple command hands to another shell, with how, and whether that
+    shell may be zsh: the remote command of ``ssh [options] host CMD...`` (its words joined by
+    spaces, as ssh sends them; run by the login shell), the script of ``bash -c``/``sh -c``/
+    ``zsh -c`` (options such as ``-lc`` included) and of ``su -c``/``su --command`` (run by
+    the user's login shell)."""
+    argv, _ = cmd.unwrapped()
+    name = command_name(argv)
+    if name == "ssh":
+        remote = _ssh_remote_command(argv[1:])
+        return [("ssh host '...'", remote, True)] if remote.strip() else []
+    if name in SHELLS:
+        script = _shell_script(argv[1:])
+        return [(f"{name} -c '...'", script, name == "zsh")] if script is not None else []
+    if name == "su":
+        script = _su_script(argv[1:])
+        return [("su -c '...'", script, True)] if script is not None else []
+    return []
 
 
 def lint_result(command: str, *, paths: Sequence[str] = ()) -> Result:
@@ -213,7 +261,8 @@ def lint_result(command: str, *, paths: Sequence[str] = ()) -> Result:
 
     Data: ``command`` and ``rules`` (the rules that fired).
     """
-    findings = lint_command(command, paths=paths)
+    with _no_cyclic_gc():
+        findings = lint_command(command, paths=paths)
     rules = sorted({rule_of(f) for f in findings})
     serious = [f for f in findings if f.severity in ("warning", "error")]
     if not findings:
@@ -221,6 +270,20 @@ def lint_result(command: str, *, paths: Sequence[str] = ()) -> Result:
     else:
         message = f"{len(findings)} hazard(s): {', '.join(rules)}"
     return Result(not serious, message, {"command": command, "rules": rules}, findings)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    # A long line makes hundreds of thousands of small acyclic objects (tokens, commands):
+    # the cyclic collector's passes over them grow with the heap and made the time superlinear.
+    # Reference counting frees them all the same.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def rule_of(finding: Finding) -> str:
@@ -231,11 +294,37 @@ def rule_of(finding: Finding) -> str:
 # -- tokenizing and parsing ------------------------------------------------------------------
 
 
+class _Reader:
+    """The command as the stream shlex reads one character at a time, with an O(1) ``tell``
+    (``io.StringIO.tell`` after many one-character reads made long lines quadratic)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.position = 0
+
+    def read(self, size: int = -1) -> str:
+        end = len(self.text) if size < 0 else self.position + size
+        piece = self.text[self.position : end]
+        self.position += len(piece)
+        return piece
+
+    def readline(self) -> str:
+        end = self.text.find("\n", self.position)
+        end = len(self.text) if end < 0 else end + 1
+        return self.read(end - self.position)
+
+    def tell(self) -> int:
+        return self.position
+
+    def close(self) -> None:
+        pass
+
+
 class _Lexer(shlex.shlex):
     """POSIX shlex that also reports where each token lies in the source."""
 
     def __init__(self, command: str):
-        self.source_stream = io.StringIO(command)
+        self.source_stream = _Reader(command)
         super().__init__(self.source_stream, posix=True, punctuation_chars=PUNCTUATION)
         self.whitespace = " \t\r"
         self.whitespace_split = True
@@ -364,16 +453,18 @@ def kill_calls(commands: Sequence[SimpleCommand]) -> list[KillCall]:
         if argv and command_name(argv) == "xargs":
             argv = _xargs_command(argv)
         tool = command_name(argv)
+        span = (cmd.words[0].start, cmd.words[-1].end) if cmd.words else None
         if tool in ("pkill", "pgrep"):
-            calls.append(_parse_pgrep(index, tool, argv[1:], cmd.source))
+            call = _parse_pgrep(index, tool, argv[1:], cmd.source)
         elif tool == "killall":
-            calls.append(_parse_killall(index, argv[1:], cmd.source))
+            call = _parse_killall(index, argv[1:], cmd.source)
         elif tool == "kill":
-            calls.append(
-                KillCall(
-                    index, "kill", _kill_signal(argv[1:]), None, False, False, False, cmd.source
-                )
+            call = KillCall(
+                index, "kill", _kill_signal(argv[1:]), None, False, False, False, cmd.source
             )
+        else:
+            continue
+        calls.append(dataclasses.replace(call, span=span))
     return calls
 
 
@@ -521,6 +612,8 @@ def _pattern_kill_findings(
 ) -> list[Finding]:
     own_text = f"bash -c {command}"
     has_kill = any(k.tool in KILL_TOOLS for k in kills)
+    nested = _has_compound(commands)
+    scans = _LineSearch(own_text, command)
     findings = []
     for call in kills:
         if call.pattern is None or call.tool == "kill":
@@ -531,12 +624,51 @@ def _pattern_kill_findings(
             findings.append(_name_kill_finding(call))
             continue
         self_match = (
-            shell_outlives(commands, call.index)
+            shell_outlives(commands, call.index, nested)
             and not call.ignore_ancestors
-            and _matches(call, own_text)
+            and scans.matches(call)
         )
-        findings.append(_full_kill_finding(call, own_text, self_match))
+        findings.append(_full_kill_finding(call, scans, self_match))
     return findings
+
+
+class _LineSearch:
+    """Searches of kill patterns in the line, each distinct one at most once, and at most
+    :data:`MAX_PATTERN_SCANS` passes over the whole line (then the worst is assumed)."""
+
+    def __init__(self, own_text: str, command: str):
+        self.own_text = own_text
+        self.command = command
+        self._found: dict[tuple[str, bool], bool] = {}
+        self._bracket: dict[tuple[str, bool], bool] = {}
+
+    def matches(self, call: KillCall) -> bool:
+        pattern = call.pattern or ""
+        # Inside its own command the pattern usually matches its own text: found without a
+        # pass over the line, and a match in a piece is a match in the whole when the pattern
+        # has no anchor, boundary or look-around.
+        if call.span is not None and not CONTEXT_SENSITIVE.search(pattern):
+            piece = self.command[call.span[0] : call.span[1]]
+            if _search(pattern, piece, call.ignore_case):
+                return True
+        key = (pattern, call.ignore_case)
+        if key not in self._found:
+            if len(self._found) >= MAX_PATTERN_SCANS:
+                return True
+            self._found[key] = _search(pattern, self.own_text, call.ignore_case)
+        return self._found[key]
+
+    def bracket_fails(self, call: KillCall) -> bool:
+        """Whether the bracket trick still matches the line (it holds the target text)."""
+        pattern = call.pattern or ""
+        key = (pattern, call.ignore_case)
+        if key not in self._bracket:
+            if len(self._bracket) >= MAX_PATTERN_SCANS:
+                return False
+            bracket = bracketed(pattern)
+            text = self.own_text.replace(pattern, bracket)
+            self._bracket[key] = _search(bracket, text, call.ignore_case)
+        return self._bracket[key]
 
 
 def _name_kill_finding(call: KillCall) -> Finding:
@@ -552,7 +684,7 @@ def _name_kill_finding(call: KillCall) -> Finding:
     )
 
 
-def _full_kill_finding(call: KillCall, own_text: str, self_match: bool) -> Finding:
+def _full_kill_finding(call: KillCall, scans: _LineSearch, self_match: bool) -> Finding:
     pattern = call.pattern or ""
     notes = []
     if self_match:
@@ -578,8 +710,7 @@ def _full_kill_finding(call: KillCall, own_text: str, self_match: bool) -> Findi
         f"{call.tool} -f {shlex.quote(bracketed(pattern))} (the bracket trick) or "
         f"{call.tool} -A -f ... (procps-ng 4 or later)"
     )
-    bracket = bracketed(pattern)
-    if self_match and _search(bracket, own_text.replace(pattern, bracket), call.ignore_case):
+    if self_match and scans.bracket_fails(call):
         remedy += (
             "; here even the bracket trick fails, because the line also contains the text it "
             "looks for: stop and start in separate commands"
@@ -594,7 +725,13 @@ def _full_kill_finding(call: KillCall, own_text: str, self_match: bool) -> Findi
     )
 
 
-def shell_outlives(commands: Sequence[SimpleCommand], index: int) -> bool:
+def _has_compound(commands: Sequence[SimpleCommand]) -> bool:
+    return any(c.argv and c.argv[0] in KEYWORDS | {"}", "fi", "done"} for c in commands)
+
+
+def shell_outlives(
+    commands: Sequence[SimpleCommand], index: int, nested: bool | None = None
+) -> bool:
     """True when the shell running the line is still alive while command ``index`` runs.
 
     bash and zsh run the last simple command of a ``-c`` string in place of themselves (exec),
@@ -604,7 +741,8 @@ def shell_outlives(commands: Sequence[SimpleCommand], index: int) -> bool:
     cmd = commands[index]
     last = index == len(commands) - 1 and cmd.after in ("", ";", "\n")
     piped = index > 0 and commands[index - 1].after in ("|", "|&", "(")
-    nested = any(c.argv and c.argv[0] in KEYWORDS | {"}", "fi", "done"} for c in commands)
+    if nested is None:
+        nested = _has_compound(commands)
     return not last or piped or nested or bool(cmd.redirects)
 
 
@@ -820,10 +958,11 @@ def _space_finding(severity: str, path: str, what: str) -> Finding:
 
 def _sigkill_findings(kills: Sequence[KillCall]) -> list[Finding]:
     findings = []
-    for n, call in enumerate(kills):
-        if call.tool == "pgrep" or call.signal != "KILL":
-            continue
-        if any(k.tool != "pgrep" and k.signal not in ("KILL", "0") for k in kills[:n]):
+    gentler_before = False
+    for call in kills:
+        gentle = call.tool != "pgrep" and call.signal not in ("KILL", "0")
+        if call.tool == "pgrep" or call.signal != "KILL" or gentler_before:
+            gentler_before = gentler_before or gentle
             continue
         findings.append(
             _finding(
@@ -843,14 +982,15 @@ def _sigkill_findings(kills: Sequence[KillCall]) -> list[Finding]:
 
 def _sleep_findings(commands: Sequence[SimpleCommand], kills: Sequence[KillCall]) -> list[Finding]:
     findings = []
-    signalled = [k.index for k in kills if k.tool != "pgrep" and k.signal != "0"]
+    signalled = {k.index for k in kills if k.tool != "pgrep" and k.signal != "0"}
+    killed = False  # a signal was sent earlier in the line
+    in_loop = False  # a loop keyword since the last signal
     for index, cmd in enumerate(commands):
+        if index in signalled:
+            killed, in_loop = True, False
+        in_loop = in_loop or bool({"while", "until", "do"} & set(cmd.argv))
         argv, _ = cmd.unwrapped()
-        if command_name(argv) != "sleep" or not any(i < index for i in signalled):
-            continue
-        since = max(i for i in signalled if i < index)
-        loop_words = {w for c in commands[since : index + 1] for w in c.argv}
-        if loop_words & {"while", "until", "do"}:
+        if command_name(argv) != "sleep" or index in signalled or not killed or in_loop:
             continue
         findings.append(
             _finding(
@@ -865,3 +1005,63 @@ def _sleep_findings(commands: Sequence[SimpleCommand], kills: Sequence[KillCall]
             )
         )
     return findings
+
+
+# -- commands handed to another shell --------------------------------------------------------
+
+
+def _nested_findings(
+    commands: Sequence[SimpleCommand], paths: Sequence[str], depth: int
+) -> list[Finding]:
+    """The hazards of the lines given to ``ssh host '...'``, ``bash -c '...'``, ``su -c``: the
+    incident's line was such a one."""
+    if depth >= MAX_NESTING:
+        return []
+    findings = []
+    for cmd in commands:
+        for how, inner, zsh in nested_commands(cmd):
+            for found in lint_command(inner, paths=paths, depth=depth + 1, zsh=zsh):
+                findings.append(
+                    dataclasses.replace(found, message=f"inside {how}: {found.message}")
+                )
+    return findings
+
+
+def _ssh_remote_command(args: Sequence[str]) -> str:
+    """The command ``ssh`` sends (its words after the destination, joined by spaces)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        option = args[i]
+        i += 1
+        if option == "--":
+            break
+        letters = option[1:]
+        # A value option ends the cluster; its value is attached or is the next word.
+        for n, letter in enumerate(letters):
+            if letter in SSH_VALUE_OPTIONS:
+                if n == len(letters) - 1:
+                    i += 1
+                break
+    return " ".join(args[i + 1 :])
+
+
+def _shell_script(args: Sequence[str]) -> str | None:
+    """The script of ``bash [options] -c SCRIPT`` (``-c`` may sit in a cluster: ``-lc``)."""
+    for n, arg in enumerate(args):
+        if not arg.startswith("-") or arg in ("-", "--"):
+            return None
+        if not arg.startswith("--") and "c" in arg[1:]:
+            return args[n + 1] if n + 1 < len(args) else None
+        if arg in ("-o", "+o", "-O", "+O") and n + 1 < len(args):
+            continue
+    return None
+
+
+def _su_script(args: Sequence[str]) -> str | None:
+    """The command of ``su [options] [user] -c CMD`` or ``--command=CMD``."""
+    for n, arg in enumerate(args):
+        if arg.startswith("--command="):
+            return arg.split("=", 1)[1]
+        if arg in ("-c", "--command") and n + 1 < len(args):
+            return args[n + 1]
+    return None

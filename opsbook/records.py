@@ -5,10 +5,11 @@ A closed run folder is made read-only: an incident record is not edited after th
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
-import stat
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -163,16 +164,41 @@ def _grid_cell(run: RunSummary, host: str, stage: str) -> str:
     )
 
 
+# A run folder is the operator's alone: while it is written, and once sealed (read-only).
+FOLDER_MODE = 0o700
+SEALED_FOLDER_MODE = 0o500
+SEALED_FILE_MODE = 0o400
+PRIVATE_UMASK = 0o077
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Files created in the body (here and by a kernel started in it) are the owner's alone
+    (0600, folders 0700).
+
+    The umask is the process's: the runner holds it only while it writes a run folder.
+    """
+    previous = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
 def close(folder: Path) -> None:
-    """Make a finished run folder read-only, files and folders alike."""
+    """Seal a finished run folder: read-only and private, folders 0500 and files 0400 (an
+    incident record is not edited after the fact, and lists hosts, users and processes)."""
     for root, dirs, files in os.walk(folder, topdown=False):
-        for name in [*files, *dirs]:
-            _drop_write_bits(Path(root) / name)
-    _drop_write_bits(folder)
+        for name in files:
+            _seal(Path(root) / name, SEALED_FILE_MODE)
+        for name in dirs:
+            _seal(Path(root) / name, SEALED_FOLDER_MODE)
+    _seal(folder, SEALED_FOLDER_MODE)
 
 
-def _drop_write_bits(path: Path) -> None:
-    path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+def _seal(path: Path, mode: int) -> None:
+    if not path.is_symlink():
+        path.chmod(mode)
 
 
 def list_runs(runs_dir: Path) -> Table:

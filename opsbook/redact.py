@@ -23,6 +23,11 @@ TOKEN_PATTERNS = [
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/\-]{12,}=*"),
     re.compile(r"(--api-key[= ]\s*)['\"]?[^\s'\"]+"),
+    # A value under a secret-named key in a repr or JSON: {'bearer': '...'}, "api_key": "..."
+    re.compile(
+        r"(?i)(['\"](?:bearer|authorization|api[_-]?key|token|password|secret)['\"]\s*:\s*['\"])"
+        r"[^'\"]{4,}"
+    ),
     re.compile(
         r"(?i)((?:[A-Z0-9_]*(?:TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD))['\"]?\s*[=:]\s*['\"]?)"
         r"[^\s'\";]{6,}"

@@ -15,9 +15,11 @@ exported on a thread of their own while the next stages run.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -121,6 +123,83 @@ def check_parameters(notebook: Path, parameters: Mapping[str, Any]) -> None:
         )
 
 
+# Parameters the runner sets itself; `-p` may not give them (the deployment comes from -f).
+RUNNER_PARAMETERS = {"deployment": "-f FILE"}
+TRUE_WORDS = ("true",)
+FALSE_WORDS = ("false",)
+INTEGER = re.compile(r"[+-]?[0-9]+")
+NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def typed_parameters(notebook: Path, raw: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """``-p NAME VALUE`` pairs as the values the notebook declares: each VALUE is converted to
+    the type of the parameter's default in the notebook's parameters cell (bool, int, float,
+    str, or a list of strings given comma-separated), never parsed as YAML or Python.
+
+    Raises:
+        RunError: a name is unknown or set by the runner, or a value does not fit its type.
+    """
+    import papermill
+
+    declared = papermill.inspect_notebook(str(notebook))
+    values = {}
+    for name, text in raw:
+        if name in RUNNER_PARAMETERS:
+            raise RunError(
+                f"the parameter {name} is set by opsbook run itself",
+                remedy=f"give it as {RUNNER_PARAMETERS[name]}, not -p {name}",
+            )
+        if name not in declared:
+            check_parameters(notebook, {name: text})
+        values[name] = plain_value(name, text, _declared_default(declared[name]))
+    return values
+
+
+def _declared_default(parameter: Mapping[str, Any]) -> Any:
+    """The default a parameters cell gives (a Python literal), or None when it is an
+    expression."""
+    try:
+        return ast.literal_eval(str(parameter.get("default", "")))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def plain_value(name: str, text: str, default: Any) -> Any:
+    """``text`` as a value of the type of ``default``: ``true``/``false`` (any case) for a bool,
+    a whole number for an int, a number for a float, the text itself for a str, the
+    comma-separated items for a list.
+
+    Raises:
+        RunError: the text does not fit, or the parameter has no literal default.
+    """
+    if isinstance(default, bool):
+        word = text.strip().lower()
+        if word in TRUE_WORDS or word in FALSE_WORDS:
+            return word in TRUE_WORDS
+        raise _misfit(name, text, "true or false", f"-p {name} true")
+    if isinstance(default, int):
+        if INTEGER.fullmatch(text.strip()):
+            return int(text)
+        raise _misfit(name, text, "a whole number", f"-p {name} {default}")
+    if isinstance(default, float):
+        if NUMBER.fullmatch(text.strip()):
+            return float(text)
+        raise _misfit(name, text, "a number", f"-p {name} {default}")
+    if isinstance(default, str):
+        return text
+    if isinstance(default, list):
+        return [item.strip() for item in text.split(",") if item.strip()]
+    raise RunError(
+        f"the parameter {name} cannot be given on the command line",
+        remedy="set it in the deployment file or the notebook",
+    )
+
+
+def _misfit(name: str, text: str, expected: str, example: str) -> RunError:
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return RunError(f"-p {name} {shown!r}: expected {expected}", remedy=f"write e.g. {example}")
+
+
 def new_run_folder(runs_dir: Path, name: str, host: str) -> Path:
     """Create ``runs_dir/<UTC time>-<notebook>-<host>``; a taken name gets a suffix."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -132,7 +211,9 @@ def new_run_folder(runs_dir: Path, name: str, host: str) -> Path:
     for n in range(1, 1000):
         folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
         try:
-            folder.mkdir()
+            # Private to the operator: the journal names hosts, users and their processes.
+            folder.mkdir(mode=records.FOLDER_MODE)
+            folder.chmod(records.FOLDER_MODE)
             return folder
         except FileExistsError:
             continue
@@ -169,11 +250,18 @@ def run_notebook(
         DeploymentError: the deployment file is unusable.
     """
     nb_path = find_notebook(str(notebook))
+    given = dict(parameters or {})
+    for name, flag in RUNNER_PARAMETERS.items():
+        if name in given:
+            raise RunError(
+                f"the parameter {name} is set by opsbook run itself",
+                remedy=f"give it as {flag}, not as a notebook parameter",
+            )
     deployment_path = Path(deployment).resolve()
     from opsbook.deployment import load_deployment
 
     dep = load_deployment(deployment_path)
-    params = {"deployment": str(deployment_path), **dict(parameters or {})}
+    params = {"deployment": str(deployment_path), **given}
     if _stages().for_notebook(nb_path.stem) is not None:
         params.setdefault("forks", forks)
     check_parameters(nb_path, params)
@@ -189,7 +277,8 @@ def run_notebook(
         on_result,
         on_progress=on_progress,
     )
-    _write_run_json(folder, record)
+    with records.private_files():
+        _write_run_json(folder, record)
     return record
 
 
@@ -286,7 +375,7 @@ def execute_stage(
     failure: tuple[int, str] | None = None
     with _following(results_file, on_result, on_progress) as results:
         try:
-            with _environment(env), _deadline(stage_timeout):
+            with _environment(env), _deadline(stage_timeout), records.private_files():
                 shared = {"km": kernel.ready(env)} if kernel is not None else {}
                 papermill.execute_notebook(
                     str(nb_path),
@@ -695,7 +784,8 @@ def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> 
 
 
 def _html_copy(record: RunRecord, folder: Path) -> str | None:
-    page = records.export_html(record.executed_notebook)
+    with records.private_files():
+        page = records.export_html(record.executed_notebook)
     return str(page.relative_to(folder)) if page else None
 
 
@@ -742,8 +832,9 @@ def _file_deploy(
         results=run.results,
         notebooks=run.notebooks,
     )
-    _write_run_json(run.folder, summary)
-    records.write_summary(run.folder, doc)
+    with records.private_files():
+        _write_run_json(run.folder, summary)
+        records.write_summary(run.folder, doc)
     records.close(run.folder)
     return summary
 

@@ -25,7 +25,10 @@ Secrets: variables named in the deployment's ``secrets`` are never written into 
 At start the script sources ``<script>.env`` (e.g. ``launch.sh.env``), the file next to it
 holding ``export NAME=value`` lines, if that file exists; it refuses to start if that file is
 readable by group or others. :func:`upload_secrets` writes it with mode 0600, and
-:func:`upload_script` calls it when there is a secret to deliver.
+:func:`upload_script` calls it when there is a secret to deliver, and removes the file when
+there is none (a file left by an earlier deployment would still be sourced). A ``server.env``
+entry whose name says it is a secret (``VLLM_API_KEY``, ``*_TOKEN``, ``*_PASSWORD``) goes to
+that file too, never into the script.
 
 A serve argument whose name says it holds a secret (``api-key``, ``hf-token``, see
 ``opsbook.deployment.is_secret_flag``) is never written into the script either, even when its
@@ -269,7 +272,7 @@ def _env_lines(deployment: Deployment) -> str:
                 f"{name!r} is not a valid environment variable name",
                 remedy="use letters, digits and underscores, not starting with a digit",
             )
-        if name not in secret:
+        if name not in secret and not deployment.is_secret_variable(name):
             lines.append(f"export {name}={shlex.quote(str(value))}\n")
     return "".join(lines)
 
@@ -402,7 +405,11 @@ def upload_script(
         TransferError: the upload failed.
     """
     path = resolve_remote_path(host, deployment.script_path)
-    previous, mode = _previous_script(host, path)
+    has_secrets = bool(_secret_values(deployment, environ))
+    # A secrets file left by an earlier deployment would still be sourced (an old API key):
+    # with no secret to deliver, it goes in the same round trip that prepares the folder.
+    stale = None if has_secrets else secrets_path(path)
+    previous, mode = _previous_script(host, path, remove=stale)
     unchanged = previous == text
     written = not (unchanged and mode == SCRIPT_MODE)
     if written:
@@ -410,7 +417,7 @@ def upload_script(
     check = host.run(f"bash -n -- {shlex.quote(path)}", label=f"bash -n {path}")
     syntax_ok = check.exit_code == 0
     delivered: list[str] = []
-    if syntax_ok and _secret_values(deployment, environ):
+    if syntax_ok and has_secrets:
         delivered = upload_secrets(host, deployment, environ).data["names"]
     data = {
         "path": path,
@@ -477,9 +484,11 @@ def upload_secrets(
 def _secret_values(
     deployment: Deployment, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """What the secrets file holds: variable name -> value, for those that have one."""
+    """What the secrets file holds: variable name -> value, for those that have one: the
+    ``secrets`` variables and the ``server.env`` entries whose name says they are secret."""
     source = os.environ if environ is None else environ
-    values = {n: source.get(n) or deployment.env.get(n) for n in deployment.secrets}
+    names = [*deployment.secrets, *(n for n in deployment.env if deployment.is_secret_variable(n))]
+    values = {n: source.get(n) or deployment.env.get(n) for n in dict.fromkeys(names)}
     present = {n: v for n, v in values.items() if v}
     for arg in secret_args(deployment):
         present.pop(arg.variable, None)
@@ -514,11 +523,15 @@ def script_diff(previous: str | None, new: str, path: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
-def _previous_script(host: ScriptHost, path: str) -> tuple[str | None, int | None]:
-    """Create the folder and return the script already at ``path`` and its mode, if any."""
+def _previous_script(
+    host: ScriptHost, path: str, remove: str | None = None
+) -> tuple[str | None, int | None]:
+    """Create the folder and return the script already at ``path`` and its mode, if any;
+    remove the file ``remove`` on the way."""
     quoted = shlex.quote(path)
+    removal = f" && rm -f -- {shlex.quote(remove)}" if remove else ""
     probe = host.run(
-        f"mkdir -p -- {shlex.quote(posixpath.dirname(path))}"
+        f"mkdir -p -- {shlex.quote(posixpath.dirname(path))}{removal}"
         f" && if [[ -f {quoted} ]]; then stat -c %a -- {quoted}; fi",
         check=True,
         label=f"prepare {posixpath.dirname(path)}",

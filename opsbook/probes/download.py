@@ -329,7 +329,12 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
             finding(
                 "warning" if len(on_disk) > 1 else "info",
                 INDEX_NAME,
-                f"no usable index; checking the {len(on_disk)} shard(s) found on disk",
+                f"no usable index; checking the {len(on_disk)} shard(s) found on disk"
+                + (
+                    f" and the {len(expected) - len(on_disk)} more their names count"
+                    if len(expected) > len(on_disk)
+                    else ""
+                ),
             )
         )
     rows = [inspect_shard(model_dir, name) for name in expected]
@@ -361,11 +366,40 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+# Hugging Face's shard names count the series: model-00050-of-00119.safetensors.
+SERIES = re.compile(r"^(?P<stem>.*)-(?P<number>\d+)-of-(?P<total>\d+)\.safetensors$")
+
+
 def expected_shards(index: dict[str, Any] | None, on_disk: list[str]) -> list[str]:
-    """Shards the index names, or (without an index) the ones on disk."""
+    """Shards the index names; without an index, the ones on disk and every other member of
+    the numbered series they belong to (``-00050-of-00119`` says there are 119), so that a
+    missing shard is missing, not forgotten."""
     if index is None:
-        return list(on_disk)
+        return sorted(set(on_disk) | set(series_members(on_disk)))
     return sorted(set(index["weight_map"].values()))
+
+
+def series_members(names: list[str]) -> list[str]:
+    """Every name of each ``<stem>-NNNNN-of-MMMMM.safetensors`` series among ``names``."""
+    members = []
+    for stem, width, total in sorted({series_of(n) for n in names} - {None}):
+        members += [
+            f"{stem}-{i:0{width}d}-of-{total:0{width}d}.safetensors" for i in range(1, total + 1)
+        ]
+    return members
+
+
+def series_of(name: str) -> Any:
+    """(stem, digits, total) of a numbered shard name, or None."""
+    match = SERIES.match(name)
+    if match is None:
+        return None
+    width = len(match.group("total"))
+    total = int(match.group("total"))
+    # A name claiming a huge series is not believed: real checkpoints have at most thousands.
+    if total < 1 or total > 100000 or len(match.group("number")) != width:
+        return None
+    return match.group("stem"), width, total
 
 
 def index_facts(index: dict[str, Any] | None, expected: list[str]) -> dict[str, Any]:

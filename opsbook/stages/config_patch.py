@@ -56,7 +56,13 @@ def run(
     ]
     if restore:
         restored = patch.restore_patch(host, deployment.model_path)
-        return Report(State.CHANGED if restored.ok else State.FAILED, restored, shows)
+        if not restored.ok:
+            return Report(State.FAILED, failed_restore(restored), shows)
+        after = _predict_restored(host, deployment, found, version, capabilities)
+        shows.append(after)
+        return Report(
+            State.CHANGED if after.ok else State.FAILED, restore_verdict(restored, after), shows
+        )
     if plan.nothing_planned:
         verdict = patch.patch_verdict(before, None, plan=plan)
         return Report(State.OK if before.ok else State.FAILED, verdict, shows)
@@ -80,3 +86,37 @@ def run(
     )
     verdict = patch.patch_verdict(before, applied, plan=plan)
     return Report(State.CHANGED if verdict.ok else State.FAILED, verdict, shows)
+
+
+def _predict_restored(
+    host: Prober,
+    deployment: Deployment,
+    found: facts.HostFacts,
+    version: str | None,
+    capabilities: list[str],
+) -> Result:
+    """The prediction for the config as it is after a restore (read again from the host, and
+    the installed vLLM asked again: the restored file may ask for another KV-cache dtype)."""
+    model = compat.facts_from_texts(patch.read_configs(host, deployment.model_path))
+    probed = compat.probe_backends(host, deployment.python, model, capabilities)
+    return compat.check_compat(
+        model, found.gpus, version, deployment.serve_args, probed_backends=probed
+    )
+
+
+def restore_verdict(restored: Result, after: Result) -> Result:
+    """A restore's verdict: what was put back, and what the prediction says of the config now
+    on the host (a restore brings back the original's failure too)."""
+    if after.ok:
+        message = f"{restored.message}; the restored config: {after.message}"
+        return Result(True, message, restored.data, [*restored.findings, *after.findings])
+    message = f"{restored.message}; the restored config is predicted to fail: {after.message}"
+    return Result(False, message, restored.data, [*after.findings, *restored.findings])
+
+
+def failed_restore(restored: Result) -> Result:
+    """A failed restore's verdict names each file that was not put back and why (a full disk,
+    a read-only folder), not only "see the findings"."""
+    errors = [f"{f.subject}: {f.message}" for f in restored.findings if f.severity == "error"]
+    message = "restore failed: " + ("; ".join(errors) or restored.message)
+    return Result(False, message, restored.data, restored.findings)

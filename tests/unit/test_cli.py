@@ -53,3 +53,83 @@ def test_bad_deploy_arguments_are_refused(argv, tmp_path, capsys) -> None:
         code = e.code
     assert code == run.EXIT_USAGE
     assert not (tmp_path / "runs").exists()
+
+
+def _run_cli(tmp_path, *argv: str) -> int:
+    dep = tmp_path / "d.yml"
+    if not dep.exists():
+        dep.write_text("hosts: [{address: 127.0.2.250, port: 42250}]\nmodel: {path: /m}\n")
+    try:
+        return cli.main(
+            ["run", *argv[:1], "-f", str(dep), "--runs-dir", str(tmp_path / "runs")]
+            + list(argv[1:])
+        )
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["deploy", "-p", "apply", "maybe"], "expected true or false"),
+        (["deploy", "-p", "apply", "1"], "expected true or false"),
+        (["deploy", "-p", "apply", "yes"], "expected true or false"),
+        (["04_launch", "-p", "apply", "maybe"], "expected true or false"),
+        (["02_config_patch", "-p", "restore", "on"], "expected true or false"),
+        (["04_launch", "-p", "ready_timeout", "soon"], "expected a whole number"),
+        (["04_launch", "-p", "ready_timeout", "1e3"], "expected a whole number"),
+        (["02_config_patch", "-p", "gpu_memory_utilization", "[0.9]"], "expected a number"),
+        (["01_download_check", "-p", "full_hash", "!!bool true"], "expected true or false"),
+        (["01_download_check", "-p", "deployment", "/etc/other.yml"], "set by opsbook run"),
+        (["deploy", "-p", "deployment", "/etc/other.yml"], "only the parameters apply"),
+        (["01_download_check", "-p", "modle_path", "/m"], "has no parameter"),
+    ],
+)
+def test_parameters_that_do_not_fit_exit_2_before_any_host_is_touched(
+    tmp_path, capsys, argv: list[str], message: str
+) -> None:
+    assert _run_cli(tmp_path, *argv) == run.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err and "remedy:" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "text, default, value",
+    [
+        ("TRUE", False, True),
+        ("false", True, False),
+        (" False ", True, False),
+        ("8001", 8000, 8001),
+        ("-3", 0, -3),
+        ("0.85", 0.9, 0.85),
+        ("1", 0.9, 1.0),
+        ("!!binary aGVsbG8=", "", "!!binary aGVsbG8="),
+        ("{a: 1}", "", "{a: 1}"),
+        ("null", "", "null"),
+        ("8000", "", "8000"),
+        ("a, b", [], ["a", "b"]),
+        ("", [], []),
+    ],
+)
+def test_parameter_values_take_the_declared_type_and_nothing_else(text, default, value) -> None:
+    got = run.plain_value("p", text, default)
+    assert got == value and type(got) is type(value)
+
+
+# A `-p` value that YAML reads as bytes: papermill writes str(bytes) between double quotes
+# without escaping, so the quote inside breaks out and the rest runs as Python in the kernel.
+BREAKOUT = b'"+str(__import__("pathlib").Path(__import__("os").environ["OPSBOOK_MARK"]).touch())+"'
+
+
+def test_a_yaml_binary_parameter_is_plain_text_and_runs_nothing(tmp_path, monkeypatch) -> None:
+    import base64
+
+    mark = tmp_path / "code-ran"
+    monkeypatch.setenv("OPSBOOK_MARK", str(mark))
+    value = "!!binary " + base64.b64encode(BREAKOUT).decode()
+    code = _run_cli(tmp_path, "01_download_check", "-p", "model_path", value)
+    assert not mark.exists(), "a -p value ran as code"
+    assert code == run.EXIT_UNREACHABLE  # the notebook ran with the text as the model path
+    executed = next((tmp_path / "runs").glob("*/01_download_check.ipynb")).read_text()
+    assert "!!binary" in executed

@@ -1,6 +1,6 @@
 import pytest
 
-from opsbook.deployment import is_secret_flag, load_deployment, parse_deployment
+from opsbook.deployment import ClusterSpec, is_secret_flag, load_deployment, parse_deployment
 from opsbook.exceptions import DeploymentError
 
 GOOD = """
@@ -24,23 +24,321 @@ def test_a_deployment_is_read_with_paths_relative_to_it(tmp_path) -> None:
     assert "MY_TOKEN" in dep.secrets and "HF_TOKEN" in dep.secrets
 
 
-@pytest.mark.parametrize(
-    "text, message",
-    [
-        ("hosts: []\nmodel: {path: /m}", "'hosts' must be a non-empty list"),
-        ("hosts: [a]", "'model.path' is required"),
-        ("hosts: [{address: a, colour: red}]\nmodel: {path: /m}", "unknown keys"),
-        ("hosts: [{address: a, port: x}]\nmodel: {path: /m}", "port must be an integer"),
-        ("hosts: [a]\nmodel: {path: /m}\nserver: {env: {'A-B': 1}}", "not a valid environment"),
-        ("hosts: [a\n", "not valid YAML"),
-        ("- a", "mapping at the top level"),
-    ],
-)
-def test_bad_deployments_name_the_problem(tmp_path, text: str, message: str) -> None:
+BASE = "hosts: [gpu-01]\nmodel: {path: /m}\n"
+
+# Each bad deployment: the YAML, then what the error must name: the key path, the problem and
+# expectation, and the remedy. Every one of them was accepted, or gave a traceback, before the
+# strict schema (issue 13).
+BAD = [
+    ("hosts: []\nmodel: {path: /m}", "hosts:", "at least one entry", "hosts: [{address"),
+    ("hosts: [a]", "model:", "is required", "model: {path:"),
+    ("hosts: [a]\nmodel: {}", "model.path:", "is required", "path: /data/models"),
+    (
+        "hosts: [{address: a, colour: red}]\nmodel: {path: /m}",
+        "hosts[0].colour:",
+        "unknown key 'colour'",
+        "valid keys under hosts[0]: address, port",
+    ),
+    ("hosts: [{address: a, port: x}]\nmodel: {path: /m}", "hosts[0].port:", "integer", "port: 22"),
+    (
+        "hosts: [a, {address: b, port: 70000}]\nmodel: {path: /m}",
+        "hosts[1].port:",
+        "from 1 to 65535, got 70000",
+        "port: 22",
+    ),
+    ("hosts: [{address: a, port: 0}]\nmodel: {path: /m}", "hosts[0].port:", "from 1 to", ""),
+    (
+        "hosts: [{address: a, port: '22'}]\nmodel: {path: /m}",
+        "hosts[0].port:",
+        "expected an integer, got a string '22'",
+        "port: 22",
+    ),
+    (
+        "hosts: [{address: a, trust_on_first_use: 'false'}]\nmodel: {path: /m}",
+        "hosts[0].trust_on_first_use:",
+        "expected true or false, got a string 'false'",
+        "without quotes",
+    ),
+    (
+        "hosts: [{address: a, trust_on_first_use: yes}]\nmodel: {path: /m}",
+        "hosts[0].trust_on_first_use:",
+        "expected true or false, got a string 'yes'",
+        "without quotes",
+    ),
+    (
+        "hosts: [{address: a, trust_on_first_use: yes please}]\nmodel: {path: /m}",
+        "trust_on_first_use",
+        "expected true or false",
+        "without quotes",
+    ),
+    (
+        "hosts: [{address: a, connect_timeout: 0}]\nmodel: {path: /m}",
+        "hosts[0].connect_timeout:",
+        "greater than 0",
+        "connect_timeout: 10",
+    ),
+    (
+        "hosts: [{address: a, command_timeout: -5}]\nmodel: {path: /m}",
+        "hosts[0].command_timeout:",
+        "greater than 0",
+        "",
+    ),
+    ("hosts: [{address: a, keepalive: -1}]\nmodel: {path: /m}", "keepalive", "at least 0", ""),
+    (
+        "hosts: [{address: a, connect_timeout: .inf}]\nmodel: {path: /m}",
+        "hosts[0].connect_timeout:",
+        "finite number",
+        "connect_timeout: 10",
+    ),
+    ("hosts: [{address: a, connect_timeout: .nan}]\nmodel: {path: /m}", "connect_timeout", "", ""),
+    ("hosts: [null]\nmodel: {path: /m}", "hosts[0]:", "expected a mapping", "hosts: [{address"),
+    (BASE + "secrets: [null]", "secrets[0]:", "got nothing (null)", "secrets: [HF_TOKEN]"),
+    (BASE + "server: {args: {x: !!binary aGVsbG8=}}", "server.args.x:", "got bytes", "no tags"),
+    (BASE + "server: {env: {A: 2024-01-01}}", "server.env.A:", "got date", "quote the value"),
+    ("a: &a [*a]\n" + BASE, "", "nested more than", "remove the nesting"),
+    (BASE + "---\n" + BASE, "", "single document", "fix the YAML"),
+    ("hosts: [{port: 22}]\nmodel: {path: /m}", "hosts[0].address:", "is required", "address:"),
+    ("hosts: [{address: ''}]\nmodel: {path: /m}", "hosts[0].address:", "non-empty", ""),
+    ("hosts: gpu-01\nmodel: {path: /m}", "hosts:", "expected a list", "hosts: [gpu-01]"),
+    ("hosts: [[a]]\nmodel: {path: /m}", "hosts[0]:", "expected a mapping", ""),
+    ("hosts: [{address: 12}]\nmodel: {path: /m}", "hosts[0].address:", "expected a string", ""),
+    (BASE + "sever: {port: 8001}", "sever:", "unknown key 'sever'", "did you mean 'server'?"),
+    (BASE + "secret: [X]", "secret:", "unknown key", "did you mean 'secrets'?"),
+    (BASE + "server: {prot: 8001}", "server.prot:", "unknown key", "did you mean 'port'?"),
+    (BASE + "server: {port: 70000}", "server.port:", "from 1 to 65535", "port: 8000"),
+    (BASE + "server: {port: 8000.5}", "server.port:", "expected an integer", "port: 8000"),
+    (BASE + "server: {port: true}", "server.port:", "expected an integer", ""),
+    (BASE + "server: {args: [ab, cd]}", "server.args:", "expected a mapping", "args: {tensor"),
+    (BASE + "server: {args: x}", "server.args:", "expected a mapping", ""),
+    (BASE + "server: [port, 8000]", "server:", "expected a mapping", ""),
+    (BASE + "server: {env: [A=1]}", "server.env:", "expected a mapping", "env: {NCCL"),
+    (BASE + "server: {env: {'A-B': 1}}", "server.env", "not a valid environment", "MY_TOKEN"),
+    (BASE + "server: {env: {A: [1, 2]}}", "server.env.A:", "expected a string or a number", ""),
+    (BASE + "server: {env: {A: {b: 1}}}", "server.env.A:", "expected a string or a number", ""),
+    (BASE + "server: {env: {A: true}}", "server.env.A:", "got a boolean", "quote the value"),
+    (BASE + "server: {env: {A: null}}", "server.env.A:", "got nothing (null)", "quote the value"),
+    (BASE + "server: {args: {1: x}}", "server.args", "expected a string", ""),
+    (BASE + "server: {args: {model: /x}}", "server.args", "set by the deployment", "model.path"),
+    (BASE + "server: {args: {port: 1}}", "server.args", "set by the deployment", "server.port"),
+    (BASE + "server: {args: {Tensor_Parallel: 8}}", "server.args", "not a valid flag", "tensor"),
+    (BASE + "server: {args: {'--x; rm -rf /': 1}}", "server.args", "not a valid flag", ""),
+    (BASE + "server: {args: {x: {1: y}}}", "server.args.x:", "keys must be strings", ""),
+    (BASE + "secrets: MY_SECRET", "secrets:", "expected a list", "secrets: [MY_SECRET]"),
+    (BASE + "secrets: {A: 1}", "secrets:", "expected a list", "secrets: [HF_TOKEN]"),
+    (BASE + "secrets: [1]", "secrets[0]:", "expected a string", ""),
+    (BASE + "secrets: ['MY-SECRET']", "secrets[0]:", "not a valid environment variable", ""),
+    (BASE + "python: 3", "python:", "expected a string", "quote it"),
+    (BASE + "python: ''", "python:", "empty string", ""),
+    (BASE + "paths: {script: ''}", "paths.script:", "empty string", "leave the key out"),
+    (BASE + "paths: {scirpt: x}", "paths.scirpt:", "unknown key", "did you mean 'script'?"),
+    (BASE + "paths: opsbook", "paths:", "expected a mapping", ""),
+    (BASE + "name: [a]", "name:", "expected a string", ""),
+    ('hosts: [a]\nmodel: {path: "/m\\nrm -rf /"}', "model.path:", "line break", "one line"),
+    ("hosts: [a]\nmodel: /data/m", "model:", "expected a mapping", "model: {path:"),
+    (
+        "hosts: [{address: a, vars: [1]}]\nmodel: {path: /m}",
+        "hosts[0].vars:",
+        "expected a mapping",
+        "vars: {server",
+    ),
+    (
+        "hosts: [{address: a, vars: {hosts: [b]}}]\nmodel: {path: /m}",
+        "hosts[0].vars.hosts:",
+        "unknown key",
+        "valid keys under hosts[0].vars",
+    ),
+    (
+        "hosts: [{address: a, vars: {server: {port: x}}}]\nmodel: {path: /m}",
+        "hosts[0].vars.server.port:",
+        "expected an integer",
+        "",
+    ),
+    (
+        BASE + "cluster: {tensor_parallel_size: 8}",
+        "cluster.pipeline_parallel_size:",
+        "required",
+        "",
+    ),
+    (
+        BASE + "cluster: {tensor_parallel_size: 0, pipeline_parallel_size: 1}",
+        "cluster.tensor_parallel_size:",
+        "at least 1",
+        "",
+    ),
+    (
+        BASE + "cluster: {tensor_parallel_size: 8, pipeline_parallel_size: 2, head: gpu-02}",
+        "cluster.head",
+        "'gpu-02' is none of the hosts (did you mean 'gpu-01'?)",
+        "set cluster.head to one of gpu-01",
+    ),
+    (
+        BASE + "cluster: {tensor_parallel_size: 8, pipeline_parallel_size: 2, ray_port: 0}",
+        "cluster.ray_port:",
+        "from 1 to 65535",
+        "",
+    ),
+    (BASE + "server: {port: 1}\nserver: {port: 2}", "", "'server' is written twice", "keep one"),
+    ("hosts: [a\n", "", "not valid YAML", "fix the YAML syntax"),
+    ("- a", "", "mapping at the top level, not a list", "start it with"),
+    ("", "", "mapping at the top level, not nothing", "start it with"),
+    ("just words", "", "mapping at the top level, not a string", ""),
+    ("hosts: !!python/object/apply:os.system [id]", "", "not valid YAML", ""),
+]
+
+
+@pytest.mark.parametrize("text, path, problem, remedy", BAD)
+def test_bad_deployments_name_the_key_the_problem_and_the_remedy(
+    tmp_path, text: str, path: str, problem: str, remedy: str
+) -> None:
     f = tmp_path / "d.yml"
     f.write_text(text)
-    with pytest.raises(DeploymentError, match=message):
+    with pytest.raises(DeploymentError) as e:
         load_deployment(f)
+    assert str(f) in e.value.message
+    assert path in e.value.message and problem in e.value.message, e.value.message
+    assert remedy in (e.value.remedy or ""), e.value.remedy
+    if path or remedy:
+        assert e.value.remedy, "every schema error says what to write instead"
+
+
+def test_yes_no_on_off_are_text_not_booleans(tmp_path) -> None:
+    f = tmp_path / "d.yml"
+    f.write_text(BASE + "server: {env: {NCCL_DEBUG: off, COUNTRY: NO}, args: {x: True}}\n")
+    dep = load_deployment(f)
+    assert dep.env == {"NCCL_DEBUG": "off", "COUNTRY": "NO"} and dep.serve_args == {"x": True}
+
+
+def test_several_problems_are_named_at_once(tmp_path) -> None:
+    f = tmp_path / "d.yml"
+    f.write_text("hosts: [{address: a, port: 0}]\nmodel: {path: /m}\nsever: {}\n")
+    with pytest.raises(DeploymentError, match="2 problems") as e:
+        load_deployment(f)
+    assert "hosts[0].port" in e.value.message and "sever" in e.value.message
+
+
+def test_a_quoted_false_never_trusts_an_unknown_key(tmp_path) -> None:
+    f = tmp_path / "d.yml"
+    f.write_text("hosts: [{address: a, trust_on_first_use: 'false'}]\nmodel: {path: /m}\n")
+    with pytest.raises(DeploymentError):
+        load_deployment(f)
+    f.write_text("hosts: [{address: a, trust_on_first_use: false}]\nmodel: {path: /m}\n")
+    assert load_deployment(f).host.trust_on_first_use is False
+
+
+BILLION_LAUGHS = """
+a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+hosts: [gpu-01]
+model: {path: /m}
+server: {env: {X: *i}}
+"""
+
+
+def _bounded(call) -> tuple[float, int]:
+    import time
+    import tracemalloc
+
+    tracemalloc.start()
+    began = time.monotonic()
+    try:
+        call()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return time.monotonic() - began, peak
+
+
+def test_a_billion_laughs_is_refused_fast_with_bounded_memory(tmp_path) -> None:
+    f = tmp_path / "d.yml"
+    f.write_text(BILLION_LAUGHS)
+    caught: list[DeploymentError] = []
+
+    def load() -> None:
+        try:
+            load_deployment(f)
+        except DeploymentError as e:
+            caught.append(e)
+
+    seconds, peak = _bounded(load)
+    assert caught and "aliases" in caught[0].message and caught[0].remedy
+    assert seconds < 5 and peak < 50_000_000, (seconds, peak)
+
+
+@pytest.mark.parametrize("opener, closer", [("[", "]"), ("{a: ", "}"), ("- ", "")])
+def test_deeply_nested_yaml_is_refused_not_a_recursion_error(tmp_path, opener, closer) -> None:
+    f = tmp_path / "d.yml"
+    if opener == "- ":
+        text = "hosts: [a]\nmodel: {path: /m}\nname:\n" + "".join(
+            "  " * (i + 1) + "-\n" for i in range(200)
+        )
+    else:
+        text = "hosts: [a]\nmodel: {path: /m}\nname: " + opener * 100_000 + closer * 100_000
+    f.write_text(text)
+    with pytest.raises(DeploymentError, match="nested more than") as e:
+        load_deployment(f)
+    assert e.value.remedy
+
+
+def test_a_huge_file_is_refused_before_it_is_parsed(tmp_path) -> None:
+    f = tmp_path / "d.yml"
+    f.write_text(BASE + "# " + "x" * 2_000_000 + "\n")
+    with pytest.raises(DeploymentError, match="larger than"):
+        load_deployment(f)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00bad", b"hosts: [a]\x00"])
+def test_binary_files_are_refused_clearly(tmp_path, content: bytes) -> None:
+    f = tmp_path / "d.yml"
+    f.write_bytes(content)
+    with pytest.raises(DeploymentError, match="not UTF-8|not valid YAML"):
+        load_deployment(f)
+
+
+def test_a_folder_is_not_a_deployment_file(tmp_path) -> None:
+    with pytest.raises(DeploymentError, match="is a folder"):
+        load_deployment(tmp_path)
+
+
+def test_a_cluster_section_is_parsed_with_its_defaults() -> None:
+    dep = parse_deployment(
+        {
+            "hosts": ["gpu-01", {"address": "gpu-02", "user": "ops"}],
+            "model": {"path": "/m"},
+            "cluster": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2},
+        }
+    )
+    assert dep.cluster == ClusterSpec("gpu-01", 8, 2, 6379, None)
+    named = parse_deployment(
+        {
+            "hosts": ["gpu-01", {"address": "gpu-02", "user": "ops"}],
+            "model": {"path": "/m"},
+            "cluster": {
+                "head": "ops@gpu-02",
+                "tensor_parallel_size": 4,
+                "pipeline_parallel_size": 1,
+                "ray_port": 6380,
+                "interface": "eth0",
+            },
+        }
+    )
+    assert named.cluster == ClusterSpec("ops@gpu-02", 4, 1, 6380, "eth0")
+    assert parse_deployment({"hosts": ["a"], "model": {"path": "/m"}}).cluster is None
+
+
+def test_the_readme_reference_table_is_the_schema() -> None:
+    from pathlib import Path
+
+    from opsbook.deployment import reference_table
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert reference_table() in readme
 
 
 def test_missing_file_says_so(tmp_path) -> None:
@@ -106,11 +404,6 @@ def test_a_host_sees_the_deployment_through_its_own_vars() -> None:
 def test_a_single_host_file_is_its_own_view() -> None:
     dep = parse_deployment({"hosts": ["gpu-01"], "model": {"path": "/m"}})
     assert dep.for_host(dep.host) == dep and not dep.host_views
-
-
-def test_host_vars_must_be_a_mapping() -> None:
-    with pytest.raises(DeploymentError, match="vars must be a mapping"):
-        parse_deployment({"hosts": [{"address": "a", "vars": [1]}], "model": {"path": "/m"}})
 
 
 def test_the_example_deployments_load() -> None:

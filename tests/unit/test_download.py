@@ -121,6 +121,28 @@ def test_index_not_json_falls_back_to_shards_on_disk(local: Path) -> None:
     assert answer["summary"]["ok"] == 5
 
 
+def test_without_an_index_a_missing_shard_of_a_numbered_series_is_missing(tmp_path) -> None:
+    # The case: index gone, shard 50 of 119 gone; the names say -of-00119.
+    model_dir = make_checkpoint(tmp_path / "full")
+    (model_dir / INDEX).unlink()
+    (model_dir / shard(50, 119)).unlink()
+    answer = check(model_dir)
+    assert answer["summary"]["missing"] == [shard(50, 119)]
+    assert (answer["summary"]["shards"], answer["summary"]["ok"]) == (119, 118)
+    assert any(f["subject"] == shard(50, 119) for f in errors(answer))
+    result = download.check_result(answer)
+    assert not result.ok
+    assert result.message.startswith("118 of 119 shards ok; 1 missing"), result.message
+
+
+def test_a_series_name_claiming_a_huge_count_is_not_believed(tmp_path) -> None:
+    model_dir = make_checkpoint(tmp_path / "m", shards=2, shard_bytes=10_000)
+    (model_dir / INDEX).unlink()
+    (model_dir / "model-00001-of-99999999.safetensors").write_bytes(b"")
+    answer = check(model_dir)
+    assert answer["summary"]["shards"] == 3
+
+
 def test_missing_shard(local: Path) -> None:
     (local / shard(3)).unlink()
     answer = check(local)

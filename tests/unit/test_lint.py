@@ -289,3 +289,90 @@ def test_zsh_refuses_a_command_whose_glob_matches_nothing(tmp_path: Path) -> Non
     assert ZSH_GLOB in rules(line)
     under_bash = subprocess.run(["bash", "-c", line], capture_output=True, text=True)
     assert under_bash.stdout == "removed\n" and not leftover.exists()
+
+
+# -- lines handed to another shell (issue 13) ------------------------------------------------
+
+WRAPPED = "pkill -f vllm; nohup python3 -m vllm.entrypoints.openai.api_server --model /m &"
+
+
+def rule_severities(command: str) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for f in lint_command(command):
+        found.setdefault(rule_of(f), set()).add(f.severity)
+    return found
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        f"ssh gpu '{WRAPPED}'",
+        f"ssh -p 2222 -i ~/.ssh/id -o BatchMode=yes ubuntu@gpu '{WRAPPED}'",
+        f"ssh -tt gpu '{WRAPPED}'",
+        f"ssh gpu \"bash -c '{WRAPPED}'\"",
+        f"bash -c '{WRAPPED}'",
+        f"bash -lc '{WRAPPED}'",
+        f"sh -c '{WRAPPED}'",
+        f"sudo bash -c '{WRAPPED}'",
+        f"su - ops -c '{WRAPPED}'",
+        f"su ops --command='{WRAPPED}'",
+        f"ssh gpu <<'EOF'\n{WRAPPED}\nEOF",
+        f"ssh gpu \"ssh inner '{WRAPPED}'\"",
+    ],
+)
+def test_the_incidents_line_is_found_inside_ssh_and_shells(command: str) -> None:
+    found = rule_severities(command)
+    # The shell running the line outlives pkill and matches its pattern: it kills itself.
+    assert "error" in found.get(PATTERN_KILL, set()), found
+    assert "error" in found.get(BACKGROUND_JOB, set()), found
+
+
+def test_a_nested_finding_says_where_it_is() -> None:
+    messages = [f.message for f in lint_command(f"ssh gpu '{WRAPPED}'")]
+    assert any(m.startswith("inside ssh host '...': ") for m in messages)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "ssh gpu 'cat /etc/hostname'",
+        "ssh -p 22 gpu",  # a login, no command
+        "bash -c 'rm -f /dev/shm/psm_*'",  # bash leaves an unmatched glob as it is
+        "ssh gpu 'systemctl status vllm'",
+    ],
+)
+def test_harmless_wrapped_lines_stay_clean(command: str) -> None:
+    assert lint_result(command).ok, lint_result(command)
+
+
+def test_a_glob_inside_ssh_is_a_zsh_glob_but_not_inside_bash_c() -> None:
+    assert ZSH_GLOB in rule_severities("ssh gpu 'rm -f /dev/shm/psm_*'")
+    assert ZSH_GLOB not in rule_severities("ssh gpu bash -c \"'rm -f /dev/shm/psm_*'\"")
+
+
+@pytest.mark.parametrize("command", ["", "   ", "\n\n", "# only a comment", "  # c\n"])
+def test_an_empty_command_is_bad_input(command: str, capsys) -> None:
+    from opsbook import cli, run
+
+    assert cli.main(["lint", command]) == run.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "nothing to lint" in err and "remedy:" in err
+
+
+def _lint_seconds(size: int) -> float:
+    import time
+
+    repeated = "; ".join([INCIDENT] * (size // len(INCIDENT) + 1))
+    command = f"ssh gpu '{repeated[:size].rsplit(';', 1)[0]}'"
+    began = time.perf_counter()
+    result = lint_result(command)
+    assert not result.ok
+    return time.perf_counter() - began
+
+
+def test_lint_time_grows_linearly_with_the_command() -> None:
+    # A ratio measured in the same run, not a wall-clock bound: 10x the size must cost about
+    # 10x the time (a quadratic scan costs 100x; 120 KB once took 198 s). Best of three each.
+    small = min(_lint_seconds(12_000) for _ in range(3))
+    large = min(_lint_seconds(120_000) for _ in range(3))
+    assert large / small < 30, (small, large)

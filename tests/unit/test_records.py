@@ -79,7 +79,20 @@ def test_a_closed_run_folder_is_read_only(tmp_path) -> None:
     records.close(folder)
     for path in (folder, folder / "sub", folder / "run.json"):
         assert not os.stat(path).st_mode & 0o222
+        assert not os.stat(path).st_mode & 0o077, "a sealed record is the operator's alone"
+    assert [os.stat(p).st_mode & 0o777 for p in (folder, folder / "run.json")] == [0o500, 0o400]
     folder.chmod(0o755)  # let pytest clean up
+    (folder / "sub").chmod(0o755)
+
+
+def test_a_run_folder_is_private_while_it_is_written(tmp_path) -> None:
+    from opsbook import run
+
+    folder = run.new_run_folder(tmp_path / "runs", "deploy", "gpu-01")
+    with records.private_files():
+        (folder / "journal.jsonl").write_text("{}")
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    assert os.stat(folder / "journal.jsonl").st_mode & 0o777 == 0o600
 
 
 def test_runs_are_listed_newest_first_and_shown(tmp_path) -> None:

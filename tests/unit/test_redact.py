@@ -26,3 +26,11 @@ def test_ordinary_text_is_left_alone() -> None:
 def test_longer_secret_is_masked_whole() -> None:
     r = Redactor(["abcd", "abcdefgh"])
     assert r.redact("abcdefgh") == MASK
+
+
+def test_a_value_under_a_secret_key_is_masked_in_a_repr_or_json() -> None:
+    r = Redactor()
+    for text in ("{'op': 'http', 'bearer': 'plain-key-1234'}", '{"api_key": "plain-key-1234"}'):
+        clean = r.redact(text)
+        assert "plain-key-1234" not in clean and MASK in clean
+    assert r.redact("{'op': 'http', 'port': 8000}") == "{'op': 'http', 'port': 8000}"

@@ -357,7 +357,7 @@ def test_upload_secrets_writes_a_private_env_file_the_script_reads(tmp_path: Pat
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     assert not any(secret in command for command in host.commands)
 
-    upload_script(host, dep, render_script(dep))
+    upload_script(host, dep, render_script(dep), environ={"HF_TOKEN": secret})
     stub_bin(tmp_path)
     env = {"PATH": f"{tmp_path}/bin:/usr/bin:/bin", "HOME": str(tmp_path)}
     done = subprocess.run(
@@ -442,3 +442,29 @@ def test_highlight_masks_secrets_and_token_shaped_text() -> None:
     assert "abcdefgh123" not in str(shown) + shown._repr_html_()
     assert "plain-secret-value" not in str(shown) + shown._repr_html_()
     assert "--seed ***" in str(shown)
+
+
+def test_a_secret_named_server_env_entry_stays_out_of_the_script(tmp_path: Path) -> None:
+    env = {"NCCL_P2P_LEVEL": "SYS", "VLLM_API_KEY": "env-key-5678", "DB_PASSWORD": "pw-1234"}
+    dep = deployment(server__env=env, paths={"script": "launch.sh"})
+    text = render_script(dep)
+    assert "env-key-5678" not in text and "pw-1234" not in text
+    assert "export NCCL_P2P_LEVEL=SYS" in text
+    assert {"env-key-5678", "pw-1234"} <= set(dep.secret_values(environ={}))
+    host = LocalHost(tmp_path)
+    upload_script(host, dep, text, environ={})
+    env_file = (tmp_path / "launch.sh.env").read_text()
+    assert "VLLM_API_KEY=env-key-5678" in env_file and "DB_PASSWORD=pw-1234" in env_file
+    assert not any("env-key-5678" in command for command in host.commands)
+
+
+def test_a_stale_secrets_file_is_removed_when_the_deployment_has_no_secret(tmp_path) -> None:
+    host = LocalHost(tmp_path)
+    dep = deployment(paths={"script": "launch.sh"})
+    upload_script(host, dep, render_script(dep), environ={"HF_TOKEN": "hf-old-value"})
+    env_file = tmp_path / "launch.sh.env"
+    assert "hf-old-value" in env_file.read_text()
+    upload_script(host, dep, render_script(dep), environ={"HF_TOKEN": "hf-new-value"})
+    assert "hf-old-value" not in env_file.read_text()
+    upload_script(host, dep, render_script(dep), environ={})
+    assert not env_file.exists()
