@@ -112,6 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="a rehearsal fleet of N hosts on consecutive addresses from --address, "
         "one deployment file listing them all",
     )
+    box.add_argument(
+        "--ray",
+        action="store_true",
+        help="with prepare: install the Ray tier (ray from PyPI, once, into the shared cache)",
+    )
+    box.add_argument(
+        "--multinode",
+        action="store_true",
+        help="with --hosts: a deployment serving one model across the hosts on a real Ray "
+        "cluster (tensor parallel 8 x pipeline parallel N)",
+    )
     box.set_defaults(handler=cmd_sandbox)
 
     lint = sub.add_parser("lint", help="flag the hazards of an ad-hoc remote command")
@@ -200,7 +211,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     from opsbook import fleet_sandbox, sandbox
 
     folder = Path(args.dir)
-    if args.hosts is not None or fleet_sandbox.is_fleet(folder):
+    if args.hosts is not None or args.multinode or fleet_sandbox.is_fleet(folder):
         return _cmd_fleet(args, folder)
     if args.action == "up":
         box = sandbox.up(
@@ -220,7 +231,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         print(f"deployment file: {box.deployment_path}")
         return runner.EXIT_OK
     if args.action == "prepare":
-        return _prepare_sandbox(args.vllm)
+        return _prepare_ray() if args.ray else _prepare_sandbox(args.vllm)
     result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
@@ -238,12 +249,24 @@ def _prepare_sandbox(vllm: str) -> int:
     return runner.EXIT_OK
 
 
+def _prepare_ray() -> int:
+    from opsbook import rehearsal_ray
+
+    tier = rehearsal_ray.ensure_tier()
+    print(f"Ray {tier.version} in {tier.venv} (installed in {tier.install_seconds:.0f} s)")
+    return runner.EXIT_OK
+
+
 def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
     from opsbook import fleet_sandbox
 
     if args.action == "up":
         fleet = fleet_sandbox.up(
-            folder, hosts=args.hosts or 1, address=args.address, shell=args.shell
+            folder,
+            hosts=args.hosts or 1,
+            address=args.address,
+            shell=args.shell,
+            multinode=args.multinode,
         )
         for box in fleet.hosts:
             print(f"rehearsal host up: {box.user}@{box.address} port {box.port}")

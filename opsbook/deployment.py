@@ -50,6 +50,30 @@ class HostSpec:
         return f"{user}{self.address}{port}"
 
 
+@dataclass(frozen=True)
+class ClusterSpec:
+    """One model served across the deployment's hosts by one vLLM on a Ray cluster.
+
+    Args:
+        head: the host (a name or address from ``hosts``) that runs the Ray head and vLLM.
+        tensor_parallel_size: GPUs per pipeline stage.
+        pipeline_parallel_size: pipeline stages (usually one per node).
+        ray_port: the Ray head's GCS port.
+        interface: the network interface the nodes talk over (``NCCL_SOCKET_IFNAME`` and
+            ``GLOO_SOCKET_IFNAME``), or None to leave the choice to NCCL and Gloo.
+    """
+
+    head: str
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    ray_port: int = 6379
+    interface: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
 @dataclass
 class Deployment:
     """A parsed deployment file."""
@@ -66,6 +90,7 @@ class Deployment:
     log_path: str = "opsbook/vllm.log"
     state_dir: str = "opsbook/state"
     source: str = ""
+    cluster: ClusterSpec | None = None
     # Per host name, the deployment as that host sees it (its `vars` applied), when any differ.
     host_views: dict[str, Deployment] = field(default_factory=dict, repr=False, compare=False)
 
@@ -182,6 +207,7 @@ def parse_deployment(doc: dict[str, Any], source: str = "<dict>") -> Deployment:
         log_path=str(paths.get("log") or "opsbook/vllm.log"),
         state_dir=str(paths.get("state") or "opsbook/state"),
         source=source,
+        cluster=_parse_cluster(doc.get("cluster"), hosts, source),
         host_views=_host_views(doc, hosts, host_vars, source),
     )
 
@@ -205,15 +231,19 @@ def _host_views(
     if not any(host_vars):
         return {}
     views = {}
+    # Each view holds one host; the cluster, which names the others, is the whole file's.
+    cluster = _parse_cluster(doc.get("cluster"), hosts, source)
     for index, (spec, overrides) in enumerate(zip(hosts, host_vars, strict=True)):
         merged = copy.deepcopy(doc)
         entry = doc["hosts"][index]
         if isinstance(entry, dict):
             entry = {k: v for k, v in entry.items() if k != "vars"}
         merged["hosts"] = [entry]
+        merged.pop("cluster", None)
         for key, value in _dotted(overrides):
             set_dotted(merged, key, value)
         view = parse_deployment(merged, source)
+        view.cluster = cluster
         views[spec.name] = view
     return views
 
@@ -263,6 +293,44 @@ def _parse_host(entry: Any, source: str, index: int) -> HostSpec:
         if values.get(key):
             values[key] = str(_resolve(values[key], source))
     return HostSpec(**values)
+
+
+CLUSTER_KEYS = ("head", "tensor_parallel_size", "pipeline_parallel_size", "ray_port", "interface")
+
+
+def _parse_cluster(entry: Any, hosts: list[HostSpec], source: str) -> ClusterSpec | None:
+    """The ``cluster`` section: None when absent (a single-node deployment)."""
+    if entry is None:
+        return None
+    example = "cluster: {head: gpu-01, tensor_parallel_size: 8, pipeline_parallel_size: 2}"
+    if not isinstance(entry, dict):
+        raise DeploymentError(f"{source}: 'cluster' must be a mapping", remedy=f"e.g. {example}")
+    unknown = sorted(set(entry) - set(CLUSTER_KEYS))
+    if unknown:
+        raise DeploymentError(
+            f"{source}: cluster has unknown keys {unknown}", remedy=f"use only {list(CLUSTER_KEYS)}"
+        )
+    head = str(entry.get("head") or hosts[0].address)
+    if not any(head in (h.name, h.address) for h in hosts):
+        raise DeploymentError(
+            f"{source}: cluster.head {head!r} is not one of the hosts",
+            remedy=f"name one of: {', '.join(h.name for h in hosts)}",
+        )
+    sizes = {}
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        sizes[key] = _int(entry.get(key, 1), f"cluster.{key}", source)
+        if sizes[key] < 1:
+            raise DeploymentError(f"{source}: cluster.{key} must be at least 1, not {sizes[key]}")
+    ray_port = _int(entry.get("ray_port", 6379), "cluster.ray_port", source)
+    if not 1 <= ray_port <= 65535:
+        raise DeploymentError(f"{source}: cluster.ray_port {ray_port} is not a TCP port")
+    interface = entry.get("interface")
+    return ClusterSpec(
+        head=head,
+        ray_port=ray_port,
+        interface=None if interface is None else str(interface),
+        **sizes,
+    )
 
 
 def _resolve(path: str, source: str) -> Path:

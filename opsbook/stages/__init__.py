@@ -14,7 +14,15 @@ host). :func:`run_stage` fans a stage out over the hosts::
 from __future__ import annotations
 
 from opsbook.exceptions import RunError
-from opsbook.stages import config_patch, diagnose, download, launch, launch_script, preflight
+from opsbook.stages import (
+    cluster_launch,
+    config_patch,
+    diagnose,
+    download,
+    launch,
+    launch_script,
+    preflight,
+)
 from opsbook.stages.base import HostHeading, Note, Report, Stage, StageRun, run_stage
 
 STAGES = (
@@ -22,7 +30,7 @@ STAGES = (
     Stage("download", "01_download_check", False, download.run),
     Stage("config-patch", "02_config_patch", True, config_patch.run),
     Stage("launch-script", "03_launch_script", True, launch_script.run),
-    Stage("launch", "04_launch", True, launch.run),
+    Stage("launch", "04_launch", True, launch.run, cluster_launch.run),
     Stage("diagnose", "05_diagnose", False, diagnose.run),
 )
 # The stages a deploy runs in order; diagnose follows on every host.
