@@ -40,7 +40,8 @@ STOP_GRACE = 5.0
 START_TIMEOUT = 120.0
 # Small nodes: the rehearsal hosts share one machine. Real nodes get Ray's defaults except
 # the dashboard, which vLLM does not need.
-RAY_START_OPTIONS = ("--include-dashboard=false", "--disable-usage-stats")
+RAY_START_OPTIONS = ("--disable-usage-stats",)
+HEAD_OPTIONS = ("--include-dashboard=false",)
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def start_node(
     temp_dir = node.temp_dir(cluster.ray_port)
     words = [node.ray, "start", f"--node-ip-address={node.address}", f"--temp-dir={temp_dir}"]
     if node.head:
-        words += ["--head", f"--port={cluster.ray_port}"]
+        words += ["--head", f"--port={cluster.ray_port}", *HEAD_OPTIONS]
     else:
         words += [f"--address={head}"]
     words += [*RAY_START_OPTIONS, *options.flags()]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from opsbook.exceptions import RunError
 from opsbook.stages import (
     cluster_launch,
+    cluster_preflight,
     config_patch,
     diagnose,
     download,
@@ -26,12 +27,12 @@ from opsbook.stages import (
 from opsbook.stages.base import HostHeading, Note, Report, Stage, StageRun, run_stage
 
 STAGES = (
-    Stage("preflight", "00_preflight", False, preflight.run),
+    Stage("preflight", "00_preflight", False, preflight.run, cluster_preflight.run),
     Stage("download", "01_download_check", False, download.run),
     Stage("config-patch", "02_config_patch", True, config_patch.run),
     Stage("launch-script", "03_launch_script", True, launch_script.run),
     Stage("launch", "04_launch", True, launch.run, cluster_launch.run),
-    Stage("diagnose", "05_diagnose", False, diagnose.run),
+    Stage("diagnose", "05_diagnose", False, diagnose.run, cluster_launch.diagnose),
 )
 # The stages a deploy runs in order; diagnose follows on every host.
 DEPLOY = tuple(s for s in STAGES if s.name != "diagnose")

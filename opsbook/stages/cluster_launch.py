@@ -232,3 +232,37 @@ def stop_serving(hosts: Sequence[Any], deployment: Deployment, grace: float = 10
 
 
 __all__ = ["run", "stop_serving"]
+
+
+def diagnose(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
+    """Diagnose on a cluster: the head's server as on one host; each worker by its place in
+    the Ray cluster (a worker runs no server of its own)."""
+    from opsbook.stages import diagnose as single
+
+    nodes = cluster.nodes_of(deployment)
+    by_name = {h.name: h for h in hosts}
+    reports: dict[str, Report] = {}
+    head = nodes[0]
+    alive: dict[str, float] = {}
+    if head.host.name in by_name:
+        head_host = by_name[head.host.name]
+        view = cluster.with_cluster_settings(deployment.for_host(head.host))
+        reports[head.host.name] = single.run(head_host, view)
+        alive = cluster.cluster_nodes(head_host, head, cluster.head_address(deployment)).alive()
+    for node in nodes[1:]:
+        if node.host.name not in by_name:
+            continue
+        if node.address in alive:
+            verdict = Result(
+                True,
+                f"Ray worker node {node.address}: in the cluster, {alive[node.address]:g} GPU(s)",
+            )
+            reports[node.host.name] = Report(State.OK, verdict, [verdict])
+        else:
+            verdict = Result(
+                False,
+                f"Ray worker node {node.address} is not in the cluster of {head.address}",
+                findings=[Finding("error", node.host.name, "not in the Ray cluster")],
+            )
+            reports[node.host.name] = Report(State.FAILED, verdict, [verdict], RAY_NODE_DIED)
+    return reports

@@ -16,12 +16,14 @@ Standard library and Ray only: this runs on the rehearsal host with that host's 
 from __future__ import annotations
 
 import os
+import site
 import time
+from pathlib import Path
 from typing import Any
 
-from .._simconfig import at_least
-from .._simlog import Log
-from .._simprocs import gpu_records, load_simgpu, register, release
+from ..._simconfig import at_least
+from ..._simlog import Log
+from ..._simprocs import gpu_records, load_simgpu, register, release
 
 # vLLM 0.10.2-0.34.0 ray_utils.py: PG_WAIT_TIMEOUT = 1800, first wait_interval 10, doubled.
 PG_WAIT_TIMEOUT = 1800.0
@@ -64,9 +66,7 @@ class RayWorkerWrapper:
         return {"ip": self.get_node_ip(), "pid": os.getpid(), "gpu": gpu, "free_mib": free}
 
     @property
-    def sim_dir_path(self) -> Any:
-        from pathlib import Path
-
+    def sim_dir_path(self) -> Path:
         return Path(self.sim_dir)
 
     def hold(self, mib: int) -> int:
@@ -105,6 +105,9 @@ class RayExecutor:
     def start(self) -> list[dict[str, Any]]:
         """Join the cluster, reserve the placement group, start the actors; per rank its
         ``describe()`` answer, driver node first (vLLM's sort_by_driver_then_worker_ip)."""
+        # The engine process starts from a made-up argv[0] with its site-packages on PYTHONPATH,
+        # where .pth files (the rehearsal host's link to Ray) are not read: read them.
+        site.addsitedir(str(Path(__file__).resolve().parents[3]))
         import ray
 
         ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=False)
