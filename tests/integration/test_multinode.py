@@ -107,10 +107,9 @@ def test_the_pair_serves_one_model_and_stops_only_its_own_ray(
     assert "smoke test passed" in head_result.message
     assert f"Ray worker node {worker.address} (8 GPU(s))" in worker_result.message
     log = (head.home / "opsbook" / "vllm.log").read_text()
-    assert (
-        "distributed_executor_backend=ray" in log or "'distributed_executor_backend': 'ray'" in log
-    )
-    assert f"(RayWorkerWrapper pid=" in log and f"ip={worker.address})" in log
+    assert "'distributed_executor_backend': 'ray'" in log
+    assert "'pipeline_parallel_size': 2" in log
+    assert "(RayWorkerWrapper pid=" in log and f"ip={worker.address})" in log
     # The worker's ranks hold memory on the worker's own simulated GPUs.
     smi = subprocess.run(
         worker.ssh_command("nvidia-smi"), capture_output=True, text=True, timeout=30
