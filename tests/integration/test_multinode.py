@@ -5,10 +5,12 @@ kept small (one CPU, a 100 MiB object store, no dashboard); everything a test st
 by its recorded process group.
 """
 
+import json
 import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,7 @@ from opsbook.deployment import load_deployment
 from opsbook.fleet_sandbox import Fleet
 from opsbook.hosts import HostGroup
 from opsbook.results import State
-from opsbook.sim.vllm_install import install_vllm
+from opsbook.sim.vllm_install import SETTINGS_NAME, install_vllm
 from opsbook.stages import cluster_launch
 
 pytestmark = pytest.mark.integration
@@ -32,6 +34,12 @@ def pair() -> Iterator[Fleet]:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-multinode-", dir="/tmp"))
     fleet = fleet_sandbox.up(folder, hosts=2, address="127.0.6.11", multinode=True)
     try:
+        # Each test may run alone: the checkpoint patched for this vLLM (the incident's FP8 KV
+        # cache) and the launch script on the hosts from the start.
+        deployment = load_deployment(fleet.deployment_path)
+        for stage in ("config-patch", "launch-script"):
+            done = stages.run_stage(stages.get(stage), deployment, apply=True, on_result=None)
+            assert done.ok, done.as_result()
         yield fleet
     finally:
         stop_all(fleet)
@@ -156,3 +164,64 @@ def test_a_different_vllm_on_the_worker_is_refused_before_anything_starts(pair: 
     assert "vLLM differs between the nodes" in message
     assert "0.15.1" in message and "0.14.1" in message
     assert ray_processes(pair) == {h: [] for h in ray_processes(pair)}
+
+
+def test_a_worker_node_that_dies_while_the_model_loads_ends_the_launch_within_seconds(
+    pair: Fleet,
+) -> None:
+    head, worker = pair.hosts
+    settings = head.venv / SETTINGS_NAME
+    before = settings.read_text() if settings.exists() else None
+    slow = json.loads(before or "{}") | {"startup_seconds": 60}
+    settings.write_text(json.dumps(slow))
+    deployment = load_deployment(pair.deployment_path)
+    log = head.home / "opsbook" / "vllm.log"
+    outcome: dict[str, object] = {}
+
+    def launch() -> None:
+        outcome["run"] = stages.run_stage(
+            stages.get("launch"), deployment, apply=True, on_result=None
+        )
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=launch)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and thread.is_alive():
+            if log.exists() and "Loading safetensors checkpoint shards:" in log.read_text():
+                break
+            time.sleep(0.2)
+        assert thread.is_alive(), f"the launch ended before the model loaded: {outcome}"
+        killed_at = time.monotonic()
+        kill_worker_node(pair)
+        thread.join(90)
+    finally:
+        if before is None:
+            settings.unlink(missing_ok=True)
+        else:
+            settings.write_text(before)
+
+    result = outcome["run"]
+    Path("/tmp/opsbook-multinode-last.log").write_text(log.read_text())
+    assert isinstance(result, stages.StageRun)
+    head_result = next(r for r in result.results if head.address in r.host)
+    assert head_result.state is State.FAILED
+    assert head_result.failure_id == "ray-node-died", head_result.message
+    assert float(outcome["at"]) - killed_at < 20  # type: ignore[arg-type]
+    assert ray_processes(pair) == {h: [] for h in ray_processes(pair)}
+
+
+def kill_worker_node(pair: Fleet) -> None:
+    """The worker's Ray goes away at once (SIGKILL to its process groups), as a node that dies."""
+    deployment = load_deployment(pair.deployment_path)
+    worker = cluster.nodes_of(deployment)[1]
+    group = HostGroup.from_deployment(deployment, names=[worker.host.name])
+    try:
+        host = group.hosts[0]
+        spec = deployment.cluster
+        assert spec is not None
+        record = {"temp_dir": worker.temp_dir(spec.ray_port), "signal": "KILL"}
+        host.probe("ray_node", record)
+    finally:
+        group.close()
