@@ -125,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     box.set_defaults(handler=cmd_sandbox)
 
+    ray = sub.add_parser(
+        "cluster", help="a deployment served across nodes: its Ray cluster's nodes, or stop it"
+    )
+    ray.add_argument("action", choices=["status", "stop"])
+    ray.add_argument("-f", "--deployment", required=True, help="deployment YAML file")
+    ray.set_defaults(handler=cmd_cluster)
+
     lint = sub.add_parser("lint", help="flag the hazards of an ad-hoc remote command")
     lint.add_argument("shell_command", metavar="COMMAND", help="the command, quoted as one word")
     lint.add_argument(
@@ -273,6 +280,29 @@ def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
         print(f"deployment file: {fleet.deployment_path}")
         return runner.EXIT_OK
     result = fleet_sandbox.down(folder) if args.action == "down" else fleet_sandbox.status(folder)
+    print(result)
+    return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """``status``: the nodes the Ray cluster lists; ``stop``: the server on the head, then the
+    Ray processes opsbook started on every node (nothing else)."""
+    from opsbook import cluster
+    from opsbook.deployment import load_deployment
+    from opsbook.hosts import HostGroup
+    from opsbook.stages import cluster_launch
+
+    deployment = load_deployment(args.deployment)
+    head = cluster.nodes_of(deployment)[0]
+    group = HostGroup.from_deployment(deployment)
+    try:
+        if args.action == "stop":
+            result = cluster_launch.stop_serving(group.hosts, deployment)
+        else:
+            head_host = next(h for h in group.hosts if h.name == head.host.name)
+            result = cluster.status(head_host, deployment)
+    finally:
+        group.close()
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
 

@@ -303,6 +303,24 @@ def missing_nodes(head_host: Any, deployment: Deployment) -> list[Node]:
     return [n for n in nodes if n.address not in alive]
 
 
+def status(head_host: Any, deployment: Deployment) -> Result:
+    """Which of the deployment's nodes the cluster lists as alive, and their GPUs."""
+    nodes = nodes_of(deployment)
+    address = head_address(deployment)
+    state = cluster_nodes(head_host, nodes[0], address)
+    alive = state.alive()
+    findings = [
+        Finding("ok", n.host.name, f"{n.address}: {alive[n.address]:g} GPU(s)")
+        if n.address in alive
+        else Finding("error", n.host.name, f"{n.address} is not in the cluster")
+        for n in nodes
+    ]
+    ok = all(n.address in alive for n in nodes)
+    why = f" ({state.error})" if state.error else ""
+    message = f"Ray cluster at {address}: {len(alive)} of {len(nodes)} node(s) alive{why}"
+    return Result(ok, message, {"nodes": alive}, findings)
+
+
 # Stopping.
 
 

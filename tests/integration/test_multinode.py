@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -54,6 +55,11 @@ def stop_all(fleet: Fleet) -> None:
         cluster_launch.stop_serving(group.hosts, deployment)
     finally:
         group.close()
+
+
+def opsbook_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "opsbook", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def ray_processes(fleet: Fleet) -> dict[str, list[dict]]:
@@ -124,10 +130,16 @@ def test_the_pair_serves_one_model_and_stops_only_its_own_ray(
     ).stdout
     assert smi.count("ray::RayWorkerWrapper") == 8
 
-    stop_all(pair)
+    status = opsbook_cli("cluster", "status", "-f", str(pair.deployment_path))
+    assert status.returncode == 0, status.stdout
+    assert f"{worker.address}: 8 GPU(s)" in status.stdout
+    stopped = opsbook_cli("cluster", "stop", "-f", str(pair.deployment_path))
+    assert stopped.returncode == 0, stopped.stdout
 
     assert ray_processes(pair) == {h: [] for h in ray_processes(pair)}
     assert someone_elses_ray.poll() is None, "another user's Ray was stopped"
+    after = opsbook_cli("cluster", "status", "-f", str(pair.deployment_path))
+    assert after.returncode == 1 and "no Ray head answers" in after.stdout
 
 
 def test_a_worker_without_ray_is_named_within_seconds_and_nothing_is_left(pair: Fleet) -> None:
