@@ -237,3 +237,28 @@ def kill_worker_node(pair: Fleet) -> None:
         host.probe("ray_node", record)
     finally:
         group.close()
+
+
+def test_a_layout_larger_than_the_clusters_gpus_is_ray_resources_with_vllms_message(
+    pair: Fleet,
+) -> None:
+    # tp 8 x pp 3 on 2 x 8 GPUs; vLLM waits 1800 s for the placement group, the simulation's
+    # knob makes it 3 s (the message and the wait are vLLM's).
+    overrides = {
+        "cluster.pipeline_parallel_size": 3,
+        "server.env.OPSBOOK_SIM_PG_WAIT_TIMEOUT": "3",
+    }
+    deployment = load_deployment(pair.deployment_path, overrides)
+    try:
+        for stage in ("launch-script", "launch"):
+            result = stages.run_stage(stages.get(stage), deployment, apply=True, on_result=None)
+    finally:
+        plain = load_deployment(pair.deployment_path)
+        stages.run_stage(stages.get("launch-script"), plain, apply=True, on_result=None)
+
+    head = pair.hosts[0]
+    head_result = next(r for r in result.results if head.address in r.host)
+    assert head_result.failure_id == "ray-resources", head_result.message
+    log = (head.home / "opsbook" / "vllm.log").read_text()
+    assert "Cannot provide a placement group requiring 24.0 GPUs" in log
+    assert ray_processes(pair) == {h: [] for h in ray_processes(pair)}
