@@ -3,9 +3,12 @@
 Each node gets the single-host preflight; then the nodes are compared, each difference a named
 finding with its fix: the same Python, vLLM and Ray on every node (Ray refuses a node whose
 versions differ from the head's: ray-project/ray ``python/ray/_private/utils.py``
-``check_version_info``, "Version mismatch"), the same GPU model, and GPUs enough in total for
-tensor parallel x pipeline parallel. A node that disagrees fails, and so does every node that
-takes part: one model is served by all of them or by none.
+``check_version_info``, "Version mismatch"), the same GPU model, GPUs enough in total for
+tensor parallel x pipeline parallel; on each node, its address for Ray and vLLM
+(``VLLM_HOST_IP``) is one of its own, ``NCCL_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME`` name
+interfaces it has, and on the head the Ray port is free (probe ``cluster_node``). A node that
+disagrees fails, and so does every node that takes part: one model is served by all of them or
+by none.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opsbook import cluster
-from opsbook.deployment import Deployment
+from opsbook.deployment import ClusterSpec, Deployment
 from opsbook.facts import HostFacts
 from opsbook.results import Finding, Result, State
 from opsbook.stages import preflight
@@ -31,14 +34,66 @@ def run(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
     found = {name: r.detail for name, r in reports.items() if isinstance(r.detail, HostFacts)}
     rays = {h.name: ray_version(h, nodes[h.name].python) for h in hosts if h.name in nodes}
     findings = compare(found, rays, spec.world_size)
+    for host in hosts:
+        if host.name in nodes:
+            findings += node_findings(host, nodes[host.name], spec)
     if not findings:
         return reports
     problem = "; ".join(f.message for f in findings)
     for name, report in reports.items():
         verdict = Result(False, f"the nodes differ: {problem}", findings=findings)
-        failure = "ray-version-mismatch" if any("Ray" in f.message for f in findings) else ""
+        ray_differs = any(f.subject == "Ray" for f in findings)
+        failure = "ray-version-mismatch" if ray_differs else ""
         reports[name] = Report(State.FAILED, verdict, [verdict, *report.shows], failure)
     return reports
+
+
+INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def node_findings(host: Any, node: cluster.Node, spec: ClusterSpec) -> list[Finding]:
+    """This node's address for Ray and vLLM exists here, its NCCL/Gloo interfaces exist, and
+    (on the head) the Ray port is free unless opsbook's own Ray holds it."""
+    interfaces = {v: node.env.get(v) or spec.interface for v in INTERFACE_VARIABLES}
+    ports = []
+    if node.head and not cluster.node_processes(host, node, spec):
+        ports.append([node.address, spec.ray_port])
+    answer = host.probe(
+        "cluster_node",
+        {"host_ip": node.address, "interfaces": interfaces, "ports": ports},
+    )
+    findings = []
+    if answer.get("host_ip_error"):
+        findings.append(
+            Finding(
+                "error",
+                host.name,
+                f"{node.address}, this node's address for Ray and vLLM (VLLM_HOST_IP), is not an "
+                f"address of this node ({answer['host_ip_error']})",
+                remedy="set VLLM_HOST_IP in this host's vars to an address the node has, one the "
+                "other nodes reach",
+            )
+        )
+    for variable, value in (answer.get("bad_interfaces") or {}).items():
+        findings.append(
+            Finding(
+                "error",
+                host.name,
+                f"{variable}={value} names no interface of this node "
+                f"(it has {', '.join(answer.get('interfaces') or [])})",
+                remedy="name the interface the nodes reach each other over (cluster.interface)",
+            )
+        )
+    for address, port, error in answer.get("taken_ports") or []:
+        findings.append(
+            Finding(
+                "error",
+                host.name,
+                f"the Ray port {address}:{port} is taken ({error})",
+                remedy="stop what holds it, or choose another cluster.ray_port",
+            )
+        )
+    return findings
 
 
 def ray_version(host: Any, python: str) -> str | None:

@@ -141,3 +141,31 @@ def test_the_node_probe_finds_and_stops_only_the_processes_naming_its_folder(tmp
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_the_node_probe_tells_an_address_the_node_lacks_and_an_unknown_interface() -> None:
+    # Binding to an address the machine lacks fails at once: nothing is sent.
+    answer = probes.run_local(
+        "cluster_node",
+        {
+            "host_ip": "10.255.255.1",
+            "interfaces": {"NCCL_SOCKET_IFNAME": "nosuch0", "GLOO_SOCKET_IFNAME": "lo"},
+        },
+    )
+    assert "assign" in answer["host_ip_error"]
+    assert answer["bad_interfaces"] == {"NCCL_SOCKET_IFNAME": "nosuch0"}
+    fine = probes.run_local(
+        "cluster_node", {"host_ip": "127.0.0.1", "interfaces": {"NCCL_SOCKET_IFNAME": "^docker"}}
+    )
+    assert fine["host_ip_error"] is None and fine["bad_interfaces"] == {}
+
+
+def test_the_node_probe_tells_a_taken_port() -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.6.50", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        answer = probes.run_local("cluster_node", {"ports": [["127.0.6.50", port]]})
+    assert [entry[:2] for entry in answer["taken_ports"]] == [["127.0.6.50", port]]
