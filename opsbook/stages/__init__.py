@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from opsbook.exceptions import RunError
 from opsbook.stages import (
+    cluster_download,
     cluster_launch,
     cluster_preflight,
     config_patch,
@@ -28,7 +29,7 @@ from opsbook.stages.base import HostHeading, Note, Report, Stage, StageRun, run_
 
 STAGES = (
     Stage("preflight", "00_preflight", False, preflight.run, cluster_preflight.run),
-    Stage("download", "01_download_check", False, download.run),
+    Stage("download", "01_download_check", False, download.run, cluster_download.run),
     Stage("config-patch", "02_config_patch", True, config_patch.run),
     Stage("launch-script", "03_launch_script", True, launch_script.run),
     Stage("launch", "04_launch", True, launch.run, cluster_launch.run),

@@ -169,3 +169,31 @@ def test_the_node_probe_tells_a_taken_port() -> None:
         port = holder.getsockname()[1]
         answer = probes.run_local("cluster_node", {"ports": [["127.0.6.50", port]]})
     assert [entry[:2] for entry in answer["taken_ports"]] == [["127.0.6.50", port]]
+
+
+def shards_check(*rows: tuple[str, int]) -> Any:
+    from opsbook.download import SHARD_COLUMNS
+    from opsbook.results import Result, Table
+
+    records = [
+        {
+            "file": f,
+            "status": "ok",
+            "size": s,
+            "expected_size": s,
+            "header_len": 800,
+            "tensors": 12,
+            "detail": "",
+        }
+        for f, s in rows
+    ]
+    return Result(True, "ok", {"shards": Table.from_records(records, SHARD_COLUMNS)})
+
+
+def test_the_checkpoint_fingerprint_follows_the_shards_not_the_order_or_path() -> None:
+    from opsbook.stages.cluster_download import fingerprint
+
+    one = fingerprint(shards_check(("a.safetensors", 10), ("b.safetensors", 20)))
+    same = fingerprint(shards_check(("b.safetensors", 20), ("a.safetensors", 10)))
+    other = fingerprint(shards_check(("a.safetensors", 10), ("b.safetensors", 21)))
+    assert one == same != other
