@@ -220,6 +220,7 @@ def start_node(
     """``ray start`` on one node (the head, or a worker joining ``head``, ``HOST:PORT``),
     detached from the SSH session in a session of its own; its processes are recorded."""
     temp_dir = node.temp_dir(cluster.ray_port)
+    _clear_stale_session(host, temp_dir)
     words = [node.ray, "start", f"--node-ip-address={node.address}", f"--temp-dir={temp_dir}"]
     if node.head:
         words += ["--head", f"--port={cluster.ray_port}", *HEAD_OPTIONS]
@@ -255,6 +256,14 @@ def start_node(
     }
     _write_record(host, node, record)
     return Result(True, f"Ray {role} started on {node.address}", record)
+
+
+def _clear_stale_session(host: Any, temp_dir: str) -> None:
+    """Remove the node's own temp folder when no process uses it: a node that died (SIGKILL,
+    a reboot) leaves sockets and a session there that a new ``ray start`` trips over."""
+    if host.probe("ray_node", {"temp_dir": temp_dir})["processes"]:
+        return
+    host.run(f"rm -rf -- {shlex.quote(temp_dir)}", label=f"remove the stale Ray folder {temp_dir}")
 
 
 def wait_joined(

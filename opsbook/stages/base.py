@@ -243,6 +243,9 @@ def _run_cluster(
     except OpsbookError as e:
         verdict = Result(False, e.message, findings=[Finding("error", deployment.name, e.message)])
         reports = {h.name: Report(State.FAILED, verdict, [], TOOL_FAILED) for h in group.hosts}
+    except Exception as e:  # a bug is every node's failure, reported as such, not a crash
+        verdict = Result(False, f"opsbook failed: {type(e).__name__}: {e}")
+        reports = {h.name: Report(State.FAILED, verdict, [], TOOL_FAILED) for h in group.hosts}
     finally:
         group.close()
     results = []

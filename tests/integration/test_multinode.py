@@ -191,11 +191,15 @@ def test_a_worker_node_that_dies_while_the_model_loads_ends_the_launch_within_se
     outcome: dict[str, object] = {}
 
     def launch() -> None:
-        outcome["run"] = stages.run_stage(
-            stages.get("launch"), deployment, apply=True, on_result=None
-        )
-        outcome["at"] = time.monotonic()
+        try:
+            outcome["run"] = stages.run_stage(
+                stages.get("launch"), deployment, apply=True, on_result=None
+            )
+        finally:
+            outcome["at"] = time.monotonic()
 
+    # The log of an earlier start would show loading at once.
+    log.unlink(missing_ok=True)
     thread = threading.Thread(target=launch)
     try:
         thread.start()
