@@ -197,3 +197,84 @@ def test_the_checkpoint_fingerprint_follows_the_shards_not_the_order_or_path() -
     same = fingerprint(shards_check(("b.safetensors", 20), ("a.safetensors", 10)))
     other = fingerprint(shards_check(("a.safetensors", 10), ("b.safetensors", 21)))
     assert one == same != other
+
+
+def two_node_deployment() -> Any:
+    return parse_deployment(
+        {
+            "hosts": [{"address": "gpu-01", "user": "ops"}, {"address": "gpu-02", "user": "ops"}],
+            "model": {"path": "/models/m"},
+            "python": "/venv/bin/python",
+            "cluster": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2, "ray_port": 6380},
+        }
+    )
+
+
+def fake_pair(join: bool = True) -> tuple[Any, Any, list[str]]:
+    """Two FakeHosts whose `ray start` adds their node to a shared cluster listing."""
+    from opsbook.testing import FakeHost
+
+    members: list[str] = []
+    order: list[str] = []
+
+    def listing(args: dict) -> dict:
+        return {
+            "ray_version": "2.58.0",
+            "nodes": [{"address": a, "alive": True, "gpus": 8.0} for a in members],
+        }
+
+    hosts = []
+    for address in ("gpu-01", "gpu-02"):
+
+        def started(args: dict, address: str = address) -> dict:
+            return {"processes": [], "pgids": [], "signalled": []}
+
+        host = FakeHost(
+            address,
+            commands={"ray start": "", "mkdir|rm -rf": ""},
+            probes={"ray_cluster": listing, "ray_node": started},
+        )
+        hosts.append(host)
+    original = [h.run for h in hosts]
+
+    def runner(index: int):
+        def run(command: str, **kwargs: Any):
+            if "ray start" in command:
+                order.append(hosts[index].spec.address)
+                if join or index == 0:
+                    members.append(hosts[index].spec.address)
+            return original[index](command, **kwargs)
+
+        return run
+
+    for index, host in enumerate(hosts):
+        host.run = runner(index)
+    return hosts[0], hosts[1], order
+
+
+def test_the_head_starts_first_then_the_worker_once_the_head_is_in_the_cluster() -> None:
+    head, worker, order = fake_pair()
+    result = cluster.start_cluster([worker, head], two_node_deployment())
+    assert result.ok, result
+    assert order == ["gpu-01", "gpu-02"]
+    assert result.data["nodes"] == {"gpu-01": 8.0, "gpu-02": 8.0}
+    head_start = next(c for k, c in head.calls if k == "run" and "ray start" in c)
+    assert "--head" in head_start and "--port=6380" in head_start
+    worker_start = next(c for k, c in worker.calls if k == "run" and "ray start" in c)
+    assert "--address=gpu-01:6380" in worker_start and worker_start.startswith("setsid ")
+
+
+def test_running_it_again_starts_nothing() -> None:
+    head, worker, order = fake_pair()
+    deployment = two_node_deployment()
+    cluster.start_cluster([head, worker], deployment)
+    again = cluster.start_cluster([head, worker], deployment)
+    assert again.ok and order == ["gpu-01", "gpu-02"]
+
+
+def test_a_worker_that_never_joins_is_named(monkeypatch) -> None:
+    monkeypatch.setattr(cluster, "JOIN_POLL", 0.01)
+    head, worker, _ = fake_pair(join=False)
+    result = cluster.start_cluster([head, worker], two_node_deployment(), join_timeout=0.2)
+    assert not result.ok
+    assert result.message.startswith("node gpu-02 did not join the Ray cluster at gpu-01:6380")
