@@ -818,6 +818,8 @@ class Engine:
             )
             error.phase = "profile"
             raise error
+        if spec.get("fault") == "nccl-timeout" and self.world > 1:
+            raise self._nccl_timeout()
         requested = util * total_mib * MIB
         overhead = ACTIVATION_GIB * GIB + (NCCL_GIB * GIB if self.world > 1 else 0.3 * GIB)
         if not spec.get("enforce_eager"):
@@ -855,6 +857,24 @@ class Engine:
         self._register_all(int(util * total_mib))
         self._pace("profile", 0.5)
         return tokens
+
+    def _nccl_timeout(self) -> model.SimError:
+        """The nccl-timeout fault: the first rank of the last pipeline stage (on a cluster, a
+        rank of another node) stalls in the profile run's all-reduce and its NCCL watchdog
+        fires. The line is PyTorch's (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp,
+        WorkNCCL::checkTimeout) with the default 600000 ms timeout; the wait is shortened."""
+        rank = self.tp * (self.pp - 1) if self.pp > 1 else 1
+        self._pace("profile", 0.5)
+        message = (
+            f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, "
+            "OpType=ALLREDUCE, NumelIn=8192, NumelOut=8192, Timeout(ms)=600000) ran for "
+            "600011 milliseconds before timing out."
+        )
+        now = time.strftime("%m%d %H:%M:%S")
+        self._rank_log(rank).line(
+            f"[rank{rank}]:[E{now}.000000000 ProcessGroupNCCL.cpp:632] {message}"
+        )
+        return model.SimError("RuntimeError", message, "engine")
 
     def _capture_graphs(self) -> None:
         if self.spec.get("enforce_eager"):
