@@ -267,6 +267,13 @@ def _prepare_ray() -> int:
 def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
     from opsbook import fleet_sandbox
 
+    if args.action == "up" and args.multinode and (args.hosts or 0) < 2:
+        print(
+            "opsbook: serving one model across nodes needs at least 2 hosts "
+            "(remedy: add --hosts 2)",
+            file=sys.stderr,
+        )
+        return runner.EXIT_USAGE
     if args.action == "up":
         fleet = fleet_sandbox.up(
             folder,

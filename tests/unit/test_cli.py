@@ -53,3 +53,17 @@ def test_bad_deploy_arguments_are_refused(argv, tmp_path, capsys) -> None:
         code = e.code
     assert code == run.EXIT_USAGE
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_multinode_rehearsal_of_one_host_is_refused(tmp_path, capsys) -> None:
+    code = cli.main(["sandbox", "up", "--dir", str(tmp_path / "box"), "--multinode"])
+    assert code == run.EXIT_USAGE
+    assert "at least 2 hosts" in capsys.readouterr().err
+    assert not (tmp_path / "box").exists()
+
+
+def test_cluster_commands_refuse_a_deployment_without_a_cluster(tmp_path, capsys) -> None:
+    dep = tmp_path / "d.yml"
+    dep.write_text("hosts: [127.0.6.250]\nmodel: {path: /m}\n")  # loopback, should it ever run
+    assert cli.main(["cluster", "stop", "-f", str(dep)]) == run.EXIT_USAGE
+    assert "has no cluster section" in capsys.readouterr().err
