@@ -362,6 +362,7 @@ def stop_node(host: Any, node: Node, cluster: ClusterSpec, grace: float = STOP_G
     args = {"temp_dir": temp_dir, "pgids": record.get("pgids") or []}
     first = host.probe("ray_node", {**args, "signal": "TERM"})
     pids = [p["pid"] for p in first["processes"]]
+    args["pids"] = pids
     deadline = time.monotonic() + grace
     left = first
     while left["processes"] and time.monotonic() < deadline:
