@@ -376,6 +376,9 @@ def stop_node(host: Any, node: Node, cluster: ClusterSpec, grace: float = STOP_G
     if left["processes"]:
         still = ", ".join(str(p["pid"]) for p in left["processes"])
         findings.append(Finding("error", node.host.name, f"Ray processes still running: {still}"))
+    else:
+        # The node's own folder (sessions, sockets, logs) goes with it.
+        host.run(f"rm -rf -- {shlex.quote(temp_dir)}", label=f"remove the Ray folder {temp_dir}")
     message = f"{len(pids)} Ray process(es) stopped on {node.address}"
     return Result(not findings, message, {"stopped": pids}, findings)
 

@@ -245,7 +245,6 @@ def test_a_worker_node_that_dies_while_the_model_loads_ends_the_launch_within_se
             settings.write_text(before)
 
     result = outcome["run"]
-    Path("/tmp/opsbook-multinode-last.log").write_text(log.read_text())
     assert isinstance(result, stages.StageRun)
     head_result = next(r for r in result.results if head.address in r.host)
     assert head_result.state is State.FAILED
