@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 OPSBOOK := $(VENV)/bin/opsbook
 SANDBOX ?= .sandbox/demo
 
-.PHONY: demo test setup system lint notebooks nbval fresh-nbval-box sandbox-down bench clean real-vllm
+.PHONY: demo test setup system lint notebooks nbval fresh-nbval-box sandbox-down bench clean real-vllm ray
 
 # The whole runbook on the rehearsal host: preflight, download check, config patch, launch
 # script, launch, diagnose, into one run folder.
@@ -16,7 +16,7 @@ demo: setup
 	  echo "the rehearsal server keeps running; stop the host with: make sandbox-down"; \
 	  exit $$code
 
-test: setup lint real-vllm
+test: setup lint real-vllm ray
 	$(VENV)/bin/pytest -q tests
 	$(MAKE) --no-print-directory nbval
 
@@ -50,6 +50,10 @@ $(VENV)/.installed: pyproject.toml
 # do nothing.
 real-vllm: setup
 	$(OPSBOOK) sandbox prepare --vllm real
+
+# The Ray tier (ray from PyPI) for the multi-node tests: installed once into the same cache.
+ray: setup
+	$(OPSBOOK) sandbox prepare --ray
 
 lint: setup
 	$(VENV)/bin/ruff check opsbook tests bench

@@ -111,7 +111,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="a rehearsal fleet of N hosts on consecutive addresses from --address, "
         "one deployment file listing them all",
     )
+    box.add_argument(
+        "--ray",
+        action="store_true",
+        help="with prepare: install the Ray tier (ray from PyPI, once, into the shared cache)",
+    )
+    box.add_argument(
+        "--multinode",
+        action="store_true",
+        help="with --hosts: a deployment serving one model across the hosts on a real Ray "
+        "cluster (tensor parallel 8 x pipeline parallel N)",
+    )
     box.set_defaults(handler=cmd_sandbox)
+
+    ray = sub.add_parser(
+        "cluster", help="a deployment served across nodes: its Ray cluster's nodes, or stop it"
+    )
+    ray.add_argument("action", choices=["status", "stop"])
+    ray.add_argument("-f", "--deployment", required=True, help="deployment YAML file")
+    ray.set_defaults(handler=cmd_cluster)
 
     lint = sub.add_parser("lint", help="flag the hazards of an ad-hoc remote command")
     lint.add_argument("shell_command", metavar="COMMAND", help="the command, quoted as one word")
@@ -227,7 +245,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     from opsbook import fleet_sandbox, sandbox
 
     folder = Path(args.dir)
-    if args.hosts is not None or fleet_sandbox.is_fleet(folder):
+    if args.hosts is not None or args.multinode or fleet_sandbox.is_fleet(folder):
         return _cmd_fleet(args, folder)
     if args.action == "up":
         box = sandbox.up(
@@ -247,7 +265,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         print(f"deployment file: {box.deployment_path}")
         return runner.EXIT_OK
     if args.action == "prepare":
-        return _prepare_sandbox(args.vllm)
+        return _prepare_ray() if args.ray else _prepare_sandbox(args.vllm)
     result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
@@ -265,11 +283,26 @@ def _prepare_sandbox(vllm: str) -> int:
     return runner.EXIT_OK
 
 
+def _prepare_ray() -> int:
+    from opsbook import rehearsal_ray
+
+    tier = rehearsal_ray.ensure_tier()
+    print(f"Ray {tier.version} in {tier.venv} (installed in {tier.install_seconds:.0f} s)")
+    return runner.EXIT_OK
+
+
 def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
     from opsbook import fleet_sandbox, sandbox
 
     if args.action == "prepare":
-        return _prepare_sandbox(args.vllm)
+        return _prepare_ray() if args.ray else _prepare_sandbox(args.vllm)
+    if args.action == "up" and args.multinode and (args.hosts or 0) < 2:
+        print(
+            "opsbook: serving one model across nodes needs at least 2 hosts "
+            "(remedy: add --hosts 2)",
+            file=sys.stderr,
+        )
+        return runner.EXIT_USAGE
     if args.action == "up":
         fleet = fleet_sandbox.up(
             folder,
@@ -279,6 +312,7 @@ def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
             gpu_profile=sandbox.GPU_CHOICES[args.gpus],
             vllm_version=args.vllm_version,
             vllm=args.vllm,
+            multinode=args.multinode,
         )
         for box in fleet.hosts:
             print(f"rehearsal host up: {box.user}@{box.address} port {box.port}")
@@ -286,6 +320,29 @@ def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
         print(f"deployment file: {fleet.deployment_path}")
         return runner.EXIT_OK
     result = fleet_sandbox.down(folder) if args.action == "down" else fleet_sandbox.status(folder)
+    print(result)
+    return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """``status``: the nodes the Ray cluster lists; ``stop``: the server on the head, then the
+    Ray processes opsbook started on every node (nothing else)."""
+    from opsbook import cluster
+    from opsbook.deployment import load_deployment
+    from opsbook.hosts import HostGroup
+    from opsbook.stages import cluster_launch
+
+    deployment = load_deployment(args.deployment)
+    head = cluster.nodes_of(deployment)[0]
+    group = HostGroup.from_deployment(deployment)
+    try:
+        if args.action == "stop":
+            result = cluster_launch.stop_serving(group.hosts, deployment)
+        else:
+            head_host = next(h for h in group.hosts if h.name == head.host.name)
+            result = cluster.status(head_host, deployment)
+    finally:
+        group.close()
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
 

@@ -96,6 +96,11 @@ class ClusterSpec:
     ray_port: int = DEFAULT_RAY_PORT
     interface: str | None = None
 
+    @property
+    def world_size(self) -> int:
+        """GPUs the model needs: tensor x pipeline parallel."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
 
 @dataclass
 class Deployment:
@@ -113,9 +118,9 @@ class Deployment:
     log_path: str = "opsbook/vllm.log"
     state_dir: str = "opsbook/state"
     source: str = ""
+    cluster: ClusterSpec | None = None
     # Per host name, the deployment as that host sees it (its `vars` applied), when any differ.
     host_views: dict[str, Deployment] = field(default_factory=dict, repr=False, compare=False)
-    cluster: ClusterSpec | None = None
 
     @property
     def host(self) -> HostSpec:
@@ -694,7 +699,8 @@ def _host_views(
             view = _build(DeploymentDoc.model_validate(merged), source)
         except ValidationError as e:
             raise schema_error(e, source, prefix=f"hosts[{index}].vars applied: ") from None
-        view.cluster = None
+        # Each view holds one host; the cluster, which names the others, is the whole file's.
+        view.cluster = _cluster_spec(checked.cluster, hosts)
         views[spec.name] = view
     return views
 

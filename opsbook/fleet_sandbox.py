@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from opsbook import sandbox
+from opsbook import rehearsal_ray, sandbox
 from opsbook.exceptions import SandboxError
 from opsbook.results import Finding, Result
 from opsbook.sandbox import Sandbox
@@ -36,6 +36,9 @@ FLEET_FILE = "fleet.json"
 DEPLOYMENT = "deployment.yml"
 # Rehearsal hosts started at once: each creates a venv and a checkpoint; two cores are shared.
 PARALLEL_UPS = 4
+# Tensor parallel size of a multi-node rehearsal: each host's 8 simulated GPUs, one stage.
+MULTINODE_TP = 8
+RAY_OBJECT_STORE_BYTES = 100 * 1024 * 1024
 # What a host's vars carry: the values that differ between rehearsal hosts.
 HOST_VARS = (("model", "path"), ("python",), ("server", "port"), ("paths",))
 
@@ -63,6 +66,8 @@ def up(
     gpu_profile: str = "rtxpro6000",
     vllm_version: str = DEFAULT_VERSION,
     vllm: str = "sim",
+    multinode: bool = False,
+    ray_port: int = 0,
 ) -> Fleet:
     """Start (or return the running) rehearsal fleet of ``hosts`` hosts in ``dir``.
 
@@ -74,12 +79,20 @@ def up(
         gpu_profile: every host's simulated GPU model (``opsbook.sim.simgpu.PROFILES``).
         vllm_version: the vLLM release every host's simulated server plays.
         vllm: ``sim`` or ``real`` (the real-vLLM tier), as for :func:`opsbook.sandbox.up`.
+        multinode: serve one model across the hosts on a Ray cluster: the Ray tier
+            (``opsbook.rehearsal_ray``) in every host's env, and a ``cluster`` section
+            (tensor parallel 8 x pipeline parallel ``hosts``, the head on the first host).
+        ray_port: the Ray head's port with ``multinode`` (0: a free one).
 
     Raises:
         SandboxError: a host could not start (the others that did are left up: ``down``
             stops them), or the addresses run past the end of 127.0.0.0/8.
     """
     folder = Path(dir).resolve()
+    if multinode and hosts < 2:
+        raise SandboxError(
+            f"serving across nodes needs at least 2 hosts, not {hosts}", remedy="use --hosts 2"
+        )
     addresses = consecutive(address, hosts)
     folder.mkdir(parents=True, exist_ok=True)
     # Each host's login user must be able to enter it, as for a single rehearsal host.
@@ -100,7 +113,14 @@ def up(
 
     with ThreadPoolExecutor(max_workers=PARALLEL_UPS) as pool:
         boxes = list(pool.map(start, zip(names, addresses, strict=True)))
-    path = write_deployment(boxes, folder / DEPLOYMENT, name="rehearsal-fleet")
+    if not multinode:
+        path = write_deployment(boxes, folder / DEPLOYMENT, name="rehearsal-fleet")
+        return Fleet(folder, boxes, path)
+    tier = rehearsal_ray.ensure_tier()
+    for box in boxes:
+        rehearsal_ray.link_into(tier, box.venv)
+    port = ray_port or sandbox._free_port(addresses[0])
+    path = write_multinode_deployment(boxes, folder / DEPLOYMENT, ray_port=port)
     return Fleet(folder, boxes, path)
 
 
@@ -155,6 +175,32 @@ def write_deployment(boxes: Sequence[Sandbox], path: Path, *, name: str) -> Path
     top["hosts"] = [{**doc["hosts"][0], "vars": _host_vars(doc)} for doc in docs]
     header = f"# {len(boxes)} rehearsal host(s) started by `opsbook sandbox up --hosts`.\n"
     path.write_text(header + yaml.safe_dump(top, sort_keys=False))
+    return path
+
+
+def write_multinode_deployment(boxes: Sequence[Sandbox], path: Path, *, ray_port: int) -> Path:
+    """One deployment serving one model across ``boxes``: the fleet's file with a ``cluster``
+    section and each host's own ``VLLM_HOST_IP``."""
+    write_deployment(boxes, path, name="rehearsal-multinode")
+    doc = yaml.safe_load(path.read_text())
+    for entry, box in zip(doc["hosts"], boxes, strict=True):
+        entry["vars"].setdefault("server", {}).setdefault("env", {})["VLLM_HOST_IP"] = box.address
+    doc["server"]["env"]["VLLM_HOST_IP"] = boxes[0].address
+    # The hosts share one machine: one CPU and a small object store per Ray node.
+    doc["server"]["env"]["OPSBOOK_RAY_NUM_CPUS"] = "1"
+    doc["server"]["env"]["OPSBOOK_RAY_OBJECT_STORE_BYTES"] = str(RAY_OBJECT_STORE_BYTES)
+    doc["cluster"] = {
+        "head": boxes[0].address,
+        "tensor_parallel_size": MULTINODE_TP,
+        "pipeline_parallel_size": len(boxes),
+        "ray_port": ray_port,
+        "interface": None,
+    }
+    header = (
+        f"# {len(boxes)} rehearsal host(s) serving one model on a Ray cluster, started by\n"
+        "# `opsbook sandbox up --hosts N --multinode`.\n"
+    )
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
     return path
 
 

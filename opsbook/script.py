@@ -52,6 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from opsbook.cluster import with_cluster_settings
 from opsbook.deployment import ENV_NAME, Deployment
 from opsbook.exceptions import DeploymentError
 from opsbook.redact import Redactor
@@ -154,6 +155,8 @@ def render_script(deployment: Deployment, *, entrypoint: str = "serve") -> str:
             f"unknown entrypoint {entrypoint!r}",
             remedy=f"use one of {', '.join(ENTRYPOINTS)}",
         )
+    # Served across nodes: the parallel sizes, the Ray executor and RAY_ADDRESS join in.
+    deployment = with_cluster_settings(deployment)
     parts = [
         _header(deployment),
         "set -euo pipefail\n",

@@ -17,9 +17,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from opsbook.exceptions import RunError
-from opsbook.stages.base import HostHeading, Note, Report, Stage, StageFunction, StageRun, run_stage
+from opsbook.stages.base import (
+    ClusterFunction,
+    HostHeading,
+    Note,
+    Report,
+    Stage,
+    StageFunction,
+    StageRun,
+    run_stage,
+)
 
 if TYPE_CHECKING:
+    from opsbook.stages import cluster_download as cluster_download
+    from opsbook.stages import cluster_launch as cluster_launch
+    from opsbook.stages import cluster_preflight as cluster_preflight
     from opsbook.stages import config_patch as config_patch
     from opsbook.stages import diagnose as diagnose
     from opsbook.stages import download as download
@@ -27,7 +39,17 @@ if TYPE_CHECKING:
     from opsbook.stages import launch_script as launch_script
     from opsbook.stages import preflight as preflight
 
-_MODULES = ("preflight", "download", "config_patch", "launch_script", "launch", "diagnose")
+_MODULES = (
+    "preflight",
+    "download",
+    "config_patch",
+    "launch_script",
+    "launch",
+    "diagnose",
+    "cluster_preflight",
+    "cluster_download",
+    "cluster_launch",
+)
 
 
 def _per_host(module: str) -> StageFunction:
@@ -42,6 +64,20 @@ def _per_host(module: str) -> StageFunction:
     return run
 
 
+def _on_cluster(module: str, function: str = "run") -> ClusterFunction:
+    """The cluster module's function (a deployment served across its hosts), imported on the
+    first call, like :func:`_per_host`."""
+
+    def run(hosts: Any, deployment: Any, **options: Any) -> dict[str, Report]:
+        call: ClusterFunction = getattr(
+            importlib.import_module(f"opsbook.stages.{module}"), function
+        )
+        return call(hosts, deployment, **options)
+
+    run.__qualname__ = run.__name__ = f"{module}.{function}"
+    return run
+
+
 def __getattr__(name: str) -> Any:
     # ``stages.preflight`` and the others, as before the registry became lazy.
     if name in _MODULES:
@@ -50,12 +86,26 @@ def __getattr__(name: str) -> Any:
 
 
 STAGES = (
-    Stage("preflight", "00_preflight", False, _per_host("preflight")),
-    Stage("download", "01_download_check", False, _per_host("download")),
+    Stage(
+        "preflight", "00_preflight", False, _per_host("preflight"), _on_cluster("cluster_preflight")
+    ),
+    Stage(
+        "download",
+        "01_download_check",
+        False,
+        _per_host("download"),
+        _on_cluster("cluster_download"),
+    ),
     Stage("config-patch", "02_config_patch", True, _per_host("config_patch")),
     Stage("launch-script", "03_launch_script", True, _per_host("launch_script")),
-    Stage("launch", "04_launch", True, _per_host("launch")),
-    Stage("diagnose", "05_diagnose", False, _per_host("diagnose")),
+    Stage("launch", "04_launch", True, _per_host("launch"), _on_cluster("cluster_launch")),
+    Stage(
+        "diagnose",
+        "05_diagnose",
+        False,
+        _per_host("diagnose"),
+        _on_cluster("cluster_launch", "diagnose"),
+    ),
 )
 # The stages a deploy runs in order; diagnose follows on every host.
 DEPLOY = tuple(s for s in STAGES if s.name != "diagnose")

@@ -46,6 +46,9 @@ class Report:
 
 
 StageFunction = Callable[..., Report]
+# A stage over a whole cluster (a deployment with a ``cluster`` section): the group's hosts
+# and the whole deployment in, one report per host name out.
+ClusterFunction = Callable[..., dict[str, Report]]
 
 
 @dataclass(frozen=True)
@@ -57,12 +60,15 @@ class Stage:
         notebook: the notebook that runs it (``02_config_patch``).
         changes_host: whether it can change a host (with ``apply=True``).
         run_host: the per-host function.
+        run_cluster: what the stage does instead on a deployment served across its hosts
+            (``cluster:``), where the hosts depend on each other; None: per host as usual.
     """
 
     name: str
     notebook: str
     changes_host: bool
     run_host: StageFunction
+    run_cluster: ClusterFunction | None = None
 
 
 class Note(str):
@@ -199,6 +205,8 @@ def run_stage(
         RunError: a name in ``hosts`` is not a host of the deployment.
     """
     group = group or HostGroup.from_deployment(deployment, forks, _known(deployment, hosts))
+    if deployment.cluster is not None and stage.run_cluster is not None:
+        return _run_cluster(stage, deployment, group, on_result, options)
     reports: dict[str, Report] = {}
 
     def one(host: Any) -> HostResult:
@@ -218,6 +226,39 @@ def run_stage(
         a if isinstance(a, HostResult) else _crashed(stage, n, a) for n, a in answers.items()
     ]
     return StageRun(stage, results, reports, group)
+
+
+def _run_cluster(
+    stage: Stage,
+    deployment: Deployment,
+    group: HostGroup,
+    on_result: Callable[[HostResult], None] | None,
+    options: dict[str, Any],
+) -> StageRun:
+    """The stage's cluster function over the group: the hosts act together, one result each."""
+    assert stage.run_cluster is not None
+    started = time.monotonic()
+    try:
+        reports = stage.run_cluster(group.hosts, deployment, **options)
+    except OpsbookError as e:
+        verdict = Result(False, e.message, findings=[Finding("error", deployment.name, e.message)])
+        reports = {h.name: Report(State.FAILED, verdict, [], TOOL_FAILED) for h in group.hosts}
+    except Exception as e:  # a bug is every node's failure, reported as such, not a crash
+        verdict = Result(False, f"opsbook failed: {type(e).__name__}: {e}")
+        reports = {h.name: Report(State.FAILED, verdict, [], TOOL_FAILED) for h in group.hosts}
+    finally:
+        group.close()
+    results = []
+    for host in group.hosts:
+        report = reports.get(host.name) or Report(
+            State.SKIPPED, Result(True, "not part of the cluster's run")
+        )
+        result = _host_result(stage, host.name, report, time.monotonic() - started)
+        outcome.record_host(result)
+        if on_result is not None:
+            on_result(result)
+        results.append(result)
+    return StageRun(stage, results, dict(reports), group)
 
 
 def _run_one(stage: Stage, host: Any, deployment: Deployment, options: dict[str, Any]) -> Report:

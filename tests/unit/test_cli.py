@@ -133,3 +133,17 @@ def test_a_yaml_binary_parameter_is_plain_text_and_runs_nothing(tmp_path, monkey
     assert code == run.EXIT_UNREACHABLE  # the notebook ran with the text as the model path
     executed = next((tmp_path / "runs").glob("*/01_download_check.ipynb")).read_text()
     assert "!!binary" in executed
+
+
+def test_a_multinode_rehearsal_of_one_host_is_refused(tmp_path, capsys) -> None:
+    code = cli.main(["sandbox", "up", "--dir", str(tmp_path / "box"), "--multinode"])
+    assert code == run.EXIT_USAGE
+    assert "at least 2 hosts" in capsys.readouterr().err
+    assert not (tmp_path / "box").exists()
+
+
+def test_cluster_commands_refuse_a_deployment_without_a_cluster(tmp_path, capsys) -> None:
+    dep = tmp_path / "d.yml"
+    dep.write_text("hosts: [127.0.6.250]\nmodel: {path: /m}\n")  # loopback, should it ever run
+    assert cli.main(["cluster", "stop", "-f", str(dep)]) == run.EXIT_USAGE
+    assert "has no cluster section" in capsys.readouterr().err

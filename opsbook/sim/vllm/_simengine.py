@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -300,6 +301,10 @@ class Engine:
         self.ranks: list[dict[str, Any]] = []
         self.config: dict[str, Any] = {}
         self.stopping = False
+        # With --distributed-executor-backend ray: the cluster, its placement group and actors.
+        self.ray: Any = None
+        self.ray_ranks: list[dict[str, Any]] = []
+        self.load_refs: list[Any] = []
 
     # Life cycle.
 
@@ -313,6 +318,11 @@ class Engine:
         except model.SimError as error:
             self._fail(error)
             return
+        except Exception as error:  # Ray's own errors: a node or actor died, no cluster
+            if self.ray is None:
+                raise
+            self._fail(self._ray_error(error))
+            return
         self._report(ready)
         self._idle()
 
@@ -323,15 +333,18 @@ class Engine:
         gpus = gpu_records(spec["sim_dir"])
         if not gpus:
             raise model.SimError("RuntimeError", "No CUDA GPUs are available", "engine")
-        if self.world > len(gpus):
+        if spec.get("executor") == "ray":
+            self._start_ray_workers(len(gpus))
+        elif self.world > len(gpus):
             raise model.SimError(
                 "AssertionError",
                 f"please set tensor_parallel_size ({self.tp}) to less than max local gpu "
                 f"count ({len(gpus)})",
                 "engine",
             )
-        self.ranks = gpus[: self.world]
-        self._start_workers()
+        else:
+            self.ranks = gpus[: self.world]
+            self._start_workers()
         self._pace("workers")
         self._check_free_memory()
         capability = _capability(self.ranks[0])
@@ -360,6 +373,8 @@ class Engine:
         os.write(int(self.spec["status_fd"]), (json.dumps(ready) + "\n").encode())
 
     def _idle(self) -> None:
+        if self.ray is not None:
+            self._idle_on_ray()
         while not self.stopping:
             time.sleep(0.2)
             for rank, worker in enumerate(self.workers):
@@ -382,6 +397,11 @@ class Engine:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.stopping = True
         stop_children(self.workers)
+        if self.ray is not None:
+            # Ray removes an owner's actors when it exits; releasing them first is quicker.
+            done = threading.Thread(target=self.ray.shutdown, daemon=True)
+            done.start()
+            done.join(3.0)
         for pid in [os.getpid(), *self.pids]:
             try:
                 release(self.spec["sim_dir"], pid)
@@ -471,6 +491,9 @@ class Engine:
         time.sleep(self.seconds * PHASES[phase] * share)
 
     def _rank_log(self, rank: int) -> Log:
+        if self.ray is not None and self.ray_ranks:
+            info = self.ray_ranks[rank]
+            return RayActorLog(int(info["pid"]), str(info["ip"]))
         if self.world == 1:
             return self.log
         return Log(worker_label(rank, self.tp, self.pp), self.pids[rank])
@@ -525,12 +548,85 @@ class Engine:
                 f"PP rank {rank // self.tp}, TP rank {tp_rank}, EP rank {tp_rank}",
             )
 
+    # The Ray executor (opsbook/sim/vllm/v1/executor/ray_utils.py).
+
+    def _start_ray_workers(self, local_gpus: int) -> None:
+        from .v1.executor.ray_utils import PlacementGroupTimeout, RayExecutor
+
+        if self.world > local_gpus:
+            # vLLM 0.15.1 vllm/v1/executor/ray_utils.py initialize_ray_cluster.
+            self.log.warning(
+                "ray_utils.py:337",
+                f"Tensor parallel size ({self.world}) exceeds available GPUs ({local_gpus}). "
+                "This may result in Ray placement group allocation failures. Consider reducing "
+                f"tensor_parallel_size to {local_gpus} or less, or ensure your Ray cluster has "
+                f"{self.world} GPUs available.",
+            )
+        self.ray = RayExecutor(self.world, str(self.spec["version"]), self.log)
+        try:
+            self.ray_ranks = self.ray.start()
+        except PlacementGroupTimeout as timeout:
+            raise model.SimError("ValueError", str(timeout), "engine") from None
+        self.ranks = [dict(info["gpu"]) for info in self.ray_ranks]
+        self.pids = [int(info["pid"]) for info in self.ray_ranks]
+        port = 40000 + os.getpid() % 20000
+        head_ip = str(self.ray_ranks[0]["ip"])
+        for rank, info in enumerate(self.ray_ranks):
+            RayActorLog(int(info["pid"]), str(info["ip"])).info(
+                "parallel_state.py:1208",
+                f"world_size={self.world} rank={rank} local_rank={rank % self.tp} "
+                f"distributed_init_method=tcp://{head_ip}:{port} backend=nccl",
+            )
+        for rank, info in enumerate(self.ray_ranks):
+            tp_rank = rank % self.tp
+            RayActorLog(int(info["pid"]), str(info["ip"])).info(
+                "parallel_state.py:1394",
+                f"rank {rank} in world size {self.world} is assigned as DP rank 0, "
+                f"PP rank {rank // self.tp}, TP rank {tp_rank}, EP rank {tp_rank}",
+            )
+
+    def _free_mib(self, rank: int, gpu: dict[str, Any]) -> int:
+        if self.ray is not None and self.ray_ranks:
+            return max(0, int(self.ray_ranks[rank]["free_mib"] or 0))
+        return free_mib(self.spec["sim_dir"], gpu)
+
+    def _wait_loading(self, seconds: float) -> None:
+        """Pace the weight loading; on Ray, a rank whose node dies ends it with Ray's error."""
+        if self.ray is None or not self.load_refs:
+            time.sleep(seconds)
+            return
+        started = time.monotonic()
+        self.ray.wait(self.load_refs, seconds)
+        time.sleep(max(0.0, seconds - (time.monotonic() - started)))
+
+    def _idle_on_ray(self) -> None:
+        """Serve until stopped, checking the ranks as vLLM's executor health check does."""
+        while not self.stopping:
+            time.sleep(1.0)
+            try:
+                self.ray.check_health(timeout=5.0)
+            except Exception as error:
+                if self.stopping:
+                    return
+                failure = self._ray_error(error)
+                self.log.error("core.py:1", "EngineCore encountered a fatal error.")
+                self.log.traceback(CORE_FRAMES, failure.exc_type, failure.message, "core.py:1")
+                self._shutdown(1)
+
+    def _ray_error(self, error: BaseException) -> model.SimError:
+        from .v1.executor.ray_utils import error_name
+
+        return model.SimError(error_name(error), str(error), "engine")
+
     def _holder(self, rank: int) -> tuple[int, str]:
         if self.world == 1:
             return os.getpid(), "VLLM::EngineCore"
         return self.pids[rank], f"VLLM::{worker_label(rank, self.tp, self.pp)}"
 
     def _register_all(self, mib: int) -> None:
+        if self.ray is not None:
+            self.ray.hold_all(mib)
+            return
         for rank, gpu in enumerate(self.ranks):
             pid, name = self._holder(rank)
             register(self.spec["sim_dir"], pid, name, int(gpu["index"]), mib)
@@ -539,7 +635,7 @@ class Engine:
         util = float(self.spec["util"])
         for rank, gpu in enumerate(self.ranks):
             total = int(gpu["memory_total_mib"])
-            free = free_mib(self.spec["sim_dir"], gpu)
+            free = self._free_mib(rank, gpu)
             wanted = util * total
             if free < wanted:
                 error = model.SimError(
@@ -601,6 +697,8 @@ class Engine:
         started = time.monotonic()
         self._progress(log, 0, total, started)
         step = self.seconds * PHASES["load"] / max(total, 1)
+        if self.ray is not None:
+            self.load_refs = self.ray.start_load(step * total)
         for done, name in enumerate(present, start=1):
             if self.spec.get("fault") == "hang" and done > max(1, total // 2):
                 self._hang()
@@ -620,7 +718,7 @@ class Engine:
                 )
                 error.phase = "weights"
                 raise error
-            time.sleep(step)
+            self._wait_loading(step)
             self._progress(log, done, total, started)
         self._progress(log, total, total, started)
         log.line("")
@@ -643,7 +741,7 @@ class Engine:
         weights = self._weights_per_gpu()
         for rank, gpu in enumerate(self.ranks):
             total = int(gpu["memory_total_mib"])
-            free = free_mib(self.spec["sim_dir"], gpu) * MIB
+            free = self._free_mib(rank, gpu) * MIB
             if weights + NCCL_GIB * GIB > free:
                 in_use = (total * MIB - free) / GIB
                 error = model.SimError(
@@ -720,6 +818,8 @@ class Engine:
             )
             error.phase = "profile"
             raise error
+        if spec.get("fault") == "nccl-timeout" and self.world > 1:
+            raise self._nccl_timeout()
         requested = util * total_mib * MIB
         overhead = ACTIVATION_GIB * GIB + (NCCL_GIB * GIB if self.world > 1 else 0.3 * GIB)
         if not spec.get("enforce_eager"):
@@ -757,6 +857,24 @@ class Engine:
         self._register_all(int(util * total_mib))
         self._pace("profile", 0.5)
         return tokens
+
+    def _nccl_timeout(self) -> model.SimError:
+        """The nccl-timeout fault: the first rank of the last pipeline stage (on a cluster, a
+        rank of another node) stalls in the profile run's all-reduce and its NCCL watchdog
+        fires. The line is PyTorch's (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp,
+        WorkNCCL::checkTimeout) with the default 600000 ms timeout; the wait is shortened."""
+        rank = self.tp * (self.pp - 1) if self.pp > 1 else 1
+        self._pace("profile", 0.5)
+        message = (
+            f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, "
+            "OpType=ALLREDUCE, NumelIn=8192, NumelOut=8192, Timeout(ms)=600000) ran for "
+            "600011 milliseconds before timing out."
+        )
+        now = time.strftime("%m%d %H:%M:%S")
+        self._rank_log(rank).line(
+            f"[rank{rank}]:[E{now}.000000000 ProcessGroupNCCL.cpp:632] {message}"
+        )
+        return model.SimError("RuntimeError", message, "engine")
 
     def _capture_graphs(self) -> None:
         if self.spec.get("enforce_eager"):
@@ -814,6 +932,18 @@ class Engine:
             "'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>, "
             "'max_cudagraph_capture_size': 512, 'local_cache_dir': None}"
         )
+
+
+class RayActorLog(Log):
+    """A Ray actor's lines as the driver's log shows them: ``(RayWorkerWrapper pid=N, ip=A)``."""
+
+    def __init__(self, pid: int, ip: str):
+        super().__init__("RayWorkerWrapper", pid)
+        self.ip = ip
+
+    @property
+    def prefix(self) -> str:
+        return f"(RayWorkerWrapper pid={self.pid}, ip={self.ip}) "
 
 
 def _worker_frames(phase: str) -> list[Frame]:

@@ -454,6 +454,7 @@ class ApiServer:
             "served": self.served,
             "tp": args.tensor_parallel_size,
             "pp": args.pipeline_parallel_size,
+            "executor": args.distributed_executor_backend,
             "util": args.gpu_memory_utilization,
             "max_model_len": max_len,
             "kv_cache_dtype": kv_dtype,

@@ -1,0 +1,51 @@
+"""The download check across the nodes of a cluster: every node must hold the same checkpoint.
+
+Each node gets the single-host check; then the checkpoints' fingerprints are compared: the
+sha256 of every shard's name, size, safetensors header length and tensor count, as the check
+read them (the paths may differ between nodes, the checkpoint may not). A node whose checkpoint
+differs fails, and so does every node: the ranks of one model must load the same weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from opsbook.deployment import Deployment
+from opsbook.results import Finding, Result, State
+from opsbook.stages import download
+from opsbook.stages.base import Report
+
+FINGERPRINT_FIELDS = ("file", "size", "header_len", "tensors")
+
+
+def run(hosts: Sequence[Any], deployment: Deployment, **options: Any) -> dict[str, Report]:
+    """The download check on each node, then the fingerprints compared."""
+    reports = {h.name: download.run(h, deployment.for_host(h.spec), **options) for h in hosts}
+    prints = {
+        name: fingerprint(r.detail) for name, r in reports.items() if isinstance(r.detail, Result)
+    }
+    if len(set(prints.values())) <= 1:
+        return reports
+    each = ", ".join(f"{name}: {value[:12]}" for name, value in prints.items())
+    finding = Finding(
+        "error",
+        "checkpoint",
+        f"the nodes hold different checkpoints (fingerprints {each})",
+        remedy="copy the head's checkpoint to every node (the same files, byte for byte)",
+    )
+    verdict = Result(False, finding.message, findings=[finding])
+    return {name: Report(State.FAILED, verdict, [verdict, *r.shows]) for name, r in reports.items()}
+
+
+def fingerprint(check: Result) -> str:
+    """sha256 of the shards' names, sizes, header lengths and tensor counts."""
+    shards = check.data.get("shards")
+    records = shards.records() if shards is not None else []
+    rows = sorted([str(r.get(f)) for f in FINGERPRINT_FIELDS] for r in records)
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+__all__ = ["fingerprint", "run"]
