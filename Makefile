@@ -84,6 +84,7 @@ sandbox-down:
 bench: setup
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
+# Run records (runs/) are never cleaned: they are the incident record, read-only once filed.
 clean:
 	-$(OPSBOOK) sandbox down --dir $(SANDBOX)
-	rm -rf $(VENV) .sandbox runs *.egg-info
+	rm -rf $(VENV) .sandbox *.egg-info

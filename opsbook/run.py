@@ -34,6 +34,7 @@ from opsbook.deployment import Deployment, load_deployment
 from opsbook.exceptions import RunError
 from opsbook.hosts import DEFAULT_FORKS
 from opsbook.journal import JOURNAL_ENV
+from opsbook.kernel import KERNEL_LOG, quiet_kernel_manager
 from opsbook.progress import HEADLESS_ENV
 from opsbook.redact import Redactor
 from opsbook.results import (
@@ -233,6 +234,7 @@ def execute_stage(
                     progress_bar=False,
                     cwd=str(nb_path.parent),
                     execution_timeout=timeout,
+                    kernel_manager_class=quiet_kernel_manager(folder / KERNEL_LOG),
                 )
         except PapermillExecutionError as e:
             failure = exit_code_for(e.ename), f"cell {e.exec_count} raised {e.ename}: {e.evalue}"
@@ -243,6 +245,7 @@ def execute_stage(
             failure = EXIT_TOOL_FAILED, f"the notebook could not run: {type(e).__name__}: {e}"
     code, message = _verdict(results, failure)
     redact_notebook(output, redactor)
+    redact_text_file(folder / KERNEL_LOG, redactor)
     return RunRecord(
         folder=folder,
         notebook=nb_path.name,
@@ -324,6 +327,12 @@ def redact_notebook(path: Path, redactor: Redactor) -> None:
                 if isinstance(value, str):
                     out["data"][mime] = redactor.redact(value)
     nbformat.write(nb, path)
+
+
+def redact_text_file(path: Path, redactor: Redactor) -> None:
+    """Mask secrets in a text file of the run folder (the kernel's log), in place."""
+    if path.exists():
+        path.write_text(redactor.redact(path.read_text(errors="replace")))
 
 
 DEPLOY_STAGES = tuple(s.notebook for s in stages.DEPLOY)
