@@ -67,7 +67,7 @@ class Result:
     def _repr_html_(self) -> str:
         mark = "&#10004;" if self.ok else "&#10008;"
         colour = "#1a7f37" if self.ok else "#cf222e"
-        head = f'<p style="color:{colour}"><b>{mark} {html.escape(self.message)}</b></p>'
+        head = f'<p style="color:{colour}"><b>{mark} {html.escape(shown(self.message))}</b></p>'
         return head + (self.findings_table()._repr_html_() if self.findings else "")
 
     def __repr__(self) -> str:
@@ -78,7 +78,7 @@ class Result:
         mark = "OK" if self.ok else "PROBLEM"
         lines = [f"{mark}: {self.message}"]
         lines += [f"  [{f.severity}] {f.subject}: {f.message}" for f in self.findings]
-        return "\n".join(lines)
+        return shown("\n".join(lines))
 
 
 class Table:
@@ -118,7 +118,19 @@ class Table:
 
 
 def _cell(value: Any) -> str:
-    return "" if value is None else str(value)
+    return "" if value is None else shown(str(value))
+
+
+def shown(text: str) -> str:
+    """``text`` as a display may show it: token-shaped secrets masked.
+
+    What a notebook displays is saved with it, interactive or headless; a table of the host's
+    processes holds other people's command lines (``--api-key sk-...``), so every display of
+    the library masks what looks like a secret before it reaches the page.
+    """
+    from opsbook.redact import Redactor
+
+    return Redactor().redact(text)
 
 
 class State(str, Enum):
@@ -218,7 +230,7 @@ class HostResult:
             f'<span style="background:{self.state.colour};color:white;padding:1px 6px">'
             f"{html.escape(self.state.value)}</span>"
         )
-        head = f"<p>{badge} <b>{html.escape(self.host)}</b> {html.escape(self.message)}</p>"
+        head = f"<p>{badge} <b>{html.escape(self.host)}</b> {html.escape(shown(self.message))}</p>"
         problems = [f for f in self.findings if f.severity != "ok"]
         if not problems:
             return head

@@ -25,6 +25,8 @@ STAGES = (
     Stage("launch", "04_launch", True, launch.run),
     Stage("diagnose", "05_diagnose", False, diagnose.run),
 )
+# Not a stage of the runbook: 04_launch's "Stop" button, run over the hosts like one.
+STOP = Stage("stop", "04_launch", True, launch.stop)
 # The stages a deploy runs in order; diagnose follows on every host.
 DEPLOY = tuple(s for s in STAGES if s.name != "diagnose")
 DIAGNOSE = STAGES[-1]
@@ -52,6 +54,7 @@ __all__ = [
     "DEPLOY",
     "DIAGNOSE",
     "STAGES",
+    "STOP",
     "HostHeading",
     "Note",
     "Report",
