@@ -285,6 +285,7 @@ class Gate:
 
     def click(self) -> Click:
         """What a click does: run the step, record it, refresh the page, re-check the button."""
+        label = self.label  # as it read when clicked; the step changes what it counts
         started = datetime.now(timezone.utc)
         clock = time.monotonic()
         self._following = {}
@@ -303,7 +304,9 @@ class Gate:
             self._record.update(_Page(self.history))
         if self.after is not None:
             self.after()
-        self._refresh_button()
+        # Every button of the page: this step may have given another one something to do.
+        for gate in [self, *(g for g in GATES if g is not self)]:
+            gate._refresh_button()
         return entry
 
     def _ipython_display_(self) -> None:
@@ -313,6 +316,7 @@ class Gate:
             display(self.outcome)
             return
         display(_widget_bundle(self._make_button(), f"[button: {self.label}]"), raw=True)
+        GATES.append(self)
         self._record = display(_Page(self.history, self.unavailable()), display_id=True)
 
     def _make_button(self) -> Any:
@@ -457,6 +461,8 @@ class Live:
 
 
 LIVE: dict[str, Live] = {}
+# The buttons shown in this kernel, so that each click re-checks them all.
+GATES: list[Gate] = []
 
 
 def live(name: str, render: Callable[[], Any]) -> Live:
