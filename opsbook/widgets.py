@@ -294,9 +294,8 @@ class Gate:
             result = self.run()
         except Exception as e:  # the page says what went wrong; the kernel stays usable
             result = Result(False, f"{type(e).__name__}: {e}")
-        entry = Click(
-            self.label, started, time.monotonic() - clock, session_records.user_name(), result
-        )
+        took = time.monotonic() - clock
+        entry = Click(label, started, took, session_records.user_name(), result)
         self.history.append(entry)
         if SESSION is not None:
             SESSION.note_click(entry)

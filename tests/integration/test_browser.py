@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Locator, Page, sync_playwright
+from playwright.sync_api import BrowserContext, Locator, Page, sync_playwright
 
 from opsbook import fleet_sandbox, sandbox
 from opsbook.deployment import load_deployment
@@ -410,9 +410,15 @@ class ClickSession:
     lab: Lab
     root: Path
     page: Page
+    context: BrowserContext
 
     def open(self, notebook: str) -> None:
-        self.page.goto(self.lab.url(f"lab/tree/{notebook}"))
+        """Open ``notebook`` in a tab of its own and run all its cells afresh."""
+        self.page.close()
+        self.page = self.context.new_page()
+        # A workspace of its own: the notebooks opened before are not restored beside it.
+        workspace = notebook.replace(".ipynb", "")
+        self.page.goto(self.lab.url(f"lab/workspaces/{workspace}/tree/{notebook}") + "&reset")
         self.page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=PAGE_LOAD_MS)
         wait_for_idle_kernel(self.page, PAGE_LOAD_MS)
         run_all_cells_afresh(self.page)
@@ -496,7 +502,7 @@ def lab_session(deployment: Path, work: Path) -> Iterator[ClickSession]:
             )
             try:
                 page = browser.pages[0] if browser.pages else browser.new_page()
-                yield ClickSession(lab, root, page)
+                yield ClickSession(lab, root, page, browser)
             finally:
                 browser.close()
     finally:
@@ -534,12 +540,14 @@ def health(port: int) -> int | None:
         return None
 
 
-def upload_launch_script(deployment: Path) -> None:
+def patch_and_upload(deployment: Path) -> None:
+    """What 02 and 03 do before 04 can start a server: the config patched, the script there."""
     from opsbook import stages
 
     dep = load_deployment(deployment)
-    run = stages.run_stage(stages.get("launch-script"), dep, apply=True, on_result=None)
-    assert run.ok, run.table()
+    for name in ("config-patch", "launch-script"):
+        run = stages.run_stage(stages.get(name), dep, apply=True, on_result=None)
+        assert run.ok, run.table()
 
 
 def test_02_apply_then_restore_shows_what_the_host_has(
@@ -583,7 +591,7 @@ def test_02_apply_then_restore_shows_what_the_host_has(
 
 
 def test_04_stop_and_start_follow_the_host(session: ClickSession, click_box: Sandbox) -> None:
-    upload_launch_script(click_box.deployment_path)
+    patch_and_upload(click_box.deployment_path)
     port = load_deployment(click_box.deployment_path).server_port
     session.open("04_launch.ipynb")
     assert health(port) is None
@@ -672,12 +680,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[fleet_sandbox.Fl
 def test_the_buttons_act_on_both_hosts_of_a_fleet(
     fleet: fleet_sandbox.Fleet, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from opsbook import stages
-
     dep = load_deployment(fleet.deployment_path)
-    patched = stages.run_stage(stages.get("config-patch"), dep, apply=True, on_result=None)
-    assert patched.ok, patched.table()
-    upload_launch_script(fleet.deployment_path)
+    patch_and_upload(fleet.deployment_path)
     ports = [dep.for_host(h).server_port for h in dep.hosts]
     for clicks in lab_session(fleet.deployment_path, tmp_path_factory.mktemp("fleet")):
         clicks.open("04_launch.ipynb")
