@@ -103,7 +103,20 @@ def write_summary(folder: Path, run: RunSummary) -> Path:
     """``summary.json`` and ``index.html`` of a run folder."""
     (folder / SUMMARY).write_text(json.dumps(summary_doc(run), indent=2, default=str) + "\n")
     (folder / INDEX).write_text(index_page(run))
+    write_journal_page(folder)
     return folder / SUMMARY
+
+
+def write_journal_page(folder: Path) -> Path | None:
+    """``journal.html``: the run's journal for people, next to ``journal.jsonl``."""
+    from opsbook.journal import journal_page, read_journal
+
+    source = folder / "journal.jsonl"
+    if not source.exists():
+        return None
+    page = journal_page(read_journal(source), title=f"journal of {folder.name}")
+    (folder / JOURNAL_PAGE).write_text(page)
+    return folder / JOURNAL_PAGE
 
 
 def index_page(run: RunSummary) -> str:
@@ -140,7 +153,7 @@ def index_page(run: RunSummary) -> str:
         f"<p>{esc(run.message)}</p>"
         f"<p>deployment {esc(run.deployment)} · {len(run.hosts)} host(s)"
         f" · started {esc(run.started)} · {run.duration:.1f} s"
-        " · <a href='journal.jsonl'>journal</a></p>"
+        f" · <a href='{JOURNAL_PAGE}'>journal</a> (<a href='journal.jsonl'>JSON lines</a>)</p>"
         f"<table><tr><th>host</th>{head}<th>launch script running</th><th>recap</th></tr>"
         + "".join(rows)
         + "</table><h2>Notebooks</h2><ul>"
