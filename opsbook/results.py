@@ -11,6 +11,7 @@ which is never shown as a green ok.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -59,10 +60,9 @@ class Result:
         return self.ok
 
     def findings_table(self) -> Table:
-        return Table(
-            ["severity", "subject", "message", "remedy"],
-            [[f.severity, f.subject, f.message, f.remedy] for f in self.findings],
-        )
+        """The findings, problems first, those alike but for their numbers merged into one
+        row (eight GPUs held by eight workers of one server are one row, not eight)."""
+        return findings_table(self.findings)
 
     def _repr_html_(self) -> str:
         mark = "&#10004;" if self.ok else "&#10008;"
@@ -81,6 +81,31 @@ class Result:
         return shown("\n".join(lines))
 
 
+def merge_alike(findings: Iterable[Finding]) -> list[tuple[Finding, list[Finding]]]:
+    """Findings grouped when they differ only in their numbers (same severity, same remedy):
+    each group's first finding, and the others like it."""
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for f in findings:
+        key = (f.severity, re.sub(r"\d+", "N", f.message), f.remedy)
+        groups.setdefault(key, []).append(f)
+    return [(group[0], group[1:]) for group in groups.values()]
+
+
+def findings_table(findings: Iterable[Finding]) -> Table:
+    """A findings table: problems first, then warnings, infos and oks; findings alike but for
+    their numbers merged into one row naming every subject."""
+    order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
+    rows = []
+    for first, others in sorted(merge_alike(findings), key=lambda g: order[g[0].severity]):
+        subject = first.subject
+        message = first.message
+        if others:
+            subject = ", ".join([first.subject, *(o.subject for o in others)])
+            message = f"{first.message} (and {len(others)} more alike)"
+        rows.append([first.severity, subject, message, first.remedy])
+    return Table(["severity", "subject", "message", "remedy"], rows)
+
+
 class Table:
     """A plain table that shows as HTML in a notebook and as aligned text elsewhere."""
 
@@ -96,9 +121,10 @@ class Table:
         return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in self.columns)
+        # Left-aligned: JupyterLab right-aligns table cells, which suits numbers, not text.
+        head = "".join(f"<th{LEFT}>{html.escape(str(c))}</th>" for c in self.columns)
         body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+            "<tr>" + "".join(f"<td{LEFT}>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
             for row in self.rows
         )
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -115,6 +141,9 @@ class Table:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+LEFT = ' style="text-align:left"'
 
 
 def _cell(value: Any) -> str:
@@ -234,11 +263,7 @@ class HostResult:
         problems = [f for f in self.findings if f.severity != "ok"]
         if not problems:
             return head
-        table = Table(
-            ["severity", "subject", "message", "remedy"],
-            [[f.severity, f.subject, f.message, f.remedy] for f in problems],
-        )
-        return head + table._repr_html_()
+        return head + findings_table(problems)._repr_html_()
 
     def __str__(self) -> str:
         return self.line()
