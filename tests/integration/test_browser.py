@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import BrowserContext, Locator, Page, sync_playwright
+from playwright.sync_api import BrowserContext, Locator, Page, Playwright, sync_playwright
 
 from opsbook import fleet_sandbox, sandbox
 from opsbook.deployment import load_deployment
@@ -299,34 +299,42 @@ def lab(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 @pytest.fixture(scope="module")
-def executed(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExecutedNotebook]:
+def driver() -> Iterator[Playwright]:
+    """One Playwright driver for the module (its sync API allows one at a time)."""
+    with sync_playwright() as playwright:
+        yield playwright
+
+
+@pytest.fixture(scope="module")
+def executed(
+    lab: Lab, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ExecutedNotebook]:
     """The preflight notebook opened in chromium, all cells run, screenshot saved."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`make setup` does)")
     profile = tmp_path_factory.mktemp("chromium-profile")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=str(CHROMIUM),
-            args=CHROMIUM_FLAGS,
-            headless=True,
-            viewport={"width": 1400, "height": 1000},
-        )
+    browser = driver.chromium.launch_persistent_context(
+        str(profile),
+        executable_path=str(CHROMIUM),
+        args=CHROMIUM_FLAGS,
+        headless=True,
+        viewport={"width": 1400, "height": 1000},
+    )
+    try:
+        page = browser.pages[0] if browser.pages else browser.new_page()
+        page.goto(lab.url(f"lab/tree/{NOTEBOOK}"))
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=PAGE_LOAD_MS)
+        wait_for_idle_kernel(page, PAGE_LOAD_MS)
+        run_all_cells_afresh(page)
         try:
-            page = browser.pages[0] if browser.pages else browser.new_page()
-            page.goto(lab.url(f"lab/tree/{NOTEBOOK}"))
-            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=PAGE_LOAD_MS)
-            wait_for_idle_kernel(page, PAGE_LOAD_MS)
-            run_all_cells_afresh(page)
-            try:
-                wait_for_all_cells_executed(page, RUN_ALL_MS)
-                wait_for_idle_kernel(page, RUN_ALL_MS)
-            finally:
-                save_whole_notebook_screenshot(page, SCREENSHOT)
-                print(f"screenshot: {SCREENSHOT}")
-            yield ExecutedNotebook(page, lab)
+            wait_for_all_cells_executed(page, RUN_ALL_MS)
+            wait_for_idle_kernel(page, RUN_ALL_MS)
         finally:
-            browser.close()
+            save_whole_notebook_screenshot(page, SCREENSHOT)
+            print(f"screenshot: {SCREENSHOT}")
+        yield ExecutedNotebook(page, lab)
+    finally:
+        browser.close()
 
 
 def test_the_notebook_ran_against_the_rehearsal_host(
@@ -484,7 +492,7 @@ class ClickSession:
         return sorted((self.root.parent / "runs").glob(f"*-session-{notebook}-*"))
 
 
-def lab_session(deployment: Path, work: Path) -> Iterator[ClickSession]:
+def lab_session(deployment: Path, work: Path, driver: Playwright) -> Iterator[ClickSession]:
     root = work / "notebooks"
     shutil.copytree(REPOSITORY / "notebooks", root)
     lab = start_lab(root, deployment, work)
@@ -492,19 +500,18 @@ def lab_session(deployment: Path, work: Path) -> Iterator[ClickSession]:
         wait_until_up(lab)
         if not CHROMIUM.exists():
             pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`make setup` does)")
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch_persistent_context(
-                str(work / "chromium-profile"),
-                executable_path=str(CHROMIUM),
-                args=CHROMIUM_FLAGS,
-                headless=True,
-                viewport={"width": 1400, "height": 1000},
-            )
-            try:
-                page = browser.pages[0] if browser.pages else browser.new_page()
-                yield ClickSession(lab, root, page, browser)
-            finally:
-                browser.close()
+        browser = driver.chromium.launch_persistent_context(
+            str(work / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            args=CHROMIUM_FLAGS,
+            headless=True,
+            viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            page = browser.pages[0] if browser.pages else browser.new_page()
+            yield ClickSession(lab, root, page, browser)
+        finally:
+            browser.close()
     finally:
         stop_lab(lab)
 
@@ -520,8 +527,10 @@ def click_box() -> Iterator[Sandbox]:
 
 
 @pytest.fixture(scope="module")
-def session(click_box: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickSession]:
-    yield from lab_session(click_box.deployment_path, tmp_path_factory.mktemp("clicks"))
+def session(
+    click_box: Sandbox, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClickSession]:
+    yield from lab_session(click_box.deployment_path, tmp_path_factory.mktemp("clicks"), driver)
 
 
 def model_dir(click_box: Sandbox) -> Path:
@@ -678,12 +687,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[fleet_sandbox.Fl
 
 
 def test_the_buttons_act_on_both_hosts_of_a_fleet(
-    fleet: fleet_sandbox.Fleet, tmp_path_factory: pytest.TempPathFactory
+    fleet: fleet_sandbox.Fleet, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     dep = load_deployment(fleet.deployment_path)
     patch_and_upload(fleet.deployment_path)
     ports = [dep.for_host(h).server_port for h in dep.hosts]
-    for clicks in lab_session(fleet.deployment_path, tmp_path_factory.mktemp("fleet")):
+    for clicks in lab_session(fleet.deployment_path, tmp_path_factory.mktemp("fleet"), driver):
         clicks.open("04_launch.ipynb")
         clicks.click("Start the server on 2 host(s)", "clicked Start the server on 2 host(s)")
         assert [health(p) for p in ports] == [200, 200]
