@@ -91,6 +91,7 @@ BENCHES := health diagnose launch download deploy fleet heldout
 bench: setup
 	status=0; for b in $(BENCHES); do $(PY) bench/$$b.py || status=1; done; exit $$status
 
+# Run records (runs/) are never cleaned: they are the incident record, read-only once filed.
 clean:
 	-$(OPSBOOK) sandbox down --dir $(SANDBOX)
-	rm -rf $(VENV) .sandbox runs *.egg-info
+	rm -rf $(VENV) .sandbox *.egg-info

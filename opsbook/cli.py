@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -36,7 +37,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OpsbookError as e:
         print(f"opsbook: {e}", file=sys.stderr)
         return runner.EXIT_TOOL_FAILED
+    except BrokenPipeError:
+        # The reader left (`opsbook records show RUN | head -1`): it had what it wanted.
+        _detach_stdout()
+        return runner.EXIT_OK
     return code
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush finds no closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("action", choices=["list", "show"])
     rec.add_argument("run", nargs="?", help="a run folder (for show)")
     rec.add_argument("--runs-dir", default="runs", help="where run folders are (default: runs)")
+    rec.add_argument("--json", action="store_true", help="show: the whole record as JSON")
     rec.set_defaults(handler=cmd_records)
 
     check = sub.add_parser(
@@ -375,7 +387,10 @@ def cmd_records(args: argparse.Namespace) -> int:
     folder = Path(args.run)
     if not folder.is_dir():
         folder = Path(args.runs_dir) / args.run
-    print(json.dumps(records.show_run(folder), indent=2))
+    if args.json:
+        print(json.dumps(records.show_run(folder), indent=2))
+    else:
+        print(records.describe_run(folder))
     return runner.EXIT_OK
 
 

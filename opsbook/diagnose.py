@@ -163,7 +163,7 @@ def classify(
         if orphans:
             message += (
                 f"; {orphans} of its processes still run (orphans holding GPU memory): "
-                "stop_server stops them"
+                "04_launch stops them (its Stop button, or `opsbook run 04_launch -p apply true`)"
             )
         return state, message
     if healthy:

@@ -6,9 +6,12 @@ notebook's kernel), every entry is also appended there, so a run record holds ev
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -110,3 +113,86 @@ def _tail(text: str) -> str:
 def _one_line(text: str, width: int = 120) -> str:
     line = " ".join(text.split())
     return line if len(line) <= width else line[: width - 3] + "..."
+
+
+# Operations that change the host; everything else a journal holds only reads it.
+WRITE_OPERATIONS = ("stop", "start", "clean_shm", "apply", "restore", "upload")
+WRITE_LABELS = ("write ", "record ", "prepare ", "stop ", "start ", "sftp put")
+_PROBE = re.compile(r"^probe (\w+) \([^)]*\) args=(.*)$", re.S)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A journal entry for people: what was done (first), read or write, when, how long."""
+
+    what: str
+    writes: bool
+    entry: JournalEntry
+
+
+def operation(entry: JournalEntry) -> Operation:
+    """Name a journal entry by what it did: ``launch stop``, ``configs read``, ``bash -n
+    /path``; a probe's arguments and the full command stay in the entry."""
+    found = _PROBE.match(entry.command)
+    if found:
+        name, args = found.group(1), found.group(2)
+        step = _argument(args, "op") or _argument(args, "action") or "look"
+        detail = _argument(args, "path") if step == "http" else ""
+        what = " ".join(filter(None, (name, step, detail)))
+        return Operation(what, step in WRITE_OPERATIONS, entry)
+    text = _one_line(entry.command, 80)
+    writes = entry.kind == "upload" or text.startswith(WRITE_LABELS)
+    return Operation(text, writes, entry)
+
+
+def _argument(args: str, key: str) -> str:
+    found = re.search(rf"'{key}': '([^']*)'", args)
+    return found.group(1) if found else ""
+
+
+def journal_page(entries: Sequence[JournalEntry], title: str = "journal") -> str:
+    """The journal as a self-contained HTML page: one row per operation (what, read or write,
+    UTC time, seconds, exit, host), the full command and output tails on demand."""
+    esc = html.escape
+    rows = []
+    for e in entries:
+        op = operation(e)
+        failed = e.exit_code not in (0, None)
+        details = (
+            f"<details><summary>command</summary><pre>{esc(e.command)}</pre>"
+            + (f"<pre>{esc(e.stdout_tail)}</pre>" if e.stdout_tail else "")
+            + (f"<pre style='color:#cf222e'>{esc(e.stderr_tail)}</pre>" if e.stderr_tail else "")
+            + (f"<p>{esc(e.note)}</p>" if e.note else "")
+            + "</details>"
+        )
+        rows.append(
+            f"<tr{' style=background:#ffebe9' if failed else ''}>"
+            f"<td>{esc(op.what)}</td><td>{'write' if op.writes else 'read'}</td>"
+            f"<td>{esc(e.started[11:19])}</td><td>{e.duration:.2f} s</td>"
+            f"<td>{'' if e.exit_code is None else e.exit_code}</td><td>{esc(e.host)}</td>"
+            f"<td>{details}</td></tr>"
+        )
+    day = entries[0].started[:10] if entries else ""
+    writes = sum(operation(e).writes for e in entries)
+    return (
+        "<!doctype html><meta charset='utf-8'>"
+        f"<title>{esc(title)}</title>"
+        "<style>body{font-family:sans-serif}td,th{padding:3px 8px;text-align:left;"
+        "vertical-align:top;border-bottom:1px solid #ddd}pre{white-space:pre-wrap;margin:2px}"
+        "</style>"
+        f"<h1>{esc(title)}</h1><p>{len(entries)} operation(s), {writes} of them writing to a "
+        f"host; times are UTC, {esc(day)}</p>"
+        "<table><tr><th>operation</th><th>read/write</th><th>UTC</th><th>took</th>"
+        "<th>exit</th><th>host</th><th></th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def read_journal(path: Path) -> list[JournalEntry]:
+    """The entries of a ``journal.jsonl`` file (lines that are not entries are skipped)."""
+    entries = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            entries.append(JournalEntry(**json.loads(line)))
+        except (ValueError, TypeError):
+            continue
+    return entries

@@ -101,6 +101,10 @@ def stop_server(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Resul
     return Result(False, problems.get(str(reason), f"stop failed: {reason}"), data, findings)
 
 
+# What stops a server opsbook started: the notebook's button, or a run that restarts it.
+STOP_REMEDY = "stop it first: 04_launch's Stop button, or `opsbook run 04_launch -p apply true`"
+
+
 def stop_previous(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
     """:func:`stop_server`, then :func:`clean_stale_shm`: the step before a start."""
     stopped = stop_server(host, paths, grace=grace)
@@ -214,13 +218,20 @@ def _not_started(answer: dict[str, Any], paths: LaunchPaths, port: int) -> Resul
             False,
             f"a server launched by opsbook is still running (PID {pid})",
             answer,
-            [Finding("error", "server", "still running", "stop it first (stop_server)")],
+            [
+                Finding(
+                    "error",
+                    "server",
+                    "still running",
+                    STOP_REMEDY,
+                )
+            ],
         )
     if reason == "port-taken":
         holders = ", ".join(_holder(h) for h in answer.get("holders", [])) or "an unseen process"
         message = f"not started: port {port} is already taken by {holders}"
         remedy = (
-            "stop that server first (stop_server stops only what opsbook started), "
+            "stop that server first (04_launch's Stop button stops only what opsbook started), "
             "or set server.port to a free port"
         )
         return Result(False, message, answer, [Finding("error", f"port {port}", message, remedy)])

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from opsbook.results import Finding, HostResult, Result, State
+from opsbook.results import Finding, HostResult, Result, State, shown
 
 OUTCOME_ENV = "OPSBOOK_OUTCOME"
 PROGRESS = "progress"
@@ -95,10 +95,19 @@ def record_host(result: HostResult) -> HostResult:
     """Append ``result`` to the outcome file of this run, if there is one; returns it.
 
     Threads of a stage's fan-out call this as each host finishes: one write per line, under a
-    lock, flushed at once so that the runner sees it now.
+    lock, flushed at once so that the runner sees it now. What looks like a secret (a foreign
+    process's ``--api-key``, say, in a finding) is masked in the file.
     """
-    _append(encode(result))
+    _append(encode(_masked(result)))
     return result
+
+
+def _masked(result: HostResult) -> HostResult:
+    findings = tuple(
+        replace(f, subject=shown(f.subject), message=shown(f.message), remedy=shown(f.remedy))
+        for f in result.findings
+    )
+    return replace(result, message=shown(result.message), findings=findings)
 
 
 def _append(line: str) -> None:

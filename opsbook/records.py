@@ -19,6 +19,7 @@ from opsbook.results import HostResult, State, Table, host_anchor, recap
 
 SUMMARY = "summary.json"
 INDEX = "index.html"
+JOURNAL_PAGE = "journal.html"
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,20 @@ def write_summary(folder: Path, run: RunSummary) -> Path:
     """``summary.json`` and ``index.html`` of a run folder."""
     (folder / SUMMARY).write_text(json.dumps(summary_doc(run), indent=2, default=str) + "\n")
     (folder / INDEX).write_text(index_page(run))
+    write_journal_page(folder)
     return folder / SUMMARY
+
+
+def write_journal_page(folder: Path) -> Path | None:
+    """``journal.html``: the run's journal for people, next to ``journal.jsonl``."""
+    from opsbook.journal import journal_page, read_journal
+
+    source = folder / "journal.jsonl"
+    if not source.exists():
+        return None
+    page = journal_page(read_journal(source), title=f"journal of {folder.name}")
+    (folder / JOURNAL_PAGE).write_text(page)
+    return folder / JOURNAL_PAGE
 
 
 def index_page(run: RunSummary) -> str:
@@ -140,7 +154,7 @@ def index_page(run: RunSummary) -> str:
         f"<p>{esc(run.message)}</p>"
         f"<p>deployment {esc(run.deployment)} · {len(run.hosts)} host(s)"
         f" · started {esc(run.started)} · {run.duration:.1f} s"
-        " · <a href='journal.jsonl'>journal</a></p>"
+        f" · <a href='{JOURNAL_PAGE}'>journal</a> (<a href='journal.jsonl'>JSON lines</a>)</p>"
         f"<table><tr><th>host</th>{head}<th>launch script running</th><th>recap</th></tr>"
         + "".join(rows)
         + "</table><h2>Notebooks</h2><ul>"
@@ -229,6 +243,44 @@ def show_run(folder: Path) -> dict[str, Any]:
     if doc is None:
         raise RunError(f"{folder} is not a run folder", remedy="see `opsbook records list`")
     return doc
+
+
+def describe_run(folder: Path) -> str:
+    """What a run folder records, for people: status, parameters, one line per stage and host,
+    the recap, and where the notebooks, the journal and the index page are.
+
+    Raises:
+        RunError: it is not a run folder.
+    """
+    from opsbook import outcome
+
+    doc = show_run(folder)
+    results = [outcome.decode(json.dumps(r)) for r in doc.get("results", [])]
+    params = doc.get("parameters") or {}
+    took = f"{float(doc.get('duration') or 0):.1f} s"
+    lines = [
+        f"run {folder.name}: {doc.get('status', '?')} (exit {doc.get('exit_code', '?')}), {took}",
+        f"  {doc.get('message', '')}",
+    ]
+    if doc.get("started"):
+        lines.append(f"  started {doc['started']}")
+    if params:
+        lines.append("  parameters: " + ", ".join(f"{k}={v}" for k, v in params.items()))
+    if results:
+        table = Table(
+            ["stage", "host", "state", "time", "message"],
+            [[r.stage, r.host, r.state.value, f"{r.duration:.1f} s", r.message] for r in results],
+        )
+        lines += ["", str(table), "", "RECAP"]
+        width = max(len(r.host) for r in results)
+        lines += [line.line(width) for line in recap(results)]
+    files = [name for name in (INDEX, JOURNAL_PAGE, "journal.jsonl") if (folder / name).exists()]
+    files += [n["notebook"] for n in doc.get("notebooks", [])]
+    if not doc.get("notebooks") and doc.get("notebook"):
+        files.append(str(doc["notebook"]))
+    if files:
+        lines += ["", "files: " + ", ".join(files)]
+    return "\n".join(lines)
 
 
 def _read_record(folder: Path) -> dict[str, Any] | None:

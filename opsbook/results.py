@@ -11,6 +11,7 @@ which is never shown as a green ok.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -59,15 +60,14 @@ class Result:
         return self.ok
 
     def findings_table(self) -> Table:
-        return Table(
-            ["severity", "subject", "message", "remedy"],
-            [[f.severity, f.subject, f.message, f.remedy] for f in self.findings],
-        )
+        """The findings, problems first, those alike but for their numbers merged into one
+        row (eight GPUs held by eight workers of one server are one row, not eight)."""
+        return findings_table(self.findings)
 
     def _repr_html_(self) -> str:
         mark = "&#10004;" if self.ok else "&#10008;"
         colour = "#1a7f37" if self.ok else "#cf222e"
-        head = f'<p style="color:{colour}"><b>{mark} {html.escape(self.message)}</b></p>'
+        head = f'<p style="color:{colour}"><b>{mark} {html.escape(shown(self.message))}</b></p>'
         return head + (self.findings_table()._repr_html_() if self.findings else "")
 
     def __repr__(self) -> str:
@@ -78,7 +78,32 @@ class Result:
         mark = "OK" if self.ok else "PROBLEM"
         lines = [f"{mark}: {self.message}"]
         lines += [f"  [{f.severity}] {f.subject}: {f.message}" for f in self.findings]
-        return "\n".join(lines)
+        return shown("\n".join(lines))
+
+
+def merge_alike(findings: Iterable[Finding]) -> list[tuple[Finding, list[Finding]]]:
+    """Findings grouped when they differ only in their numbers (same severity, same remedy):
+    each group's first finding, and the others like it."""
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for f in findings:
+        key = (f.severity, re.sub(r"\d+", "N", f.message), f.remedy)
+        groups.setdefault(key, []).append(f)
+    return [(group[0], group[1:]) for group in groups.values()]
+
+
+def findings_table(findings: Iterable[Finding]) -> Table:
+    """A findings table: problems first, then warnings, infos and oks; findings alike but for
+    their numbers merged into one row naming every subject."""
+    order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
+    rows = []
+    for first, others in sorted(merge_alike(findings), key=lambda g: order[g[0].severity]):
+        subject = first.subject
+        message = first.message
+        if others:
+            subject = ", ".join([first.subject, *(o.subject for o in others)])
+            message = f"{first.message} (and {len(others)} more alike)"
+        rows.append([first.severity, subject, message, first.remedy])
+    return Table(["severity", "subject", "message", "remedy"], rows)
 
 
 class Table:
@@ -96,9 +121,10 @@ class Table:
         return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in self.columns)
+        # Left-aligned: JupyterLab right-aligns table cells, which suits numbers, not text.
+        head = "".join(f"<th{LEFT}>{html.escape(str(c))}</th>" for c in self.columns)
         body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+            "<tr>" + "".join(f"<td{LEFT}>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
             for row in self.rows
         )
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -117,8 +143,23 @@ class Table:
         return len(self.rows)
 
 
+LEFT = ' style="text-align:left"'
+
+
 def _cell(value: Any) -> str:
-    return "" if value is None else str(value)
+    return "" if value is None else shown(str(value))
+
+
+def shown(text: str) -> str:
+    """``text`` as a display may show it: token-shaped secrets masked.
+
+    What a notebook displays is saved with it, interactive or headless; a table of the host's
+    processes holds other people's command lines (``--api-key sk-...``), so every display of
+    the library masks what looks like a secret before it reaches the page.
+    """
+    from opsbook.redact import Redactor
+
+    return Redactor().redact(text)
 
 
 class State(str, Enum):
@@ -218,15 +259,11 @@ class HostResult:
             f'<span style="background:{self.state.colour};color:white;padding:1px 6px">'
             f"{html.escape(self.state.value)}</span>"
         )
-        head = f"<p>{badge} <b>{html.escape(self.host)}</b> {html.escape(self.message)}</p>"
+        head = f"<p>{badge} <b>{html.escape(self.host)}</b> {html.escape(shown(self.message))}</p>"
         problems = [f for f in self.findings if f.severity != "ok"]
         if not problems:
             return head
-        table = Table(
-            ["severity", "subject", "message", "remedy"],
-            [[f.severity, f.subject, f.message, f.remedy] for f in problems],
-        )
-        return head + table._repr_html_()
+        return head + findings_table(problems)._repr_html_()
 
     def __str__(self) -> str:
         return self.line()

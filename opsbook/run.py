@@ -376,7 +376,7 @@ def execute_stage(
     with _following(results_file, on_result, on_progress) as results:
         try:
             with _environment(env), _deadline(stage_timeout), records.private_files():
-                shared = {"km": kernel.ready(env)} if kernel is not None else {}
+                shared = _kernel_options(kernel, env, folder / KERNEL_LOG)
                 papermill.execute_notebook(
                     str(nb_path),
                     str(output),
@@ -397,6 +397,7 @@ def execute_stage(
         kernel.discard()  # a kernel that a cell failed or a deadline stopped is not reused
     code, message = _verdict(results, failure)
     redact_notebook(output, redactor)
+    redact_text_file(folder / KERNEL_LOG, redactor)
     return RunRecord(
         folder=folder,
         notebook=nb_path.name,
@@ -482,7 +483,26 @@ def redact_notebook(path: Path, redactor: Redactor) -> None:
     nbformat.write(nb, path)
 
 
+def redact_text_file(path: Path, redactor: Redactor) -> None:
+    """Mask secrets in a text file of the run folder (the kernel's log), in place."""
+    if path.exists():
+        path.write_text(redactor.redact(path.read_text(errors="replace")))
+
+
 BATCH_PREFIX = "batch-"
+# The stage kernels' own log in the run folder (opsbook.kernel keeps it off the terminal).
+KERNEL_LOG = "kernel.log"
+
+
+def _kernel_options(
+    kernel: SharedKernel | None, env: Mapping[str, str], log_path: Path
+) -> dict[str, Any]:
+    """papermill's kernel options: the deploy's shared kernel, or a quiet one of its own."""
+    if kernel is not None:
+        return {"km": kernel.ready(env, log_path)}
+    from opsbook.kernel import quiet_kernel_manager
+
+    return {"kernel_manager_class": quiet_kernel_manager(log_path)}
 
 
 class SharedKernel:
@@ -496,16 +516,18 @@ class SharedKernel:
     def __init__(self) -> None:
         self.km: Any = None
 
-    def ready(self, env: Mapping[str, str]) -> Any:
+    def ready(self, env: Mapping[str, str], log_path: Path) -> Any:
         """The kernel manager for the next notebook: not started yet (papermill starts it
-        with this process's environment), or running with ``env`` set in it."""
-        from jupyter_client.manager import AsyncKernelManager
+        with this process's environment; it is quiet and logs to ``log_path``), or running
+        with ``env`` set in it."""
         from jupyter_core.utils import run_sync
+
+        from opsbook.kernel import quiet_kernel_manager
 
         if self.km is not None and self.km.has_kernel:
             run_sync(_set_kernel_environment)(self.km, dict(env))
             return self.km
-        self.km = AsyncKernelManager(kernel_name="python3")
+        self.km = quiet_kernel_manager(log_path)(kernel_name="python3")
         return self.km
 
     def discard(self) -> None:

@@ -52,15 +52,16 @@ _MODULES = (
 )
 
 
-def _per_host(module: str) -> StageFunction:
-    """The stage module's ``run``, imported on the first call: a health check that runs only
-    the diagnose stage does not pay for the config patch's vLLM tables."""
+def _per_host(module: str, function: str = "run") -> StageFunction:
+    """The stage module's ``run`` (or ``function``), imported on the first call: a health
+    check that runs only the diagnose stage does not pay for the config patch's vLLM tables."""
 
     def run(host: Any, deployment: Any, **options: Any) -> Report:
-        stage_run: StageFunction = importlib.import_module(f"opsbook.stages.{module}").run
+        module_ = importlib.import_module(f"opsbook.stages.{module}")
+        stage_run: StageFunction = getattr(module_, function)
         return stage_run(host, deployment, **options)
 
-    run.__qualname__ = run.__name__ = f"{module}.run"
+    run.__qualname__ = run.__name__ = f"{module}.{function}"
     return run
 
 
@@ -107,6 +108,8 @@ STAGES = (
         _on_cluster("cluster_launch", "diagnose"),
     ),
 )
+# Not a stage of the runbook: 04_launch's "Stop" button, run over the hosts like one.
+STOP = Stage("stop", "04_launch", True, _per_host("launch", "stop"))
 # The stages a deploy runs in order; diagnose follows on every host.
 DEPLOY = tuple(s for s in STAGES if s.name != "diagnose")
 DIAGNOSE = STAGES[-1]
@@ -134,6 +137,7 @@ __all__ = [
     "DEPLOY",
     "DIAGNOSE",
     "STAGES",
+    "STOP",
     "HostHeading",
     "Note",
     "Report",

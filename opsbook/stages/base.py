@@ -131,15 +131,21 @@ class StageRun:
         hosts = self.group.hosts
         return hosts[0].journal.table() if hosts else Table(["host", "command"], [])
 
+    def sections(self) -> list[Any]:
+        """One section per host: its heading and result, then what the stage shows of it."""
+        items: list[Any] = []
+        for r in self.results:
+            items.append(HostHeading(r))
+            report = self.reports.get(r.host)
+            items += report.shows if report else []
+        return items
+
     def show(self) -> None:
-        """Display one section per host: its result, then what the stage shows of it."""
+        """Display :meth:`sections`, one output each."""
         from IPython.display import display
 
-        for r in self.results:
-            display(HostHeading(r))
-            report = self.reports.get(r.host)
-            for item in report.shows if report else []:
-                display(item)
+        for item in self.sections():
+            display(item)
 
     def _repr_html_(self) -> str:
         rows = "".join(

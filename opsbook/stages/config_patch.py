@@ -65,15 +65,15 @@ def run(
         )
     if plan.nothing_planned:
         verdict = patch.patch_verdict(before, None, plan=plan)
-        return Report(State.OK if before.ok else State.FAILED, verdict, shows)
+        return Report(State.OK if before.ok else State.FAILED, verdict, shows, detail=plan)
     if plan.already_applied:
-        return Report(State.OK if before.ok else State.FAILED, before, shows)
+        return Report(State.OK if before.ok else State.FAILED, before, shows, detail=plan)
     shows.append(Note(plan.diff))
     if not apply:
         dry = patch.apply_patch(host, deployment.model_path, plan, apply=False)
         predicted = "" if before.ok else f"predicted: {before.message}; "
         verdict = Result(dry.ok, predicted + dry.message, findings=before.findings)
-        return Report(State.WOULD_CHANGE if dry.ok else State.FAILED, verdict, shows)
+        return Report(State.WOULD_CHANGE if dry.ok else State.FAILED, verdict, shows, detail=plan)
     applied = patch.apply_patch(
         host,
         deployment.model_path,

@@ -24,9 +24,12 @@ def run(
     apply: bool = False,
     ready_timeout: float = 900.0,
     stop_grace: float = 10.0,
+    on_progress: Callable[[str, launch.Progress], None] | None = None,
 ) -> Report:
     """With ``apply``: stop, start, follow to ready, smoke test (changed, or failed at the
-    step that failed). Without: ok when the server runs and is ready, else would change."""
+    step that failed). Without: ok when the server runs and is ready, else would change.
+    ``on_progress`` is told the host's name and each look at the starting server (a notebook
+    shows the phase and the log's last lines as they come)."""
     paths = launch.resolve_paths(host, deployment)
     if not apply:
         return _dry_run(host, deployment, paths)
@@ -43,8 +46,9 @@ def run(
     if not started.ok:
         return Report(State.FAILED, started, shows, _failure_of(started))
     ready = launch.wait_until_ready(
-        host, paths, deployment.server_port, timeout=ready_timeout, on_progress=_phases(host)
-    )
+        host, paths, deployment.server_port, timeout=ready_timeout,
+        on_progress=_phases(host, on_progress),
+    )  # fmt: skip
     shows.append(ready)
     digest = record_running_script(host, paths)
     if not ready.ok:
@@ -59,11 +63,28 @@ def run(
     return Report(State.CHANGED if smoke.ok else State.FAILED, smoke, shows, "", digest)
 
 
-def _phases(host: Host) -> Callable[[launch.Progress], None]:
-    """Note each startup phase a host's server reaches, once, for the runner's live lines."""
+def stop(host: Host, deployment: Deployment, *, stop_grace: float = 10.0) -> Report:
+    """Stop the server opsbook started on the host (by its recorded process group) and clean
+    its stale shared memory: changed when one was stopped, ok when none ran."""
+    paths = launch.resolve_paths(host, deployment)
+    before = diagnose.server_state(host, paths, deployment.server_port)
+    stopped = launch.stop_previous(host, paths, grace=stop_grace)
+    if not stopped.ok:
+        return Report(State.FAILED, stopped, [stopped])
+    state = State.CHANGED if before.processes else State.OK
+    return Report(state, stopped, [stopped])
+
+
+def _phases(
+    host: Host, listener: Callable[[str, launch.Progress], None] | None = None
+) -> Callable[[launch.Progress], None]:
+    """Note each startup phase a host's server reaches, once, for the runner's live lines;
+    pass every look on to ``listener``."""
     seen: set[str | None] = set()
 
     def note(progress: launch.Progress) -> None:
+        if listener is not None:
+            listener(host.name, progress)
         if progress.phase in seen:
             return
         seen.add(progress.phase)
@@ -79,9 +100,9 @@ def _dry_run(host: Host, deployment: Deployment, paths: launch.LaunchPaths) -> R
     digest = running_script(host, paths)
     if state.state == "ready":
         verdict = Result(True, f"already running and ready: {state.message}")
-        return Report(State.OK, verdict, [state.processes_table()], "", digest)
+        return Report(State.OK, verdict, [state.processes_table()], "", digest, state)
     verdict = Result(True, f"would (re)start the server (now {state.state}); apply=True does it")
-    return Report(State.WOULD_CHANGE, verdict, [state.processes_table()], "", digest)
+    return Report(State.WOULD_CHANGE, verdict, [state.processes_table()], "", digest, state)
 
 
 def record_running_script(host: Host, paths: launch.LaunchPaths) -> str:

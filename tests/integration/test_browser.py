@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
+import string
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -25,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Locator, Page, sync_playwright
+from playwright.sync_api import BrowserContext, Locator, Page, Playwright, sync_playwright
 
+from opsbook import fleet_sandbox, sandbox
+from opsbook.deployment import load_deployment
 from opsbook.sandbox import Sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -294,34 +299,42 @@ def lab(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 @pytest.fixture(scope="module")
-def executed(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExecutedNotebook]:
+def driver() -> Iterator[Playwright]:
+    """One Playwright driver for the module (its sync API allows one at a time)."""
+    with sync_playwright() as playwright:
+        yield playwright
+
+
+@pytest.fixture(scope="module")
+def executed(
+    lab: Lab, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ExecutedNotebook]:
     """The preflight notebook opened in chromium, all cells run, screenshot saved."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`make setup` does)")
     profile = tmp_path_factory.mktemp("chromium-profile")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=str(CHROMIUM),
-            args=CHROMIUM_FLAGS,
-            headless=True,
-            viewport={"width": 1400, "height": 1000},
-        )
+    browser = driver.chromium.launch_persistent_context(
+        str(profile),
+        executable_path=str(CHROMIUM),
+        args=CHROMIUM_FLAGS,
+        headless=True,
+        viewport={"width": 1400, "height": 1000},
+    )
+    try:
+        page = browser.pages[0] if browser.pages else browser.new_page()
+        page.goto(lab.url(f"lab/tree/{NOTEBOOK}"))
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=PAGE_LOAD_MS)
+        wait_for_idle_kernel(page, PAGE_LOAD_MS)
+        run_all_cells_afresh(page)
         try:
-            page = browser.pages[0] if browser.pages else browser.new_page()
-            page.goto(lab.url(f"lab/tree/{NOTEBOOK}"))
-            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=PAGE_LOAD_MS)
-            wait_for_idle_kernel(page, PAGE_LOAD_MS)
-            run_all_cells_afresh(page)
-            try:
-                wait_for_all_cells_executed(page, RUN_ALL_MS)
-                wait_for_idle_kernel(page, RUN_ALL_MS)
-            finally:
-                save_whole_notebook_screenshot(page, SCREENSHOT)
-                print(f"screenshot: {SCREENSHOT}")
-            yield ExecutedNotebook(page, lab)
+            wait_for_all_cells_executed(page, RUN_ALL_MS)
+            wait_for_idle_kernel(page, RUN_ALL_MS)
         finally:
-            browser.close()
+            save_whole_notebook_screenshot(page, SCREENSHOT)
+            print(f"screenshot: {SCREENSHOT}")
+        yield ExecutedNotebook(page, lab)
+    finally:
+        browser.close()
 
 
 def test_the_notebook_ran_against_the_rehearsal_host(
@@ -382,3 +395,310 @@ def test_the_deployment_form_renders_as_widgets(executed: ExecutedNotebook, sand
 def test_the_screenshot_was_saved(executed: ExecutedNotebook) -> None:
     assert SCREENSHOT.stat().st_size > 10_000
     assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- clicks --------------------------------------------------------------------------------------
+# The buttons of 02_config_patch and 04_launch clicked as an operator clicks them: after each
+# click, without running a cell again, the page says what the host really has (checked on the
+# host itself); the saved notebook and its HTML export show what was clicked, by whom and when;
+# the session has a run folder with a journal; a secret on a foreign process's command line
+# reaches no saved notebook; on a two-host deployment the buttons act on both hosts. Each
+# notebook is a fresh copy, on rehearsal hosts of their own (127.0.5.x).
+
+ADDRESS = "127.0.5.30"
+FLEET_ADDRESS = "127.0.5.40"
+CLICK_MS = 120_000
+SHOTS = REPOSITORY / "test-output" / "browser"
+
+
+@dataclass
+class ClickSession:
+    """A JupyterLab serving fresh copies of the notebooks, and a browser page on it."""
+
+    lab: Lab
+    root: Path
+    page: Page
+    context: BrowserContext
+
+    def open(self, notebook: str) -> None:
+        """Open ``notebook`` in a tab of its own and run all its cells afresh."""
+        self.page.close()
+        self.page = self.context.new_page()
+        # A workspace of its own: the notebooks opened before are not restored beside it.
+        workspace = notebook.replace(".ipynb", "")
+        self.page.goto(self.lab.url(f"lab/workspaces/{workspace}/tree/{notebook}") + "&reset")
+        self.page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=PAGE_LOAD_MS)
+        wait_for_idle_kernel(self.page, PAGE_LOAD_MS)
+        run_all_cells_afresh(self.page)
+        wait_for_all_cells_executed(self.page, RUN_ALL_MS)
+        wait_for_idle_kernel(self.page, RUN_ALL_MS)
+
+    def click(self, button: str, then: str) -> str:
+        """Click the button whose label starts with ``button``; wait until the page shows
+        ``then`` under it (the click is recorded after the step and the redraw)."""
+        target = self._button(button)
+        target.wait_for(state="visible")
+        assert target.is_enabled(), f"{button!r} is disabled"
+        count = "text => document.querySelector('.jp-Notebook').innerText.split(text).length - 1"
+        before = self.page.evaluate(count, then)
+        target.click()
+        # The step is recorded under the button once done, then what depends on it redrawn.
+        self.page.wait_for_function(
+            f"text => ({count})(text) > {before}", arg=then, timeout=CLICK_MS
+        )
+        wait_for_idle_kernel(self.page, CLICK_MS)
+        self.page.wait_for_function(
+            "() => ![...document.querySelectorAll('button.jupyter-button')]"
+            ".some(b => b.innerText.includes('(running)'))",
+            timeout=CLICK_MS,
+        )
+        record = self.page.locator(".jp-OutputArea-output", has_text=then)
+        return record.last.inner_text()
+
+    def button(self, label: str) -> tuple[bool, str]:
+        """Whether the button is enabled, and its label."""
+        found = self._button(label)
+        found.wait_for(state="visible")
+        return found.is_enabled(), found.inner_text()
+
+    def _button(self, label: str) -> Locator:
+        return self.page.locator("button.jupyter-button", has_text=label).last
+
+    def save(self, notebook: str, shot: str) -> dict:
+        path = self.root / notebook
+        before = path.stat().st_mtime
+        self.page.locator(".jp-NotebookPanel .jp-Notebook").first.click(position={"x": 5, "y": 5})
+        self.page.keyboard.press("Escape")
+        self.page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if path.stat().st_mtime > before:
+                break
+            time.sleep(0.5)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(SHOTS / shot), full_page=True)
+        return json.loads(path.read_text())
+
+    def html_of(self, notebook: str) -> str:
+        out = self.root.parent / "html"
+        subprocess.run(
+            [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--output-dir",
+             str(out), str(self.root / notebook)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        return (out / notebook.replace(".ipynb", ".html")).read_text()
+
+    def runs(self, notebook: str) -> list[Path]:
+        return sorted((self.root.parent / "runs").glob(f"*-session-{notebook}-*"))
+
+
+def lab_session(deployment: Path, work: Path, driver: Playwright) -> Iterator[ClickSession]:
+    root = work / "notebooks"
+    shutil.copytree(REPOSITORY / "notebooks", root)
+    lab = start_lab(root, deployment, work)
+    try:
+        wait_until_up(lab)
+        if not CHROMIUM.exists():
+            pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`make setup` does)")
+        browser = driver.chromium.launch_persistent_context(
+            str(work / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            args=CHROMIUM_FLAGS,
+            headless=True,
+            viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            page = browser.pages[0] if browser.pages else browser.new_page()
+            yield ClickSession(lab, root, page, browser)
+        finally:
+            browser.close()
+    finally:
+        stop_lab(lab)
+
+
+@pytest.fixture(scope="module")
+def click_box() -> Iterator[Sandbox]:
+    folder = Path(tempfile.mkdtemp(prefix="opsbook-clicks-", dir="/tmp"))
+    try:
+        yield sandbox.up(folder, address=ADDRESS)
+    finally:
+        sandbox.down(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def session(
+    click_box: Sandbox, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClickSession]:
+    yield from lab_session(click_box.deployment_path, tmp_path_factory.mktemp("clicks"), driver)
+
+
+def model_dir(click_box: Sandbox) -> Path:
+    return Path(load_deployment(click_box.deployment_path).model_path)
+
+
+def is_patched(click_box: Sandbox) -> bool:
+    return "kv_cache_scheme" not in (model_dir(click_box) / "config.json").read_text()
+
+
+def health(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3) as reply:
+            return int(reply.status)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def patch_and_upload(deployment: Path) -> None:
+    """What 02 and 03 do before 04 can start a server: the config patched, the script there."""
+    from opsbook import stages
+
+    dep = load_deployment(deployment)
+    for name in ("config-patch", "launch-script"):
+        run = stages.run_stage(stages.get(name), dep, apply=True, on_result=None)
+        assert run.ok, run.table()
+
+
+def test_02_apply_then_restore_shows_what_the_host_has(
+    session: ClickSession, click_box: Sandbox
+) -> None:
+    session.open("02_config_patch.ipynb")
+    verdict = cell_output(session.page, 'widgets.live("verdict"').inner_text()
+    assert "would change" in verdict, verdict
+    assert not is_patched(click_box)
+    enabled, _ = session.button("Restore the original config")
+    assert not enabled  # nothing to restore yet
+    assert "no host has a patched config to restore" in session.page.inner_text(".jp-Notebook")
+
+    record = session.click("Apply the patch on 1 host(s)", "clicked Apply the patch")
+    assert is_patched(click_box)
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\s+root\s+clicked", record), record
+    verdict = cell_output(session.page, 'widgets.live("verdict"').inner_text()
+    assert "would change" not in verdict and "\tok\t" in verdict, verdict
+    assert not session.button("Apply the patch")[0]  # nothing left to apply
+    assert session.button("Restore the original config on 1 host(s)")[0]
+
+    session.click("Restore the original config", "clicked Restore the original config")
+    assert not is_patched(click_box)
+    original = (model_dir(click_box) / "config.json.opsbook-orig").read_bytes()
+    assert (model_dir(click_box) / "config.json").read_bytes() == original
+    verdict = cell_output(session.page, 'widgets.live("verdict"').inner_text()
+    assert "would change" in verdict and "will stop vLLM" in verdict, verdict
+    journal = cell_output(session.page, 'widgets.live("journal"').inner_text()
+    assert "probe configs" in journal, journal
+
+    # Patched again for the launch test below (a 16-bit KV cache is what starts here).
+    session.click("Apply the patch on 1 host(s)", "clicked Apply the patch")
+    assert is_patched(click_box)
+    saved = session.save("02_config_patch.ipynb", "02_config_patch-clicked.png")
+    text = json.dumps(saved)
+    assert "clicked 'Apply the patch on 1 host(s)'" in text
+    assert "clicked 'Restore the original config on 1 host(s)'" in text
+    assert "VBox(children" not in text and "IntProgress(value" not in text
+    page = session.html_of("02_config_patch.ipynb")
+    assert "clicked" in page and "Restore the original config" in page
+
+
+def test_04_stop_and_start_follow_the_host(session: ClickSession, click_box: Sandbox) -> None:
+    patch_and_upload(click_box.deployment_path)
+    port = load_deployment(click_box.deployment_path).server_port
+    session.open("04_launch.ipynb")
+    assert health(port) is None
+    enabled, _ = session.button("Stop the server")
+    assert not enabled
+    record = session.click("Start the server on 1 host(s)", "clicked Start the server")
+    assert "smoke test passed" in record or "changed" in record, record
+    assert health(port) == 200
+    verdict = cell_output(session.page, 'widgets.live("verdict"').inner_text()
+    assert "already running and ready" in verdict, verdict
+    assert session.button("Stop the server on 1 host(s)")[0]
+    assert session.button("Restart the server on 1 host(s)")[0]
+
+    session.click("Stop the server on 1 host(s)", "clicked Stop the server")
+    assert health(port) is None
+    verdict = cell_output(session.page, 'widgets.live("verdict"').inner_text()
+    assert "would (re)start the server" in verdict, verdict
+    assert not session.button("Stop the server")[0]
+    saved = json.dumps(session.save("04_launch.ipynb", "04_launch-clicked.png"))
+    assert "clicked 'Start the server on 1 host(s)'" in saved
+    assert "clicked 'Stop the server on 1 host(s)'" in saved
+    assert "VBox(children" not in saved and "IntProgress(value" not in saved
+
+
+def test_each_session_files_a_run_folder_with_a_journal(session: ClickSession) -> None:
+    for notebook in ("02_config_patch", "04_launch"):
+        folders = session.runs(notebook)
+        assert folders, list((session.root.parent / "runs").glob("*"))
+        folder = folders[-1]
+        header = json.loads((folder / "session.json").read_text())
+        assert header["notebook"] == notebook and header["user"] == "root"
+        journal = (folder / "journal.jsonl").read_text().splitlines()
+        assert len(journal) > 3
+        clicks = [json.loads(line) for line in (folder / "clicks.jsonl").read_text().splitlines()]
+        assert {c["label"].split(" ")[0] for c in clicks} >= {"Stop", "Start"} or {
+            c["label"].split(" ")[0] for c in clicks
+        } >= {"Apply", "Restore"}
+    session.click("File this run", "clicked File this run")
+    folder = session.runs("04_launch")[-1]
+    assert (folder / "summary.json").exists() and (folder / "index.html").exists()
+    assert not (folder.stat().st_mode & 0o222)
+    assert not session.button("File this run")[0]
+
+
+@pytest.fixture
+def planted(click_box: Sandbox) -> Iterator[str]:
+    """A foreign process (root's, not the sandbox user's) that looks like a vLLM server, with
+    an API key on its command line."""
+    key = "sk-" + "".join(secrets.choice(string.ascii_letters) for _ in range(32))
+    code = "import time; time.sleep(600)"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, "vllm", "serve", "/models/other", "--api-key", key]
+    )
+    try:
+        yield key
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_a_secret_on_a_foreign_command_line_reaches_no_saved_notebook(
+    session: ClickSession, planted: str
+) -> None:
+    session.open("00_preflight.ipynb")
+    page_text = session.page.inner_text(".jp-Notebook")
+    assert "/models/other" in page_text  # the process was seen and shown
+    assert planted not in page_text
+    saved = json.dumps(session.save("00_preflight.ipynb", "00_preflight-planted.png"))
+    assert "/models/other" in saved
+    assert planted not in saved
+    for path in (session.root.parent / "runs").rglob("*"):
+        if path.is_file():
+            assert planted not in path.read_text(errors="replace"), path
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[fleet_sandbox.Fleet]:
+    folder = Path(tempfile.mkdtemp(prefix="opsbook-clicks-fleet-", dir="/tmp"))
+    try:
+        yield fleet_sandbox.up(folder, hosts=2, address=FLEET_ADDRESS)
+    finally:
+        fleet_sandbox.down(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_buttons_act_on_both_hosts_of_a_fleet(
+    fleet: fleet_sandbox.Fleet, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    dep = load_deployment(fleet.deployment_path)
+    patch_and_upload(fleet.deployment_path)
+    ports = [dep.for_host(h).server_port for h in dep.hosts]
+    for clicks in lab_session(fleet.deployment_path, tmp_path_factory.mktemp("fleet"), driver):
+        clicks.open("04_launch.ipynb")
+        clicks.click("Start the server on 2 host(s)", "clicked Start the server on 2 host(s)")
+        assert [health(p) for p in ports] == [200, 200]
+        verdict = cell_output(clicks.page, 'widgets.live("verdict"').inner_text()
+        assert verdict.count("already running and ready") == 2, verdict
+        clicks.click("Stop the server on 2 host(s)", "clicked Stop the server on 2 host(s)")
+        assert [health(p) for p in ports] == [None, None]
+        verdict = cell_output(clicks.page, 'widgets.live("verdict"').inner_text()
+        assert verdict.count("would (re)start the server") == 2, verdict

@@ -145,7 +145,7 @@ def test_a_dead_process_whose_log_shows_no_error_exited() -> None:
 def test_a_server_killed_after_it_was_ready_exited_and_its_orphans_are_named() -> None:
     verdict, why = state(running=False, diagnosis=diagnosis(READY_LOG, running=False), orphans=2)
     assert verdict == "exited"
-    assert "last phase ready" in why and "stop_server stops them" in why
+    assert "last phase ready" in why and "04_launch stops them" in why
 
 
 def test_a_dead_process_after_a_stall_exited() -> None:

@@ -21,3 +21,26 @@ def test_entries_are_redacted_and_mirrored_to_json_lines(tmp_path) -> None:
     lines = path.read_text().splitlines()
     assert json.loads(lines[0])["command"] == "echo ***"
     assert journal.table().records()[0]["exit"] == 0
+
+
+def test_the_journal_page_names_each_operation_first_read_or_write() -> None:
+    from opsbook.journal import JournalEntry, journal_page, operation
+
+    def entry(kind: str, command: str, code: int | None = 0) -> JournalEntry:
+        return JournalEntry("gpu-01", kind, command, code, 0.25, "", "", "2026-12-03T01:02:03.456")
+
+    stop = entry("run", "probe launch (python3 -) args={'op': 'stop', 'pid_file': '/s/p'}")
+    health = entry("run", "probe launch (python3 -) args={'op': 'http', 'path': '/health'}")
+    put = entry("upload", "sftp put /h/launch.sh (876 bytes, mode 755)")
+    check = entry("run", "bash -n /h/launch.sh", 2)
+    ops = [operation(e) for e in (stop, health, put, check)]
+    assert [(o.what, o.writes) for o in ops] == [
+        ("launch stop", True),
+        ("launch http /health", False),
+        ("sftp put /h/launch.sh (876 bytes, mode 755)", True),
+        ("bash -n /h/launch.sh", False),
+    ]
+    page = journal_page([stop, health, put, check], title="journal of run")
+    assert "4 operation(s), 2 of them writing" in page and "<td>01:02:03</td>" in page
+    assert "<details><summary>command</summary><pre>probe launch" in page
+    assert "background:#ffebe9" in page  # the failed bash -n stands out

@@ -220,7 +220,7 @@ def test_remedies_use_parsed_numbers() -> None:
         "fp8 needs compute capability 90" in diagnose_log(read_log("quant-capability-1.log")).remedy
     )
     assert "--disable-custom-all-reduce" in diagnose_log(read_log("nccl-4.log")).remedy
-    assert "patch 02" in diagnose_log(read_log("fp8kv-mla-1.log")).remedy
+    assert "opsbook run 02_config_patch" in diagnose_log(read_log("fp8kv-mla-1.log")).remedy
 
 
 # --- mangling -----------------------------------------------------------------------------
