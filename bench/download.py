@@ -136,6 +136,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-", dir="/tmp"))
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     try:
         started = time.perf_counter()
         box = sandboxes.up(folder, address=ADDRESS, checkpoint=False)

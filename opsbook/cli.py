@@ -17,7 +17,13 @@ from typing import Any, BinaryIO
 import yaml
 
 from opsbook import run as runner
-from opsbook.exceptions import DeploymentError, HostUnreachable, OpsbookError, RunError
+from opsbook.exceptions import (
+    DeploymentError,
+    HostUnreachable,
+    OpsbookError,
+    RunError,
+    SandboxFolderRefused,
+)
 from opsbook.outcome import StageProgress
 from opsbook.results import HostResult, recap
 
@@ -29,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
-    except (DeploymentError, RunError) as e:
+    except (DeploymentError, RunError, SandboxFolderRefused) as e:
         print(f"opsbook: {e}", file=sys.stderr)
         return runner.EXIT_USAGE
     except HostUnreachable as e:
