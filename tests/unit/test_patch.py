@@ -501,9 +501,8 @@ def test_apply_then_restore_keeps_the_operators_current_config(model_dir: Path) 
     )
     assert result.ok, str(result)
     second = result.data["backups"]["config.json"]["second"]
-    assert (
-        second == str(model_dir / "config.json.opsbook-orig") + "." + sha(model_dir / second)[:12]
-    )
+    digest = hashlib.sha256(current).hexdigest()[:12]
+    assert second == f"{model_dir}/config.json{BACKUP_SUFFIX}.{digest}"
     restore_patch(host, str(model_dir))
     # Restore puts the first original back, and the operator's version is still on disk.
     assert Path(second).read_bytes() == current
