@@ -16,7 +16,8 @@ Every error says what was wrong, where, and what to do about it. Third-party err
     │   │   └── HostKeyChanged
     │   ├── CommandTimeout
     │   ├── ProbeError
-    │   └── TransferError
+    │   ├── TransferError
+    │   └── HostLocked           another deploy run holds the host (exit 5)
     ├── SandboxError             the rehearsal host could not be started or stopped
     │   └── SandboxFolderRefused the folder given is not one the sandbox may use (exit 2)
     ├── RunError                 a notebook run could not be carried out
@@ -147,6 +148,10 @@ class ProbeError(HostError):
 
 class TransferError(HostError):
     """An SFTP upload or download failed."""
+
+
+class HostLocked(HostError):
+    """Another ``opsbook run deploy`` holds the host's deploy lock."""
 
 
 class SandboxError(OpsbookError):

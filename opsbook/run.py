@@ -29,10 +29,11 @@ import nbformat
 import papermill
 from papermill.exceptions import PapermillExecutionError
 
-from opsbook import exceptions, outcome, records, stages
+from opsbook import deploylock, exceptions, outcome, records, stages
 from opsbook.deployment import Deployment, load_deployment
 from opsbook.exceptions import RunError
 from opsbook.hosts import DEFAULT_FORKS
+from opsbook.interrupt import RunInterrupted, signal_name, signum_of
 from opsbook.journal import JOURNAL_ENV
 from opsbook.progress import HEADLESS_ENV
 from opsbook.redact import Redactor
@@ -169,18 +170,43 @@ def run_notebook(
     check_parameters(nb_path, params)
     folder = new_run_folder(Path(runs_dir), nb_path.stem, run_label(dep))
     redactor = Redactor(dep.secret_values())
-    record = execute_stage(
-        nb_path,
-        folder,
-        params,
-        redactor,
-        timeout,
-        stage_timeout,
-        on_result,
-        on_progress=on_progress,
-    )
+    started = time.monotonic()
+    try:
+        record = execute_stage(
+            nb_path,
+            folder,
+            params,
+            redactor,
+            timeout,
+            stage_timeout,
+            on_result,
+            on_progress=on_progress,
+        )
+    except (RunInterrupted, KeyboardInterrupt) as e:
+        record = _interrupted_record(folder, nb_path, params, redactor, started, signum_of(e))
+    _recreate_lost_folder(folder)
     _write_run_json(folder, record)
     return record
+
+
+def _interrupted_record(
+    folder: Path,
+    nb_path: Path,
+    params: Mapping[str, Any],
+    redactor: Redactor,
+    started: float,
+    signum: int,
+) -> RunRecord:
+    redact_notebook(folder / nb_path.name, redactor)
+    return RunRecord(
+        folder=folder,
+        notebook=nb_path.name,
+        exit_code=128 + signum,
+        status="interrupted",
+        message=f"interrupted by {signal_name(signum)}: the notebook was stopped",
+        duration=round(time.monotonic() - started, 2),
+        parameters={k: redactor.redact(str(v)) for k, v in params.items()},
+    )
 
 
 def run_label(deployment: Deployment) -> str:
@@ -381,6 +407,9 @@ class _DeployRun:
     results: list[HostResult] = field(default_factory=list)
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
+    # Deploy-lock notes (a stale lock taken over), and the signal that interrupted the run.
+    notes: list[str] = field(default_factory=list)
+    interrupted: int = 0
 
 
 def run_deploy(
@@ -419,6 +448,7 @@ def run_deploy(
     Raises:
         DeploymentError: the deployment file is unusable.
         RunError: ``serial`` is not a count or a percentage.
+        HostLocked: another deploy run holds a host (``opsbook.deploylock``); nothing was done.
     """
     deployment_path = Path(deployment).resolve()
     dep = load_deployment(deployment_path)
@@ -437,10 +467,33 @@ def run_deploy(
         on_result,
         on_progress,
     )
+    try:
+        locks = deploylock.acquire(dep, folder)
+    except exceptions.HostLocked:
+        folder.rmdir()  # made a moment ago, still empty: no record of a run that never began
+        raise
+    run.notes = locks.notes
+    try:
+        _deploy_batches(run, batches, names, max_fail_percentage)
+    except (RunInterrupted, KeyboardInterrupt) as e:
+        run.interrupted = signum_of(e)
+        run.stopped = f"interrupted by {signal_name(run.interrupted)}: the run was stopped"
+        # The stage cut short never reached its own redaction.
+        for notebook in folder.rglob("*.ipynb"):
+            redact_notebook(notebook, run.redactor)
+    finally:
+        locks.release()
+    run.results = _with_skipped(run.results, names, run.stopped)
+    return _file_deploy(run, dep, started_at, time.monotonic() - started, serial)
+
+
+def _deploy_batches(
+    run: _DeployRun, batches: list[list[str]], names: list[str], max_fail: float | None
+) -> None:
     for number, batch in enumerate(batches, start=1):
-        where = folder if len(batches) == 1 else folder / f"{BATCH_PREFIX}{number:02d}"
+        where = run.folder if len(batches) == 1 else run.folder / f"{BATCH_PREFIX}{number:02d}"
         where.mkdir(exist_ok=True)
-        _deploy_batch(run, batch, where, len(names), max_fail_percentage)
+        _deploy_batch(run, batch, where, len(names), max_fail)
         failed = [r.host for r in run.results if r.host in batch and not r.state.goes_on]
         if run.stopped:
             break
@@ -452,10 +505,8 @@ def run_deploy(
             break
     unreachable = {r.host for r in run.results if r.state is State.UNREACHABLE}
     diagnosed = [n for n in names if n not in unreachable]
-    if diagnosed:
-        _run_stage(run, stages.DIAGNOSE, diagnosed, folder)
-    run.results = _with_skipped(run.results, names, run.stopped)
-    return _file_deploy(run, dep, started_at, time.monotonic() - started, serial)
+    if diagnosed and run.folder.is_dir():
+        _run_stage(run, stages.DIAGNOSE, diagnosed, run.folder)
 
 
 def _deploy_batch(
@@ -467,6 +518,9 @@ def _deploy_batch(
             return
         results = _run_stage(run, stage, active, where)
         active = [r.host for r in results if r.state.goes_on]
+        if not run.folder.is_dir():
+            run.stopped = "the run folder was deleted during the run: the later stages were not run"
+            return
         if too_many_failed(run.results, total, max_fail):
             run.stopped = f"more than {max_fail:g}% of the hosts failed: the run was stopped"
             return
@@ -548,7 +602,7 @@ def _html_copy(record: RunRecord, folder: Path) -> str | None:
 def _file_deploy(
     run: _DeployRun, dep: Deployment, started_at: str, duration: float, serial: Any
 ) -> RunRecord:
-    code = worst_exit_code(run.results)
+    code = 128 + run.interrupted if run.interrupted else worst_exit_code(run.results)
     problems = [r for r in run.results if r.exit_code != EXIT_OK]
     if problems:
         first = problems[0]
@@ -559,11 +613,15 @@ def _file_deploy(
         message = f"all {len(dep.hosts)} host(s) ok"
     if run.stopped:
         message = f"{run.stopped}; {message}"
+    lost = _recreate_lost_folder(run.folder)
+    if lost and not run.interrupted:
+        code = EXIT_TOOL_FAILED  # the record is incomplete: never "ok"
+    message = "; ".join([*run.notes, *([lost] if lost else []), message])
     summary = RunRecord(
         folder=run.folder,
         notebook="deploy",
         exit_code=code,
-        status=STATUS[code],
+        status=STATUS.get(code, "interrupted"),
         message=run.redactor.redact(message),
         duration=round(duration, 2),
         parameters={
@@ -592,6 +650,18 @@ def _file_deploy(
     records.write_summary(run.folder, doc)
     records.close(run.folder)
     return summary
+
+
+def _recreate_lost_folder(folder: Path) -> str:
+    """A run folder deleted during the run is made again, so the results held in memory are
+    still filed; the note says what was lost with it."""
+    if folder.is_dir():
+        return ""
+    folder.mkdir(parents=True, exist_ok=True)
+    return (
+        f"the run folder {folder} was deleted during the run and made again with the results "
+        "held in memory (the executed notebooks and journal written before it are lost)"
+    )
 
 
 def _write_run_json(folder: Path, record: RunRecord) -> None:
