@@ -6,6 +6,7 @@ GPU memory) and what the log says (:mod:`opsbook.logscan`, the failure catalogue
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,14 @@ from opsbook.results import Finding, Result, Table
 
 # A live server whose log has been silent this long, with its port closed, is called hung.
 SILENT_SECONDS = 300.0
+# A server whose log said it was ready, whose port is open, and whose /health does not answer
+# for this long while its log does not grow, is hung (a stopped or wedged process): the bound
+# on telling hung from busy. The port alone proves nothing: vLLM binds it before the engine
+# is built (vllm 0.15.1 vllm/entrypoints/openai/api_server.py, run_server: setup_server, then
+# build_async_engine_client), so a loading server's port accepts connections too.
+UNRESPONSIVE_SECONDS = 10.0
+# Seconds between two /health attempts while watching a server that does not answer.
+RECHECK_SECONDS = 2.0
 
 STATES = ("never started", "crashed", "loading", "ready", "hung", "exited")
 
@@ -31,6 +40,7 @@ class ServerState:
     others: list[dict[str, Any]] = field(default_factory=list)
     port_open: bool | None = None
     log_age: float | None = None
+    record_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -52,6 +62,17 @@ class ServerState:
             )
             for p in self.others
         ]
+        if self.record_error:
+            findings.append(
+                Finding(
+                    "warning",
+                    "launch.json",
+                    f"the launch state file is unreadable ({self.record_error}): the process "
+                    "was judged from the vLLM processes of the login user and the health check",
+                    "the next launch rewrites it; until then stop_server cannot find the "
+                    "server's process group: stop it by PID (see the processes table)",
+                )
+            )
         data = {"state": self.state, "port_open": self.port_open, "log_age": self.log_age}
         return Result(self.ok, f"{self.state}: {self.message}", data, findings)
 
@@ -69,26 +90,51 @@ def server_state(
     status = host.probe(PROBE, paths.probe_args(op="status", port=server_port))
     log = status["log"]
     text = log.get("text", "") if log.get("exists") else ""
-    running = bool(status["running"])
+    record_error = status.get("record_error")
+    # Without a readable record, a vLLM process of the login user stands for the server.
+    running = bool(status["running"]) or bool(record_error and status["others"])
     diagnosis = logscan.diagnose_log(text, running=running, kernel_log=kernel_log) if text else None
     evidence = {
         "processes": status["group"],
         "others": status["others"],
         "port_open": status["port_open"],
         "log_age": log.get("age"),
+        "record_error": record_error,
     }
+    healthy = _healthy(host, server_port) if status["port_open"] else False
+    unresponsive = False
+    was_ready = diagnosis is not None and diagnosis.state == logscan.READY
+    if running and status["port_open"] and not healthy and was_ready:
+        healthy, unresponsive = _watch_unresponsive(host, paths, server_port, log.get("size"))
     state, message = classify(
-        record=status["record"] is not None,
+        record=status["record"] is not None or bool(record_error),
         running=running,
         log_exists=bool(log.get("exists")),
         log_age=log.get("age"),
         port_open=status["port_open"],
-        healthy=_healthy(host, server_port) if status["port_open"] else False,
+        healthy=healthy,
         diagnosis=diagnosis,
         silent_after=silent_after,
         orphans=0 if running else len(status["group"]),
+        unresponsive=unresponsive,
     )
+    if record_error:
+        message = f"{message}; launch state: {record_error}"
     return ServerState(state, message, diagnosis, **evidence)
+
+
+def _watch_unresponsive(
+    host: Host, paths: LaunchPaths, port: int, log_size: int | None
+) -> tuple[bool, bool]:
+    """(healthy, unresponsive): /health asked again for :data:`UNRESPONSIVE_SECONDS`; the
+    server is unresponsive if it never answered and its log did not grow meanwhile."""
+    deadline = time.monotonic() + UNRESPONSIVE_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(RECHECK_SECONDS)
+        if _healthy(host, port):
+            return True, False
+    later = host.probe(PROBE, paths.probe_args(op="status", port=port))
+    return False, later["log"].get("size") == log_size
 
 
 def classify(
@@ -102,6 +148,7 @@ def classify(
     diagnosis: logscan.LogDiagnosis | None,
     silent_after: float = SILENT_SECONDS,
     orphans: int = 0,
+    unresponsive: bool = False,
 ) -> tuple[str, str]:
     """The state and a one-line reason, from the facts gathered (pure, for tests).
 
@@ -115,6 +162,8 @@ def classify(
         diagnosis: what the log of this launch says; None when it holds nothing.
         silent_after: a live server whose log is silent this long, port closed, is hung.
         orphans: processes of the launch's group still alive after its leader is gone.
+        unresponsive: the log said ready, the port is open, and /health did not answer for
+            :data:`UNRESPONSIVE_SECONDS` while the log did not grow.
 
     Returns:
         One of :data:`STATES` and the reason.
@@ -129,6 +178,11 @@ def classify(
         return state, message
     if healthy:
         return "ready", "the process runs and /health answers 200"
+    if unresponsive:
+        return "hung", (
+            f"it was ready, but /health has not answered for {UNRESPONSIVE_SECONDS:g} s while "
+            "the port is open and the log does not grow (a stopped or wedged process)"
+        )
     phase = diagnosis.phase if diagnosis else None
     if diagnosis is not None and diagnosis.state == logscan.FAILED:
         return "crashed", f"{diagnosis.title} (the process is still alive)"
