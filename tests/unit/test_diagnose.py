@@ -199,3 +199,14 @@ def test_the_result_lists_the_log_findings_and_the_processes_not_started_by_opsb
 
 def test_states_are_the_documented_ones() -> None:
     assert diagnose.STATES == ("never started", "crashed", "loading", "ready", "hung", "exited")
+
+
+def test_a_ready_server_that_stopped_answering_is_hung_not_loading() -> None:
+    ready = diagnosis(READY_LOG, running=True)
+    assert ready.state == logscan.READY
+    # Port open, /health silent for the watch window, log not growing: hung, whatever the age.
+    got = state(port_open=True, log_age=20.0, diagnosis=ready, unresponsive=True)
+    assert got[0] == "hung"
+    assert f"{diagnose.UNRESPONSIVE_SECONDS:g} s" in got[1]
+    # Without the watch's verdict the same facts stay loading (a busy server gets the window).
+    assert state(port_open=True, log_age=20.0, diagnosis=ready)[0] == "loading"
