@@ -609,6 +609,8 @@ def _file_deploy(
         message = f"{len({r.host for r in problems})} of {len(dep.hosts)} host(s) not ok; " + (
             f"{first.host} {first.state.value} at {first.stage}: {first.message}"
         )
+    elif run.interrupted:
+        message = f"{len(run.notebooks)} stage(s) had finished, with no problem found"
     else:
         message = f"all {len(dep.hosts)} host(s) ok"
     if run.stopped:
