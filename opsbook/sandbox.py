@@ -1071,9 +1071,13 @@ def _write_state(paths: _Paths, state: dict[str, Any]) -> None:
 def _write_text(path: Path, text: str, mode: int) -> None:
     """Write through a temp file and a rename, so no reader sees half a file."""
     temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(text)
-    temp.chmod(mode)
-    os.replace(temp, path)
+    try:
+        temp.write_text(text)
+        temp.chmod(mode)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
 
 
 def _chown_tree(top: Path, owner: pwd.struct_passwd) -> None:

@@ -168,11 +168,17 @@ def write_record(args, record):
     os.makedirs(args["state_dir"], exist_ok=True)
     path = record_path(args)
     temp = path + ".tmp"
-    with open(temp, "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
+    try:
+        with open(temp, "w") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        # A full disk must not leave a half-written temporary file behind.
+        if os.path.lexists(temp):
+            os.unlink(temp)
+        raise
 
 
 def same_process(record):

@@ -322,3 +322,26 @@ def _kill_group(pgid: int) -> None:
     except ProcessLookupError:
         return
     time.sleep(0.1)
+
+
+def test_a_launch_record_that_cannot_be_written_leaves_no_temp_file(tmp_path: Path) -> None:
+    from opsbook.probes import launch as launch_probe
+
+    args = {"state_dir": str(tmp_path)}
+    # A value JSON cannot hold fails the write midway, after the temp file was opened.
+    with pytest.raises(TypeError):
+        launch_probe.write_record(args, {"pid": 1, "start": object()})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unreadable_launch_record_is_named_apart_from_a_missing_one(tmp_path: Path) -> None:
+    from opsbook.probes import launch as launch_probe
+
+    args = {"state_dir": str(tmp_path)}
+    assert launch_probe.record_problem(args) is None
+    (tmp_path / "launch.json").write_text('{"pid": 12')
+    problem = launch_probe.record_problem(args)
+    assert problem is not None and "launch.json is unreadable" in problem
+    (tmp_path / "launch.json").write_text('["not", "a", "record"]')
+    assert "not a launch record" in (launch_probe.record_problem(args) or "")
+    assert launch_probe.read_record(args) is None
