@@ -469,7 +469,7 @@ def run_deploy(
     )
     try:
         locks = deploylock.acquire(dep, folder)
-    except exceptions.HostLocked:
+    except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):
         folder.rmdir()  # made a moment ago, still empty: no record of a run that never began
         raise
     run.notes = locks.notes
