@@ -160,6 +160,7 @@ def run_notebook(
     Raises:
         RunError: the notebook or a parameter is unknown.
         DeploymentError: the deployment file is unusable.
+        HostLocked: the notebook changes hosts and another run holds one of them.
     """
     nb_path = find_notebook(str(notebook))
     deployment_path = Path(deployment).resolve()
@@ -171,6 +172,7 @@ def run_notebook(
     folder = new_run_folder(Path(runs_dir), nb_path.stem, run_label(dep))
     redactor = Redactor(dep.secret_values())
     started = time.monotonic()
+    locks = _lock_for(stages.for_notebook(nb_path.stem), dep, folder, params)
     try:
         record = execute_stage(
             nb_path,
@@ -184,9 +186,32 @@ def run_notebook(
         )
     except (RunInterrupted, KeyboardInterrupt) as e:
         record = _interrupted_record(folder, nb_path, params, redactor, started, signum_of(e))
+    finally:
+        locks.release()
+    record.message = "; ".join([*locks.notes, record.message])
     _recreate_lost_folder(folder)
     _write_run_json(folder, record)
     return record
+
+
+def _lock_for(
+    stage: stages.Stage | None, dep: Deployment, folder: Path, params: Mapping[str, Any]
+) -> deploylock.Locks:
+    """The deploy locks of the hosts a stage that changes them works on (none for a stage
+    that only reads); a held host refuses the run before it begins.
+
+    Raises:
+        HostLocked: another run holds one of the hosts (the empty run folder is removed).
+    """
+    if stage is None or not stage.changes_host:
+        return deploylock.Locks()
+    hosts = params.get("hosts") or ()
+    names = [hosts] if isinstance(hosts, str) else [str(h) for h in hosts]
+    try:
+        return deploylock.acquire(dep, folder, names)
+    except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):
+        folder.rmdir()
+        raise
 
 
 def _interrupted_record(

@@ -280,6 +280,10 @@ def test_a_second_deploy_on_a_held_host_says_who_holds_it(box: Sandbox, runs: Pa
             assert part in second.stderr, (part, second.stderr)
         assert "Traceback" not in second.stderr
         assert not (runs / "second").exists() or runs_of(runs / "second") == []
+        # A single stage that changes the host waits its turn too.
+        relaunch = cli("run", "04_launch", "-f", str(box.deployment_path), "--runs-dir", str(runs))
+        assert relaunch.returncode == 5, relaunch.stdout + relaunch.stderr
+        assert f"PID {first.pid}" in relaunch.stderr
         out, err = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
