@@ -10,6 +10,7 @@ come while the record is being sealed are ignored: a second Ctrl-C must not lose
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -42,6 +43,13 @@ def signum_of(error: BaseException) -> int:
     return error.signum if isinstance(error, RunInterrupted) else int(signal.SIGINT)
 
 
+def quiet_abandoned_tasks() -> None:
+    """After an interruption, the notebook client's pending tasks end with "Kernel died" when
+    its kernel is shut down mid-cell; asyncio would log each as an unretrieved exception with
+    a traceback. The run has been sealed and says it was interrupted: those are expected."""
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
+
+
 @contextlib.contextmanager
 def raising_on_signals() -> Iterator[None]:
     """Within the block, the first SIGINT or SIGTERM raises :class:`RunInterrupted`; later
@@ -65,4 +73,10 @@ def raising_on_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-__all__ = ["RunInterrupted", "raising_on_signals", "signal_name", "signum_of"]
+__all__ = [
+    "RunInterrupted",
+    "quiet_abandoned_tasks",
+    "raising_on_signals",
+    "signal_name",
+    "signum_of",
+]

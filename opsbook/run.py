@@ -33,7 +33,7 @@ from opsbook import deploylock, exceptions, outcome, records, stages
 from opsbook.deployment import Deployment, load_deployment
 from opsbook.exceptions import RunError
 from opsbook.hosts import DEFAULT_FORKS
-from opsbook.interrupt import RunInterrupted, signal_name, signum_of
+from opsbook.interrupt import RunInterrupted, quiet_abandoned_tasks, signal_name, signum_of
 from opsbook.journal import JOURNAL_ENV
 from opsbook.progress import HEADLESS_ENV
 from opsbook.redact import Redactor
@@ -185,6 +185,7 @@ def run_notebook(
             on_progress=on_progress,
         )
     except (RunInterrupted, KeyboardInterrupt) as e:
+        quiet_abandoned_tasks()
         record = _interrupted_record(folder, nb_path, params, redactor, started, signum_of(e))
     finally:
         locks.release()
@@ -501,6 +502,7 @@ def run_deploy(
     try:
         _deploy_batches(run, batches, names, max_fail_percentage)
     except (RunInterrupted, KeyboardInterrupt) as e:
+        quiet_abandoned_tasks()
         run.interrupted = signum_of(e)
         run.stopped = f"interrupted by {signal_name(run.interrupted)}: the run was stopped"
         # The stage cut short never reached its own redaction.
