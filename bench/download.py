@@ -170,6 +170,8 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-", dir="/tmp"))
     figures: dict[int, tuple[float, float, float]] = {}
     per_shard: tuple[int, float] | None = None
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     try:
         box = sandboxes.up(folder, address=ADDRESS, checkpoint=False)
         with Host(box.host_spec()) as host:

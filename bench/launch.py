@@ -247,6 +247,8 @@ def main() -> None:
     parser.add_argument("--address", default="127.0.4.40")
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-launch-", dir="/tmp"))
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     try:
         began = time.perf_counter()
         box = sandboxes.up(folder, address=options.address)

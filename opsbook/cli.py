@@ -7,6 +7,7 @@ Exit codes: 0 success; 1 a check found a problem; 2 bad arguments or deployment 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -16,9 +17,17 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from opsbook import run as runner
-from opsbook.exceptions import DeploymentError, HostUnreachable, OpsbookError, RunError
+from opsbook.exceptions import (
+    DeploymentError,
+    HostLocked,
+    HostUnreachable,
+    OpsbookError,
+    RunError,
+    SandboxFolderRefused,
+)
+from opsbook.interrupt import RunInterrupted, raising_on_signals
 from opsbook.outcome import StageProgress
-from opsbook.results import HostResult, recap
+from opsbook.results import EXIT_LOCKED, HostResult, recap
 
 DEFAULT_SANDBOX_DIR = ".sandbox/demo"
 
@@ -26,14 +35,23 @@ DEFAULT_SANDBOX_DIR = ".sandbox/demo"
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # A run seals its record when interrupted (opsbook.interrupt), then exits 130 or 143.
+    signals = raising_on_signals() if args.command == "run" else contextlib.nullcontext()
     try:
-        code: int = args.handler(args)
-    except (DeploymentError, RunError) as e:
+        with signals:
+            code: int = args.handler(args)
+    except RunInterrupted as e:
+        print(f"opsbook: {e} before the run began: nothing was filed", file=sys.stderr)
+        return e.exit_code
+    except (DeploymentError, RunError, SandboxFolderRefused) as e:
         print(f"opsbook: {e}", file=sys.stderr)
         return runner.EXIT_USAGE
     except HostUnreachable as e:
         print(f"opsbook: {e}", file=sys.stderr)
         return runner.EXIT_UNREACHABLE
+    except HostLocked as e:
+        print(f"opsbook: {e}", file=sys.stderr)
+        return EXIT_LOCKED
     except OpsbookError as e:
         print(f"opsbook: {e}", file=sys.stderr)
         return runner.EXIT_TOOL_FAILED

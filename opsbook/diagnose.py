@@ -18,6 +18,14 @@ from opsbook.results import Finding, Result, Table
 
 # A live server whose log has been silent this long, with its port closed, is called hung.
 SILENT_SECONDS = 300.0
+# A server whose log said it was ready, whose port is open, and whose /health does not answer
+# for this long while its log does not grow, is hung (a stopped or wedged process): the bound
+# on telling hung from busy. The port alone proves nothing: vLLM binds it before the engine
+# is built (vllm 0.15.1 vllm/entrypoints/openai/api_server.py, run_server: setup_server, then
+# build_async_engine_client), so a loading server's port accepts connections too.
+UNRESPONSIVE_SECONDS = 10.0
+# Seconds between two /health attempts while watching a server that does not answer.
+RECHECK_SECONDS = 2.0
 
 STATES = ("never started", "crashed", "loading", "ready", "hung", "exited")
 
@@ -34,6 +42,7 @@ class ServerState:
     port_open: bool | None = None
     log_age: float | None = None
     notes: dict[str, str | None] = field(default_factory=dict)
+    record_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -55,6 +64,17 @@ class ServerState:
             )
             for p in self.others
         ]
+        if self.record_error:
+            findings.append(
+                Finding(
+                    "warning",
+                    "launch.json",
+                    f"the launch state file is unreadable ({self.record_error}): the process "
+                    "was judged from the vLLM processes of the login user and the health check",
+                    "the next launch rewrites it; until then stop_server cannot find the "
+                    "server's process group: stop it by PID (see the processes table)",
+                )
+            )
         data = {"state": self.state, "port_open": self.port_open, "log_age": self.log_age}
         return Result(self.ok, f"{self.state}: {self.message}", data, findings)
 
@@ -83,7 +103,9 @@ def server_state(
     status = host.probe(PROBE, asked)
     log = status["log"]
     text = log.get("text", "") if log.get("exists") else ""
-    running = bool(status["running"])
+    record_error = status.get("record_error")
+    # Without a readable record, a vLLM process of the login user stands for the server.
+    running = bool(status["running"]) or bool(record_error and status["others"])
     stop = _stop_of(status) if not running else None
     if stop is not None:
         # What the processes logged while the stop's signal killed them is not a crash.
@@ -95,19 +117,28 @@ def server_state(
         "port_open": status["port_open"],
         "log_age": log.get("age"),
         "notes": dict(status.get("notes") or {}),
+        "record_error": record_error,
     }
+    healthy = _healthy(host, server_port, status) if status["port_open"] else False
+    unresponsive = False
+    was_ready = diagnosis is not None and diagnosis.state == logscan.READY
+    if running and status["port_open"] and not healthy and was_ready:
+        healthy, unresponsive = _watch_unresponsive(host, paths, server_port, log.get("size"))
     state, message = classify(
-        record=status["record"] is not None,
+        record=status["record"] is not None or bool(record_error),
         running=running,
         log_exists=bool(log.get("exists")),
         log_age=log.get("age"),
         port_open=status["port_open"],
-        healthy=_healthy(host, server_port, status) if status["port_open"] else False,
+        healthy=healthy,
         diagnosis=diagnosis,
         silent_after=silent_after,
         orphans=0 if running else len(status["group"]),
         stopped_at=stop,
+        unresponsive=unresponsive,
     )
+    if record_error:
+        message = f"{message}; launch state: {record_error}"
     return ServerState(state, message, diagnosis, **evidence)
 
 
@@ -118,6 +149,20 @@ def _stop_of(status: dict[str, Any]) -> float | None:
     if stop.get("log_size") is None or status.get("log_before_stop") is None:
         return None
     return float(stop.get("at") or 0.0)
+
+
+def _watch_unresponsive(
+    host: Host, paths: LaunchPaths, port: int, log_size: int | None
+) -> tuple[bool, bool]:
+    """(healthy, unresponsive): /health asked again for :data:`UNRESPONSIVE_SECONDS`; the
+    server is unresponsive if it never answered and its log did not grow meanwhile."""
+    deadline = time.monotonic() + UNRESPONSIVE_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(RECHECK_SECONDS)
+        if _healthy(host, port, {}):
+            return True, False
+    later = host.probe(PROBE, paths.probe_args(op="status", port=port))
+    return False, later["log"].get("size") == log_size
 
 
 def classify(
@@ -132,6 +177,7 @@ def classify(
     silent_after: float = SILENT_SECONDS,
     orphans: int = 0,
     stopped_at: float | None = None,
+    unresponsive: bool = False,
 ) -> tuple[str, str]:
     """The state and a one-line reason, from the facts gathered (pure, for tests).
 
@@ -147,6 +193,8 @@ def classify(
         orphans: processes of the launch's group still alive after its leader is gone.
         stopped_at: when opsbook stopped this launch (then ``diagnosis`` is of the log written
             before the stop).
+        unresponsive: the log said ready, the port is open, and /health did not answer for
+            :data:`UNRESPONSIVE_SECONDS` while the log did not grow.
 
     Returns:
         One of :data:`STATES` and the reason.
@@ -168,6 +216,11 @@ def classify(
         return state, message
     if healthy:
         return "ready", "the process runs and /health answers 200"
+    if unresponsive:
+        return "hung", (
+            f"it was ready, but /health has not answered for {UNRESPONSIVE_SECONDS:g} s while "
+            "the port is open and the log does not grow (a stopped or wedged process)"
+        )
     phase = diagnosis.phase if diagnosis else None
     if diagnosis is not None and diagnosis.state == logscan.FAILED:
         return "crashed", f"{diagnosis.title} (the process is still alive)"

@@ -16,8 +16,10 @@ Every error says what was wrong, where, and what to do about it. Third-party err
     │   │   └── HostKeyChanged
     │   ├── CommandTimeout
     │   ├── ProbeError
-    │   └── TransferError
+    │   ├── TransferError
+    │   └── HostLocked           another deploy run holds the host (exit 5)
     ├── SandboxError             the rehearsal host could not be started or stopped
+    │   └── SandboxFolderRefused the folder given is not one the sandbox may use (exit 2)
     ├── RunError                 a notebook run could not be carried out
     └── LogError                 a log given to diagnose is not a readable text log
 """
@@ -148,8 +150,17 @@ class TransferError(HostError):
     """An SFTP upload or download failed."""
 
 
+class HostLocked(HostError):
+    """Another ``opsbook run deploy`` holds the host's deploy lock."""
+
+
 class SandboxError(OpsbookError):
     """The rehearsal host could not be started, checked or stopped."""
+
+
+class SandboxFolderRefused(SandboxError):
+    """The folder given to ``sandbox up`` holds someone else's files, or its mode would have
+    to change for the sandbox user to enter it: bad input, nothing was touched."""
 
 
 class RunError(OpsbookError):

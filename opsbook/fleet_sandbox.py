@@ -94,9 +94,8 @@ def up(
             f"serving across nodes needs at least 2 hosts, not {hosts}", remedy="use --hosts 2"
         )
     addresses = consecutive(address, hosts)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Each host's login user must be able to enter it, as for a single rehearsal host.
-    folder.chmod(0o755)
+    # An existing folder keeps its mode and owner; one holding other files is refused.
+    sandbox.claim_folder(folder, ours=(FLEET_FILE,))
     names = [f"host-{i:02d}" for i in range(1, hosts + 1)]
     (folder / FLEET_FILE).write_text(json.dumps({"hosts": names}, indent=2) + "\n")
 

@@ -41,6 +41,7 @@ from opsbook.exceptions import (
     HostKeyChanged,
     HostKeyUnknown,
     HostUnreachable,
+    ProbeError,
     TransferError,
     UnknownHostName,
 )
@@ -283,6 +284,17 @@ class Host:
                 host=where,
                 remedy="check the address, network path and firewalls, or raise connect_timeout",
             )
+        if isinstance(e, paramiko.SSHException) and any(
+            sign in str(e) for sign in ("No existing session", "Error reading SSH protocol banner")
+        ):
+            # The port accepts TCP (the kernel does that) but sshd never speaks: it is hung.
+            return ConnectTimeout(
+                f"{spec.address} port {spec.port} accepted the connection but its SSH server "
+                f"did not answer within {spec.connect_timeout:g} s (sshd or the machine is hung "
+                "or stopped)",
+                host=where,
+                remedy="check the host's load and its sshd, or raise connect_timeout",
+            )
         if isinstance(e, (paramiko.SSHException, OSError, EOFError)):
             return HostUnreachable(
                 f"SSH connection to {spec.address} port {spec.port} failed: {e}",
@@ -324,10 +336,22 @@ class Host:
         started_at = datetime.now(timezone.utc)
         started = time.monotonic()
         try:
-            exit_code, out, err = _exec(conn, wire, stdin, limit + KILL_GRACE + LOCAL_SLACK)
+            exit_code, out, err = _exec(
+                conn, wire, stdin, limit + KILL_GRACE + LOCAL_SLACK, self.spec.connect_timeout
+            )
         except TimeoutError:
             exit_code, out, err = 124, "", ""
             self.close()  # the channel was abandoned mid-command; start afresh next time
+        except ChannelTimeout:
+            self.close()
+            raise HostUnreachable(
+                f"the host did not answer within {self.spec.connect_timeout:g} s: the SSH "
+                "connection is open but nothing on the host responds (sshd or the machine is "
+                f"hung or stopped); {self.redactor.redact(shown)[:200]!r} did not start",
+                host=self.name,
+                remedy="check the host's load and its sshd; the next command reconnects "
+                "(connect_timeout in the deployment sets this wait)",
+            ) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             self.close()
             self.journal.record(
@@ -393,7 +417,30 @@ class Host:
             timeout=timeout,
             label=f"probe {name} ({python} -) args={_short(args)}",
         )
+        if result.exit_code != 0 and not probes.is_framed(result.stdout):
+            self._check_login_shell()
         return probes.decode(name, result.stdout, result.stderr, result.exit_code, self.name)
+
+    def _check_login_shell(self) -> None:
+        """After a probe failed without answering: does the login shell run commands at all?
+
+        Raises:
+            ProbeError: it does not (a nologin shell, a startup file that exits): the message
+                names that, not a missing python3.
+        """
+        check = self.run("exit 0", label="login shell check")
+        if check.ok:
+            return
+        said = (check.stderr.strip() or check.stdout.strip()).splitlines()
+        raise ProbeError(
+            f"the login shell of {self.spec.user or 'the login user'} exits with code "
+            f"{check.exit_code} before running any command"
+            + (f" (it says: {said[-1][:200]})" if said else ""),
+            host=self.name,
+            remedy="an account whose shell is nologin or false runs no command: give it a real "
+            "shell (chsh -s /bin/bash USER); otherwise a startup file the shell reads for every "
+            "command (~/.zshenv, /etc/zsh/zshenv, ~/.bashrc) exits or fails: fix that file",
+        )
 
     def home_folder(self) -> str:
         """The login user's home folder on the host (asked once per Host).
@@ -427,6 +474,13 @@ class Host:
             sftp.posix_rename(temp, path)
         except OSError as e:
             _remove_quietly(sftp, temp)
+            if self._short_of_space(folder or ".", len(payload)):
+                raise TransferError(
+                    f"could not write {remote_path}: no space left on the device that holds "
+                    f"{folder or 'the home folder'} ({len(payload)} bytes to write)",
+                    host=self.name,
+                    remedy="free space on the host (df -h there), then run again",
+                ) from None
             raise TransferError(
                 f"could not write {remote_path}: {e.strerror or e}",
                 host=self.name,
@@ -439,6 +493,16 @@ class Host:
             exit_code=0,
             duration=time.monotonic() - started,
         )
+
+    def _short_of_space(self, folder: str, size: int) -> bool:
+        """Whether the filesystem of ``folder`` has less than ``size`` bytes free: SFTP says
+        only "Failure" when a write meets a full disk."""
+        try:
+            df = self.run(f"stat -f -c '%a %S' -- {shlex.quote(folder)}", label="free space")
+            available, block = (int(n) for n in df.stdout.split())
+        except (HostError, ValueError):
+            return False
+        return df.ok and available * block < size + block
 
     def read_bytes(self, remote_path: str) -> bytes:
         """Read a whole file over SFTP.
@@ -544,8 +608,16 @@ class HostGroup:
             host.close()
 
 
+class ChannelTimeout(Exception):
+    """The host did not open a session channel in time: it is hung, not slow."""
+
+
 def _exec(
-    conn: Connection, wire: str, stdin: str | bytes | None, limit: float
+    conn: Connection,
+    wire: str,
+    stdin: str | bytes | None,
+    limit: float,
+    open_timeout: float | None = None,
 ) -> tuple[int, str, str]:
     """Run ``wire`` on a session channel of the connection; feed ``stdin`` and close it.
 
@@ -554,11 +626,19 @@ def _exec(
 
     Raises:
         TimeoutError: no exit status within ``limit`` seconds (the channel is closed).
+        ChannelTimeout: the host did not open a channel within ``open_timeout`` seconds.
     """
     transport = conn.client.get_transport()
     if transport is None or not transport.is_active():
         raise EOFError("the SSH transport is closed")
-    chan = transport.open_session(timeout=limit)
+    # Opening a channel is one round trip: a host that takes longer is hung, and waiting for
+    # the whole command's limit first would only delay saying so.
+    try:
+        chan = transport.open_session(timeout=min(limit, open_timeout or limit))
+    except paramiko.SSHException as e:
+        if "Timeout opening channel" in str(e):
+            raise ChannelTimeout from None
+        raise
     try:
         chan.exec_command(wire)
         if stdin is not None:

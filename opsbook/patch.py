@@ -20,6 +20,8 @@ import difflib
 import hashlib
 import itertools
 import json
+import posixpath
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -547,6 +549,13 @@ def apply_patch(
     }
     answer = host.probe("configs", {"action": "apply", "dir": model_dir, "writes": writes})
     data["changed"] = [n for n, a in answer["actions"].items() if a.get("written")]
+    if answer.get("symlinks"):
+        return Result(
+            False,
+            "a config file is a symbolic link: nothing was written",
+            data,
+            [_symlink_finding(n, t, model_dir) for n, t in answer["symlinks"].items()],
+        )
     if answer.get("conflicts"):
         return Result(
             False,
@@ -666,6 +675,20 @@ def _compare_with_host(
     return pending, done, conflicts
 
 
+def _symlink_finding(name: str, target: str, model_dir: str) -> Finding:
+    """Symlinks are refused: writing through one edits a file that may be shared (a Hugging
+    Face cache blob), and replacing it would silently turn the link into a regular file."""
+    path = posixpath.join(model_dir, name)
+    return Finding(
+        "error",
+        name,
+        f"{path} is a symbolic link to {target}; opsbook neither writes through a link nor "
+        "replaces it",
+        remedy=f"replace the link by a copy of its target (cp --remove-destination "
+        f'"$(readlink -f {shlex.quote(path)})" {shlex.quote(path)}), then patch again',
+    )
+
+
 def _conflict_finding(name: str) -> Finding:
     return Finding(
         "error",
@@ -705,12 +728,15 @@ def _apply_findings(
         }
         earlier = backup.get("sha256") != before["files"][name]["sha256"]
         if action.get("backup") == "kept" and earlier:
+            second = action.get("second_backup") or "(not kept)"
+            data["backups"][name]["second"] = action.get("second_backup")
             findings.append(
                 Finding(
                     "info",
                     name,
                     f"an earlier backup {backup['path']} was kept (it is the first "
-                    "original; it differs from the file as it was before this patch)",
+                    "original; it differs from the file as it was before this patch, which is "
+                    f"kept as {second})",
                 )
             )
         if after["files"][name].get("sha256") != _sha256(plan.files[name].new):

@@ -203,6 +203,7 @@ EXIT_PROBLEM = 1  # a check found a problem on a host, or a dry run found someth
 EXIT_USAGE = 2  # bad arguments or deployment file
 EXIT_TOOL_FAILED = 3  # opsbook or the notebook itself failed
 EXIT_UNREACHABLE = 4  # a host could not be reached
+EXIT_LOCKED = 5  # another deploy run holds a host's deploy lock (opsbook.deploylock)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from opsbook import exceptions, outcome, records
 from opsbook.exceptions import RunError
+from opsbook.interrupt import RunInterrupted, quiet_abandoned_tasks, signal_name, signum_of
 from opsbook.journal import JOURNAL_ENV
 from opsbook.progress import HEADLESS_ENV
 from opsbook.redact import Redactor
@@ -48,7 +49,7 @@ from opsbook.results import (
 )
 
 if TYPE_CHECKING:
-    from opsbook import stages
+    from opsbook import deploylock, stages
     from opsbook.deployment import Deployment
 
 # papermill, nbformat, the stages (Fabric, paramiko) and YAML are imported by the functions that use
@@ -248,6 +249,7 @@ def run_notebook(
     Raises:
         RunError: the notebook or a parameter is unknown.
         DeploymentError: the deployment file is unusable.
+        HostLocked: the notebook changes hosts and another run holds one of them.
     """
     nb_path = find_notebook(str(notebook))
     given = dict(parameters or {})
@@ -267,16 +269,26 @@ def run_notebook(
     check_parameters(nb_path, params)
     folder = new_run_folder(Path(runs_dir), nb_path.stem, run_label(dep))
     redactor = Redactor(dep.secret_values())
-    record = execute_stage(
-        nb_path,
-        folder,
-        params,
-        redactor,
-        timeout,
-        stage_timeout,
-        on_result,
-        on_progress=on_progress,
-    )
+    started = time.monotonic()
+    locks = _lock_for(_stages().for_notebook(nb_path.stem), dep, folder, params)
+    try:
+        record = execute_stage(
+            nb_path,
+            folder,
+            params,
+            redactor,
+            timeout,
+            stage_timeout,
+            on_result,
+            on_progress=on_progress,
+        )
+    except (RunInterrupted, KeyboardInterrupt) as e:
+        quiet_abandoned_tasks()
+        record = _interrupted_record(folder, nb_path, params, redactor, started, signum_of(e))
+    finally:
+        locks.release()
+    record.message = "; ".join([*locks.notes, record.message])
+    _recreate_lost_folder(folder)
     with records.private_files():
         _write_run_json(folder, record)
     return record
@@ -325,6 +337,47 @@ def check_servers(
         message=Redactor(dep.secret_values()).redact(message),
         duration=round(time.monotonic() - started, 2),
         results=done.results,
+    )
+
+
+def _lock_for(
+    stage: stages.Stage | None, dep: Deployment, folder: Path, params: Mapping[str, Any]
+) -> deploylock.Locks:
+    """The deploy locks of the hosts a stage that changes them works on (none for a stage
+    that only reads); a held host refuses the run before it begins.
+
+    Raises:
+        HostLocked: another run holds one of the hosts (the empty run folder is removed).
+    """
+    deploylock = _deploylock()
+    if stage is None or not stage.changes_host:
+        return deploylock.Locks()
+    hosts = params.get("hosts") or ()
+    names = [hosts] if isinstance(hosts, str) else [str(h) for h in hosts]
+    try:
+        return deploylock.acquire(dep, folder, names)
+    except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):
+        folder.rmdir()
+        raise
+
+
+def _interrupted_record(
+    folder: Path,
+    nb_path: Path,
+    params: Mapping[str, Any],
+    redactor: Redactor,
+    started: float,
+    signum: int,
+) -> RunRecord:
+    redact_notebook(folder / nb_path.name, redactor)
+    return RunRecord(
+        folder=folder,
+        notebook=nb_path.name,
+        exit_code=128 + signum,
+        status="interrupted",
+        message=f"interrupted by {signal_name(signum)}: the notebook was stopped",
+        duration=round(time.monotonic() - started, 2),
+        parameters={k: redactor.redact(str(v)) for k, v in params.items()},
     )
 
 
@@ -555,6 +608,12 @@ async def _set_kernel_environment(km: Any, env: dict[str, str]) -> None:
         client.stop_channels()
 
 
+def _deploylock() -> Any:
+    from opsbook import deploylock
+
+    return deploylock
+
+
 def _stages() -> Any:
     from opsbook import stages
 
@@ -626,6 +685,9 @@ class _DeployRun:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="opsbook-html")
     )
     pages: list[Future[str | None]] = field(default_factory=list)
+    # Deploy-lock notes (a stale lock taken over), and the signal that interrupted the run.
+    notes: list[str] = field(default_factory=list)
+    interrupted: int = 0
 
 
 def run_deploy(
@@ -664,6 +726,7 @@ def run_deploy(
     Raises:
         DeploymentError: the deployment file is unusable.
         RunError: ``serial`` is not a count or a percentage.
+        HostLocked: another deploy run holds a host (``opsbook.deploylock``); nothing was done.
     """
     deployment_path = Path(deployment).resolve()
     from opsbook.deployment import load_deployment
@@ -685,12 +748,22 @@ def run_deploy(
         on_progress,
     )
     try:
+        locks = _deploylock().acquire(dep, folder)
+    except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):
+        folder.rmdir()  # made a moment ago, still empty: no record of a run that never began
+        raise
+    run.notes = locks.notes
+    try:
         _deploy_batches(run, batches, names, max_fail_percentage)
-        unreachable = {r.host for r in run.results if r.state is State.UNREACHABLE}
-        diagnosed = [n for n in names if n not in unreachable]
-        if diagnosed:
-            _run_stage(run, _stages().DIAGNOSE, diagnosed, folder)
+    except (RunInterrupted, KeyboardInterrupt) as e:
+        quiet_abandoned_tasks()
+        run.interrupted = signum_of(e)
+        run.stopped = f"interrupted by {signal_name(run.interrupted)}: the run was stopped"
+        # The stage cut short never reached its own redaction.
+        for notebook in folder.rglob("*.ipynb"):
+            redact_notebook(notebook, run.redactor)
     finally:
+        locks.release()
         run.kernel.discard()
         run.exports.shutdown(wait=True)
     pages = [page.result() for page in run.pages]
@@ -710,13 +783,17 @@ def _deploy_batches(
         _deploy_batch(run, batch, where, len(names), max_fail)
         failed = [r.host for r in run.results if r.host in batch and not r.state.goes_on]
         if run.stopped:
-            return
+            break
         if failed and number < len(batches):
             run.stopped = (
                 f"batch {number} of {len(batches)} failed on {', '.join(dict.fromkeys(failed))}: "
                 "the hosts of later batches were left untouched"
             )
-            return
+            break
+    unreachable = {r.host for r in run.results if r.state is State.UNREACHABLE}
+    diagnosed = [n for n in names if n not in unreachable]
+    if diagnosed and run.folder.is_dir():
+        _run_stage(run, _stages().DIAGNOSE, diagnosed, run.folder)
 
 
 def _deploy_batch(
@@ -728,6 +805,9 @@ def _deploy_batch(
             return
         results = _run_stage(run, stage, active, where)
         active = [r.host for r in results if r.state.goes_on]
+        if not run.folder.is_dir():
+            run.stopped = "the run folder was deleted during the run: the later stages were not run"
+            return
         if too_many_failed(run.results, total, max_fail):
             run.stopped = f"more than {max_fail:g}% of the hosts failed: the run was stopped"
             return
@@ -814,22 +894,28 @@ def _html_copy(record: RunRecord, folder: Path) -> str | None:
 def _file_deploy(
     run: _DeployRun, dep: Deployment, started_at: str, duration: float, serial: Any
 ) -> RunRecord:
-    code = worst_exit_code(run.results)
+    code = 128 + run.interrupted if run.interrupted else worst_exit_code(run.results)
     problems = [r for r in run.results if r.exit_code != EXIT_OK]
     if problems:
         first = problems[0]
         message = f"{len({r.host for r in problems})} of {len(dep.hosts)} host(s) not ok; " + (
             f"{first.host} {first.state.value} at {first.stage}: {first.message}"
         )
+    elif run.interrupted:
+        message = f"{len(run.notebooks)} stage(s) had finished, with no problem found"
     else:
         message = f"all {len(dep.hosts)} host(s) ok"
     if run.stopped:
         message = f"{run.stopped}; {message}"
+    lost = _recreate_lost_folder(run.folder)
+    if lost and not run.interrupted:
+        code = EXIT_TOOL_FAILED  # the record is incomplete: never "ok"
+    message = "; ".join([*run.notes, *([lost] if lost else []), message])
     summary = RunRecord(
         folder=run.folder,
         notebook="deploy",
         exit_code=code,
-        status=STATUS[code],
+        status=STATUS.get(code, "interrupted"),
         message=run.redactor.redact(message),
         duration=round(duration, 2),
         parameters={
@@ -859,6 +945,18 @@ def _file_deploy(
         records.write_summary(run.folder, doc)
     records.close(run.folder)
     return summary
+
+
+def _recreate_lost_folder(folder: Path) -> str:
+    """A run folder deleted during the run is made again, so the results held in memory are
+    still filed; the note says what was lost with it."""
+    if folder.is_dir():
+        return ""
+    folder.mkdir(parents=True, exist_ok=True)
+    return (
+        f"the run folder {folder} was deleted during the run and made again with the results "
+        "held in memory (the executed notebooks and journal written before it are lost)"
+    )
 
 
 def _write_run_json(folder: Path, record: RunRecord) -> None:

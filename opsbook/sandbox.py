@@ -30,12 +30,13 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ import yaml
 from opsbook import rehearsal_vllm
 from opsbook.checkpoint import make_checkpoint
 from opsbook.deployment import HostSpec
-from opsbook.exceptions import SandboxError
+from opsbook.exceptions import SandboxError, SandboxFolderRefused
 from opsbook.results import Finding, Result
 from opsbook.sim import simgpu
 from opsbook.sim.vllm_install import DEFAULT_VERSION, install_vllm
@@ -58,6 +59,10 @@ SHELL_PACKAGES = {"zsh": "zsh", "bash": "bash"}
 VLLM_TIERS = ("sim", "real")
 MODEL_NAME = "Kimi-K2.5-NVFP4"
 STATE_FILE = "state.json"
+# Marks a folder as a sandbox's, so that a later `up` may use it again.
+FOLDER_MARKER = ".opsbook-sandbox"
+# Where POSIX shared memory lives: the simulated vLLM leaves files there when SIGKILLed.
+SHM_DIR = Path("/dev/shm")
 READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
 SIM_SOURCES = Path(__file__).resolve().parent / "sim"
@@ -159,7 +164,8 @@ def up(
     """Start (or return the already running) rehearsal host in ``dir``.
 
     Args:
-        dir: the sandbox folder; created if missing.
+        dir: the sandbox folder; created (mode 755) if missing. An existing folder must be
+            empty or an earlier sandbox's, and keeps its mode and owner.
         address: the loopback address sshd listens on (any of 127.0.0.0/8).
         port: the SSH port; 0 picks a free one.
         shell: the login shell, ``zsh`` or ``bash``.
@@ -184,7 +190,7 @@ def up(
     if vllm not in VLLM_TIERS:
         raise SandboxError(f"unknown vLLM tier {vllm!r}", remedy="use sim or real")
     paths = _Paths(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    claim_folder(folder)
     with _locked(paths):
         state = _read_state(paths)
         if state.get("status") in ("up", "starting"):
@@ -204,6 +210,10 @@ def up(
 
 def down(dir: Path) -> Result:
     """Stop the rehearsal host in ``dir``: only the sshd and the user that ``up`` started.
+
+    A user the sandbox created is removed with its processes and its ``/dev/shm`` files, and
+    the files it owned in the folder go back to the operator. The folder itself stays (its
+    keys and checkpoint serve the next ``up``); delete it with ``rm -r`` when done.
 
     Args:
         dir: the sandbox folder.
@@ -308,7 +318,6 @@ def _start(
         "vllm_version": state.get("vllm_version") or DEFAULT_VERSION,
         "vllm": state.get("vllm", "sim"),
     }
-    os.chmod(paths.dir, 0o755)
     if os.geteuid() == 0:
         _check_traversable(paths.dir)
         state["created_user"] = _ensure_user(paths, user, shell)
@@ -380,6 +389,56 @@ def _absolute_folder(dir: Path) -> Path:
             remedy="choose a folder whose path has none of these characters",
         )
     return folder
+
+
+def claim_folder(folder: Path, ours: Sequence[str] = (STATE_FILE,)) -> bool:
+    """Create the sandbox folder, or accept an existing one that is empty or a sandbox's.
+
+    An existing folder keeps its mode and owner: the sandbox's content goes in the files and
+    folders it creates inside. A marker file records that the folder is a sandbox's (and
+    whether it was created), so a later ``up`` recognises it.
+
+    Args:
+        folder: the absolute folder.
+        ours: names whose presence marks the folder as an earlier sandbox's.
+
+    Returns:
+        True if the folder was created now.
+
+    Raises:
+        SandboxFolderRefused: it is not a folder, holds files the sandbox did not make, or (as
+            root) is a folder other users cannot enter.
+    """
+    if not os.path.lexists(folder):
+        folder.mkdir(parents=True)
+        # Ours: the login user must be able to enter it, whatever the umask.
+        folder.chmod(0o755)
+        _write_text(folder / FOLDER_MARKER, json.dumps({"created": True}) + "\n", 0o644)
+        return True
+    if folder.is_symlink() or not folder.is_dir():
+        raise SandboxFolderRefused(
+            f"{folder} exists and is not a folder",
+            remedy="give --dir a path that does not exist yet; sandbox up creates it",
+        )
+    if any((folder / name).exists() for name in (FOLDER_MARKER, *ours)):
+        return False
+    if next(folder.iterdir(), None) is not None:
+        raise SandboxFolderRefused(
+            f"{folder} already holds files that opsbook did not make; the sandbox would write "
+            "its keys, home and models among them",
+            remedy="give --dir a path that does not exist yet (sandbox up creates it), "
+            "or an empty folder",
+        )
+    mode = folder.stat().st_mode
+    if os.geteuid() == 0 and not mode & stat.S_IXOTH:
+        raise SandboxFolderRefused(
+            f"the sandbox user could not enter {folder} (mode {stat.S_IMODE(mode):o}), and "
+            "opsbook does not change the mode of a folder it did not create",
+            remedy="give --dir a path that does not exist yet (sandbox up creates it with "
+            f"mode 755), or run `chmod o+x {folder}` yourself",
+        )
+    _write_text(folder / FOLDER_MARKER, json.dumps({"created": False}) + "\n", 0o644)
+    return False
 
 
 def _require_tools(shell: str) -> None:
@@ -795,20 +854,32 @@ def _stop(paths: _Paths, state: dict[str, Any]) -> Result:
     user = str(state.get("user") or "")
     killed = _stop_user_processes(paths, user, bool(state.get("created_user")))
     removed = False
+    shm_removed: list[str] = []
     if state.get("created_user") and _user_exists(user):
+        uid = pwd.getpwnam(user).pw_uid
+        shm_removed = _remove_shm_files(uid)
         try:
             _run_admin(["userdel", user])
             removed = True
         except SandboxError as e:
             findings.append(Finding("error", f"user {user}", e.message, remedy=e.remedy or ""))
+        if removed:
+            _disown(paths, uid)
     paths.pid_file.unlink(missing_ok=True)
     _write_state(paths, {**state, "status": "down", "sshd_pid": None, "created_user": False})
     parts = [f"sshd PID {pid} stopped" if stopped_sshd else "no sshd of ours was running"]
     if killed:
         parts.append(f"{len(killed)} process(es) of {user} stopped")
+    if shm_removed:
+        parts.append(f"{len(shm_removed)} /dev/shm file(s) of {user} removed")
     if removed:
         parts.append(f"user {user} removed")
-    data = {"sshd_pid": pid, "processes_stopped": killed, "user_removed": removed}
+    data = {
+        "sshd_pid": pid,
+        "processes_stopped": killed,
+        "user_removed": removed,
+        "shm_removed": shm_removed,
+    }
     ok = not any(f.is_problem for f in findings)
     return Result(ok, f"rehearsal host in {paths.dir}: " + ", ".join(parts), data, findings)
 
@@ -834,6 +905,43 @@ def _stop_user_processes(paths: _Paths, user: str, created_user: bool) -> list[i
         _signal(pid, signal.SIGKILL)
     _wait_gone(targets, STOP_TIMEOUT)
     return targets
+
+
+def _remove_shm_files(uid: int) -> list[str]:
+    """Remove the sandbox user's files in /dev/shm (a SIGKILLed server leaves its shared
+    memory there); called only for a user the sandbox created, so nothing else is owned by it.
+    """
+    removed = []
+    try:
+        entries = list(SHM_DIR.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            if entry.lstat().st_uid != uid:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue
+        removed.append(str(entry))
+    return removed
+
+
+def _disown(paths: _Paths, uid: int) -> None:
+    """Give what the removed user owned in the folder back to the operator, so that no file is
+    left to a uid that the next user created on the machine would get."""
+    me = os.getuid()
+    for top in (paths.home, paths.venv, paths.models, paths.sim):
+        if not top.exists():
+            continue
+        for root, dirs, files in os.walk(top):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                with contextlib.suppress(OSError):
+                    if os.lstat(name).st_uid == uid:
+                        os.chown(name, me, os.getgid(), follow_symlinks=False)
 
 
 def _terminate(pid: int) -> bool:
@@ -963,9 +1071,13 @@ def _write_state(paths: _Paths, state: dict[str, Any]) -> None:
 def _write_text(path: Path, text: str, mode: int) -> None:
     """Write through a temp file and a rename, so no reader sees half a file."""
     temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(text)
-    temp.chmod(mode)
-    os.replace(temp, path)
+    try:
+        temp.write_text(text)
+        temp.chmod(mode)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
 
 
 def _chown_tree(top: Path, owner: pwd.struct_passwd) -> None:

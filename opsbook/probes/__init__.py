@@ -32,13 +32,20 @@ class Prober(Protocol):
 # The answer leaves in one write: ``json.dump`` writes piece by piece, and with an unbuffered
 # stdout (PYTHONUNBUFFERED in the login environment) each piece is a write and an SSH packet:
 # 36,000 of them for the download check of 1,190 shards.
+#
+# The answer is framed by marker lines: a login shell's banner (an `echo` in ~/.zshenv) or
+# anything else printed around it does not break it.
+BEGIN = "--- opsbook probe answer begins ---"
+END = "--- opsbook probe answer ends ---"
+
 _FOOTER = """
 
 if __name__ == "__main__":
     import json as _json
     import sys as _sys
 
-    _sys.stdout.write(_json.dumps(main(_json.loads({args!r}))))
+    _answer = _json.dumps(main(_json.loads({args!r})))
+    _sys.stdout.write("\\n{begin}\\n" + _answer + "\\n{end}\\n")
     _sys.stdout.flush()
 """
 
@@ -69,7 +76,21 @@ def assemble(name: str, args: dict[str, Any] | None = None) -> str:
     carried = {dep: source(dep) for dep in includes(text)}
     if carried:
         text += f"\n\nINCLUDED_SOURCES.update({carried!r})\n"
-    return text + _FOOTER.format(args=json.dumps(args or {}))
+    return text + _FOOTER.format(args=json.dumps(args or {}), begin=BEGIN, end=END)
+
+
+def is_framed(stdout: str) -> bool:
+    """Whether the output holds a probe's framed answer (the probe ran to its end)."""
+    return BEGIN in stdout and END in stdout
+
+
+def _framed(stdout: str) -> str | None:
+    """The text between the last answer's markers, or None if there is none."""
+    start = stdout.rfind(BEGIN)
+    if start < 0:
+        return None
+    end = stdout.find(END, start)
+    return stdout[start + len(BEGIN) : end] if end >= 0 else None
 
 
 def decode(name: str, stdout: str, stderr: str, exit_code: int, where: str = "localhost") -> Any:
@@ -81,8 +102,11 @@ def decode(name: str, stdout: str, stderr: str, exit_code: int, where: str = "lo
             remedy="read the probe's stderr below; the host needs a python3 (3.8+) on PATH",
             stderr=stderr,
         )
+    answer = _framed(stdout)
     try:
-        return json.loads(stdout)
+        if answer is None:
+            raise json.JSONDecodeError("no framed answer", stdout, 0)
+        return json.loads(answer)
     except json.JSONDecodeError:
         raise ProbeError(
             f"probe {name!r} did not answer JSON (got {stdout[:200]!r})",

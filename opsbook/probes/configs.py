@@ -6,7 +6,12 @@ texts it is given, safely:
 
 - a write happens only if every file still has the sha256 the caller planned against;
 - the first original is kept as ``<file>.opsbook-orig`` and never overwritten (it is created
-  with a hard link, which fails if the name exists);
+  with a hard link, which fails if the name exists); when that backup exists and the file
+  differs from it (the operator changed it since), the file as it is now is kept as well, as
+  ``<file>.opsbook-orig.<sha256 prefix>``, so that apply then restore loses nothing;
+- a symlinked file is refused, never replaced by a regular file nor written through (its
+  target may be shared, as a Hugging Face cache blob is);
+- a temporary file is removed when a write fails (a full disk leaves nothing behind);
 - a file is replaced by writing a temp file in the same folder, fsync, giving it the
   original's mode and owner, and renaming it over the file, then fsync of the folder.
 
@@ -92,13 +97,25 @@ def apply(folder: str, writes: dict, suffix: str) -> dict:
             "actions": actions,
             "state": read_state(folder, names, suffix),
         }
+    links = symlinks(folder, names)
+    if links:
+        return {
+            "ok": False,
+            "conflicts": [],
+            "symlinks": links,
+            "actions": actions,
+            "state": read_state(folder, names, suffix),
+        }
     ok = True
     for name in names:
         path = os.path.join(folder, name)
         try:
             backup = make_backup(path, path + suffix, before[name])
+            kept = keep_current(path, path + suffix, before[name])
             owner_kept = replace_file(path, writes[name]["text"].encode("utf-8"), before[name])
             actions[name] = {"backup": backup, "written": True, "owner_kept": owner_kept}
+            if kept:
+                actions[name]["second_backup"] = kept
         except OSError as e:
             ok = False
             actions[name] = {"written": False, "error": f"{type(e).__name__}: {e}"}
@@ -133,6 +150,29 @@ def restore(folder: str, names: list, suffix: str) -> dict:
     return {"ok": ok, "actions": actions, "state": read_state(folder, names, suffix)}
 
 
+def symlinks(folder: str, names: list) -> dict:
+    """File name to link target, for the files that are symbolic links."""
+    return {
+        n: os.readlink(os.path.join(folder, n))
+        for n in names
+        if os.path.islink(os.path.join(folder, n))
+    }
+
+
+def keep_current(path: str, backup: str, status: dict) -> str:
+    """When the first-original backup differs from the file as it is now, keep the file too
+    as ``<backup>.<sha256[:12]>`` (never overwritten); the name kept, or "" if none needed."""
+    first = file_status(backup)
+    if not first.get("exists") or first.get("sha256") == status.get("sha256"):
+        return ""
+    second = backup + "." + str(status["sha256"])[:12]
+    if os.path.lexists(second):
+        return second
+    write_synced(second, read_bytes(path), status)
+    fsync_dir(os.path.dirname(second))
+    return second
+
+
 def make_backup(path: str, backup: str, status: dict) -> str:
     """Keep the first original: ``created``, or ``kept`` when a backup already exists."""
     if os.path.lexists(backup):
@@ -152,7 +192,8 @@ def make_backup(path: str, backup: str, status: dict) -> str:
         except FileExistsError:
             return "kept"
     finally:
-        os.unlink(tmp)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
     fsync_dir(os.path.dirname(backup))
     return "created"
 
@@ -188,8 +229,12 @@ def write_synced(tmp: str, data: bytes, status: dict) -> bool:
                 st = os.fstat(fd)
                 owner_kept = (st.st_uid, st.st_gid) == (status["uid"], status["gid"])
         os.fchmod(fd, status.get("mode", 0o644))
-    finally:
+    except BaseException:
+        # A full disk (ENOSPC) must not leave a partial file behind under any name.
         os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
     return owner_kept
 
 

@@ -159,20 +159,42 @@ def record_path(args):
 def read_record(args):
     try:
         with open(record_path(args)) as f:
-            return json.load(f)
+            doc = json.load(f)
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) and {"pid", "start", "pgid"} <= set(doc) else None
+
+
+def record_problem(args):
+    """Why an existing launch.json cannot be read, or None (missing, or readable)."""
+    path = record_path(args)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"{path} is unreadable: {e}"
+    if not isinstance(doc, dict) or not {"pid", "start", "pgid"} <= set(doc):
+        return f"{path} is not a launch record opsbook wrote"
+    return None
 
 
 def write_record(args, record):
     os.makedirs(args["state_dir"], exist_ok=True)
     path = record_path(args)
     temp = path + ".tmp"
-    with open(temp, "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
+    try:
+        with open(temp, "w") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        # A full disk must not leave a half-written temporary file behind.
+        if os.path.lexists(temp):
+            os.unlink(temp)
+        raise
 
 
 def same_process(record):
@@ -276,6 +298,7 @@ def status(args):
         "log_before_stop": None,
         "port_open": port_open(args.get("port")),
         "uid": uid,
+        "record_error": record_problem(args) if record is None else None,
     }
     if record is not None:
         answer["group"] = [describe(p) for p in group_members(record["pgid"])]

@@ -13,7 +13,10 @@ from opsbook.sandbox import Sandbox
 
 def sandbox_folder(label: str) -> Path:
     """A fresh folder under /tmp: the sandbox user must be able to enter every parent."""
-    return Path(tempfile.mkdtemp(prefix=f"opsbook-{label}-", dir="/tmp"))
+    folder = Path(tempfile.mkdtemp(prefix=f"opsbook-{label}-", dir="/tmp"))
+    # The sandbox keeps an existing folder's mode: the test opens its own folder.
+    folder.chmod(0o755)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.integration
 
 def start_fleet(label: str, address: str) -> Iterator[Fleet]:
     folder = Path(tempfile.mkdtemp(prefix=f"opsbook-{label}-", dir="/tmp"))
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     fleet = fleet_sandbox.up(folder, hosts=4, address=address)
     try:
         yield fleet

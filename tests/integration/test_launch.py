@@ -123,6 +123,8 @@ class Rig:
 def box() -> Iterator[Sandbox]:
     """A rehearsal host of this module's own, so launches here disturb no other test."""
     folder = Path(tempfile.mkdtemp(prefix="opsbook-launch-", dir="/tmp"))
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     rehearsal = sandboxes.up(folder, address=ADDRESS)
     settings = rehearsal.venv / "opsbook-vllm-sim.json"
     stored = json.loads(settings.read_text()) if settings.exists() else {}

@@ -88,6 +88,8 @@ def deployed(
 ) -> Iterator[Deployed]:
     case = CASES[request.param]
     folder = Path(tempfile.mkdtemp(prefix="opsbook-patchfix-", dir="/tmp"))
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     up = opsbook(
         "sandbox", "up", "--dir", str(folder), "--address", case.address,
         "--gpus", case.gpus, "--vllm-version", case.vllm, timeout=300,
@@ -158,6 +160,8 @@ def test_the_server_keeps_the_kv_cache_the_prediction_allows(deployed: Deployed)
 
 def test_an_up_host_switches_gpus_and_release_in_place() -> None:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-patchfix-", dir="/tmp"))
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     try:
         first = opsbook("sandbox", "up", "--dir", str(folder), "--address", "127.0.0.33",
                         timeout=300)  # fmt: skip

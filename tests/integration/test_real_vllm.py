@@ -118,6 +118,8 @@ class Outcome:
 def box() -> Iterator[Sandbox]:
     rehearsal_vllm.ensure_tier()
     folder = Path(tempfile.mkdtemp(prefix="opsbook-realvllm-", dir="/tmp"))
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     rehearsal = sandboxes.up(folder, address=ADDRESS, vllm="real", checkpoint=False)
     try:
         yield rehearsal

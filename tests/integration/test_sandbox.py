@@ -145,6 +145,8 @@ def test_two_sandboxes_run_at_once_and_a_second_up_returns_the_running_one(
 
 def test_stale_state_is_restarted_and_down_leaves_nothing_of_ours() -> None:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-lifecycle-", dir="/tmp"))
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     try:
         box = sandboxes.up(folder, address="127.0.0.4", checkpoint=False)
         uid = pwd.getpwnam(box.user).pw_uid

@@ -53,6 +53,8 @@ class Planted:
 def box() -> Iterator[Sandbox]:
     """A rehearsal host of this module's own: the run patches its checkpoint and starts a server."""
     folder = Path(tempfile.mkdtemp(prefix="opsbook-secrets-", dir="/tmp"))
+    # The test's own folder: the sandbox keeps an existing folder's mode.
+    folder.chmod(0o755)
     try:
         yield sandbox.up(folder, address=ADDRESS)
     finally:

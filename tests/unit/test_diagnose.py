@@ -272,3 +272,14 @@ def test_a_server_that_had_failed_before_the_stop_is_still_crashed(tmp_path):
 
     assert state.state == "crashed", state.message
     assert state.diagnosis is not None and state.diagnosis.failure == "fp8kv-mla"
+
+
+def test_a_ready_server_that_stopped_answering_is_hung_not_loading() -> None:
+    ready = diagnosis(READY_LOG, running=True)
+    assert ready.state == logscan.READY
+    # Port open, /health silent for the watch window, log not growing: hung, whatever the age.
+    got = state(port_open=True, log_age=20.0, diagnosis=ready, unresponsive=True)
+    assert got[0] == "hung"
+    assert f"{diagnose.UNRESPONSIVE_SECONDS:g} s" in got[1]
+    # Without the watch's verdict the same facts stay loading (a busy server gets the window).
+    assert state(port_open=True, log_age=20.0, diagnosis=ready)[0] == "loading"

@@ -56,3 +56,16 @@ def test_fingerprint_matches_ssh_keygen(tmp_path) -> None:
 def test_known_hosts_name_brackets_non_default_ports() -> None:
     assert known_hosts_name("gpu-01", 22) == "gpu-01"
     assert known_hosts_name("127.0.0.1", 2222) == "[127.0.0.1]:2222"
+
+
+def test_a_stopped_sshd_is_a_connect_timeout_naming_the_host() -> None:
+    from opsbook.deployment import HostSpec
+    from opsbook.exceptions import ConnectTimeout
+    from opsbook.hosts import Host
+
+    host = Host(HostSpec(address="127.0.3.250", port=2222, user="ops", connect_timeout=7))
+    error = host._translate_connect_error(paramiko.SSHException("No existing session"))
+    assert isinstance(error, ConnectTimeout)
+    assert error.host == "ops@127.0.3.250:2222"
+    assert "did not answer within 7 s" in error.message
+    assert "hung or stopped" in error.message

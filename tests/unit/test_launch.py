@@ -403,3 +403,26 @@ def test_the_wait_asks_for_new_bytes_only_and_lets_the_host_wait(paths: launch.L
     assert [a["offset"] for a in looks] == [None, 2000, cut]  # each byte crosses once
     assert slept == []
     assert launch.diagnosis_of(done).state == "ready"
+
+
+def test_a_launch_record_that_cannot_be_written_leaves_no_temp_file(tmp_path: Path) -> None:
+    from opsbook.probes import launch as launch_probe
+
+    args = {"state_dir": str(tmp_path)}
+    # A value JSON cannot hold fails the write midway, after the temp file was opened.
+    with pytest.raises(TypeError):
+        launch_probe.write_record(args, {"pid": 1, "start": object()})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unreadable_launch_record_is_named_apart_from_a_missing_one(tmp_path: Path) -> None:
+    from opsbook.probes import launch as launch_probe
+
+    args = {"state_dir": str(tmp_path)}
+    assert launch_probe.record_problem(args) is None
+    (tmp_path / "launch.json").write_text('{"pid": 12')
+    problem = launch_probe.record_problem(args)
+    assert problem is not None and "launch.json is unreadable" in problem
+    (tmp_path / "launch.json").write_text('["not", "a", "record"]')
+    assert "not a launch record" in (launch_probe.record_problem(args) or "")
+    assert launch_probe.read_record(args) is None

@@ -483,3 +483,56 @@ def test_verdict_carries_the_reason_nothing_was_planned() -> None:
     assert verdict.ok
     assert verdict.message == f"{before.message}; {plan.reason}"
     assert patch_verdict(before, None, restored=True, plan=plan) is before
+
+
+def test_apply_then_restore_keeps_the_operators_current_config(model_dir: Path) -> None:
+    host = LocalProbeHost()
+    files = read_configs(host, str(model_dir))
+    apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True)
+    restore_patch(host, str(model_dir))
+    # The operator tunes the config after the first round; an older backup is on the host.
+    edited = json.loads((model_dir / "config.json").read_text())
+    edited["max_position_embeddings"] = 65536
+    (model_dir / "config.json").write_text(json.dumps(edited, indent=4))
+    current = (model_dir / "config.json").read_bytes()
+    files = read_configs(host, str(model_dir))
+    result = apply_patch(
+        host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True
+    )
+    assert result.ok, str(result)
+    second = result.data["backups"]["config.json"]["second"]
+    digest = hashlib.sha256(current).hexdigest()[:12]
+    assert second == f"{model_dir}/config.json{BACKUP_SUFFIX}.{digest}"
+    restore_patch(host, str(model_dir))
+    # Restore puts the first original back, and the operator's version is still on disk.
+    assert Path(second).read_bytes() == current
+    assert any(second in f.message for f in result.findings)
+
+
+def test_a_symlinked_config_is_refused_and_stays_a_link(model_dir: Path) -> None:
+    host = LocalProbeHost()
+    blob = model_dir.parent / "blob-config.json"
+    (model_dir / "config.json").rename(blob)
+    (model_dir / "config.json").symlink_to(blob)
+    before = blob.read_bytes()
+    files = read_configs(host, str(model_dir))
+    result = apply_patch(
+        host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True
+    )
+    assert not result.ok
+    assert "symbolic link" in result.message
+    assert [f.subject for f in result.findings] == ["config.json"]
+    assert "readlink -f" in (result.findings[0].remedy or "")
+    assert (model_dir / "config.json").is_symlink()
+    assert blob.read_bytes() == before
+    assert not list(model_dir.glob("*.opsbook-*"))
+
+
+def test_a_failed_write_removes_its_temporary_file(tmp_path: Path) -> None:
+    from opsbook.probes import configs
+
+    target = tmp_path / "config.json"
+    # A str where bytes are expected fails inside the write, after the file was created.
+    with pytest.raises(TypeError):
+        configs.write_synced(str(target), "not bytes", {})  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []

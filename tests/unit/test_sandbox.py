@@ -2,6 +2,7 @@
 
 import os
 import socket
+import stat
 import subprocess
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from opsbook import sandbox
 from opsbook.deployment import load_deployment
-from opsbook.exceptions import SandboxError
+from opsbook.exceptions import SandboxError, SandboxFolderRefused
 
 
 def paths_in(tmp_path: Path) -> sandbox._Paths:
@@ -181,3 +182,57 @@ def test_cli_refuses_unknown_gpus_and_bad_releases_with_exit_2(argv, capsys) -> 
     assert caught.value.code == 2
     err = capsys.readouterr().err
     assert "opsbook sandbox: error: argument --" in err and argv[1] in err
+
+
+def test_up_refuses_a_folder_holding_someone_elses_files(tmp_path) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o700)
+    (folder / "notes.txt").write_text("the operator's")
+    with pytest.raises(SandboxFolderRefused) as refused:
+        sandbox.up(folder, checkpoint=False)
+    assert "already holds files that opsbook did not make" in refused.value.message
+    assert "does not exist yet" in (refused.value.remedy or "")
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_an_existing_empty_folder_keeps_its_mode_and_owner(tmp_path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    before = shared.stat()
+    assert sandbox.claim_folder(shared) is False
+    after = shared.stat()
+    assert (after.st_mode, after.st_uid, after.st_gid) == (
+        before.st_mode,
+        before.st_uid,
+        before.st_gid,
+    )
+    # Its marker makes it the sandbox's for the next `up`, even once it holds files.
+    (shared / "state.json").write_text("{}")
+    assert sandbox.claim_folder(shared) is False
+
+
+def test_a_closed_empty_folder_is_refused_as_root_not_opened(tmp_path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root's sandbox user is another user")
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    closed.chmod(0o700)
+    with pytest.raises(SandboxFolderRefused) as refused:
+        sandbox.claim_folder(closed)
+    assert "mode 700" in refused.value.message
+    assert stat.S_IMODE(closed.stat().st_mode) == 0o700
+    assert list(closed.iterdir()) == []
+
+
+def test_a_missing_folder_is_created_enterable(tmp_path) -> None:
+    folder = tmp_path / "new" / "box"
+    old_umask = os.umask(0o077)
+    try:
+        assert sandbox.claim_folder(folder) is True
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert (folder / sandbox.FOLDER_MARKER).exists()
