@@ -42,6 +42,7 @@ def random_key() -> str:
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-adversarial-", dir="/tmp"))
+    folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
     try:
         yield sandbox.up(folder, address=ADDRESS)
     finally:

@@ -519,6 +519,7 @@ def lab_session(deployment: Path, work: Path, driver: Playwright) -> Iterator[Cl
 @pytest.fixture(scope="module")
 def click_box() -> Iterator[Sandbox]:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-clicks-", dir="/tmp"))
+    folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
     try:
         yield sandbox.up(folder, address=ADDRESS)
     finally:
@@ -679,6 +680,7 @@ def test_a_secret_on_a_foreign_command_line_reaches_no_saved_notebook(
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[fleet_sandbox.Fleet]:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-clicks-fleet-", dir="/tmp"))
+    folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
     try:
         yield fleet_sandbox.up(folder, hosts=2, address=FLEET_ADDRESS)
     finally:

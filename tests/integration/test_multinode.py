@@ -33,6 +33,7 @@ pytestmark = pytest.mark.integration
 def pair() -> Iterator[Fleet]:
     rehearsal_ray.ensure_tier()
     folder = Path(tempfile.mkdtemp(prefix="opsbook-multinode-", dir="/tmp"))
+    folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
     fleet = fleet_sandbox.up(folder, hosts=2, address="127.0.6.11", multinode=True)
     try:
         # Each test may run alone: the checkpoint patched for this vLLM (the incident's FP8 KV

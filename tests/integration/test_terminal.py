@@ -69,6 +69,7 @@ def say(*args: str) -> Said:
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-terminal-", dir="/tmp"))
+    folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
     try:
         yield sandbox.up(folder, address=ADDRESS)
     finally:
