@@ -1,9 +1,11 @@
 """Rehearsal hosts shared by the integration tests: a real sshd on loopback, started once."""
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,25 +21,27 @@ def sandbox_folder(label: str) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def sandbox() -> Iterator[Sandbox]:
-    """The default rehearsal host: zsh login shell, 8 simulated RTX PRO 6000, the checkpoint."""
-    folder = sandbox_folder("zsh")
-    box = sandboxes.up(folder)
+@contextlib.contextmanager
+def rehearsal_host(label: str, **options: Any) -> Iterator[Sandbox]:
+    """A rehearsal host of its own in a fresh folder (``opsbook.sandbox.up`` options), stopped
+    and removed afterwards."""
+    folder = sandbox_folder(label)
     try:
-        yield box
+        yield sandboxes.up(folder, **options)
     finally:
         sandboxes.down(folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[Sandbox]:
+    """The default rehearsal host: zsh login shell, 8 simulated RTX PRO 6000, the checkpoint."""
+    with rehearsal_host("zsh") as box:
+        yield box
 
 
 @pytest.fixture(scope="session")
 def bash_sandbox() -> Iterator[Sandbox]:
     """A second rehearsal host at the same time, on another address, with a bash login shell."""
-    folder = sandbox_folder("bash")
-    box = sandboxes.up(folder, address="127.0.0.3", shell="bash", checkpoint=False)
-    try:
+    with rehearsal_host("bash", address="127.0.0.3", shell="bash", checkpoint=False) as box:
         yield box
-    finally:
-        sandboxes.down(folder)
-        shutil.rmtree(folder, ignore_errors=True)

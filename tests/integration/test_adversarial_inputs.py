@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 import yaml
 
-from opsbook import cli, launch, sandbox
+from opsbook import cli, launch
 from opsbook.deployment import load_deployment
 from opsbook.hosts import Host
 from opsbook.run import EXIT_OK, EXIT_USAGE, RunRecord, run_deploy
 from opsbook.sandbox import Sandbox
+from tests.integration.conftest import rehearsal_host
 
 pytestmark = pytest.mark.integration
 
@@ -41,13 +42,8 @@ def random_key() -> str:
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
-    folder = Path(tempfile.mkdtemp(prefix="opsbook-adversarial-", dir="/tmp"))
-    folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
-    try:
-        yield sandbox.up(folder, address=ADDRESS)
-    finally:
-        sandbox.down(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+    with rehearsal_host("adversarial", address=ADDRESS) as box:
+        yield box
 
 
 def deployment_with(box: Sandbox, folder: Path, name: str, **env: str) -> Path:

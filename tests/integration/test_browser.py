@@ -30,9 +30,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import BrowserContext, Locator, Page, Playwright, sync_playwright
 
-from opsbook import fleet_sandbox, sandbox
+from opsbook import fleet_sandbox
 from opsbook.deployment import load_deployment
 from opsbook.sandbox import Sandbox
+from tests.integration.conftest import rehearsal_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -518,13 +519,8 @@ def lab_session(deployment: Path, work: Path, driver: Playwright) -> Iterator[Cl
 
 @pytest.fixture(scope="module")
 def click_box() -> Iterator[Sandbox]:
-    folder = Path(tempfile.mkdtemp(prefix="opsbook-clicks-", dir="/tmp"))
-    folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
-    try:
-        yield sandbox.up(folder, address=ADDRESS)
-    finally:
-        sandbox.down(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+    with rehearsal_host("clicks", address=ADDRESS) as box:
+        yield box
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-import shutil
 import string
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,11 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsbook import launch, sandbox
+from opsbook import launch
 from opsbook.deployment import load_deployment
 from opsbook.hosts import Host
 from opsbook.run import RunRecord, run_deploy
 from opsbook.sandbox import Sandbox
+from tests.integration.conftest import rehearsal_host
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +51,8 @@ class Planted:
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
     """A rehearsal host of this module's own: the run patches its checkpoint and starts a server."""
-    folder = Path(tempfile.mkdtemp(prefix="opsbook-secrets-", dir="/tmp"))
-    # The test's own folder: the sandbox keeps an existing folder's mode.
-    folder.chmod(0o755)
-    try:
-        yield sandbox.up(folder, address=ADDRESS)
-    finally:
-        sandbox.down(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+    with rehearsal_host("secrets", address=ADDRESS) as box:
+        yield box
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsbook import sandbox
 from opsbook.sandbox import Sandbox
+from tests.integration.conftest import rehearsal_host
 
 pytestmark = pytest.mark.integration
 
@@ -68,13 +66,8 @@ def say(*args: str) -> Said:
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
-    folder = Path(tempfile.mkdtemp(prefix="opsbook-terminal-", dir="/tmp"))
-    folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
-    try:
-        yield sandbox.up(folder, address=ADDRESS)
-    finally:
-        sandbox.down(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+    with rehearsal_host("terminal", address=ADDRESS) as box:
+        yield box
 
 
 @pytest.fixture(scope="module")
