@@ -1,8 +1,9 @@
 """Accuracy of `opsbook diagnose --log` on the held-out real logs.
 
-Two sets, each printed on its own: tests/data/logs/heldout/ (gathered while the catalogue was
-written, kept out of its development, then seen when it was first measured) and
-tests/data/logs/heldout2/ (gathered afterwards and labelled before opsbook was run on it). For
+Three sets, each printed on its own: tests/data/logs/heldout/ (gathered while the catalogue was
+written, kept out of its development, then seen when it was first measured),
+tests/data/logs/heldout2/ and tests/data/logs/heldout3/ (each gathered afterwards and labelled
+before opsbook was run on it). For
 each, how often the diagnosis names the labelled failure id and reports the labelled key line
 (for wrapper cases, the root cause under the wrapper). Goals: failure id right for at least 90%,
 key line for at least 85%, on each set.
@@ -20,7 +21,7 @@ from opsbook import logscan
 
 LOGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "logs"
 HELDOUT = LOGS / "heldout"
-SETS = (HELDOUT, LOGS / "heldout2")
+SETS = (HELDOUT, LOGS / "heldout2", LOGS / "heldout3")
 ID_GOAL, LINE_GOAL = 0.90, 0.85
 
 

@@ -127,3 +127,42 @@ def test_fresh_label_is_consistent_with_its_file(entry: dict[str, object]) -> No
     key = str(entry["key_line"])
     assert any(key in line for line in lines[1:]), f"key line not in {path.name}"
     assert path.name.startswith(f"{entry['failure']}-g")
+
+
+# The third set (heldout3): gathered after the first two were seen, labelled before it was run.
+HELDOUT3 = HELDOUT.parent / "heldout3"
+LABELS3 = yaml.safe_load((HELDOUT3 / "labels.yaml").read_text(encoding="utf-8"))
+
+
+def _issue(source: str) -> str:
+    """``owner/repo#N`` of a GitHub issue or PR address, else the address itself."""
+    parts = source.split("github.com/", 1)[-1].split("/")
+    if len(parts) >= 4 and parts[2] in ("issues", "pull"):
+        return f"{parts[0]}/{parts[1]}#{parts[3]}"
+    return source
+
+
+def test_the_third_set_has_forty_failures_from_issues_no_other_set_uses() -> None:
+    assert len([e for e in LABELS3 if e["state"] == "failed"]) >= 40
+    assert {str(e["file"]) for e in LABELS3} == {p.name for p in HELDOUT3.glob("*.log")}
+    third = [_issue(str(e["source"])) for e in LABELS3]
+    assert len(third) == len(set(third)), "one issue per log"
+    earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
+    assert not earlier & set(third)
+
+
+@pytest.mark.parametrize("entry", LABELS3, ids=lambda e: str(e["file"]))
+def test_third_set_label_is_consistent_with_its_file(entry: dict[str, object]) -> None:
+    path = HELDOUT3 / str(entry["file"])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith(f"# source: {entry['source']} ")
+    assert entry["state"] in ("failed", "ready")
+    if entry["state"] == "failed":
+        assert entry["failure"] in VOCABULARY
+    else:
+        assert entry["failure"] is None
+    if entry["failure"] == "unrecognised-error":
+        assert entry.get("class")
+    assert any(str(entry["key_line"]) in line for line in lines[1:]), f"key line not in {path.name}"
+    assert path.name.startswith(f"{entry['failure'] or entry['state']}-h3-")
+    assert entry["version"]
