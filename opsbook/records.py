@@ -9,6 +9,7 @@ import contextlib
 import html
 import json
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -185,18 +186,34 @@ SEALED_FILE_MODE = 0o400
 PRIVATE_UMASK = 0o077
 
 
+# The umask is the process's, and a deploy writes its run folder from two threads at once (the
+# stages, and the HTML copies exported meanwhile): the first to enter sets it, the last to
+# leave puts the operator's back. Saved and restored per entry, an overlap would leave 077.
+_umask_lock = threading.Lock()
+_umask_holders = 0
+_umask_saved = 0o022
+
+
 @contextlib.contextmanager
 def private_files() -> Iterator[None]:
     """Files created in the body (here and by a kernel started in it) are the owner's alone
     (0600, folders 0700).
 
-    The umask is the process's: the runner holds it only while it writes a run folder.
+    The umask is the process's: the runner holds it only while it writes a run folder; nested
+    and concurrent uses (threads) share one hold.
     """
-    previous = os.umask(PRIVATE_UMASK)
+    global _umask_holders, _umask_saved
+    with _umask_lock:
+        if _umask_holders == 0:
+            _umask_saved = os.umask(PRIVATE_UMASK)
+        _umask_holders += 1
     try:
         yield
     finally:
-        os.umask(previous)
+        with _umask_lock:
+            _umask_holders -= 1
+            if _umask_holders == 0:
+                os.umask(_umask_saved)
 
 
 def close(folder: Path) -> None:

@@ -111,3 +111,35 @@ def test_runs_are_listed_newest_first_and_shown(tmp_path) -> None:
     assert records.show_run(tmp_path / "20260101T000000Z-deploy-h")["status"] == "ok"
     with pytest.raises(RunError, match="not a run folder"):
         records.show_run(tmp_path / "not-a-run")
+
+
+def test_overlapping_private_holds_from_two_threads_give_the_umask_back() -> None:
+    # A deploy writes its run folder from the stage thread and the HTML-export thread at once;
+    # holds that overlap (A in, B in, A out, B out) must not leave the private umask behind.
+    import threading
+
+    before = os.umask(0o022)
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def a() -> None:
+        with records.private_files():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def b() -> None:
+        a_in.wait(5)
+        with records.private_files():
+            b_in.set()
+            a_out.wait(5)
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        now = os.umask(0o022)
+        assert now == 0o022, oct(now)
+    finally:
+        os.umask(before)
