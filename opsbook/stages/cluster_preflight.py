@@ -15,8 +15,8 @@ every node that takes part: one model is served by all of them or by none.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from opsbook import cluster
@@ -29,7 +29,7 @@ from opsbook.stages.base import Report
 RAY_VERSION_COMMAND = "import ray; print(ray.__version__)"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Libraries:
     """The torch and NCCL a node's deployment python has (None: not installed)."""
 
@@ -57,11 +57,7 @@ def run(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
         findings += node_findings(name, nodes[name], answer, list(nodes.values()))
     problems = [f for f in findings if f.severity == "error"]
     if not problems:
-        if findings:
-            noted = Result(True, "; ".join(f.message for f in findings), findings=findings)
-            for report in reports.values():
-                report.shows.append(noted)
-        return reports
+        return {name: _noted(report, findings) for name, report in reports.items()}
     findings = problems + [f for f in findings if f not in problems]
     problem = "; ".join(f.message for f in problems)
     for name, report in reports.items():
@@ -70,6 +66,15 @@ def run(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
         failure = "ray-version-mismatch" if ray_differs else ""
         reports[name] = Report(State.FAILED, verdict, [verdict, *report.shows], failure)
     return reports
+
+
+def _noted(report: Report, warnings: list[Finding]) -> Report:
+    """The report with the cluster's warnings among its findings, its state unchanged."""
+    if not warnings:
+        return report
+    verdict = dataclasses.replace(report.verdict, findings=[*report.verdict.findings, *warnings])
+    shown = Result(True, "; ".join(f.message for f in warnings), findings=warnings)
+    return dataclasses.replace(report, verdict=verdict, shows=[*report.shows, shown])
 
 
 INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")

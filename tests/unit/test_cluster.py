@@ -467,3 +467,82 @@ def test_a_refusal_on_a_vllm_host_ip_other_than_the_ssh_address_is_only_a_warnin
     lost = cluster_preflight.reach_finding("head", worker, 2222, "timed out after 3s", False)
     assert refused.severity == "warning" and lost.severity == "error"
     assert "127.0.6.55" in lost.message and "VLLM_HOST_IP" in lost.remedy
+
+
+def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]]) -> dict:
+    """cluster_preflight.run over two FakeHosts: each node's single-host preflight passes with
+    the same facts, Ray answers 2.58.0, and the real ``cluster_node`` probe runs locally with
+    the scripted torch and NCCL in place of the local python's."""
+    from opsbook.results import Result, State
+    from opsbook.stages import preflight
+    from opsbook.stages.base import Report
+    from opsbook.testing import FakeHost, local_probe
+
+    def single_host(host: Any, view: Any) -> Report:
+        return Report(State.OK, Result(True, "ready"), detail=facts("0.15.1"))
+
+    monkeypatch.setattr(preflight, "run", single_host)
+    monkeypatch.setattr(cluster_preflight, "HostFacts", SimpleNamespace)
+    hosts = []
+    for spec in deployment.hosts:
+
+        def answer(args: dict, name: str = spec.name) -> Any:
+            return {**local_probe("cluster_node")(args), "libraries": libraries[name]}
+
+        host = FakeHost(
+            spec.address,
+            probes={"cluster_node": answer, "ray_node": {"processes": []}},
+            commands={r"ray-node\.json": "", r"import ray": "2.58.0\n"},
+        )
+        host.spec, host.name = spec, spec.name
+        hosts.append(host)
+    return cluster_preflight.run(hosts, deployment)
+
+
+def test_the_cluster_preflight_fails_every_node_when_torch_differs(monkeypatch) -> None:
+    import socket
+
+    from opsbook.results import State
+
+    with socket.socket() as head_ssh, socket.socket() as worker_ssh:
+        for listener, address in ((head_ssh, "127.0.6.53"), (worker_ssh, "127.0.6.54")):
+            listener.bind((address, 0))
+            listener.listen()
+        deployment = pair_deployment(head_ssh.getsockname()[1], worker_ssh.getsockname()[1])
+        head, worker = (n.host.name for n in cluster.nodes_of(deployment))
+        reports = run_pair(
+            monkeypatch,
+            deployment,
+            {
+                head: {"torch": "2.14.1+cu130", "nccl": None},
+                worker: {"torch": "2.13.0+cpu", "nccl": None},
+            },
+        )
+    assert [r.state for r in reports.values()] == [State.FAILED, State.FAILED]
+    message = reports[worker].verdict.message
+    assert message == (
+        f"the nodes differ: torch differs between the nodes ({head}: 2.14.1+cu130, "
+        f"{worker}: 2.13.0+cpu)"
+    )
+
+
+def test_a_refused_vllm_host_ip_is_a_warning_that_does_not_fail_the_nodes(monkeypatch) -> None:
+    import socket
+
+    from opsbook.results import State
+
+    same = {"torch": "2.14.1+cu130", "nccl": "2.30.7 (nvidia-nccl-cu13)"}
+    with socket.socket() as head_ssh, socket.socket() as worker_ssh:
+        for listener, address in ((head_ssh, "127.0.6.53"), (worker_ssh, "127.0.6.54")):
+            listener.bind((address, 0))
+            listener.listen()
+        # The worker's VLLM_HOST_IP is another address of it, where SSH does not listen.
+        deployment = pair_deployment(
+            head_ssh.getsockname()[1], worker_ssh.getsockname()[1], worker_ip="127.0.0.1"
+        )
+        head, worker = (n.host.name for n in cluster.nodes_of(deployment))
+        reports = run_pair(monkeypatch, deployment, {head: same, worker: same})
+    assert [r.state for r in reports.values()] == [State.OK, State.OK]
+    [warning] = reports[head].verdict.findings
+    assert warning.severity == "warning"
+    assert f"{head} cannot reach {worker}'s address for Ray and vLLM 127.0.0.1" in warning.message
