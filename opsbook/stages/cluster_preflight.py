@@ -3,16 +3,19 @@
 Each node gets the single-host preflight; then the nodes are compared, each difference a named
 finding with its fix: the same Python, vLLM and Ray on every node (Ray refuses a node whose
 versions differ from the head's: ray-project/ray ``python/ray/_private/utils.py``
-``check_version_info``, "Version mismatch"), the same GPU model, GPUs enough in total for
-tensor parallel x pipeline parallel; on each node, its address for Ray and vLLM
+``check_version_info``, "Version mismatch"), the same torch and NCCL (read from the installed
+distributions, torch not imported: probe ``cluster_node``), the same GPU model, GPUs enough in
+total for tensor parallel x pipeline parallel; on each node, its address for Ray and vLLM
 (``VLLM_HOST_IP``) is one of its own, ``NCCL_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME`` name
-interfaces it has, and on the head the Ray port is free (probe ``cluster_node``). A node that
-disagrees fails, and so does every node that takes part: one model is served by all of them or
-by none.
+interfaces it has, every other node's address answers a TCP connection from it (on that
+node's SSH port, the one port known to listen before anything starts), and on the head the Ray
+port is free. One probe per node asks all of it. A node that disagrees fails, and so does
+every node that takes part: one model is served by all of them or by none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +29,14 @@ from opsbook.stages.base import Report
 RAY_VERSION_COMMAND = "import ray; print(ray.__version__)"
 
 
+@dataclasses.dataclass(frozen=True)
+class Libraries:
+    """The torch and NCCL a node's deployment python has (None: not installed)."""
+
+    torch: str | None = None
+    nccl: str | None = None
+
+
 def run(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
     """Preflight each node, then compare them; one report per host."""
     spec = cluster.cluster_of(deployment)
@@ -33,13 +44,22 @@ def run(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
     reports = {h.name: preflight.run(h, deployment.for_host(h.spec)) for h in hosts}
     found = {name: r.detail for name, r in reports.items() if isinstance(r.detail, HostFacts)}
     rays = {h.name: ray_version(h, nodes[h.name].python) for h in hosts if h.name in nodes}
-    findings = compare(found, rays, spec.world_size)
-    for host in hosts:
-        if host.name in nodes:
-            findings += node_findings(host, nodes[host.name], spec)
-    if not findings:
-        return reports
-    problem = "; ".join(f.message for f in findings)
+    by_name = {h.name: h for h in hosts}
+    # Head first, so that "the head's" version is the first one named.
+    answers = {
+        name: node_probe(by_name[name], node, spec, list(nodes.values()))
+        for name, node in nodes.items()
+        if name in by_name
+    }
+    libraries = {name: libraries_of(answer) for name, answer in answers.items()}
+    findings = compare(found, rays, spec.world_size, libraries)
+    for name, answer in answers.items():
+        findings += node_findings(name, nodes[name], answer, list(nodes.values()))
+    problems = [f for f in findings if f.severity == "error"]
+    if not problems:
+        return {name: _noted(report, findings) for name, report in reports.items()}
+    findings = problems + [f for f in findings if f not in problems]
+    problem = "; ".join(f.message for f in problems)
     for name, report in reports.items():
         verdict = Result(False, f"the nodes differ: {problem}", findings=findings)
         ray_differs = any(f.subject == "Ray" for f in findings)
@@ -48,26 +68,59 @@ def run(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
     return reports
 
 
+def _noted(report: Report, warnings: list[Finding]) -> Report:
+    """The report with the cluster's warnings among its findings, its state unchanged."""
+    if not warnings:
+        return report
+    verdict = dataclasses.replace(report.verdict, findings=[*report.verdict.findings, *warnings])
+    shown = Result(True, "; ".join(f.message for f in warnings), findings=warnings)
+    return dataclasses.replace(report, verdict=verdict, shows=[*report.shows, shown])
+
+
 INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
-def node_findings(host: Any, node: cluster.Node, spec: ClusterSpec) -> list[Finding]:
-    """This node's address for Ray and vLLM exists here, its NCCL/Gloo interfaces exist, and
-    (on the head) the Ray port is free unless opsbook's own Ray holds it."""
+def node_probe(
+    host: Any, node: cluster.Node, spec: ClusterSpec, nodes: Sequence[cluster.Node]
+) -> dict[str, Any]:
+    """Probe ``cluster_node`` on one node: its address, interfaces and (on the head) Ray port,
+    the other nodes' addresses reached from it, its deployment python's torch and NCCL."""
     interfaces = {v: node.env.get(v) or spec.interface for v in INTERFACE_VARIABLES}
     ports = []
     if node.head and not cluster.node_processes(host, node, spec):
         ports.append([node.address, spec.ray_port])
-    answer = host.probe(
+    reach = [[peer.address, peer.host.port] for peer in nodes if peer.host != node.host]
+    answer: dict[str, Any] = host.probe(
         "cluster_node",
-        {"host_ip": node.address, "interfaces": interfaces, "ports": ports},
+        {
+            "host_ip": node.address,
+            "interfaces": interfaces,
+            "ports": ports,
+            "reach": reach,
+            "python": node.python,
+        },
     )
+    return answer
+
+
+def libraries_of(answer: dict[str, Any]) -> Libraries:
+    """The torch and NCCL versions in a ``cluster_node`` answer."""
+    found = answer.get("libraries") or {}
+    return Libraries(found.get("torch"), found.get("nccl"))
+
+
+def node_findings(
+    name: str, node: cluster.Node, answer: dict[str, Any], nodes: Sequence[cluster.Node] = ()
+) -> list[Finding]:
+    """From a node's ``cluster_node`` answer: its address for Ray and vLLM exists there, its
+    NCCL/Gloo interfaces exist, the other nodes' addresses answer from it, and (on the head)
+    the Ray port is free unless opsbook's own Ray holds it."""
     findings = []
     if answer.get("host_ip_error"):
         findings.append(
             Finding(
                 "error",
-                host.name,
+                name,
                 f"{node.address}, this node's address for Ray and vLLM (VLLM_HOST_IP), is not an "
                 f"address of this node ({answer['host_ip_error']})",
                 remedy="set VLLM_HOST_IP in this host's vars to an address the node has, one the "
@@ -78,7 +131,7 @@ def node_findings(host: Any, node: cluster.Node, spec: ClusterSpec) -> list[Find
         findings.append(
             Finding(
                 "error",
-                host.name,
+                name,
                 f"{variable}={value} names no interface of this node "
                 f"(it has {', '.join(answer.get('interfaces') or [])})",
                 remedy="name the interface the nodes reach each other over (cluster.interface)",
@@ -88,12 +141,43 @@ def node_findings(host: Any, node: cluster.Node, spec: ClusterSpec) -> list[Find
         findings.append(
             Finding(
                 "error",
-                host.name,
+                name,
                 f"the Ray port {address}:{port} is taken ({error})",
                 remedy="stop what holds it, or choose another cluster.ray_port",
             )
         )
+    peers = {peer.address: peer for peer in nodes}
+    for address, port, error, refused in answer.get("unreached") or []:
+        peer = peers.get(address)
+        if peer is not None:
+            findings.append(reach_finding(name, peer, port, error, refused))
     return findings
+
+
+def reach_finding(name: str, peer: cluster.Node, port: int, error: str, refused: bool) -> Finding:
+    """Node ``name`` could not open a TCP connection to ``peer``'s address for Ray and vLLM.
+
+    Lost (a timeout, no route) is an error. Refused means the address answered: when it is
+    the address opsbook reaches the peer's SSH at, SSH listens there, so this node is being
+    rejected (a firewall), an error too; when it is another address (``VLLM_HOST_IP``), SSH may
+    not listen on it, so the refusal proves nothing wrong: a warning.
+    """
+    whose = f"{peer.host.name}'s address for Ray and vLLM {peer.address}"
+    message = f"{name} cannot reach {whose} (TCP port {port}: {error})"
+    if refused and peer.address != peer.host.address:
+        return Finding(
+            "warning",
+            name,
+            f"{message}; SSH may listen only on {peer.host.address}, so this proves nothing",
+            remedy=f"check that {peer.address} is the address the nodes reach each other at",
+        )
+    return Finding(
+        "error",
+        name,
+        message,
+        remedy=f"open the firewall between the nodes, or set VLLM_HOST_IP in {peer.host.name}'s "
+        "vars to an address of it that the other nodes reach",
+    )
 
 
 def ray_version(host: Any, python: str) -> str | None:
@@ -108,9 +192,13 @@ def ray_version(host: Any, python: str) -> str | None:
 
 
 def compare(
-    facts: dict[str, HostFacts], rays: dict[str, str | None], world_size: int
+    facts: dict[str, HostFacts],
+    rays: dict[str, str | None],
+    world_size: int,
+    libraries: dict[str, Libraries] | None = None,
 ) -> list[Finding]:
-    """The differences between nodes that stop one vLLM across them."""
+    """The differences between nodes that stop one vLLM across them (``libraries`` head
+    first)."""
     findings = []
     checks = {
         "vLLM": {n: f.vllm_version for n, f in facts.items()},
@@ -138,6 +226,10 @@ def compare(
                     "error", what, "Ray is not installed", remedy="pip install ray on every node"
                 )
             )
+    for what, versions in _library_versions(libraries or {}).items():
+        finding = library_finding(what, versions)
+        if finding is not None:
+            findings.append(finding)
     total = sum(len(f.gpus) for f in facts.values())
     if total < world_size:
         findings.append(
@@ -151,4 +243,35 @@ def compare(
     return findings
 
 
-__all__ = ["compare", "run"]
+def _library_versions(libraries: dict[str, Libraries]) -> dict[str, dict[str, str | None]]:
+    return {
+        "torch": {name: found.torch for name, found in libraries.items()},
+        "NCCL": {name: found.nccl for name, found in libraries.items()},
+    }
+
+
+def library_finding(what: str, versions: dict[str, str | None]) -> Finding | None:
+    """torch or NCCL differing between the nodes (the first node is the head), naming each
+    node's version; absent everywhere is not a difference."""
+    if len(set(versions.values())) <= 1:
+        return None
+    shown = {name: value or "not installed" for name, value in versions.items()}
+    each = ", ".join(f"{name}: {value}" for name, value in shown.items())
+    head, want = next(iter(shown.items()))
+    others = sorted({v for v in shown.values() if v != want})
+    how = (
+        "torch pins its NCCL (nvidia-nccl-cu* in its requirements): install the torch that "
+        "brings it"
+        if what == "NCCL"
+        else "pip install it in the deployment's python"
+    )
+    return Finding(
+        "error",
+        what,
+        f"{what} differs between the nodes ({each})",
+        remedy=f"install the head's {what} ({want}, on {head}) on every node in place of "
+        f"{' / '.join(others)}; {how}, then run again",
+    )
+
+
+__all__ = ["Libraries", "compare", "library_finding", "reach_finding", "run"]

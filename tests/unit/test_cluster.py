@@ -279,3 +279,270 @@ def test_a_worker_that_never_joins_is_named(monkeypatch) -> None:
     result = cluster.start_cluster([head, worker], two_node_deployment(), join_timeout=0.2)
     assert not result.ok
     assert result.message.startswith("node gpu-02 did not join the Ray cluster at gpu-01:6380")
+
+
+def test_the_same_torch_and_nccl_everywhere_or_nowhere_give_no_finding() -> None:
+    found = {"a": facts("0.15.1"), "b": facts("0.15.1")}
+    rays = {"a": "2.58.0", "b": "2.58.0"}
+    same = cluster_preflight.Libraries("2.14.1+cu130", "2.30.7 (nvidia-nccl-cu13)")
+    assert cluster_preflight.compare(found, rays, 16, {"a": same, "b": same}) == []
+    # A CPU-only deployment has neither torch nor NCCL on any node: nothing differs.
+    absent = cluster_preflight.Libraries()
+    assert cluster_preflight.compare(found, rays, 16, {"a": absent, "b": absent}) == []
+
+
+def test_a_different_torch_and_nccl_are_named_with_both_versions_and_the_heads() -> None:
+    found = {"a": facts("0.15.1"), "b": facts("0.15.1")}
+    libraries = {
+        "a": cluster_preflight.Libraries("2.14.1+cu130", "2.30.7 (nvidia-nccl-cu13)"),
+        "b": cluster_preflight.Libraries("2.13.0+cu128", "2.27.5 (nvidia-nccl-cu12)"),
+    }
+    torch, nccl = cluster_preflight.compare(found, {"a": "2.58.0", "b": "2.58.0"}, 16, libraries)
+    assert torch.subject == "torch" and torch.severity == "error"
+    assert torch.message == "torch differs between the nodes (a: 2.14.1+cu130, b: 2.13.0+cu128)"
+    assert "2.14.1+cu130, on a" in torch.remedy and "in place of 2.13.0+cu128" in torch.remedy
+    assert nccl.subject == "NCCL"
+    assert "a: 2.30.7 (nvidia-nccl-cu13), b: 2.27.5 (nvidia-nccl-cu12)" in nccl.message
+    assert "install the torch that brings it" in nccl.remedy
+
+
+def test_torch_missing_on_one_node_only_is_a_difference() -> None:
+    versions = {"a": "2.14.1+cu130", "b": None}
+    finding = cluster_preflight.library_finding("torch", versions)
+    assert finding is not None
+    assert finding.message == "torch differs between the nodes (a: 2.14.1+cu130, b: not installed)"
+
+
+# What the torch 2.14.1 wheel from PyPI (cu130) carries, as read from it: its torch/version.py
+# names no NCCL; its METADATA requires the NCCL package.
+TORCH_VERSION_PY = """from typing import Optional
+
+__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'rocm', 'xpu']
+__version__ = '2.14.1+cu130'
+debug = False
+cuda: Optional[str] = '13.0'
+git_version = '5c4886908584029761b579af026dcfb627c84070'
+hip: Optional[str] = None
+rocm: Optional[str] = None
+xpu: Optional[str] = None
+"""
+
+
+def install_distribution(site: Any, name: str, version: str, files: dict[str, str]) -> None:
+    """Lay out an installed distribution as pip does: its dist-info and its files."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.4\nName: {name}\nVersion: {version}\n")
+    for path, text in files.items():
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_text(text)
+
+
+def test_the_node_probe_reads_torch_and_nccl_from_the_deployment_pythons_packages(
+    tmp_path,
+) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    [site] = venv.glob("lib/python*/site-packages")
+    python = str(venv / "bin" / "python")
+    assert probes.run_local("cluster_node", {"python": python})["libraries"] == {
+        "torch": None,
+        "nccl": None,
+        "error": None,
+    }
+    # torch/__init__.py raises: the probe must not import torch (it takes seconds on a node).
+    install_distribution(
+        site,
+        "torch",
+        "2.14.1",
+        {"torch/__init__.py": "raise SystemExit(7)\n", "torch/version.py": TORCH_VERSION_PY},
+    )
+    install_distribution(site, "nvidia-nccl-cu13", "2.30.7", {"nvidia/nccl/__init__.py": ""})
+    answer = probes.run_local("cluster_node", {"python": python})
+    assert answer["libraries"] == {
+        "torch": "2.14.1+cu130",
+        "nccl": "2.30.7 (nvidia-nccl-cu13)",
+        "error": None,
+    }
+
+
+def test_the_node_probe_tells_which_peer_addresses_answer() -> None:
+    import socket
+
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.6.51", 0))
+        listening.listen()
+        closed.bind(("127.0.6.52", 0))  # bound, not listening: a connection is refused
+        open_port, closed_port = listening.getsockname()[1], closed.getsockname()[1]
+        reach = [["127.0.6.51", open_port], ["127.0.6.52", closed_port]]
+        answer = probes.run_local("cluster_node", {"reach": reach})
+    [(address, port, error, refused)] = answer["unreached"]
+    assert (address, port, refused) == ("127.0.6.52", closed_port, True)
+    assert "refused" in error.lower()
+
+
+def pair_deployment(head_port: int, worker_port: int, worker_ip: str | None = None) -> Any:
+    worker_env = {"VLLM_HOST_IP": worker_ip} if worker_ip else {}
+    return parse_deployment(
+        {
+            "hosts": [
+                {"address": "127.0.6.53", "port": head_port},
+                {
+                    "address": "127.0.6.54",
+                    "port": worker_port,
+                    "vars": {"server": {"env": worker_env}},
+                },
+            ],
+            "model": {"path": "/models/m"},
+            "server": {"args": {"max-model-len": 4096}},
+            "cluster": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1},
+        }
+    )
+
+
+def node_host(node: cluster.Node) -> Any:
+    from opsbook.testing import FakeHost, local_probe
+
+    host = FakeHost(
+        node.host.address,
+        probes={"cluster_node": local_probe("cluster_node"), "ray_node": {"processes": []}},
+        commands={r"ray-node\.json": ""},  # no Ray of opsbook's on the node yet
+    )
+    host.spec = node.host  # FakeHost takes no SSH port; the reach targets use the spec's
+    host.name = node.host.name
+    return host
+
+
+def reach_findings(deployment: Any) -> dict[str, list[Any]]:
+    """Each node's findings from its own run of the real probe."""
+    spec = cluster.cluster_of(deployment)
+    nodes = cluster.nodes_of(deployment)
+    found = {}
+    for node in nodes:
+        host = node_host(node)
+        answer = cluster_preflight.node_probe(host, node, spec, nodes)
+        found[node.host.name] = cluster_preflight.node_findings(host.name, node, answer, nodes)
+        [(_, sent)] = [call for call in host.probe_args if call[0] == "cluster_node"]
+        assert sent["reach"] == [[p.address, p.host.port] for p in nodes if p is not node]
+        assert sent["python"] == node.python
+    return found
+
+
+def test_nodes_whose_ssh_ports_answer_each_other_give_no_reach_finding() -> None:
+    import socket
+
+    with socket.socket() as head_ssh, socket.socket() as worker_ssh:
+        for listener, address in ((head_ssh, "127.0.6.53"), (worker_ssh, "127.0.6.54")):
+            listener.bind((address, 0))
+            listener.listen()
+        ports = head_ssh.getsockname()[1], worker_ssh.getsockname()[1]
+        found = reach_findings(pair_deployment(*ports))
+    assert found == {name: [] for name in found}
+
+
+def test_a_peer_refusing_on_the_address_opsbook_reaches_it_at_is_an_error_naming_it() -> None:
+    import socket
+
+    with socket.socket() as head_ssh, socket.socket() as worker_ssh:
+        head_ssh.bind(("127.0.6.53", 0))
+        head_ssh.listen()
+        worker_ssh.bind(("127.0.6.54", 0))  # nothing listens: the worker refuses the head
+        deployment = pair_deployment(head_ssh.getsockname()[1], worker_ssh.getsockname()[1])
+        found = reach_findings(deployment)
+    head, worker = cluster.nodes_of(deployment)
+    assert found[worker.host.name] == []
+    [finding] = found[head.host.name]
+    assert finding.severity == "error"
+    assert f"cannot reach {worker.host.name}'s address for Ray and vLLM 127.0.6.54" in (
+        finding.message
+    )
+    assert "firewall" in finding.remedy and "VLLM_HOST_IP" in finding.remedy
+
+
+def test_a_refusal_on_a_vllm_host_ip_other_than_the_ssh_address_is_only_a_warning() -> None:
+    from opsbook.deployment import HostSpec
+
+    worker = cluster.Node(HostSpec("127.0.6.54", port=2222), "127.0.6.55", False, "python3", "/s")
+    refused = cluster_preflight.reach_finding("head", worker, 2222, "Connection refused", True)
+    lost = cluster_preflight.reach_finding("head", worker, 2222, "timed out after 3s", False)
+    assert refused.severity == "warning" and lost.severity == "error"
+    assert "127.0.6.55" in lost.message and "VLLM_HOST_IP" in lost.remedy
+
+
+def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]]) -> dict:
+    """cluster_preflight.run over two FakeHosts: each node's single-host preflight passes with
+    the same facts, Ray answers 2.58.0, and the real ``cluster_node`` probe runs locally with
+    the scripted torch and NCCL in place of the local python's."""
+    from opsbook.results import Result, State
+    from opsbook.stages import preflight
+    from opsbook.stages.base import Report
+    from opsbook.testing import FakeHost, local_probe
+
+    def single_host(host: Any, view: Any) -> Report:
+        return Report(State.OK, Result(True, "ready"), detail=facts("0.15.1"))
+
+    monkeypatch.setattr(preflight, "run", single_host)
+    monkeypatch.setattr(cluster_preflight, "HostFacts", SimpleNamespace)
+    hosts = []
+    for spec in deployment.hosts:
+
+        def answer(args: dict, name: str = spec.name) -> Any:
+            return {**local_probe("cluster_node")(args), "libraries": libraries[name]}
+
+        host = FakeHost(
+            spec.address,
+            probes={"cluster_node": answer, "ray_node": {"processes": []}},
+            commands={r"ray-node\.json": "", r"import ray": "2.58.0\n"},
+        )
+        host.spec, host.name = spec, spec.name
+        hosts.append(host)
+    return cluster_preflight.run(hosts, deployment)
+
+
+def test_the_cluster_preflight_fails_every_node_when_torch_differs(monkeypatch) -> None:
+    import socket
+
+    from opsbook.results import State
+
+    with socket.socket() as head_ssh, socket.socket() as worker_ssh:
+        for listener, address in ((head_ssh, "127.0.6.53"), (worker_ssh, "127.0.6.54")):
+            listener.bind((address, 0))
+            listener.listen()
+        deployment = pair_deployment(head_ssh.getsockname()[1], worker_ssh.getsockname()[1])
+        head, worker = (n.host.name for n in cluster.nodes_of(deployment))
+        reports = run_pair(
+            monkeypatch,
+            deployment,
+            {
+                head: {"torch": "2.14.1+cu130", "nccl": None},
+                worker: {"torch": "2.13.0+cpu", "nccl": None},
+            },
+        )
+    assert [r.state for r in reports.values()] == [State.FAILED, State.FAILED]
+    message = reports[worker].verdict.message
+    assert message == (
+        f"the nodes differ: torch differs between the nodes ({head}: 2.14.1+cu130, "
+        f"{worker}: 2.13.0+cpu)"
+    )
+
+
+def test_a_refused_vllm_host_ip_is_a_warning_that_does_not_fail_the_nodes(monkeypatch) -> None:
+    import socket
+
+    from opsbook.results import State
+
+    same = {"torch": "2.14.1+cu130", "nccl": "2.30.7 (nvidia-nccl-cu13)"}
+    with socket.socket() as head_ssh, socket.socket() as worker_ssh:
+        for listener, address in ((head_ssh, "127.0.6.53"), (worker_ssh, "127.0.6.54")):
+            listener.bind((address, 0))
+            listener.listen()
+        # The worker's VLLM_HOST_IP is another address of it, where SSH does not listen.
+        deployment = pair_deployment(
+            head_ssh.getsockname()[1], worker_ssh.getsockname()[1], worker_ip="127.0.0.1"
+        )
+        head, worker = (n.host.name for n in cluster.nodes_of(deployment))
+        reports = run_pair(monkeypatch, deployment, {head: same, worker: same})
+    assert [r.state for r in reports.values()] == [State.OK, State.OK]
+    [warning] = reports[head].verdict.findings
+    assert warning.severity == "warning"
+    assert f"{head} cannot reach {worker}'s address for Ray and vLLM 127.0.0.1" in warning.message
