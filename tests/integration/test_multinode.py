@@ -200,11 +200,11 @@ def test_a_different_vllm_on_the_worker_is_refused_before_anything_starts(pair: 
     assert all(r.state is State.FAILED for r in result.results)
     message = result.results[0].message
     assert "vLLM differs between the nodes" in message
-    # The only difference: the same torch and NCCL (none) on both, and each node reaches the
-    # other's address for Ray and vLLM (no reach finding).
+    # The same torch and NCCL (none) on both, and each node reaches the other's address for
+    # Ray and vLLM (no reach finding).
     findings = [f for r in result.results for f in r.findings]
     assert not [f for f in findings if "cannot reach" in f.message]
-    assert {f.subject for f in findings} == {"vLLM"}
+    assert not [f for f in findings if f.subject in ("torch", "NCCL")]
     assert "0.15.1" in message and "0.14.1" in message
     assert ray_processes(pair) == {h: [] for h in ray_processes(pair)}
     assert left_running(pair) == []
