@@ -70,6 +70,9 @@ print(json.dumps(out))
 
 def _bind_error(address, port):
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # As Ray's GCS (gRPC) binds: connections of an earlier cluster left in TIME_WAIT do not
+    # make the port taken; a socket listening there still does.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind((address, port))
     except OSError as e:

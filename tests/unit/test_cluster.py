@@ -172,6 +172,25 @@ def test_the_node_probe_tells_a_taken_port() -> None:
     assert [entry[:2] for entry in answer["taken_ports"]] == [["127.0.6.50", port]]
 
 
+def test_a_port_whose_last_connection_waits_in_time_wait_is_free() -> None:
+    # An earlier cluster's closed connections leave the head's port in TIME_WAIT for a minute;
+    # Ray's gRPC listener binds with SO_REUSEADDR (so do its accepted sockets) and binds the
+    # port again at once, so the preflight must not call it taken.
+    import socket
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.6.55", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.6.55", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server side closes first: its end waits in TIME_WAIT
+        client.close()
+    answer = probes.run_local("cluster_node", {"ports": [["127.0.6.55", port]]})
+    assert answer["taken_ports"] == []
+
+
 def shards_check(*rows: tuple[str, int]) -> Any:
     from opsbook.download import SHARD_COLUMNS
     from opsbook.results import Result, Table
