@@ -79,11 +79,12 @@ def export_html(notebook: Path) -> Path | None:
     """An HTML copy next to the executed notebook (widget state included when saved)."""
     from nbconvert import HTMLExporter
 
-    if not notebook.exists():
-        return None
-    body, _ = HTMLExporter().from_filename(str(notebook))
     target = notebook.with_suffix(".html")
-    target.write_text(body)
+    try:  # a run folder deleted during the run takes its notebooks with it
+        body, _ = HTMLExporter().from_filename(str(notebook))
+        target.write_text(body)
+    except FileNotFoundError:
+        return None
     return target
 
 

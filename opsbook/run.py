@@ -449,8 +449,11 @@ def execute_stage(
     if failure is not None and kernel is not None:
         kernel.discard()  # a kernel that a cell failed or a deadline stopped is not reused
     code, message = _verdict(results, failure)
-    redact_notebook(output, redactor)
-    redact_text_file(folder / KERNEL_LOG, redactor)
+    # The run folder may be deleted while the stage runs: the deploy reports that itself, so
+    # what was to be redacted is gone with it rather than a traceback.
+    with contextlib.suppress(FileNotFoundError):
+        redact_notebook(output, redactor)
+        redact_text_file(folder / KERNEL_LOG, redactor)
     return RunRecord(
         folder=folder,
         notebook=nb_path.name,

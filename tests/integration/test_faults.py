@@ -347,15 +347,22 @@ def test_sigterm_seals_the_record_as_interrupted_and_frees_the_host(
 
 
 def test_ctrl_c_on_a_single_notebook_run_files_run_json(box: Sandbox, runs: Path) -> None:
-    run = start_cli("run", "00_preflight", "-f", str(box.deployment_path), "--runs-dir", str(runs))
-    try:
-        wait_for(lambda: bool(runs_of(runs)), 60, "the run folder")
-        time.sleep(2)
-        run.send_signal(signal.SIGINT)
-        out, err = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            run.kill()
+    # Every remote command is made slow, and says so, so that Ctrl-C lands inside the stage
+    # (a preflight takes half a second on a fast machine).
+    marker = box.home / ".opsbook-test-in-a-command"
+    marker.unlink(missing_ok=True)
+    with zshenv_line(box, f": > {shlex.quote(str(marker))}; sleep 5"):
+        run = start_cli(
+            "run", "00_preflight", "-f", str(box.deployment_path), "--runs-dir", str(runs)
+        )
+        try:
+            wait_for(lambda: bool(runs_of(runs)) and marker.exists(), 60, "a remote command")
+            run.send_signal(signal.SIGINT)
+            out, err = run.communicate(timeout=120)
+        finally:
+            if run.poll() is None:
+                run.kill()
+            marker.unlink(missing_ok=True)
     assert run.returncode == 130, out + err
     assert "Traceback" not in opsbook_stderr(err)
     doc = json.loads((runs_of(runs)[0] / "run.json").read_text())

@@ -143,3 +143,9 @@ def test_overlapping_private_holds_from_two_threads_give_the_umask_back() -> Non
         assert now == 0o022, oct(now)
     finally:
         os.umask(before)
+
+
+def test_an_html_copy_of_a_notebook_deleted_with_its_run_folder_is_none(tmp_path) -> None:
+    notebook = tmp_path / "gone" / "00_preflight.ipynb"
+    assert records.export_html(notebook) is None
+    assert not notebook.parent.exists()  # nothing made in its place
