@@ -311,8 +311,11 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
         answer["summary"] = summarize([], None)
         return answer
     model_dir = where["model_dir"]
-    index, answer["findings"] = read_index(model_dir)
     on_disk = shards_on_disk(model_dir)
+    # The shards on disk are read by forked workers while this process reads the index
+    # (tens of MB for a large MoE): the two are the check's main costs.
+    children = start_inspection(model_dir, on_disk, int(args.get("workers") or 0))
+    index, answer["findings"] = read_index(model_dir)
     expected = expected_shards(index, on_disk)
     answer["index"] = index_facts(index, expected)
     if index is None and not on_disk:
@@ -337,9 +340,9 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
                 ),
             )
         )
-    rows = [inspect_shard(model_dir, name) for name in expected]
-    if index is not None:
-        match_weight_map(rows, index["weight_map"])
+    wanted = tensors_by_shard(index["weight_map"]) if index is not None else None
+    inspected = finish_inspection(model_dir, children)
+    rows = [shard_row(model_dir, name, inspected.get(name), wanted) for name in expected]
     named = set(expected)
     for name in on_disk:
         if name not in named:
@@ -352,11 +355,8 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
                     "header_len": None,
                     "tensors": None,
                     "detail": "not named in the index",
-                    "header": None,
                 }
             )
-    for row in rows:
-        row.pop("header", None)
     answer["shards"] = rows
     answer["partials"] = find_partials(where, index)
     answer["files"] = check_small_files(model_dir)
@@ -416,21 +416,142 @@ def index_facts(index: dict[str, Any] | None, expected: list[str]) -> dict[str, 
     }
 
 
-def match_weight_map(rows: list[dict[str, Any]], weight_map: dict[str, str]) -> None:
-    """Mark shards whose header lacks tensors the index places in them."""
+def tensors_by_shard(weight_map: dict[str, str]) -> dict[str, list[str]]:
+    """The index's weight map turned around: per shard, the tensors it should hold."""
     wanted: dict[str, list[str]] = {}
     for tensor, shard in weight_map.items():
         wanted.setdefault(shard, []).append(tensor)
-    for row in rows:
-        if row["status"] != "ok" or row["header"] is None:
-            continue
-        absent = [t for t in wanted.get(row["file"], []) if t not in row["header"]]
-        if absent:
-            row["status"] = "corrupt"
-            row["detail"] = (
-                f"{len(absent)} tensor(s) named in the index are not in the header, "
-                f"e.g. {', '.join(absent[:3])}"
-            )
+    return wanted
+
+
+def match_weight_map(row: dict[str, Any], tensors: list[str]) -> None:
+    """Mark a shard whose header lacks tensors the index places in it."""
+    if row["status"] != "ok" or row["header"] is None:
+        return
+    header = row["header"]
+    absent = [t for t in tensors if t not in header]
+    if absent:
+        row["status"] = "corrupt"
+        row["detail"] = (
+            f"{len(absent)} tensor(s) named in the index are not in the header, "
+            f"e.g. {', '.join(absent[:3])}"
+        )
+
+
+def shard_row(
+    model_dir: str,
+    name: str,
+    inspected: dict[str, Any] | None,
+    wanted: dict[str, list[str]] | None,
+) -> dict[str, Any]:
+    """A shard's row of the answer, matched against the index when there is one.
+
+    A worker's row carries a digest of the header's tensor names instead of the names: when
+    it equals the digest of the names the index places in the shard, the two sets are equal;
+    otherwise (extra tensors, or missing ones) the shard is read again here and compared name
+    by name.
+    """
+    row = inspected or inspect_shard(model_dir, name)
+    if wanted is not None and row["status"] == "ok":
+        tensors = wanted.get(name, [])
+        if "header" not in row and row["names"] != names_digest(tensors):
+            row = inspect_shard(model_dir, name)
+        if "header" in row:
+            match_weight_map(row, tensors)
+    row.pop("header", None)
+    row.pop("names", None)
+    return row
+
+
+def names_digest(names: Any) -> str:
+    """A digest of a set of tensor names (order does not matter)."""
+    import hashlib
+
+    return hashlib.blake2b("\n".join(sorted(names)).encode(), digest_size=16).hexdigest()
+
+
+# Below this many shards a second process costs more than it saves; more than this many
+# workers only contend for the disk.
+PARALLEL_MIN_SHARDS = 64
+MAX_WORKERS = 16
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (a container's or taskset's share, not the host's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list[Any]:
+    """Fork workers that inspect ``names`` between them; ``[]`` when this process alone is as
+    quick (few shards, one core). ``workers`` overrides the count (0: one per usable core; 1:
+    none, this process inspects them all).
+
+    Parsing headers is CPU work under the GIL, so threads would not help; a process pool
+    needs an importable ``__main__``, which a program read from stdin lacks, so the workers
+    are plain forks, each answering its share as one JSON document over a pipe.
+    """
+    if workers <= 0:
+        enough = len(names) >= PARALLEL_MIN_SHARDS
+        workers = min(usable_cpus(), MAX_WORKERS) if enough else 0
+    workers = min(workers, len(names))
+    if workers < 2:
+        return []
+    shares = [names[i::workers] for i in range(workers)]
+    return [fork_share(model_dir, share) + (share,) for share in shares]
+
+
+def finish_inspection(model_dir: str, children: list[Any]) -> dict[str, dict[str, Any]]:
+    """The workers' rows by shard name; a failed worker's share is left to the caller."""
+    rows: dict[str, dict[str, Any]] = {}
+    for pid, fd, _share in children:
+        for row in collect_share(pid, fd) or []:
+            rows[row["file"]] = row
+    return rows
+
+
+def inspect_share(model_dir: str, names: list[str]) -> list[dict[str, Any]]:
+    """Rows for some shards, the tensor names replaced by their digest."""
+    rows = []
+    for name in names:
+        row = inspect_shard(model_dir, name)
+        header = row.pop("header")
+        row["names"] = names_digest(header - {"__metadata__"}) if header is not None else None
+        rows.append(row)
+    return rows
+
+
+def fork_share(model_dir: str, names: list[str]) -> tuple[int, int]:
+    """A child process inspecting ``names``; returns its pid and the pipe it answers on."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer, then leave without running the parent's exit handlers
+        code = 0
+        try:
+            os.close(read_fd)
+            data = json.dumps(inspect_share(model_dir, names)).encode()
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(data)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def collect_share(pid: int, fd: int) -> list[dict[str, Any]] | None:
+    """A child's rows, or None when it failed (the caller then inspects its share itself)."""
+    with os.fdopen(fd, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        return None
+    try:
+        rows = json.loads(data)
+    except ValueError:
+        return None
+    return rows if isinstance(rows, list) else None
 
 
 def file_size(path: str) -> int | None:

@@ -486,3 +486,56 @@ def test_shard_table_is_displayable(local: Path) -> None:
     assert result.message == "all 5 shards complete and readable (500.0 kB of 500.0 kB)"
     assert "<table>" in result.data["shards"]._repr_html_()
     assert stat.S_ISDIR(os.stat(result.data["where"]["model_dir"]).st_mode)
+
+
+# --- shards inspected by forked workers --------------------------------------------------
+
+
+def check_with(path: Path, workers: int) -> dict[str, Any]:
+    args = {"op": "check", "path": str(path), "workers": workers}
+    answer: dict[str, Any] = probes.run_local("download", args)
+    return answer
+
+
+def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> None:
+    model = make_checkpoint(tmp_path / "m", shards=9, shard_bytes=100_000)
+    (model / shard(3, 9)).unlink()
+    checkpoint.truncate_shard(model, 2, 60_000)
+    checkpoint.corrupt_header(model, 4, "not-json")
+    checkpoint.corrupt_header(model, 5, "overlap")
+    index = json.loads((model / INDEX).read_text())
+    index["weight_map"]["language_model.model.layers.7.mlp.experts.9.up_proj.weight"] = shard(6, 9)
+    del index["weight_map"][next(t for t, f in index["weight_map"].items() if f == shard(7, 9))]
+    (model / INDEX).write_text(json.dumps(index))
+    shutil.copy(model / shard(1, 9), model / "model-00010-of-00010.safetensors")
+
+    alone, forked = check_with(model, 1), check_with(model, 3)
+
+    assert forked == alone
+    summary = alone["summary"]
+    assert summary["missing"] == [shard(3, 9)]
+    assert summary["truncated"] == [shard(2, 9)]
+    assert summary["corrupt"] == [shard(4, 9), shard(5, 9), shard(6, 9)]
+    # shard 7 holds a tensor the index does not name: more than the index asks is not a fault
+    assert status_of(alone, shard(7, 9)) == "ok"
+    assert summary["unexpected"] == ["model-00010-of-00010.safetensors"]
+    assert not any("names" in row or "header" in row for row in forked["shards"])
+
+
+def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opsbook.probes import download as probe
+
+    model = make_checkpoint(tmp_path / "m", shards=6, shard_bytes=100_000)
+    checkpoint.truncate_shard(model, 2, 60_000)
+
+    def broken(model_dir: str, names: list[str]) -> list[dict[str, Any]]:
+        raise RuntimeError("a worker that dies")  # runs in the forked child only
+
+    monkeypatch.setattr(probe, "inspect_share", broken)
+    answer = probe.check({"path": str(model), "workers": 3})
+
+    assert [row["file"] for row in answer["shards"]] == [shard(n, 6) for n in range(1, 7)]
+    assert answer["summary"]["truncated"] == [shard(2, 6)]
+    assert len(answer["summary"]["truncated"]) + answer["summary"]["ok"] == 6
