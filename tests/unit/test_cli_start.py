@@ -71,3 +71,29 @@ def test_the_probe_sees_a_heavy_import_when_a_command_makes_one(tmp_path) -> Non
     # The control: a command that reads a deployment file does import YAML.
     missing = tmp_path / "none.yml"
     assert "yaml" in imported_after(["run", "00_preflight", "-f", str(missing)])
+
+
+EXPORT_AFTER_MAIN = """
+import sys
+from opsbook import cli
+try:
+    cli.main(["--help"])
+except SystemExit:
+    pass
+import nbformat, papermill
+from nbconvert import HTMLExporter
+nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("exported by opsbook")])
+nbformat.validate(nb)
+body, _ = HTMLExporter().from_notebook_node(nb)
+loaded = sys.modules.get("rfc3987_syntax") is not None
+print("exported by opsbook" in body, loaded, "lark" in sys.modules)
+"""
+
+
+def test_the_command_skips_jsonschemas_slow_optional_iri_checker_and_still_exports() -> None:
+    # rfc3987_syntax compiles 38 lark grammars at import (1-2 s): the command's process never
+    # needs it, and notebooks still validate and export without it.
+    done = subprocess.run(
+        [sys.executable, "-c", EXPORT_AFTER_MAIN], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split()[-3:] == ["True", "False", "False"]
