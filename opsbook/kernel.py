@@ -13,18 +13,67 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
+from queue import Empty
 from typing import IO, Any
 
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
 
+class PromptKernelClient(AsyncKernelClient):
+    """A kernel client whose readiness check does not end with 0.2 s of waiting.
+
+    jupyter_client's ``wait_for_ready`` (8.x, ``client.py``) proves the kernel answers on the
+    shell channel and that IOPub is connected, then drains IOPub until it has been silent for
+    0.2 s. A deploy's notebooks share one kernel and each stage asks twice (its environment,
+    then papermill), so that silence cost 0.4 s a stage. Messages still to come on IOPub then
+    belong to the readiness request, and nbclient ignores messages of other requests.
+    """
+
+    async def wait_for_ready(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+        while not await self._proved_ready():
+            if not await self._async_is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:g} seconds")
+        while True:  # what is already there, without waiting for more
+            try:
+                await self.iopub_channel.get_msg(timeout=0)
+            except Empty:
+                return
+
+    async def _proved_ready(self) -> bool:
+        """One kernel_info round trip, then a message on IOPub (the kernel publishes its busy
+        status for that request: IOPub is connected)."""
+        self.kernel_info()
+        try:
+            reply = await self.shell_channel.get_msg(timeout=1)
+        except Empty:
+            return False
+        if reply["msg_type"] != "kernel_info_reply":
+            return False
+        try:
+            await self.iopub_channel.get_msg(timeout=0.2)
+        except Empty:
+            return False
+        self._handle_kernel_info_reply(reply)
+        return True
+
+
 class QuietKernelManager(AsyncKernelManager):
-    """An :class:`AsyncKernelManager` over IPC whose kernel logs to :attr:`log_path`."""
+    """An :class:`AsyncKernelManager` over IPC whose kernel logs to :attr:`log_path`, with
+    clients that are ready without a wait (:class:`PromptKernelClient`)."""
 
     log_path: Path | None = None
+
+    @default("client_factory")
+    def _client_factory_default(self) -> type[PromptKernelClient]:
+        return PromptKernelClient
 
     @default("transport")
     def _transport_default(self) -> str:

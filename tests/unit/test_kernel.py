@@ -1,0 +1,54 @@
+"""The run's kernel: quiet, over IPC, and its clients ready without a fixed wait, losing no
+output of the first request that follows (a real ipykernel, started here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_core.utils import run_sync
+
+from opsbook.kernel import PromptKernelClient, quiet_kernel_manager
+
+
+@pytest.fixture
+def km(tmp_path: Path) -> Iterator[Any]:
+    manager = quiet_kernel_manager(tmp_path / "kernel.log")(kernel_name="python3")
+    run_sync(manager.start_kernel)()
+    try:
+        yield manager
+    finally:
+        run_sync(manager.shutdown_kernel)(now=True)
+
+
+async def printed_by_a_new_client(km: Any, code: str) -> tuple[Any, list[str]]:
+    client = km.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        seen: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                seen.append(msg["content"]["text"])
+
+        await client.execute_interactive(code, timeout=60, output_hook=hook)
+        return client, seen
+    finally:
+        client.stop_channels()
+
+
+def test_each_new_client_is_ready_and_sees_the_first_output_in_full(km: Any) -> None:
+    for n in range(5):  # a deploy's stages each take a new client of the one kernel
+        client, seen = run_sync(printed_by_a_new_client)(km, f"print('stage {n}')")
+        assert isinstance(client, PromptKernelClient)
+        assert "".join(seen) == f"stage {n}\n"
+
+
+def test_the_kernel_talks_over_ipc_in_a_private_folder(km: Any) -> None:
+    assert km.transport == "ipc"
+    folder = Path(km.ip).parent
+    assert folder.name.startswith("opsbook-kernel-")
+    assert folder.stat().st_mode & 0o777 == 0o700
