@@ -33,6 +33,8 @@ RECONNECT_PAUSE = 2.0
 # A listener that accepts but never answers (not vLLM, or a wedged server) must not stall a
 # readiness loop that looks every second.
 HEALTH_TIMEOUT = 3.0
+# Seconds each request of the smoke test may take (a first completion compiles on some GPUs).
+SMOKE_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -410,16 +412,19 @@ def smoke_test(
         prompt: the completion's prompt.
         api_key: the server's ``--api-key``, when it has one.
     """
-    findings = []
-    health = http_get(host, port, "/health")
-    findings.append(_http_finding("/health", health))
-    models = http_get(host, port, "/v1/models", api_key=api_key)
-    findings.append(_http_finding("/v1/models", models))
-    model_id = _first_model(models)
-    completion: dict[str, Any] = {}
+    args: dict[str, Any] = {"op": "smoke", "port": port, "timeout": SMOKE_TIMEOUT}
+    args["completion"] = {"prompt": prompt, "max_tokens": 8, "temperature": 0}
+    if api_key:
+        args["bearer"] = api_key
+    # One round trip: the completion needs the model id /v1/models names, so the host asks.
+    answer = host.probe(PROBE, args, timeout=3 * SMOKE_TIMEOUT + PROBE_SLACK)
+    findings = [
+        _http_finding("/health", answer["health"]),
+        _http_finding("/v1/models", answer["models"]),
+    ]
+    model_id = answer["model"]
+    completion: dict[str, Any] = answer["completion"] or {}
     if model_id:
-        body = {"model": model_id, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-        completion = http_get(host, port, "/v1/completions", api_key=api_key, json_body=body)
         findings.append(_http_finding("/v1/completions", completion))
     ok = all(f.severity == "ok" for f in findings) and bool(model_id)
     text = _completion_text(completion)
@@ -433,13 +438,6 @@ def _http_finding(path: str, answer: dict[str, Any]) -> Finding:
         return Finding("ok", path, f"200 in {answer.get('seconds', 0):.2f} s")
     detail = answer.get("error") or f"HTTP {status}: {str(answer.get('body', ''))[:200]}"
     return Finding("error", path, detail, "run 05_diagnose")
-
-
-def _first_model(answer: dict[str, Any]) -> str | None:
-    try:
-        return str(json.loads(answer["body"])["data"][0]["id"])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
 
 
 def _completion_text(answer: dict[str, Any]) -> str:

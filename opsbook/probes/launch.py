@@ -56,6 +56,7 @@ def main(args):
         "stop": stop,
         "clean_shm": clean_shm,
         "http": http,
+        "smoke": smoke,
         "watch": watch,
     }.get(op)
     if handler is None:
@@ -517,6 +518,28 @@ def http(args):
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         return {"status": None, "error": str(reason)}
+
+
+def smoke(args):
+    """``/health``, ``/v1/models`` and a small completion of the first model, in one go."""
+    common = {"port": args["port"], "bearer": args.get("bearer")}
+    common["timeout"] = args.get("timeout", 10)
+    answer = {"health": http(dict(common, path="/health"))}
+    answer["models"] = http(dict(common, path="/v1/models"))
+    answer["model"] = first_model(answer["models"])
+    answer["completion"] = None
+    if answer["model"]:
+        body = dict(args.get("completion") or {}, model=answer["model"])
+        answer["completion"] = http(dict(common, path="/v1/completions", json=body))
+    return answer
+
+
+def first_model(answer):
+    """The first model id of a ``/v1/models`` answer, or None."""
+    try:
+        return str(json.loads(answer["body"])["data"][0]["id"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
 
 
 # -- files and ports --------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 from opsbook import diagnose, launch, logscan, probes
 from opsbook.facts import GpuProcess, HostFacts, facts_from_probe
 from opsbook.logscan import Phase
-from opsbook.testing import FakeHost
+from opsbook.testing import FakeHost, local_probe
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
 T0 = datetime(2000, 6, 10, 6, 16, 19)
@@ -426,3 +426,64 @@ def test_an_unreadable_launch_record_is_named_apart_from_a_missing_one(tmp_path:
     (tmp_path / "launch.json").write_text('["not", "a", "record"]')
     assert "not a launch record" in (launch_probe.record_problem(args) or "")
     assert launch_probe.read_record(args) is None
+
+
+# -- the smoke test asks the host once --------------------------------------------------------
+
+
+class _OpenAI(http.server.BaseHTTPRequestHandler):
+    """/health, /v1/models and /v1/completions as vLLM's OpenAI server answers them; every
+    request needs the key."""
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            return self._answer(200, "")
+        if self.headers.get("Authorization") != "Bearer sk-test":
+            return self._answer(401, '{"error": "Unauthorized"}')
+        return self._answer(200, json.dumps({"data": [{"id": "/models/Kimi K2.5"}]}))
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.headers.get("Authorization") != "Bearer sk-test":
+            return self._answer(401, '{"error": "Unauthorized"}')
+        text = f" {body['model']} x{body['max_tokens']}"
+        return self._answer(200, json.dumps({"choices": [{"text": text}]}))
+
+    def _answer(self, status: int, body: str) -> None:
+        self.send_response(status)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def openai_port() -> Any:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _OpenAI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_port
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_smoke_test_is_one_probe_asking_the_first_model_for_a_completion(
+    openai_port: int,
+) -> None:
+    host = FakeHost(probes={"launch": local_probe("launch")})
+    smoke = launch.smoke_test(host, openai_port, api_key="sk-test")
+    assert smoke.ok, smoke.findings
+    assert smoke.message == "smoke test passed: /models/Kimi K2.5 answered ' /models/Kimi K2.5 x8'"
+    assert [f.subject for f in smoke.findings] == ["/health", "/v1/models", "/v1/completions"]
+    assert len(host.calls) == 1
+
+
+def test_a_smoke_test_without_the_key_fails_at_the_models_list(openai_port: int) -> None:
+    host = FakeHost(probes={"launch": local_probe("launch")})
+    smoke = launch.smoke_test(host, openai_port)
+    assert not smoke.ok
+    assert [(f.subject, f.severity) for f in smoke.findings] == [
+        ("/health", "ok"),
+        ("/v1/models", "error"),
+    ]
+    assert "HTTP 401" in smoke.findings[1].message
