@@ -14,10 +14,12 @@ import base64
 import errno
 import hashlib
 import math
+import os
 import posixpath
 import select
 import shlex
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -142,6 +144,47 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
         )
 
 
+# A deploy runs its stages one after another in one kernel, and each stage opens its hosts
+# anew: an SSH handshake (about 0.2 s) per host and stage. Where this variable is "1" (the run
+# sets it in its shared kernel), a Host that is closed leaves its live connection for the next
+# Host of the same spec in the process; a failed connection is never kept.
+KEEP_CONNECTIONS_ENV = "OPSBOOK_KEEP_CONNECTIONS"
+_kept: dict[HostSpec, Connection] = {}
+_kept_lock = threading.Lock()
+
+
+def _keeping() -> bool:
+    return os.environ.get(KEEP_CONNECTIONS_ENV) == "1"
+
+
+def _take_kept(spec: HostSpec) -> Connection | None:
+    """A live connection a closed Host of ``spec`` left, or None."""
+    with _kept_lock:
+        conn = _kept.pop(spec, None)
+    if conn is not None and conn.is_connected:
+        return conn
+    if conn is not None:
+        conn.close()
+    return None
+
+
+def close_kept_connections() -> None:
+    """Close every connection kept for a next Host (the end of what shares them)."""
+    with _kept_lock:
+        kept = list(_kept.values())
+        _kept.clear()
+    for conn in kept:
+        conn.close()
+
+
+def _keep(spec: HostSpec, conn: Connection) -> None:
+    with _kept_lock:
+        old = _kept.get(spec)
+        _kept[spec] = conn
+    if old is not None and old is not conn:
+        old.close()
+
+
 class Host:
     """One remote machine reached over SSH.
 
@@ -182,6 +225,10 @@ class Host:
         """Open the SSH connection if it is not open yet, checking the host key."""
         if self._conn is not None and self._conn.is_connected:
             return self._conn
+        kept = _take_kept(self.spec) if _keeping() else None
+        if kept is not None:
+            self._conn = kept
+            return kept
         conn = self._new_connection()
         started = time.monotonic()
         try:
@@ -207,9 +254,21 @@ class Host:
         return conn
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Done with the host: the connection is closed, or left for the next stage of a run
+        that keeps connections (see :data:`KEEP_CONNECTIONS_ENV`)."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if _keeping() and conn.is_connected:
+            _keep(self.spec, conn)
+        else:
+            conn.close()
+
+    def _drop(self) -> None:
+        """Close the connection for good: it failed, or a command was abandoned on it."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
     def _new_connection(self) -> Connection:
         spec = self.spec
@@ -341,9 +400,9 @@ class Host:
             )
         except TimeoutError:
             exit_code, out, err = 124, "", ""
-            self.close()  # the channel was abandoned mid-command; start afresh next time
+            self._drop()  # the channel was abandoned mid-command; start afresh next time
         except ChannelTimeout:
-            self.close()
+            self._drop()
             raise HostUnreachable(
                 f"the host did not answer within {self.spec.connect_timeout:g} s: the SSH "
                 "connection is open but nothing on the host responds (sshd or the machine is "
@@ -353,7 +412,7 @@ class Host:
                 "(connect_timeout in the deployment sets this wait)",
             ) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
-            self.close()
+            self._drop()
             self.journal.record(
                 host=self.name,
                 kind="run",

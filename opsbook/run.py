@@ -425,6 +425,10 @@ def execute_stage(
         outcome.OUTCOME_ENV: str(results_file),
         HEADLESS_ENV: "1",
     }
+    if kernel is not None:  # the stages that share the kernel share its SSH connections
+        from opsbook.hosts import KEEP_CONNECTIONS_ENV
+
+        env[KEEP_CONNECTIONS_ENV] = "1"
     failure: tuple[int, str] | None = None
     with _following(results_file, on_result, on_progress) as results:
         try:

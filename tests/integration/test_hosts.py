@@ -1,6 +1,8 @@
 """The Host seam over real SSH to the rehearsal host (a real sshd, zsh login shell)."""
 
+import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from opsbook.exceptions import (
     TransferError,
     UnknownHostName,
 )
-from opsbook.hosts import Host
+from opsbook.hosts import Host, close_kept_connections
 
 pytestmark = pytest.mark.integration
 
@@ -179,3 +181,45 @@ def test_a_group_answers_per_host_and_one_failure_does_not_stop_the_others(
     assert isinstance(answers[closed.name], ConnectionRefused)
     assert all(len(facts[h.name]["nvidia_smi"]) > 0 for h in good)
     assert isinstance(facts[closed.name], ConnectionRefused)
+
+
+# -- connections kept between the stages of a run --------------------------------------------
+
+
+def sshd_session(host: Host) -> str:
+    """The pid of the sshd serving this connection (the parent of the login shell's parent
+    differs per connection, the same for every command on one connection)."""
+    return host.run("ps -o ppid= -p $PPID", check=True).stdout.strip()
+
+
+@pytest.fixture
+def keeping(monkeypatch):
+    monkeypatch.setenv("OPSBOOK_KEEP_CONNECTIONS", "1")
+    yield
+    close_kept_connections()
+
+
+def test_with_keeping_on_a_closed_host_leaves_its_connection_to_the_next(
+    sandbox, keeping, monkeypatch
+) -> None:
+    with host_of(sandbox) as first:
+        session = sshd_session(first)
+    with host_of(sandbox) as second:
+        assert sshd_session(second) == session
+    monkeypatch.delenv("OPSBOOK_KEEP_CONNECTIONS")
+    with host_of(sandbox) as third:  # the kept one is not handed out without keeping
+        assert sshd_session(third) != session
+
+
+def test_a_connection_that_dropped_is_never_handed_on(sandbox, keeping) -> None:
+    with host_of(sandbox) as first:
+        session = sshd_session(first)
+        conn = first.connect()
+        os.kill(int(session), signal.SIGKILL)  # this connection's own sshd, of our rehearsal host
+        deadline = time.monotonic() + 10
+        while conn.is_connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not conn.is_connected
+    with host_of(sandbox) as second:
+        assert second.run("echo fresh").stdout == "fresh\n"
+        assert sshd_session(second) != session
