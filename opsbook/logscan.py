@@ -117,9 +117,12 @@ _LINE_START = re.compile(
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|[^|]{0,80}:\s+\d+%\|"
     r"|(?:\(\S+\)\s+)?[\w.-]+@[\w.-]+:)"  # the last one: a shell prompt after the log
 )
-# Markdown headings, shell comments and provenance notes pasted around a log; vLLM's own
-# "# GPU blocks" line always follows a prefix, so it never starts a line.
-_COMMENT = re.compile(r"^#+ ")
+# Shell comments and provenance notes pasted around a log; vLLM's own "# GPU blocks" line
+# always follows a prefix, so it never starts a line.
+_COMMENT = re.compile(r"^# ")
+# A Markdown heading of a pasted issue keeps its text: issue templates put "### ..." above
+# each answer, and reporters type the error they got on that line.
+_HEADING = re.compile(r"^#{2,6} ")
 _MIN_WRAP_WIDTH = 60
 _FRAME = re.compile(r"^\s+File \"")
 # Python 3.11+ marks the failing expression of a frame with a line of ^ and ~ only.
@@ -487,6 +490,7 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
         joined = "".join(cleaned[i] for i in members)
         if _COMMENT.match(joined):
             joined = ""
+        joined = _HEADING.sub("", joined, count=1)
         message, level, stamp, process = _strip_prefixes(joined, year)
         body = message.strip()
         is_code = (

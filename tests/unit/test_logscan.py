@@ -290,6 +290,19 @@ def test_prefixes_of_every_vllm_generation_are_removed() -> None:
         assert normalise_line(line) == message, line
 
 
+def test_an_error_typed_into_a_markdown_heading_is_read_but_a_comment_is_not() -> None:
+    # Issue templates put "### ..." above each answer; reporters type the error on that line.
+    error = "CUDA error: no kernel image is available for execution on the device"
+    heading = f"### I get this during model loading: torch.AcceleratorError: {error}"
+    comment = f"# e.g. {error}"
+
+    diagnosis = diagnose_log(heading)
+
+    assert diagnosis.failure == "cuda-arch-unsupported"
+    assert diagnosis.line is not None and diagnosis.line.raw == heading
+    assert diagnose_log(comment).failure is None
+
+
 def test_terminal_wrapped_lines_are_joined() -> None:
     lines = read_log_lines(read_log("kv-cache-too-small-4.log"))
 
