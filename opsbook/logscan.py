@@ -735,11 +735,9 @@ def _diagnose_lines(
     if failure:
         diagnosis = _failed(FAILED, failure, hits, events, base)
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
-            start = failure.line
-            if failure.entry.id in _WRAPPER_CAUSES:
-                # Ray's message runs over several lines: walk back from its first one.
-                start = min((h.line for h in hits if h.entry is failure.entry), key=_number_of)
-            _report_root_cause(diagnosis, _root_cause(lines, hits, start))
+            start = _walk_back_start(failure, hits)
+            root = _root_cause(lines, hits, start) or _quoted_root(hits, start)
+            _report_root_cause(diagnosis, root)
         return diagnosis
     stalls = [hit for hit in hits if hit.entry.kind == "stall"]
     if _stall_is_hang(stalls, lines, events, ready_at):
@@ -941,6 +939,28 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     return RootCause(first, best)
 
 
+def _walk_back_start(failure: Hit, hits: list[Hit]) -> LogLine:
+    if failure.entry.id in _WRAPPER_CAUSES:
+        # Ray's message runs over several lines: walk back from its first one.
+        return min((h.line for h in hits if h.entry is failure.entry), key=_number_of)
+    # From the last wrapper line: vLLM's engine core logs "EngineCore failed to start." above
+    # its traceback, so in an excerpt cut before the API server's final wrapper the error
+    # lies between the wrappers.
+    return max((h.line for h in hits if h.entry.kind == "wrapper"), key=_number_of)
+
+
+def _quoted_root(hits: list[Hit], start: LogLine) -> RootCause | None:
+    """A wrapper line that quotes the failed process's error (``Worker failed with error
+    '...'``) is the root cause when no error of that process is in the log before it."""
+    for hit in hits:
+        if hit.entry.kind != "wrapper" or hit.line.number > start.number:
+            continue
+        found = hit.entry.patterns[hit.pattern_index].search(hit.line.text)
+        if found and found.groupdict().get("error"):
+            return RootCause(hit.line, None)
+    return None
+
+
 def _number_of(line: LogLine) -> int:
     return line.number
 
@@ -975,6 +995,11 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
         diagnosis.remedy = root.entry.remedy
         diagnosis.source = root.entry.source
         return
+    if diagnosis.failure and _entry_by_id(diagnosis.failure).kind == "wrapper":
+        # The log shows the root error and the catalogue does not know it: an unrecognised
+        # error (engine-dead is a wrapper with no error of the failed process above it). A
+        # Ray death keeps its class: the node or actor loss is itself the finding.
+        diagnosis.failure = _entry_by_id("unrecognised-error").id
     diagnosis.title = f"the process died; its first error ({where}): {root.line.text}"
     diagnosis.remedy = (
         f"The root cause is the first error of the failed process ({where}): "
