@@ -117,9 +117,12 @@ _LINE_START = re.compile(
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|[^|]{0,80}:\s+\d+%\|"
     r"|(?:\(\S+\)\s+)?[\w.-]+@[\w.-]+:)"  # the last one: a shell prompt after the log
 )
-# Markdown headings, shell comments and provenance notes pasted around a log; vLLM's own
-# "# GPU blocks" line always follows a prefix, so it never starts a line.
-_COMMENT = re.compile(r"^#+ ")
+# Shell comments and provenance notes pasted around a log; vLLM's own "# GPU blocks" line
+# always follows a prefix, so it never starts a line.
+_COMMENT = re.compile(r"^# ")
+# A Markdown heading of a pasted issue keeps its text: issue templates put "### ..." above
+# each answer, and reporters type the error they got on that line.
+_HEADING = re.compile(r"^#{2,6} ")
 _MIN_WRAP_WIDTH = 60
 _FRAME = re.compile(r"^\s+File \"")
 # Python 3.11+ marks the failing expression of a frame with a line of ^ and ~ only.
@@ -487,6 +490,7 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
         joined = "".join(cleaned[i] for i in members)
         if _COMMENT.match(joined):
             joined = ""
+        joined = _HEADING.sub("", joined, count=1)
         message, level, stamp, process = _strip_prefixes(joined, year)
         body = message.strip()
         is_code = (
@@ -731,11 +735,9 @@ def _diagnose_lines(
     if failure:
         diagnosis = _failed(FAILED, failure, hits, events, base)
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
-            start = failure.line
-            if failure.entry.id in _WRAPPER_CAUSES:
-                # Ray's message runs over several lines: walk back from its first one.
-                start = min((h.line for h in hits if h.entry is failure.entry), key=_number_of)
-            _report_root_cause(diagnosis, _root_cause(lines, hits, start))
+            start = _walk_back_start(failure, hits)
+            root = _root_cause(lines, hits, start) or _quoted_root(hits, start)
+            _report_root_cause(diagnosis, root)
         return diagnosis
     stalls = [hit for hit in hits if hit.entry.kind == "stall"]
     if _stall_is_hang(stalls, lines, events, ready_at):
@@ -937,6 +939,28 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     return RootCause(first, best)
 
 
+def _walk_back_start(failure: Hit, hits: list[Hit]) -> LogLine:
+    if failure.entry.id in _WRAPPER_CAUSES:
+        # Ray's message runs over several lines: walk back from its first one.
+        return min((h.line for h in hits if h.entry is failure.entry), key=_number_of)
+    # From the last wrapper line: vLLM's engine core logs "EngineCore failed to start." above
+    # its traceback, so in an excerpt cut before the API server's final wrapper the error
+    # lies between the wrappers.
+    return max((h.line for h in hits if h.entry.kind == "wrapper"), key=_number_of)
+
+
+def _quoted_root(hits: list[Hit], start: LogLine) -> RootCause | None:
+    """A wrapper line that quotes the failed process's error (``Worker failed with error
+    '...'``) is the root cause when no error of that process is in the log before it."""
+    for hit in hits:
+        if hit.entry.kind != "wrapper" or hit.line.number > start.number:
+            continue
+        found = hit.entry.patterns[hit.pattern_index].search(hit.line.text)
+        if found and found.groupdict().get("error"):
+            return RootCause(hit.line, None)
+    return None
+
+
 def _number_of(line: LogLine) -> int:
     return line.number
 
@@ -971,6 +995,11 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
         diagnosis.remedy = root.entry.remedy
         diagnosis.source = root.entry.source
         return
+    if diagnosis.failure and _entry_by_id(diagnosis.failure).kind == "wrapper":
+        # The log shows the root error and the catalogue does not know it: an unrecognised
+        # error (engine-dead is a wrapper with no error of the failed process above it). A
+        # Ray death keeps its class: the node or actor loss is itself the finding.
+        diagnosis.failure = _entry_by_id("unrecognised-error").id
     diagnosis.title = f"the process died; its first error ({where}): {root.line.text}"
     diagnosis.remedy = (
         f"The root cause is the first error of the failed process ({where}): "

@@ -11,6 +11,9 @@ the file and line where it appears.
 
 Messages of compiled code (PyTorch's C++, NCCL's C, safetensors' Rust, the Linux kernel)
 cannot be read this way; ``NATIVE_FORMATS`` quotes them with their public source file.
+``QUOTED_FORMATS`` quotes the Python messages this extraction does not select: those of vLLM
+releases before the first wheel read, of libraries not read (requests), and raised forms whose
+text a later release logs as a warning (a stem would select both).
 
 Usage::
 
@@ -121,11 +124,49 @@ NATIVE_FORMATS: list[dict[str, str]] = [
         "source": "python/cpython Lib/argparse.py (parse_args: 'unrecognized arguments: %s')",
     },
     {
+        "entry": "head-size-unsupported",
+        "template": "RuntimeError: Unsupported head size: {head_size}",
+        "source": "vllm-project/vllm csrc/attention/attention_kernels.cu (paged attention "
+        'launchers: TORCH_CHECK(false, "Unsupported head size: ", head_size), from v0.2)',
+    },
+    {
+        "entry": "oom",
+        "template": "{host}:{pid}:{tid} [{dev}] NCCL WARN Cuda failure 'out of memory'",
+        "source": "NVIDIA/nccl src/include/checks.h (CUDACHECK: WARN(\"Cuda failure '%s'\", "
+        "cudaGetErrorString(err)))",
+    },
+    {
         "entry": "host-oom-killer",
         "template": "Out of memory: Killed process {pid} ({comm}) total-vm:{vm}kB, "
         "anon-rss:{rss}kB, file-rss:{frss}kB, shmem-rss:{srss}kB, UID:{uid} "
         "pgtables:{pt}kB oom_score_adj:{adj}",
         "source": "torvalds/linux mm/oom_kill.c (__oom_kill_process)",
+    },
+]
+
+# Python messages the extraction above does not select (see the module's docstring).
+QUOTED_FORMATS: list[dict[str, str]] = [
+    {
+        "entry": "not-enough-devices",
+        "template": "ValueError: The number of required GPUs exceeds the total number of "
+        "available GPUs in the placement group.",
+        "source": "vllm-project/vllm vllm/engine/ray_utils.py, v0.2-v0.4 (initialize_cluster); "
+        "vllm-project/vllm#2416",
+    },
+    {
+        "entry": "unknown-arg",
+        "template": "ValueError: With `vllm serve`, you should provide the model as a positional "
+        "argument or in a config file instead of via the `--model` option.",
+        "source": "vLLM 0.10.2 vllm/utils/__init__.py:1812 (FlexibleArgumentParser.parse_args; "
+        "logged as a warning in later releases); vllm-project/vllm#17944",
+    },
+    {
+        "entry": "model-not-found",
+        "template": "requests.exceptions.HTTPError: 404 Client Error: Not Found for url: "
+        "https://huggingface.co/{namespace}/{name}/resolve/main/config.json",
+        "source": "psf/requests src/requests/models.py (Response.raise_for_status: "
+        "'%s Client Error: %s for url: %s'), raised as is by older huggingface_hub; "
+        "vllm-project/vllm#8501",
     },
 ]
 
@@ -358,6 +399,7 @@ def extract(
         "libraries": libraries,
         "formats": [f.to_dict() for f in sorted(formats.values(), key=lambda f: f.entry)],
         "native_formats": NATIVE_FORMATS,
+        "quoted_formats": QUOTED_FORMATS,
     }
 
 

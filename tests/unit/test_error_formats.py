@@ -4,7 +4,9 @@ libraries it covers), rendered with sample values, is diagnosed as the entry tha
 The format strings come from ``tests/data/vllm_error_formats.json``, written by
 ``tools/vllm_error_formats.py`` from the release wheels (0.10.2 to 0.33.0), huggingface_hub,
 transformers and uvicorn; messages of compiled code (PyTorch, NCCL, safetensors, Triton, the
-kernel) are quoted in its ``native_formats`` with their source file.
+kernel) are quoted in its ``native_formats`` with their source file, and Python messages the
+extraction does not select (earlier vLLM releases, requests, a raised form a later release
+logs as a warning) in its ``quoted_formats``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ SAMPLES = (
     (r"quantization", "fp8"),
     (r"proc_name|proc\.name|failed_proc_name", "EngineCore_DP0"),
     (r"device_str", "GPU"),
+    (r"device_count", "16"),  # a count of devices, not a device name
     (r"device_name|device_", "cuda"),
     (r"utilization", "0.9"),
     (
@@ -87,6 +90,7 @@ def test_the_formats_cover_every_release_from_0_10_2_to_0_33_0() -> None:
     releases = DATA["vllm_releases"]
     assert releases[0] == "0.10.2" and releases[-1] == "0.33.0" and len(releases) >= 24
     covered = {f["entry"] for f in DATA["formats"]} | {f["entry"] for f in DATA["native_formats"]}
+    assert DATA["quoted_formats"]
     with_stems = {entry.id for entry in ENTRIES.values() if entry.stems}
     assert with_stems <= covered, with_stems - covered
     for found in DATA["formats"]:
@@ -109,5 +113,15 @@ def test_every_catalogued_format_string_is_diagnosed_as_its_entry(found: dict[st
     "found", DATA["native_formats"], ids=[f["entry"] for f in DATA["native_formats"]]
 )
 def test_every_quoted_native_message_is_diagnosed_as_its_entry(found: dict[str, str]) -> None:
+    assert found["source"]
+    expect(found["entry"], render(found["template"]))
+
+
+@pytest.mark.parametrize(
+    "found",
+    DATA["quoted_formats"],
+    ids=[f"{f['entry']}-{i}" for i, f in enumerate(DATA["quoted_formats"])],
+)
+def test_every_quoted_python_message_is_diagnosed_as_its_entry(found: dict[str, str]) -> None:
     assert found["source"]
     expect(found["entry"], render(found["template"]))

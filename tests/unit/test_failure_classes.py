@@ -101,7 +101,8 @@ def test_an_uncatalogued_root_cause_is_reported_verbatim_with_line_and_process()
 
     diagnosis = diagnose_log(text)
 
-    assert diagnosis.failure == "engine-dead"
+    # The log shows the root error: the class is the root's (engine-dead is the wrapper alone).
+    assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.number == 6
     assert diagnosis.root_cause is diagnosis.line
     assert diagnosis.line.process == "EngineCore_DP0 pid=20"
@@ -110,6 +111,35 @@ def test_an_uncatalogued_root_cause_is_reported_verbatim_with_line_and_process()
     assert diagnosis.wrapper is not None and "Engine core initialization" in diagnosis.wrapper.text
     data = diagnosis.to_dict()["root_cause"]
     assert data["number"] == 6 and data["process"] == "EngineCore_DP0 pid=20"
+
+
+def test_an_excerpt_cut_inside_the_final_wrapper_still_finds_the_root_below_the_first() -> None:
+    # vLLM logs "EngineCore failed to start." above the traceback that ends in the cause;
+    # the API server's "Engine core initialization failed. See root cause above." comes last.
+    root = "RuntimeError: DeepGEMM backend is not available or outdated."
+    lines = "\n".join(WRAPPED[:6]).format(root=root).split("\n")
+    cut = API + "RuntimeError: Engine core initialization failed. S"
+
+    diagnosis = diagnose_log("\n".join([*lines, cut]))
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.text == root
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == cut
+
+
+def test_a_wrapper_quoting_the_workers_error_is_the_root_when_nothing_precedes_it() -> None:
+    # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py (collective_rpc's FAILURE)
+    quoted = (
+        "RuntimeError: Worker failed with error 'rotary dim mismatch', please check the "
+        "stack trace above for the root cause"
+    )
+
+    alone = diagnose_log(ENGINE + quoted)
+    below_root = diagnose_log("\n".join([ENGINE + "AssertionError: rotary dim mismatch", quoted]))
+
+    assert alone.failure == "unrecognised-error"
+    assert alone.line is not None and alone.line.text == quoted
+    assert below_root.line is not None and below_root.line.number == 1
 
 
 def test_a_catalogued_root_cause_above_a_ray_actor_death_is_classified() -> None:
@@ -210,11 +240,12 @@ def test_the_same_text_from_another_kernel_is_not_called_a_head_size_problem() -
             "background process. See stack trace for root cause.",
             "engine-dead",
         ),
-        # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py (collective_rpc)
+        # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py (collective_rpc): the
+        # wrapper quotes the worker's error, and with no earlier line that error is the root.
         (
             "RuntimeError: Worker failed with error 'boom', please check the stack trace "
             "above for the root cause",
-            "engine-dead",
+            "unrecognised-error",
         ),
         # transformers 4.x dynamic_module_utils.resolve_trust_remote_code
         (

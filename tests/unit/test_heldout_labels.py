@@ -166,3 +166,35 @@ def test_third_set_label_is_consistent_with_its_file(entry: dict[str, object]) -
     assert any(str(entry["key_line"]) in line for line in lines[1:]), f"key line not in {path.name}"
     assert path.name.startswith(f"{entry['failure'] or entry['state']}-h3-")
     assert entry["version"]
+
+
+# The fourth set (heldout4): gathered after the first three were seen, labelled before it was run.
+HELDOUT4 = HELDOUT.parent / "heldout4"
+LABELS4 = yaml.safe_load((HELDOUT4 / "labels.yaml").read_text(encoding="utf-8"))
+
+
+def test_the_fourth_set_has_forty_failures_from_sources_no_other_set_uses() -> None:
+    assert len([e for e in LABELS4 if e["state"] == "failed"]) >= 40
+    assert {str(e["file"]) for e in LABELS4} == {p.name for p in HELDOUT4.glob("*.log")}
+    fourth = [_issue(str(e["source"])) for e in LABELS4]
+    assert len(fourth) == len(set(fourth)), "one source per log"
+    earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
+    earlier |= {_issue(str(e["source"])) for e in LABELS3}
+    assert not earlier & set(fourth)
+
+
+@pytest.mark.parametrize("entry", LABELS4, ids=lambda e: str(e["file"]))
+def test_fourth_set_label_is_consistent_with_its_file(entry: dict[str, object]) -> None:
+    path = HELDOUT4 / str(entry["file"])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith(f"# source: {entry['source']} ")
+    assert entry["state"] in ("failed", "hung", "ready")
+    if entry["state"] == "ready":
+        assert entry["failure"] is None
+    else:
+        assert entry["failure"] in VOCABULARY
+    if entry["failure"] == "unrecognised-error":
+        assert entry.get("class")
+    assert any(str(entry["key_line"]) in line for line in lines[1:]), f"key line not in {path.name}"
+    assert path.name.startswith(f"{entry['failure'] or entry['state']}-h4-")
+    assert entry["version"]

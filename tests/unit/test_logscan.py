@@ -290,6 +290,19 @@ def test_prefixes_of_every_vllm_generation_are_removed() -> None:
         assert normalise_line(line) == message, line
 
 
+def test_an_error_typed_into_a_markdown_heading_is_read_but_a_comment_is_not() -> None:
+    # Issue templates put "### ..." above each answer; reporters type the error on that line.
+    error = "CUDA error: no kernel image is available for execution on the device"
+    heading = f"### I get this during model loading: torch.AcceleratorError: {error}"
+    comment = f"# e.g. {error}"
+
+    diagnosis = diagnose_log(heading)
+
+    assert diagnosis.failure == "cuda-arch-unsupported"
+    assert diagnosis.line is not None and diagnosis.line.raw == heading
+    assert diagnose_log(comment).failure is None
+
+
 def test_terminal_wrapped_lines_are_joined() -> None:
     lines = read_log_lines(read_log("kv-cache-too-small-4.log"))
 
@@ -786,10 +799,96 @@ def test_catalogue_entries_are_complete() -> None:
         ),
         ("api_server.py: error: unrecognized arguments: --foo", "unknown-arg"),
         ("Out of memory: Killed process 4242 (python3) total-vm:1kB", "host-oom-killer"),
+        # vLLM csrc/attention/attention_kernels.cu (TORCH_CHECK "Unsupported head size: ")
+        ("RuntimeError: Unsupported head size: 32", "head-size-unsupported"),
+        # vLLM default_loader.py "Cannot find any model weights with `{path}`", pasted into
+        # Markdown inside a code span: the inner backticks are gone.
+        (
+            "Runner failed: RuntimeError('Cannot find any model weights with /models/m')",
+            "no-weights",
+        ),
+        # huggingface_hub _validators.py: "Repo id must be a string, not {type}: '{repo_id}'."
+        (
+            "huggingface_hub.errors.HFValidationError: Repo id must be a string, not <class "
+            "'pathlib.PosixPath'>: '/models/m'.",
+            "model-not-found",
+        ),
+        # transformers utils/hub.py: "{path_or_repo_id} does not appear to have a file named
+        # {filename}. Checkout 'https://huggingface.co/{path_or_repo_id}/tree/{revision}' ..."
+        (
+            "OSError: org/m does not appear to have a file named config.json. Checkout "
+            "'https://huggingface.co/org/m/tree/main' for available files.",
+            "model-not-found",
+        ),
+        # vLLM 0.12.0-0.17.1 gpu_worker.py: "local_world_size (%d) must be less than or equal
+        # to the number of visible devices (%d)."
+        (
+            "AssertionError: local_world_size (16) must be less than or equal to the number of "
+            "visible devices (8).",
+            "not-enough-devices",
+        ),
+        # vLLM ray_utils.py "Placement group bundle cannot have more than 1 %s."
+        ("ValueError: Placement group bundle cannot have more than 1 GPU.", "ray-resources"),
     ],
 )
 def test_catalogue_signatures(line: str, failure: str) -> None:
     assert diagnose_log(line).failure == failure
+
+
+def test_parsed_values_of_the_new_signatures() -> None:
+    devices = diagnose_log(
+        "AssertionError: local_world_size (16) must be less than or equal to the number of "
+        "visible devices (8)."
+    )
+    missing_file = diagnose_log(
+        "requests.exceptions.HTTPError: 404 Client Error: Not Found for url: "
+        "https://huggingface.co/org/m/resolve/main/config.json"
+    )
+
+    assert (devices.numbers["world_size"], devices.numbers["gpu_count"]) == (16, 8)
+    assert "needs 16 GPUs and this host has 8" in devices.remedy
+    assert missing_file.failure == "model-not-found"
+    assert missing_file.numbers["repository"] == "org/m"
+
+
+def test_cuda_out_of_memory_seen_through_nccl_is_oom() -> None:
+    # NVIDIA/nccl checks.h CUDACHECK: WARN("Cuda failure '%s'", ...), repeated by PyTorch
+    # under "Last error:" after its own "NCCL error ... unhandled cuda error".
+    worker = "(VllmWorker rank=7 pid=240) "
+    text = "\n".join(
+        [
+            worker + "torch.distributed.DistBackendError: NCCL error in: NCCLUtils.cpp:133, "
+            "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+            worker + "ncclUnhandledCudaError: Call to CUDA function failed.",
+            worker + "Last error:",
+            worker + "Cuda failure 'out of memory'",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "oom"
+    assert diagnosis.line is not None and diagnosis.line.number == 4
+
+
+def test_too_few_gpus_for_ray_is_refused_or_waited_for() -> None:
+    # vLLM ray_utils.py raises "The number of required GPUs exceeds the total number of
+    # available GPUs in the placement group." (0.2-0.4, and with the counts since 0.10.2)
+    # but in between logs it as a warning and waits for Ray to place the workers.
+    message = (
+        "The number of required GPUs exceeds the total number of available GPUs in the "
+        "placement group."
+    )
+    waiting = (
+        "INFO 03-18 11:21:42 ray_utils.py:214] Waiting for creating a placement group of specs "
+        "for 10 seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}]."
+    )
+
+    raised = diagnose_log("ValueError: " + message)
+    warned = diagnose_log(f"WARNING 03-18 11:21:32 ray_utils.py:320] {message}\n{waiting}")
+
+    assert raised.failure == "not-enough-devices"
+    assert warned.failure == "ray-resources"
 
 
 @pytest.mark.parametrize(
@@ -803,6 +902,14 @@ def test_catalogue_signatures(line: str, failure: str) -> None:
         "capability 12.0 not supported, communicator is not available.",
         "/opt/venv/lib/python3.12/site-packages/torch/cuda/__init__.py:61: FutureWarning: The "
         "pynvml package is deprecated.",
+        # vLLM 0.33.0 argparse_utils.py: what 0.10.2 raised is a warning now.
+        "WARNING 06-30 23:14:18 [argparse_utils.py:257] With `vllm serve`, you should provide "
+        "the model as a positional argument or in a config file instead of via the `--model` "
+        "option. The `--model` option will be removed in a future version.",
+        # transformers 5.19.0 quantizer_finegrained_fp8.py: dequantizes instead of refusing.
+        "FP8 quantized models is only supported on GPUs with compute capability >= 8.9 (e.g "
+        "4090/H100), actual = `8.0`. We will default to dequantizing the model to bf16. Feel free "
+        "to use a different quantization method like bitsandbytes or torchao",
     ],
 )
 def test_expected_warnings_are_not_failures(line: str) -> None:
