@@ -576,6 +576,16 @@ class SharedKernel:
     def __init__(self) -> None:
         self.km: Any = None
 
+    def start(self, log_path: Path, cwd: Path) -> None:
+        """Start the kernel now, without waiting for it: it boots while the run imports
+        papermill and prepares its first stage, which then finds it running."""
+        from jupyter_core.utils import run_sync
+
+        from opsbook.kernel import quiet_kernel_manager
+
+        self.km = quiet_kernel_manager(log_path)(kernel_name="python3")
+        run_sync(self.km.start_kernel)(cwd=str(cwd))
+
     def ready(self, env: Mapping[str, str], log_path: Path) -> Any:
         """The kernel manager for the next notebook: not started yet (papermill starts it
         with this process's environment; it is quiet and logs to ``log_path``), or running
@@ -761,6 +771,7 @@ def run_deploy(
         raise
     run.notes = locks.notes
     try:
+        run.kernel.start(folder / KERNEL_LOG, find_notebook(_stages().DEPLOY[0].notebook).parent)
         _deploy_batches(run, batches, names, max_fail_percentage)
     except (RunInterrupted, KeyboardInterrupt) as e:
         quiet_abandoned_tasks()
@@ -773,6 +784,8 @@ def run_deploy(
         locks.release()
         run.kernel.discard()
         run.exports.shutdown(wait=True)
+        with contextlib.suppress(FileNotFoundError):  # a run folder deleted during the run
+            redact_text_file(folder / KERNEL_LOG, run.redactor)  # a rolling run's kernel logs here
     pages = [page.result() for page in run.pages]
     run.notebooks = [
         replace(entry, html=page) for entry, page in zip(run.notebooks, pages, strict=True)
