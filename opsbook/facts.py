@@ -7,6 +7,7 @@ findings and lays the facts out as tables for the notebook. Nothing here changes
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -173,6 +174,16 @@ class ServerProcess:
     cmdline: str
 
 
+@dataclass(frozen=True)
+class OwnServer:
+    """The server 04_launch started and recorded, still running: its pid and process group
+    with the group's members (vLLM's engine core and workers)."""
+
+    pid: int
+    pgid: int
+    group: frozenset[int]
+
+
 @dataclass
 class HostFacts:
     """Everything preflight learned about a host. Sizes in bytes unless named otherwise.
@@ -206,7 +217,12 @@ class HostFacts:
     shm_leftover_files: int = 0
     shm_leftover_bytes: int = 0
     server_port: int | None = None
+    own_server: OwnServer | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def is_own(self, pid: int | None) -> bool:
+        """Whether ``pid`` belongs to the server opsbook launched here."""
+        return self.own_server is not None and pid in self.own_server.group
 
     def port_holders(self) -> list[ListeningSocket]:
         """The sockets listening on the server port, one per owner."""
@@ -226,6 +242,7 @@ class HostFacts:
             *_python_findings(self),
             *_port_findings(self),
             *_shm_findings(self),
+            *_own_server_findings(self),
             *_server_findings(self),
             *_disk_findings(self),
         ]
@@ -339,6 +356,7 @@ def probe_args(deployment: Deployment) -> dict[str, Any]:
         "python": deployment.python,
         "model_path": deployment.model_path,
         "ports": [deployment.server_port],
+        "launch_record": posixpath.join(deployment.state_dir, "launch.json"),
     }
 
 
@@ -409,8 +427,15 @@ def facts_from_probe(
         shm_leftover_files=int(shm.get("leftover_files") or 0),
         shm_leftover_bytes=int(shm.get("leftover_bytes") or 0),
         server_port=server_port if server_port is not None else (ports[0] if ports else None),
+        own_server=_own_server_from(answer.get("own_launch")),
         raw=answer,
     )
+
+
+def _own_server_from(own: Any) -> OwnServer | None:
+    if not isinstance(own, dict):
+        return None
+    return OwnServer(int(own["pid"]), int(own["pgid"]), frozenset(map(int, own["group"])))
 
 
 def check_facts(facts: HostFacts) -> Result:
@@ -704,6 +729,8 @@ def _gpu_findings(facts: HostFacts) -> list[Finding]:
 def _memory_holder_findings(facts: HostFacts) -> list[Finding]:
     findings = []
     for proc in facts.processes:
+        if facts.is_own(proc.pid):
+            continue  # opsbook's own server: one finding of its own says so
         where = f"GPU {proc.gpu_index}" if proc.gpu_index is not None else "GPU"
         findings.append(
             Finding(
@@ -765,6 +792,8 @@ def _port_findings(facts: HostFacts) -> list[Finding]:
     servers = {s.pid for s in facts.servers}
     findings = []
     for sock in facts.port_holders():
+        if facts.is_own(sock.pid):
+            continue
         if sock.pid is None:
             findings.append(
                 Finding(
@@ -840,8 +869,33 @@ def _shm_findings(facts: HostFacts) -> list[Finding]:
     return findings
 
 
+def _own_server_findings(facts: HostFacts) -> list[Finding]:
+    """The server opsbook launched, once: its GPUs and port are in use by design."""
+    own = facts.own_server
+    if own is None:
+        return []
+    mine = [p for p in facts.processes if facts.is_own(p.pid)]
+    gpus = {p.gpu_index for p in mine if p.gpu_index is not None}
+    held = sum(p.used_memory_mib or 0 for p in mine)
+    port = next((s.port for s in facts.port_holders() if facts.is_own(s.pid)), None)
+    parts = [f"{len(gpus)} GPU(s) ({held / 1024:.1f} GiB in all)" if gpus else "no GPU memory"]
+    if port is not None:
+        parts.append(f"port {port}")
+    return [
+        Finding(
+            "info",
+            f"pid {own.pid}",
+            f"opsbook's server (pid {own.pid}, group {own.pgid}, {len(own.group)} processes, "
+            f"started by 04_launch) is running and holds {' and '.join(parts)}",
+            remedy="04_launch stops it (by its recorded group) before starting again",
+            source="launch.json, /proc",
+        )
+    ]
+
+
 def _server_findings(facts: HostFacts) -> list[Finding]:
-    """One info row per running server tree (its renamed workers are children)."""
+    """One info row per running server tree (its renamed workers are children), other than
+    opsbook's own."""
     pids = {s.pid for s in facts.servers}
     return [
         Finding(
@@ -851,7 +905,7 @@ def _server_findings(facts: HostFacts) -> list[Finding]:
             source="/proc",
         )
         for s in facts.servers
-        if s.ppid not in pids
+        if s.ppid not in pids and not facts.is_own(s.pid)
     ]
 
 

@@ -10,6 +10,8 @@ Args (the dict given to ``main``):
     python: the deployment's interpreter (a path, or a name looked up on PATH).
     model_path: the checkpoint directory (it may not exist yet).
     ports: the ports the deployment will listen on.
+    launch_record: where 04_launch records the server it started (``launch.json``; relative
+        paths are taken from the home folder), so that its processes are known as opsbook's.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         "shm": _shm(),
         "listening": _listening(),
         "servers": _servers(),
+        "own_launch": _own_launch(str(args.get("launch_record") or "")),
         "ports": [int(p) for p in args.get("ports") or []],
     }
 
@@ -463,6 +466,38 @@ def _process(pid: int, boot: float | None, ticks: int) -> dict[str, Any] | None:
         "comm": _comm(pid),
         "cmdline": _cmdline(pid) or "",
     }
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...)."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat[stat.rfind(")") + 2 :].split() if stat else None
+
+
+def _own_launch(path: str) -> dict[str, Any] | None:
+    """The server 04_launch recorded, when it still runs: its pid, process group and the
+    group's members (the engine core and workers vLLM forks stay in it). The recorded start
+    time tells the process from a later one that reused its pid."""
+    if not path:
+        return None
+    path = os.path.expanduser(path)
+    if not os.path.isabs(path):
+        path = os.path.join(os.path.expanduser("~"), path)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        pid, pgid, start = int(record["pid"]), int(record["pgid"]), int(record["start"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20 or int(fields[19]) != start:
+        return None
+    group = []
+    for other in _pids():
+        other_fields = _stat_fields(other)
+        if other_fields and len(other_fields) > 2 and int(other_fields[2]) == pgid:
+            group.append(other)
+    return {"pid": pid, "pgid": pgid, "group": group}
 
 
 def _servers() -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -126,6 +127,22 @@ def test_the_nightly_dry_run_of_a_healthy_server_exits_0(nightly: Said) -> None:
         assert nightly.stage_line(stage)[1].split()[2] == "ok", nightly.text
     assert "already running and ready" in nightly.stage_line("launch")[1]
     assert "would change" not in nightly.text
+
+
+def newest_summary(runs: Path) -> dict[str, Any]:
+    folder = max(runs.glob("*-deploy-*"), key=lambda f: f.name)
+    doc: dict[str, Any] = json.loads((folder / "summary.json").read_text())
+    return doc
+
+
+def test_the_nightly_preflight_knows_the_server_it_deployed(nightly: Said, runs: Path) -> None:
+    assert nightly.code == 0, nightly.text
+    record = newest_summary(runs)
+    [preflight] = [r for r in record["results"] if r["stage"] == "preflight"]
+    found = [(f["severity"], f["message"]) for f in preflight["findings"]]
+    ours = [m for s, m in found if m.startswith("opsbook's server (pid ")]
+    assert len(ours) == 1 and "holds 8 GPU(s)" in ours[0], found
+    assert not [m for s, m in found if s == "warning"], found  # none per GPU, none for the port
 
 
 def test_records_show_reads_for_people_and_pipes_into_head(nightly: Said, runs: Path) -> None:

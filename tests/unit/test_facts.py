@@ -3,8 +3,10 @@ locally (with and without a stand-in nvidia-smi on PATH), and the findings."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -471,10 +473,54 @@ def test_gather_facts_makes_one_probe_call(tmp_path: Path) -> None:
     assert host.probe_args == [
         (
             "facts",
-            {"python": "/usr/bin/python3", "model_path": str(tmp_path / "model"), "ports": [8123]},
+            {
+                "python": "/usr/bin/python3",
+                "model_path": str(tmp_path / "model"),
+                "ports": [8123],
+                "launch_record": "opsbook/state/launch.json",
+            },
         )
     ]
     assert facts.host == "me@127.0.0.1" and facts.server_port == 8123
+
+
+def start_ticks(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rfind(")") + 2 :].split()[19])
+
+
+def test_probe_knows_the_server_04_launch_recorded_and_its_group(tmp_path: Path) -> None:
+    # A server in a session of its own (as 04_launch starts it) with a child in its group,
+    # and an unrelated lookalike outside it.
+    server = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(60)']); print('up', flush=True); time.sleep(60)"
+    )
+    started = subprocess.Popen(
+        [sys.executable, "-c", server, "vllm", "serve", "m"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    lookalike = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert started.stdout is not None and started.stdout.readline() == "up\n"
+        record = tmp_path / "launch.json"
+        record.write_text(
+            json.dumps({"pid": started.pid, "pgid": started.pid, "start": start_ticks(started.pid)})
+        )
+        own = probe(tmp_path, probe_env(), launch_record=str(record))["own_launch"]
+        record.write_text(json.dumps({"pid": started.pid, "pgid": started.pid, "start": 1}))
+        reused = probe(tmp_path, probe_env(), launch_record=str(record))["own_launch"]
+    finally:
+        os.killpg(started.pid, signal.SIGKILL)  # the group this test started
+        started.wait()
+        lookalike.kill()
+        lookalike.wait()
+    assert own["pid"] == own["pgid"] == started.pid
+    assert started.pid in own["group"] and len(own["group"]) == 2
+    assert lookalike.pid not in own["group"]
+    assert reused is None  # same pid, another start time: not the recorded process
 
 
 # --- findings from crafted probe answers ----------------------------------------------------
@@ -687,3 +733,33 @@ def test_topology_and_banner_are_asked_once_per_boot_and_driver(tmp_path):
     assert _preflight_probe(env)["nvidia_smi"]["static_cached"]
     os.utime(smi, ns=(1, 1))
     assert not _preflight_probe(env)["nvidia_smi"]["static_cached"]
+
+
+def test_opsbooks_own_server_is_one_info_not_a_warning_per_gpu_and_port() -> None:
+    cmdline = "/opt/venv/bin/python3 /opt/venv/bin/vllm serve /models/k --port 8000"
+    uuid = "GPU-d02cf7f0-62cd-35e9-8294-3c350cfb105c"  # the H200's
+    apps = "\n".join(
+        f"{pid}, VLLM::Worker_TP{i}, 88098 MiB, {uuid}" for i, pid in enumerate((4301, 4302))
+    )
+    smi = dict(answer_with()["nvidia_smi"])
+    smi["compute_apps"] = {"exit_code": 0, "stdout": apps}
+    listening = [
+        {"port": 8000, "address": "0.0.0.0", "family": "tcp", "user": "ml", "pid": 4242,
+         "process": "vllm", "cmdline": cmdline},
+    ]  # fmt: skip
+    servers = [
+        {"pid": 4242, "ppid": 1, "user": "ml", "started": None, "comm": "vllm",
+         "cmdline": cmdline},
+    ]  # fmt: skip
+    own = {"pid": 4242, "pgid": 4242, "group": [4242, 4300, 4301, 4302]}
+    base = answer_with(nvidia_smi=smi, listening=listening, servers=servers)
+
+    theirs = facts_from_probe(base).findings()
+    ours = facts_from_probe({**base, "own_launch": own}).findings()
+
+    assert {f.severity for f in theirs} >= {"warning"}
+    assert [(f.severity, f.subject) for f in ours] == [("info", "pid 4242")]
+    assert ours[0].message == (
+        "opsbook's server (pid 4242, group 4242, 4 processes, started by 04_launch) is running "
+        "and holds 1 GPU(s) (172.1 GiB in all) and port 8000"
+    )
