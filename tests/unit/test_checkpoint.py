@@ -185,8 +185,14 @@ def test_download_simulation_recreates_shards(tmp_path: Path, layout: str) -> No
     )
     partials = list(tmp_path.rglob("*.incomplete"))
     assert len(partials) == 1
-    deadline = time.monotonic() + 10
-    while list(tmp_path.rglob("*.incomplete")) and time.monotonic() < deadline:
+
+    def downloaded() -> bool:
+        # Between two shards no .incomplete file exists for a moment: wait for the shards.
+        current = {s.name: s.read_bytes() for s in shard_files(model_dir) if s.exists()}
+        return current == before and not list(tmp_path.rglob("*.incomplete"))
+
+    deadline = time.monotonic() + 60
+    while not downloaded() and time.monotonic() < deadline:
         time.sleep(0.05)
     checkpoint.stop_download_simulation(pid)
     assert {s.name: s.read_bytes() for s in shard_files(model_dir)} == before
