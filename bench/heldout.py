@@ -1,12 +1,13 @@
 """Accuracy of `opsbook diagnose --log` on the held-out real logs.
 
-Four sets, each printed on its own: tests/data/logs/heldout/ (gathered while the catalogue was
+Five sets, each printed on its own: tests/data/logs/heldout/ (gathered while the catalogue was
 written, kept out of its development, then seen when it was first measured),
-tests/data/logs/heldout2/, tests/data/logs/heldout3/ and tests/data/logs/heldout4/ (each gathered
-afterwards and labelled before opsbook was run on it). For
-each, how often the diagnosis names the labelled failure id and reports the labelled key line
-(for wrapper cases, the root cause under the wrapper). Goals: failure id right for at least 90%,
-key line for at least 85%, on each set.
+tests/data/logs/heldout2/ to tests/data/logs/heldout5/ (each gathered afterwards and labelled
+before opsbook was run on it). For each, how often the diagnosis names the labelled failure id
+(or state: a ready server must be called ready, a startup the log leaves unfinished must be
+neither ready nor failed) and reports the labelled key line (for wrapper cases, the root cause
+under the wrapper). Goals: failure id right for at least 90%, key line for at least 85%, on each
+set.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from opsbook import logscan
 
 LOGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "logs"
 HELDOUT = LOGS / "heldout"
-SETS = (HELDOUT, LOGS / "heldout2", LOGS / "heldout3", LOGS / "heldout4")
+SETS = (HELDOUT, LOGS / "heldout2", LOGS / "heldout3", LOGS / "heldout4", LOGS / "heldout5")
 ID_GOAL, LINE_GOAL = 0.90, 0.85
 
 
@@ -44,6 +45,9 @@ class Score:
     def id_right(self) -> bool:
         if self.label.state == "ready":
             return self.state == "ready"
+        if self.label.state == "unfinished":
+            # No failure id to compare: calling the startup ready or failed is the wrong answer.
+            return self.state in (logscan.LOADING, logscan.NO_CONCLUSION)
         return self.failure == self.label.failure
 
     @property

@@ -95,11 +95,26 @@ _ANSI = re.compile(
 )
 _QUOTE_START = re.compile(r"^\s{0,3}(?:>\s?)+|^\*\*")
 _QUOTE_END = re.compile(r"\*\*\s*$")
+# A terminal log viewer (k9s, lazydocker) draws a box: a vertical border before and after
+# each line it shows.
+_VIEWER_BORDER = re.compile(r"^\s*[│┃║] ?|\s*[│┃║]\s*$")
+# A line pasted as Markdown inline code: `...`.
+_CODE_SPAN = re.compile(r"^\s*`([^`]+)`\s*$")
+# A Markdown code fence: it marks where a pasted log begins or ends, and is not log text.
+_FENCE = re.compile(r"^(?:```|~~~)[\w+-]*\s*$")
+# An exception shown as its repr (a ``raise`` re-logged with %r, a Triton compile error):
+# ``ValueError("msg")`` says what ``ValueError: msg`` says. A cut excerpt may lack the end.
+_EXCEPTION_REPR = re.compile(
+    r"^(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit))\((?P<q>[\"'])(?P<message>.*?)"
+    r"(?:(?P=q)\)?)?$"
+)
 _COMPOSE = re.compile(r"^[\w.-]{1,40}\s+\|\s?")
 _PROCESS = re.compile(r"^\((?P<process>[^()\n]{0,80}?\bpid=\d+[^()\n]{0,60})\)\s?")
 _RANK = re.compile(r"^\[(?P<process>rank\d+)\]:\s?")
+# vLLM's prefix has no year; builds that change its date format (NVIDIA NIM) add one.
 _VLLM_LEVEL = re.compile(
-    r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(?P<month>\d\d)-(?P<day>\d\d)\s+"
+    r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(?:(?P<year>\d{4})-)?"
+    r"(?P<month>\d\d)-(?P<day>\d\d)\s+"
     r"(?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?\s+\[?[\w./<>-]+:\d+\]\s?"
 )
 _PYTHON_LEVEL = re.compile(
@@ -108,8 +123,23 @@ _PYTHON_LEVEL = re.compile(
 )
 _UVICORN_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _LOCATION = re.compile(r"^\[[\w./-]+\.py:\d+\]\s?")
-_PREFIXES = (_PROCESS, _RANK, _VLLM_LEVEL, _PYTHON_LEVEL, _UVICORN_LEVEL, _LOCATION)
-_FULL_DATE = re.compile(r"\b(20\d\d)-\d\d-\d\d \d\d:\d\d:\d\d")
+# The RFC 3339 time a container runtime puts before each line it stores (`docker logs -t`,
+# `kubectl logs --timestamps`, hosted log views): one space follows, the line's own
+# indentation is kept.
+_RUNTIME_STAMP = re.compile(
+    r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)T(?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r"(?:Z|[+-]\d\d:?\d\d)? "
+)
+_PREFIXES = (
+    _RUNTIME_STAMP,
+    _PROCESS,
+    _RANK,
+    _VLLM_LEVEL,
+    _PYTHON_LEVEL,
+    _UVICORN_LEVEL,
+    _LOCATION,
+)
+_FULL_DATE = re.compile(r"\b(20\d\d)-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
 
 # Lines that start something new, so a terminal wrap never produced them.
 _LINE_START = re.compile(
@@ -488,11 +518,11 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
     after_frame = False
     for members in _wrapped_groups(numbers, cleaned):
         joined = "".join(cleaned[i] for i in members)
-        if _COMMENT.match(joined):
+        if _COMMENT.match(joined) or _FENCE.match(joined.strip()):
             joined = ""
         joined = _HEADING.sub("", joined, count=1)
         message, level, stamp, process = _strip_prefixes(joined, year)
-        body = message.strip()
+        body = _EXCEPTION_REPR.sub(r"\g<name>: \g<message>", message.strip(), count=1)
         is_code = (
             body.startswith(("raise ", 'File "'))
             or (after_frame and message[:1].isspace())
@@ -733,6 +763,7 @@ def _diagnose_lines(
     }
     failure = _choose_failure(hits, ready_at)
     if failure:
+        failure = _logged_message(failure, lines)
         diagnosis = _failed(FAILED, failure, hits, events, base)
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
             start = _walk_back_start(failure, hits)
@@ -744,11 +775,70 @@ def _diagnose_lines(
         return _failed(HUNG, _pick_line(stalls), hits, events, base)
     base["notes"] = base["notes"] + _first_of_each(stalls)
     if ready_at is not None:
-        return _ready(lines, ready_at, base)
+        return _ready(lines, _ready_line(lines, events, ready_at), base)
     kills = classify_kernel_log(kernel_log) if kernel_log else []
     if kills:
         return _killed(kills[-1], kernel_log or "", base)
+    serving = _serving_line(lines, events) if running is None else None
+    if serving is not None:
+        return _ready(lines, serving.number, base, listed_routes=True)
     return _unfinished(lines, events, running, base)
+
+
+# uvicorn logs both once the app has started (lifespan "Application startup complete.", then
+# "Uvicorn running on ..."); the first says the application is ready.
+_STARTUP_COMPLETE = re.compile(r"Application startup complete")
+# vLLM lists its routes (vllm/entrypoints/launcher.py serve_http) after the engine is up and
+# just before uvicorn serves them; "Starting vLLM (API) server ... on" names the address
+# (vllm/entrypoints/openai/api_server.py).
+_ROUTES = re.compile(r"^(?:Available routes are|Route: /)")
+_SERVER_ADDRESS = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on ")
+
+
+def _ready_line(lines: list[LogLine], events: list[tuple[LogLine, str]], ready_at: int) -> int:
+    # The last "Application startup complete." of the final ready lines, else the last one.
+    ready = [line for line, name in events if name == READY]
+    complete = [line for line in ready if _STARTUP_COMPLETE.search(line.text)]
+    last_start = max((line.number for line, name in events if name != READY), default=0)
+    final = [line for line in complete if line.number > last_start]
+    return final[-1].number if final else ready_at
+
+
+def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> LogLine | None:
+    """For a log that ends in vLLM's route list with no error: the line that says where it
+    serves (or the route list's head). vLLM builds the engine before it lists the routes, so
+    what is left is uvicorn binding the port; an excerpt often stops here."""
+    http = [line for line, name in events if name == "http"]
+    if not http or _furthest_phase(events) != "http":
+        return None
+    last_text = next((line for line in reversed(lines) if line.text), None)
+    if last_text is None or not _ROUTES.match(last_text.text):
+        return None
+    address = [line for line in http if _SERVER_ADDRESS.search(line.text)]
+    routes = [line for line in http if _ROUTES.match(line.text)]
+    return (address or routes)[-1]
+
+
+# logger.exception(msg) and vLLM's engine core log the message first, then the traceback.
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\)")
+
+
+def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
+    """For a generic traceback line, the ERROR line just before it that carries the
+    message (same process), when there is one."""
+    if chosen.entry.kind != "generic" or not _TRACEBACK.match(chosen.line.text):
+        return chosen
+    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    before = next((line for line in reversed(lines[:index]) if line.text), None)
+    if (
+        before is not None
+        and before.level in ("ERROR", "CRITICAL")
+        and before.process == chosen.line.process
+        and not before.is_code
+        and not _NOT_A_CAUSE.match(before.text)
+    ):
+        return replace(chosen, line=before)
+    return chosen
 
 
 # Where a startup begins: vLLM's banner (or argparse's usage line), the API server's version
@@ -1008,12 +1098,20 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     )
 
 
-def _ready(lines: list[LogLine], ready_at: int, base: dict[str, Any]) -> LogDiagnosis:
+def _ready(
+    lines: list[LogLine], ready_at: int, base: dict[str, Any], *, listed_routes: bool = False
+) -> LogDiagnosis:
     line = next(line for line in lines if line.number == ready_at)
+    title = "the server finished starting and accepts requests"
+    if listed_routes:
+        title = (
+            "the server listed its routes: it is serving (the log ends before uvicorn's "
+            "'Application startup complete.')"
+        )
     return LogDiagnosis(
         state=READY,
         failure=None,
-        title="the server finished starting and accepts requests",
+        title=title,
         severity="ok",
         line=line,
         remedy="Nothing to do: smoke-test it (GET /health, GET /v1/models, one completion).",
@@ -1256,8 +1354,10 @@ def _clean(line: str) -> str:
     line = _ANSI.sub("", line)
     if "\r" in line:
         line = _last_redraw(line)
+    line = _VIEWER_BORDER.sub("", line)
     line = _QUOTE_START.sub("", line, count=1)
-    return _QUOTE_END.sub("", line)
+    line = _QUOTE_END.sub("", line)
+    return _CODE_SPAN.sub(r"\1", line, count=1)
 
 
 def _last_redraw(line: str) -> str:
@@ -1274,7 +1374,7 @@ def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | N
     level: str | None = None
     stamp: datetime | None = None
     process: str | None = None
-    if _COMPOSE.match(line) and "pid=" not in line[:40]:
+    if _COMPOSE.match(line):
         line = _COMPOSE.sub("", line, count=1)
     while True:
         found = next((m for m in (p.match(line) for p in _PREFIXES) if m and m.end()), None)
@@ -1362,11 +1462,23 @@ def _continues(previous: str, line: str, width: int | None) -> bool:
         # The cut can fall on a space, so the piece may start with one; a traceback frame
         # of its own still starts a new line.
         return _wrap_candidate(line.lstrip()) and not _FRAME.match(line)
+    if _bare_prefix(previous) and line[:1].isspace() and line.strip() and not _FRAME.match(line):
+        # A page or a narrow view broke the line after its prefix: the message follows,
+        # indented, with no prefix of its own.
+        return not _has_prefix(line.lstrip())
     if not _wrap_candidate(line):
         return False
     # A single wrapped line: the piece has no prefix of its own although its neighbour does,
     # and it starts mid-word or mid-sentence.
     return _has_prefix(previous) and len(previous) >= _MIN_WRAP_WIDTH and _starts_mid_word(line)
+
+
+def _bare_prefix(line: str) -> bool:
+    # A prefix with a level and no message after it.
+    if not _has_prefix(line):
+        return False
+    message, level, _, _ = _strip_prefixes(line, PLACEHOLDER_YEAR)
+    return level is not None and not message.strip()
 
 
 def _starts_mid_word(line: str) -> bool:

@@ -142,6 +142,36 @@ NATIVE_FORMATS: list[dict[str, str]] = [
         "pgtables:{pt}kB oom_score_adj:{adj}",
         "source": "torvalds/linux mm/oom_kill.c (__oom_kill_process)",
     },
+    {
+        "entry": "oom",
+        "template": "Tried to allocate {alloc} MiB. GPU {gpu} has a total capacity of "
+        "{total} GiB of which {free} MiB is free.",
+        "source": "pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp (malloc: OutOfMemoryError), "
+        "quoted without its 'CUDA out of memory.' head",
+    },
+    {
+        "entry": "nccl",
+        "template": "cupy_backends.cuda.libs.nccl.NcclError: NCCL_ERROR_SYSTEM_ERROR: {message}",
+        "source": "cupy/cupy cupy_backends/cuda/libs/nccl.pyx (NcclError.__init__: "
+        "'%s: %s' % (ERROR2[status], ncclGetErrorString(status)))",
+    },
+    {
+        "entry": "kv-dtype-kernel-mismatch",
+        "template": "query and key must have the same dtype",
+        "source": "Dao-AILab/flash-attention csrc/flash_attn/flash_api.cpp (mha_fwd: TORCH_CHECK), "
+        "vllm-project/flash-attention",
+    },
+    {
+        "entry": "unrecognised-error",
+        "template": "  Value error, {error} [type=value_error, input_value={value}, "
+        "input_type={input_type}]",
+        "source": "pydantic/pydantic-core src/errors/types.rs (ValueError: 'Value error, {error}')",
+    },
+    {
+        "entry": "unrecognised-error",
+        "template": "/usr/lib/python3/dist-packages/{module}.so: undefined symbol: {symbol}",
+        "source": "glibc elf/dl-lookup.c ('undefined symbol: '), dlfcn/dlerror.c ('%s: %s')",
+    },
 ]
 
 # Python messages the extraction above does not select (see the module's docstring).
@@ -167,6 +197,28 @@ QUOTED_FORMATS: list[dict[str, str]] = [
         "source": "psf/requests src/requests/models.py (Response.raise_for_status: "
         "'%s Client Error: %s for url: %s'), raised as is by older huggingface_hub; "
         "vllm-project/vllm#8501",
+    },
+    {
+        "entry": "trust-remote-code",
+        "template": "RuntimeError: Failed to load the model config. If the model uses custom code "
+        "not yet available in HF transformers library, consider setting `trust_remote_code=True` "
+        "in LLM or using the `--trust-remote-code` flag in the CLI.",
+        "source": "vllm-project/vllm vllm/transformers_utils/config.py (get_config), its earlier "
+        "wording",
+    },
+    {
+        "entry": "cuda-arch-unsupported",
+        "template": "RuntimeError: GPUs with compute capability below 7.0 are not supported.",
+        "source": "vllm-project/vllm setup.py, v0.1-v0.2 (building for the GPUs present); "
+        "vllm-project/vllm#1431",
+    },
+    {
+        "entry": "unknown-arg",
+        "template": "{prog}: error: argument {argument_name}: invalid choice: {value} "
+        "(choose from {choices})",
+        "source": "python/cpython Lib/argparse.py (_check_value: 'invalid choice: %(value)r "
+        "(choose from %(choices)s)'; ArgumentError: 'argument %(argument_name)s: %(message)s'; "
+        "error: '%(prog)s: error: %(message)s')",
     },
 ]
 

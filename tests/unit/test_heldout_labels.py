@@ -198,3 +198,35 @@ def test_fourth_set_label_is_consistent_with_its_file(entry: dict[str, object]) 
     assert any(str(entry["key_line"]) in line for line in lines[1:]), f"key line not in {path.name}"
     assert path.name.startswith(f"{entry['failure'] or entry['state']}-h4-")
     assert entry["version"]
+
+
+# The fifth set (heldout5): gathered after the first four were seen, labelled before it was run.
+HELDOUT5 = HELDOUT.parent / "heldout5"
+LABELS5 = yaml.safe_load((HELDOUT5 / "labels.yaml").read_text(encoding="utf-8"))
+
+
+def test_the_fifth_set_has_forty_logs_from_sources_no_other_set_uses() -> None:
+    assert len(LABELS5) >= 40
+    assert {str(e["file"]) for e in LABELS5} == {p.name for p in HELDOUT5.glob("*.log")}
+    fifth = [_issue(str(e["source"])) for e in LABELS5]
+    assert len(fifth) == len(set(fifth)), "one source per log"
+    earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
+    earlier |= {_issue(str(e["source"])) for e in LABELS3 + LABELS4}
+    assert not earlier & set(fifth)
+
+
+@pytest.mark.parametrize("entry", LABELS5, ids=lambda e: str(e["file"]))
+def test_fifth_set_label_is_consistent_with_its_file(entry: dict[str, object]) -> None:
+    path = HELDOUT5 / str(entry["file"])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith(f"# source: {entry['source']} ")
+    assert entry["state"] in ("failed", "hung", "ready", "unfinished")
+    if entry["state"] in ("ready", "unfinished"):
+        assert entry["failure"] is None
+    else:
+        assert entry["failure"] in VOCABULARY
+    if entry["failure"] == "unrecognised-error":
+        assert entry.get("class")
+    assert any(str(entry["key_line"]) in line for line in lines[1:]), f"key line not in {path.name}"
+    assert path.name.startswith(f"{entry['failure'] or entry['state']}-h5-")
+    assert entry["version"]

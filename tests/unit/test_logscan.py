@@ -290,6 +290,137 @@ def test_prefixes_of_every_vllm_generation_are_removed() -> None:
         assert normalise_line(line) == message, line
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # A container runtime's RFC 3339 time (docker logs -t, kubectl logs --timestamps);
+        # the line's own indentation stays.
+        ("2024-07-30T07:27:23.496792960Z ValueError: x", "ValueError: x"),
+        ('2024-07-30T07:27:23Z   File "/a.py", line 1, in f', 'File "/a.py", line 1, in f'),
+        ("2025-01-02T03:04:05.123+02:00 INFO 01-02 03:04:05 [core.py:1] y", "y"),
+        # A vLLM prefix with a year (NVIDIA NIM's build).
+        ("ERROR 2025-07-21 14:34:24.934 factory.py:62] Bfloat16 is only", "Bfloat16 is only"),
+        # A terminal log viewer's box around each line.
+        ("│ ERROR 09-27 06:46:46 engine.py:157] RuntimeError: z      │", "RuntimeError: z"),
+        ("┃ INFO 09-27 06:46:46 engine.py:157] w ┃", "w"),
+        # A line pasted as Markdown inline code.
+        ("`/x/ops.so: undefined symbol: _ZN3c10`", "/x/ops.so: undefined symbol: _ZN3c10"),
+    ],
+)
+def test_prefixes_of_container_runtimes_viewers_and_markdown_are_removed(
+    line: str, message: str
+) -> None:
+    assert normalise_line(line) == message
+
+
+def test_the_prefix_year_and_a_runtime_time_stamp_the_line() -> None:
+    nim, runtime = read_log_lines(
+        "ERROR 2025-07-21 14:34:24.934 factory.py:62] x\n2024-07-30T07:27:23.4965Z y"
+    )
+
+    assert (nim.level, nim.timestamp) == ("ERROR", datetime(2025, 7, 21, 14, 34, 24))
+    assert runtime.timestamp == datetime(2024, 7, 30, 7, 27, 23)
+
+
+@pytest.mark.parametrize(
+    ("shown", "text"),
+    [
+        ('ValueError("type fp8e4nv not supported")', "ValueError: type fp8e4nv not supported"),
+        ("triton.CompilationError('bad')", "triton.CompilationError: bad"),
+        ('ValueError("cut by the excerpt', "ValueError: cut by the excerpt"),
+    ],
+)
+def test_an_exception_shown_as_its_repr_reads_as_its_message(shown: str, text: str) -> None:
+    (line,) = read_log_lines(f"(Worker_TP1 pid=77) ERROR 10-08 09:19:30 [m.py:671] {shown}")
+
+    assert line.text == text
+    assert diagnose_log(line.raw).failure == "unrecognised-error"
+
+
+def test_a_compose_prefix_before_a_process_prefix_is_removed() -> None:
+    line = "vllm  | (Worker_TP1 pid=77) ERROR 10-08 09:19:30 [m.py:671] KeyError: 'x'"
+
+    (read,) = read_log_lines(line)
+
+    assert (read.text, read.process, read.level) == ("KeyError: 'x'", "Worker_TP1 pid=77", "ERROR")
+
+
+def test_a_line_broken_after_its_prefix_is_joined_but_a_frame_is_not() -> None:
+    text = "\n".join(
+        [
+            "(EngineCore_DP0 pid=559) ERROR 10-20 03:20:46 [multiproc_executor.py:149]",
+            "  Worker proc VllmWorker-7 died unexpectedly, shutting down executor.",
+            "(EngineCore_DP0 pid=559) ERROR 10-20 03:20:46 [core.py:1]",
+            '  File "/v/core.py", line 1, in run',
+        ]
+    )
+
+    lines = read_log_lines(text)
+
+    assert [line.number for line in lines] == [1, 3, 4]
+    assert lines[0].text == "Worker proc VllmWorker-7 died unexpectedly, shutting down executor."
+    assert lines[0].process == "EngineCore_DP0 pid=559"
+
+
+def test_a_dead_worker_is_reported_before_the_api_servers_wrapper() -> None:
+    text = "\n".join(
+        [
+            "(EngineCore_DP0 pid=559) ERROR 10-20 03:20:46 [multiproc_executor.py:149] Worker "
+            "proc VllmWorker-7 died unexpectedly, shutting down executor.",
+            "(APIServer pid=1) ERROR 10-20 03:20:47 [async_llm.py:1] "
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.line and diagnosis.line.number) == ("engine-dead", 1)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "  Value error, Unknown quantization method: . Must be one of ['awq', 'fp8']",
+        "  Assertion failed, max_model_len must be positive",
+        "/env/vllm/activation_ops.cpython-310-x86_64-linux-gnu.so: undefined symbol: _ZN3c10",
+        "libcudart.so.12: cannot open shared object file: No such file or directory",
+    ],
+)
+def test_error_lines_without_an_exception_name_are_errors(line: str) -> None:
+    diagnosis = diagnose_log(line)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and diagnosis.line.raw == line
+
+
+def test_the_message_logged_above_a_traceback_is_the_reported_line() -> None:
+    # logger.exception(msg): the message, then the traceback, which ends in a frame here.
+    text = "\n".join(
+        [
+            "ERROR 2025-07-21 14:34:24.934 factory.py:62] Bfloat16 is only supported on GPUs "
+            "with compute capability of at least 8.0.",
+            "Traceback (most recent call last):",
+            '  File "/opt/nim/factory.py", line 51, in run',
+            "    engine = build()",
+        ]
+    )
+    other_process = text.replace("ERROR 2025", "(Worker pid=3) ERROR 2025", 1)
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.line and diagnosis.line.number) == (
+        "unrecognised-error",
+        1,
+    )
+    assert (line := diagnose_log(other_process).line) is not None and line.number == 2
+
+
+def test_a_stall_before_a_closing_code_fence_is_the_last_line() -> None:
+    text = "```\n" + STALL.format(m=2) + "\n```\n"
+
+    assert (diagnose_log(text).state, diagnose_log(text).failure) == (HUNG, "shm")
+
+
 def test_an_error_typed_into_a_markdown_heading_is_read_but_a_comment_is_not() -> None:
     # Issue templates put "### ..." above each answer; reporters type the error on that line.
     error = "CUDA error: no kernel image is available for execution on the device"
@@ -703,6 +834,48 @@ def test_diagnosis_renders_as_json_text_html_and_result() -> None:
     result = diagnosis.to_result()
     assert isinstance(result, Result) and not result.ok
     assert result.findings[0].subject == "oom"
+
+
+ROUTES = "\n".join(
+    [
+        "(APIServer pid=7) INFO 05-06 21:00:46 [core.py:1] init engine (profile, create kv "
+        "cache, warmup model) took 50.1 seconds",
+        "(APIServer pid=7) INFO 05-06 21:00:52 [api_server.py:602] Starting vLLM server on "
+        "http://0.0.0.0:8000",
+        "(APIServer pid=7) INFO 05-06 21:00:52 [launcher.py:37] Available routes are:",
+        "(APIServer pid=7) INFO 05-06 21:00:52 [launcher.py:46] Route: /health, Methods: GET",
+    ]
+)
+
+
+def test_a_log_that_ends_in_the_route_list_is_serving() -> None:
+    diagnosis = diagnose_log(ROUTES)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and diagnosis.line.number == 2
+    assert "routes" in diagnosis.title
+
+
+def test_the_route_list_is_not_ready_when_something_follows_or_the_process_is_known() -> None:
+    later = ROUTES + "\n(APIServer pid=7) INFO 05-06 21:00:53 [x.py:1] Shutting down"
+
+    assert diagnose_log(later).state == NO_CONCLUSION
+    assert diagnose_log(ROUTES, running=False).state == NO_CONCLUSION
+    assert diagnose_log(ROUTES, running=True).state == LOADING
+
+
+def test_the_ready_line_is_startup_complete_not_the_address_after_it() -> None:
+    text = "\n".join(
+        [
+            "INFO:     Started server process [9264]",
+            "INFO:     Application startup complete.",
+            "INFO:     Uvicorn running on http://localhost:5500 (Press CTRL+C to quit)",
+        ]
+    )
+    alone = "INFO:     Uvicorn running on http://localhost:5500 (Press CTRL+C to quit)"
+
+    assert (line := diagnose_log(text).line) is not None and line.number == 2
+    assert (line := diagnose_log(alone).line) is not None and line.number == 1
 
 
 def test_ready_diagnosis_is_ok_and_serialises_phases() -> None:
