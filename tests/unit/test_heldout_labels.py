@@ -151,23 +151,6 @@ def test_the_third_set_has_forty_failures_from_issues_no_other_set_uses() -> Non
     assert not earlier & set(third)
 
 
-@pytest.mark.parametrize("entry", LABELS3, ids=lambda e: str(e["file"]))
-def test_third_set_label_is_consistent_with_its_file(entry: dict[str, object]) -> None:
-    path = HELDOUT3 / str(entry["file"])
-    lines = path.read_text(encoding="utf-8").splitlines()
-    assert lines[0].startswith(f"# source: {entry['source']} ")
-    assert entry["state"] in ("failed", "ready")
-    if entry["state"] == "failed":
-        assert entry["failure"] in VOCABULARY
-    else:
-        assert entry["failure"] is None
-    if entry["failure"] == "unrecognised-error":
-        assert entry.get("class")
-    assert any(str(entry["key_line"]) in line for line in lines[1:]), f"key line not in {path.name}"
-    assert path.name.startswith(f"{entry['failure'] or entry['state']}-h3-")
-    assert entry["version"]
-
-
 # The fourth set (heldout4): gathered after the first three were seen, labelled before it was run.
 HELDOUT4 = HELDOUT.parent / "heldout4"
 LABELS4 = yaml.safe_load((HELDOUT4 / "labels.yaml").read_text(encoding="utf-8"))
@@ -181,23 +164,6 @@ def test_the_fourth_set_has_forty_failures_from_sources_no_other_set_uses() -> N
     earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
     earlier |= {_issue(str(e["source"])) for e in LABELS3}
     assert not earlier & set(fourth)
-
-
-@pytest.mark.parametrize("entry", LABELS4, ids=lambda e: str(e["file"]))
-def test_fourth_set_label_is_consistent_with_its_file(entry: dict[str, object]) -> None:
-    path = HELDOUT4 / str(entry["file"])
-    lines = path.read_text(encoding="utf-8").splitlines()
-    assert lines[0].startswith(f"# source: {entry['source']} ")
-    assert entry["state"] in ("failed", "hung", "ready")
-    if entry["state"] == "ready":
-        assert entry["failure"] is None
-    else:
-        assert entry["failure"] in VOCABULARY
-    if entry["failure"] == "unrecognised-error":
-        assert entry.get("class")
-    assert any(str(entry["key_line"]) in line for line in lines[1:]), f"key line not in {path.name}"
-    assert path.name.startswith(f"{entry['failure'] or entry['state']}-h4-")
-    assert entry["version"]
 
 
 # The fifth set (heldout5): gathered after the first four were seen, labelled before it was run.
@@ -215,12 +181,27 @@ def test_the_fifth_set_has_forty_logs_from_sources_no_other_set_uses() -> None:
     assert not earlier & set(fifth)
 
 
-@pytest.mark.parametrize("entry", LABELS5, ids=lambda e: str(e["file"]))
-def test_fifth_set_label_is_consistent_with_its_file(entry: dict[str, object]) -> None:
-    path = HELDOUT5 / str(entry["file"])
+# From the third set on, a label names a failure for a failed or hung log and none for a ready
+# or unfinished one; each set's labels use the states it was labelled with.
+LATER_SETS = [
+    (HELDOUT3, LABELS3, "h3", ("failed", "ready")),
+    (HELDOUT4, LABELS4, "h4", ("failed", "hung", "ready")),
+    (HELDOUT5, LABELS5, "h5", ("failed", "hung", "ready", "unfinished")),
+]
+
+
+@pytest.mark.parametrize(
+    ("folder", "entry", "tag", "states"),
+    [(f, entry, tag, states) for f, labels, tag, states in LATER_SETS for entry in labels],
+    ids=lambda value: str(value["file"]) if isinstance(value, dict) else "",
+)
+def test_later_set_label_is_consistent_with_its_file(
+    folder: Path, entry: dict[str, object], tag: str, states: tuple[str, ...]
+) -> None:
+    path = folder / str(entry["file"])
     lines = path.read_text(encoding="utf-8").splitlines()
     assert lines[0].startswith(f"# source: {entry['source']} ")
-    assert entry["state"] in ("failed", "hung", "ready", "unfinished")
+    assert entry["state"] in states
     if entry["state"] in ("ready", "unfinished"):
         assert entry["failure"] is None
     else:
@@ -228,5 +209,5 @@ def test_fifth_set_label_is_consistent_with_its_file(entry: dict[str, object]) -
     if entry["failure"] == "unrecognised-error":
         assert entry.get("class")
     assert any(str(entry["key_line"]) in line for line in lines[1:]), f"key line not in {path.name}"
-    assert path.name.startswith(f"{entry['failure'] or entry['state']}-h5-")
+    assert path.name.startswith(f"{entry['failure'] or entry['state']}-{tag}-")
     assert entry["version"]
