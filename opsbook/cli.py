@@ -37,7 +37,7 @@ DEFAULT_SANDBOX_DIR = ".sandbox/demo"
 SLOW_OPTIONAL_MODULES = ("rfc3987_syntax",)
 
 
-def _skip_slow_optional_imports() -> None:
+def skip_slow_optional_imports() -> None:
     """Make the optional imports above fail fast in this process (``None`` in
     ``sys.modules`` is how Python marks a module as not importable); the command's own
     process only, never a kernel's or JupyterLab's."""
@@ -46,7 +46,7 @@ def _skip_slow_optional_imports() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _skip_slow_optional_imports()
+    skip_slow_optional_imports()
     parser = build_parser()
     args = parser.parse_args(argv)
     # A run seals its record when interrupted (opsbook.interrupt), then exits 130 or 143.

@@ -9,6 +9,8 @@ import contextlib
 import html
 import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -86,6 +88,92 @@ def export_html(notebook: Path) -> Path | None:
     except FileNotFoundError:
         return None
     return target
+
+
+# The exporter process reads one notebook path a line and answers one line: the HTML copy's
+# path, an empty line when the notebook is gone, or "!" and the error.
+_EXPORTER = "from opsbook.records import serve_html_exports; serve_html_exports()"
+EXPORTER_NICENESS = 10
+
+
+class HtmlExports:
+    """HTML copies of a run's notebooks, made by a helper process of lower priority.
+
+    nbconvert takes about a second of CPU to import and a quarter of a second a notebook: in
+    the runner's process it would hold the interpreter lock that reading the kernel's
+    messages needs, and slow every stage after the first. The helper uses the CPU the stages
+    leave idle (a launch mostly waits) and is started by the first export.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+
+    def export(self, notebook: Path) -> Path | None:
+        """The notebook's HTML copy (next to it), or None when the notebook is gone."""
+        with self._lock:
+            answer = self._ask(str(notebook))
+        if answer is None or answer.startswith("!"):  # the helper failed: do it here
+            with private_files():
+                return export_html(notebook)
+        return Path(answer) if answer else None
+
+    def close(self) -> None:
+        """Let the helper finish and end."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # our own helper, by its handle
+            proc.wait()
+
+    def _ask(self, path: str) -> str | None:
+        if "\n" in path:
+            return None
+        try:
+            proc = self._started()
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(path + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except OSError:
+            return None
+        return line.rstrip("\n") if line else None
+
+    def _started(self) -> subprocess.Popen[str]:
+        if self._proc is None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _EXPORTER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        return self._proc
+
+
+def serve_html_exports() -> None:
+    """The exporter process: HTML copies of the notebooks named on stdin (see
+    :class:`HtmlExports`), private like the rest of the run folder."""
+    from opsbook.cli import skip_slow_optional_imports
+
+    skip_slow_optional_imports()
+    os.nice(EXPORTER_NICENESS)
+    os.umask(PRIVATE_UMASK)
+    for line in sys.stdin:
+        try:
+            page = export_html(Path(line.rstrip("\n")))
+            answer = str(page) if page else ""
+        except Exception as e:  # the runner makes this copy itself, and reports what fails
+            answer = f"!{type(e).__name__}: {e}".replace("\n", " ")
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
 
 
 def summary_doc(run: RunSummary) -> dict[str, Any]:

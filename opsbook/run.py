@@ -697,7 +697,9 @@ class _DeployRun:
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
     kernel: SharedKernel = field(default_factory=SharedKernel)
-    # The HTML copies, exported on a thread of their own while the next stages run.
+    # The HTML copies, exported while the next stages run: a thread hands each to a helper
+    # process (records.HtmlExports) and waits for it.
+    html: records.HtmlExports = field(default_factory=records.HtmlExports)
     exports: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="opsbook-html")
     )
@@ -784,6 +786,7 @@ def run_deploy(
         locks.release()
         run.kernel.discard()
         run.exports.shutdown(wait=True)
+        run.html.close()
         with contextlib.suppress(FileNotFoundError):  # a run folder deleted during the run
             redact_text_file(folder / KERNEL_LOG, run.redactor)  # a rolling run's kernel logs here
     pages = [page.result() for page in run.pages]
@@ -856,7 +859,7 @@ def _run_stage(
     )
     results = _complete(record, stage, hosts, run.on_result)
     run.results += results
-    run.pages.append(run.exports.submit(_html_copy, record, run.folder))
+    run.pages.append(run.exports.submit(_html_copy, run.html, record, run.folder))
     run.notebooks.append(
         records.NotebookEntry(
             stage=stage.name,
@@ -905,9 +908,8 @@ def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> 
     return filled
 
 
-def _html_copy(record: RunRecord, folder: Path) -> str | None:
-    with records.private_files():
-        page = records.export_html(record.executed_notebook)
+def _html_copy(exports: records.HtmlExports, record: RunRecord, folder: Path) -> str | None:
+    page = exports.export(record.executed_notebook)
     return str(page.relative_to(folder)) if page else None
 
 

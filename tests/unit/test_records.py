@@ -149,3 +149,41 @@ def test_an_html_copy_of_a_notebook_deleted_with_its_run_folder_is_none(tmp_path
     notebook = tmp_path / "gone" / "00_preflight.ipynb"
     assert records.export_html(notebook) is None
     assert not notebook.parent.exists()  # nothing made in its place
+
+
+def test_html_copies_are_made_by_a_private_low_priority_helper(tmp_path) -> None:
+    import nbformat
+
+    notebook = tmp_path / "00_preflight.ipynb"
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("a verdict")]), notebook
+    )
+    exports = records.HtmlExports()
+    try:
+        page = exports.export(notebook)
+        helper = exports._proc
+        assert helper is not None and helper.poll() is None  # started by the first export
+        niceness = os.getpriority(os.PRIO_PROCESS, helper.pid) - os.getpriority(os.PRIO_PROCESS, 0)
+        assert exports.export(tmp_path / "gone.ipynb") is None
+    finally:
+        exports.close()
+    assert page == notebook.with_suffix(".html")
+    assert "a verdict" in page.read_text()
+    assert page.stat().st_mode & 0o777 == 0o600
+    assert niceness == min(records.EXPORTER_NICENESS, 19 - os.getpriority(os.PRIO_PROCESS, 0))
+    assert helper.returncode == 0  # it ended when its input did
+
+
+def test_a_path_the_helper_cannot_take_is_exported_in_process(tmp_path) -> None:
+    import nbformat
+
+    folder = tmp_path / "a\nb"
+    folder.mkdir()
+    notebook = folder / "x.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), notebook)
+    exports = records.HtmlExports()
+    try:
+        assert exports.export(notebook) == notebook.with_suffix(".html")
+    finally:
+        exports.close()
+    assert notebook.with_suffix(".html").exists()
