@@ -340,7 +340,7 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
             )
         )
     wanted = tensors_by_shard(index["weight_map"]) if index is not None else None
-    inspected = finish_inspection(model_dir, children)
+    inspected = finish_inspection(children)
     rows = [shard_row(model_dir, name, inspected.get(name), wanted) for name in expected]
     named = set(expected)
     for name in on_disk:
@@ -481,7 +481,7 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list[Any]:
+def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list[tuple[int, int]]:
     """Fork workers that inspect ``names`` between them; ``[]`` when this process alone is as
     quick (few shards, one core). ``workers`` overrides the count (0: one per usable core; 1:
     none, this process inspects them all).
@@ -496,14 +496,13 @@ def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list
     workers = min(workers, len(names))
     if workers < 2:
         return []
-    shares = [names[i::workers] for i in range(workers)]
-    return [fork_share(model_dir, share) + (share,) for share in shares]
+    return [fork_share(model_dir, names[i::workers]) for i in range(workers)]
 
 
-def finish_inspection(model_dir: str, children: list[Any]) -> dict[str, dict[str, Any]]:
+def finish_inspection(children: list[tuple[int, int]]) -> dict[str, dict[str, Any]]:
     """The workers' rows by shard name; a failed worker's share is left to the caller."""
     rows: dict[str, dict[str, Any]] = {}
-    for pid, fd, _share in children:
+    for pid, fd in children:
         for row in collect_share(pid, fd) or []:
             rows[row["file"]] = row
     return rows

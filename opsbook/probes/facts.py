@@ -447,12 +447,17 @@ def _boot_time() -> float | None:
     return None
 
 
-def _process(pid: int, boot: float | None, ticks: int) -> dict[str, Any] | None:
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...); the
+    name itself may hold spaces and parentheses."""
     stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
+    return stat[stat.rfind(")") + 2 :].split() if stat else None
+
+
+def _process(pid: int, boot: float | None, ticks: int) -> dict[str, Any] | None:
+    rest = _stat_fields(pid)
+    if rest is None:
         return None
-    # The command name in field 2 may itself hold spaces and parentheses.
-    rest = stat[stat.rfind(")") + 2 :].split()
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
@@ -466,12 +471,6 @@ def _process(pid: int, boot: float | None, ticks: int) -> dict[str, Any] | None:
         "comm": _comm(pid),
         "cmdline": _cmdline(pid) or "",
     }
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...)."""
-    stat = _read(f"/proc/{pid}/stat")
-    return stat[stat.rfind(")") + 2 :].split() if stat else None
 
 
 def _own_launch(path: str) -> dict[str, Any] | None:
