@@ -26,23 +26,11 @@ from opsbook.exceptions import (
     SandboxFolderRefused,
 )
 from opsbook.interrupt import RunInterrupted, raising_on_signals
+from opsbook.optional_imports import skip_slow_optional_imports
 from opsbook.outcome import StageProgress
 from opsbook.results import EXIT_LOCKED, HostResult, recap
 
 DEFAULT_SANDBOX_DIR = ".sandbox/demo"
-# jsonschema (under nbformat, under papermill and nbconvert) imports rfc3987_syntax when it is
-# installed (JupyterLab's jupyter-events brings it) for its optional "iri" format checks; that
-# module compiles 38 lark grammars at import, 1-2 s of this machine's CPU. No notebook or
-# schema opsbook validates uses those formats.
-SLOW_OPTIONAL_MODULES = ("rfc3987_syntax",)
-
-
-def skip_slow_optional_imports() -> None:
-    """Make the optional imports above fail fast in this process (``None`` in
-    ``sys.modules`` is how Python marks a module as not importable); the command's own
-    process only, never a kernel's or JupyterLab's."""
-    for name in SLOW_OPTIONAL_MODULES:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1462,7 +1462,8 @@ def _continues(previous: str, line: str, width: int | None) -> bool:
         # The cut can fall on a space, so the piece may start with one; a traceback frame
         # of its own still starts a new line.
         return _wrap_candidate(line.lstrip()) and not _FRAME.match(line)
-    if _bare_prefix(previous) and line[:1].isspace() and line.strip() and not _FRAME.match(line):
+    # The cheap tests first: this runs for every pair of lines of a log.
+    if line[:1].isspace() and line.strip() and not _FRAME.match(line) and _bare_prefix(previous):
         # A page or a narrow view broke the line after its prefix: the message follows,
         # indented, with no prefix of its own.
         return not _has_prefix(line.lstrip())

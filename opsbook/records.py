@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,14 @@ class HtmlExports:
     def __init__(self) -> None:
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
+        self._waiter: ThreadPoolExecutor | None = None
+
+    def submit(self, notebook: Path) -> Future[Path | None]:
+        """:meth:`export` while the caller goes on: a thread of this object waits for the
+        helper."""
+        if self._waiter is None:
+            self._waiter = ThreadPoolExecutor(1, thread_name_prefix="opsbook-html")
+        return self._waiter.submit(self.export, notebook)
 
     def export(self, notebook: Path) -> Path | None:
         """The notebook's HTML copy (next to it), or None when the notebook is gone."""
@@ -119,7 +128,9 @@ class HtmlExports:
         return Path(answer) if answer else None
 
     def close(self) -> None:
-        """Let the helper finish and end."""
+        """Let the exports submitted finish, and the helper end."""
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=True)
         with self._lock:
             proc, self._proc = self._proc, None
         if proc is None:
@@ -161,7 +172,7 @@ class HtmlExports:
 def serve_html_exports() -> None:
     """The exporter process: HTML copies of the notebooks named on stdin (see
     :class:`HtmlExports`), private like the rest of the run folder."""
-    from opsbook.cli import skip_slow_optional_imports
+    from opsbook.optional_imports import skip_slow_optional_imports
 
     skip_slow_optional_imports()
     os.nice(EXPORTER_NICENESS)

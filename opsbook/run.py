@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -457,7 +457,8 @@ def execute_stage(
     # what was to be redacted is gone with it rather than a traceback.
     with contextlib.suppress(FileNotFoundError):
         redact_notebook(output, redactor)
-        redact_text_file(folder / KERNEL_LOG, redactor)
+        if kernel is None:  # a shared kernel's log is redacted when the run ends
+            redact_text_file(folder / KERNEL_LOG, redactor)
     return RunRecord(
         folder=folder,
         notebook=nb_path.name,
@@ -697,13 +698,9 @@ class _DeployRun:
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
     kernel: SharedKernel = field(default_factory=SharedKernel)
-    # The HTML copies, exported while the next stages run: a thread hands each to a helper
-    # process (records.HtmlExports) and waits for it.
+    # The HTML copies, exported by a helper process while the next stages run.
     html: records.HtmlExports = field(default_factory=records.HtmlExports)
-    exports: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="opsbook-html")
-    )
-    pages: list[Future[str | None]] = field(default_factory=list)
+    pages: list[Future[Path | None]] = field(default_factory=list)
     # Deploy-lock notes (a stale lock taken over), and the signal that interrupted the run.
     notes: list[str] = field(default_factory=list)
     interrupted: int = 0
@@ -785,13 +782,16 @@ def run_deploy(
     finally:
         locks.release()
         run.kernel.discard()
-        run.exports.shutdown(wait=True)
         run.html.close()
-        with contextlib.suppress(FileNotFoundError):  # a run folder deleted during the run
-            redact_text_file(folder / KERNEL_LOG, run.redactor)  # a rolling run's kernel logs here
+        # The kernels are done writing their logs (the shared one in the run folder, one
+        # started after a failed stage in its batch folder).
+        for log in folder.rglob(KERNEL_LOG):
+            with contextlib.suppress(FileNotFoundError):  # a folder deleted during the run
+                redact_text_file(log, run.redactor)
     pages = [page.result() for page in run.pages]
     run.notebooks = [
-        replace(entry, html=page) for entry, page in zip(run.notebooks, pages, strict=True)
+        replace(entry, html=str(page.relative_to(folder)) if page else None)
+        for entry, page in zip(run.notebooks, pages, strict=True)
     ]
     run.results = _with_skipped(run.results, names, run.stopped)
     return _file_deploy(run, dep, started_at, time.monotonic() - started, serial)
@@ -859,7 +859,7 @@ def _run_stage(
     )
     results = _complete(record, stage, hosts, run.on_result)
     run.results += results
-    run.pages.append(run.exports.submit(_html_copy, run.html, record, run.folder))
+    run.pages.append(run.html.submit(record.executed_notebook))
     run.notebooks.append(
         records.NotebookEntry(
             stage=stage.name,
@@ -906,11 +906,6 @@ def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> 
             if (host, stage.name) not in done:
                 filled.append(HostResult(host, stage.name, State.SKIPPED, reason))
     return filled
-
-
-def _html_copy(exports: records.HtmlExports, record: RunRecord, folder: Path) -> str | None:
-    page = exports.export(record.executed_notebook)
-    return str(page.relative_to(folder)) if page else None
 
 
 def _file_deploy(
