@@ -26,7 +26,7 @@ from opsbook.exceptions import (
     SandboxFolderRefused,
 )
 from opsbook.interrupt import RunInterrupted, raising_on_signals
-from opsbook.optional_imports import skip_slow_optional_imports
+from opsbook.optional_imports import skip_slow_optional_imports, without_pydantic_plugins
 from opsbook.outcome import StageProgress
 from opsbook.results import EXIT_LOCKED, HostResult, recap
 
@@ -248,6 +248,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         _print_recap(record)
         print(f"run folder: {record.folder}")
         return record.exit_code
+    with without_pydantic_plugins():
+        import opsbook.deployment  # noqa: F401  (its schema is built here)
     checked = runner.check_servers(args.deployment, forks=args.forks, on_result=_print_result)
     _print_recap(checked)
     return checked.exit_code

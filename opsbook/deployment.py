@@ -48,6 +48,8 @@ from pydantic_core import PydanticCustomError
 from opsbook.exceptions import DeploymentError
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9_][a-z0-9_-]*)*$")
+RESERVED_FLAGS = {"model": "model.path", "port": "server.port"}
 DEFAULT_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "OPENAI_API_KEY")
 # Whole dash-separated words of a flag name: "max-num-batched-tokens" and "tokenizer" are not
 # secrets, "hf-token" and "api-key" are.
@@ -212,14 +214,39 @@ def _env_value(value: Any) -> str:
 
 
 def _flag_name(name: str) -> str:
-    # The launch script's own check (opsbook.script imports this module: imported here).
-    from opsbook.script import check_flag_name
-
     try:
         check_flag_name(name)
     except DeploymentError as e:
         raise _invalid(e.message, e.remedy or "") from None
     return name
+
+
+def check_flag_name(name: str) -> str:
+    """``name`` without a leading ``--``, checked.
+
+    Raises:
+        DeploymentError: it is not a valid flag name, or is ``model``/``port``.
+    """
+    flag = name[2:] if name.startswith("--") else name
+    if not FLAG_NAME.match(flag):
+        raise DeploymentError(
+            f"serve argument {name!r} is not a valid flag name",
+            remedy=(
+                "write flags as in vLLM's --help without the dashes, in lower case with dashes "
+                f"between words (e.g. {_suggest_flag(flag)!r})"
+            ),
+        )
+    if flag in RESERVED_FLAGS:
+        raise DeploymentError(
+            f"serve argument {name!r} is set by the deployment itself",
+            remedy=f"set {RESERVED_FLAGS[flag]} in the deployment file instead of server.args",
+        )
+    return flag
+
+
+def _suggest_flag(flag: str) -> str:
+    head, dot, rest = flag.lower().lstrip("-").partition(".")
+    return head.replace("_", "-") + dot + rest
 
 
 def _arg_value(value: Any) -> Any:

@@ -87,6 +87,7 @@ def server_state(
     kernel_log: str | None = None,
     silent_after: float = SILENT_SECONDS,
     notes: Sequence[str] = (),
+    log_when_ready: bool = True,
 ) -> ServerState:
     """Classify the server the deployment launched, from one status probe that also asks
     ``/health`` when the port is open (one round trip).
@@ -94,10 +95,15 @@ def server_state(
     Args:
         notes: names of files of the launch's state folder to read in the same probe
             (``ServerState.notes``, None for a missing one).
+        log_when_ready: read and diagnose the log even when the server runs and answers
+            ``/health`` (the startup timeline of a record); without it a ready server's log
+            stays on the host and ``diagnosis`` is None.
     """
     asked = paths.probe_args(
         op="status", port=server_port, health="/health", health_timeout=HEALTH_TIMEOUT
     )
+    if not log_when_ready:
+        asked["log_when_healthy"] = False
     if notes:
         asked["notes"] = list(notes)
     status = host.probe(PROBE, asked)

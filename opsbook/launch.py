@@ -9,21 +9,26 @@ process is still the one it started. Everything else it finds is reported, with 
 from __future__ import annotations
 
 import json
+import posixpath
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsbook import logscan
 from opsbook.deployment import Deployment
 from opsbook.exceptions import HostUnreachable
-from opsbook.facts import HostFacts
 from opsbook.hosts import Host
 from opsbook.results import Finding, Result, Table
-from opsbook.script import resolve_remote_path
+
+if TYPE_CHECKING:
+    from opsbook.facts import HostFacts
 
 PROBE = "launch"
+# Written next to the launch record when a server starts: the sha256 of the script it runs.
+RUNNING_SCRIPT = "running-script.sha256"
 # A probe that waits for a process to die needs its own time on top of the grace period.
 PROBE_SLACK = 30.0
 # How much of the log's end a progress report carries, for a live tail.
@@ -51,6 +56,9 @@ class LaunchPaths:
 
 def resolve_paths(host: Host, deployment: Deployment) -> LaunchPaths:
     """Absolute paths of the script, the log and the state folder on the host."""
+    # The script module (its flag tables) is not needed by a health check that imports this.
+    from opsbook.script import resolve_remote_path
+
     return LaunchPaths(
         script=resolve_remote_path(host, deployment.script_path),
         log=resolve_remote_path(host, deployment.log_path),
@@ -502,3 +510,21 @@ def _holder(process: dict[str, Any]) -> str:
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "it printed nothing"
+
+
+def record_running_script(host: Host, paths: LaunchPaths) -> str:
+    """Note on the host the sha256 of the script the server was started from; returns it."""
+    target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
+    done = host.run(
+        f"mkdir -p -- {shlex.quote(paths.state_dir)} && "
+        f"sha256sum -- {shlex.quote(paths.script)} | cut -c1-64 | tee -- {shlex.quote(target)}",
+        label=f"record the sha256 of {paths.script} in {target}",
+    )
+    return done.stdout.strip() if done.ok else ""
+
+
+def running_script(host: Host, paths: LaunchPaths) -> str:
+    """The sha256 of the script the last started server runs, as noted at its start."""
+    target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
+    done = host.run(f"cat -- {shlex.quote(target)} 2>/dev/null || true", label=f"read {target}")
+    return done.stdout.strip()

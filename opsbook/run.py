@@ -329,7 +329,9 @@ def check_servers(
     started = time.monotonic()
     dep = load_deployment(Path(deployment).resolve())
     stages = _stages()
-    done = stages.run_stage(stages.DIAGNOSE, dep, forks=forks, on_result=on_result)
+    done = stages.run_stage(
+        stages.DIAGNOSE, dep, forks=forks, on_result=on_result, log_when_ready=False
+    )
     code, message = _verdict(done.results, None)
     return CheckRecord(
         exit_code=code,

@@ -53,15 +53,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opsbook.cluster import with_cluster_settings
-from opsbook.deployment import ENV_NAME, Deployment
+from opsbook.deployment import ENV_NAME, Deployment, check_flag_name
 from opsbook.exceptions import DeploymentError
 from opsbook.redact import Redactor
 from opsbook.results import Finding, Result
 
 ENTRYPOINTS = ("serve", "module")
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9_][a-z0-9_-]*)*$")
-RESERVED_FLAGS = {"model": "model.path", "port": "server.port"}
 SECRETS_SUFFIX = ".env"
 SCRIPT_MODE = 0o755
 NEW_FILE = "new file"
@@ -214,29 +212,6 @@ def server_api_key(deployment: Deployment, environ: Mapping[str, str] | None = N
     return keys[0] if keys else _secret_values(deployment, environ).get("VLLM_API_KEY")
 
 
-def check_flag_name(name: str) -> str:
-    """``name`` without a leading ``--``, checked.
-
-    Raises:
-        DeploymentError: it is not a valid flag name, or is ``model``/``port``.
-    """
-    flag = name[2:] if name.startswith("--") else name
-    if not FLAG_NAME.match(flag):
-        raise DeploymentError(
-            f"serve argument {name!r} is not a valid flag name",
-            remedy=(
-                "write flags as in vLLM's --help without the dashes, in lower case with dashes "
-                f"between words (e.g. {_suggest_flag(flag)!r})"
-            ),
-        )
-    if flag in RESERVED_FLAGS:
-        raise DeploymentError(
-            f"serve argument {name!r} is set by the deployment itself",
-            remedy=f"set {RESERVED_FLAGS[flag]} in the deployment file instead of server.args",
-        )
-    return flag
-
-
 def vllm_executable(python: str) -> str:
     """The ``vllm`` console script installed next to ``python`` (``vllm`` if it has no folder)."""
     folder = posixpath.dirname(python)
@@ -364,11 +339,6 @@ def _scalar(value: Any) -> str:
     if isinstance(value, (bool, dict, list, tuple)) or value is None:
         return json.dumps(value, separators=(",", ":"))
     return str(value)
-
-
-def _suggest_flag(flag: str) -> str:
-    head, dot, rest = flag.lower().lstrip("-").partition(".")
-    return head.replace("_", "-") + dot + rest
 
 
 # -- uploading -------------------------------------------------------------------------------

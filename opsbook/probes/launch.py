@@ -10,7 +10,8 @@ Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
   processes of the user, the log (size, age, the tail from an offset), and whether the port
   answers; with ``health`` (a URL path) also the server's answer to it when the port is open,
   and with ``notes`` (file names) the text of those files of the state folder: a health check
-  in one round trip.
+  in one round trip. With ``log_when_healthy`` false, a server that runs and answers ``/health``
+  200 is reported without its log's text (the scheduled check needs no more).
 - ``stop``: SIGTERM to the recorded process group, wait, then SIGKILL; only after checking the
   process is still the one recorded (start time and command line) and is not an ancestor of
   this probe; other processes are reported, never signalled.
@@ -30,8 +31,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 SHM = "/dev/shm"
 SHM_PREFIXES = ("psm_", "sem.mp-")
@@ -295,12 +294,20 @@ def status(args):
         "running": same_process(record),
         "group": [],
         "others": [],
-        "log": log_state(args["log"], offset, args.get("tail_limit", TAIL_LIMIT)),
         "log_before_stop": None,
         "port_open": port_open(args.get("port")),
         "uid": uid,
         "record_error": record_problem(args) if record is None else None,
     }
+    if args.get("health") and answer["port_open"]:
+        timeout = float(args.get("health_timeout", 10))
+        answer["health"] = http_status(args["port"], args["health"], timeout)
+    healthy = answer["running"] and answer.get("health", {}).get("status") == 200
+    # A server that runs and answers /health is ready whatever its log says: a health check
+    # may leave the log's text on the host.
+    skip_text = healthy and not args.get("log_when_healthy", True)
+    limit = 0 if skip_text else args.get("tail_limit", TAIL_LIMIT)
+    answer["log"] = log_state(args["log"], offset, limit)
     if record is not None:
         answer["group"] = [describe(p) for p in group_members(record["pgid"])]
         stopped_at = (record.get("stop") or {}).get("log_size")
@@ -308,9 +315,6 @@ def status(args):
             answer["log_before_stop"] = read_from(args["log"], offset, until=stopped_at)[0]
     group_pids = {p["pid"] for p in answer["group"]}
     answer["others"] = [p for p in vllm_processes(uid) if p["pid"] not in group_pids]
-    if args.get("health") and answer["port_open"]:
-        asked = {"port": args["port"], "path": args["health"]}
-        answer["health"] = http(dict(asked, timeout=args.get("health_timeout", 10)))
     if args.get("notes"):
         answer["notes"] = {name: read_note(args["state_dir"], name) for name in args["notes"]}
     return answer
@@ -500,6 +504,11 @@ def mapped_paths(pid):
 
 
 def http(args):
+    # urllib (with http.client and the email parser) costs a probe 35 ms to import: only the
+    # operations that need its generality pay for it, not the health check.
+    import urllib.error
+    import urllib.request
+
     url = "http://127.0.0.1:{}{}".format(int(args["port"]), args.get("path", "/health"))
     body = args.get("json")
     data = json.dumps(body).encode() if body is not None else None
@@ -518,6 +527,31 @@ def http(args):
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         return {"status": None, "error": str(reason)}
+
+
+def http_status(port, path, timeout):
+    """GET ``path`` on the server's loopback port over a bare HTTP/1.0 socket: the status
+    code and the start of the body, without urllib's import cost."""
+    started = time.monotonic()
+    request = f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode()
+    chunks, size = [], 0
+    try:
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=timeout) as s:
+            s.sendall(request)
+            while size < 65536:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+    except OSError as e:
+        return {"status": None, "error": str(e)}
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    words = head.split(b"\r\n", 1)[0].split()
+    if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
+        return {"status": None, "error": f"not an HTTP answer: {head[:80]!r}"}
+    seconds = time.monotonic() - started
+    return {"status": int(words[1]), "body": body.decode(errors="replace"), "seconds": seconds}
 
 
 def smoke(args):

@@ -19,7 +19,7 @@ from opsbook.deployment import Deployment
 from opsbook.exceptions import OpsbookError
 from opsbook.results import Finding, Result, State
 from opsbook.stages.base import Report
-from opsbook.stages.launch import _phases, record_running_script
+from opsbook.stages.launch import _phases
 
 # How often the cluster's nodes are counted while the model loads.
 WATCH_EVERY = 3.0
@@ -119,7 +119,7 @@ def _launch_on_head(
         verdict = Result(False, lost.message, findings=[Finding("error", "cluster", lost.message)])
         return Report(State.FAILED, verdict, [*shows, verdict], RAY_NODE_DIED)
     shows.append(ready)
-    digest = record_running_script(head_host, paths)
+    digest = launch.record_running_script(head_host, paths)
     if not ready.ok:
         return Report(State.FAILED, ready, shows, _failure_of(ready), digest)
     smoke = launch.smoke_test(head_host, view.server_port, api_key=script.server_api_key(view))

@@ -8,14 +8,20 @@ from opsbook.deployment import Deployment
 from opsbook.hosts import Host
 from opsbook.results import State
 from opsbook.stages.base import Note, Report
-from opsbook.stages.launch import RUNNING_SCRIPT, running_script
 
 
-def run(host: Host, deployment: Deployment) -> Report:
+def run(host: Host, deployment: Deployment, *, log_when_ready: bool = True) -> Report:
     """Classify the server: ok when ready or loading, failed otherwise (with the failure id
-    the log shows)."""
+    the log shows). Without ``log_when_ready`` a server that answers ``/health`` is ready
+    without its log being read (the scheduled check; the notebook shows its startup)."""
     paths = launch.resolve_paths(host, deployment)
-    state = diagnose.server_state(host, paths, deployment.server_port, notes=(RUNNING_SCRIPT,))
+    state = diagnose.server_state(
+        host,
+        paths,
+        deployment.server_port,
+        notes=(launch.RUNNING_SCRIPT,),
+        log_when_ready=log_when_ready,
+    )
     digest = _script_digest(host, paths, state) if state.ok else ""
     verdict = state.to_result()
     shows: list[object] = [Note(f"{state.state}: {state.message}")]
@@ -29,6 +35,6 @@ def run(host: Host, deployment: Deployment) -> Report:
 def _script_digest(host: Host, paths: launch.LaunchPaths, state: diagnose.ServerState) -> str:
     """The running script's hash, read by the status probe (or on its own when the status
     did not carry it)."""
-    if RUNNING_SCRIPT not in state.notes:
-        return running_script(host, paths)
-    return (state.notes[RUNNING_SCRIPT] or "").strip()
+    if launch.RUNNING_SCRIPT not in state.notes:
+        return launch.running_script(host, paths)
+    return (state.notes[launch.RUNNING_SCRIPT] or "").strip()

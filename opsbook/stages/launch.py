@@ -3,8 +3,6 @@ started, follow it to ready and smoke-test it; record which script the server ru
 
 from __future__ import annotations
 
-import posixpath
-import shlex
 from collections.abc import Callable
 
 from opsbook import diagnose, facts, launch, outcome, plots, script
@@ -12,9 +10,6 @@ from opsbook.deployment import Deployment
 from opsbook.hosts import Host
 from opsbook.results import Result, State
 from opsbook.stages.base import Report
-
-# Written next to the launch record when a server starts: the sha256 of the script it runs.
-RUNNING_SCRIPT = "running-script.sha256"
 
 
 def run(
@@ -50,7 +45,7 @@ def run(
         on_progress=_phases(host, on_progress),
     )  # fmt: skip
     shows.append(ready)
-    digest = record_running_script(host, paths)
+    digest = launch.record_running_script(host, paths)
     if not ready.ok:
         return Report(State.FAILED, ready, shows, _failure_of(ready), digest)
     api_key = script.server_api_key(deployment)
@@ -97,30 +92,12 @@ def _phases(
 
 def _dry_run(host: Host, deployment: Deployment, paths: launch.LaunchPaths) -> Report:
     state = diagnose.server_state(host, paths, deployment.server_port)
-    digest = running_script(host, paths)
+    digest = launch.running_script(host, paths)
     if state.state == "ready":
         verdict = Result(True, f"already running and ready: {state.message}")
         return Report(State.OK, verdict, [state.processes_table()], "", digest, state)
     verdict = Result(True, f"would (re)start the server (now {state.state}); apply=True does it")
     return Report(State.WOULD_CHANGE, verdict, [state.processes_table()], "", digest, state)
-
-
-def record_running_script(host: Host, paths: launch.LaunchPaths) -> str:
-    """Note on the host the sha256 of the script the server was started from; returns it."""
-    target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
-    done = host.run(
-        f"mkdir -p -- {shlex.quote(paths.state_dir)} && "
-        f"sha256sum -- {shlex.quote(paths.script)} | cut -c1-64 | tee -- {shlex.quote(target)}",
-        label=f"record the sha256 of {paths.script} in {target}",
-    )
-    return done.stdout.strip() if done.ok else ""
-
-
-def running_script(host: Host, paths: launch.LaunchPaths) -> str:
-    """The sha256 of the script the last started server runs, as noted at its start."""
-    target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
-    done = host.run(f"cat -- {shlex.quote(target)} 2>/dev/null || true", label=f"read {target}")
-    return done.stdout.strip()
 
 
 def _failure_of(result: Result) -> str:

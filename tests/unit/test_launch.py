@@ -4,6 +4,7 @@ the host runs each probe with the local python, as :func:`opsbook.probes.run_loc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.server
 import json
@@ -366,6 +367,87 @@ def test_status_asks_no_health_when_the_port_is_closed(paths: launch.LaunchPaths
     args = paths.probe_args(op="status", port=free_port(), health="/health")
     answer = probes.run_local("launch", args)
     assert answer["port_open"] is False and "health" not in answer and "notes" not in answer
+
+
+class _Unwell(_Health):
+    def do_GET(self) -> None:
+        self.send_response(503)
+        self.end_headers()
+        self.wfile.write(b"engine dead")
+
+
+def _serving(handler: type[http.server.BaseHTTPRequestHandler]) -> http.server.HTTPServer:
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_the_health_answer_is_read_over_a_bare_socket(paths: launch.LaunchPaths) -> None:
+    server = _serving(_Unwell)
+    try:
+        args = paths.probe_args(op="status", port=server.server_port, health="/health")
+        answer = probes.run_local("launch", args)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answer["health"]["status"] == 503
+    assert answer["health"]["body"] == "engine dead"
+
+
+def test_a_port_that_does_not_speak_http_is_no_health_answer(paths: launch.LaunchPaths) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def greet() -> None:  # every caller: the probe's port look and its health request
+            with contextlib.suppress(OSError):
+                while True:
+                    conn, _ = listener.accept()
+                    with conn:
+                        conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+        threading.Thread(target=greet, daemon=True).start()
+        port = listener.getsockname()[1]
+        asked = paths.probe_args(op="status", port=port, health="/h", health_timeout=5)
+        answer = probes.run_local("launch", asked)
+    assert answer["health"]["status"] is None
+    assert answer["health"]["error"].startswith("not an HTTP answer: b'SSH-2.0")
+
+
+def test_a_running_healthy_server_s_log_stays_on_the_host_when_the_check_asks(
+    paths: launch.LaunchPaths,
+) -> None:
+    script(paths, "echo 'INFO: Application startup complete.'\nsleep 60\n")
+    server = _serving(_Health)
+    started = start(paths)
+    try:
+        args = paths.probe_args(op="status", port=server.server_port, health="/health")
+        brief = probes.run_local("launch", dict(args, log_when_healthy=False))
+        full = probes.run_local("launch", args)
+    finally:
+        launch.stop_server(LocalHost(), paths, grace=0.5)  # type: ignore[arg-type]
+        server.shutdown()
+        server.server_close()
+    assert started.ok and brief["running"] and brief["health"]["status"] == 200
+    assert brief["log"]["text"] == "" and brief["log"]["size"] > 0
+    assert "Application startup complete" in full["log"]["text"]
+
+
+def test_an_unhealthy_server_s_log_is_read_even_when_the_check_asks_not_to(
+    paths: launch.LaunchPaths,
+) -> None:
+    script(paths, "echo 'ERROR: engine core died'\nsleep 60\n")
+    server = _serving(_Unwell)
+    start(paths)
+    try:
+        args = paths.probe_args(op="status", port=server.server_port, health="/health")
+        answer = probes.run_local("launch", dict(args, log_when_healthy=False))
+    finally:
+        launch.stop_server(LocalHost(), paths, grace=0.5)  # type: ignore[arg-type]
+        server.shutdown()
+        server.server_close()
+    assert answer["running"] and answer["health"]["status"] == 503
+    assert "engine core died" in answer["log"]["text"]
 
 
 # -- the readiness wait: one waiting look at a time, each new byte read once -------------------
