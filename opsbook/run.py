@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from queue import Empty
 from typing import TYPE_CHECKING, Any
 
 from opsbook import exceptions, outcome, records
@@ -568,6 +569,18 @@ def _kernel_options(
     return {"kernel_manager_class": quiet_kernel_manager(log_path)}
 
 
+# What the deploy's stage notebooks import (their first cells, and the stage modules the
+# registry imports on first use): 0.7 s of the kernel's CPU, spent while the run prepares.
+WARM_UP = (
+    "import opsbook.widgets, opsbook.stages.preflight, opsbook.stages.download, "
+    "opsbook.stages.config_patch, opsbook.stages.launch_script, opsbook.stages.launch, "
+    "opsbook.stages.diagnose"
+)
+
+
+WARM_UP_TIMEOUT = 60.0
+
+
 class SharedKernel:
     """One Python kernel for the stage notebooks of a deploy run, started by the first stage
     and handed to the next ones: a kernel start and opsbook's imports are paid once per run,
@@ -578,16 +591,22 @@ class SharedKernel:
 
     def __init__(self) -> None:
         self.km: Any = None
+        self._warming: Any = None
 
     def start(self, log_path: Path, cwd: Path) -> None:
-        """Start the kernel now, without waiting for it: it boots while the run imports
-        papermill and prepares its first stage, which then finds it running."""
+        """Start the kernel now, without waiting for it: it boots, and imports what the stages
+        import, while the run imports papermill and prepares its first stage, which then finds
+        it running."""
         from jupyter_core.utils import run_sync
 
         from opsbook.kernel import quiet_kernel_manager
 
         self.km = quiet_kernel_manager(log_path)(kernel_name="python3")
         run_sync(self.km.start_kernel)(cwd=str(cwd))
+        # Sent now, its reply awaited by the first stage (ready()).
+        client = self.km.client()
+        client.start_channels()
+        self._warming = (client, client.execute(WARM_UP, silent=True, store_history=False))
 
     def ready(self, env: Mapping[str, str], log_path: Path) -> Any:
         """The kernel manager for the next notebook: not started yet (papermill starts it
@@ -598,6 +617,9 @@ class SharedKernel:
         from opsbook.kernel import quiet_kernel_manager
 
         if self.km is not None and self.km.has_kernel:
+            # The clients of one kernel manager share a ZMQ identity: the warm-up's must be
+            # closed before another connects, or the kernel answers the wrong one.
+            run_sync(self._finish_warming)()
             run_sync(_set_kernel_environment)(self.km, dict(env))
             return self.km
         self.km = quiet_kernel_manager(log_path)(kernel_name="python3")
@@ -607,10 +629,30 @@ class SharedKernel:
         """Shut the kernel down, if one runs; the next stage starts a new one."""
         from jupyter_core.utils import run_sync
 
+        if self._warming is not None:
+            self._warming[0].stop_channels()
+            self._warming = None
         km, self.km = self.km, None
         if km is not None and km.has_kernel:
             with contextlib.suppress(Exception):  # a kernel already gone is what we want
                 run_sync(km.shutdown_kernel)(now=True)
+
+    async def _finish_warming(self) -> None:
+        """Wait for the warm-up's reply (the kernel has imported the stages), then close its
+        client."""
+        if self._warming is None:
+            return
+        (client, msg_id), self._warming = self._warming, None
+        deadline = time.monotonic() + WARM_UP_TIMEOUT
+        try:
+            while time.monotonic() < deadline:
+                reply = await client.shell_channel.get_msg(timeout=deadline - time.monotonic())
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    return
+        except Empty:
+            return  # a kernel that never answered is found out by the next request
+        finally:
+            client.stop_channels()
 
 
 async def _set_kernel_environment(km: Any, env: dict[str, str]) -> None:

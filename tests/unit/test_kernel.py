@@ -52,3 +52,24 @@ def test_the_kernel_talks_over_ipc_in_a_private_folder(km: Any) -> None:
     folder = Path(km.ip).parent
     assert folder.name.startswith("opsbook-kernel-")
     assert folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
+    tmp_path: Path,
+) -> None:
+    from opsbook.run import SharedKernel
+
+    notebooks = Path(__file__).parents[2] / "notebooks"
+    for attempt in range(3):  # the warm-up's client and the next ones must not cross
+        kernel = SharedKernel()
+        kernel.start(tmp_path / "kernel.log", notebooks)
+        try:
+            km = kernel.ready({"OPSBOOK_TEST_STAGE": str(attempt)}, tmp_path / "kernel.log")
+            code = (
+                "import os, sys\n"
+                "print('opsbook.stages.launch' in sys.modules, os.environ['OPSBOOK_TEST_STAGE'])"
+            )
+            _, seen = run_sync(printed_by_a_new_client)(km, code)
+        finally:
+            kernel.discard()
+        assert "".join(seen) == f"True {attempt}\n"
