@@ -203,6 +203,9 @@ class Host:
         self.journal = journal if journal is not None else Journal.from_env(self.redactor)
         self._conn: Connection | None = None
         self._home: str | None = None
+        # A stage may read a host in several threads at once (one channel each): they share
+        # one connection, opened by the first.
+        self._connecting = threading.Lock()
 
     @classmethod
     def from_deployment(
@@ -223,6 +226,10 @@ class Host:
 
     def connect(self) -> Connection:
         """Open the SSH connection if it is not open yet, checking the host key."""
+        with self._connecting:
+            return self._connect()
+
+    def _connect(self) -> Connection:
         if self._conn is not None and self._conn.is_connected:
             return self._conn
         kept = _take_kept(self.spec) if _keeping() else None

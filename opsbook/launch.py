@@ -88,6 +88,10 @@ def stop_server(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Resul
     answer = host.probe(
         PROBE, paths.probe_args(op="stop", grace=grace), timeout=grace + PROBE_SLACK
     )
+    return _stop_result(answer)
+
+
+def _stop_result(answer: dict[str, Any]) -> Result:
     reason = answer.get("reason")
     findings = [_not_ours(p, answer.get("uid")) for p in answer.get("refused", [])]
     stopped = answer.get("stopped", [])
@@ -116,11 +120,14 @@ STOP_REMEDY = "stop it first: 04_launch's Stop button, or `opsbook run 04_launch
 
 
 def stop_previous(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
-    """:func:`stop_server`, then :func:`clean_stale_shm`: the step before a start."""
-    stopped = stop_server(host, paths, grace=grace)
+    """:func:`stop_server`, then :func:`clean_stale_shm`: the step before a start, in one
+    probe."""
+    asked = paths.probe_args(op="stop", grace=grace, clean_shm=True)
+    answer = host.probe(PROBE, asked, timeout=grace + PROBE_SLACK)
+    stopped = _stop_result(answer)
     if not stopped.ok:
         return stopped
-    cleaned = clean_stale_shm(host)
+    cleaned = _shm_result(answer["shm"], apply=True)
     data = {**stopped.data, "shm": cleaned.data}
     message = f"{stopped.message}; {cleaned.message}"
     return Result(cleaned.ok, message, data, stopped.findings + cleaned.findings)
@@ -130,7 +137,10 @@ def clean_stale_shm(host: Host, *, apply: bool = True) -> Result:
     """Remove ``/dev/shm/psm_*`` and ``sem.mp-*`` files of this user that no live process
     holds (a server killed with SIGKILL leaves them behind). Done by a probe: no shell glob,
     which zsh would abort on when nothing matches."""
-    answer = host.probe(PROBE, {"op": "clean_shm", "apply": apply})
+    return _shm_result(host.probe(PROBE, {"op": "clean_shm", "apply": apply}), apply=apply)
+
+
+def _shm_result(answer: dict[str, Any], *, apply: bool) -> Result:
     if answer.get("error"):
         return Result(False, answer["error"], answer)
     removed, kept = answer["removed"], answer["kept"]

@@ -16,7 +16,8 @@ Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
   process is still the one recorded (start time and command line) and is not an ancestor of
   this probe; other processes are reported, never signalled.
 - ``clean_shm``: remove ``/dev/shm/psm_*`` and ``sem.mp-*`` files of this user that no live
-  process has open or mapped.
+  process has open or mapped (also done by ``stop`` with ``clean_shm``, once nothing of the
+  launch runs: the step before a start in one round trip).
 - ``http``: GET or POST on the server's port from the host itself.
 - ``watch``: a ``status`` (with ``/health``) that waits on the host, up to ``wait`` seconds,
   for something that decides a readiness wait: the line that proves the server ready (then
@@ -376,6 +377,23 @@ def read_note(state_dir, name):
 
 
 def stop(args):
+    answer = stop_group(args)
+    if args.get("clean_shm") and stop_allows_start(answer):
+        answer["shm"] = clean_shm({"apply": True})
+    return answer
+
+
+def stop_allows_start(answer):
+    """The stop went as a start needs: the launch is stopped, or nothing of it ran and no
+    other vLLM process of this user runs (as opsbook.launch judges it)."""
+    if answer["reason"] == "stopped":
+        return True
+    uid = answer["uid"]
+    own = [p for p in answer["refused"] if p.get("uid") in (None, uid)]
+    return answer["reason"] in ("no-record", "not-running") and not own
+
+
+def stop_group(args):
     record = read_record(args)
     answer = {"record": record, "stopped": [], "refused": [], "remaining": [], "uid": os.getuid()}
     others = vllm_processes()

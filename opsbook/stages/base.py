@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,6 +184,14 @@ class HostHeading:
             if f.severity in ("warning", "error")
         ]
         return "\n".join(lines)
+
+
+def concurrently(*reads: Callable[[], Any]) -> list[Any]:
+    """Independent reads of one host at once, each over its own channel of the host's one
+    connection: their answers in order. An exception of one is raised after all have ended."""
+    with ThreadPoolExecutor(max_workers=len(reads)) as pool:
+        futures = [pool.submit(read) for read in reads]
+    return [future.result() for future in futures]
 
 
 def run_stage(

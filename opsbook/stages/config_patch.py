@@ -7,7 +7,7 @@ from opsbook import compat, download, facts, patch
 from opsbook.deployment import Deployment
 from opsbook.probes import Prober
 from opsbook.results import Result, State
-from opsbook.stages.base import Note, Report
+from opsbook.stages.base import Note, Report, concurrently
 
 
 def run(
@@ -26,19 +26,24 @@ def run(
     dry run has a plan; changed when the patch was written and its re-check passed; failed
     when a problem is left.
     """
-    found = facts.gather_facts(host, deployment)
+    # The reads that do not depend on each other go at once; the backend question needs the
+    # model and the GPUs, the weights' size only the KV budget at the end.
+    found, texts, checked = concurrently(
+        lambda: facts.gather_facts(host, deployment),
+        lambda: patch.read_configs(host, deployment.model_path),
+        lambda: download.check_download(host, deployment.model_path),
+    )
     version = vllm_version or found.vllm_version
-    texts = patch.read_configs(host, deployment.model_path)
     model = compat.facts_from_texts(texts)
     # The installed vLLM's own selection outranks the version table; it is asked about this
-    # model on the GPUs preflight already read, so the probe runs no nvidia-smi of its own.
+    # model on the GPUs the facts probe already read, so it runs no nvidia-smi of its own.
     capabilities = list(dict.fromkeys(filter(None, map(compat.compute_capability, found.gpus))))
     probed = compat.probe_backends(host, deployment.python, model, capabilities)
     before = compat.check_compat(
         model, found.gpus, version, deployment.serve_args, probed_backends=probed
     )
     shows: list[object] = [model.table(), before]
-    weights = download.shard_counts(download.check_download(host, deployment.model_path))
+    weights = download.shard_counts(checked)
     budget = compat.kv_budget_bytes(found.gpus, weights.bytes_expected, gpu_memory_utilization)
     # The patch is planned only when it avoids a failure the prediction names.
     plan = patch.plan_for_prediction(

@@ -510,6 +510,47 @@ def test_an_unreadable_launch_record_is_named_apart_from_a_missing_one(tmp_path:
     assert launch_probe.read_record(args) is None
 
 
+@pytest.mark.parametrize(
+    ("reason", "refused", "allowed"),
+    [
+        ("stopped", [{"pid": 9, "uid": 1000}], True),  # the launch is gone; others are findings
+        ("no-record", [], True),
+        ("not-running", [{"pid": 9, "uid": 0}], True),  # another user's server
+        ("not-running", [{"pid": 9, "uid": 1000}], False),  # one of this user's, not opsbook's
+        ("no-record", [{"pid": 9, "uid": None}], False),  # an owner not seen counts as this user
+        ("pid-reused", [], False),
+        ("survived", [], False),
+    ],
+)
+def test_the_stop_cleans_shared_memory_only_when_launch_would_go_on(
+    reason: str, refused: list[dict[str, Any]], allowed: bool
+) -> None:
+    from opsbook.probes import launch as launch_probe
+
+    answer = {"reason": reason, "refused": refused, "uid": 1000}
+    assert launch_probe.stop_allows_start(answer) is allowed
+    stopped = launch._stop_result(dict(answer, stopped=[], signals=["TERM"]))
+    assert stopped.ok is allowed  # the probe and the library judge alike
+
+
+def test_stop_previous_is_one_probe_and_reports_both_steps() -> None:
+    asked: list[dict[str, Any]] = []
+
+    def stop(args: dict[str, Any]) -> dict[str, Any]:
+        asked.append(args)
+        shm = {"removed": [{"file": "psm_1", "bytes": 4096}], "kept": []}
+        return {"reason": "not-running", "refused": [], "uid": 1000, "shm": shm}
+
+    host = FakeHost(probes={"launch": stop})
+    paths = launch.LaunchPaths("/s/launch.sh", "/s/vllm.log", "/s/state")
+    done = launch.stop_previous(host, paths, grace=1)  # type: ignore[arg-type]
+    assert [a["op"] for a in asked] == ["stop"] and asked[0]["clean_shm"] is True
+    assert (
+        done.ok
+        and done.message == "nothing to stop; removed 1 stale file(s) (4096 bytes); 0 in use kept"
+    )
+
+
 # -- the smoke test asks the host once --------------------------------------------------------
 
 
