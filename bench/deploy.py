@@ -153,6 +153,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2, help="runs each (median kept)")
     parser.add_argument("--address", default="127.0.4.60")
     args = parser.parse_args()
+    benchtable.as_installed()
     work = Path(tempfile.mkdtemp(prefix="opsbook-bench-deploy-", dir="/tmp"))
     work.chmod(0o755)
     ours: list[float] = []

@@ -121,6 +121,7 @@ def main() -> int:
     parser.add_argument("--worst-mb", type=int, default=0, help="also a log of real logs only")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs")
     args = parser.parse_args()
+    benchtable.as_installed()
     folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-diagnose-"))
     rows = []
     try:

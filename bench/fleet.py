@@ -58,6 +58,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2, help="runs per figure (best is kept)")
     parser.add_argument("--forks", type=int, default=16, help="hosts worked on at once")
     args = parser.parse_args()
+    benchtable.as_installed()
     work = Path(tempfile.mkdtemp(prefix="opsbook-bench-fleet-", dir="/tmp"))
     work.chmod(0o755)  # the rehearsal hosts' users must enter it
     try:

@@ -101,6 +101,7 @@ def main() -> int:
     parser.add_argument("--address", default="127.0.4.10", help="the host's loopback address")
     parser.add_argument("--fleet", type=int, default=4, help="hosts in the fleet (0: none)")
     args = parser.parse_args()
+    benchtable.as_installed()
     work = Path(tempfile.mkdtemp(prefix="opsbook-bench-health-", dir="/tmp"))
     work.chmod(0o755)  # the rehearsal hosts' users must enter it
     fleet_address = str(ipaddress.ip_address(args.address) + 10)
