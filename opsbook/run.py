@@ -420,6 +420,8 @@ def execute_stage(
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    from opsbook import engine
+
     output = folder / nb_path.name
     results_file = folder / f"{nb_path.stem}.results.jsonl"
     started = time.monotonic()
@@ -441,6 +443,7 @@ def execute_stage(
                     str(nb_path),
                     str(output),
                     parameters=dict(params),
+                    engine_name=engine.register(),
                     progress_bar=False,
                     cwd=str(nb_path.parent),
                     execution_timeout=timeout,

@@ -1,0 +1,80 @@
+"""papermill's engine for opsbook's runs: the record is saved where it says something new.
+
+papermill (2.x, ``engines.py``) writes the whole notebook, validated against nbformat's schema,
+when it starts, when each cell starts and when each cell completes, markdown cells included:
+about 25 writes for one of the runbook's notebooks, most of a stage's own overhead. This engine
+writes it when the run starts, when a code cell starts (a hung cell is the last one marked
+running), every ``autosave_cell_every`` seconds while a cell prints, and when the run ends,
+failed or not (papermill ends it in a ``finally``); a cell's completion is written by the next
+code cell's start or by the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from papermill.engines import NBClientEngine, NotebookExecutionManager, papermill_engines
+
+NAME = "opsbook"
+
+
+class RecordSaves(NotebookExecutionManager):
+    """A :class:`NotebookExecutionManager` that skips the saves that add nothing to the record:
+    markdown cells' start and every cell's completion."""
+
+    _quiet = False
+
+    def save(self, **kwargs: Any) -> None:
+        if not self._quiet:
+            super().save(**kwargs)
+
+    def cell_start(self, cell: Any, cell_index: Any = None, **kwargs: Any) -> None:
+        self._quiet = cell.cell_type != "code"
+        try:
+            super().cell_start(cell, cell_index, **kwargs)
+        finally:
+            self._quiet = False
+
+    def cell_complete(self, cell: Any, cell_index: Any = None, **kwargs: Any) -> None:
+        self._quiet = True
+        try:
+            super().cell_complete(cell, cell_index, **kwargs)
+        finally:
+            self._quiet = False
+
+
+class RecordEngine(NBClientEngine):
+    """nbclient's engine over :class:`RecordSaves` (papermill's ``Engine.execute_notebook``
+    with the manager class swapped)."""
+
+    @classmethod
+    def execute_notebook(
+        cls,
+        nb: Any,
+        kernel_name: str,
+        output_path: str | None = None,
+        progress_bar: bool = True,
+        log_output: bool = False,
+        autosave_cell_every: int = 30,
+        **kwargs: Any,
+    ) -> Any:
+        nb_man = RecordSaves(
+            nb,
+            output_path=output_path,
+            progress_bar=progress_bar,
+            log_output=log_output,
+            autosave_cell_every=autosave_cell_every,
+        )
+        nb_man.notebook_start()
+        try:
+            cls.execute_managed_notebook(nb_man, kernel_name, log_output=log_output, **kwargs)
+        finally:
+            nb_man.cleanup_pbar()
+            nb_man.notebook_complete()
+        return nb_man.nb
+
+
+def register() -> str:
+    """Make the engine known to papermill; its name, for ``engine_name``."""
+    papermill_engines.register(NAME, RecordEngine)
+    return NAME

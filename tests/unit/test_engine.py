@@ -1,0 +1,78 @@
+"""The run's papermill engine saves the record when a code cell starts and when the run ends,
+with every output in the end (a real kernel and papermill, here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import papermill
+import pytest
+from papermill.exceptions import PapermillExecutionError
+
+from opsbook import engine
+
+
+def notebook(path: Path, *codes: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    for code in codes:
+        nb.cells.append(nbformat.v4.new_markdown_cell("What the next cell does, and why."))
+        nb.cells.append(nbformat.v4.new_code_cell(code))
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def saves(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The papermill status of each code cell at each save."""
+    seen: list[list[str]] = []
+    original = engine.RecordSaves.save
+
+    def save(self: Any, **kwargs: Any) -> None:
+        if not self._quiet:
+            cells = [c for c in self.nb.cells if c.cell_type == "code"]
+            seen.append([c.metadata.papermill.get("status", "") for c in cells])
+        original(self, **kwargs)
+
+    monkeypatch.setattr(engine.RecordSaves, "save", save)
+    return seen
+
+
+def run(source: Path, output: Path) -> Any:
+    return papermill.execute_notebook(
+        str(source), str(output), engine_name=engine.register(), progress_bar=False
+    )
+
+
+def test_the_record_is_saved_at_the_start_at_each_code_cell_and_at_the_end(
+    tmp_path: Path, saves: list[list[str]]
+) -> None:
+    output = tmp_path / "out.ipynb"
+    run(notebook(tmp_path / "in.ipynb", "print('one')", "print('two')"), output)
+    assert saves == [
+        ["pending", "pending"],
+        ["running", "pending"],
+        ["completed", "running"],
+        ["completed", "completed"],
+    ]
+    written = nbformat.read(output, as_version=4)
+    code = [c for c in written.cells if c.cell_type == "code"]
+    assert [c.outputs[0]["text"] for c in code] == ["one\n", "two\n"]
+
+
+def test_a_failed_cell_is_in_the_record_with_its_error(
+    tmp_path: Path, saves: list[list[str]]
+) -> None:
+    output = tmp_path / "out.ipynb"
+    with pytest.raises(PapermillExecutionError):
+        run(notebook(tmp_path / "in.ipynb", "print('one')", "1 / 0", "print('never')"), output)
+    assert saves[-1] == ["completed", "failed", "pending"]
+    written = nbformat.read(output, as_version=4)
+    failed = [c for c in written.cells if c.cell_type == "code"][1]
+    assert failed.outputs[-1]["ename"] == "ZeroDivisionError"
