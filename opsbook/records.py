@@ -78,13 +78,19 @@ class RunSummary:
         return versions
 
 
-def export_html(notebook: Path) -> Path | None:
-    """An HTML copy next to the executed notebook (widget state included when saved)."""
-    from nbconvert import HTMLExporter
+def export_html(notebook: Path, exporter: Any = None) -> Path | None:
+    """An HTML copy next to the executed notebook (widget state included when saved).
 
+    Args:
+        exporter: an ``nbconvert.HTMLExporter`` to reuse (it keeps its compiled templates).
+    """
+    if exporter is None:
+        from nbconvert import HTMLExporter
+
+        exporter = HTMLExporter()
     target = notebook.with_suffix(".html")
     try:  # a run folder deleted during the run takes its notebooks with it
-        body, _ = HTMLExporter().from_filename(str(notebook))
+        body, _ = exporter.from_filename(str(notebook))
         target.write_text(body)
     except FileNotFoundError:
         return None
@@ -103,13 +109,19 @@ class HtmlExports:
     nbconvert takes about a second of CPU to import and a quarter of a second a notebook: in
     the runner's process it would hold the interpreter lock that reading the kernel's
     messages needs, and slow every stage after the first. The helper uses the CPU the stages
-    leave idle (a launch mostly waits) and is started by the first export.
+    leave idle (a launch mostly waits); started when the run starts (:meth:`start`), it has
+    imported nbconvert and compiled its templates by the time the first notebook is done.
     """
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
         self._waiter: ThreadPoolExecutor | None = None
+
+    def start(self) -> None:
+        """Start the helper now (the first export would otherwise start it)."""
+        with self._lock:
+            self._started()
 
     def submit(self, notebook: Path) -> Future[Path | None]:
         """:meth:`export` while the caller goes on: a thread of this object waits for the
@@ -177,9 +189,15 @@ def serve_html_exports() -> None:
     skip_slow_optional_imports()
     os.nice(EXPORTER_NICENESS)
     os.umask(PRIVATE_UMASK)
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter()
+    # The first export compiles the templates (half a second): done before any is asked for.
+    exporter.from_notebook_node(nbformat.v4.new_notebook())
     for line in sys.stdin:
         try:
-            page = export_html(Path(line.rstrip("\n")))
+            page = export_html(Path(line.rstrip("\n")), exporter)
             answer = str(page) if page else ""
         except Exception as e:  # the runner makes this copy itself, and reports what fails
             answer = f"!{type(e).__name__}: {e}".replace("\n", " ")

@@ -818,6 +818,7 @@ def run_deploy(
     run.notes = locks.notes
     try:
         run.kernel.start(folder / KERNEL_LOG, find_notebook(_stages().DEPLOY[0].notebook).parent)
+        run.html.start()
         _deploy_batches(run, batches, names, max_fail_percentage)
     except (RunInterrupted, KeyboardInterrupt) as e:
         quiet_abandoned_tasks()
