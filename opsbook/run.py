@@ -810,14 +810,19 @@ def run_deploy(
         on_result,
         on_progress,
     )
+    # The kernel boots (and imports the stages) while the locks are taken and papermill is
+    # imported; the notebooks of a deploy are preflight's neighbours.
+    run.kernel.start(folder / KERNEL_LOG, find_notebook("preflight").parent)
     try:
         locks = _deploylock().acquire(dep, folder)
     except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):
-        folder.rmdir()  # made a moment ago, still empty: no record of a run that never began
+        run.kernel.discard()
+        # Made a moment ago, holding only the kernel's log: no record of a run that never began.
+        (folder / KERNEL_LOG).unlink(missing_ok=True)
+        folder.rmdir()
         raise
     run.notes = locks.notes
     try:
-        run.kernel.start(folder / KERNEL_LOG, find_notebook(_stages().DEPLOY[0].notebook).parent)
         run.html.start()
         _deploy_batches(run, batches, names, max_fail_percentage)
     except (RunInterrupted, KeyboardInterrupt) as e:
