@@ -26,19 +26,17 @@ def run(
     dry run has a plan; changed when the patch was written and its re-check passed; failed
     when a problem is left.
     """
-    # The reads that do not depend on each other go at once; the backend question needs the
-    # model and the GPUs, the weights' size only the KV budget at the end.
-    found, texts, checked = concurrently(
+    # The reads that do not depend on each other go at once: the host's facts, the download
+    # check (the weights' size, for the KV budget), and the checkpoint's configs followed by
+    # the question to the installed vLLM, whose own selection outranks the version table (it
+    # reads the GPUs' capabilities itself, while the facts probe reads them too).
+    found, (texts, model, probed), checked = concurrently(
         lambda: facts.gather_facts(host, deployment),
-        lambda: patch.read_configs(host, deployment.model_path),
+        lambda: _model_and_backends(host, deployment),
         lambda: download.check_download(host, deployment.model_path),
     )
     version = vllm_version or found.vllm_version
-    model = compat.facts_from_texts(texts)
-    # The installed vLLM's own selection outranks the version table; it is asked about this
-    # model on the GPUs the facts probe already read, so it runs no nvidia-smi of its own.
     capabilities = list(dict.fromkeys(filter(None, map(compat.compute_capability, found.gpus))))
-    probed = compat.probe_backends(host, deployment.python, model, capabilities)
     before = compat.check_compat(
         model, found.gpus, version, deployment.serve_args, probed_backends=probed
     )
@@ -91,6 +89,16 @@ def run(
     )
     verdict = patch.patch_verdict(before, applied, plan=plan)
     return Report(State.CHANGED if verdict.ok else State.FAILED, verdict, shows)
+
+
+def _model_and_backends(
+    host: Prober, deployment: Deployment
+) -> tuple[dict[str, str], compat.ModelFacts, compat.InstalledVllm | None]:
+    """The checkpoint's config texts, the model they describe, and the installed vLLM's
+    answer about that model on this host's GPUs."""
+    texts = patch.read_configs(host, deployment.model_path)
+    model = compat.facts_from_texts(texts)
+    return texts, model, compat.probe_backends(host, deployment.python, model)
 
 
 def _predict_restored(
