@@ -3,15 +3,16 @@
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from opsbook import outcome, stages
 from opsbook.deployment import parse_deployment
-from opsbook.exceptions import ProbeError, RunError
+from opsbook.exceptions import HostUnreachable, ProbeError, RunError
 from opsbook.hosts import HostGroup
 from opsbook.results import TOOL_FAILED, Result, State
-from opsbook.stages.base import Report, Stage, run_stage
+from opsbook.stages.base import Report, Stage, concurrently, run_stage
 from opsbook.testing import Answer, FakeHost
 
 DOC = {"model": {"path": "/models/m"}, "server": {"port": 8000}}
@@ -175,3 +176,36 @@ def test_the_hosts_of_a_group_share_one_journal() -> None:
     group = HostGroup.from_deployment(deployment("a", "b", "c"))
     journals = {id(h.journal) for h in group.hosts}
     assert len(journals) == 1
+
+
+def test_concurrent_reads_run_at_once_and_answer_in_order() -> None:
+    met = threading.Barrier(3, timeout=10)  # sequential reads would break it
+
+    def read(answer: str) -> Callable[[], str]:
+        def go() -> str:
+            met.wait()
+            return answer
+
+        return go
+
+    assert concurrently(read("facts"), read("configs"), read("download")) == [
+        "facts",
+        "configs",
+        "download",
+    ]
+
+
+def test_a_failed_concurrent_read_is_raised_after_the_others_end() -> None:
+    ended: list[str] = []
+
+    def fails() -> None:
+        raise HostUnreachable("the connection dropped", host="ops@a")
+
+    def slow() -> str:
+        time.sleep(0.2)
+        ended.append("slow")
+        return "slow"
+
+    with pytest.raises(HostUnreachable, match="the connection dropped"):
+        concurrently(fails, slow)
+    assert ended == ["slow"]
