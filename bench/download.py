@@ -15,7 +15,8 @@ one open SSH connection, taking turns, best of ``--repeat``:
 Goal (issue 16): within 1.5x of the ``python3 -`` script at every size, and opsbook's time
 growing less than 2x from 119 to 1,190 shards.
 
-Usage: ``.venv/bin/python bench/download.py [--shards 119,1190,11900] [--repeat 3]`` (as
+Usage: ``.venv/bin/python bench/download.py [--shards 119,1190,11900] [--repeat 3]
+[--address 127.0.4.50]`` (as
 root: the rehearsal host creates its login user).
 """
 
@@ -165,6 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="119,1190,11900", help="checkpoint sizes (a,b,c)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--address", default=ADDRESS, help="the rehearsal host's loopback address")
     options = parser.parse_args()
     sizes = [int(n) for n in options.shards.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-", dir="/tmp"))
@@ -173,7 +175,7 @@ def main() -> None:
     # The test's own folder: the sandbox keeps an existing folder's mode.
     folder.chmod(0o755)
     try:
-        box = sandboxes.up(folder, address=ADDRESS, checkpoint=False)
+        box = sandboxes.up(folder, address=options.address, checkpoint=False)
         with Host(box.host_spec()) as host:
             host.run("true", check=True)  # connect once, outside the measurements
             for shards in sizes:

@@ -342,6 +342,7 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     wanted = tensors_by_shard(index["weight_map"]) if index is not None else None
     inspected = finish_inspection(children)
     rows = [shard_row(model_dir, name, inspected.get(name), wanted) for name in expected]
+    compare_in_workers(children, rows, wanted, model_dir)
     named = set(expected)
     for name in on_disk:
         if name not in named:
@@ -423,12 +424,13 @@ def tensors_by_shard(weight_map: dict[str, str]) -> dict[str, list[str]]:
     return wanted
 
 
-def match_weight_map(row: dict[str, Any], tensors: list[str]) -> None:
+def absent_tensors(header: Any, tensors: list[str]) -> list[str]:
+    """The tensors of ``tensors`` that a header's names (a set) lack."""
+    return [t for t in tensors if t not in header]
+
+
+def mark_absent(row: dict[str, Any], absent: list[str]) -> None:
     """Mark a shard whose header lacks tensors the index places in it."""
-    if row["status"] != "ok" or row["header"] is None:
-        return
-    header = row["header"]
-    absent = [t for t in tensors if t not in header]
     if absent:
         row["status"] = "corrupt"
         row["detail"] = (
@@ -446,19 +448,18 @@ def shard_row(
     """A shard's row of the answer, matched against the index when there is one.
 
     A worker's row carries a digest of the header's tensor names instead of the names: when
-    it equals the digest of the names the index places in the shard, the two sets are equal;
-    otherwise (extra tensors, or missing ones) the shard is read again here and compared name
-    by name.
+    it equals the digest of the names the index places in the shard, the two sets are equal
+    and the row loses its digest; otherwise (extra tensors, or missing ones) it keeps it, and
+    :func:`compare_in_workers` has the worker, which still holds the names, compare them.
     """
     row = inspected or inspect_shard(model_dir, name)
+    header, digest = row.pop("header", None), row.pop("names", None)
     if wanted is not None and row["status"] == "ok":
         tensors = wanted.get(name, [])
-        if "header" not in row and row["names"] != names_digest(tensors):
-            row = inspect_shard(model_dir, name)
-        if "header" in row:
-            match_weight_map(row, tensors)
-    row.pop("header", None)
-    row.pop("names", None)
+        if header is not None:
+            mark_absent(row, absent_tensors(header, tensors))
+        elif digest != names_digest(tensors):
+            row["names"] = digest  # for the worker to settle
     return row
 
 
@@ -474,6 +475,50 @@ PARALLEL_MIN_SHARDS = 64
 MAX_WORKERS = 16
 
 
+class Worker:
+    """A forked process inspecting a share of the shards.
+
+    It answers twice on one pipe, one JSON line each: its rows, then (when this process
+    has sent, on a second pipe, the index's tensors for the shards whose digests differed)
+    the tensors each of those shards lacks. In between it keeps its shards' tensor names.
+    """
+
+    def __init__(self, pid: int, answers: Any, requests: int, names: list[str]) -> None:
+        self.pid = pid
+        self.answers = answers
+        self.requests = requests
+        self.names = names
+        self.alive = True
+
+    def read(self) -> Any:
+        """The next JSON line the worker wrote, or None (it failed or wrote something else)."""
+        try:
+            return json.loads(self.answers.readline() or b"null")
+        except ValueError:
+            return None
+
+    def ask(self, request: dict[str, list[str]]) -> dict[str, list[str]] | None:
+        """Send ``request`` ({shard: tensors the index places there}); the tensors each
+        shard lacks, or None when the worker failed."""
+        try:
+            with os.fdopen(self.requests, "wb") as pipe:
+                pipe.write(json.dumps(request).encode())
+        except OSError:
+            self.alive = False
+        self.requests = -1
+        reply = self.read() if self.alive else None
+        return reply if isinstance(reply, dict) else None
+
+    def finish(self) -> bool:
+        """Close the pipes and reap the worker; whether it exited well."""
+        if self.requests >= 0:
+            os.close(self.requests)
+            self.requests = -1
+        self.answers.close()
+        _, status = os.waitpid(self.pid, 0)
+        return status == 0
+
+
 def usable_cpus() -> int:
     """The cores this process may run on (a container's or taskset's share, not the host's)."""
     if hasattr(os, "sched_getaffinity"):
@@ -481,14 +526,14 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list[tuple[int, int]]:
+def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list[Worker]:
     """Fork workers that inspect ``names`` between them; ``[]`` when this process alone is as
     quick (few shards, one core). ``workers`` overrides the count (0: one per usable core; 1:
     none, this process inspects them all).
 
     Parsing headers is CPU work under the GIL, so threads would not help; a process pool
     needs an importable ``__main__``, which a program read from stdin lacks, so the workers
-    are plain forks, each answering its share as one JSON document over a pipe.
+    are plain forks, each answering over a pipe.
     """
     if workers <= 0:
         enough = len(names) >= PARALLEL_MIN_SHARDS
@@ -496,59 +541,105 @@ def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list
     workers = min(workers, len(names))
     if workers < 2:
         return []
-    return [fork_share(model_dir, names[i::workers]) for i in range(workers)]
+    children: list[Worker] = []
+    for i in range(workers):
+        children.append(fork_share(model_dir, names[i::workers], children))
+    return children
 
 
-def finish_inspection(children: list[tuple[int, int]]) -> dict[str, dict[str, Any]]:
+def finish_inspection(children: list[Worker]) -> dict[str, dict[str, Any]]:
     """The workers' rows by shard name; a failed worker's share is left to the caller."""
     rows: dict[str, dict[str, Any]] = {}
-    for pid, fd in children:
-        for row in collect_share(pid, fd) or []:
+    for child in children:
+        share = child.read()
+        if not isinstance(share, list):
+            child.alive = False
+            child.finish()
+            continue
+        for row in share:
             rows[row["file"]] = row
     return rows
 
 
-def inspect_share(model_dir: str, names: list[str]) -> list[dict[str, Any]]:
-    """Rows for some shards, the tensor names replaced by their digest."""
+def compare_in_workers(
+    children: list[Worker],
+    rows: list[dict[str, Any]],
+    wanted: dict[str, list[str]] | None,
+    model_dir: str,
+) -> None:
+    """Settle the rows whose digest differed from the index's (they still carry ``names``):
+    each worker compares the names it kept; a failed worker's shards are read again here.
+    Then every worker is reaped."""
+    unsettled = {row["file"]: row for row in rows if "names" in row}
+    for child in children:
+        if not child.alive:
+            continue
+        request = {n: (wanted or {}).get(n, []) for n in child.names if n in unsettled}
+        reply = child.ask(request)
+        if child.finish() and reply is not None and set(reply) == set(request):
+            for name, absent in reply.items():
+                mark_absent(unsettled.pop(name), absent)
+    for row in rows:
+        if "names" in row:
+            del row["names"]
+    for name, row in unsettled.items():
+        fresh = shard_row(model_dir, name, None, wanted)
+        row.clear()
+        row.update(fresh)
+
+
+def inspect_share(
+    model_dir: str, names: list[str]
+) -> tuple[list[dict[str, Any]], dict[str, frozenset[str]]]:
+    """Rows for some shards, the tensor names replaced by their digest, and the names."""
     rows = []
+    headers = {}
     for name in names:
         row = inspect_shard(model_dir, name)
         header = row.pop("header")
         row["names"] = names_digest(header - {"__metadata__"}) if header is not None else None
+        if header is not None:
+            headers[name] = header
         rows.append(row)
-    return rows
+    return rows, headers
 
 
-def fork_share(model_dir: str, names: list[str]) -> tuple[int, int]:
-    """A child process inspecting ``names``; returns its pid and the pipe it answers on."""
-    read_fd, write_fd = os.pipe()
+def serve_share(model_dir: str, names: list[str], answers: int, requests: int) -> None:
+    """The worker's life: inspect, answer the rows, then compare the names it is sent."""
+    with os.fdopen(answers, "wb") as out:
+        rows, headers = inspect_share(model_dir, names)
+        out.write(json.dumps(rows).encode() + b"\n")
+        out.flush()
+        with os.fdopen(requests, "rb") as pipe:
+            request = json.loads(pipe.read() or b"{}")
+        reply = {
+            name: absent_tensors(headers.get(name, ()), tensors)
+            for name, tensors in request.items()
+        }
+        out.write(json.dumps(reply).encode() + b"\n")
+
+
+def fork_share(model_dir: str, names: list[str], siblings: list[Worker]) -> Worker:
+    """A child process inspecting ``names``. It closes its copies of the ``siblings``' pipes:
+    a sibling's request pipe held open here would never reach its end of file."""
+    answers_read, answers_write = os.pipe()
+    requests_read, requests_write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: answer, then leave without running the parent's exit handlers
         code = 0
         try:
-            os.close(read_fd)
-            data = json.dumps(inspect_share(model_dir, names)).encode()
-            with os.fdopen(write_fd, "wb") as out:
-                out.write(data)
+            os.close(answers_read)
+            os.close(requests_write)
+            for sibling in siblings:
+                sibling.answers.close()
+                os.close(sibling.requests)
+            serve_share(model_dir, names, answers_write, requests_read)
         except BaseException:
             code = 1
         os._exit(code)
-    os.close(write_fd)
-    return pid, read_fd
-
-
-def collect_share(pid: int, fd: int) -> list[dict[str, Any]] | None:
-    """A child's rows, or None when it failed (the caller then inspects its share itself)."""
-    with os.fdopen(fd, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    if status != 0:
-        return None
-    try:
-        rows = json.loads(data)
-    except ValueError:
-        return None
-    return rows if isinstance(rows, list) else None
+    os.close(answers_write)
+    os.close(requests_read)
+    return Worker(pid, os.fdopen(answers_read, "rb"), requests_write, names)
 
 
 def file_size(path: str) -> int | None:

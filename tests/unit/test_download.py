@@ -539,3 +539,29 @@ def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
     assert [row["file"] for row in answer["shards"]] == [shard(n, 6) for n in range(1, 7)]
     assert answer["summary"]["truncated"] == [shard(2, 6)]
     assert len(answer["summary"]["truncated"]) + answer["summary"]["ok"] == 6
+
+
+def test_a_worker_that_fails_while_comparing_names_leaves_them_to_the_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opsbook.probes import download as probe
+
+    model = make_checkpoint(tmp_path / "m", shards=6, shard_bytes=100_000)
+    index = json.loads((model / INDEX).read_text())
+    index["weight_map"]["language_model.model.layers.7.mlp.experts.9.up_proj.weight"] = shard(4, 6)
+    del index["weight_map"][next(t for t, f in index["weight_map"].items() if f == shard(5, 6))]
+    (model / INDEX).write_text(json.dumps(index))
+    parent, compare = os.getpid(), probe.absent_tensors
+
+    def fails_in_a_worker(header: Any, tensors: list[str]) -> list[str]:
+        if os.getpid() != parent:
+            raise RuntimeError("a worker that dies after its rows")
+        return compare(header, tensors)
+
+    monkeypatch.setattr(probe, "absent_tensors", fails_in_a_worker)
+    answer = probe.check({"path": str(model), "workers": 3})
+
+    assert answer == probe.check({"path": str(model), "workers": 1})
+    assert answer["summary"]["corrupt"] == [shard(4, 6)]
+    assert "1 tensor(s) named in the index are not in the header" in answer["shards"][3]["detail"]
+    assert status_of(answer, shard(5, 6)) == "ok"
