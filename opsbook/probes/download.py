@@ -312,8 +312,8 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     model_dir = where["model_dir"]
     on_disk = shards_on_disk(model_dir)
     # The shards on disk are read by forked workers while this process reads the index
-    # (tens of MB for a large MoE): the two are the check's main costs.
-    children = start_inspection(model_dir, on_disk, int(args.get("workers") or 0))
+    # (tens of MB for a large MoE), then helps them: the two are the check's main costs.
+    inspection = start_inspection(model_dir, on_disk, int(args.get("workers") or 0))
     index, answer["findings"] = read_index(model_dir)
     expected = expected_shards(index, on_disk)
     answer["index"] = index_facts(index, expected)
@@ -340,9 +340,9 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
             )
         )
     wanted = tensors_by_shard(index["weight_map"]) if index is not None else None
-    inspected = finish_inspection(children)
+    inspected = finish_inspection(inspection)
     rows = [shard_row(model_dir, name, inspected.get(name), wanted) for name in expected]
-    compare_in_workers(children, rows, wanted, model_dir)
+    compare_in_workers(inspection.children, rows, wanted, model_dir)
     named = set(expected)
     for name in on_disk:
         if name not in named:
@@ -473,21 +473,24 @@ def names_digest(names: Any) -> int:
 # workers only contend for the disk.
 PARALLEL_MIN_SHARDS = 64
 MAX_WORKERS = 16
+# The shards are handed out in chunks of at least this many, at most 255 chunks (one byte
+# each in the queue).
+CHUNK_MIN = 8
 
 
 class Worker:
-    """A forked process inspecting a share of the shards.
+    """A forked process inspecting chunks of the shards.
 
     It answers twice on one pipe, one JSON line each: its rows, then (when this process
     has sent, on a second pipe, the index's tensors for the shards whose digests differed)
     the tensors each of those shards lacks. In between it keeps its shards' tensor names.
     """
 
-    def __init__(self, pid: int, answers: Any, requests: int, names: list[str]) -> None:
+    def __init__(self, pid: int, answers: Any, requests: int) -> None:
         self.pid = pid
         self.answers = answers
         self.requests = requests
-        self.names = names
+        self.names: list[str] = []
         self.alive = True
 
     def read(self) -> Any:
@@ -519,6 +522,30 @@ class Worker:
         return status == 0
 
 
+class Inspection:
+    """The shards on disk in chunks, the queue the chunks are taken from (a pipe holding one
+    byte per chunk, read one byte at a time by whoever is free: -1 when this process takes
+    them all) and the workers taking them."""
+
+    def __init__(self, model_dir: str, chunks: list[list[str]], queue: int) -> None:
+        self.model_dir = model_dir
+        self.chunks = chunks
+        self.queue = queue
+        self.children: list[Worker] = []
+
+    def take(self) -> list[str] | None:
+        """The next chunk nobody has taken, or None when there is none left."""
+        if self.queue < 0:
+            return self.chunks.pop(0) if self.chunks else None
+        token = os.read(self.queue, 1)
+        return self.chunks[token[0]] if token else None
+
+    def close(self) -> None:
+        if self.queue >= 0:
+            os.close(self.queue)
+            self.queue = -1
+
+
 def usable_cpus() -> int:
     """The cores this process may run on (a container's or taskset's share, not the host's)."""
     if hasattr(os, "sched_getaffinity"):
@@ -526,10 +553,11 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list[Worker]:
-    """Fork workers that inspect ``names`` between them; ``[]`` when this process alone is as
-    quick (few shards, one core). ``workers`` overrides the count (0: one per usable core; 1:
-    none, this process inspects them all).
+def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> Inspection:
+    """Fork workers that take chunks of ``names`` from a queue; none when this process alone
+    is as quick (few shards, one core). ``workers`` overrides the count (0: one per usable
+    core; 1: none, this process inspects them all). This process takes the chunks left once
+    it has read the index (:func:`finish_inspection`), so no one waits on a slow share.
 
     Parsing headers is CPU work under the GIL, so threads would not help; a process pool
     needs an importable ``__main__``, which a program read from stdin lacks, so the workers
@@ -538,24 +566,36 @@ def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list
     if workers <= 0:
         enough = len(names) >= PARALLEL_MIN_SHARDS
         workers = min(usable_cpus(), MAX_WORKERS) if enough else 0
-    workers = min(workers, len(names))
-    if workers < 2:
-        return []
-    children: list[Worker] = []
-    for i in range(workers):
-        children.append(fork_share(model_dir, names[i::workers], children))
-    return children
+    size = max(CHUNK_MIN, -(-len(names) // 255))
+    chunks = [names[i : i + size] for i in range(0, len(names), size)]
+    if min(workers, len(chunks)) < 2:
+        return Inspection(model_dir, chunks, -1)
+    queue, filler = os.pipe()
+    os.write(filler, bytes(range(len(chunks))))  # at most 255 bytes: within the pipe's buffer
+    os.close(filler)
+    inspection = Inspection(model_dir, chunks, queue)
+    for _ in range(min(workers, len(chunks))):
+        inspection.children.append(fork_share(inspection))
+    return inspection
 
 
-def finish_inspection(children: list[Worker]) -> dict[str, dict[str, Any]]:
-    """The workers' rows by shard name; a failed worker's share is left to the caller."""
+def finish_inspection(inspection: Inspection) -> dict[str, dict[str, Any]]:
+    """Inspect the chunks no worker has taken, then collect the workers' rows: all rows by
+    shard name. A failed worker's shards are left to the caller."""
     rows: dict[str, dict[str, Any]] = {}
-    for child in children:
+    chunk = inspection.take()
+    while chunk is not None:
+        for name in chunk:
+            rows[name] = inspect_shard(inspection.model_dir, name)
+        chunk = inspection.take()
+    inspection.close()
+    for child in inspection.children:
         share = child.read()
         if not isinstance(share, list):
             child.alive = False
             child.finish()
             continue
+        child.names = [row["file"] for row in share]
         for row in share:
             rows[row["file"]] = row
     return rows
@@ -604,10 +644,18 @@ def inspect_share(
     return rows, headers
 
 
-def serve_share(model_dir: str, names: list[str], answers: int, requests: int) -> None:
-    """The worker's life: inspect, answer the rows, then compare the names it is sent."""
+def serve_share(inspection: Inspection, answers: int, requests: int) -> None:
+    """The worker's life: inspect chunks while there are any, answer the rows, then compare
+    the names it is sent."""
+    rows: list[dict[str, Any]] = []
+    headers: dict[str, frozenset[str]] = {}
     with os.fdopen(answers, "wb") as out:
-        rows, headers = inspect_share(model_dir, names)
+        chunk = inspection.take()
+        while chunk is not None:
+            more, names = inspect_share(inspection.model_dir, chunk)
+            rows += more
+            headers.update(names)
+            chunk = inspection.take()
         out.write(json.dumps(rows).encode() + b"\n")
         out.flush()
         with os.fdopen(requests, "rb") as pipe:
@@ -619,9 +667,9 @@ def serve_share(model_dir: str, names: list[str], answers: int, requests: int) -
         out.write(json.dumps(reply).encode() + b"\n")
 
 
-def fork_share(model_dir: str, names: list[str], siblings: list[Worker]) -> Worker:
-    """A child process inspecting ``names``. It closes its copies of the ``siblings``' pipes:
-    a sibling's request pipe held open here would never reach its end of file."""
+def fork_share(inspection: Inspection) -> Worker:
+    """A child process taking chunks from the inspection's queue. It closes its copies of
+    the earlier workers' pipes: a request pipe held open here would never reach its end."""
     answers_read, answers_write = os.pipe()
     requests_read, requests_write = os.pipe()
     pid = os.fork()
@@ -630,16 +678,16 @@ def fork_share(model_dir: str, names: list[str], siblings: list[Worker]) -> Work
         try:
             os.close(answers_read)
             os.close(requests_write)
-            for sibling in siblings:
+            for sibling in inspection.children:
                 sibling.answers.close()
                 os.close(sibling.requests)
-            serve_share(model_dir, names, answers_write, requests_read)
+            serve_share(inspection, answers_write, requests_read)
         except BaseException:
             code = 1
         os._exit(code)
     os.close(answers_write)
     os.close(requests_read)
-    return Worker(pid, os.fdopen(answers_read, "rb"), requests_write, names)
+    return Worker(pid, os.fdopen(answers_read, "rb"), requests_write)
 
 
 def file_size(path: str) -> int | None:
