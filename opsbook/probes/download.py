@@ -7,6 +7,8 @@ the caller names a hash cache file. ``args["op"]`` selects:
   safetensors headers (``size == 8 + header length + last data offset``), headers parse and
   their offsets are contiguous, every indexed tensor is in its shard's header, no partial
   downloads or locks are left, snapshot links resolve, config and tokenizer files are JSON.
+  The shards come as ``{"columns": SHARD_COLUMNS, "rows": [[...], ...]}``: a row per shard
+  as a list is half the bytes of an object naming every field, for thousands of shards.
 * ``hash``: sha256 of shards on several cores, compared with the hub cache blob names, the
   local-dir metadata etags or a manifest; a cache file (opt-in) skips unchanged shards.
 * ``progress``: bytes present per shard, counting ``.incomplete`` files, for watching.
@@ -295,6 +297,13 @@ def inspect_shard(model_dir: str, name: str) -> dict[str, Any]:
 
 # --- check --------------------------------------------------------------------------------
 
+SHARD_COLUMNS = ("file", "status", "size", "expected_size", "header_len", "tensors", "detail")
+
+
+def shard_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The shard rows as columns and a list of values per row."""
+    return {"columns": list(SHARD_COLUMNS), "rows": [[r[c] for c in SHARD_COLUMNS] for r in rows]}
+
 
 def check(args: dict[str, Any]) -> dict[str, Any]:
     """The whole download check: shards, headers, partial files, config and tokenizer files."""
@@ -302,7 +311,7 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "where": where,
         "index": None,
-        "shards": [],
+        "shards": shard_table([]),
         "files": [],
         "partials": [],
         "findings": [],
@@ -362,7 +371,7 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
                     "detail": "not named in the index",
                 }
             )
-    answer["shards"] = rows
+    answer["shards"] = shard_table(rows)
     answer["partials"] = find_partials(where, index)
     answer["files"] = check_small_files(model_dir)
     answer["findings"] += shard_findings(rows) + partial_findings(answer["partials"], rows)

@@ -32,8 +32,12 @@ def errors(answer: dict[str, Any]) -> list[dict[str, str]]:
     return [f for f in answer["findings"] if f["severity"] == "error"]
 
 
+def shard_rows(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    return download.shard_records(answer)
+
+
 def status_of(answer: dict[str, Any], name: str) -> str:
-    return next(row["status"] for row in answer["shards"] if row["file"] == name)
+    return next(row["status"] for row in shard_rows(answer) if row["file"] == name)
 
 
 def shard(n: int, total: int = 5) -> str:
@@ -155,7 +159,7 @@ def test_truncated_shard(local: Path) -> None:
     checkpoint.truncate_shard(local, 2, 60_000)
     answer = check(local)
     assert answer["summary"]["truncated"] == [shard(2)]
-    row = answer["shards"][1]
+    row = shard_rows(answer)[1]
     assert row["size"] == 60_000 and row["expected_size"] == 100_000
 
 
@@ -519,7 +523,8 @@ def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> No
     # shard 7 holds a tensor the index does not name: more than the index asks is not a fault
     assert status_of(alone, shard(7, 9)) == "ok"
     assert summary["unexpected"] == ["model-00010-of-00010.safetensors"]
-    assert not any("names" in row or "header" in row for row in forked["shards"])
+    assert forked["shards"]["columns"] == list(download.SHARD_COLUMNS)
+    assert all(len(row) == len(download.SHARD_COLUMNS) for row in forked["shards"]["rows"])
 
 
 def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
@@ -536,7 +541,7 @@ def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
     monkeypatch.setattr(probe, "inspect_share", broken)
     answer = probe.check({"path": str(model), "workers": 3})
 
-    assert [row["file"] for row in answer["shards"]] == [shard(n, 6) for n in range(1, 7)]
+    assert [row["file"] for row in shard_rows(answer)] == [shard(n, 6) for n in range(1, 7)]
     assert answer["summary"]["truncated"] == [shard(2, 6)]
     assert len(answer["summary"]["truncated"]) + answer["summary"]["ok"] == 6
 
@@ -563,5 +568,5 @@ def test_a_worker_that_fails_while_comparing_names_leaves_them_to_the_parent(
 
     assert answer == probe.check({"path": str(model), "workers": 1})
     assert answer["summary"]["corrupt"] == [shard(4, 6)]
-    assert "1 tensor(s) named in the index are not in the header" in answer["shards"][3]["detail"]
+    assert "1 tensor(s) named in the index are not in the header" in shard_rows(answer)[3]["detail"]
     assert status_of(answer, shard(5, 6)) == "ok"
