@@ -214,6 +214,45 @@ def read_header(path: str, size: int) -> tuple[int, dict[str, Any] | None, str, 
 
 def layout_of(header: dict[str, Any]) -> tuple[int, str]:
     """Check tensor entries and return ``(end of data, problem)``; problem is '' when fine."""
+    return sound_layout(header) or layout_problem(header)
+
+
+def sound_layout(header: dict[str, Any]) -> tuple[int, str] | None:
+    """``(end of data, '')`` for a header whose every entry is plainly right, else None.
+
+    The common case in fewer steps than :func:`layout_problem`, which runs when anything is
+    off and says what: half a million tensors for a large MoE make the steps count.
+    """
+    spans: list[tuple[int, int]] = []
+    append = spans.append
+    bits_of = DTYPE_BITS.get
+    prod = math.prod
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = entry["data_offsets"]
+            count = prod(entry["shape"])
+            bits = bits_of(entry.get("dtype"))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        if type(begin) is not int or type(end) is not int or type(count) is not int:
+            return None
+        if begin > end or (bits is not None and (count * bits + 7) // 8 != end - begin):
+            return None
+        append((begin, end))
+    if not spans:
+        return 0, ""
+    spans.sort()
+    begins = [span[0] for span in spans]
+    ends = [span[1] for span in spans]
+    if begins[0] != 0 or begins[1:] != ends[:-1]:
+        return None
+    return ends[-1], ""
+
+
+def layout_problem(header: dict[str, Any]) -> tuple[int, str]:
+    """:func:`layout_of` step by step, naming the first tensor that is not right."""
     spans = []
     bits_of = DTYPE_BITS.get
     for name, entry in header.items():

@@ -570,3 +570,48 @@ def test_a_worker_that_fails_while_comparing_names_leaves_them_to_the_parent(
     assert answer["summary"]["corrupt"] == [shard(4, 6)]
     assert "1 tensor(s) named in the index are not in the header" in shard_rows(answer)[3]["detail"]
     assert status_of(answer, shard(5, 6)) == "ok"
+
+
+def tensor(dtype: str, shape: list[Any], begin: Any, end: Any) -> dict[str, Any]:
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+LAYOUTS = {
+    "sound": {
+        "__metadata__": {},
+        "b": tensor("F32", [2], 8, 16),
+        "a": tensor("BF16", [2, 2], 0, 8),
+    },
+    "empty": {"__metadata__": {"format": "pt"}},
+    "zero-length": {"a": tensor("F32", [0], 0, 0), "b": tensor("U8", [4], 0, 4)},
+    "unknown dtype": {"a": tensor("C64", [3], 0, 24)},
+    "F4 packs two in a byte": {"a": tensor("F4", [3], 0, 2)},
+    "gap": {"a": tensor("U8", [4], 0, 4), "b": tensor("U8", [4], 6, 10)},
+    "overlap": {"a": tensor("U8", [4], 0, 4), "b": tensor("U8", [4], 2, 6)},
+    "inside a zero-length": {"a": tensor("U8", [10], 0, 10), "b": tensor("U8", [0], 5, 5)},
+    "not from 0": {"a": tensor("U8", [4], 4, 8)},
+    "size": {"a": tensor("F32", [3], 0, 8)},
+    "reversed": {"a": tensor("U8", [0], 4, 0)},
+    "negative": {"a": tensor("U8", [4], -4, 0)},
+    "bool offsets": {"a": tensor("U8", [1], False, True)},
+    "float offsets": {"a": tensor("U8", [4], 0.0, 4.0)},
+    "float dims": {"a": tensor("U8", [2.0, 2], 0, 4)},
+    "text dims": {"a": tensor("U8", ["4"], 0, 4)},
+    "no shape": {"a": {"dtype": "U8", "data_offsets": [0, 4]}},
+    "three offsets": {"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4, 8]}},
+    "not an object": {"a": [0, 4]},
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_quick_layout_check_says_what_the_full_one_says(name: str) -> None:
+    from opsbook.probes import download as probe
+
+    header = LAYOUTS[name]
+    quick = probe.sound_layout(header)
+    assert probe.layout_of(header) == probe.layout_problem(header)
+    assert quick is None or quick == probe.layout_problem(header)
+    if name in ("sound", "empty", "zero-length", "unknown dtype", "F4 packs two in a byte"):
+        assert quick is not None and quick[1] == ""
+    if name in ("gap", "overlap", "inside a zero-length", "not from 0", "size", "reversed"):
+        assert quick is None and probe.layout_problem(header)[1]
