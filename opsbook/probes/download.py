@@ -522,9 +522,10 @@ def names_digest(names: Any) -> int:
     return hash(frozenset(names))
 
 
-# Below this many shards a second process costs more than it saves; more than this many
-# workers only contend for the disk.
-PARALLEL_MIN_SHARDS = 64
+# Below this many shards a second process costs more than it saves (119 shards over SSH,
+# best of 9: 0.100 s alone, 0.114 s with two workers); more than this many workers only
+# contend for the disk.
+PARALLEL_MIN_SHARDS = 256
 MAX_WORKERS = 16
 # The shards are handed out in chunks of at least this many, at most 255 chunks (one byte
 # each in the queue).
