@@ -511,9 +511,17 @@ def shard_row(
         tensors = wanted.get(name, [])
         if header is not None:
             mark_absent(row, absent_tensors(header, tensors))
-        elif digest != names_digest(tensors):
+        elif not digest_matches(digest, tensors):
             row["names"] = digest  # for the worker to settle
     return row
+
+
+def digest_matches(digest: Any, tensors: list[str]) -> bool:
+    """Whether a worker's ``[digest, with metadata]`` is that of ``tensors``."""
+    if not digest:
+        return False
+    value, with_metadata = digest
+    return bool(value == names_digest(tensors + ["__metadata__"] if with_metadata else tensors))
 
 
 def names_digest(names: Any) -> int:
@@ -691,7 +699,9 @@ def inspect_share(
     for name in names:
         row = inspect_shard(model_dir, name)
         header = row.pop("header")
-        row["names"] = names_digest(header - {"__metadata__"}) if header is not None else None
+        # The digest is of the names as read, "__metadata__" and all (one set fewer per shard):
+        # the row says whether it was there, for the other side to add it.
+        row["names"] = [names_digest(header), "__metadata__" in header] if header else None
         if header is not None:
             headers[name] = header
         rows.append(row)
