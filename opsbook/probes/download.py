@@ -482,6 +482,12 @@ def absent_tensors(header: Any, tensors: list[str]) -> list[str]:
     return [t for t in tensors if t not in header]
 
 
+def absent_positions(header: Any, hashes: list[int]) -> list[int]:
+    """The positions in ``hashes`` (of tensor names) that no name of a header hashes to."""
+    present = set(map(hash, header))
+    return [i for i, value in enumerate(hashes) if value not in present]
+
+
 def mark_absent(row: dict[str, Any], absent: list[str]) -> None:
     """Mark a shard whose header lacks tensors the index places in it."""
     if absent:
@@ -562,9 +568,9 @@ class Worker:
         except ValueError:
             return None
 
-    def ask(self, request: dict[str, list[str]]) -> dict[str, list[str]] | None:
-        """Send ``request`` ({shard: tensors the index places there}); the tensors each
-        shard lacks, or None when the worker failed."""
+    def ask(self, request: dict[str, list[int]]) -> dict[str, list[int]] | None:
+        """Send ``request`` ({shard: hashes of the tensors the index places there}); the
+        positions of those each shard lacks, or None when the worker failed."""
         try:
             with os.fdopen(self.requests, "wb") as pipe:
                 pipe.write(json.dumps(request).encode())
@@ -676,11 +682,13 @@ def compare_in_workers(
     for child in children:
         if not child.alive:
             continue
-        request = {n: (wanted or {}).get(n, []) for n in child.names if n in unsettled}
-        reply = child.ask(request)
-        if child.finish() and reply is not None and set(reply) == set(request):
-            for name, absent in reply.items():
-                mark_absent(unsettled.pop(name), absent)
+        # The names go as their hashes (the workers are forks: they hash alike), a third of
+        # the bytes: thousands of shards may each hold tensors the index places elsewhere.
+        tensors = {n: (wanted or {}).get(n, []) for n in child.names if n in unsettled}
+        reply = child.ask({n: list(map(hash, t)) for n, t in tensors.items()})
+        if child.finish() and reply is not None and set(reply) == set(tensors):
+            for name, positions in reply.items():
+                mark_absent(unsettled.pop(name), [tensors[name][i] for i in positions])
     for row in rows:
         if "names" in row:
             del row["names"]
@@ -725,8 +733,8 @@ def serve_share(inspection: Inspection, answers: int, requests: int) -> None:
         with os.fdopen(requests, "rb") as pipe:
             request = json.loads(pipe.read() or b"{}")
         reply = {
-            name: absent_tensors(headers.get(name, ()), tensors)
-            for name, tensors in request.items()
+            name: absent_positions(headers.get(name, ()), hashes)
+            for name, hashes in request.items()
         }
         out.write(json.dumps(reply).encode() + b"\n")
 

@@ -556,14 +556,14 @@ def test_a_worker_that_fails_while_comparing_names_leaves_them_to_the_parent(
     index["weight_map"]["language_model.model.layers.7.mlp.experts.9.up_proj.weight"] = shard(4, 6)
     del index["weight_map"][next(t for t, f in index["weight_map"].items() if f == shard(5, 6))]
     (model / INDEX).write_text(json.dumps(index))
-    parent, compare = os.getpid(), probe.absent_tensors
+    parent, compare = os.getpid(), probe.absent_positions
 
-    def fails_in_a_worker(header: Any, tensors: list[str]) -> list[str]:
+    def fails_in_a_worker(header: Any, hashes: list[int]) -> list[int]:
         if os.getpid() != parent:
             raise RuntimeError("a worker that dies after its rows")
-        return compare(header, tensors)
+        return compare(header, hashes)
 
-    monkeypatch.setattr(probe, "absent_tensors", fails_in_a_worker)
+    monkeypatch.setattr(probe, "absent_positions", fails_in_a_worker)
     answer = probe.check({"path": str(model), "workers": 3})
 
     assert answer == probe.check({"path": str(model), "workers": 1})
