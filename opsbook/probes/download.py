@@ -568,15 +568,18 @@ class Worker:
         except ValueError:
             return None
 
-    def ask(self, request: dict[str, list[int]]) -> dict[str, list[int]] | None:
-        """Send ``request`` ({shard: hashes of the tensors the index places there}); the
-        positions of those each shard lacks, or None when the worker failed."""
+    def ask(self, request: dict[str, list[int]]) -> None:
+        """Send ``request`` ({shard: hashes of the tensors the index places there})."""
         try:
             with os.fdopen(self.requests, "wb") as pipe:
                 pipe.write(json.dumps(request).encode())
         except OSError:
             self.alive = False
         self.requests = -1
+
+    def reply(self) -> dict[str, list[int]] | None:
+        """The positions of the tensors each shard of the request lacks, or None when the
+        worker failed."""
         reply = self.read() if self.alive else None
         return reply if isinstance(reply, dict) else None
 
@@ -679,13 +682,15 @@ def compare_in_workers(
     each worker compares the names it kept; a failed worker's shards are read again here.
     Then every worker is reaped."""
     unsettled = {row["file"]: row for row in rows if "names" in row}
-    for child in children:
-        if not child.alive:
-            continue
+    asked = []
+    for child in (c for c in children if c.alive):
         # The names go as their hashes (the workers are forks: they hash alike), a third of
         # the bytes: thousands of shards may each hold tensors the index places elsewhere.
         tensors = {n: (wanted or {}).get(n, []) for n in child.names if n in unsettled}
-        reply = child.ask({n: list(map(hash, t)) for n, t in tensors.items()})
+        child.ask({n: list(map(hash, t)) for n, t in tensors.items()})
+        asked.append((child, tensors))
+    for child, tensors in asked:  # all asked first: the workers answer at the same time
+        reply = child.reply()
         if child.finish() and reply is not None and set(reply) == set(tensors):
             for name, positions in reply.items():
                 mark_absent(unsettled.pop(name), [tensors[name][i] for i in positions])
