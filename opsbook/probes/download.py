@@ -393,8 +393,8 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
             )
         )
     wanted = tensors_by_shard(index["weight_map"]) if index is not None else None
-    inspected = finish_inspection(inspection)
-    rows = [shard_row(model_dir, name, inspected.get(name), wanted) for name in expected]
+    inspected = finish_inspection(inspection, wanted)
+    rows = [inspected.get(name) or shard_row(model_dir, name, None, wanted) for name in expected]
     compare_in_workers(inspection.children, rows, wanted, model_dir)
     named = set(expected)
     for name in on_disk:
@@ -650,14 +650,22 @@ def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> Insp
     return inspection
 
 
-def finish_inspection(inspection: Inspection) -> dict[str, dict[str, Any]]:
+def finish_inspection(
+    inspection: Inspection, wanted: dict[str, list[str]] | None
+) -> dict[str, dict[str, Any]]:
     """Inspect the chunks no worker has taken, then collect the workers' rows: all rows by
-    shard name. A failed worker's shards are left to the caller."""
+    shard name, each matched against ``wanted`` (:func:`shard_row`). A failed worker's
+    shards are left to the caller.
+
+    Each row is matched as soon as it is made: a header's names kept for later, thousands
+    of them, are tens of MB of memory to fault in and for the garbage collector to walk.
+    """
     rows: dict[str, dict[str, Any]] = {}
+    model_dir = inspection.model_dir
     chunk = inspection.take()
     while chunk is not None:
         for name in chunk:
-            rows[name] = inspect_shard(inspection.model_dir, name)
+            rows[name] = shard_row(model_dir, name, inspect_shard(model_dir, name), wanted)
         chunk = inspection.take()
     inspection.close()
     for child in inspection.children:
@@ -668,7 +676,7 @@ def finish_inspection(inspection: Inspection) -> dict[str, dict[str, Any]]:
             continue
         child.names = [row["file"] for row in share]
         for row in share:
-            rows[row["file"]] = row
+            rows[row["file"]] = shard_row(model_dir, row["file"], row, wanted)
     return rows
 
 
