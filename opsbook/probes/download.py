@@ -626,9 +626,10 @@ def usable_cpus() -> int:
 
 def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> Inspection:
     """Fork workers that take chunks of ``names`` from a queue; none when this process alone
-    is as quick (few shards, one core). ``workers`` overrides the count (0: one per usable
-    core; 1: none, this process inspects them all). This process takes the chunks left once
-    it has read the index (:func:`finish_inspection`), so no one waits on a slow share.
+    is as quick (few shards, one core). ``workers`` is the number of processes inspecting,
+    this one included (0: one per usable core; 1: this process inspects them all): this
+    process takes chunks too once it has read the index (:func:`finish_inspection`), so one
+    core each is one fork fewer than the cores, and no one waits on a slow share.
 
     Parsing headers is CPU work under the GIL, so threads would not help; a process pool
     needs an importable ``__main__``, which a program read from stdin lacks, so the workers
@@ -636,16 +637,18 @@ def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> Insp
     """
     if workers <= 0:
         enough = len(names) >= PARALLEL_MIN_SHARDS
-        workers = min(usable_cpus(), MAX_WORKERS) if enough else 0
-    size = max(CHUNK_MIN, -(-len(names) // 255))
+        workers = min(usable_cpus(), MAX_WORKERS) if enough else 1
+    # Chunks of CHUNK_MIN shards or more, but a few for each process when there are few.
+    size = max(-(-len(names) // 255), min(CHUNK_MIN, len(names) // (4 * workers)), 1)
     chunks = [names[i : i + size] for i in range(0, len(names), size)]
-    if min(workers, len(chunks)) < 2:
+    forks = min(workers, len(chunks)) - 1
+    if forks < 1:
         return Inspection(model_dir, chunks, -1)
     queue, filler = os.pipe()
     os.write(filler, bytes(range(len(chunks))))  # at most 255 bytes: within the pipe's buffer
     os.close(filler)
     inspection = Inspection(model_dir, chunks, queue)
-    for _ in range(min(workers, len(chunks))):
+    for _ in range(forks):
         inspection.children.append(fork_share(inspection))
     return inspection
 

@@ -501,7 +501,30 @@ def check_with(path: Path, workers: int) -> dict[str, Any]:
     return answer
 
 
-def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> None:
+@pytest.fixture
+def parent_reads() -> Iterator[list[str]]:
+    """The probe's own process leaves every chunk of shards to its workers (forks: they take
+    them as usual), so that they surely run; yields the shards it reads itself all the same."""
+    from opsbook.probes import download as probe
+
+    parent, take, inspect = os.getpid(), probe.Inspection.take, probe.inspect_shard
+    read: list[str] = []
+
+    def take_in_workers(self: Any) -> Any:
+        return None if os.getpid() == parent else take(self)
+
+    def inspect_noting(model_dir: str, name: str) -> Any:
+        if os.getpid() == parent:
+            read.append(name)
+        return inspect(model_dir, name)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(probe.Inspection, "take", take_in_workers)
+        patch.setattr(probe, "inspect_shard", inspect_noting)
+        yield read
+
+
+def faulty_checkpoint(tmp_path: Path) -> Path:
     model = make_checkpoint(tmp_path / "m", shards=9, shard_bytes=100_000)
     (model / shard(3, 9)).unlink()
     checkpoint.truncate_shard(model, 2, 60_000)
@@ -512,7 +535,22 @@ def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> No
     del index["weight_map"][next(t for t, f in index["weight_map"].items() if f == shard(7, 9))]
     (model / INDEX).write_text(json.dumps(index))
     shutil.copy(model / shard(1, 9), model / "model-00010-of-00010.safetensors")
+    return model
 
+
+def test_workers_answer_exactly_as_one_process_does(
+    tmp_path: Path, parent_reads: list[str]
+) -> None:
+    from opsbook.probes import download as probe
+
+    model = faulty_checkpoint(tmp_path)
+    forked = probe.check({"path": str(model), "workers": 3})
+    assert parent_reads == [shard(3, 9)]  # the workers read every shard on disk
+    assert forked == check_with(model, 1)
+
+
+def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> None:
+    model = faulty_checkpoint(tmp_path)
     alone, forked = check_with(model, 1), check_with(model, 3)
 
     assert forked == alone
@@ -528,7 +566,7 @@ def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> No
 
 
 def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parent_reads: list[str]
 ) -> None:
     from opsbook.probes import download as probe
 
@@ -542,12 +580,13 @@ def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
     answer = probe.check({"path": str(model), "workers": 3})
 
     assert [row["file"] for row in shard_rows(answer)] == [shard(n, 6) for n in range(1, 7)]
+    assert sorted(parent_reads) == [shard(n, 6) for n in range(1, 7)]
     assert answer["summary"]["truncated"] == [shard(2, 6)]
     assert len(answer["summary"]["truncated"]) + answer["summary"]["ok"] == 6
 
 
 def test_a_worker_that_fails_while_comparing_names_leaves_them_to_the_parent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parent_reads: list[str]
 ) -> None:
     from opsbook.probes import download as probe
 
@@ -566,6 +605,8 @@ def test_a_worker_that_fails_while_comparing_names_leaves_them_to_the_parent(
     monkeypatch.setattr(probe, "absent_positions", fails_in_a_worker)
     answer = probe.check({"path": str(model), "workers": 3})
 
+    # the worker's rows came; the two shards whose names differ from the index's are read again
+    assert sorted(parent_reads) == [shard(4, 6), shard(5, 6)]
     assert answer == probe.check({"path": str(model), "workers": 1})
     assert answer["summary"]["corrupt"] == [shard(4, 6)]
     assert "1 tensor(s) named in the index are not in the header" in shard_rows(answer)[3]["detail"]
