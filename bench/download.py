@@ -253,7 +253,7 @@ def main() -> None:
             ours / seconds,
             "(nobody competent writes this)",
         )
-    print(f"load average (1, 5, 15 min): {fmt_load(load_before)} before, {fmt_load(load_after)} after")
+    print(f"load average (1, 5, 15 min): {fmt_load(load_before)}, then {fmt_load(load_after)}")
 
 
 def fmt_load(load: tuple[float, float, float]) -> str:
