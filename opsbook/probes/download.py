@@ -550,8 +550,9 @@ class Worker:
     """A forked process inspecting chunks of the shards.
 
     It answers twice on one pipe, one JSON line each: its rows, then (when this process
-    has sent, on a second pipe, the index's tensors for the shards whose digests differed)
-    the tensors each of those shards lacks. In between it keeps its shards' tensor names.
+    has sent, on a second pipe, the hashes of the index's tensors for the shards whose
+    digests differed) the positions of those each shard lacks. In between it keeps its
+    shards' tensor names.
     """
 
     def __init__(self, pid: int, answers: Any, requests: int) -> None:
