@@ -10,12 +10,16 @@ one open SSH connection, taking turns, best of ``--repeat``:
   reads every shard's size and safetensors header and compares them (what a competent
   operator writes); the ratio is opsbook over this one (goal: at most 1.5x);
 * ``find -printf '%s %p'``: sizes only, no header read (a secondary line: it proves less);
-* the old comparison, one ssh round trip per shard (119 shards only, a secondary line).
+* the old comparison, one ssh round trip per shard (119 shards only, a secondary line);
+* CPU seconds of the probe and of the script, both run here on the same files (a secondary
+  line): what the ratio comes to when no core is free for the probe's workers. The load
+  average before and after is printed, since other work on the machine moves the figures.
 
 Goal (issue 16): within 1.5x of the ``python3 -`` script at every size, and opsbook's time
 growing less than 2x from 119 to 1,190 shards.
 
-Usage: ``.venv/bin/python bench/download.py [--shards 119,1190,11900] [--repeat 3]`` (as
+Usage: ``.venv/bin/python bench/download.py [--shards 119,1190,11900] [--repeat 3]
+[--address 127.0.4.50]`` (as
 root: the rehearsal host creates its login user).
 """
 
@@ -25,6 +29,7 @@ import argparse
 import json
 import os
 import pwd
+import resource
 import shlex
 import shutil
 import subprocess
@@ -137,6 +142,22 @@ def interpreter_per_shard(model_dir: str) -> int:
     return ok
 
 
+def cpu_seconds(model_dir: str, repeat: int) -> tuple[float, float]:
+    """The least CPU seconds (user + system, its workers included) of the probe and of the
+    plain script, each run ``repeat`` times here with the system python."""
+    probe = probes.assemble("download", {"op": "check", "path": model_dir})
+    runs = [([PYTHON, "-"], probe), ([PYTHON, "-", model_dir], PLAIN_SCRIPT)]
+    best = [float("inf"), float("inf")]
+    for _ in range(repeat):
+        for i, (command, program) in enumerate(runs):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run(command, input=program, capture_output=True, text=True, check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            best[i] = min(best[i], used)
+    return best[0], best[1]
+
+
 # --- measuring ------------------------------------------------------------------------------
 
 
@@ -165,23 +186,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="119,1190,11900", help="checkpoint sizes (a,b,c)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--address", default=ADDRESS, help="the rehearsal host's loopback address")
     options = parser.parse_args()
     sizes = [int(n) for n in options.shards.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-", dir="/tmp"))
     figures: dict[int, tuple[float, float, float]] = {}
+    cpu: dict[int, tuple[float, float]] = {}
+    load_before = os.getloadavg()
     per_shard: tuple[int, float] | None = None
     # The test's own folder: the sandbox keeps an existing folder's mode.
     folder.chmod(0o755)
     try:
-        box = sandboxes.up(folder, address=ADDRESS, checkpoint=False)
+        box = sandboxes.up(folder, address=options.address, checkpoint=False)
         with Host(box.host_spec()) as host:
             host.run("true", check=True)  # connect once, outside the measurements
             for shards in sizes:
-                figures[shards], old = measure_size(box, host, shards, options.repeat, per_shard)
+                figures[shards], cpu[shards], old = measure_size(
+                    box, host, shards, options.repeat, per_shard
+                )
                 per_shard = per_shard or old
     finally:
         sandboxes.down(folder)
         shutil.rmtree(folder, ignore_errors=True)
+    load_after = os.getloadavg()
     benchtable.header("download check: opsbook vs one python3 - script (sizes + headers)")
     for shards, (ours, plain, find) in figures.items():
         benchtable.row(
@@ -190,6 +217,14 @@ def main() -> None:
             f"python3 - {benchtable.seconds(plain)}",
             ours / plain,
             f"<= {GOAL_RATIO}x: {benchtable.verdict(ours <= GOAL_RATIO * plain)}",
+        )
+        ours_cpu, plain_cpu = cpu[shards]
+        benchtable.row(
+            f"  secondary: CPU seconds run here, {shards:,} shards",
+            benchtable.seconds(ours_cpu),
+            f"python3 - {benchtable.seconds(plain_cpu)}",
+            ours_cpu / plain_cpu,
+            "(no core free for the workers)",
         )
         benchtable.row(
             f"  secondary: sizes only, {shards:,} shards",
@@ -218,13 +253,19 @@ def main() -> None:
             ours / seconds,
             "(nobody competent writes this)",
         )
+    print(f"load average (1, 5, 15 min): {fmt_load(load_before)}, then {fmt_load(load_after)}")
+
+
+def fmt_load(load: tuple[float, float, float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in load)
 
 
 def measure_size(
     box: Sandbox, host: Host, shards: int, repeat: int, per_shard: object
-) -> tuple[tuple[float, float, float], tuple[int, float] | None]:
+) -> tuple[tuple[float, float, float], tuple[float, float], tuple[int, float] | None]:
     """opsbook's, the script's and find's best seconds on a fresh ``shards``-shard checkpoint,
-    and the one-ssh-per-shard seconds the first time (``per_shard`` still None)."""
+    the two's CPU seconds run here, and the one-ssh-per-shard seconds the first time
+    (``per_shard`` still None)."""
     started = time.perf_counter()
     model_dir = checkpoint_for(box, shards)
     print(f"{shards}-shard checkpoint written in {time.perf_counter() - started:.1f} s")
@@ -238,6 +279,7 @@ def measure_size(
             ],
         )
         print(f"  shards ok: opsbook {ours[1]}, python3 - {plain[1]}; find: {find[1]}")
+        cpu = cpu_seconds(model_dir, repeat)
         old = None
         if per_shard is None:
             try:
@@ -246,7 +288,7 @@ def measure_size(
                 print(f"  one ssh per shard failed: {type(e).__name__}: {e}")
     finally:
         shutil.rmtree(Path(box.home) / "bench")
-    return (ours[0], plain[0], find[0]), old
+    return (ours[0], plain[0], find[0]), cpu, old
 
 
 def taking_turns(repeat: int, runs: list[Callable[[], int]]) -> list[tuple[float, int]]:

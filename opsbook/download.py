@@ -118,11 +118,17 @@ def check_result(answer: Mapping[str, Any]) -> Result:
         "where": answer["where"],
         "index": answer["index"],
         "summary": summary,
-        "shards": Table.from_records(answer["shards"], SHARD_COLUMNS),
+        "shards": Table(answer["shards"]["columns"], answer["shards"]["rows"]),
         "files": Table.from_records(answer["files"], ("file", "status", "detail")),
         "partials": answer["partials"],
     }
     return Result(ok, check_message(summary, ok), data, findings)
+
+
+def shard_records(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The probe's ``check`` answer's shards (columns and rows) as one dict per shard."""
+    columns = answer["shards"]["columns"]
+    return [dict(zip(columns, row, strict=True)) for row in answer["shards"]["rows"]]
 
 
 @dataclass(frozen=True)
@@ -217,8 +223,9 @@ def hash_shards(
     listing = host.probe(PROBE, {"op": "check", "path": model_path}, timeout=CHECK_TIMEOUT)
     if listing["where"]["error"]:
         return check_result(listing)
-    names = [row["file"] for row in listing["shards"] if row["status"] != "unexpected"]
-    sizes = {row["file"]: row["size"] or 0 for row in listing["shards"]}
+    shards = shard_records(listing)
+    names = [row["file"] for row in shards if row["status"] != "unexpected"]
+    sizes = {row["file"]: row["size"] or 0 for row in shards}
     rows: list[dict[str, Any]] = []
     started = clock()
     for batch in batched(names, batch_size):

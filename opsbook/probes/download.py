@@ -7,6 +7,8 @@ the caller names a hash cache file. ``args["op"]`` selects:
   safetensors headers (``size == 8 + header length + last data offset``), headers parse and
   their offsets are contiguous, every indexed tensor is in its shard's header, no partial
   downloads or locks are left, snapshot links resolve, config and tokenizer files are JSON.
+  The shards come as ``{"columns": SHARD_COLUMNS, "rows": [[...], ...]}``: a row per shard
+  as a list is half the bytes of an object naming every field, for thousands of shards.
 * ``hash``: sha256 of shards on several cores, compared with the hub cache blob names, the
   local-dir metadata etags or a manifest; a cache file (opt-in) skips unchanged shards.
 * ``progress``: bytes present per shard, counting ``.incomplete`` files, for watching.
@@ -24,7 +26,12 @@ import re
 import stat
 import struct
 import time
-from typing import Any
+
+# typing costs this program, started once per check, a tenth of its start: its names are
+# used in annotations only, which are never evaluated here.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER = 100_000_000
@@ -146,7 +153,7 @@ def read_index(model_dir: str) -> tuple[dict[str, Any] | None, list[dict[str, st
             finding("error", INDEX_NAME, f"not valid JSON: {error}", "re-download the index file")
         ]
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+    if not isinstance(weight_map, dict) or set(map(type, weight_map.values())) - {str}:
         return None, [
             finding(
                 "error",
@@ -207,6 +214,45 @@ def read_header(path: str, size: int) -> tuple[int, dict[str, Any] | None, str, 
 
 def layout_of(header: dict[str, Any]) -> tuple[int, str]:
     """Check tensor entries and return ``(end of data, problem)``; problem is '' when fine."""
+    return sound_layout(header) or layout_problem(header)
+
+
+def sound_layout(header: dict[str, Any]) -> tuple[int, str] | None:
+    """``(end of data, '')`` for a header whose every entry is plainly right, else None.
+
+    The common case in fewer steps than :func:`layout_problem`, which runs when anything is
+    off and says what: half a million tensors for a large MoE make the steps count.
+    """
+    spans: list[tuple[int, int]] = []
+    append = spans.append
+    bits_of = DTYPE_BITS.get
+    prod = math.prod
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = entry["data_offsets"]
+            count = prod(entry["shape"])
+            bits = bits_of(entry.get("dtype"))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        if type(begin) is not int or type(end) is not int or type(count) is not int:
+            return None
+        if begin > end or (bits is not None and (count * bits + 7) // 8 != end - begin):
+            return None
+        append((begin, end))
+    if not spans:
+        return 0, ""
+    spans.sort()
+    begins = [span[0] for span in spans]
+    ends = [span[1] for span in spans]
+    if begins[0] != 0 or begins[1:] != ends[:-1]:
+        return None
+    return ends[-1], ""
+
+
+def layout_problem(header: dict[str, Any]) -> tuple[int, str]:
+    """:func:`layout_of` step by step, naming the first tensor that is not right."""
     spans = []
     bits_of = DTYPE_BITS.get
     for name, entry in header.items():
@@ -266,7 +312,7 @@ def inspect_shard(model_dir: str, name: str) -> dict[str, Any]:
     if header is None:
         return row
     end, problem = layout_of(header)
-    row["tensors"] = len([k for k in header if k != "__metadata__"])
+    row["tensors"] = len(header) - ("__metadata__" in header)
     # Only the tensor names are kept (for the index's weight map): thousands of parsed
     # headers kept whole make the cyclic garbage collector walk them at every parse.
     row["header"] = frozenset(header)
@@ -290,6 +336,13 @@ def inspect_shard(model_dir: str, name: str) -> dict[str, Any]:
 
 # --- check --------------------------------------------------------------------------------
 
+SHARD_COLUMNS = ("file", "status", "size", "expected_size", "header_len", "tensors", "detail")
+
+
+def shard_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The shard rows as columns and a list of values per row."""
+    return {"columns": list(SHARD_COLUMNS), "rows": [[r[c] for c in SHARD_COLUMNS] for r in rows]}
+
 
 def check(args: dict[str, Any]) -> dict[str, Any]:
     """The whole download check: shards, headers, partial files, config and tokenizer files."""
@@ -297,7 +350,7 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "where": where,
         "index": None,
-        "shards": [],
+        "shards": shard_table([]),
         "files": [],
         "partials": [],
         "findings": [],
@@ -312,8 +365,8 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     model_dir = where["model_dir"]
     on_disk = shards_on_disk(model_dir)
     # The shards on disk are read by forked workers while this process reads the index
-    # (tens of MB for a large MoE): the two are the check's main costs.
-    children = start_inspection(model_dir, on_disk, int(args.get("workers") or 0))
+    # (tens of MB for a large MoE), then helps them: the two are the check's main costs.
+    inspection = start_inspection(model_dir, on_disk, int(args.get("workers") or 0))
     index, answer["findings"] = read_index(model_dir)
     expected = expected_shards(index, on_disk)
     answer["index"] = index_facts(index, expected)
@@ -340,8 +393,9 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
             )
         )
     wanted = tensors_by_shard(index["weight_map"]) if index is not None else None
-    inspected = finish_inspection(children)
-    rows = [shard_row(model_dir, name, inspected.get(name), wanted) for name in expected]
+    inspected = finish_inspection(inspection, wanted)
+    rows = [inspected.get(name) or shard_row(model_dir, name, None, wanted) for name in expected]
+    compare_in_workers(inspection.children, rows, wanted, model_dir)
     named = set(expected)
     for name in on_disk:
         if name not in named:
@@ -356,7 +410,7 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
                     "detail": "not named in the index",
                 }
             )
-    answer["shards"] = rows
+    answer["shards"] = shard_table(rows)
     answer["partials"] = find_partials(where, index)
     answer["files"] = check_small_files(model_dir)
     answer["findings"] += shard_findings(rows) + partial_findings(answer["partials"], rows)
@@ -423,12 +477,19 @@ def tensors_by_shard(weight_map: dict[str, str]) -> dict[str, list[str]]:
     return wanted
 
 
-def match_weight_map(row: dict[str, Any], tensors: list[str]) -> None:
+def absent_tensors(header: Any, tensors: list[str]) -> list[str]:
+    """The tensors of ``tensors`` that a header's names (a set) lack."""
+    return [t for t in tensors if t not in header]
+
+
+def absent_positions(header: Any, hashes: list[int]) -> list[int]:
+    """The positions in ``hashes`` (of tensor names) that no name of a header hashes to."""
+    present = set(map(hash, header))
+    return [i for i, value in enumerate(hashes) if value not in present]
+
+
+def mark_absent(row: dict[str, Any], absent: list[str]) -> None:
     """Mark a shard whose header lacks tensors the index places in it."""
-    if row["status"] != "ok" or row["header"] is None:
-        return
-    header = row["header"]
-    absent = [t for t in tensors if t not in header]
     if absent:
         row["status"] = "corrupt"
         row["detail"] = (
@@ -446,20 +507,27 @@ def shard_row(
     """A shard's row of the answer, matched against the index when there is one.
 
     A worker's row carries a digest of the header's tensor names instead of the names: when
-    it equals the digest of the names the index places in the shard, the two sets are equal;
-    otherwise (extra tensors, or missing ones) the shard is read again here and compared name
-    by name.
+    it equals the digest of the names the index places in the shard, the two sets are equal
+    and the row loses its digest; otherwise (extra tensors, or missing ones) it keeps it, and
+    :func:`compare_in_workers` has the worker, which still holds the names, compare them.
     """
     row = inspected or inspect_shard(model_dir, name)
+    header, digest = row.pop("header", None), row.pop("names", None)
     if wanted is not None and row["status"] == "ok":
         tensors = wanted.get(name, [])
-        if "header" not in row and row["names"] != names_digest(tensors):
-            row = inspect_shard(model_dir, name)
-        if "header" in row:
-            match_weight_map(row, tensors)
-    row.pop("header", None)
-    row.pop("names", None)
+        if header is not None:
+            mark_absent(row, absent_tensors(header, tensors))
+        elif not digest_matches(digest, tensors):
+            row["names"] = digest  # for the worker to settle
     return row
+
+
+def digest_matches(digest: Any, tensors: list[str]) -> bool:
+    """Whether a worker's ``[digest, with metadata]`` is that of ``tensors``."""
+    if not digest:
+        return False
+    value, with_metadata = digest
+    return bool(value == names_digest(tensors + ["__metadata__"] if with_metadata else tensors))
 
 
 def names_digest(names: Any) -> int:
@@ -468,10 +536,86 @@ def names_digest(names: Any) -> int:
     return hash(frozenset(names))
 
 
-# Below this many shards a second process costs more than it saves; more than this many
-# workers only contend for the disk.
-PARALLEL_MIN_SHARDS = 64
+# Below this many shards a second process costs more than it saves (119 shards over SSH,
+# best of 9: 0.100 s alone, 0.114 s with two workers); more than this many workers only
+# contend for the disk.
+PARALLEL_MIN_SHARDS = 256
 MAX_WORKERS = 16
+# The shards are handed out in chunks of at least this many, at most 255 chunks (one byte
+# each in the queue).
+CHUNK_MIN = 8
+
+
+class Worker:
+    """A forked process inspecting chunks of the shards.
+
+    It answers twice on one pipe, one JSON line each: its rows, then (when this process
+    has sent, on a second pipe, the hashes of the index's tensors for the shards whose
+    digests differed) the positions of those each shard lacks. In between it keeps its
+    shards' tensor names.
+    """
+
+    def __init__(self, pid: int, answers: Any, requests: int) -> None:
+        self.pid = pid
+        self.answers = answers
+        self.requests = requests
+        self.names: list[str] = []
+        self.alive = True
+
+    def read(self) -> Any:
+        """The next JSON line the worker wrote, or None (it failed or wrote something else)."""
+        try:
+            return json.loads(self.answers.readline() or b"null")
+        except ValueError:
+            return None
+
+    def ask(self, request: dict[str, list[int]]) -> None:
+        """Send ``request`` ({shard: hashes of the tensors the index places there})."""
+        try:
+            with os.fdopen(self.requests, "wb") as pipe:
+                pipe.write(json.dumps(request).encode())
+        except OSError:
+            self.alive = False
+        self.requests = -1
+
+    def reply(self) -> dict[str, list[int]] | None:
+        """The positions of the tensors each shard of the request lacks, or None when the
+        worker failed."""
+        reply = self.read() if self.alive else None
+        return reply if isinstance(reply, dict) else None
+
+    def finish(self) -> bool:
+        """Close the pipes and reap the worker; whether it exited well."""
+        if self.requests >= 0:
+            os.close(self.requests)
+            self.requests = -1
+        self.answers.close()
+        _, status = os.waitpid(self.pid, 0)
+        return status == 0
+
+
+class Inspection:
+    """The shards on disk in chunks, the queue the chunks are taken from (a pipe holding one
+    byte per chunk, read one byte at a time by whoever is free: -1 when this process takes
+    them all) and the workers taking them."""
+
+    def __init__(self, model_dir: str, chunks: list[list[str]], queue: int) -> None:
+        self.model_dir = model_dir
+        self.chunks = chunks
+        self.queue = queue
+        self.children: list[Worker] = []
+
+    def take(self) -> list[str] | None:
+        """The next chunk nobody has taken, or None when there is none left."""
+        if self.queue < 0:
+            return self.chunks.pop(0) if self.chunks else None
+        token = os.read(self.queue, 1)
+        return self.chunks[token[0]] if token else None
+
+    def close(self) -> None:
+        if self.queue >= 0:
+            os.close(self.queue)
+            self.queue = -1
 
 
 def usable_cpus() -> int:
@@ -481,74 +625,158 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> list[tuple[int, int]]:
-    """Fork workers that inspect ``names`` between them; ``[]`` when this process alone is as
-    quick (few shards, one core). ``workers`` overrides the count (0: one per usable core; 1:
-    none, this process inspects them all).
+def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> Inspection:
+    """Fork workers that take chunks of ``names`` from a queue; none when this process alone
+    is as quick (few shards, one core). ``workers`` is the number of processes inspecting,
+    this one included (0: one per usable core; 1: this process inspects them all): this
+    process takes chunks too once it has read the index (:func:`finish_inspection`), so one
+    core each is one fork fewer than the cores, and no one waits on a slow share.
 
     Parsing headers is CPU work under the GIL, so threads would not help; a process pool
     needs an importable ``__main__``, which a program read from stdin lacks, so the workers
-    are plain forks, each answering its share as one JSON document over a pipe.
+    are plain forks, each answering over a pipe.
     """
     if workers <= 0:
         enough = len(names) >= PARALLEL_MIN_SHARDS
-        workers = min(usable_cpus(), MAX_WORKERS) if enough else 0
-    workers = min(workers, len(names))
-    if workers < 2:
-        return []
-    return [fork_share(model_dir, names[i::workers]) for i in range(workers)]
+        workers = min(usable_cpus(), MAX_WORKERS) if enough else 1
+    # Chunks of CHUNK_MIN shards or more, but a few for each process when there are few.
+    size = max(-(-len(names) // 255), min(CHUNK_MIN, len(names) // (4 * workers)), 1)
+    chunks = [names[i : i + size] for i in range(0, len(names), size)]
+    forks = min(workers, len(chunks)) - 1
+    if forks < 1:
+        return Inspection(model_dir, chunks, -1)
+    queue, filler = os.pipe()
+    os.write(filler, bytes(range(len(chunks))))  # at most 255 bytes: within the pipe's buffer
+    os.close(filler)
+    inspection = Inspection(model_dir, chunks, queue)
+    for _ in range(forks):
+        inspection.children.append(fork_share(inspection))
+    return inspection
 
 
-def finish_inspection(children: list[tuple[int, int]]) -> dict[str, dict[str, Any]]:
-    """The workers' rows by shard name; a failed worker's share is left to the caller."""
+def finish_inspection(
+    inspection: Inspection, wanted: dict[str, list[str]] | None
+) -> dict[str, dict[str, Any]]:
+    """Inspect the chunks no worker has taken, then collect the workers' rows: all rows by
+    shard name, each matched against ``wanted`` (:func:`shard_row`). A failed worker's
+    shards are left to the caller.
+
+    Each row is matched as soon as it is made: a header's names kept for later, thousands
+    of them, are tens of MB of memory to fault in and for the garbage collector to walk.
+    """
     rows: dict[str, dict[str, Any]] = {}
-    for pid, fd in children:
-        for row in collect_share(pid, fd) or []:
-            rows[row["file"]] = row
+    model_dir = inspection.model_dir
+    chunk = inspection.take()
+    while chunk is not None:
+        for name in chunk:
+            rows[name] = shard_row(model_dir, name, inspect_shard(model_dir, name), wanted)
+        chunk = inspection.take()
+    inspection.close()
+    for child in inspection.children:
+        share = child.read()
+        if not isinstance(share, list):
+            child.alive = False
+            child.finish()
+            continue
+        child.names = [row["file"] for row in share]
+        for row in share:
+            rows[row["file"]] = shard_row(model_dir, row["file"], row, wanted)
     return rows
 
 
-def inspect_share(model_dir: str, names: list[str]) -> list[dict[str, Any]]:
-    """Rows for some shards, the tensor names replaced by their digest."""
+def compare_in_workers(
+    children: list[Worker],
+    rows: list[dict[str, Any]],
+    wanted: dict[str, list[str]] | None,
+    model_dir: str,
+) -> None:
+    """Settle the rows whose digest differed from the index's (they still carry ``names``):
+    each worker compares the names it kept; a failed worker's shards are read again here.
+    Then every worker is reaped."""
+    unsettled = {row["file"]: row for row in rows if "names" in row}
+    asked = []
+    for child in (c for c in children if c.alive):
+        # The names go as their hashes (the workers are forks: they hash alike), a third of
+        # the bytes: thousands of shards may each hold tensors the index places elsewhere.
+        tensors = {n: (wanted or {}).get(n, []) for n in child.names if n in unsettled}
+        child.ask({n: list(map(hash, t)) for n, t in tensors.items()})
+        asked.append((child, tensors))
+    for child, tensors in asked:  # all asked first: the workers answer at the same time
+        reply = child.reply()
+        if child.finish() and reply is not None and set(reply) == set(tensors):
+            for name, positions in reply.items():
+                mark_absent(unsettled.pop(name), [tensors[name][i] for i in positions])
+    for row in rows:
+        if "names" in row:
+            del row["names"]
+    for name, row in unsettled.items():
+        fresh = shard_row(model_dir, name, None, wanted)
+        row.clear()
+        row.update(fresh)
+
+
+def inspect_share(
+    model_dir: str, names: list[str]
+) -> tuple[list[dict[str, Any]], dict[str, frozenset[str]]]:
+    """Rows for some shards, the tensor names replaced by their digest, and the names."""
     rows = []
+    headers = {}
     for name in names:
         row = inspect_shard(model_dir, name)
         header = row.pop("header")
-        row["names"] = names_digest(header - {"__metadata__"}) if header is not None else None
+        # The digest is of the names as read, "__metadata__" and all (one set fewer per shard):
+        # the row says whether it was there, for the other side to add it.
+        row["names"] = [names_digest(header), "__metadata__" in header] if header else None
+        if header is not None:
+            headers[name] = header
         rows.append(row)
-    return rows
+    return rows, headers
 
 
-def fork_share(model_dir: str, names: list[str]) -> tuple[int, int]:
-    """A child process inspecting ``names``; returns its pid and the pipe it answers on."""
-    read_fd, write_fd = os.pipe()
+def serve_share(inspection: Inspection, answers: int, requests: int) -> None:
+    """The worker's life: inspect chunks while there are any, answer the rows, then compare
+    the names it is sent."""
+    rows: list[dict[str, Any]] = []
+    headers: dict[str, frozenset[str]] = {}
+    with os.fdopen(answers, "wb") as out:
+        chunk = inspection.take()
+        while chunk is not None:
+            more, names = inspect_share(inspection.model_dir, chunk)
+            rows += more
+            headers.update(names)
+            chunk = inspection.take()
+        out.write(json.dumps(rows).encode() + b"\n")
+        out.flush()
+        with os.fdopen(requests, "rb") as pipe:
+            request = json.loads(pipe.read() or b"{}")
+        reply = {
+            name: absent_positions(headers.get(name, ()), hashes)
+            for name, hashes in request.items()
+        }
+        out.write(json.dumps(reply).encode() + b"\n")
+
+
+def fork_share(inspection: Inspection) -> Worker:
+    """A child process taking chunks from the inspection's queue. It closes its copies of
+    the earlier workers' pipes: a request pipe held open here would never reach its end."""
+    answers_read, answers_write = os.pipe()
+    requests_read, requests_write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: answer, then leave without running the parent's exit handlers
         code = 0
         try:
-            os.close(read_fd)
-            data = json.dumps(inspect_share(model_dir, names)).encode()
-            with os.fdopen(write_fd, "wb") as out:
-                out.write(data)
+            os.close(answers_read)
+            os.close(requests_write)
+            for sibling in inspection.children:
+                sibling.answers.close()
+                os.close(sibling.requests)
+            serve_share(inspection, answers_write, requests_read)
         except BaseException:
             code = 1
         os._exit(code)
-    os.close(write_fd)
-    return pid, read_fd
-
-
-def collect_share(pid: int, fd: int) -> list[dict[str, Any]] | None:
-    """A child's rows, or None when it failed (the caller then inspects its share itself)."""
-    with os.fdopen(fd, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    if status != 0:
-        return None
-    try:
-        rows = json.loads(data)
-    except ValueError:
-        return None
-    return rows if isinstance(rows, list) else None
+    os.close(answers_write)
+    os.close(requests_read)
+    return Worker(pid, os.fdopen(answers_read, "rb"), requests_write)
 
 
 def file_size(path: str) -> int | None:

@@ -32,8 +32,12 @@ def errors(answer: dict[str, Any]) -> list[dict[str, str]]:
     return [f for f in answer["findings"] if f["severity"] == "error"]
 
 
+def shard_rows(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    return download.shard_records(answer)
+
+
 def status_of(answer: dict[str, Any], name: str) -> str:
-    return next(row["status"] for row in answer["shards"] if row["file"] == name)
+    return next(row["status"] for row in shard_rows(answer) if row["file"] == name)
 
 
 def shard(n: int, total: int = 5) -> str:
@@ -155,7 +159,7 @@ def test_truncated_shard(local: Path) -> None:
     checkpoint.truncate_shard(local, 2, 60_000)
     answer = check(local)
     assert answer["summary"]["truncated"] == [shard(2)]
-    row = answer["shards"][1]
+    row = shard_rows(answer)[1]
     assert row["size"] == 60_000 and row["expected_size"] == 100_000
 
 
@@ -497,7 +501,30 @@ def check_with(path: Path, workers: int) -> dict[str, Any]:
     return answer
 
 
-def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> None:
+@pytest.fixture
+def parent_reads() -> Iterator[list[str]]:
+    """The probe's own process leaves every chunk of shards to its workers (forks: they take
+    them as usual), so that they surely run; yields the shards it reads itself all the same."""
+    from opsbook.probes import download as probe
+
+    parent, take, inspect = os.getpid(), probe.Inspection.take, probe.inspect_shard
+    read: list[str] = []
+
+    def take_in_workers(self: Any) -> Any:
+        return None if os.getpid() == parent else take(self)
+
+    def inspect_noting(model_dir: str, name: str) -> Any:
+        if os.getpid() == parent:
+            read.append(name)
+        return inspect(model_dir, name)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(probe.Inspection, "take", take_in_workers)
+        patch.setattr(probe, "inspect_shard", inspect_noting)
+        yield read
+
+
+def faulty_checkpoint(tmp_path: Path) -> Path:
     model = make_checkpoint(tmp_path / "m", shards=9, shard_bytes=100_000)
     (model / shard(3, 9)).unlink()
     checkpoint.truncate_shard(model, 2, 60_000)
@@ -508,7 +535,22 @@ def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> No
     del index["weight_map"][next(t for t, f in index["weight_map"].items() if f == shard(7, 9))]
     (model / INDEX).write_text(json.dumps(index))
     shutil.copy(model / shard(1, 9), model / "model-00010-of-00010.safetensors")
+    return model
 
+
+def test_workers_answer_exactly_as_one_process_does(
+    tmp_path: Path, parent_reads: list[str]
+) -> None:
+    from opsbook.probes import download as probe
+
+    model = faulty_checkpoint(tmp_path)
+    forked = probe.check({"path": str(model), "workers": 3})
+    assert parent_reads == [shard(3, 9)]  # the workers read every shard on disk
+    assert forked == check_with(model, 1)
+
+
+def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> None:
+    model = faulty_checkpoint(tmp_path)
     alone, forked = check_with(model, 1), check_with(model, 3)
 
     assert forked == alone
@@ -519,11 +561,12 @@ def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> No
     # shard 7 holds a tensor the index does not name: more than the index asks is not a fault
     assert status_of(alone, shard(7, 9)) == "ok"
     assert summary["unexpected"] == ["model-00010-of-00010.safetensors"]
-    assert not any("names" in row or "header" in row for row in forked["shards"])
+    assert forked["shards"]["columns"] == list(download.SHARD_COLUMNS)
+    assert all(len(row) == len(download.SHARD_COLUMNS) for row in forked["shards"]["rows"])
 
 
 def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parent_reads: list[str]
 ) -> None:
     from opsbook.probes import download as probe
 
@@ -536,6 +579,80 @@ def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
     monkeypatch.setattr(probe, "inspect_share", broken)
     answer = probe.check({"path": str(model), "workers": 3})
 
-    assert [row["file"] for row in answer["shards"]] == [shard(n, 6) for n in range(1, 7)]
+    assert [row["file"] for row in shard_rows(answer)] == [shard(n, 6) for n in range(1, 7)]
+    assert sorted(parent_reads) == [shard(n, 6) for n in range(1, 7)]
     assert answer["summary"]["truncated"] == [shard(2, 6)]
     assert len(answer["summary"]["truncated"]) + answer["summary"]["ok"] == 6
+
+
+def test_a_worker_that_fails_while_comparing_names_leaves_them_to_the_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parent_reads: list[str]
+) -> None:
+    from opsbook.probes import download as probe
+
+    model = make_checkpoint(tmp_path / "m", shards=6, shard_bytes=100_000)
+    index = json.loads((model / INDEX).read_text())
+    index["weight_map"]["language_model.model.layers.7.mlp.experts.9.up_proj.weight"] = shard(4, 6)
+    del index["weight_map"][next(t for t, f in index["weight_map"].items() if f == shard(5, 6))]
+    (model / INDEX).write_text(json.dumps(index))
+    parent, compare = os.getpid(), probe.absent_positions
+
+    def fails_in_a_worker(header: Any, hashes: list[int]) -> list[int]:
+        if os.getpid() != parent:
+            raise RuntimeError("a worker that dies after its rows")
+        return compare(header, hashes)
+
+    monkeypatch.setattr(probe, "absent_positions", fails_in_a_worker)
+    answer = probe.check({"path": str(model), "workers": 3})
+
+    # the worker's rows came; the two shards whose names differ from the index's are read again
+    assert sorted(parent_reads) == [shard(4, 6), shard(5, 6)]
+    assert answer == probe.check({"path": str(model), "workers": 1})
+    assert answer["summary"]["corrupt"] == [shard(4, 6)]
+    assert "1 tensor(s) named in the index are not in the header" in shard_rows(answer)[3]["detail"]
+    assert status_of(answer, shard(5, 6)) == "ok"
+
+
+def tensor(dtype: str, shape: list[Any], begin: Any, end: Any) -> dict[str, Any]:
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+LAYOUTS = {
+    "sound": {
+        "__metadata__": {},
+        "b": tensor("F32", [2], 8, 16),
+        "a": tensor("BF16", [2, 2], 0, 8),
+    },
+    "empty": {"__metadata__": {"format": "pt"}},
+    "zero-length": {"a": tensor("F32", [0], 0, 0), "b": tensor("U8", [4], 0, 4)},
+    "unknown dtype": {"a": tensor("C64", [3], 0, 24)},
+    "F4 packs two in a byte": {"a": tensor("F4", [3], 0, 2)},
+    "gap": {"a": tensor("U8", [4], 0, 4), "b": tensor("U8", [4], 6, 10)},
+    "overlap": {"a": tensor("U8", [4], 0, 4), "b": tensor("U8", [4], 2, 6)},
+    "inside a zero-length": {"a": tensor("U8", [10], 0, 10), "b": tensor("U8", [0], 5, 5)},
+    "not from 0": {"a": tensor("U8", [4], 4, 8)},
+    "size": {"a": tensor("F32", [3], 0, 8)},
+    "reversed": {"a": tensor("U8", [0], 4, 0)},
+    "negative": {"a": tensor("U8", [4], -4, 0)},
+    "bool offsets": {"a": tensor("U8", [1], False, True)},
+    "float offsets": {"a": tensor("U8", [4], 0.0, 4.0)},
+    "float dims": {"a": tensor("U8", [2.0, 2], 0, 4)},
+    "text dims": {"a": tensor("U8", ["4"], 0, 4)},
+    "no shape": {"a": {"dtype": "U8", "data_offsets": [0, 4]}},
+    "three offsets": {"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4, 8]}},
+    "not an object": {"a": [0, 4]},
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_quick_layout_check_says_what_the_full_one_says(name: str) -> None:
+    from opsbook.probes import download as probe
+
+    header = LAYOUTS[name]
+    quick = probe.sound_layout(header)
+    assert probe.layout_of(header) == probe.layout_problem(header)
+    assert quick is None or quick == probe.layout_problem(header)
+    if name in ("sound", "empty", "zero-length", "unknown dtype", "F4 packs two in a byte"):
+        assert quick is not None and quick[1] == ""
+    if name in ("gap", "overlap", "inside a zero-length", "not from 0", "size", "reversed"):
+        assert quick is None and probe.layout_problem(header)[1]
