@@ -563,7 +563,8 @@ def http_status(port, path, timeout):
                 chunks.append(chunk)
                 size += len(chunk)
     except OSError as e:
-        return {"status": None, "error": str(e)}
+        if not chunks:  # a reset after an answer leaves the answer to read
+            return {"status": None, "error": str(e)}
     head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
     words = head.split(b"\r\n", 1)[0].split()
     if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():

@@ -400,11 +400,16 @@ def test_a_port_that_does_not_speak_http_is_no_health_answer(paths: launch.Launc
         listener.listen()
 
         def greet() -> None:  # every caller: the probe's port look and its health request
-            with contextlib.suppress(OSError):
-                while True:
+            while True:
+                try:
                     conn, _ = listener.accept()
-                    with conn:
-                        conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+                except OSError:  # the listener is closed: the test is over
+                    return
+                # As sshd: it reads what the client sent (unread bytes would make the close a
+                # reset), then answers. The port look hangs up at once; the next is greeted.
+                with conn, contextlib.suppress(OSError):
+                    conn.recv(1024)
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
 
         threading.Thread(target=greet, daemon=True).start()
         port = listener.getsockname()[1]
