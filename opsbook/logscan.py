@@ -93,8 +93,13 @@ PHASE_NAMES = tuple(name for name, _ in PHASE_PATTERNS)
 _ANSI = re.compile(
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|(?<![\w\]])\[[0-9]{1,3}(?:;[0-9]{1,3})*m"
 )
-_QUOTE_START = re.compile(r"^\s{0,3}(?:>\s?)+|^\*\*")
-_QUOTE_END = re.compile(r"\*\*\s*$")
+# How a log is quoted in an issue or a chat: "> " quote marks, a list bullet, a table's "|",
+# Markdown bold or italics, an inline-code backtick, in any order and after any indentation.
+# Removed only at the start (and the matching end): the text inside keeps its own indentation.
+_MARKUP_START = re.compile(
+    r"^\s*(?:(?:>\s?)+|[-*+•]\s+(?=\S)(?!\*)|\d{1,3}[.)]\s+(?=\S)|\|\s?|\*\*|__|`(?!`))"
+)
+_MARKUP_END = re.compile(r"(?:\*\*|__|\s\||(?<!`)`)\s*$")
 # A terminal log viewer (k9s, lazydocker) draws a box: a vertical border before and after
 # each line it shows.
 _VIEWER_BORDER = re.compile(r"^\s*[│┃║] ?|\s*[│┃║]\s*$")
@@ -102,14 +107,31 @@ _VIEWER_BORDER = re.compile(r"^\s*[│┃║] ?|\s*[│┃║]\s*$")
 _CODE_SPAN = re.compile(r"^\s*`([^`]+)`\s*$")
 # A Markdown code fence: it marks where a pasted log begins or ends, and is not log text.
 _FENCE = re.compile(r"^(?:```|~~~)[\w+-]*\s*$")
+# The name of an exception as a traceback's last line shows it. A qualified name
+# (``huggingface_hub.utils._http.OfflineModeIsEnabled``, ``torch._dynamo.exc.Unsupported``)
+# is one whatever it ends in: exception classes of the libraries vLLM runs on are named
+# freely (huggingface_hub OfflineModeIsEnabled, ray GracefulExit and TimeoutExpired, torch
+# Unsupported and BackendCompilerFailed); a bare name needs one of the endings they use.
+EXCEPTION_NAME = (
+    r"(?:(?:[a-z_]\w*\.)+_?[A-Z]\w*(?<!Warning)"
+    r"|_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure|Failed|Enabled"
+    r"|Unavailable|NotFound|Denied|Exceeded|Expired|Mismatch|Died))"
+)
+# Any CamelCase name followed by ": message": an exception's line when it ends a traceback
+# (the line after its frames), whatever the name (``Unsupported: ...`` printed unqualified).
+_BARE_EXCEPTION_LINE = re.compile(r"^_?[A-Z]\w*(?:\.\w+)*(?:\(\w+\))?: \S")
 # An exception shown as its repr (a ``raise`` re-logged with %r, a Triton compile error):
 # ``ValueError("msg")`` says what ``ValueError: msg`` says. A cut excerpt may lack the end.
 _EXCEPTION_REPR = re.compile(
-    r"^(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit))\((?P<q>[\"'])(?P<message>.*?)"
-    r"(?:(?P=q)\)?)?$"
+    r"^(?P<name>" + EXCEPTION_NAME + r")\((?P<q>[\"'])(?P<message>.*?)(?:(?P=q)\)?)?$"
 )
 _COMPOSE = re.compile(r"^[\w.-]{1,40}\s+\|\s?")
-_PROCESS = re.compile(r"^\((?P<process>[^()\n]{0,80}?\bpid=\d+[^()\n]{0,60})\)\s?")
+# vLLM's and Ray's process prefixes: "(EngineCore_DP0 pid=7)", "(RayWorkerWrapper pid=7,
+# ip=10.0.0.2)", and Ray's own daemons, which carry no pid ("(raylet, ip=10.0.0.2)").
+_PROCESS = re.compile(
+    r"^\((?P<process>[^()\n]{0,80}?\bpid=\d+[^()\n]{0,60}"
+    r"|(?:raylet|gcs_server|autoscaler|dashboard_agent|monitor)\b[^()\n]{0,60})\)\s?"
+)
 _RANK = re.compile(r"^\[(?P<process>rank\d+)\]:\s?")
 # vLLM's prefix has no year; builds that change its date format (NVIDIA NIM) add one.
 _VLLM_LEVEL = re.compile(
@@ -130,12 +152,54 @@ _RUNTIME_STAMP = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)T(?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r"(?:Z|[+-]\d\d:?\d\d)? "
 )
+# journald / syslog: "Dec 03 10:11:12 host vllm[1234]: " (journalctl's default output).
+_SYSLOG = re.compile(
+    r"^(?P<monthname>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<day>\d{1,2}) "
+    r"(?P<time>\d\d:\d\d:\d\d) \S+ [\w.@/:-]+(?:\[\d+\])?: "
+)
+# kubectl logs --prefix: "[pod/NAME/CONTAINER] ".
+_KUBECTL = re.compile(r"^\[pod/[^\]\s]+\] ")
+# loguru's default format (Xinference and other servers that embed vLLM):
+# "2024-05-01 10:11:12.345 | ERROR    | module:function:12 - ".
+_LOGURU = re.compile(
+    r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r" \| (?P<level>[A-Z]+)\s*\| [\w.<>:-]+ - "
+)
+# Ray's Python logger ("2024-05-01 10:11:12,345\tINFO worker.py:1 -- ") and its C++ (glog)
+# lines ("[2024-05-01 10:11:12,345 E 123 456] raylet.cc:12: ", "E0501 10:11:12.345 123 f.cc:1] ").
+_RAY_PYTHON = re.compile(
+    r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r"\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w./-]+:\d+ -- "
+)
+_RAY_NATIVE = re.compile(
+    r"^\[(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r" (?P<level>[DIWEF]) \d+ \d+\] (?:[\w./-]+:\d+: )?"
+)
+_GLOG = re.compile(
+    r"^(?P<level>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)\.\d+\s+\d+ "
+    r"[\w./-]+:\d+\] "
+)
+# Any other date and time before the message ("[2024-05-01 10:11:12] ", a log shipper's):
+# one space follows, as for a container runtime's stamp.
+_DATE_STAMP = re.compile(
+    r"^\[?(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ T](?P<time>\d\d:\d\d:\d\d)"
+    r"(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]? "
+)
+_LEVEL_LETTERS = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _PREFIXES = (
     _RUNTIME_STAMP,
+    _SYSLOG,
+    _KUBECTL,
     _PROCESS,
     _RANK,
     _VLLM_LEVEL,
     _PYTHON_LEVEL,
+    _LOGURU,
+    _RAY_PYTHON,
+    _RAY_NATIVE,
+    _GLOG,
+    _DATE_STAMP,
     _UVICORN_LEVEL,
     _LOCATION,
 )
@@ -188,6 +252,8 @@ class LogLine:
         timestamp: when the line's prefix carries a time (see ``PLACEHOLDER_YEAR``).
         is_code: a traceback's frame or source line, never a message.
         process: the process prefix (``EngineCore_DP0 pid=7``, ``rank0``) when there is one.
+        exception: an exception's line (``Name: message``): a known exception name, or any
+            name on the line that ends a traceback's frames.
     """
 
     number: int
@@ -197,6 +263,7 @@ class LogLine:
     timestamp: datetime | None = None
     is_code: bool = False
     process: str | None = None
+    exception: bool = False
 
 
 @dataclass(frozen=True)
@@ -466,7 +533,9 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
 
 
 def _regex(pattern: str | dict[str, str]) -> str:
-    return pattern["regex"] if isinstance(pattern, dict) else pattern
+    # "<EXCEPTION>" in a pattern stands for any exception name (EXCEPTION_NAME).
+    text = pattern["regex"] if isinstance(pattern, dict) else pattern
+    return text.replace("<EXCEPTION>", EXCEPTION_NAME)
 
 
 def _after(pattern: str | dict[str, str]) -> re.Pattern[str] | None:
@@ -515,7 +584,7 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
     cleaned = [_clean(line) for line in raws]
     year = _first_year(raws)
     lines: list[LogLine] = []
-    after_frame = False
+    after_frame = after_code = False
     for members in _wrapped_groups(numbers, cleaned):
         joined = "".join(cleaned[i] for i in members)
         if _COMMENT.match(joined) or _FENCE.match(joined.strip()):
@@ -529,8 +598,16 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
             or bool(_MARKERS_ONLY.fullmatch(body) and body)
         )
         after_frame = body.startswith('File "')
+        exception = not is_code and (
+            bool(_EXCEPTION_LINE.match(body))
+            or (after_code and bool(_BARE_EXCEPTION_LINE.match(body)))
+        )
+        if body:
+            after_code = is_code
         raw = "\n".join(raws[i] for i in members)
-        lines.append(LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process))
+        lines.append(
+            LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process, exception)
+        )
     return _roll_years(lines)
 
 
@@ -595,12 +672,18 @@ def match_catalogue(
     screen = _screen(entries)
     hits = []
     recent: deque[str] = deque(maxlen=CONTEXT_WINDOW)
+    generic = [entry for entry in entries if entry.kind == "generic"]
     for line in lines:
+        found = False
         if not line.is_code and screen.search(line.text):
             for entry in entries:
                 index = _first_matching(entry, line.text, recent)
                 if index is not None:
                     hits.append(Hit(entry, line, index))
+                    found = found or entry.kind == "generic"
+        if line.exception and not found:
+            # An exception line no pattern names (a name read from its place in a traceback).
+            hits += [Hit(entry, line, 0) for entry in generic]
         recent.append(line.text)
     return hits
 
@@ -989,7 +1072,7 @@ def _failed(
 
 # Catalogue classes that only say a process died: the cause is that process's first error.
 _WRAPPER_CAUSES = ("ray-node-died",)
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit)\b(?::|$)")
+_EXCEPTION_LINE = re.compile(r"^" + EXCEPTION_NAME + r"(?:\(\w+\))?(?::|$)")
 _NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of|The above)")
 _API_SERVER = re.compile(r"^(?:APIServer|ApiServer)")
 
@@ -1060,7 +1143,8 @@ def _is_error_line(line: LogLine) -> bool:
     if not text or _NOT_A_CAUSE.match(text):
         return False
     return (
-        bool(_EXCEPTION_LINE.match(text))
+        line.exception
+        or bool(_EXCEPTION_LINE.match(text))
         or line.level in ("ERROR", "CRITICAL")
         or "NCCL WARN" in text
     )
@@ -1355,9 +1439,26 @@ def _clean(line: str) -> str:
     if "\r" in line:
         line = _last_redraw(line)
     line = _VIEWER_BORDER.sub("", line)
-    line = _QUOTE_START.sub("", line, count=1)
-    line = _QUOTE_END.sub("", line)
-    return _CODE_SPAN.sub(r"\1", line, count=1)
+    line = _CODE_SPAN.sub(r"\1", line, count=1)
+    marked = False
+    while True:
+        found = _MARKUP_START.match(line)
+        if found is None or not found.end():
+            break
+        line, marked = line[found.end() :], True
+    if marked:
+        line = _MARKUP_END.sub("", line).lstrip()
+    return _without_indent_before_prefix(line)
+
+
+def _without_indent_before_prefix(line: str) -> str:
+    # Indentation before a process or level prefix is a quoting artefact (a paste into a
+    # list, a space the reporter typed): the prefix starts the line. Indentation before
+    # anything else stays (it tells a traceback's source lines from its messages).
+    if not line[:1].isspace():
+        return line
+    bare = line.lstrip()
+    return bare if _has_prefix(bare) else line
 
 
 def _last_redraw(line: str) -> str:
@@ -1381,7 +1482,8 @@ def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | N
         if found is None:
             return line, level, stamp, process
         groups = found.groupdict()
-        level = groups.get("level") or level
+        found_level = groups.get("level")
+        level = _LEVEL_LETTERS.get(found_level, found_level) if found_level else level
         process = groups.get("process") or process
         if groups.get("time"):
             stamp = _stamp(groups, year) or stamp
@@ -1391,9 +1493,10 @@ def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | N
 def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:
     try:
         hour, minute, second = (int(part) for part in (groups["time"] or "").split(":"))
+        month = groups.get("month") or _MONTHS.index(groups.get("monthname") or "") + 1
         return datetime(
             int(groups.get("year") or year),
-            int(groups["month"] or 0),
+            int(month),
             int(groups["day"] or 0),
             hour,
             minute,

@@ -313,6 +313,94 @@ def test_prefixes_of_container_runtimes_viewers_and_markdown_are_removed(
     assert normalise_line(line) == message
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # A space typed before the process prefix; a log indented in a Markdown list.
+        (" (EngineCore_DP0 pid=32) ERROR 09-17 01:05:51 [core.py:720] KeyError: x", "KeyError: x"),
+        ("    (Worker_TP0 pid=6) ERROR 05-06 06:47:41 [m.py:852] KeyError: x", "KeyError: x"),
+        # Markdown bold after indentation, quote marks, bullets, a table cell, inline code.
+        ("  **ValueError: Bfloat16 is only supported**", "ValueError: Bfloat16 is only supported"),
+        ("> - `ValueError: x`", "ValueError: x"),
+        ("* (APIServer pid=1) ERROR 01-02 03:04:05 [a.py:1] KeyError: x", "KeyError: x"),
+        ("1. RuntimeError: y", "RuntimeError: y"),
+        ("| RuntimeError: y |", "RuntimeError: y"),
+        ("> > **RuntimeError: y**", "RuntimeError: y"),
+        # A colour code whose ESC a paste dropped, before vLLM's worker prefix.
+        (
+            "[1;36m(VllmWorker rank=0 pid=5)[0;0m ERROR 01-02 03:04:05 [a.py:1] KeyError: x",
+            "KeyError: x",
+        ),
+        # Ray's prefixes: an actor's, a daemon's (no pid), its Python and C++ (glog) lines.
+        ("(RayWorkerWrapper pid=301, ip=172.2.1.7) KeyError: x", "KeyError: x"),
+        ("(raylet, ip=10.0.0.2) [2024-05-01 10:11:12,345 E 1 2] node.cc:3: y", "y"),
+        ("2024-05-01 10:11:12,345\tINFO worker.py:1 -- Connecting to Ray", "Connecting to Ray"),
+        ("E0501 10:11:12.345678 123 core_worker.cc:1] z", "z"),
+        # journalctl, kubectl --prefix, loguru, a bracketed date.
+        (
+            "Dec 03 10:11:12 gpu1 vllm[1234]: ERROR 12-03 10:11:12 [core.py:1] KeyError: z",
+            "KeyError: z",
+        ),
+        ("[pod/vllm-0/vllm] INFO 12-03 10:11:12 [a.py:1] Route: /health", "Route: /health"),
+        (
+            "2024-05-01 10:11:12.345 | ERROR    | xinference.core:load:12 - RuntimeError: w",
+            "RuntimeError: w",
+        ),
+        ("[2024-05-01 10:11:12] RuntimeError: w", "RuntimeError: w"),
+    ],
+)
+def test_the_ways_an_issue_quotes_a_log_line_are_removed(line: str, message: str) -> None:
+    assert normalise_line(line) == message
+
+
+def test_indentation_of_a_traceback_s_source_lines_is_kept_apart_from_prefixes() -> None:
+    text = "\n".join(
+        [
+            "  Traceback (most recent call last):",
+            '    File "/v/a.py", line 1, in f',
+            "      raise Unsupported(msg)",
+            "  Unsupported: Observed exception",
+        ]
+    )
+
+    lines = read_log_lines(text)
+
+    assert [line.is_code for line in lines] == [False, True, True, False]
+    assert lines[3].exception
+    assert diagnose_log(text).line == lines[3]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "huggingface_hub.utils._http.OfflineModeIsEnabled: Cannot reach https://x: offline",
+        "torch._dynamo.exc.Unsupported: Observed exception",
+        "ray.exceptions.RayTaskError(ValueError): ray::Worker.f() (pid=1, ip=10.0.0.2)",
+        "KeyboardInterrupt",
+        "requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='huggingface.co')",
+        "GracefulExit: stopped",
+    ],
+)
+def test_exceptions_of_any_name_are_read_as_errors(line: str) -> None:
+    diagnosis = diagnose_log(line)
+
+    assert diagnosis.state == FAILED and diagnosis.line is not None
+    assert diagnosis.line.raw == line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "FutureWarning: `resume_download` is deprecated",
+        "transformers.utils.hub.UserWarning: x",
+        "Note: the model is large",
+        "flashinfer.jit: Prebuilt kernels not found, using JIT backend",
+    ],
+)
+def test_warnings_and_notes_are_not_exceptions(line: str) -> None:
+    assert diagnose_log(line).state != FAILED
+
+
 def test_the_prefix_year_and_a_runtime_time_stamp_the_line() -> None:
     nim, runtime = read_log_lines(
         "ERROR 2025-07-21 14:34:24.934 factory.py:62] x\n2024-07-30T07:27:23.4965Z y"
