@@ -82,7 +82,8 @@ PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ),
         (
             "http",
-            r"Starting vLLM (?:API )?server|Available routes are|Route: /|Started server process",
+            r"Starting vLLM (?:API )?server|Starting \S+ (?:API )?server(?: \d+)? on "
+            r"|Available routes are|Route: /|Started server process",
         ),
         ("ready", r"Application startup complete|Uvicorn running on"),
     )
@@ -875,7 +876,8 @@ _STARTUP_COMPLETE = re.compile(r"Application startup complete")
 # just before uvicorn serves them; "Starting vLLM (API) server ... on" names the address
 # (vllm/entrypoints/openai/api_server.py).
 _ROUTES = re.compile(r"^(?:Available routes are|Route: /)")
-_SERVER_ADDRESS = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on ")
+# The product's name may be a reporter's redaction ("Starting v<HOST> server on").
+_SERVER_ADDRESS = re.compile(r"Starting \S+ (?:API )?server(?: \d+)? on ")
 
 
 def _ready_line(lines: list[LogLine], events: list[tuple[LogLine, str]], ready_at: int) -> int:
@@ -890,9 +892,14 @@ def _ready_line(lines: list[LogLine], events: list[tuple[LogLine, str]], ready_a
 def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> LogLine | None:
     """For a log that ends in vLLM's route list with no error: the line that says where it
     serves (or the route list's head). vLLM builds the engine before it lists the routes, so
-    what is left is uvicorn binding the port; an excerpt often stops here."""
+    what is left is uvicorn binding the port; an excerpt often stops here. A route list with
+    nothing of the startup before it is a fragment, not a startup seen to its end: a server
+    can hang there too (its port never opening), and nothing else in the text says it got
+    further."""
     http = [line for line, name in events if name == "http"]
     if not http or _furthest_phase(events) != "http":
+        return None
+    if not any(line.text for line in lines if line.number < http[0].number):
         return None
     last_text = next((line for line in reversed(lines) if line.text), None)
     if last_text is None or not _ROUTES.match(last_text.text):
@@ -934,6 +941,11 @@ _STARTUP_MARKERS = (
     re.compile(r"\bnon-default args: |\bargs: Namespace\("),
 )
 _API_SERVER_PID = re.compile(r"\(APIServer pid=(\d+)\)")
+# A run that has failed prints no startup marker: one after its error begins the next run
+# (a reporter's second attempt pasted below the first, whose own start the excerpt cut).
+_RUN_ERROR = re.compile(
+    r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception)\b: |^\S+: error: "
+)
 # Bounds on what one startup keeps: its first and its last lines of interest.
 STARTUP_HEAD_LINES = 10_000
 STARTUP_TAIL_LINES = 10_000
@@ -971,6 +983,7 @@ class _Startup:
         self.skipped = 0
         self.marker = -1
         self.api_pid: str | None = None
+        self.errored = False
 
     def add(self, number: int, text: str) -> None:
         self.last_line = number
@@ -997,13 +1010,16 @@ class _StartupSplitter:
         pid_found = _API_SERVER_PID.search(plain)
         pid = pid_found.group(1) if pid_found else None
         current = self.current
-        if (marker is not None and current.marker >= marker) or self._new_api_server(pid):
+        restarted = marker is not None and (current.marker >= marker or current.errored)
+        if restarted or self._new_api_server(pid):
             self._close(number)
             current = self.current
         if marker is not None:
             current.marker = max(current.marker, marker)
         if pid and current.api_pid is None:
             current.api_pid = pid
+        if not current.errored and _RUN_ERROR.search(plain):
+            current.errored = True
         current.add(number, text)
 
     def _new_api_server(self, pid: str | None) -> bool:

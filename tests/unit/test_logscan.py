@@ -952,6 +952,41 @@ def test_the_route_list_is_not_ready_when_something_follows_or_the_process_is_kn
     assert diagnose_log(ROUTES, running=True).state == LOADING
 
 
+def test_a_route_list_with_nothing_of_the_startup_before_it_is_no_proof_of_ready() -> None:
+    fragment = "\n".join(ROUTES.split("\n")[1:])
+
+    diagnosis = diagnose_log("```\n" + fragment)
+
+    assert diagnosis.state == NO_CONCLUSION
+
+
+def test_a_redacted_product_name_still_names_the_serving_address() -> None:
+    redacted = ROUTES.replace("Starting vLLM server", "Starting v<HOST> server")
+
+    diagnosis = diagnose_log(redacted)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and "Starting v<HOST> server on" in diagnosis.line.raw
+
+
+def test_a_second_run_after_a_failed_one_is_the_one_diagnosed() -> None:
+    # The first run's start is cut from the excerpt; the second has only argparse's lines.
+    text = "\n".join(
+        [
+            "ValueError: Loading org/model requires you to execute the configuration file in "
+            "that repo on your local machine.",
+            "INFO 04-14 13:59:19 [__init__.py:239] Automatically detected platform cuda.",
+            "usage: vllm [-h] [-v] {chat,complete,serve,bench} ...",
+            "vllm: error: unrecognized arguments: trust_remote_code=True",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.first_line) == ("unknown-arg", 3)
+    assert diagnosis.earlier_counts == {FAILED: 1}
+
+
 def test_the_ready_line_is_startup_complete_not_the_address_after_it() -> None:
     text = "\n".join(
         [
