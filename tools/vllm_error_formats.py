@@ -172,6 +172,14 @@ NATIVE_FORMATS: list[dict[str, str]] = [
         "template": "/usr/lib/python3/dist-packages/{module}.so: undefined symbol: {symbol}",
         "source": "glibc elf/dl-lookup.c ('undefined symbol: '), dlfcn/dlerror.c ('%s: %s')",
     },
+    {
+        "entry": "cuda-arch-unsupported",
+        "template": "RuntimeError: Assertion error ({path}/csrc/apis/gemm.hpp:{line}): "
+        "Unsupported architecture",
+        "source": "deepseek-ai/DeepGEMM csrc/utils/exception.hpp (DGException: name + ' error ('"
+        " + file + ':' + line + '): ' + error; DG_HOST_UNREACHABLE) and csrc/apis/*.hpp "
+        '(DG_HOST_UNREACHABLE("Unsupported architecture")), raised by pybind11 as RuntimeError',
+    },
 ]
 
 # Python messages the extraction above does not select (see the module's docstring).

@@ -1125,10 +1125,49 @@ def test_catalogue_entries_are_complete() -> None:
         ),
         # vLLM ray_utils.py "Placement group bundle cannot have more than 1 %s."
         ("ValueError: Placement group bundle cannot have more than 1 GPU.", "ray-resources"),
+        # vLLM 0.10.2 ray_distributed_executor.py, v0.2-0.9 ray_gpu_executor.py.
+        (
+            "ValueError: Ray does not allocate any GPUs on the driver node. Consider adjusting "
+            "the Ray placement group or running the driver on a GPU node.",
+            "ray-resources",
+        ),
+        # huggingface_hub 2.4.0 utils/_http.py (hf_request_event_hook: OfflineModeIsEnabled).
+        (
+            "huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach https://huggingface.co/"
+            "api/models/org/m: offline mode is enabled. To disable it, please unset the "
+            "`HF_HUB_OFFLINE` environment variable.",
+            "model-not-found",
+        ),
+        # DeepGEMM DGException through pybind11, quoted by vLLM's multiproc executor.
+        (
+            "RuntimeError: Worker failed with error 'Assertion error (/w/deepgemm-src/csrc/apis/"
+            "gemm.hpp:56): Unsupported architecture', please check the stack trace above for "
+            "the root cause",
+            "cuda-arch-unsupported",
+        ),
     ],
 )
 def test_catalogue_signatures(line: str, failure: str) -> None:
     assert diagnose_log(line).failure == failure
+
+
+def test_an_error_raised_in_resolve_trust_remote_code_is_named_by_its_frame() -> None:
+    # An excerpt cut inside the message: the raising frame says which refusal it is.
+    text = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/env/transformers/dynamic_module_utils.py", line 678, in '
+            "resolve_trust_remote_code",
+            "    raise ValueError(",
+            "ValueError: Loading deepse",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "trust-remote-code"
+    assert diagnosis.line is not None and diagnosis.line.number == 4
+    assert diagnose_log("ValueError: Loading deepse").failure == "unrecognised-error"
 
 
 def test_parsed_values_of_the_new_signatures() -> None:
