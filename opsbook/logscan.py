@@ -1111,13 +1111,17 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     """
     wrapper_lines = {h.line.number for h in hits if h.entry.kind == "wrapper"}
     wrapper_lines |= {h.line.number for h in hits if h.entry.id in _WRAPPER_CAUSES}
+    # A line the catalogue names as a cause or an error is one whatever its form (a
+    # linker's "ld: cannot find -lcuda", NCCL's and the kernel's lines).
+    named = {h.line.number for h in hits if h.entry.kind in ("cause", "generic")}
     candidates = [
         line
         for line in lines
         if line.number < wrapper.number
         and line.number not in wrapper_lines
         and not line.is_code
-        and _is_error_line(line)
+        and not _NOT_A_CAUSE.match(line.text)
+        and (line.number in named or _is_error_line(line))
     ]
     if not candidates:
         return None

@@ -1145,10 +1145,51 @@ def test_catalogue_entries_are_complete() -> None:
             "the root cause",
             "cuda-arch-unsupported",
         ),
+        # PyTorch's and Triton's checks of CUDA driver calls (cuGetErrorString's text).
+        ("RuntimeError: CUDA driver error: out of memory", "oom"),
+        ("RuntimeError: Triton Error [CUDA]: out of memory", "oom"),
+        # vLLM gpu_model_runner.py _dummy_sampler_run.
+        (
+            "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy "
+            "requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` when "
+            "initializing the engine.",
+            "oom",
+        ),
+        # ray 2.60.0 _raylet.so (core worker).
+        (
+            "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR",
+            "ray-node-died",
+        ),
+        # vLLM's FlashAttention 2 build.
+        (
+            "RuntimeError: This flash attention build does not support headdim not being a "
+            "multiple of 32.",
+            "head-size-unsupported",
+        ),
+        (
+            "RuntimeError: CUDA error: peer access is not supported between these two devices",
+            "custom-allreduce",
+        ),
     ],
 )
 def test_catalogue_signatures(line: str, failure: str) -> None:
     assert diagnose_log(line).failure == failure
+
+
+def test_a_linker_error_above_the_wrapper_is_the_root_cause() -> None:
+    text = "\n".join(
+        [
+            "/usr/bin/ld: cannot find -lcuda: No such file or directory",
+            "collect2: error: ld returned 1 exit status",
+            "ERROR 05-27 11:47:57 [core.py:396] EngineCore failed to start.",
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.root_cause is not None and diagnosis.root_cause.number == 1
 
 
 def test_an_error_raised_in_resolve_trust_remote_code_is_named_by_its_frame() -> None:
