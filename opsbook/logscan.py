@@ -180,6 +180,12 @@ _GLOG = re.compile(
     r"^(?P<level>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)\.\d+\s+\d+ "
     r"[\w./-]+:\d+\] "
 )
+# PyTorch's C++ (c10) log lines, behind "[rank0]:":
+# "[E1203 10:11:12.345678 12 ProcessGroupNCCL.cpp:1] ".
+_C10_LOG = re.compile(
+    r"^\[(?P<level>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)\.\d+"
+    r"(?: \d+)? [\w./-]+:\d+\] ?"
+)
 # Any other date and time before the message ("[2024-05-01 10:11:12] ", a log shipper's):
 # one space follows, as for a container runtime's stamp.
 _DATE_STAMP = re.compile(
@@ -200,6 +206,7 @@ _PREFIXES = (
     _RAY_PYTHON,
     _RAY_NATIVE,
     _GLOG,
+    _C10_LOG,
     _DATE_STAMP,
     _UVICORN_LEVEL,
     _LOCATION,
@@ -293,6 +300,18 @@ class CatalogueEntry:
     stems: tuple[str, ...] = ()
     # Per pattern: a text that must be on one of the CONTEXT_WINDOW lines before (None: any).
     after: tuple[re.Pattern[str] | None, ...] = ()
+    # The shared failure id this class is reported under, when its own id is not one of them.
+    family: str | None = None
+
+    @property
+    def failure(self) -> str:
+        """The failure id a diagnosis of this class reports."""
+        return self.family or self.id
+
+    @property
+    def error_class(self) -> str | None:
+        """The class's own id when it is reported under a family's failure id."""
+        return self.id if self.family else None
 
 
 @dataclass(frozen=True)
@@ -334,6 +353,9 @@ class LogDiagnosis:
         phases: the startup phases seen.
         notes: lines worth pointing out that are not failures.
         suspect: for a log that stops without an error, the catalogue id that likely explains it.
+        error_class: the catalogue class of the failure when it is reported under a shared
+            failure id (an error the catalogue knows, reported as ``unrecognised-error`` with
+            its own remedy).
         first_line: where the diagnosed (last) startup begins in the file.
         skipped_lines: lines of interest of that startup left out to bound memory.
         earlier: the startups before it in the same file (the last ``EARLIER_LISTED``).
@@ -359,6 +381,7 @@ class LogDiagnosis:
     skipped_lines: int = 0
     earlier: list[EarlierStartup] = field(default_factory=list)
     earlier_counts: dict[str, int] = field(default_factory=dict)
+    error_class: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -375,6 +398,7 @@ class LogDiagnosis:
             "state": self.state,
             "phase": self.phase,
             "failure": self.failure,
+            "error_class": self.error_class,
             "title": self.title,
             "severity": self.severity,
             "line": _line_dict(self.line),
@@ -443,7 +467,8 @@ class LogDiagnosis:
     def __str__(self) -> str:
         rows = [f"state:   {self.state}" + (f" (phase: {self.phase})" if self.phase else "")]
         if self.failure:
-            rows.append(f"failure: {self.failure} - {self.title}")
+            known = f" ({self.error_class})" if self.error_class else ""
+            rows.append(f"failure: {self.failure}{known} - {self.title}")
         else:
             rows.append(f"summary: {self.title}")
         if self.line:
@@ -518,6 +543,7 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
             remedy_parsed=raw.get("remedy_parsed", ""),
             stems=tuple(raw.get("stems", ())),
             after=tuple(_after(p) for p in raw["patterns"]),
+            family=raw.get("family"),
         )
     except (KeyError, TypeError, re.error) as exc:
         raise OpsbookError(
@@ -1074,7 +1100,8 @@ def _failed(
             numbers["rank"] = int(rank.group(1))
     return LogDiagnosis(
         state=state,
-        failure=entry.id,
+        failure=entry.failure,
+        error_class=entry.error_class,
         title=entry.title,
         severity=entry.severity,
         line=chosen.line,
@@ -1184,7 +1211,8 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     diagnosis.line = root.line
     diagnosis.root_cause = root.line
     if root.entry is not None:
-        diagnosis.failure = root.entry.id
+        diagnosis.failure = root.entry.failure
+        diagnosis.error_class = root.entry.error_class
         diagnosis.title = root.entry.title
         diagnosis.remedy = root.entry.remedy
         diagnosis.source = root.entry.source

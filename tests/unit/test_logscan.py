@@ -336,6 +336,8 @@ def test_prefixes_of_container_runtimes_viewers_and_markdown_are_removed(
         ("(raylet, ip=10.0.0.2) [2024-05-01 10:11:12,345 E 1 2] node.cc:3: y", "y"),
         ("2024-05-01 10:11:12,345\tINFO worker.py:1 -- Connecting to Ray", "Connecting to Ray"),
         ("E0501 10:11:12.345678 123 core_worker.cc:1] z", "z"),
+        # PyTorch's C++ log line behind a rank prefix.
+        ("[rank1]:[E1203 10:11:12.345678 12 ProcessGroupNCCL.cpp:616] [Rank 1] w", "[Rank 1] w"),
         # journalctl, kubectl --prefix, loguru, a bracketed date.
         (
             "Dec 03 10:11:12 gpu1 vllm[1234]: ERROR 12-03 10:11:12 [core.py:1] KeyError: z",
@@ -485,8 +487,8 @@ def test_the_message_logged_above_a_traceback_is_the_reported_line() -> None:
     # logger.exception(msg): the message, then the traceback, which ends in a frame here.
     text = "\n".join(
         [
-            "ERROR 2025-07-21 14:34:24.934 factory.py:62] Bfloat16 is only supported on GPUs "
-            "with compute capability of at least 8.0.",
+            "ERROR 2025-07-21 14:34:24.934 factory.py:62] The engine factory could not build "
+            "the engine for this profile.",
             "Traceback (most recent call last):",
             '  File "/opt/nim/factory.py", line 51, in run',
             "    engine = build()",
@@ -1037,6 +1039,97 @@ def test_catalogue_entries_are_complete() -> None:
         "engine-dead",
     }
     assert required <= set(ids)
+    # A class outside the shared failure ids is reported under one of them.
+    for entry in catalogue:
+        assert entry.family is None or entry.family in ids, entry.id
+
+
+@pytest.mark.parametrize(
+    ("line", "error_class", "remedy"),
+    [
+        (
+            "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least "
+            "8.0. Your Tesla T4 GPU has compute capability 7.5. You can use float16 instead by "
+            "explicitly setting the `dtype` flag in CLI, for example: --dtype=half.",
+            "dtype-unsupported",
+            "--dtype half",
+        ),
+        (
+            "ValueError: Unknown quantization method: gptq_marlin24. Must be one of ['awq'].",
+            "quantization-unknown",
+            '"gptq_marlin24"',
+        ),
+        (
+            "ValueError: Model architectures ['LlamaModel'] are not supported for now. "
+            "Supported architectures: dict_keys(['LlamaForCausalLM'])",
+            "architecture-unsupported",
+            "upgrade vLLM",
+        ),
+        (
+            "ImportError: /env/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+            "broken-install",
+            "Reinstall vLLM",
+        ),
+        (
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+            "illegal-memory-access",
+            "CUDA_LAUNCH_BLOCKING=1",
+        ),
+        (
+            "ValueError: max_num_batched_tokens (2048) is smaller than max_model_len (8192). "
+            "This effectively limits the maximum sequence length to max_num_batched_tokens.",
+            "batched-tokens-below-model-len",
+            "--max-num-batched-tokens 8192",
+        ),
+        (
+            "ModuleNotFoundError: No module named 'deep_gemm'",
+            "missing-package",
+            "The module deep_gemm is not installed",
+        ),
+        ("ModuleNotFoundError: No module named 'vllm._C'", "broken-install", "Reinstall vLLM"),
+        (
+            "RuntimeError: CUDA driver version is insufficient for CUDA runtime version",
+            "cuda-driver-too-old",
+            "upgrade the NVIDIA driver",
+        ),
+        (
+            "/usr/bin/ld: cannot find -lcuda: No such file or directory",
+            "libcuda-link",
+            "TRITON_LIBCUDA_PATH",
+        ),
+    ],
+)
+def test_a_known_class_outside_the_shared_ids_is_an_unrecognised_error_with_its_remedy(
+    line: str, error_class: str, remedy: str
+) -> None:
+    diagnosis = diagnose_log(line)
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("unrecognised-error", error_class)
+    assert remedy in diagnosis.remedy
+    assert diagnosis.to_dict()["error_class"] == error_class
+    assert f"unrecognised-error ({error_class})" in str(diagnosis)
+
+
+def test_a_known_class_under_a_wrapper_is_the_root_cause() -> None:
+    text = "\n".join(
+        [
+            "(EngineCore_DP0 pid=5) ERROR 01-02 03:04:05 [core.py:1] ValueError: Bfloat16 is "
+            "only supported on GPUs with compute capability of at least 8.0.",
+            "(APIServer pid=1) ERROR 01-02 03:04:06 [a.py:1] RuntimeError: Engine core "
+            "initialization failed. See root cause above.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("unrecognised-error", "dtype-unsupported")
+    assert diagnosis.line is not None and diagnosis.line.number == 1
+
+
+def test_an_error_the_catalogue_does_not_know_has_no_class() -> None:
+    diagnosis = diagnose_log("KeyError: 'rope_type'")
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("unrecognised-error", None)
 
 
 @pytest.mark.parametrize(
@@ -1179,7 +1272,7 @@ def test_catalogue_signatures(line: str, failure: str) -> None:
 def test_a_linker_error_above_the_wrapper_is_the_root_cause() -> None:
     text = "\n".join(
         [
-            "/usr/bin/ld: cannot find -lcuda: No such file or directory",
+            "/usr/bin/ld: cannot find -lnvrtc-builtins: No such file or directory",
             "collect2: error: ld returned 1 exit status",
             "ERROR 05-27 11:47:57 [core.py:396] EngineCore failed to start.",
             "RuntimeError: Engine core initialization failed. See root cause above.",

@@ -290,7 +290,8 @@ def test_routine_info_lines_are_skipped_and_others_kept() -> None:
 PRIVATE_SOURCE = re.compile(r"vllm-facts|§|shared/|DESIGN\.md|INDEX\.md|reference/", re.I)
 PUBLIC_SOURCE = re.compile(
     r"vLLM \d|vllm-project/vllm#|PyTorch|NVIDIA/nccl|huggingface_hub|safetensors|transformers"
-    r"|uvicorn|Linux kernel|ray-project/ray|opsbook \(no catalogue entry\)"
+    r"|uvicorn|Linux kernel|ray-project/ray|python/cpython|triton-lang/triton"
+    r"|opsbook \(no catalogue entry\)"
 )
 
 
