@@ -158,8 +158,12 @@ _SYSLOG = re.compile(
     r"^(?P<monthname>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<day>\d{1,2}) "
     r"(?P<time>\d\d:\d\d:\d\d) \S+ [\w.@/:-]+(?:\[\d+\])?: "
 )
-# kubectl logs --prefix: "[pod/NAME/CONTAINER] ".
-_KUBECTL = re.compile(r"^\[pod/[^\]\s]+\] ")
+# kubectl logs --prefix: "[pod/NAME/CONTAINER] "; stern and other log aggregators: the pod
+# and container names, bare, before vLLM's own process prefix.
+_KUBECTL = re.compile(
+    r"^\[pod/[^\]\s]+\] |^(?:[\w.-]+ ){1,2}"
+    r"(?=\([^()\n]{0,80}?\bpid=\d+[^()\n]{0,60}\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )"
+)
 # loguru's default format (Xinference and other servers that embed vLLM):
 # "2024-05-01 10:11:12.345 | ERROR    | module:function:12 - ".
 _LOGURU = re.compile(

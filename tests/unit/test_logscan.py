@@ -345,6 +345,11 @@ def test_prefixes_of_container_runtimes_viewers_and_markdown_are_removed(
         ),
         ("[pod/vllm-0/vllm] INFO 12-03 10:11:12 [a.py:1] Route: /health", "Route: /health"),
         (
+            "glm-78f968cf54-6c78t modelserver (EngineCore pid=11) ERROR 09-19 19:20:03 "
+            "[core.py:1378] RuntimeError: w",
+            "RuntimeError: w",
+        ),
+        (
             "2024-05-01 10:11:12.345 | ERROR    | xinference.core:load:12 - RuntimeError: w",
             "RuntimeError: w",
         ),
