@@ -243,6 +243,11 @@ NATIVE_FORMATS: list[dict[str, str]] = [
         "source": "GNU binutils ld/ldfile.c ('cannot find %s'), linking Triton's launcher "
         "(triton-lang/triton python/triton/runtime/build.py)",
     },
+    {
+        "entry": "no-device",
+        "template": "RuntimeError: No CUDA GPUs are available",
+        "source": "pytorch/pytorch c10/cuda/CUDAFunctions.cpp (device_count_ensure_non_zero)",
+    },
 ]
 
 # Python messages the extraction above does not select (see the module's docstring).

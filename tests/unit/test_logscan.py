@@ -1245,6 +1245,13 @@ def test_an_error_the_catalogue_does_not_know_has_no_class() -> None:
         ),
         # PyTorch's and Triton's checks of CUDA driver calls (cuGetErrorString's text).
         ("RuntimeError: CUDA driver error: out of memory", "oom"),
+        # PyTorch torch/cuda/__init__.py and c10/cuda/CUDAFunctions.cpp.
+        ("RuntimeError: No CUDA GPUs are available", "no-device"),
+        (
+            "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
+            "NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx",
+            "no-device",
+        ),
         ("RuntimeError: Triton Error [CUDA]: out of memory", "oom"),
         # vLLM gpu_model_runner.py _dummy_sampler_run.
         (
