@@ -196,6 +196,7 @@ _DATE_STAMP = re.compile(
     r"^\[?(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ T](?P<time>\d\d:\d\d:\d\d)"
     r"(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]? "
 )
+_CARRIER_PREFIXES = (_RUNTIME_STAMP, _SYSLOG, _KUBECTL, _COMPOSE)
 _LEVEL_LETTERS = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _PREFIXES = (
@@ -1527,10 +1528,15 @@ def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | N
     level: str | None = None
     stamp: datetime | None = None
     process: str | None = None
-    if _COMPOSE.match(line):
-        line = _COMPOSE.sub("", line, count=1)
+    # What the log's carrier adds (a runtime's time, journald's, a container's name) comes
+    # first, in any order; then the log's own prefixes.
+    outer = True
     while True:
-        found = next((m for m in (p.match(line) for p in _PREFIXES) if m and m.end()), None)
+        prefixes = _CARRIER_PREFIXES if outer else _PREFIXES
+        found = next((m for m in (p.match(line) for p in prefixes) if m and m.end()), None)
+        if found is None and outer:
+            outer = False
+            continue
         if found is None:
             return line, level, stamp, process
         groups = found.groupdict()

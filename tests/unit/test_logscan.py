@@ -272,6 +272,43 @@ def test_markdown_quoted_log_reads_like_the_original(name: str) -> None:
     assert pasted.line.raw == "> " + original.line.raw
 
 
+# The ways a whole log arrives quoted: every physical line gets the same decoration.
+QUOTINGS = {
+    "markdown list": lambda line: "  " + line,
+    "bullet": lambda line: "- " + line if line.strip() else line,
+    "quote and indent": lambda line: ">    " + line,
+    "docker -t": lambda line: "2025-03-12T10:11:12.123456789Z " + line,
+    "journalctl": lambda line: "Mar 12 10:11:12 gpu-node-1 vllm[4242]: " + line,
+    "kubectl --prefix": lambda line: "[pod/vllm-0/vllm] " + line,
+    "ansi": lambda line: "\x1b[0m" + line + "\x1b[0m",
+    "colour codes without ESC": lambda line: "[0;36m" + line + "[0m",
+    "table row": lambda line: "| " + line + " |" if line.strip() else line,
+    "compose with time": lambda line: "vllm-1  | 2025-03-12T10:11:12.123Z " + line,
+}
+
+
+@pytest.mark.parametrize("quoting", sorted(QUOTINGS))
+@pytest.mark.parametrize(
+    "name", ["kv-cache-too-small-1.log", "nccl-2.log", "ready-4.log", "engine-dead-1.log"]
+)
+def test_a_log_quoted_line_by_line_reads_like_the_original(name: str, quoting: str) -> None:
+    text = read_log(name)
+    # The provenance line is opsbook's, not the log's: it stays as it is.
+    quoted = "\n".join(
+        line if line.startswith("# ") else QUOTINGS[quoting](line) for line in text.split("\n")
+    )
+
+    original, pasted = diagnose_log(text), diagnose_log(quoted)
+
+    assert (pasted.state, pasted.failure, pasted.phase) == (
+        original.state,
+        original.failure,
+        original.phase,
+    )
+    assert pasted.line is not None and original.line is not None
+    assert (pasted.line.number, pasted.line.text) == (original.line.number, original.line.text)
+
+
 def test_prefixes_of_every_vllm_generation_are_removed() -> None:
     cases = {
         "INFO 10-12 00:26:58 launcher.py:27] Route: /docs": "Route: /docs",
