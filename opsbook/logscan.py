@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import io
+import json
 import re
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
@@ -97,8 +98,11 @@ _ANSI = re.compile(
 # How a log is quoted in an issue or a chat: "> " quote marks, a list bullet, a table's "|",
 # Markdown bold or italics, an inline-code backtick, in any order and after any indentation.
 # Removed only at the start (and the matching end): the text inside keeps its own indentation.
+# Also the tag of a vLLM issue's title ("[Bug]: ") and pytest's failure marker ("E   ").
 _MARKUP_START = re.compile(
-    r"^\s*(?:(?:>\s?)+|[-*+•]\s+(?=\S)(?!\*)|\d{1,3}[.)]\s+(?=\S)|\|\s?|\*\*|__|`(?!`))"
+    r"^\s*(?:(?:>\s?)+|[-*+•]\s+(?=\S)(?!\*)|\d{1,3}[.)]\s+(?=\S)|\|\s?|\*\*|__|`(?!`)"
+    r"|\[(?:Bug|Usage|Installation|Performance|Misc|Doc|Hardware|New Model)[^\]]{0,30}\]:?\s*"
+    r"|E {3,}(?=\S))"
 )
 _MARKUP_END = re.compile(r"(?:\*\*|__|\s\||(?<!`)`)\s*$")
 # A terminal log viewer (k9s, lazydocker) draws a box: a vertical border before and after
@@ -196,6 +200,20 @@ _DATE_STAMP = re.compile(
     r"^\[?(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ T](?P<time>\d\d:\d\d:\d\d)"
     r"(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]? "
 )
+# A structured log record's fields: docker's json-file driver ("log"), JSON loggers.
+_JSON_MESSAGE_KEYS = ("log", "message", "msg", "textPayload")
+_JSON_LEVEL_KEYS = ("level", "levelname", "severity")
+_JSON_LEVELS = {
+    "debug": "DEBUG",
+    "info": "INFO",
+    "warn": "WARNING",
+    "warning": "WARNING",
+    "error": "ERROR",
+    "critical": "CRITICAL",
+    "fatal": "CRITICAL",
+}
+# An HTML entity a web page's excerpt kept (&#39; &quot; &lt;).
+_HTML_ENTITY = re.compile(r"&(?:#\d{1,5}|#x[0-9a-fA-F]{1,4}|quot|amp|lt|gt|apos|nbsp);")
 _CARRIER_PREFIXES = (_RUNTIME_STAMP, _SYSLOG, _KUBECTL, _COMPOSE)
 _LEVEL_LETTERS = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -1488,9 +1506,13 @@ def _first_matching(entry: CatalogueEntry, text: str, recent: Sequence[str] = ()
 
 def _clean(line: str) -> str:
     """ANSI codes, carriage-return redraws and markdown quoting removed; indentation kept."""
+    if line.startswith('{"'):
+        line = _json_record(line)
     line = _ANSI.sub("", line)
     if "\r" in line:
         line = _last_redraw(line)
+    if "&" in line and _HTML_ENTITY.search(line):
+        line = html.unescape(line)
     line = _VIEWER_BORDER.sub("", line)
     line = _CODE_SPAN.sub(r"\1", line, count=1)
     marked = False
@@ -1502,6 +1524,27 @@ def _clean(line: str) -> str:
     if marked:
         line = _MARKUP_END.sub("", line).lstrip()
     return _without_indent_before_prefix(line)
+
+
+def _json_record(line: str) -> str:
+    """The message of a structured log record (docker's json-file driver: ``{"log": ...}``;
+    JSON loggers: ``{"level": ..., "message": ...}``) as ``LEVEL:  message``; any other
+    line unchanged."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict):
+        return line
+    text = next(
+        (record[key] for key in _JSON_MESSAGE_KEYS if isinstance(record.get(key), str)), None
+    )
+    if text is None:
+        return line
+    message = " ".join(part for part in text.rstrip("\n").split("\n"))
+    level = next((record[key] for key in _JSON_LEVEL_KEYS if isinstance(record.get(key), str)), "")
+    level = _JSON_LEVELS.get(level.lower(), "")
+    return f"{level}:  {message}" if level and not _has_prefix(message) else message
 
 
 def _without_indent_before_prefix(line: str) -> str:

@@ -284,6 +284,7 @@ QUOTINGS = {
     "colour codes without ESC": lambda line: "[0;36m" + line + "[0m",
     "table row": lambda line: "| " + line + " |" if line.strip() else line,
     "compose with time": lambda line: "vllm-1  | 2025-03-12T10:11:12.123Z " + line,
+    "docker json-file": lambda line: json.dumps({"log": line + "\n", "stream": "stdout"}),
 }
 
 
@@ -391,6 +392,19 @@ def test_prefixes_of_container_runtimes_viewers_and_markdown_are_removed(
             "RuntimeError: w",
         ),
         ("[2024-05-01 10:11:12] RuntimeError: w", "RuntimeError: w"),
+        # Structured records: docker's json-file driver, a JSON logger.
+        (
+            '{"log":"ValueError: x\\n","stream":"stderr","time":"2025-01-01T00:00:00Z"}',
+            "ValueError: x",
+        ),
+        ('{"level": "error", "message": "RuntimeError: y"}', "RuntimeError: y"),
+        # A web page's HTML entities, an issue title's tag, pytest's failure marker.
+        (
+            "Cannot find any model weights with &#39;/m&#39;",
+            "Cannot find any model weights with '/m'",
+        ),
+        ("[Bug]: ValueError: z", "ValueError: z"),
+        ("E       RuntimeError: CUDA error: w", "RuntimeError: CUDA error: w"),
     ],
 )
 def test_the_ways_an_issue_quotes_a_log_line_are_removed(line: str, message: str) -> None:
