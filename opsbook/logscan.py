@@ -239,7 +239,9 @@ _FULL_DATE = re.compile(r"\b(20\d\d)-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
 # Lines that start something new, so a terminal wrap never produced them.
 _LINE_START = re.compile(
     r"^(?:Traceback|File \"|[\[#`]|(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning)\b"
+    r"|" + EXCEPTION_NAME + r"(?:\(\w+\))?:"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|[^|]{0,80}:\s+\d+%\|"
+    r"|[\w.-]+ exited with code \d+"  # docker compose's report of a container's end
     r"|(?:\(\S+\)\s+)?[\w.-]+@[\w.-]+:)"  # the last one: a shell prompt after the log
 )
 # Shell comments and provenance notes pasted around a log; vLLM's own "# GPU blocks" line
@@ -912,10 +914,27 @@ def _diagnose_lines(
     kills = classify_kernel_log(kernel_log) if kernel_log else []
     if kills:
         return _killed(kills[-1], kernel_log or "", base)
+    signalled = _killed_by_signal(lines)
+    if signalled is not None and not running:
+        entry = _entry_by_id("host-oom-killer")
+        return _failed(FAILED, Hit(entry, signalled, 0), [], events, base)
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
     return _unfinished(lines, events, running, base)
+
+
+# What a shell or a container runtime prints when the server got SIGKILL (exit status 137):
+# the process wrote nothing itself, and the kernel's OOM killer is the usual sender.
+_SIGKILL = re.compile(
+    r"^(?:\[\d+\]\+?\s+)?Killed\b|exited with code 137\b|\bExited \(137\)|exit code:? 137\b"
+)
+
+
+def _killed_by_signal(lines: list[LogLine]) -> LogLine | None:
+    """The last line with text, when it says the server was killed (and nothing failed)."""
+    last = next((line for line in reversed(lines) if line.text), None)
+    return last if last is not None and _SIGKILL.search(last.text) else None
 
 
 # uvicorn logs both once the app has started (lifespan "Application startup complete.", then

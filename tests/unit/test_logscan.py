@@ -818,6 +818,41 @@ def test_kernel_log_turns_a_stopped_log_into_host_oom_killer() -> None:
     assert diagnosis.numbers["pid"] == 4242
 
 
+@pytest.mark.parametrize(
+    "last",
+    ["Killed", "[1]+  Killed                  vllm serve /models/m", "vllm-1 exited with code 137"],
+)
+def test_a_log_that_ends_in_a_sigkill_report_is_the_host_oom_killer(last: str) -> None:
+    text = "\n".join(
+        [
+            "INFO 06-10 06:16:42 [core.py:65] Initializing a V1 LLM engine (v0.9.0.1) with config",
+            "INFO 06-10 06:16:50 [loader.py:1] Loading safetensors checkpoint shards:  40% 2/5",
+            last,
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "host-oom-killer")
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+    assert "dmesg" in diagnosis.remedy
+    assert diagnose_log(text, running=True).state == LOADING
+
+
+def test_a_compose_exit_report_and_a_qualified_exception_are_never_wrapped_pieces() -> None:
+    head = "vllm-1  | (APIServer pid=1) ERROR 01-02 03:04:05 [api_server.py:123] Error in loading"
+    pieces = ["vllm-1 exited with code 137", "huggingface_hub.errors.OfflineModeIsEnabled: x"]
+
+    for piece in pieces:
+        assert len(read_log_lines(head + "\n" + piece)) == 2, piece
+
+
+def test_a_kill_after_an_error_keeps_the_error() -> None:
+    text = "AssertionError: Torch not compiled with CUDA enabled\nKilled"
+
+    assert diagnose_log(text).failure == "unrecognised-error"
+
+
 def test_log_that_stops_after_nccl_init_suspects_nccl() -> None:
     text = STOPPED.rsplit("\n", 1)[0] + (
         "\n(Worker_TP0 pid=5) INFO 03-12 10:11:13 [pynccl.py:69] vLLM is using nccl==2.21.5"
