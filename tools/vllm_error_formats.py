@@ -248,6 +248,13 @@ NATIVE_FORMATS: list[dict[str, str]] = [
         "template": "RuntimeError: No CUDA GPUs are available",
         "source": "pytorch/pytorch c10/cuda/CUDAFunctions.cpp (device_count_ensure_non_zero)",
     },
+    {
+        "entry": "fp8-unsupported-gpu",
+        "template": 'ValueError("type fp8e4nv not supported in this architecture. The supported '
+        "fp8 dtypes are ('fp8e4b15', 'fp8e5')\")",
+        "source": "triton-lang/triton python/triton/language (fp8 type check), "
+        "third_party/nvidia/backend/compiler.py (CUDAOptions.supported_fp8_dtypes)",
+    },
 ]
 
 # Python messages the extraction above does not select (see the module's docstring).

@@ -1188,6 +1188,12 @@ def test_catalogue_entries_are_complete() -> None:
             "libcuda-link",
             "TRITON_LIBCUDA_PATH",
         ),
+        (
+            '(Worker_TP0 pid=6) ERROR 05-06 06:47:41 [m.py:852] ValueError("type fp8e4nv not '
+            "supported in this architecture. The supported fp8 dtypes are ('fp8e4b15', 'fp8e5')\")",
+            "fp8-unsupported-gpu",
+            "--kv-cache-dtype auto",
+        ),
     ],
 )
 def test_a_known_class_outside_the_shared_ids_is_an_unrecognised_error_with_its_remedy(
