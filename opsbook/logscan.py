@@ -122,6 +122,10 @@ EXCEPTION_NAME = (
     r"|_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure|Failed|Enabled"
     r"|Unavailable|NotFound|Denied|Exceeded|Expired|Mismatch|Died))"
 )
+# An exception quoted inside a sentence: after a space, a colon or an opening backtick.
+_QUOTED_EXCEPTION = re.compile(
+    r"(?:[\s`(（：]|: )(?P<exception>" + EXCEPTION_NAME + r"(?:\(\w+\))?: \S[^`]*)`?"
+)
 # Any CamelCase name followed by ": message": an exception's line when it ends a traceback
 # (the line after its frames), whatever the name (``Unsupported: ...`` printed unqualified).
 _BARE_EXCEPTION_LINE = re.compile(r"^_?[A-Z]\w*(?:\.\w+)*(?:\(\w+\))?: \S")
@@ -644,6 +648,8 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
         joined = _HEADING.sub("", joined, count=1)
         message, level, stamp, process = _strip_prefixes(joined, year)
         body = _EXCEPTION_REPR.sub(r"\g<name>: \g<message>", message.strip(), count=1)
+        if level is None and process is None:
+            body = _quoted_exception(body)
         is_code = (
             body.startswith(("raise ", 'File "'))
             or (after_frame and message[:1].isspace())
@@ -1543,6 +1549,15 @@ def _clean(line: str) -> str:
     if marked:
         line = _MARKUP_END.sub("", line).lstrip()
     return _without_indent_before_prefix(line)
+
+
+def _quoted_exception(text: str) -> str:
+    """A reporter's sentence that quotes an exception ("and the error is: ValueError: ...",
+    "I get `KeyError: 'x'` when ...") reads as the exception; anything else unchanged."""
+    if not text or text[0].isspace() or _EXCEPTION_LINE.match(text):
+        return text
+    found = _QUOTED_EXCEPTION.search(text)
+    return found.group("exception").rstrip("`").rstrip() if found else text
 
 
 def _json_record(line: str) -> str:

@@ -429,6 +429,35 @@ def test_indentation_of_a_traceback_s_source_lines_is_kept_apart_from_prefixes()
 
 
 @pytest.mark.parametrize(
+    ("sentence", "text"),
+    [
+        (
+            "and error occur: ValueError: Bfloat16 is only supported",
+            "ValueError: Bfloat16 is only supported",
+        ),
+        ("I get `KeyError: 'rope_type'` when loading the model", "KeyError: 'rope_type'"),
+        ("报错信息如下：RuntimeError: CUDA error: x", "RuntimeError: CUDA error: x"),
+    ],
+)
+def test_an_exception_quoted_in_a_sentence_reads_as_the_exception(sentence: str, text: str) -> None:
+    (line,) = read_log_lines(sentence)
+
+    assert (line.text, line.exception) == (text, True)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "I keep getting the following ValueError:",
+        "(APIServer pid=1) ERROR 01-02 03:04:05 [a.py:1] Error in preprocessing: ValueError: x",
+        "RuntimeError: Worker failed with error 'ValueError: x', please check the stack trace",
+    ],
+)
+def test_a_logged_line_or_a_bare_name_keeps_its_text(line: str) -> None:
+    assert read_log_lines(line)[0].text == normalise_line(line)
+
+
+@pytest.mark.parametrize(
     "line",
     [
         "huggingface_hub.utils._http.OfflineModeIsEnabled: Cannot reach https://x: offline",
