@@ -1259,7 +1259,10 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     diagnosis.line = root.line
     diagnosis.root_cause = root.line
     if root.entry is not None:
-        diagnosis.failure = root.entry.failure
+        if not (root.entry.family and diagnosis.failure in _WRAPPER_CAUSES):
+            # A known class outside the shared ids counts as an uncatalogued error: under a
+            # Ray death the node or actor loss keeps its class (as below).
+            diagnosis.failure = root.entry.failure
         diagnosis.error_class = root.entry.error_class
         diagnosis.title = root.entry.title
         diagnosis.remedy = root.entry.remedy

@@ -1252,6 +1252,23 @@ def test_a_known_class_under_a_wrapper_is_the_root_cause() -> None:
     assert diagnosis.line is not None and diagnosis.line.number == 1
 
 
+def test_a_known_class_under_a_ray_death_keeps_the_ray_class() -> None:
+    text = "\n".join(
+        [
+            "(RayWorkerWrapper pid=7, ip=10.0.0.2) ERROR 01-02 03:04:05 [w.py:1] RuntimeError: "
+            "CUDA error: an illegal memory access was encountered",
+            "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this "
+            "task.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("ray-node-died", "illegal-memory-access")
+    assert diagnosis.line is not None and diagnosis.line.number == 1
+    assert "CUDA_LAUNCH_BLOCKING" in diagnosis.remedy
+
+
 def test_an_error_the_catalogue_does_not_know_has_no_class() -> None:
     diagnosis = diagnose_log("KeyError: 'rope_type'")
 
