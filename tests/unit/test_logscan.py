@@ -1383,6 +1383,8 @@ def test_an_error_the_catalogue_does_not_know_has_no_class() -> None:
         ),
         # PyTorch's and Triton's checks of CUDA driver calls (cuGetErrorString's text).
         ("RuntimeError: CUDA driver error: out of memory", "oom"),
+        # vLLM 0.4 quoted the path with plain quotes.
+        ("RuntimeError: Cannot find any model weights with '/models/m'", "no-weights"),
         # PyTorch torch/cuda/__init__.py and c10/cuda/CUDAFunctions.cpp.
         ("RuntimeError: No CUDA GPUs are available", "no-device"),
         (
