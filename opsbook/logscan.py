@@ -216,6 +216,8 @@ _JSON_LEVELS = {
     "critical": "CRITICAL",
     "fatal": "CRITICAL",
 }
+# A web page or an editor's typographic quotes and non-breaking spaces, as the log wrote them.
+_TYPOGRAPHIC_QUOTES = str.maketrans({"‘": "'", "’": "'", "“": '"', "”": '"', "\u00a0": " "})
 # An HTML entity a web page's excerpt kept (&#39; &quot; &lt;).
 _HTML_ENTITY = re.compile(r"&(?:#\d{1,5}|#x[0-9a-fA-F]{1,4}|quot|amp|lt|gt|apos|nbsp);")
 _CARRIER_PREFIXES = (_RUNTIME_STAMP, _SYSLOG, _KUBECTL, _COMPOSE)
@@ -1541,6 +1543,7 @@ def _clean(line: str) -> str:
         line = _last_redraw(line)
     if "&" in line and _HTML_ENTITY.search(line):
         line = html.unescape(line)
+    line = line.translate(_TYPOGRAPHIC_QUOTES)
     line = _VIEWER_BORDER.sub("", line)
     line = _CODE_SPAN.sub(r"\1", line, count=1)
     marked = False

@@ -404,6 +404,7 @@ def test_prefixes_of_container_runtimes_viewers_and_markdown_are_removed(
             "Cannot find any model weights with '/m'",
         ),
         ("[Bug]: ValueError: z", "ValueError: z"),
+        ("KeyError: ‘rope_type’", "KeyError: 'rope_type'"),
         ("E       RuntimeError: CUDA error: w", "RuntimeError: CUDA error: w"),
     ],
 )
