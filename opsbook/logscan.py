@@ -744,8 +744,35 @@ def match_catalogue(
         if line.exception and not found:
             # An exception line no pattern names (a name read from its place in a traceback).
             hits += [Hit(entry, line, 0) for entry in generic]
+        if _typed_in_lower_case(line) and not any(hit.line is line for hit in hits[-1:]):
+            hits += _caseless_hits(entries, line)
         recent.append(line.text)
     return hits
+
+
+def _typed_in_lower_case(line: LogLine) -> bool:
+    # A reporter who retyped an error in lower case ("valueerror: loading x requires you to
+    # execute the configuration file ..."): no capital letter at all in a sentence-long line.
+    text = line.text
+    return len(text) >= 40 and not line.is_code and text.islower() and " " in text
+
+
+def _caseless_hits(entries: Sequence[CatalogueEntry], line: LogLine) -> list[Hit]:
+    hits = []
+    for entry in entries:
+        if entry.kind != "cause":
+            continue
+        index = next(
+            (i for i, p in enumerate(_caseless_patterns(entry)) if p.search(line.text)), None
+        )
+        if index is not None:
+            hits.append(Hit(entry, line, index))
+    return hits
+
+
+@lru_cache(maxsize=256)
+def _caseless_patterns(entry: CatalogueEntry) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p.pattern, re.IGNORECASE) for p in entry.patterns)
 
 
 def parse_backend_reasons(text: str) -> dict[str, list[str]]:

@@ -1438,6 +1438,19 @@ def test_a_linker_error_above_the_wrapper_is_the_root_cause() -> None:
     assert diagnosis.root_cause is not None and diagnosis.root_cause.number == 1
 
 
+def test_an_error_retyped_in_lower_case_is_still_recognised() -> None:
+    line = (
+        "valueerror: loading internvl2-8b/ requires you to execute the configuration file in "
+        "that repo on your local machine."
+    )
+
+    diagnosis = diagnose_log(line)
+
+    assert (diagnosis.failure, diagnosis.line and diagnosis.line.number) == ("trust-remote-code", 1)
+    # Only a line with no capital letter at all is read without case.
+    assert diagnose_log("Loading x Requires you to execute the configuration file").state != FAILED
+
+
 def test_an_error_raised_in_resolve_trust_remote_code_is_named_by_its_frame() -> None:
     # An excerpt cut inside the message: the raising frame says which refusal it is.
     text = "\n".join(
