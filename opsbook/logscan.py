@@ -240,6 +240,12 @@ _PREFIXES = (
     _UVICORN_LEVEL,
     _LOCATION,
 )
+# Group names repeat across the prefixes: the combined gates drop them.
+_PREFIX_GROUP = re.compile(r"\(\?P<\w+>")
+_ANY_CARRIER = re.compile(
+    "|".join(f"(?:{_PREFIX_GROUP.sub('(?:', p.pattern)})" for p in _CARRIER_PREFIXES)
+)
+_ANY_PREFIX = re.compile("|".join(f"(?:{_PREFIX_GROUP.sub('(?:', p.pattern)})" for p in _PREFIXES))
 _FULL_DATE = re.compile(r"\b(20\d\d)-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
 
 # Lines that start something new, so a terminal wrap never produced them.
@@ -1101,6 +1107,11 @@ class _Startup:
         return self.head + list(self.tail)
 
 
+def _may_be_error(text: str) -> bool:
+    # Substring tests first: the splitter sees every screened line of a long log.
+    return "rror" in text or "xception" in text or "Traceback" in text
+
+
 class _StartupSplitter:
     def __init__(self) -> None:
         self.current = _Startup(1)
@@ -1121,7 +1132,7 @@ class _StartupSplitter:
             current.marker = max(current.marker, marker)
         if pid and current.api_pid is None:
             current.api_pid = pid
-        if not current.errored and _RUN_ERROR.search(plain):
+        if not current.errored and _may_be_error(plain) and _RUN_ERROR.search(plain):
             current.errored = True
         current.add(number, text)
 
@@ -1570,7 +1581,8 @@ def _clean(line: str) -> str:
         line = _last_redraw(line)
     if "&" in line and _HTML_ENTITY.search(line):
         line = html.unescape(line)
-    line = line.translate(_TYPOGRAPHIC_QUOTES)
+    if not line.isascii():
+        line = line.translate(_TYPOGRAPHIC_QUOTES)
     line = _VIEWER_BORDER.sub("", line)
     line = _CODE_SPAN.sub(r"\1", line, count=1)
     marked = False
@@ -1639,23 +1651,25 @@ def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | N
     stamp: datetime | None = None
     process: str | None = None
     # What the log's carrier adds (a runtime's time, journald's, a container's name) comes
-    # first, in any order; then the log's own prefixes.
-    outer = True
-    while True:
-        prefixes = _CARRIER_PREFIXES if outer else _PREFIXES
-        found = next((m for m in (p.match(line) for p in prefixes) if m and m.end()), None)
-        if found is None and outer:
-            outer = False
-            continue
-        if found is None:
-            return line, level, stamp, process
-        groups = found.groupdict()
-        found_level = groups.get("level")
-        level = _LEVEL_LETTERS.get(found_level, found_level) if found_level else level
-        process = groups.get("process") or process
-        if groups.get("time"):
-            stamp = _stamp(groups, year) or stamp
-        line = line[found.end() :]
+    # first, in any order; then the log's own prefixes. One combined expression says whether
+    # any prefix is left (most lines' last look finds none).
+    for prefixes, gate in ((_CARRIER_PREFIXES, _ANY_CARRIER), (_PREFIXES, _ANY_PREFIX)):
+        while gate.match(line):
+            found = None
+            for pattern in prefixes:
+                found = pattern.match(line)
+                if found and found.end():
+                    break
+            if found is None or not found.end():
+                break
+            groups = found.groupdict()
+            found_level = groups.get("level")
+            level = _LEVEL_LETTERS.get(found_level, found_level) if found_level else level
+            process = groups.get("process") or process
+            if groups.get("time"):
+                stamp = _stamp(groups, year) or stamp
+            line = line[found.end() :]
+    return line, level, stamp, process
 
 
 def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:
