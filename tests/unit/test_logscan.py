@@ -1219,6 +1219,20 @@ def test_catalogue_entries_are_complete() -> None:
             "TRITON_LIBCUDA_PATH",
         ),
         (
+            "AssertionError: Error in memory profiling. Initial free memory 70.1 GiB, current "
+            "free memory 75.3 GiB. This happens when other processes sharing the same container "
+            "release GPU memory while vLLM is profiling during initialization.",
+            "memory-profiling-changed",
+            "alone on its GPUs",
+        ),
+        (
+            "TimeoutError: Timed out waiting for engine core processes to start. This is often "
+            "caused by slow weight loading for large models. Waited 600s (configured by "
+            "VLLM_ENGINE_READY_TIMEOUT_S).",
+            "engine-start-timeout",
+            "VLLM_ENGINE_READY_TIMEOUT_S",
+        ),
+        (
             '(Worker_TP0 pid=6) ERROR 05-06 06:47:41 [m.py:852] ValueError("type fp8e4nv not '
             "supported in this architecture. The supported fp8 dtypes are ('fp8e4b15', 'fp8e5')\")",
             "fp8-unsupported-gpu",
