@@ -68,8 +68,17 @@ INTERESTING_INFO_STARTS = (
     " ",  # the banner's block letters and other indented text
 )
 _ANSI = rb"(?:\x1b\[[\d;]*m)?"
+# What a log's carrier puts before each line, skipped with the routine line behind it: a
+# container runtime's RFC 3339 time (docker logs -t), journald's time, host and unit, a
+# compose container's name (opsbook.logscan removes the same prefixes).
+_CARRIER = (
+    rb"(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? "
+    rb"|[A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d \S+ [\w.@/:-]+(?:\[\d+\])?: "
+    rb"|[\w.-]{1,40} +\| ?)?"
+)
 _ROUTINE = (
-    _ANSI
+    _CARRIER
+    + _ANSI
     + rb"(?:\([^()\n]{1,80}pid=\d+[^()\n]{0,40}\)"
     + _ANSI
     + rb" )?"

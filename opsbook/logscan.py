@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import io
+import json
 import re
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
@@ -82,7 +83,8 @@ PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ),
         (
             "http",
-            r"Starting vLLM (?:API )?server|Available routes are|Route: /|Started server process",
+            r"Starting vLLM (?:API )?server|Starting \S+ (?:API )?server(?: \d+)? on "
+            r"|Available routes are|Route: /|Started server process",
         ),
         ("ready", r"Application startup complete|Uvicorn running on"),
     )
@@ -93,8 +95,16 @@ PHASE_NAMES = tuple(name for name, _ in PHASE_PATTERNS)
 _ANSI = re.compile(
     r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|(?<![\w\]])\[[0-9]{1,3}(?:;[0-9]{1,3})*m"
 )
-_QUOTE_START = re.compile(r"^\s{0,3}(?:>\s?)+|^\*\*")
-_QUOTE_END = re.compile(r"\*\*\s*$")
+# How a log is quoted in an issue or a chat: "> " quote marks, a list bullet, a table's "|",
+# Markdown bold or italics, an inline-code backtick, in any order and after any indentation.
+# Removed only at the start (and the matching end): the text inside keeps its own indentation.
+# Also the tag of a vLLM issue's title ("[Bug]: ") and pytest's failure marker ("E   ").
+_MARKUP_START = re.compile(
+    r"^\s*(?:(?:>\s?)+|[-*+•]\s+(?=\S)(?!\*)|\d{1,3}[.)]\s+(?=\S)|\|\s?|\*\*|__|`(?!`)"
+    r"|\[(?:Bug|Usage|Installation|Performance|Misc|Doc|Hardware|New Model)[^\]]{0,30}\]:?\s*"
+    r"|E {3,}(?=\S))"
+)
+_MARKUP_END = re.compile(r"(?:\*\*|__|\s\||(?<!`)`)\s*$")
 # A terminal log viewer (k9s, lazydocker) draws a box: a vertical border before and after
 # each line it shows.
 _VIEWER_BORDER = re.compile(r"^\s*[│┃║] ?|\s*[│┃║]\s*$")
@@ -102,14 +112,35 @@ _VIEWER_BORDER = re.compile(r"^\s*[│┃║] ?|\s*[│┃║]\s*$")
 _CODE_SPAN = re.compile(r"^\s*`([^`]+)`\s*$")
 # A Markdown code fence: it marks where a pasted log begins or ends, and is not log text.
 _FENCE = re.compile(r"^(?:```|~~~)[\w+-]*\s*$")
+# The name of an exception as a traceback's last line shows it. A qualified name
+# (``huggingface_hub.utils._http.OfflineModeIsEnabled``, ``torch._dynamo.exc.Unsupported``)
+# is one whatever it ends in: exception classes of the libraries vLLM runs on are named
+# freely (huggingface_hub OfflineModeIsEnabled, ray GracefulExit and TimeoutExpired, torch
+# Unsupported and BackendCompilerFailed); a bare name needs one of the endings they use.
+EXCEPTION_NAME = (
+    r"(?:(?:[a-z_]\w*\.)+_?[A-Z]\w*(?<!Warning)"
+    r"|_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure|Failed|Enabled"
+    r"|Unavailable|NotFound|Denied|Exceeded|Expired|Mismatch|Died))"
+)
+# An exception quoted inside a sentence: after a space, a colon or an opening backtick.
+_QUOTED_EXCEPTION = re.compile(
+    r"(?:[\s`(（：]|: )(?P<exception>" + EXCEPTION_NAME + r"(?:\(\w+\))?: \S[^`]*)`?"
+)
+# Any CamelCase name followed by ": message": an exception's line when it ends a traceback
+# (the line after its frames), whatever the name (``Unsupported: ...`` printed unqualified).
+_BARE_EXCEPTION_LINE = re.compile(r"^_?[A-Z]\w*(?:\.\w+)*(?:\(\w+\))?: \S")
 # An exception shown as its repr (a ``raise`` re-logged with %r, a Triton compile error):
 # ``ValueError("msg")`` says what ``ValueError: msg`` says. A cut excerpt may lack the end.
 _EXCEPTION_REPR = re.compile(
-    r"^(?P<name>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit))\((?P<q>[\"'])(?P<message>.*?)"
-    r"(?:(?P=q)\)?)?$"
+    r"^(?P<name>" + EXCEPTION_NAME + r")\((?P<q>[\"'])(?P<message>.*?)(?:(?P=q)\)?)?$"
 )
 _COMPOSE = re.compile(r"^[\w.-]{1,40}\s+\|\s?")
-_PROCESS = re.compile(r"^\((?P<process>[^()\n]{0,80}?\bpid=\d+[^()\n]{0,60})\)\s?")
+# vLLM's and Ray's process prefixes: "(EngineCore_DP0 pid=7)", "(RayWorkerWrapper pid=7,
+# ip=10.0.0.2)", and Ray's own daemons, which carry no pid ("(raylet, ip=10.0.0.2)").
+_PROCESS = re.compile(
+    r"^\((?P<process>[^()\n]{0,80}?\bpid=\d+[^()\n]{0,60}"
+    r"|(?:raylet|gcs_server|autoscaler|dashboard_agent|monitor)\b[^()\n]{0,60})\)\s?"
+)
 _RANK = re.compile(r"^\[(?P<process>rank\d+)\]:\s?")
 # vLLM's prefix has no year; builds that change its date format (NVIDIA NIM) add one.
 _VLLM_LEVEL = re.compile(
@@ -130,21 +161,99 @@ _RUNTIME_STAMP = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)T(?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r"(?:Z|[+-]\d\d:?\d\d)? "
 )
+# journald / syslog: "Dec 03 10:11:12 host vllm[1234]: " (journalctl's default output).
+_SYSLOG = re.compile(
+    r"^(?P<monthname>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<day>\d{1,2}) "
+    r"(?P<time>\d\d:\d\d:\d\d) \S+ [\w.@/:-]+(?:\[\d+\])?: "
+)
+# kubectl logs --prefix: "[pod/NAME/CONTAINER] "; stern and other log aggregators: the pod
+# and container names, bare, before vLLM's own process prefix.
+_KUBECTL = re.compile(
+    r"^\[pod/[^\]\s]+\] |^(?:[\w.-]+ ){1,2}"
+    r"(?=\([^()\n]{0,80}?\bpid=\d+[^()\n]{0,60}\) (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )"
+)
+# loguru's default format (Xinference and other servers that embed vLLM):
+# "2024-05-01 10:11:12.345 | ERROR    | module:function:12 - ".
+_LOGURU = re.compile(
+    r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r" \| (?P<level>[A-Z]+)\s*\| [\w.<>:-]+ - "
+)
+# Ray's Python logger ("2024-05-01 10:11:12,345\tINFO worker.py:1 -- ") and its C++ (glog)
+# lines ("[2024-05-01 10:11:12,345 E 123 456] raylet.cc:12: ", "E0501 10:11:12.345 123 f.cc:1] ").
+_RAY_PYTHON = re.compile(
+    r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r"\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w./-]+:\d+ -- "
+)
+_RAY_NATIVE = re.compile(
+    r"^\[(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r" (?P<level>[DIWEF]) \d+ \d+\] (?:[\w./-]+:\d+: )?"
+)
+_GLOG = re.compile(
+    r"^(?P<level>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)\.\d+\s+\d+ "
+    r"[\w./-]+:\d+\] "
+)
+# PyTorch's C++ (c10) log lines, behind "[rank0]:":
+# "[E1203 10:11:12.345678 12 ProcessGroupNCCL.cpp:1] ".
+_C10_LOG = re.compile(
+    r"^\[(?P<level>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)\.\d+"
+    r"(?: \d+)? [\w./-]+:\d+\] ?"
+)
+# Any other date and time before the message ("[2024-05-01 10:11:12] ", a log shipper's):
+# one space follows, as for a container runtime's stamp.
+_DATE_STAMP = re.compile(
+    r"^\[?(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ T](?P<time>\d\d:\d\d:\d\d)"
+    r"(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]? "
+)
+# A structured log record's fields: docker's json-file driver ("log"), JSON loggers.
+_JSON_MESSAGE_KEYS = ("log", "message", "msg", "textPayload")
+_JSON_LEVEL_KEYS = ("level", "levelname", "severity")
+_JSON_LEVELS = {
+    "debug": "DEBUG",
+    "info": "INFO",
+    "warn": "WARNING",
+    "warning": "WARNING",
+    "error": "ERROR",
+    "critical": "CRITICAL",
+    "fatal": "CRITICAL",
+}
+# A web page or an editor's typographic quotes and non-breaking spaces, as the log wrote them.
+_TYPOGRAPHIC_QUOTES = str.maketrans({"‘": "'", "’": "'", "“": '"', "”": '"', "\u00a0": " "})
+# An HTML entity a web page's excerpt kept (&#39; &quot; &lt;).
+_HTML_ENTITY = re.compile(r"&(?:#\d{1,5}|#x[0-9a-fA-F]{1,4}|quot|amp|lt|gt|apos|nbsp);")
+_CARRIER_PREFIXES = (_RUNTIME_STAMP, _SYSLOG, _KUBECTL, _COMPOSE)
+_LEVEL_LETTERS = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _PREFIXES = (
     _RUNTIME_STAMP,
+    _SYSLOG,
+    _KUBECTL,
     _PROCESS,
     _RANK,
     _VLLM_LEVEL,
     _PYTHON_LEVEL,
+    _LOGURU,
+    _RAY_PYTHON,
+    _RAY_NATIVE,
+    _GLOG,
+    _C10_LOG,
+    _DATE_STAMP,
     _UVICORN_LEVEL,
     _LOCATION,
 )
+# Group names repeat across the prefixes: the combined gates drop them.
+_PREFIX_GROUP = re.compile(r"\(\?P<\w+>")
+_ANY_CARRIER = re.compile(
+    "|".join(f"(?:{_PREFIX_GROUP.sub('(?:', p.pattern)})" for p in _CARRIER_PREFIXES)
+)
+_ANY_PREFIX = re.compile("|".join(f"(?:{_PREFIX_GROUP.sub('(?:', p.pattern)})" for p in _PREFIXES))
 _FULL_DATE = re.compile(r"\b(20\d\d)-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
 
 # Lines that start something new, so a terminal wrap never produced them.
 _LINE_START = re.compile(
     r"^(?:Traceback|File \"|[\[#`]|(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning)\b"
+    r"|" + EXCEPTION_NAME + r"(?:\(\w+\))?:"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|[^|]{0,80}:\s+\d+%\|"
+    r"|[\w.-]+ exited with code \d+"  # docker compose's report of a container's end
     r"|(?:\(\S+\)\s+)?[\w.-]+@[\w.-]+:)"  # the last one: a shell prompt after the log
 )
 # Shell comments and provenance notes pasted around a log; vLLM's own "# GPU blocks" line
@@ -188,6 +297,8 @@ class LogLine:
         timestamp: when the line's prefix carries a time (see ``PLACEHOLDER_YEAR``).
         is_code: a traceback's frame or source line, never a message.
         process: the process prefix (``EngineCore_DP0 pid=7``, ``rank0``) when there is one.
+        exception: an exception's line (``Name: message``): a known exception name, or any
+            name on the line that ends a traceback's frames.
     """
 
     number: int
@@ -197,6 +308,7 @@ class LogLine:
     timestamp: datetime | None = None
     is_code: bool = False
     process: str | None = None
+    exception: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,6 +337,18 @@ class CatalogueEntry:
     stems: tuple[str, ...] = ()
     # Per pattern: a text that must be on one of the CONTEXT_WINDOW lines before (None: any).
     after: tuple[re.Pattern[str] | None, ...] = ()
+    # The shared failure id this class is reported under, when its own id is not one of them.
+    family: str | None = None
+
+    @property
+    def failure(self) -> str:
+        """The failure id a diagnosis of this class reports."""
+        return self.family or self.id
+
+    @property
+    def error_class(self) -> str | None:
+        """The class's own id when it is reported under a family's failure id."""
+        return self.id if self.family else None
 
 
 @dataclass(frozen=True)
@@ -266,6 +390,9 @@ class LogDiagnosis:
         phases: the startup phases seen.
         notes: lines worth pointing out that are not failures.
         suspect: for a log that stops without an error, the catalogue id that likely explains it.
+        error_class: the catalogue class of the failure when it is reported under a shared
+            failure id (an error the catalogue knows, reported as ``unrecognised-error`` with
+            its own remedy).
         first_line: where the diagnosed (last) startup begins in the file.
         skipped_lines: lines of interest of that startup left out to bound memory.
         earlier: the startups before it in the same file (the last ``EARLIER_LISTED``).
@@ -291,6 +418,7 @@ class LogDiagnosis:
     skipped_lines: int = 0
     earlier: list[EarlierStartup] = field(default_factory=list)
     earlier_counts: dict[str, int] = field(default_factory=dict)
+    error_class: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -307,6 +435,7 @@ class LogDiagnosis:
             "state": self.state,
             "phase": self.phase,
             "failure": self.failure,
+            "error_class": self.error_class,
             "title": self.title,
             "severity": self.severity,
             "line": _line_dict(self.line),
@@ -375,7 +504,8 @@ class LogDiagnosis:
     def __str__(self) -> str:
         rows = [f"state:   {self.state}" + (f" (phase: {self.phase})" if self.phase else "")]
         if self.failure:
-            rows.append(f"failure: {self.failure} - {self.title}")
+            known = f" ({self.error_class})" if self.error_class else ""
+            rows.append(f"failure: {self.failure}{known} - {self.title}")
         else:
             rows.append(f"summary: {self.title}")
         if self.line:
@@ -450,6 +580,7 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
             remedy_parsed=raw.get("remedy_parsed", ""),
             stems=tuple(raw.get("stems", ())),
             after=tuple(_after(p) for p in raw["patterns"]),
+            family=raw.get("family"),
         )
     except (KeyError, TypeError, re.error) as exc:
         raise OpsbookError(
@@ -466,7 +597,9 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
 
 
 def _regex(pattern: str | dict[str, str]) -> str:
-    return pattern["regex"] if isinstance(pattern, dict) else pattern
+    # "<EXCEPTION>" in a pattern stands for any exception name (EXCEPTION_NAME).
+    text = pattern["regex"] if isinstance(pattern, dict) else pattern
+    return text.replace("<EXCEPTION>", EXCEPTION_NAME)
 
 
 def _after(pattern: str | dict[str, str]) -> re.Pattern[str] | None:
@@ -515,7 +648,7 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
     cleaned = [_clean(line) for line in raws]
     year = _first_year(raws)
     lines: list[LogLine] = []
-    after_frame = False
+    after_frame = after_code = False
     for members in _wrapped_groups(numbers, cleaned):
         joined = "".join(cleaned[i] for i in members)
         if _COMMENT.match(joined) or _FENCE.match(joined.strip()):
@@ -523,14 +656,24 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
         joined = _HEADING.sub("", joined, count=1)
         message, level, stamp, process = _strip_prefixes(joined, year)
         body = _EXCEPTION_REPR.sub(r"\g<name>: \g<message>", message.strip(), count=1)
+        if level is None and process is None:
+            body = _quoted_exception(body)
         is_code = (
             body.startswith(("raise ", 'File "'))
             or (after_frame and message[:1].isspace())
             or bool(_MARKERS_ONLY.fullmatch(body) and body)
         )
         after_frame = body.startswith('File "')
+        exception = not is_code and (
+            bool(_EXCEPTION_LINE.match(body))
+            or (after_code and bool(_BARE_EXCEPTION_LINE.match(body)))
+        )
+        if body:
+            after_code = is_code
         raw = "\n".join(raws[i] for i in members)
-        lines.append(LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process))
+        lines.append(
+            LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process, exception)
+        )
     return _roll_years(lines)
 
 
@@ -595,14 +738,47 @@ def match_catalogue(
     screen = _screen(entries)
     hits = []
     recent: deque[str] = deque(maxlen=CONTEXT_WINDOW)
+    generic = [entry for entry in entries if entry.kind == "generic"]
     for line in lines:
+        found = False
         if not line.is_code and screen.search(line.text):
             for entry in entries:
                 index = _first_matching(entry, line.text, recent)
                 if index is not None:
                     hits.append(Hit(entry, line, index))
+                    found = found or entry.kind == "generic"
+        if line.exception and not found:
+            # An exception line no pattern names (a name read from its place in a traceback).
+            hits += [Hit(entry, line, 0) for entry in generic]
+        if _typed_in_lower_case(line) and not any(hit.line is line for hit in hits[-1:]):
+            hits += _caseless_hits(entries, line)
         recent.append(line.text)
     return hits
+
+
+def _typed_in_lower_case(line: LogLine) -> bool:
+    # A reporter who retyped an error in lower case ("valueerror: loading x requires you to
+    # execute the configuration file ..."): no capital letter at all in a sentence-long line.
+    text = line.text
+    return len(text) >= 40 and not line.is_code and text.islower() and " " in text
+
+
+def _caseless_hits(entries: Sequence[CatalogueEntry], line: LogLine) -> list[Hit]:
+    hits = []
+    for entry in entries:
+        if entry.kind != "cause":
+            continue
+        index = next(
+            (i for i, p in enumerate(_caseless_patterns(entry)) if p.search(line.text)), None
+        )
+        if index is not None:
+            hits.append(Hit(entry, line, index))
+    return hits
+
+
+@lru_cache(maxsize=256)
+def _caseless_patterns(entry: CatalogueEntry) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p.pattern, re.IGNORECASE) for p in entry.patterns)
 
 
 def parse_backend_reasons(text: str) -> dict[str, list[str]]:
@@ -779,10 +955,27 @@ def _diagnose_lines(
     kills = classify_kernel_log(kernel_log) if kernel_log else []
     if kills:
         return _killed(kills[-1], kernel_log or "", base)
+    signalled = _killed_by_signal(lines)
+    if signalled is not None and not running:
+        entry = _entry_by_id("host-oom-killer")
+        return _failed(FAILED, Hit(entry, signalled, 0), [], events, base)
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
     return _unfinished(lines, events, running, base)
+
+
+# What a shell or a container runtime prints when the server got SIGKILL (exit status 137):
+# the process wrote nothing itself, and the kernel's OOM killer is the usual sender.
+_SIGKILL = re.compile(
+    r"^(?:\[\d+\]\+?\s+)?Killed\b|exited with code 137\b|\bExited \(137\)|exit code:? 137\b"
+)
+
+
+def _killed_by_signal(lines: list[LogLine]) -> LogLine | None:
+    """The last line with text, when it says the server was killed (and nothing failed)."""
+    last = next((line for line in reversed(lines) if line.text), None)
+    return last if last is not None and _SIGKILL.search(last.text) else None
 
 
 # uvicorn logs both once the app has started (lifespan "Application startup complete.", then
@@ -792,7 +985,8 @@ _STARTUP_COMPLETE = re.compile(r"Application startup complete")
 # just before uvicorn serves them; "Starting vLLM (API) server ... on" names the address
 # (vllm/entrypoints/openai/api_server.py).
 _ROUTES = re.compile(r"^(?:Available routes are|Route: /)")
-_SERVER_ADDRESS = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on ")
+# The product's name may be a reporter's redaction ("Starting v<HOST> server on").
+_SERVER_ADDRESS = re.compile(r"Starting \S+ (?:API )?server(?: \d+)? on ")
 
 
 def _ready_line(lines: list[LogLine], events: list[tuple[LogLine, str]], ready_at: int) -> int:
@@ -807,9 +1001,14 @@ def _ready_line(lines: list[LogLine], events: list[tuple[LogLine, str]], ready_a
 def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> LogLine | None:
     """For a log that ends in vLLM's route list with no error: the line that says where it
     serves (or the route list's head). vLLM builds the engine before it lists the routes, so
-    what is left is uvicorn binding the port; an excerpt often stops here."""
+    what is left is uvicorn binding the port; an excerpt often stops here. A route list with
+    nothing of the startup before it is a fragment, not a startup seen to its end: a server
+    can hang there too (its port never opening), and nothing else in the text says it got
+    further."""
     http = [line for line, name in events if name == "http"]
     if not http or _furthest_phase(events) != "http":
+        return None
+    if not any(line.text for line in lines if line.number < http[0].number):
         return None
     last_text = next((line for line in reversed(lines) if line.text), None)
     if last_text is None or not _ROUTES.match(last_text.text):
@@ -851,6 +1050,11 @@ _STARTUP_MARKERS = (
     re.compile(r"\bnon-default args: |\bargs: Namespace\("),
 )
 _API_SERVER_PID = re.compile(r"\(APIServer pid=(\d+)\)")
+# A run that has failed prints no startup marker: one after its error begins the next run
+# (a reporter's second attempt pasted below the first, whose own start the excerpt cut).
+_RUN_ERROR = re.compile(
+    r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception)\b: |^\S+: error: "
+)
 # Bounds on what one startup keeps: its first and its last lines of interest.
 STARTUP_HEAD_LINES = 10_000
 STARTUP_TAIL_LINES = 10_000
@@ -888,6 +1092,7 @@ class _Startup:
         self.skipped = 0
         self.marker = -1
         self.api_pid: str | None = None
+        self.errored = False
 
     def add(self, number: int, text: str) -> None:
         self.last_line = number
@@ -902,6 +1107,11 @@ class _Startup:
         return self.head + list(self.tail)
 
 
+def _may_be_error(text: str) -> bool:
+    # Substring tests first: the splitter sees every screened line of a long log.
+    return "rror" in text or "xception" in text or "Traceback" in text
+
+
 class _StartupSplitter:
     def __init__(self) -> None:
         self.current = _Startup(1)
@@ -914,13 +1124,16 @@ class _StartupSplitter:
         pid_found = _API_SERVER_PID.search(plain)
         pid = pid_found.group(1) if pid_found else None
         current = self.current
-        if (marker is not None and current.marker >= marker) or self._new_api_server(pid):
+        restarted = marker is not None and (current.marker >= marker or current.errored)
+        if restarted or self._new_api_server(pid):
             self._close(number)
             current = self.current
         if marker is not None:
             current.marker = max(current.marker, marker)
         if pid and current.api_pid is None:
             current.api_pid = pid
+        if not current.errored and _may_be_error(plain) and _RUN_ERROR.search(plain):
+            current.errored = True
         current.add(number, text)
 
     def _new_api_server(self, pid: str | None) -> bool:
@@ -975,7 +1188,8 @@ def _failed(
             numbers["rank"] = int(rank.group(1))
     return LogDiagnosis(
         state=state,
-        failure=entry.id,
+        failure=entry.failure,
+        error_class=entry.error_class,
         title=entry.title,
         severity=entry.severity,
         line=chosen.line,
@@ -989,7 +1203,7 @@ def _failed(
 
 # Catalogue classes that only say a process died: the cause is that process's first error.
 _WRAPPER_CAUSES = ("ray-node-died",)
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit)\b(?::|$)")
+_EXCEPTION_LINE = re.compile(r"^" + EXCEPTION_NAME + r"(?:\(\w+\))?(?::|$)")
 _NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of|The above)")
 _API_SERVER = re.compile(r"^(?:APIServer|ApiServer)")
 
@@ -1012,13 +1226,17 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     """
     wrapper_lines = {h.line.number for h in hits if h.entry.kind == "wrapper"}
     wrapper_lines |= {h.line.number for h in hits if h.entry.id in _WRAPPER_CAUSES}
+    # A line the catalogue names as a cause or an error is one whatever its form (a
+    # linker's "ld: cannot find -lcuda", NCCL's and the kernel's lines).
+    named = {h.line.number for h in hits if h.entry.kind in ("cause", "generic")}
     candidates = [
         line
         for line in lines
         if line.number < wrapper.number
         and line.number not in wrapper_lines
         and not line.is_code
-        and _is_error_line(line)
+        and not _NOT_A_CAUSE.match(line.text)
+        and (line.number in named or _is_error_line(line))
     ]
     if not candidates:
         return None
@@ -1060,7 +1278,8 @@ def _is_error_line(line: LogLine) -> bool:
     if not text or _NOT_A_CAUSE.match(text):
         return False
     return (
-        bool(_EXCEPTION_LINE.match(text))
+        line.exception
+        or bool(_EXCEPTION_LINE.match(text))
         or line.level in ("ERROR", "CRITICAL")
         or "NCCL WARN" in text
     )
@@ -1080,7 +1299,11 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     diagnosis.line = root.line
     diagnosis.root_cause = root.line
     if root.entry is not None:
-        diagnosis.failure = root.entry.id
+        if not (root.entry.family and diagnosis.failure in _WRAPPER_CAUSES):
+            # A known class outside the shared ids counts as an uncatalogued error: under a
+            # Ray death the node or actor loss keeps its class (as below).
+            diagnosis.failure = root.entry.failure
+        diagnosis.error_class = root.entry.error_class
         diagnosis.title = root.entry.title
         diagnosis.remedy = root.entry.remedy
         diagnosis.source = root.entry.source
@@ -1351,13 +1574,66 @@ def _first_matching(entry: CatalogueEntry, text: str, recent: Sequence[str] = ()
 
 def _clean(line: str) -> str:
     """ANSI codes, carriage-return redraws and markdown quoting removed; indentation kept."""
+    if line.startswith('{"'):
+        line = _json_record(line)
     line = _ANSI.sub("", line)
     if "\r" in line:
         line = _last_redraw(line)
+    if "&" in line and _HTML_ENTITY.search(line):
+        line = html.unescape(line)
+    if not line.isascii():
+        line = line.translate(_TYPOGRAPHIC_QUOTES)
     line = _VIEWER_BORDER.sub("", line)
-    line = _QUOTE_START.sub("", line, count=1)
-    line = _QUOTE_END.sub("", line)
-    return _CODE_SPAN.sub(r"\1", line, count=1)
+    line = _CODE_SPAN.sub(r"\1", line, count=1)
+    marked = False
+    while True:
+        found = _MARKUP_START.match(line)
+        if found is None or not found.end():
+            break
+        line, marked = line[found.end() :], True
+    if marked:
+        line = _MARKUP_END.sub("", line).lstrip()
+    return _without_indent_before_prefix(line)
+
+
+def _quoted_exception(text: str) -> str:
+    """A reporter's sentence that quotes an exception ("and the error is: ValueError: ...",
+    "I get `KeyError: 'x'` when ...") reads as the exception; anything else unchanged."""
+    if not text or text[0].isspace() or _EXCEPTION_LINE.match(text):
+        return text
+    found = _QUOTED_EXCEPTION.search(text)
+    return found.group("exception").rstrip("`").rstrip() if found else text
+
+
+def _json_record(line: str) -> str:
+    """The message of a structured log record (docker's json-file driver: ``{"log": ...}``;
+    JSON loggers: ``{"level": ..., "message": ...}``) as ``LEVEL:  message``; any other
+    line unchanged."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict):
+        return line
+    text = next(
+        (record[key] for key in _JSON_MESSAGE_KEYS if isinstance(record.get(key), str)), None
+    )
+    if text is None:
+        return line
+    message = " ".join(part for part in text.rstrip("\n").split("\n"))
+    level = next((record[key] for key in _JSON_LEVEL_KEYS if isinstance(record.get(key), str)), "")
+    level = _JSON_LEVELS.get(level.lower(), "")
+    return f"{level}:  {message}" if level and not _has_prefix(message) else message
+
+
+def _without_indent_before_prefix(line: str) -> str:
+    # Indentation before a process or level prefix is a quoting artefact (a paste into a
+    # list, a space the reporter typed): the prefix starts the line. Indentation before
+    # anything else stays (it tells a traceback's source lines from its messages).
+    if not line[:1].isspace():
+        return line
+    bare = line.lstrip()
+    return bare if _has_prefix(bare) else line
 
 
 def _last_redraw(line: str) -> str:
@@ -1374,26 +1650,35 @@ def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | N
     level: str | None = None
     stamp: datetime | None = None
     process: str | None = None
-    if _COMPOSE.match(line):
-        line = _COMPOSE.sub("", line, count=1)
-    while True:
-        found = next((m for m in (p.match(line) for p in _PREFIXES) if m and m.end()), None)
-        if found is None:
-            return line, level, stamp, process
-        groups = found.groupdict()
-        level = groups.get("level") or level
-        process = groups.get("process") or process
-        if groups.get("time"):
-            stamp = _stamp(groups, year) or stamp
-        line = line[found.end() :]
+    # What the log's carrier adds (a runtime's time, journald's, a container's name) comes
+    # first, in any order; then the log's own prefixes. One combined expression says whether
+    # any prefix is left (most lines' last look finds none).
+    for prefixes, gate in ((_CARRIER_PREFIXES, _ANY_CARRIER), (_PREFIXES, _ANY_PREFIX)):
+        while gate.match(line):
+            found = None
+            for pattern in prefixes:
+                found = pattern.match(line)
+                if found and found.end():
+                    break
+            if found is None or not found.end():
+                break
+            groups = found.groupdict()
+            found_level = groups.get("level")
+            level = _LEVEL_LETTERS.get(found_level, found_level) if found_level else level
+            process = groups.get("process") or process
+            if groups.get("time"):
+                stamp = _stamp(groups, year) or stamp
+            line = line[found.end() :]
+    return line, level, stamp, process
 
 
 def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:
     try:
         hour, minute, second = (int(part) for part in (groups["time"] or "").split(":"))
+        month = groups.get("month") or _MONTHS.index(groups.get("monthname") or "") + 1
         return datetime(
             int(groups.get("year") or year),
-            int(groups["month"] or 0),
+            int(month),
             int(groups["day"] or 0),
             hour,
             minute,

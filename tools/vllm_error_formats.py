@@ -168,14 +168,104 @@ NATIVE_FORMATS: list[dict[str, str]] = [
         "source": "pydantic/pydantic-core src/errors/types.rs (ValueError: 'Value error, {error}')",
     },
     {
-        "entry": "unrecognised-error",
+        "entry": "broken-install",
         "template": "/usr/lib/python3/dist-packages/{module}.so: undefined symbol: {symbol}",
         "source": "glibc elf/dl-lookup.c ('undefined symbol: '), dlfcn/dlerror.c ('%s: %s')",
+    },
+    {
+        "entry": "cuda-arch-unsupported",
+        "template": "RuntimeError: Assertion error ({path}/csrc/apis/gemm.hpp:56): "
+        "Unsupported architecture",
+        "source": "deepseek-ai/DeepGEMM csrc/utils/exception.hpp (DGException: name + ' error ('"
+        " + file + ':' + line + '): ' + error; DG_HOST_UNREACHABLE) and csrc/apis/*.hpp "
+        '(DG_HOST_UNREACHABLE("Unsupported architecture")), raised by pybind11 as RuntimeError',
+    },
+    {
+        "entry": "broken-install",
+        "template": "ImportError: /env/lib/python3.12/site-packages/vllm/_C.abi3.so: undefined "
+        "symbol: _ZN3c104cuda9SetDeviceEi",
+        "source": "glibc elf/dl-lookup.c ('undefined symbol: %s'), dlfcn/dlerror.c ('%s: %s')",
+    },
+    {
+        "entry": "broken-install",
+        "template": "ImportError: libtorch_hip.so: cannot open shared object file: No such file "
+        "or directory",
+        "source": "glibc dlfcn/dlerror.c ('%s: %s'), elf/dl-load.c ('cannot open shared object "
+        "file')",
+    },
+    {
+        "entry": "illegal-memory-access",
+        "template": "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "source": "NVIDIA CUDA runtime cudaErrorIllegalAddress, as PyTorch "
+        "c10/cuda/CUDAException.h reports it",
+    },
+    {
+        "entry": "oom",
+        "template": "RuntimeError: CUDA driver error: out of memory",
+        "source": "pytorch/pytorch c10/cuda/driver_api.h (C10_CUDA_DRIVER_CHECK with "
+        "cuGetErrorString's CUDA_ERROR_OUT_OF_MEMORY text)",
+    },
+    {
+        "entry": "ray-node-died",
+        "template": "The actor is dead because its worker process has died. Worker exit type: "
+        "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error "
+        "code 2.",
+        "source": "ray-project/ray src/ray/core_worker (ray 2.60.0 ray/_raylet.so)",
+    },
+    {
+        "entry": "head-size-unsupported",
+        "template": "RuntimeError: This flash attention build does not support headdim not "
+        "being a multiple of 32.",
+        "source": "vllm-project/flash-attention csrc/flash_attn/flash_api.cpp, in vLLM 0.10.2 "
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
+    },
+    {
+        "entry": "custom-allreduce",
+        "template": "RuntimeError: CUDA error: peer access is not supported between these two "
+        "devices",
+        "source": "NVIDIA CUDA runtime cudaErrorPeerAccessUnsupported, as PyTorch "
+        "c10/cuda/CUDAException.h reports it",
+    },
+    {
+        "entry": "missing-package",
+        "template": "ModuleNotFoundError: No module named 'deep_gemm'",
+        "source": "python/cpython Lib/importlib/_bootstrap.py (_find_and_load_unlocked: "
+        "ModuleNotFoundError 'No module named %r')",
+    },
+    {
+        "entry": "cuda-driver-too-old",
+        "template": "RuntimeError: CUDA driver version is insufficient for CUDA runtime version",
+        "source": "NVIDIA CUDA runtime cudaErrorInsufficientDriver, as PyTorch reports it",
+    },
+    {
+        "entry": "libcuda-link",
+        "template": "/usr/bin/ld: cannot find -lcuda: No such file or directory",
+        "source": "GNU binutils ld/ldfile.c ('cannot find %s'), linking Triton's launcher "
+        "(triton-lang/triton python/triton/runtime/build.py)",
+    },
+    {
+        "entry": "no-device",
+        "template": "RuntimeError: No CUDA GPUs are available",
+        "source": "pytorch/pytorch c10/cuda/CUDAFunctions.cpp (device_count_ensure_non_zero)",
+    },
+    {
+        "entry": "fp8-unsupported-gpu",
+        "template": 'ValueError("type fp8e4nv not supported in this architecture. The supported '
+        "fp8 dtypes are ('fp8e4b15', 'fp8e5')\")",
+        "source": "triton-lang/triton python/triton/language (fp8 type check), "
+        "third_party/nvidia/backend/compiler.py (CUDAOptions.supported_fp8_dtypes)",
     },
 ]
 
 # Python messages the extraction above does not select (see the module's docstring).
 QUOTED_FORMATS: list[dict[str, str]] = [
+    {
+        "entry": "ray-resources",
+        "template": "ValueError: Ray does not allocate any GPUs on the driver node. Consider "
+        "adjusting the Ray placement group or running the driver on a GPU node.",
+        "source": "vllm-project/vllm vllm/engine/ray_utils.py and "
+        "vllm/executor/ray_gpu_executor.py, v0.2-v0.9; vllm-project/vllm#2406",
+    },
     {
         "entry": "not-enough-devices",
         "template": "ValueError: The number of required GPUs exceeds the total number of "

@@ -272,6 +272,44 @@ def test_markdown_quoted_log_reads_like_the_original(name: str) -> None:
     assert pasted.line.raw == "> " + original.line.raw
 
 
+# The ways a whole log arrives quoted: every physical line gets the same decoration.
+QUOTINGS = {
+    "markdown list": lambda line: "  " + line,
+    "bullet": lambda line: "- " + line if line.strip() else line,
+    "quote and indent": lambda line: ">    " + line,
+    "docker -t": lambda line: "2025-03-12T10:11:12.123456789Z " + line,
+    "journalctl": lambda line: "Mar 12 10:11:12 gpu-node-1 vllm[4242]: " + line,
+    "kubectl --prefix": lambda line: "[pod/vllm-0/vllm] " + line,
+    "ansi": lambda line: "\x1b[0m" + line + "\x1b[0m",
+    "colour codes without ESC": lambda line: "[0;36m" + line + "[0m",
+    "table row": lambda line: "| " + line + " |" if line.strip() else line,
+    "compose with time": lambda line: "vllm-1  | 2025-03-12T10:11:12.123Z " + line,
+    "docker json-file": lambda line: json.dumps({"log": line + "\n", "stream": "stdout"}),
+}
+
+
+@pytest.mark.parametrize("quoting", sorted(QUOTINGS))
+@pytest.mark.parametrize(
+    "name", ["kv-cache-too-small-1.log", "nccl-2.log", "ready-4.log", "engine-dead-1.log"]
+)
+def test_a_log_quoted_line_by_line_reads_like_the_original(name: str, quoting: str) -> None:
+    text = read_log(name)
+    # The provenance line is opsbook's, not the log's: it stays as it is.
+    quoted = "\n".join(
+        line if line.startswith("# ") else QUOTINGS[quoting](line) for line in text.split("\n")
+    )
+
+    original, pasted = diagnose_log(text), diagnose_log(quoted)
+
+    assert (pasted.state, pasted.failure, pasted.phase) == (
+        original.state,
+        original.failure,
+        original.phase,
+    )
+    assert pasted.line is not None and original.line is not None
+    assert (pasted.line.number, pasted.line.text) == (original.line.number, original.line.text)
+
+
 def test_prefixes_of_every_vllm_generation_are_removed() -> None:
     cases = {
         "INFO 10-12 00:26:58 launcher.py:27] Route: /docs": "Route: /docs",
@@ -311,6 +349,144 @@ def test_prefixes_of_container_runtimes_viewers_and_markdown_are_removed(
     line: str, message: str
 ) -> None:
     assert normalise_line(line) == message
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # A space typed before the process prefix; a log indented in a Markdown list.
+        (" (EngineCore_DP0 pid=32) ERROR 09-17 01:05:51 [core.py:720] KeyError: x", "KeyError: x"),
+        ("    (Worker_TP0 pid=6) ERROR 05-06 06:47:41 [m.py:852] KeyError: x", "KeyError: x"),
+        # Markdown bold after indentation, quote marks, bullets, a table cell, inline code.
+        ("  **ValueError: Bfloat16 is only supported**", "ValueError: Bfloat16 is only supported"),
+        ("> - `ValueError: x`", "ValueError: x"),
+        ("* (APIServer pid=1) ERROR 01-02 03:04:05 [a.py:1] KeyError: x", "KeyError: x"),
+        ("1. RuntimeError: y", "RuntimeError: y"),
+        ("| RuntimeError: y |", "RuntimeError: y"),
+        ("> > **RuntimeError: y**", "RuntimeError: y"),
+        # A colour code whose ESC a paste dropped, before vLLM's worker prefix.
+        (
+            "[1;36m(VllmWorker rank=0 pid=5)[0;0m ERROR 01-02 03:04:05 [a.py:1] KeyError: x",
+            "KeyError: x",
+        ),
+        # Ray's prefixes: an actor's, a daemon's (no pid), its Python and C++ (glog) lines.
+        ("(RayWorkerWrapper pid=301, ip=172.2.1.7) KeyError: x", "KeyError: x"),
+        ("(raylet, ip=10.0.0.2) [2024-05-01 10:11:12,345 E 1 2] node.cc:3: y", "y"),
+        ("2024-05-01 10:11:12,345\tINFO worker.py:1 -- Connecting to Ray", "Connecting to Ray"),
+        ("E0501 10:11:12.345678 123 core_worker.cc:1] z", "z"),
+        # PyTorch's C++ log line behind a rank prefix.
+        ("[rank1]:[E1203 10:11:12.345678 12 ProcessGroupNCCL.cpp:616] [Rank 1] w", "[Rank 1] w"),
+        # journalctl, kubectl --prefix, loguru, a bracketed date.
+        (
+            "Dec 03 10:11:12 gpu1 vllm[1234]: ERROR 12-03 10:11:12 [core.py:1] KeyError: z",
+            "KeyError: z",
+        ),
+        ("[pod/vllm-0/vllm] INFO 12-03 10:11:12 [a.py:1] Route: /health", "Route: /health"),
+        (
+            "glm-78f968cf54-6c78t modelserver (EngineCore pid=11) ERROR 09-19 19:20:03 "
+            "[core.py:1378] RuntimeError: w",
+            "RuntimeError: w",
+        ),
+        (
+            "2024-05-01 10:11:12.345 | ERROR    | xinference.core:load:12 - RuntimeError: w",
+            "RuntimeError: w",
+        ),
+        ("[2024-05-01 10:11:12] RuntimeError: w", "RuntimeError: w"),
+        # Structured records: docker's json-file driver, a JSON logger.
+        (
+            '{"log":"ValueError: x\\n","stream":"stderr","time":"2025-01-01T00:00:00Z"}',
+            "ValueError: x",
+        ),
+        ('{"level": "error", "message": "RuntimeError: y"}', "RuntimeError: y"),
+        # A web page's HTML entities, an issue title's tag, pytest's failure marker.
+        (
+            "Cannot find any model weights with &#39;/m&#39;",
+            "Cannot find any model weights with '/m'",
+        ),
+        ("[Bug]: ValueError: z", "ValueError: z"),
+        ("KeyError: ‘rope_type’", "KeyError: 'rope_type'"),
+        ("E       RuntimeError: CUDA error: w", "RuntimeError: CUDA error: w"),
+    ],
+)
+def test_the_ways_an_issue_quotes_a_log_line_are_removed(line: str, message: str) -> None:
+    assert normalise_line(line) == message
+
+
+def test_indentation_of_a_traceback_s_source_lines_is_kept_apart_from_prefixes() -> None:
+    text = "\n".join(
+        [
+            "  Traceback (most recent call last):",
+            '    File "/v/a.py", line 1, in f',
+            "      raise Unsupported(msg)",
+            "  Unsupported: Observed exception",
+        ]
+    )
+
+    lines = read_log_lines(text)
+
+    assert [line.is_code for line in lines] == [False, True, True, False]
+    assert lines[3].exception
+    assert diagnose_log(text).line == lines[3]
+
+
+@pytest.mark.parametrize(
+    ("sentence", "text"),
+    [
+        (
+            "and error occur: ValueError: Bfloat16 is only supported",
+            "ValueError: Bfloat16 is only supported",
+        ),
+        ("I get `KeyError: 'rope_type'` when loading the model", "KeyError: 'rope_type'"),
+        ("报错信息如下：RuntimeError: CUDA error: x", "RuntimeError: CUDA error: x"),
+    ],
+)
+def test_an_exception_quoted_in_a_sentence_reads_as_the_exception(sentence: str, text: str) -> None:
+    (line,) = read_log_lines(sentence)
+
+    assert (line.text, line.exception) == (text, True)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "I keep getting the following ValueError:",
+        "(APIServer pid=1) ERROR 01-02 03:04:05 [a.py:1] Error in preprocessing: ValueError: x",
+        "RuntimeError: Worker failed with error 'ValueError: x', please check the stack trace",
+    ],
+)
+def test_a_logged_line_or_a_bare_name_keeps_its_text(line: str) -> None:
+    assert read_log_lines(line)[0].text == normalise_line(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "huggingface_hub.utils._http.OfflineModeIsEnabled: Cannot reach https://x: offline",
+        "torch._dynamo.exc.Unsupported: Observed exception",
+        "ray.exceptions.RayTaskError(ValueError): ray::Worker.f() (pid=1, ip=10.0.0.2)",
+        "KeyboardInterrupt",
+        "requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='huggingface.co')",
+        "GracefulExit: stopped",
+    ],
+)
+def test_exceptions_of_any_name_are_read_as_errors(line: str) -> None:
+    diagnosis = diagnose_log(line)
+
+    assert diagnosis.state == FAILED and diagnosis.line is not None
+    assert diagnosis.line.raw == line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "FutureWarning: `resume_download` is deprecated",
+        "transformers.utils.hub.UserWarning: x",
+        "Note: the model is large",
+        "flashinfer.jit: Prebuilt kernels not found, using JIT backend",
+    ],
+)
+def test_warnings_and_notes_are_not_exceptions(line: str) -> None:
+    assert diagnose_log(line).state != FAILED
 
 
 def test_the_prefix_year_and_a_runtime_time_stamp_the_line() -> None:
@@ -397,8 +573,8 @@ def test_the_message_logged_above_a_traceback_is_the_reported_line() -> None:
     # logger.exception(msg): the message, then the traceback, which ends in a frame here.
     text = "\n".join(
         [
-            "ERROR 2025-07-21 14:34:24.934 factory.py:62] Bfloat16 is only supported on GPUs "
-            "with compute capability of at least 8.0.",
+            "ERROR 2025-07-21 14:34:24.934 factory.py:62] The engine factory could not build "
+            "the engine for this profile.",
             "Traceback (most recent call last):",
             '  File "/opt/nim/factory.py", line 51, in run',
             "    engine = build()",
@@ -672,6 +848,41 @@ def test_kernel_log_turns_a_stopped_log_into_host_oom_killer() -> None:
     assert diagnosis.numbers["pid"] == 4242
 
 
+@pytest.mark.parametrize(
+    "last",
+    ["Killed", "[1]+  Killed                  vllm serve /models/m", "vllm-1 exited with code 137"],
+)
+def test_a_log_that_ends_in_a_sigkill_report_is_the_host_oom_killer(last: str) -> None:
+    text = "\n".join(
+        [
+            "INFO 06-10 06:16:42 [core.py:65] Initializing a V1 LLM engine (v0.9.0.1) with config",
+            "INFO 06-10 06:16:50 [loader.py:1] Loading safetensors checkpoint shards:  40% 2/5",
+            last,
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "host-oom-killer")
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+    assert "dmesg" in diagnosis.remedy
+    assert diagnose_log(text, running=True).state == LOADING
+
+
+def test_a_compose_exit_report_and_a_qualified_exception_are_never_wrapped_pieces() -> None:
+    head = "vllm-1  | (APIServer pid=1) ERROR 01-02 03:04:05 [api_server.py:123] Error in loading"
+    pieces = ["vllm-1 exited with code 137", "huggingface_hub.errors.OfflineModeIsEnabled: x"]
+
+    for piece in pieces:
+        assert len(read_log_lines(head + "\n" + piece)) == 2, piece
+
+
+def test_a_kill_after_an_error_keeps_the_error() -> None:
+    text = "AssertionError: Torch not compiled with CUDA enabled\nKilled"
+
+    assert diagnose_log(text).failure == "unrecognised-error"
+
+
 def test_log_that_stops_after_nccl_init_suspects_nccl() -> None:
     text = STOPPED.rsplit("\n", 1)[0] + (
         "\n(Worker_TP0 pid=5) INFO 03-12 10:11:13 [pynccl.py:69] vLLM is using nccl==2.21.5"
@@ -864,6 +1075,41 @@ def test_the_route_list_is_not_ready_when_something_follows_or_the_process_is_kn
     assert diagnose_log(ROUTES, running=True).state == LOADING
 
 
+def test_a_route_list_with_nothing_of_the_startup_before_it_is_no_proof_of_ready() -> None:
+    fragment = "\n".join(ROUTES.split("\n")[1:])
+
+    diagnosis = diagnose_log("```\n" + fragment)
+
+    assert diagnosis.state == NO_CONCLUSION
+
+
+def test_a_redacted_product_name_still_names_the_serving_address() -> None:
+    redacted = ROUTES.replace("Starting vLLM server", "Starting v<HOST> server")
+
+    diagnosis = diagnose_log(redacted)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and "Starting v<HOST> server on" in diagnosis.line.raw
+
+
+def test_a_second_run_after_a_failed_one_is_the_one_diagnosed() -> None:
+    # The first run's start is cut from the excerpt; the second has only argparse's lines.
+    text = "\n".join(
+        [
+            "ValueError: Loading org/model requires you to execute the configuration file in "
+            "that repo on your local machine.",
+            "INFO 04-14 13:59:19 [__init__.py:239] Automatically detected platform cuda.",
+            "usage: vllm [-h] [-v] {chat,complete,serve,bench} ...",
+            "vllm: error: unrecognized arguments: trust_remote_code=True",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.first_line) == ("unknown-arg", 3)
+    assert diagnosis.earlier_counts == {FAILED: 1}
+
+
 def test_the_ready_line_is_startup_complete_not_the_address_after_it() -> None:
     text = "\n".join(
         [
@@ -914,6 +1160,134 @@ def test_catalogue_entries_are_complete() -> None:
         "engine-dead",
     }
     assert required <= set(ids)
+    # A class outside the shared failure ids is reported under one of them.
+    for entry in catalogue:
+        assert entry.family is None or entry.family in ids, entry.id
+
+
+@pytest.mark.parametrize(
+    ("line", "error_class", "remedy"),
+    [
+        (
+            "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least "
+            "8.0. Your Tesla T4 GPU has compute capability 7.5. You can use float16 instead by "
+            "explicitly setting the `dtype` flag in CLI, for example: --dtype=half.",
+            "dtype-unsupported",
+            "--dtype half",
+        ),
+        (
+            "ValueError: Unknown quantization method: gptq_marlin24. Must be one of ['awq'].",
+            "quantization-unknown",
+            '"gptq_marlin24"',
+        ),
+        (
+            "ValueError: Model architectures ['LlamaModel'] are not supported for now. "
+            "Supported architectures: dict_keys(['LlamaForCausalLM'])",
+            "architecture-unsupported",
+            "upgrade vLLM",
+        ),
+        (
+            "ImportError: /env/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+            "broken-install",
+            "Reinstall vLLM",
+        ),
+        (
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+            "illegal-memory-access",
+            "CUDA_LAUNCH_BLOCKING=1",
+        ),
+        (
+            "ValueError: max_num_batched_tokens (2048) is smaller than max_model_len (8192). "
+            "This effectively limits the maximum sequence length to max_num_batched_tokens.",
+            "batched-tokens-below-model-len",
+            "--max-num-batched-tokens 8192",
+        ),
+        (
+            "ModuleNotFoundError: No module named 'deep_gemm'",
+            "missing-package",
+            "The module deep_gemm is not installed",
+        ),
+        ("ModuleNotFoundError: No module named 'vllm._C'", "broken-install", "Reinstall vLLM"),
+        (
+            "RuntimeError: CUDA driver version is insufficient for CUDA runtime version",
+            "cuda-driver-too-old",
+            "upgrade the NVIDIA driver",
+        ),
+        (
+            "/usr/bin/ld: cannot find -lcuda: No such file or directory",
+            "libcuda-link",
+            "TRITON_LIBCUDA_PATH",
+        ),
+        (
+            "AssertionError: Error in memory profiling. Initial free memory 70.1 GiB, current "
+            "free memory 75.3 GiB. This happens when other processes sharing the same container "
+            "release GPU memory while vLLM is profiling during initialization.",
+            "memory-profiling-changed",
+            "alone on its GPUs",
+        ),
+        (
+            "TimeoutError: Timed out waiting for engine core processes to start. This is often "
+            "caused by slow weight loading for large models. Waited 600s (configured by "
+            "VLLM_ENGINE_READY_TIMEOUT_S).",
+            "engine-start-timeout",
+            "VLLM_ENGINE_READY_TIMEOUT_S",
+        ),
+        (
+            '(Worker_TP0 pid=6) ERROR 05-06 06:47:41 [m.py:852] ValueError("type fp8e4nv not '
+            "supported in this architecture. The supported fp8 dtypes are ('fp8e4b15', 'fp8e5')\")",
+            "fp8-unsupported-gpu",
+            "--kv-cache-dtype auto",
+        ),
+    ],
+)
+def test_a_known_class_outside_the_shared_ids_is_an_unrecognised_error_with_its_remedy(
+    line: str, error_class: str, remedy: str
+) -> None:
+    diagnosis = diagnose_log(line)
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("unrecognised-error", error_class)
+    assert remedy in diagnosis.remedy
+    assert diagnosis.to_dict()["error_class"] == error_class
+    assert f"unrecognised-error ({error_class})" in str(diagnosis)
+
+
+def test_a_known_class_under_a_wrapper_is_the_root_cause() -> None:
+    text = "\n".join(
+        [
+            "(EngineCore_DP0 pid=5) ERROR 01-02 03:04:05 [core.py:1] ValueError: Bfloat16 is "
+            "only supported on GPUs with compute capability of at least 8.0.",
+            "(APIServer pid=1) ERROR 01-02 03:04:06 [a.py:1] RuntimeError: Engine core "
+            "initialization failed. See root cause above.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("unrecognised-error", "dtype-unsupported")
+    assert diagnosis.line is not None and diagnosis.line.number == 1
+
+
+def test_a_known_class_under_a_ray_death_keeps_the_ray_class() -> None:
+    text = "\n".join(
+        [
+            "(RayWorkerWrapper pid=7, ip=10.0.0.2) ERROR 01-02 03:04:05 [w.py:1] RuntimeError: "
+            "CUDA error: an illegal memory access was encountered",
+            "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this "
+            "task.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("ray-node-died", "illegal-memory-access")
+    assert diagnosis.line is not None and diagnosis.line.number == 1
+    assert "CUDA_LAUNCH_BLOCKING" in diagnosis.remedy
+
+
+def test_an_error_the_catalogue_does_not_know_has_no_class() -> None:
+    diagnosis = diagnose_log("KeyError: 'rope_type'")
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("unrecognised-error", None)
 
 
 @pytest.mark.parametrize(
@@ -1002,10 +1376,112 @@ def test_catalogue_entries_are_complete() -> None:
         ),
         # vLLM ray_utils.py "Placement group bundle cannot have more than 1 %s."
         ("ValueError: Placement group bundle cannot have more than 1 GPU.", "ray-resources"),
+        # vLLM 0.10.2 ray_distributed_executor.py, v0.2-0.9 ray_gpu_executor.py.
+        (
+            "ValueError: Ray does not allocate any GPUs on the driver node. Consider adjusting "
+            "the Ray placement group or running the driver on a GPU node.",
+            "ray-resources",
+        ),
+        # huggingface_hub 2.4.0 utils/_http.py (hf_request_event_hook: OfflineModeIsEnabled).
+        (
+            "huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach https://huggingface.co/"
+            "api/models/org/m: offline mode is enabled. To disable it, please unset the "
+            "`HF_HUB_OFFLINE` environment variable.",
+            "model-not-found",
+        ),
+        # DeepGEMM DGException through pybind11, quoted by vLLM's multiproc executor.
+        (
+            "RuntimeError: Worker failed with error 'Assertion error (/w/deepgemm-src/csrc/apis/"
+            "gemm.hpp:56): Unsupported architecture', please check the stack trace above for "
+            "the root cause",
+            "cuda-arch-unsupported",
+        ),
+        # PyTorch's and Triton's checks of CUDA driver calls (cuGetErrorString's text).
+        ("RuntimeError: CUDA driver error: out of memory", "oom"),
+        # vLLM 0.4 quoted the path with plain quotes.
+        ("RuntimeError: Cannot find any model weights with '/models/m'", "no-weights"),
+        # PyTorch torch/cuda/__init__.py and c10/cuda/CUDAFunctions.cpp.
+        ("RuntimeError: No CUDA GPUs are available", "no-device"),
+        (
+            "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
+            "NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx",
+            "no-device",
+        ),
+        ("RuntimeError: Triton Error [CUDA]: out of memory", "oom"),
+        # vLLM gpu_model_runner.py _dummy_sampler_run.
+        (
+            "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy "
+            "requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` when "
+            "initializing the engine.",
+            "oom",
+        ),
+        # ray 2.60.0 _raylet.so (core worker).
+        (
+            "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR",
+            "ray-node-died",
+        ),
+        # vLLM's FlashAttention 2 build.
+        (
+            "RuntimeError: This flash attention build does not support headdim not being a "
+            "multiple of 32.",
+            "head-size-unsupported",
+        ),
+        (
+            "RuntimeError: CUDA error: peer access is not supported between these two devices",
+            "custom-allreduce",
+        ),
     ],
 )
 def test_catalogue_signatures(line: str, failure: str) -> None:
     assert diagnose_log(line).failure == failure
+
+
+def test_a_linker_error_above_the_wrapper_is_the_root_cause() -> None:
+    text = "\n".join(
+        [
+            "/usr/bin/ld: cannot find -lnvrtc-builtins: No such file or directory",
+            "collect2: error: ld returned 1 exit status",
+            "ERROR 05-27 11:47:57 [core.py:396] EngineCore failed to start.",
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.root_cause is not None and diagnosis.root_cause.number == 1
+
+
+def test_an_error_retyped_in_lower_case_is_still_recognised() -> None:
+    line = (
+        "valueerror: loading internvl2-8b/ requires you to execute the configuration file in "
+        "that repo on your local machine."
+    )
+
+    diagnosis = diagnose_log(line)
+
+    assert (diagnosis.failure, diagnosis.line and diagnosis.line.number) == ("trust-remote-code", 1)
+    # Only a line with no capital letter at all is read without case.
+    assert diagnose_log("Loading x Requires you to execute the configuration file").state != FAILED
+
+
+def test_an_error_raised_in_resolve_trust_remote_code_is_named_by_its_frame() -> None:
+    # An excerpt cut inside the message: the raising frame says which refusal it is.
+    text = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/env/transformers/dynamic_module_utils.py", line 678, in '
+            "resolve_trust_remote_code",
+            "    raise ValueError(",
+            "ValueError: Loading deepse",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "trust-remote-code"
+    assert diagnosis.line is not None and diagnosis.line.number == 4
+    assert diagnose_log("ValueError: Loading deepse").failure == "unrecognised-error"
 
 
 def test_parsed_values_of_the_new_signatures() -> None:

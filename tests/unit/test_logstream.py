@@ -285,12 +285,25 @@ def test_routine_info_lines_are_skipped_and_others_kept() -> None:
     assert not any(logread.is_routine(line) for line in kept)
 
 
+@pytest.mark.parametrize(
+    "carrier", ["2025-03-12T10:11:12.123456Z ", "Mar 12 10:11:12 gpu1 vllm[42]: ", "vllm-1  | "]
+)
+def test_a_carrier_s_prefix_does_not_keep_a_routine_line(carrier: str) -> None:
+    routine = "(APIServer pid=1) INFO 05-15 06:00:00 [loggers.py:127] Engine 000: Avg prompt"
+    phase = "(APIServer pid=1) INFO 05-15 05:33:37 [launcher.py:1] Route: /health, Methods: GET"
+
+    assert logread.is_routine(carrier + routine)
+    assert not logread.is_routine(carrier + phase)
+    assert not logread.is_routine(carrier + "(APIServer pid=1) ERROR 05-15 05:33:37 [x.py:1] y")
+
+
 # --- public sources (issue 17 item 4) -----------------------------------------------------
 
 PRIVATE_SOURCE = re.compile(r"vllm-facts|§|shared/|DESIGN\.md|INDEX\.md|reference/", re.I)
 PUBLIC_SOURCE = re.compile(
     r"vLLM \d|vllm-project/vllm#|PyTorch|NVIDIA/nccl|huggingface_hub|safetensors|transformers"
-    r"|uvicorn|Linux kernel|ray-project/ray|opsbook \(no catalogue entry\)"
+    r"|uvicorn|Linux kernel|ray-project/ray|python/cpython|triton-lang/triton"
+    r"|opsbook \(no catalogue entry\)"
 )
 
 
