@@ -181,12 +181,28 @@ def test_the_fifth_set_has_forty_logs_from_sources_no_other_set_uses() -> None:
     assert not earlier & set(fifth)
 
 
+# The sixth set (heldout6): gathered after the first five were seen, labelled before it was run.
+HELDOUT6 = HELDOUT.parent / "heldout6"
+LABELS6 = yaml.safe_load((HELDOUT6 / "labels.yaml").read_text(encoding="utf-8"))
+
+
+def test_the_sixth_set_has_forty_logs_from_sources_no_other_set_uses() -> None:
+    assert len(LABELS6) >= 40
+    assert {str(e["file"]) for e in LABELS6} == {p.name for p in HELDOUT6.glob("*.log")}
+    sixth = [_issue(str(e["source"])) for e in LABELS6]
+    assert len(sixth) == len(set(sixth)), "one source per log"
+    earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
+    earlier |= {_issue(str(e["source"])) for e in LABELS3 + LABELS4 + LABELS5}
+    assert not earlier & set(sixth)
+
+
 # From the third set on, a label names a failure for a failed or hung log and none for a ready
 # or unfinished one; each set's labels use the states it was labelled with.
 LATER_SETS = [
     (HELDOUT3, LABELS3, "h3", ("failed", "ready")),
     (HELDOUT4, LABELS4, "h4", ("failed", "hung", "ready")),
     (HELDOUT5, LABELS5, "h5", ("failed", "hung", "ready", "unfinished")),
+    (HELDOUT6, LABELS6, "h6", ("failed", "hung", "ready", "unfinished")),
 ]
 
 
