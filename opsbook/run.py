@@ -535,19 +535,28 @@ def redact_notebook(path: Path, redactor: Redactor) -> None:
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
+    changed = False
+
+    def redact(text: str) -> str:
+        nonlocal changed
+        masked = redactor.redact(text)
+        changed = changed or masked != text
+        return masked
+
     for cell in nb.cells:
-        cell.source = redactor.redact(cell.source)
+        cell.source = redact(cell.source)
         for out in cell.get("outputs", []):
             if "text" in out:
-                out["text"] = redactor.redact(out["text"])
+                out["text"] = redact(out["text"])
             if "traceback" in out:
-                out["traceback"] = [redactor.redact(line) for line in out["traceback"]]
+                out["traceback"] = [redact(line) for line in out["traceback"]]
             if "evalue" in out:
-                out["evalue"] = redactor.redact(out["evalue"])
+                out["evalue"] = redact(out["evalue"])
             for mime, value in out.get("data", {}).items():
                 if isinstance(value, str):
-                    out["data"][mime] = redactor.redact(value)
-    nbformat.write(nb, path)
+                    out["data"][mime] = redact(value)
+    if changed:  # most records hold no secret: they are left as papermill wrote them
+        nbformat.write(nb, path)
 
 
 def redact_text_file(path: Path, redactor: Redactor) -> None:

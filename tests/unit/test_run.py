@@ -108,3 +108,31 @@ def test_every_host_and_stage_of_a_run_has_a_result_saying_why_it_was_skipped() 
     skipped = {(r.host, r.stage): r.message for r in filled if r.state is State.SKIPPED}
     assert skipped[("a", "launch")] == "not run: failed at download"
     assert skipped[("b", "download")] == "not run: batch 1 failed"
+
+
+def _notebook_printing(path, text: str):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("show()")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+    nb.cells.append(cell)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_record_with_a_secret_is_rewritten_masked(tmp_path) -> None:
+    from opsbook.redact import Redactor
+
+    path = _notebook_printing(tmp_path / "s.ipynb", "vllm serve --api-key s3cr3t-value\n")
+    run.redact_notebook(path, Redactor(["s3cr3t-value"]))
+    assert "s3cr3t-value" not in path.read_text()
+    assert "--api-key ***" in nbformat.read(path, as_version=4).cells[0].outputs[0]["text"]
+
+
+def test_a_record_without_secrets_is_left_as_written(tmp_path) -> None:
+    from opsbook.redact import Redactor
+
+    path = _notebook_printing(tmp_path / "clean.ipynb", "8 GPUs, all idle\n")
+    path.write_text(path.read_text() + "\n")  # bytes nbformat would not write back
+    written = path.read_bytes()
+    run.redact_notebook(path, Redactor(["s3cr3t-value"]))
+    assert path.read_bytes() == written
