@@ -1010,12 +1010,22 @@ def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> Lo
         return None
     if not any(line.text for line in lines if line.number < http[0].number):
         return None
-    last_text = next((line for line in reversed(lines) if line.text), None)
+    last_text = _last_record(lines)
     if last_text is None or not _ROUTES.match(last_text.text):
         return None
     address = [line for line in http if _SERVER_ADDRESS.search(line.text)]
     routes = [line for line in http if _ROUTES.match(line.text)]
     return (address or routes)[-1]
+
+
+def _last_record(lines: list[LogLine]) -> LogLine | None:
+    """The log's last record: in a log whose lines carry a level, the last such line, so that
+    an excerpt cut in the middle of a line's prefix ("INFO 05-13 14") or followed by the
+    quoting page's prose ends where the log does; otherwise the last line with text."""
+    with_text = [line for line in lines if line.text]
+    levelled = [line for line in with_text if line.level]
+    chosen = levelled or with_text
+    return chosen[-1] if chosen else None
 
 
 # logger.exception(msg) and vLLM's engine core log the message first, then the traceback.
