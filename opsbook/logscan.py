@@ -739,9 +739,10 @@ def match_catalogue(
     hits = []
     recent: deque[str] = deque(maxlen=CONTEXT_WINDOW)
     generic = [entry for entry in entries if entry.kind == "generic"]
-    for line in lines:
+    for position, line in enumerate(lines):
         found = False
-        if not line.is_code and screen.search(line.text):
+        message = not line.is_code or _failed_assertion(lines, position)
+        if message and screen.search(line.text):
             for entry in entries:
                 index = _first_matching(entry, line.text, recent)
                 if index is not None:
@@ -754,6 +755,16 @@ def match_catalogue(
             hits += _caseless_hits(entries, line)
         recent.append(line.text)
     return hits
+
+
+def _failed_assertion(lines: Sequence[LogLine], index: int) -> bool:
+    """A traceback's ``assert`` source line followed by a bare ``AssertionError``: Python
+    prints no message for an assertion without one, so the failed line is the message."""
+    if not lines[index].text.startswith("assert "):
+        return False
+    # The assertion's message may wrap, or a "^^^^" marker line follow: a few lines at most.
+    after = (lines[n].text for n in range(index + 1, min(index + 4, len(lines))))
+    return any(text.rstrip(": ") == "AssertionError" for text in after)
 
 
 def _typed_in_lower_case(line: LogLine) -> bool:
