@@ -739,9 +739,10 @@ def match_catalogue(
     hits = []
     recent: deque[str] = deque(maxlen=CONTEXT_WINDOW)
     generic = [entry for entry in entries if entry.kind == "generic"]
-    for line in lines:
+    for position, line in enumerate(lines):
         found = False
-        if not line.is_code and screen.search(line.text):
+        message = not line.is_code or _failed_assertion(lines, position)
+        if message and screen.search(line.text):
             for entry in entries:
                 index = _first_matching(entry, line.text, recent)
                 if index is not None:
@@ -754,6 +755,16 @@ def match_catalogue(
             hits += _caseless_hits(entries, line)
         recent.append(line.text)
     return hits
+
+
+def _failed_assertion(lines: Sequence[LogLine], index: int) -> bool:
+    """A traceback's ``assert`` source line followed by a bare ``AssertionError``: Python
+    prints no message for an assertion without one, so the failed line is the message."""
+    if not lines[index].text.startswith("assert "):
+        return False
+    # The assertion's message may wrap, or a "^^^^" marker line follow: a few lines at most.
+    after = (lines[n].text for n in range(index + 1, min(index + 4, len(lines))))
+    return any(text.rstrip(": ") == "AssertionError" for text in after)
 
 
 def _typed_in_lower_case(line: LogLine) -> bool:
@@ -1010,12 +1021,22 @@ def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> Lo
         return None
     if not any(line.text for line in lines if line.number < http[0].number):
         return None
-    last_text = next((line for line in reversed(lines) if line.text), None)
+    last_text = _last_record(lines)
     if last_text is None or not _ROUTES.match(last_text.text):
         return None
     address = [line for line in http if _SERVER_ADDRESS.search(line.text)]
     routes = [line for line in http if _ROUTES.match(line.text)]
     return (address or routes)[-1]
+
+
+def _last_record(lines: list[LogLine]) -> LogLine | None:
+    """The log's last record: in a log whose lines carry a level, the last such line, so that
+    an excerpt cut in the middle of a line's prefix ("INFO 05-13 14") or followed by the
+    quoting page's prose ends where the log does; otherwise the last line with text."""
+    with_text = [line for line in lines if line.text]
+    levelled = [line for line in with_text if line.level]
+    chosen = levelled or with_text
+    return chosen[-1] if chosen else None
 
 
 # logger.exception(msg) and vLLM's engine core log the message first, then the traceback.

@@ -260,6 +260,21 @@ NATIVE_FORMATS: list[dict[str, str]] = [
 # Python messages the extraction above does not select (see the module's docstring).
 QUOTED_FORMATS: list[dict[str, str]] = [
     {
+        "entry": "tp-not-divisible",
+        "template": "AssertionError: {numerator} is not divisible by {denominator}",
+        "source": "vLLM 0.10.2-0.31.0 vllm/distributed/utils.py (ensure_divisibility: "
+        "'\"{} is not divisible by {}\".format(numerator, denominator)', an assertion's message "
+        "the template reader leaves unfilled)",
+    },
+    {
+        "entry": "tp-not-divisible",
+        "template": '  File "/usr/lib/vllm/model_executor/models/qwen2.py", '
+        "line 120, in __init__\n    assert self.total_num_kv_heads % tp_size == 0\nAssertionError",
+        "source": "vLLM 0.10.2-0.33.0 vllm/model_executor/models/qwen2.py (Qwen2Attention: "
+        "'assert self.total_num_kv_heads % tp_size == 0'; the same check in most models' "
+        "attention layers); a traceback prints the failed line above the bare AssertionError",
+    },
+    {
         "entry": "ray-resources",
         "template": "ValueError: Ray does not allocate any GPUs on the driver node. Consider "
         "adjusting the Ray placement group or running the driver on a GPU node.",

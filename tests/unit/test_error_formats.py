@@ -43,7 +43,7 @@ SAMPLES = (
     (
         r"size|len|num|count|capability|dim|heads|rank|world|gpu|seconds|bytes|memory|mib|gib"
         r"|free|total|block|tokens|timeout|required|exitcode|threshold|INTERVAL|time|dp_|ms|\bs\b"
-        r"|seq|ran|n\b|alloc|vm|rss|pt|adj|uid|pid|tid",
+        r"|seq|ran|n\b|alloc|vm|rss|pt|adj|uid|pid|tid|numerator|denominator",
         "16",
     ),
 )

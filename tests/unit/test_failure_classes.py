@@ -258,3 +258,46 @@ def test_the_same_text_from_another_kernel_is_not_called_a_head_size_problem() -
 )
 def test_a_rendered_format_string_gets_its_class(rendered: str, expected: str) -> None:
     assert diagnose_log(rendered + "\n").failure == expected
+
+
+def test_a_bare_assertion_error_is_classified_by_the_failed_assert_line_above_it() -> None:
+    text = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/opt/vllm/vllm/model_executor/models/qwen2.py", line 120, in __init__',
+            "    assert self.total_num_kv_heads % tp_size == 0",
+            "AssertionError",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "tp-not-divisible")
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_an_assert_line_that_did_not_fail_is_still_code() -> None:
+    # The same assertion with its own message: the message is the exception line.
+    text = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/opt/vllm/vllm/x.py", line 1, in f',
+            "    assert self.total_num_kv_heads % tp_size == 0",
+            '  File "/opt/vllm/vllm/y.py", line 2, in g',
+            "    raise RuntimeError('boom')",
+            "RuntimeError: boom",
+        ]
+    )
+
+    assert diagnose_log(text).failure == "unrecognised-error"
+
+
+def test_ensure_divisibility_numbers_are_tp_not_divisible_but_named_sizes_are_not() -> None:
+    sharded = (
+        "(VllmWorker TP2 pid=4) ERROR 08-31 04:18:45 [x.py:1] "
+        "AssertionError: 12 is not divisible by 8"
+    )
+    block = "ValueError: attn_chunk_size 100 is not divisible by block_size 16"
+
+    assert diagnose_log(sharded).failure == "tp-not-divisible"
+    assert diagnose_log(block).failure == "unrecognised-error"

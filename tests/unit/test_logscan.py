@@ -1075,6 +1075,22 @@ def test_the_route_list_is_not_ready_when_something_follows_or_the_process_is_kn
     assert diagnose_log(ROUTES, running=True).state == LOADING
 
 
+def test_a_route_list_cut_inside_the_next_line_prefix_or_followed_by_prose_is_serving() -> None:
+    cut = ROUTES + "\n(APIServer pid=7) INFO 05-06 21"
+    quoted = ROUTES + "\n\nThe server then lists its routes and is ready."
+
+    for text in (cut, quoted):
+        diagnosis = diagnose_log(text)
+        assert diagnosis.state == READY
+        assert diagnosis.line is not None and diagnosis.line.number == 2
+
+
+def test_a_levelled_line_after_the_route_list_still_ends_the_serving_proof() -> None:
+    later = ROUTES + "\nsome prose\n(APIServer pid=7) WARNING 05-06 21:00:53 [x.py:1] Shutting down"
+
+    assert diagnose_log(later).state == NO_CONCLUSION
+
+
 def test_a_route_list_with_nothing_of_the_startup_before_it_is_no_proof_of_ready() -> None:
     fragment = "\n".join(ROUTES.split("\n")[1:])
 
