@@ -538,3 +538,11 @@ def running_script(host: Host, paths: LaunchPaths) -> str:
     target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
     done = host.run(f"cat -- {shlex.quote(target)} 2>/dev/null || true", label=f"read {target}")
     return done.stdout.strip()
+
+
+def noted_running_script(host: Host, paths: LaunchPaths, notes: dict[str, str | None]) -> str:
+    """The running script's hash from the notes a status probe read (``server_state`` asked
+    with ``notes=(RUNNING_SCRIPT,)``), or read on its own when the status did not carry it."""
+    if RUNNING_SCRIPT not in notes:
+        return running_script(host, paths)
+    return (notes[RUNNING_SCRIPT] or "").strip()

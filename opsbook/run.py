@@ -583,13 +583,7 @@ def _kernel_options(
 
 # What the deploy's stage notebooks import (their first cells, and the stage modules the
 # registry imports on first use): 0.7 s of the kernel's CPU, spent while the run prepares.
-WARM_UP = (
-    "import opsbook.widgets, opsbook.stages.preflight, opsbook.stages.download, "
-    "opsbook.stages.config_patch, opsbook.stages.launch_script, opsbook.stages.launch, "
-    "opsbook.stages.diagnose"
-)
-
-
+WARM_UP = "import opsbook.widgets, opsbook.stages\nopsbook.stages.import_runbook()"
 WARM_UP_TIMEOUT = 60.0
 
 

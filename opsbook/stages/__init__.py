@@ -39,17 +39,16 @@ if TYPE_CHECKING:
     from opsbook.stages import launch_script as launch_script
     from opsbook.stages import preflight as preflight
 
-_MODULES = (
-    "preflight",
-    "download",
-    "config_patch",
-    "launch_script",
-    "launch",
-    "diagnose",
-    "cluster_preflight",
-    "cluster_download",
-    "cluster_launch",
-)
+# The per-host modules of the runbook's stages, in its order, then the cluster ones.
+_RUNBOOK_MODULES = ("preflight", "download", "config_patch", "launch_script", "launch", "diagnose")
+_MODULES = (*_RUNBOOK_MODULES, "cluster_preflight", "cluster_download", "cluster_launch")
+
+
+def import_runbook() -> None:
+    """Import the runbook's per-host stage modules now (a deploy's shared kernel does, while
+    the run prepares its first stage) rather than on each stage's first call."""
+    for name in _RUNBOOK_MODULES:
+        importlib.import_module(f"opsbook.stages.{name}")
 
 
 def _per_host(module: str, function: str = "run") -> StageFunction:
@@ -145,5 +144,6 @@ __all__ = [
     "StageRun",
     "for_notebook",
     "get",
+    "import_runbook",
     "run_stage",
 ]

@@ -22,7 +22,7 @@ def run(host: Host, deployment: Deployment, *, log_when_ready: bool = True) -> R
         notes=(launch.RUNNING_SCRIPT,),
         log_when_ready=log_when_ready,
     )
-    digest = _script_digest(host, paths, state) if state.ok else ""
+    digest = launch.noted_running_script(host, paths, state.notes) if state.ok else ""
     verdict = state.to_result()
     shows: list[object] = [Note(f"{state.state}: {state.message}")]
     if state.diagnosis is not None:
@@ -30,11 +30,3 @@ def run(host: Host, deployment: Deployment, *, log_when_ready: bool = True) -> R
     shows.append(state.processes_table())
     failure = state.diagnosis.failure or "" if state.diagnosis is not None else ""
     return Report(State.OK if state.ok else State.FAILED, verdict, shows, failure, digest)
-
-
-def _script_digest(host: Host, paths: launch.LaunchPaths, state: diagnose.ServerState) -> str:
-    """The running script's hash, read by the status probe (or on its own when the status
-    did not carry it)."""
-    if launch.RUNNING_SCRIPT not in state.notes:
-        return launch.running_script(host, paths)
-    return (state.notes[launch.RUNNING_SCRIPT] or "").strip()

@@ -91,8 +91,10 @@ def _phases(
 
 
 def _dry_run(host: Host, deployment: Deployment, paths: launch.LaunchPaths) -> Report:
-    state = diagnose.server_state(host, paths, deployment.server_port)
-    digest = launch.running_script(host, paths)
+    state = diagnose.server_state(
+        host, paths, deployment.server_port, notes=(launch.RUNNING_SCRIPT,)
+    )
+    digest = launch.noted_running_script(host, paths, state.notes)
     if state.state == "ready":
         verdict = Result(True, f"already running and ready: {state.message}")
         return Report(State.OK, verdict, [state.processes_table()], "", digest, state)
