@@ -3,15 +3,19 @@ with every output in the end (a real kernel and papermill, here)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import papermill
 import pytest
+from jupyter_client.channels import HBChannel
+from jupyter_core.utils import run_sync
 from papermill.exceptions import PapermillExecutionError
 
 from opsbook import engine
+from opsbook.kernel import quiet_kernel_manager
 
 
 def notebook(path: Path, *codes: str) -> Path:
@@ -76,3 +80,25 @@ def test_a_failed_cell_is_in_the_record_with_its_error(
     written = nbformat.read(output, as_version=4)
     failed = [c for c in written.cells if c.cell_type == "code"][1]
     assert failed.outputs[-1]["ename"] == "ZeroDivisionError"
+
+
+def test_a_stage_on_a_shared_kernel_leaves_no_client_of_it_running(tmp_path: Path) -> None:
+    # nbclient keeps its client's channels open to a kernel it was handed; two stages on the
+    # deploy's shared kernel each left one (a heartbeat thread and open sockets) behind.
+    km = quiet_kernel_manager(tmp_path / "kernel.log")(kernel_name="python3")
+    run_sync(km.start_kernel)()
+    try:
+        for n in range(2):
+            output = tmp_path / f"out{n}.ipynb"
+            papermill.execute_notebook(
+                str(notebook(tmp_path / "in.ipynb", f"print({n})")),
+                str(output),
+                engine_name=engine.register(),
+                progress_bar=False,
+                km=km,
+            )
+            assert nbformat.read(output, as_version=4).cells[1].outputs[0]["text"] == f"{n}\n"
+            assert km.has_kernel, "the shared kernel stays up for the next stage"
+            assert not [t for t in threading.enumerate() if isinstance(t, HBChannel)]
+    finally:
+        run_sync(km.shutdown_kernel)(now=True)
