@@ -58,8 +58,9 @@ class ClosingClient(PapermillNotebookClient):
         try:
             return super().execute(**kwargs)
         finally:
-            if not self.owns_km and self.kc is not None:
-                self.kc.stop_channels()
+            client: Any = self.kc
+            if not self.owns_km and client is not None:
+                client.stop_channels()
                 self.kc = None
 
 
