@@ -58,7 +58,7 @@ class ClosingClient(PapermillNotebookClient):
         try:
             return super().execute(**kwargs)
         finally:
-            client: Any = self.kc
+            client: Any = getattr(self, "kc", None)
             if not self.owns_km and client is not None:
                 client.stop_channels()
                 self.kc = None
