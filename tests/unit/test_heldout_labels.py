@@ -196,6 +196,21 @@ def test_the_sixth_set_has_forty_logs_from_sources_no_other_set_uses() -> None:
     assert not earlier & set(sixth)
 
 
+# The seventh set (heldout7): gathered after the first six were seen, labelled before it was run.
+HELDOUT7 = HELDOUT.parent / "heldout7"
+LABELS7 = yaml.safe_load((HELDOUT7 / "labels.yaml").read_text(encoding="utf-8"))
+
+
+def test_the_seventh_set_has_forty_logs_from_sources_no_other_set_uses() -> None:
+    assert len(LABELS7) >= 40
+    assert {str(e["file"]) for e in LABELS7} == {p.name for p in HELDOUT7.glob("*.log")}
+    seventh = [_issue(str(e["source"])) for e in LABELS7]
+    assert len(seventh) == len(set(seventh)), "one source per log"
+    earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
+    earlier |= {_issue(str(e["source"])) for e in LABELS3 + LABELS4 + LABELS5 + LABELS6}
+    assert not earlier & set(seventh)
+
+
 # From the third set on, a label names a failure for a failed or hung log and none for a ready
 # or unfinished one; each set's labels use the states it was labelled with.
 LATER_SETS = [
@@ -203,6 +218,7 @@ LATER_SETS = [
     (HELDOUT4, LABELS4, "h4", ("failed", "hung", "ready")),
     (HELDOUT5, LABELS5, "h5", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT6, LABELS6, "h6", ("failed", "hung", "ready", "unfinished")),
+    (HELDOUT7, LABELS7, "h7", ("failed", "hung", "ready", "unfinished")),
 ]
 
 
