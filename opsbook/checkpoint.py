@@ -166,6 +166,7 @@ def plan_tensors(shards: int, layers: int, experts_per_shard: int) -> list[list[
     shard_layers = [
         0 if shards == 1 else round(k * (layers - 1) / (shards - 1)) for k in range(shards)
     ]
+    per_layer = {layer: shard_layers.count(layer) for layer in set(shard_layers)}
     plan: list[list[TensorSpec]] = []
     for k, layer in enumerate(shard_layers):
         tensors: list[TensorSpec] = []
@@ -175,13 +176,30 @@ def plan_tensors(shards: int, layers: int, experts_per_shard: int) -> list[list[
         if position == 0:
             tensors += layer_head_tensors(layer)
         if layer >= FIRST_DENSE_LAYERS:
-            first = (position * experts_per_shard) % EXPERTS
-            for expert in range(first, min(first + experts_per_shard, EXPERTS)):
-                tensors += nvfp4_linear(f"{_layer(layer)}.mlp.experts.{expert}", 2048)
+            tensors += expert_tensors(layer, position, per_layer[layer], experts_per_shard)
         if k == shards - 1:
             tensors += final_tensors()
         plan.append(tensors)
     return plan
+
+
+def expert_tensors(
+    layer: int, position: int, shards: int, experts_per_shard: int
+) -> list[TensorSpec]:
+    """The routed experts' tensors in the ``position``-th of a layer's ``shards`` shards.
+
+    When the layer has more shards than its experts fill (``experts_per_shard`` each), the
+    experts are listed again in later rounds, each round holding its own share of every
+    expert's tensors, as an export splits an expert across files: no tensor is in two shards.
+    """
+    rounds = -(-shards * experts_per_shard // EXPERTS)
+    start = position * experts_per_shard
+    first, turn = start % EXPERTS, start // EXPERTS
+    tensors: list[TensorSpec] = []
+    for expert in range(first, min(first + experts_per_shard, EXPERTS)):
+        linear = nvfp4_linear(f"{_layer(layer)}.mlp.experts.{expert}", 2048)
+        tensors += linear[turn::rounds]
+    return tensors
 
 
 def embedding_tensors() -> list[TensorSpec]:

@@ -206,3 +206,21 @@ def test_download_simulation_stops_by_pid(tmp_path: Path) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert len(list(tmp_path.rglob("*.incomplete"))) == 1
+
+
+@pytest.mark.parametrize("shards", [119, 1190, 11900])
+def test_no_tensor_is_in_two_shards_however_many_shards_a_layer_has(shards: int) -> None:
+    # Above 96 shards a layer (384 experts, 4 listed a shard) the experts are listed again:
+    # each round must hold its own tensors, as an export splitting an expert across files does.
+    plan = checkpoint.plan_tensors(shards, 61, 4)
+    names = [t.name for shard in plan for t in shard]
+    assert len(names) == len(set(names))
+    # ...and every shard of a MoE layer still holds some routed expert's tensors.
+    moe = [
+        shard
+        for shard in plan
+        if any(".mlp.shared_experts." in t.name for t in shard)
+        or any(".mlp.experts." in t.name for t in shard)
+    ]
+    assert all(any(".mlp.experts." in t.name for t in shard) for shard in moe)
+    assert len(moe) >= shards * 59 // 61
