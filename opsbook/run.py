@@ -611,7 +611,7 @@ class SharedKernel:
         run_sync(self.km.start_kernel)(cwd=str(cwd))
         # Sent now, its reply awaited by the first stage (ready()).
         client = self.km.client()
-        client.start_channels()
+        client.start_channels(hb=False)  # see _set_kernel_environment
         self._warming = (client, client.execute(WARM_UP, silent=True, store_history=False))
 
     def ready(self, env: Mapping[str, str], log_path: Path) -> Any:
@@ -663,7 +663,11 @@ class SharedKernel:
 
 async def _set_kernel_environment(km: Any, env: dict[str, str]) -> None:
     client = km.client()
-    client.start_channels()
+    # No heartbeat: the kernel manager says whether the kernel lives, and a heartbeat thread
+    # stopped before it has begun spins opening sockets until ZMQ refuses ("Too many open
+    # files"): HBChannel sets _running after its socket is made, undoing stop() (jupyter_client
+    # 8.x, channels.py). A client that lives a few milliseconds here meets that under load.
+    client.start_channels(hb=False)
     try:
         await client.wait_for_ready(timeout=60)
         code = f"import os as _os\n_os.environ.update({env!r})\ndel _os"

@@ -3,11 +3,13 @@ output of the first request that follows (a real ipykernel, started here)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_client.channels import HBChannel
 from jupyter_core.utils import run_sync
 
 from opsbook.kernel import PromptKernelClient, quiet_kernel_manager
@@ -64,6 +66,8 @@ def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
         kernel = SharedKernel()
         kernel.start(tmp_path / "kernel.log", notebooks)
         try:
+            # Its clients start no heartbeat thread (one stopped as it begins spins).
+            assert not [t for t in threading.enumerate() if isinstance(t, HBChannel)]
             km = kernel.ready({"OPSBOOK_TEST_STAGE": str(attempt)}, tmp_path / "kernel.log")
             code = (
                 "import os, sys\n"
