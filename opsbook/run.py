@@ -268,6 +268,10 @@ def run_notebook(
     if _stages().for_notebook(nb_path.stem) is not None:
         params.setdefault("forks", forks)
     check_parameters(nb_path, params)
+    if isinstance(params.get("hosts"), list):  # before a run folder or a kernel: bad input
+        from opsbook.stages.base import known_hosts
+
+        known_hosts(dep, params["hosts"])
     folder = new_run_folder(Path(runs_dir), nb_path.stem, run_label(dep))
     redactor = Redactor(dep.secret_values())
     started = time.monotonic()

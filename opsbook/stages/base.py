@@ -219,7 +219,7 @@ def run_stage(
     Raises:
         RunError: a name in ``hosts`` is not a host of the deployment.
     """
-    group = group or HostGroup.from_deployment(deployment, forks, _known(deployment, hosts))
+    group = group or HostGroup.from_deployment(deployment, forks, known_hosts(deployment, hosts))
     if deployment.cluster is not None and stage.run_cluster is not None:
         return _run_cluster(stage, deployment, group, on_result, options)
     reports: dict[str, Report] = {}
@@ -321,7 +321,12 @@ def _crashed(stage: Stage, host: str, error: BaseException) -> HostResult:
     return result
 
 
-def _known(deployment: Deployment, names: Sequence[str]) -> list[str]:
+def known_hosts(deployment: Deployment, names: Sequence[str]) -> list[str]:
+    """``names``, each a host of the deployment.
+
+    Raises:
+        RunError: a name is not one of its hosts.
+    """
     from opsbook.exceptions import RunError
 
     known = [h.name for h in deployment.hosts]

@@ -83,6 +83,7 @@ def _run_cli(tmp_path, *argv: str) -> int:
         (["01_download_check", "-p", "deployment", "/etc/other.yml"], "set by opsbook run"),
         (["deploy", "-p", "deployment", "/etc/other.yml"], "only the parameters apply"),
         (["01_download_check", "-p", "modle_path", "/m"], "has no parameter"),
+        (["05_diagnose", "-p", "hosts", "zz"], "zz is not a host of"),
     ],
 )
 def test_parameters_that_do_not_fit_exit_2_before_any_host_is_touched(
@@ -147,3 +148,22 @@ def test_cluster_commands_refuse_a_deployment_without_a_cluster(tmp_path, capsys
     dep.write_text("hosts: [127.0.6.250]\nmodel: {path: /m}\n")  # loopback, should it ever run
     assert cli.main(["cluster", "stop", "-f", str(dep)]) == run.EXIT_USAGE
     assert "has no cluster section" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--address", "10.0.0.1"],
+        ["--address", "localhost", "--hosts", "2"],
+        ["--port", "70000"],
+        ["--vllm-version", "latest"],
+    ],
+)
+def test_bad_sandbox_requests_exit_2_and_make_nothing(argv, tmp_path, capsys) -> None:
+    try:
+        code = cli.main(["sandbox", "up", "--dir", str(tmp_path / "box"), *argv])
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    assert code == run.EXIT_USAGE
+    assert "remedy:" in capsys.readouterr().err or argv[0] == "--vllm-version"
+    assert not (tmp_path / "box").exists()
