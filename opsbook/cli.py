@@ -24,6 +24,7 @@ from opsbook.exceptions import (
     OpsbookError,
     RunError,
     SandboxFolderRefused,
+    SandboxRequestRefused,
 )
 from opsbook.interrupt import RunInterrupted, raising_on_signals
 from opsbook.optional_imports import skip_slow_optional_imports, without_pydantic_plugins
@@ -45,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInterrupted as e:
         print(f"opsbook: {e} before the run began: nothing was filed", file=sys.stderr)
         return e.exit_code
-    except (DeploymentError, RunError, SandboxFolderRefused) as e:
+    except (DeploymentError, RunError, SandboxFolderRefused, SandboxRequestRefused) as e:
         print(f"opsbook: {e}", file=sys.stderr)
         return runner.EXIT_USAGE
     except HostUnreachable as e:

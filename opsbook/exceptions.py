@@ -163,6 +163,12 @@ class SandboxFolderRefused(SandboxError):
     to change for the sandbox user to enter it: bad input, nothing was touched."""
 
 
+class SandboxRequestRefused(SandboxError):
+    """What ``sandbox up`` was asked for cannot be (an address off loopback, a port out of
+    range, a shell or GPU profile not offered, a folder path it cannot quote): bad input,
+    refused before anything was made."""
+
+
 class RunError(OpsbookError):
     """A notebook run could not be carried out."""
 

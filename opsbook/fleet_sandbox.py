@@ -27,13 +27,14 @@ from typing import Any
 import yaml
 
 from opsbook import rehearsal_ray, sandbox
-from opsbook.exceptions import SandboxError
+from opsbook.exceptions import SandboxError, SandboxRequestRefused
 from opsbook.results import Finding, Result
 from opsbook.sandbox import Sandbox
 from opsbook.sim.vllm_install import DEFAULT_VERSION, SETTINGS_NAME
 
 FLEET_FILE = "fleet.json"
 DEPLOYMENT = "deployment.yml"
+LAST_LOOPBACK = ipaddress.IPv4Address("127.255.255.255")
 # Rehearsal hosts started at once: each creates a venv and a checkpoint; two cores are shared.
 PARALLEL_UPS = 4
 # Tensor parallel size of a multi-node rehearsal: each host's 8 simulated GPUs, one stage.
@@ -151,14 +152,21 @@ def consecutive(first: str, count: int) -> list[str]:
     """``count`` loopback addresses from ``first`` on.
 
     Raises:
-        SandboxError: ``count`` is below 1 or the addresses leave 127.0.0.0/8.
+        SandboxRequestRefused: ``count`` is below 1, ``first`` is not an IPv4 address, or the
+            addresses leave 127.0.0.0/8.
     """
     if count < 1:
-        raise SandboxError(f"a fleet needs at least one host, not {count}")
-    start = ipaddress.IPv4Address(first)
-    last = start + (count - 1)
-    if not (start.is_loopback and last.is_loopback):
-        raise SandboxError(
+        raise SandboxRequestRefused(f"a fleet needs at least one host, not {count}")
+    try:
+        start = ipaddress.IPv4Address(first)
+    except ValueError:
+        raise SandboxRequestRefused(
+            f"{first!r} is not an IPv4 address",
+            remedy="use an address in 127.0.0.0/8, such as 127.0.1.1",
+        ) from None
+    last = start + (count - 1) if int(start) + count - 1 <= int(LAST_LOOPBACK) else None
+    if not start.is_loopback or last is None:
+        raise SandboxRequestRefused(
             f"{count} hosts from {first} do not fit in 127.0.0.0/8",
             remedy="start from a lower --address, e.g. 127.0.1.1",
         )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import pwd
@@ -46,7 +47,7 @@ import yaml
 from opsbook import rehearsal_vllm
 from opsbook.checkpoint import make_checkpoint
 from opsbook.deployment import HostSpec
-from opsbook.exceptions import SandboxError, SandboxFolderRefused
+from opsbook.exceptions import SandboxError, SandboxFolderRefused, SandboxRequestRefused
 from opsbook.results import Finding, Result
 from opsbook.sim import simgpu
 from opsbook.sim.vllm_install import DEFAULT_VERSION, install_vllm
@@ -55,6 +56,7 @@ SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = Path("/usr/bin/ssh-keygen")
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 SHELLS = {"zsh": Path("/usr/bin/zsh"), "bash": Path("/bin/bash")}
+LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 SHELL_PACKAGES = {"zsh": "zsh", "bash": "bash"}
 VLLM_TIERS = ("sim", "real")
 MODEL_NAME = "Kimi-K2.5-NVFP4"
@@ -363,19 +365,21 @@ def _real_vllm_fields(
 
 
 def _check_request(address: str, port: int, shell: str, gpus: int, gpu_profile: str) -> None:
-    if not address.startswith("127."):
-        raise SandboxError(
+    if not _is_loopback(address):
+        raise SandboxRequestRefused(
             f"the rehearsal host listens on loopback only, not on {address}",
             remedy="use an address in 127.0.0.0/8, such as 127.0.0.1 or 127.0.0.2",
         )
     if shell not in SHELLS:
-        raise SandboxError(f"login shell {shell!r} is not offered", remedy="use zsh or bash")
+        raise SandboxRequestRefused(
+            f"login shell {shell!r} is not offered", remedy="use zsh or bash"
+        )
     if not 0 <= port <= 65535:
-        raise SandboxError(
+        raise SandboxRequestRefused(
             f"port {port} is not a TCP port", remedy="use 0 (a free one) or 1024-65535"
         )
     if gpus < 1 or gpu_profile not in simgpu.PROFILES:
-        raise SandboxError(
+        raise SandboxRequestRefused(
             f"cannot simulate {gpus} GPU(s) of profile {gpu_profile!r}",
             remedy=f"use at least one GPU and a profile of {sorted(simgpu.PROFILES)}",
         )
@@ -384,11 +388,18 @@ def _check_request(address: str, port: int, shell: str, gpus: int, gpu_profile: 
 def _absolute_folder(dir: Path) -> Path:
     folder = Path(dir).expanduser().absolute()
     if UNSAFE_PATH_CHARS & set(str(folder)):
-        raise SandboxError(
+        raise SandboxRequestRefused(
             f"the sandbox folder {folder} contains a space, quote, % or $",
             remedy="choose a folder whose path has none of these characters",
         )
     return folder
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address) in LOOPBACK
+    except ValueError:
+        return False
 
 
 def claim_folder(folder: Path, ours: Sequence[str] = (STATE_FILE,)) -> bool:
@@ -636,10 +647,10 @@ def check_vllm_version(version: str) -> None:
     """Refuse a simulated vLLM version that is not a release number ``X.Y.Z``.
 
     Raises:
-        SandboxError: the version is not of that form.
+        SandboxRequestRefused: the version is not of that form.
     """
     if not re.fullmatch(r"\d+\.\d+\.\d+", version):
-        raise SandboxError(
+        raise SandboxRequestRefused(
             f"{version!r} is not a vLLM release number",
             remedy="give the simulated release as X.Y.Z, such as 0.15.1 or 0.33.0",
         )

@@ -7,7 +7,7 @@ import yaml
 
 from opsbook import fleet_sandbox
 from opsbook.deployment import load_deployment
-from opsbook.exceptions import SandboxError
+from opsbook.exceptions import SandboxRequestRefused
 from opsbook.sandbox import Sandbox
 
 
@@ -17,10 +17,14 @@ def test_hosts_get_consecutive_loopback_addresses() -> None:
         "127.0.1.255",
         "127.0.2.0",
     ]
-    with pytest.raises(SandboxError, match="do not fit"):
+    with pytest.raises(SandboxRequestRefused, match="do not fit"):
         fleet_sandbox.consecutive("127.255.255.254", 3)
-    with pytest.raises(SandboxError, match="at least one"):
+    with pytest.raises(SandboxRequestRefused, match="do not fit"):
+        fleet_sandbox.consecutive("255.255.255.254", 3)
+    with pytest.raises(SandboxRequestRefused, match="at least one"):
         fleet_sandbox.consecutive("127.0.0.1", 0)
+    with pytest.raises(SandboxRequestRefused, match="not an IPv4 address"):
+        fleet_sandbox.consecutive("localhost", 2)
 
 
 def box(tmp_path: Path, n: int) -> Sandbox:

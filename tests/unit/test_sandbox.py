@@ -10,7 +10,7 @@ import pytest
 
 from opsbook import sandbox
 from opsbook.deployment import load_deployment
-from opsbook.exceptions import SandboxError, SandboxFolderRefused
+from opsbook.exceptions import SandboxError, SandboxFolderRefused, SandboxRequestRefused
 
 
 def paths_in(tmp_path: Path) -> sandbox._Paths:
@@ -85,6 +85,8 @@ def test_login_user_name_is_short_and_stable(tmp_path) -> None:
     "kwargs, message",
     [
         ({"address": "10.0.0.1"}, "loopback only"),
+        ({"address": "127.999.0.1"}, "loopback only"),
+        ({"address": "localhost"}, "loopback only"),
         ({"shell": "fish"}, "not offered"),
         ({"port": 70000}, "not a TCP port"),
         ({"gpus": 0}, "cannot simulate"),
@@ -94,7 +96,7 @@ def test_login_user_name_is_short_and_stable(tmp_path) -> None:
     ],
 )
 def test_bad_requests_are_refused_before_anything_starts(tmp_path, kwargs, message) -> None:
-    with pytest.raises(SandboxError, match=message) as caught:
+    with pytest.raises(SandboxRequestRefused, match=message) as caught:
         sandbox.up(tmp_path / "box", **kwargs)
     assert caught.value.remedy
     assert not (tmp_path / "box").exists()
