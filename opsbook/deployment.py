@@ -443,6 +443,21 @@ class DeploymentDoc(_Schema):
     )
 
     @model_validator(mode="after")
+    def _each_host_once(self) -> DeploymentDoc:
+        # Two entries for one host would run each stage twice on it at once: two launches
+        # fighting over its port and GPUs.
+        seen: dict[str, int] = {}
+        for i, host in enumerate(self.hosts):
+            name = _host_name(host)
+            if name in seen:
+                raise _invalid(
+                    f"hosts[{i}]: {name} is listed twice (also hosts[{seen[name]}])",
+                    "list each host once",
+                )
+            seen[name] = i
+        return self
+
+    @model_validator(mode="after")
     def _head_is_a_host(self) -> DeploymentDoc:
         head = self.cluster.head if self.cluster else None
         if head is not None:

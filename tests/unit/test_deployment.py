@@ -178,6 +178,12 @@ BAD = [
         "",
     ),
     (BASE + "server: {port: 1}\nserver: {port: 2}", "", "'server' is written twice", "keep one"),
+    (
+        "hosts: [gpu-01, gpu-02, {address: gpu-01, port: 22}]\nmodel: {path: /m}\n",
+        "hosts[2]",
+        "gpu-01 is listed twice (also hosts[0])",
+        "list each host once",
+    ),
     ("hosts: [a\n", "", "not valid YAML", "fix the YAML syntax"),
     ("- a", "", "mapping at the top level, not a list", "start it with"),
     ("", "", "mapping at the top level, not nothing", "start it with"),
