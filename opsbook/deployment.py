@@ -284,7 +284,37 @@ def _host_entry(entry: Any) -> Any:
     return {"address": entry} if isinstance(entry, str) else entry
 
 
+# What ssh and paramiko take as a host: a DNS name, an IPv4 or IPv6 address (a zone after %),
+# or an ~/.ssh/config alias of the same characters. A leading '-' would read as an option to
+# an ssh command line (CVE-2017-1000117); a shell character has no place in either.
+HOST_ADDRESS = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*")
+# POSIX login names, with the '@' and '\\' of directory accounts and Samba's trailing '$'.
+LOGIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@\\-]*\$?")
+
+
+def _host_address(address: str) -> str:
+    if not HOST_ADDRESS.fullmatch(address):
+        raise _invalid(
+            f"{address!r} is not a host name or address",
+            "write a DNS name, an IP address or an ~/.ssh/config alias (letters, digits, "
+            "'.', '-', '_', ':'; not starting with '-')",
+        )
+    return address
+
+
+def _login_name(user: str) -> str:
+    if not LOGIN_NAME.fullmatch(user):
+        raise _invalid(
+            f"{user!r} is not a login name",
+            "write the user's name as the host knows it (letters, digits, '.', '_', '-', "
+            "'@'; not starting with '-')",
+        )
+    return user
+
+
 EnvName = Annotated[str, AfterValidator(_env_name)]
+HostAddress = Annotated[str, Field(min_length=1), AfterValidator(_host_address)]
+LoginName = Annotated[str, AfterValidator(_login_name)]
 RemotePath = Annotated[str, AfterValidator(_remote_path)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -348,11 +378,13 @@ class VarsDoc(_Schema):
 
 
 class HostDoc(_Schema):
-    address: Annotated[str, Field(min_length=1)] = Field(
+    address: HostAddress = Field(
         description="host name, address or ~/.ssh/config alias", examples=["gpu-01.example"]
     )
     port: Port = Field(22, description="SSH port", examples=[22])
-    user: str | None = Field(None, description="login user (default: SSH's)", examples=["ubuntu"])
+    user: LoginName | None = Field(
+        None, description="login user (default: SSH's)", examples=["ubuntu"]
+    )
     key: str | None = Field(
         None,
         description="private key file (relative: from the deployment file's folder)",

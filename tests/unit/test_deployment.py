@@ -179,6 +179,24 @@ BAD = [
     ),
     (BASE + "server: {port: 1}\nserver: {port: 2}", "", "'server' is written twice", "keep one"),
     (
+        "hosts: [{address: -oProxyCommand=id}]\nmodel: {path: /m}\n",
+        "hosts[0].address",
+        "'-oProxyCommand=id' is not a host name or address",
+        "not starting with '-'",
+    ),
+    (
+        "hosts: [{address: 'gpu-01; id'}]\nmodel: {path: /m}\n",
+        "hosts[0].address",
+        "is not a host name or address",
+        "a DNS name",
+    ),
+    (
+        "hosts: [{address: gpu-01, user: 'root$(id)'}]\nmodel: {path: /m}\n",
+        "hosts[0].user",
+        "'root$(id)' is not a login name",
+        "as the host knows it",
+    ),
+    (
         "hosts: [gpu-01, gpu-02, {address: gpu-01, port: 22}]\nmodel: {path: /m}\n",
         "hosts[2]",
         "gpu-01 is listed twice (also hosts[0])",
