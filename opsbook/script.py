@@ -232,11 +232,36 @@ def shell_word(path: str) -> str:
     return shlex.quote(path)
 
 
+# The second line of every launch script opsbook writes: how it knows a file at the script's
+# path is its own to replace.
+HEADER_START = "# Launch script of deployment "
+HEADER_MARK = ", written by opsbook ("
+
+
+def written_by_opsbook(text: str) -> bool:
+    """Whether ``text`` is a launch script opsbook rendered (its second line says so)."""
+    lines = text.split("\n", 2)
+    return len(lines) > 1 and lines[1].startswith(HEADER_START) and HEADER_MARK in lines[1]
+
+
+def not_ours(path: str) -> Result:
+    """The refusal to replace a file at the script's path that opsbook did not write."""
+    finding = Finding(
+        "error",
+        path,
+        f"{path} exists and opsbook did not write it (its second line does not say so): "
+        "it is left as it is",
+        remedy="set paths.script in the deployment to a file of opsbook's own, or move that "
+        "file away",
+    )
+    return Result(False, f"{path} is not opsbook's launch script: left as it is", {}, [finding])
+
+
 def _header(deployment: Deployment) -> str:
     name = " ".join(deployment.name.split())
     return (
         "#!/bin/bash\n"
-        f"# Launch script of deployment {name!r}, written by opsbook (03_launch_script).\n"
+        f"{HEADER_START}{name!r}{HEADER_MARK}03_launch_script).\n"
         "# Re-render it from the deployment file rather than editing it here: edits are lost.\n"
     )
 
@@ -367,6 +392,9 @@ def upload_script(
         text: the script, usually from :func:`render_script`.
         environ: where secret variables' values come from (default: ``os.environ``).
 
+    A file at the path that opsbook did not write (:func:`written_by_opsbook`) is left as it
+    is, and so is a secrets file beside it: the answer is then not ok, naming it.
+
     Returns:
         ``ok`` when bash accepts the syntax. Data: ``path`` (absolute), ``diff`` (unified diff
         against the script that was there, ``"new file"``, or ``""`` when unchanged),
@@ -382,7 +410,11 @@ def upload_script(
     # A secrets file left by an earlier deployment would still be sourced (an old API key):
     # with no secret to deliver, it goes in the same round trip that prepares the folder.
     stale = None if has_secrets else secrets_path(path)
-    previous, mode = _previous_script(host, path, remove=stale)
+    previous, mode, stale_found = _previous_script(host, path, stale)
+    if previous is not None and not written_by_opsbook(previous):
+        return not_ours(path)
+    if stale and stale_found:
+        host.run(f"rm -f -- {shlex.quote(stale)}", check=True, label=f"remove {stale}")
     unchanged = previous == text
     written = not (unchanged and mode == SCRIPT_MODE)
     if written:
@@ -497,22 +529,24 @@ def script_diff(previous: str | None, new: str, path: str) -> str:
 
 
 def _previous_script(
-    host: ScriptHost, path: str, remove: str | None = None
-) -> tuple[str | None, int | None]:
-    """Create the folder and return the script already at ``path`` and its mode, if any;
-    remove the file ``remove`` on the way."""
+    host: ScriptHost, path: str, stale: str | None = None
+) -> tuple[str | None, int | None, bool]:
+    """Create the folder; the script already at ``path`` and its mode, if any, and whether a
+    file ``stale`` is there."""
     quoted = shlex.quote(path)
-    removal = f" && rm -f -- {shlex.quote(remove)}" if remove else ""
+    look = f" && if [[ -e {shlex.quote(stale)} ]]; then echo stale; fi" if stale else ""
     probe = host.run(
-        f"mkdir -p -- {shlex.quote(posixpath.dirname(path))}{removal}"
-        f" && if [[ -f {quoted} ]]; then stat -c %a -- {quoted}; fi",
+        f"mkdir -p -- {shlex.quote(posixpath.dirname(path))}"
+        f" && if [[ -f {quoted} ]]; then stat -c %a -- {quoted}; fi{look}",
         check=True,
         label=f"prepare {posixpath.dirname(path)}",
     )
-    mode_text = probe.stdout.strip()
-    if not mode_text:
-        return None, None
-    return host.read_bytes(path).decode(errors="replace"), int(mode_text, 8)
+    words = probe.stdout.split()
+    stale_found = "stale" in words
+    modes = [w for w in words if w != "stale"]
+    if not modes:
+        return None, None, stale_found
+    return host.read_bytes(path).decode(errors="replace"), int(modes[0], 8), stale_found
 
 
 # -- notebook display ------------------------------------------------------------------------

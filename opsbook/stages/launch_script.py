@@ -26,6 +26,9 @@ def run(
     digest = script_sha256(text)
     path = script.resolve_remote_path(host, deployment.script_path)
     previous = _current(host, path)
+    if previous is not None and not script.written_by_opsbook(previous):
+        # Not shown, nor diffed: a file of the operator's own may hold anything.
+        return Report(State.FAILED, script.not_ours(path), [], "", digest)
     diff = script.script_diff(previous, text, path)
     shows: list[object] = [Note(f"script {path}, sha256 {digest[:12]}")]
     if previous != text:

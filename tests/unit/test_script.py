@@ -31,6 +31,7 @@ from opsbook.script import (
     upload_script,
     upload_secrets,
     vllm_executable,
+    written_by_opsbook,
 )
 
 # Prints each argument followed by NUL, then the variables the tests look at.
@@ -468,3 +469,33 @@ def test_a_stale_secrets_file_is_removed_when_the_deployment_has_no_secret(tmp_p
     assert "hf-old-value" not in env_file.read_text()
     upload_script(host, dep, render_script(dep), environ={})
     assert not env_file.exists()
+
+
+def test_a_file_opsbook_did_not_write_is_left_as_it_is(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+    dep = deployment(paths={"script": "start.sh"})
+    own = tmp_path / "start.sh"
+    own.write_text("#!/bin/bash\n# my own start script\nexec vllm serve /m\n")
+    own.chmod(0o700)
+    beside = tmp_path / "start.sh.env"
+    beside.write_text("MY_SETTING=1\n")
+    refused = upload_script(host, dep, render_script(dep), environ={})
+    assert not refused.ok and "opsbook did not write it" in refused.findings[0].message
+    assert refused.findings[0].remedy
+    assert own.read_text() == "#!/bin/bash\n# my own start script\nexec vllm serve /m\n"
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700
+    assert beside.read_text() == "MY_SETTING=1\n"
+    assert not any(c.startswith("rm ") or "bash -n" in c for c in host.commands)
+
+
+def test_opsbook_replaces_its_own_script_and_removes_its_stale_secrets_file(
+    tmp_path: Path,
+) -> None:
+    host = LocalHost(tmp_path)
+    dep = deployment(paths={"script": "launch.sh"})
+    token = "hf_" + "y" * 34
+    upload_script(host, dep, render_script(dep), environ={"HF_TOKEN": token})
+    assert (tmp_path / "launch.sh.env").exists()
+    assert written_by_opsbook((tmp_path / "launch.sh").read_text())
+    again = upload_script(host, dep, render_script(dep), environ={})
+    assert again.ok and not (tmp_path / "launch.sh.env").exists()

@@ -209,3 +209,16 @@ def test_a_failed_concurrent_read_is_raised_after_the_others_end() -> None:
     with pytest.raises(HostUnreachable, match="the connection dropped"):
         concurrently(fails, slow)
     assert ended == ["slow"]
+
+
+def test_the_launch_script_stage_refuses_a_file_it_did_not_write_and_shows_none_of_it() -> None:
+    dep = deployment("a")
+    path = "/home/ops/opsbook/launch.sh"
+    mine = b"#!/bin/bash\n# the operator's own\nexport TOKEN=hf_not_for_the_record\n"
+    host = FakeHost("a", commands={r"^bash -n": Answer(), r"^mkdir -p": Answer()})
+    host.files[path] = mine
+    for apply in (False, True):
+        report = stages.launch_script.run(host, dep, apply=apply)
+        assert report.state is State.FAILED and "left as it is" in report.verdict.message
+        assert report.shows == []
+        assert host.files[path] == mine
