@@ -491,17 +491,21 @@ def test_a_missing_or_broken_script_never_starts_and_says_why(rig: Rig) -> None:
     rig.host.upload(rig.paths.script, render_script(rig.dep), mode=0o644)
     assert "is not executable" in rig.start().message
 
-    rig.host.upload(rig.paths.script, "#!/bin/bash\nexit 3\n", mode=0o755)
-    silent = rig.start()
-    assert silent.message == "never started: exited with code 3 and logged nothing"
-    assert rig.state().state == "never started"
+    try:
+        rig.host.upload(rig.paths.script, "#!/bin/bash\nexit 3\n", mode=0o755)
+        silent = rig.start()
+        assert silent.message == "never started: exited with code 3 and logged nothing"
+        assert rig.state().state == "never started"
 
-    rig.host.upload(
-        rig.paths.script, "#!/bin/bash\necho 'python3: not found' >&2\nexit 127\n", mode=0o755
-    )
-    said = rig.start()
-    assert said.message == "exited at once with code 127: python3: not found"
-    assert rig.state().state == "never started"
+        rig.host.upload(
+            rig.paths.script, "#!/bin/bash\necho 'python3: not found' >&2\nexit 127\n", mode=0o755
+        )
+        said = rig.start()
+        assert said.message == "exited at once with code 127: python3: not found"
+        assert rig.state().state == "never started"
+    finally:
+        # Scripts written by hand are not opsbook's: the next tests' uploads would leave them.
+        rig.host.run(f"rm -f -- {rig.paths.script}", check=True)
 
 
 def test_a_server_that_dies_one_second_after_starting(rig: Rig, patched: None) -> None:
