@@ -7,6 +7,8 @@ facts from a host costs one round trip. The same program runs locally in unit te
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import re
 import subprocess
@@ -38,15 +40,58 @@ class Prober(Protocol):
 BEGIN = "--- opsbook probe answer begins ---"
 END = "--- opsbook probe answer ends ---"
 
-_FOOTER = """
+# The program sent: a loader, the probe's text as one string, and the call with its arguments.
+# The loader keeps the probe's compiled code on the host (~/.cache/opsbook/probes, one file a
+# probe version and interpreter, in a folder only the user may write to): compiling a probe
+# (50 KB for the download check) is most of a small probe's CPU, and every look at a starting
+# server runs one. Without a usable folder it compiles, as before.
+_PROGRAM = """
+import marshal as _marshal, os as _os, sys as _sys
+import _frozen_importlib_external as _external
 
-if __name__ == "__main__":
-    import json as _json
-    import sys as _sys
 
-    _answer = _json.dumps(main(_json.loads({args!r})))
-    _sys.stdout.write("\\n{begin}\\n" + _answer + "\\n{end}\\n")
-    _sys.stdout.flush()
+def _probe_code(name, key, body):
+    tag = "%s-%s" % (_sys.implementation.cache_tag, _external.MAGIC_NUMBER.hex())
+    base = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
+    folder = _os.path.join(base, "opsbook", "probes")
+    kept = _os.path.join(folder, "%s-%s.%s.bin" % (name, key, tag))
+    try:
+        info = _os.stat(folder)
+        trusted = info.st_uid == _os.getuid() and not info.st_mode & 0o022
+    except OSError:
+        trusted = None  # not made yet
+    if trusted:
+        try:
+            with open(kept, "rb") as f:
+                return _marshal.load(f)
+        except Exception:
+            pass
+    code = compile(body, "<opsbook probe %s>" % name, "exec")
+    if trusted is not False:
+        try:
+            _os.makedirs(folder, mode=0o700, exist_ok=True)
+            partial = "%s.%d.tmp" % (kept, _os.getpid())
+            with open(partial, "wb") as f:
+                _marshal.dump(code, f)
+            _os.replace(partial, kept)
+            for old in _os.listdir(folder):  # this probe's earlier versions, same interpreter
+                if old.startswith(name + "-") and old.endswith("." + tag + ".bin") and (
+                    old != _os.path.basename(kept)
+                ):
+                    _os.unlink(_os.path.join(folder, old))
+        except OSError:
+            pass
+    return code
+
+
+_probe = {{"__name__": "opsbook_probe_{name}", "__builtins__": __builtins__}}
+exec(_probe_code({name!r}, {key!r}, {body!r}), _probe)
+
+import json as _json
+
+_answer = _json.dumps(_probe["main"](_json.loads({args!r})))
+_sys.stdout.write("\\n{begin}\\n" + _answer + "\\n{end}\\n")
+_sys.stdout.flush()
 """
 
 
@@ -70,13 +115,23 @@ def includes(text: str) -> list[str]:
 
 
 def assemble(name: str, args: dict[str, Any] | None = None) -> str:
-    """The program to send: the probe's source, the text of the modules it includes, and a
-    footer that runs it on ``args``."""
+    """The program to send: a loader, the probe's source and the text of the modules it
+    includes (compiled on the host once per version, see ``_PROGRAM``), and the call that runs
+    it on ``args``."""
+    body, key = probe_body(name)
+    return _PROGRAM.format(
+        name=name, key=key, body=body, args=json.dumps(args or {}), begin=BEGIN, end=END
+    )
+
+
+@functools.cache
+def probe_body(name: str) -> tuple[str, str]:
+    """Probe ``name``'s source with the modules it includes, and a digest naming that text."""
     text = source(name)
     carried = {dep: source(dep) for dep in includes(text)}
     if carried:
         text += f"\n\nINCLUDED_SOURCES.update({carried!r})\n"
-    return text + _FOOTER.format(args=json.dumps(args or {}), begin=BEGIN, end=END)
+    return text, hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def is_framed(stdout: str) -> bool:

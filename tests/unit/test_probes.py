@@ -1,3 +1,8 @@
+import marshal
+import stat
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from opsbook import probes
@@ -41,3 +46,63 @@ def test_a_login_banner_around_the_answer_does_not_break_the_probe() -> None:
 def test_an_unframed_answer_is_refused() -> None:
     with pytest.raises(ProbeError, match="did not answer JSON"):
         probes.decode("x", '{"ok": true}', "", 0)
+
+
+# -- the compiled probe kept on the host ---------------------------------------------------
+
+
+TAG = (
+    "import sys, _frozen_importlib_external as e; "
+    "print(sys.implementation.cache_tag + '-' + e.MAGIC_NUMBER.hex())"
+)
+
+
+def run_configs(cache: Path) -> dict[str, object]:
+    answer: dict[str, object] = probes.run_local(
+        "configs", {"dir": "/nonexistent"}, env={"XDG_CACHE_HOME": str(cache)}
+    )
+    return answer
+
+
+def kept_files(cache: Path) -> list[Path]:
+    return sorted((cache / "opsbook" / "probes").glob("configs-*.bin"))
+
+
+def test_a_probe_is_compiled_once_and_its_code_kept_for_the_next_run(tmp_path: Path) -> None:
+    assert run_configs(tmp_path)["exists"] is False
+    folder = tmp_path / "opsbook" / "probes"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    [kept] = kept_files(tmp_path)
+    assert kept.name.startswith(f"configs-{probes.probe_body('configs')[1]}.")
+    # The next run executes the kept code, not the text it is sent: a stand-in proves it.
+    kept.write_bytes(marshal.dumps(compile("def main(args): return {'kept': True}", "x", "exec")))
+    assert run_configs(tmp_path) == {"kept": True}
+
+
+def test_a_damaged_or_older_kept_probe_is_replaced(tmp_path: Path) -> None:
+    run_configs(tmp_path)
+    [kept] = kept_files(tmp_path)
+    older = kept.with_name("configs-0000000000000000" + kept.name[len("configs-") + 16 :])
+    older.write_bytes(b"old")
+    kept.write_bytes(b"\x00 not marshal data")
+    assert run_configs(tmp_path)["exists"] is False
+    assert kept_files(tmp_path) == [kept] and kept.read_bytes() != b"\x00 not marshal data"
+
+
+def test_a_cache_folder_others_may_write_to_is_neither_read_nor_written(tmp_path: Path) -> None:
+    folder = tmp_path / "opsbook" / "probes"
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)
+    tag = subprocess.run(
+        ["/usr/bin/python3", "-c", TAG], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    planted = folder / f"configs-{probes.probe_body('configs')[1]}.{tag}.bin"
+    planted.write_bytes(marshal.dumps(compile("def main(args): return {}", "x", "exec")))
+    assert run_configs(tmp_path)["exists"] is False  # the planted code was not run
+    assert list(folder.iterdir()) == [planted]
+
+
+def test_a_probe_runs_when_no_cache_folder_can_be_made(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert run_configs(blocker)["exists"] is False
