@@ -19,6 +19,7 @@ Every problem is a finding naming the file; the probe itself does not fail on ba
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import math
 import os
@@ -51,7 +52,16 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     """Run the operation named by ``args["op"]`` (``check``, ``hash`` or ``progress``)."""
     op = args.get("op", "check")
     if op == "check":
-        return check(args)
+        # The check keeps a row per shard while it parses thousands of headers: each of the
+        # cyclic collector's passes walks what is kept (14% of the check at 11,900 shards).
+        # Its containers hold no cycles, and the process ends with the answer.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return check(args)
+        finally:
+            if collecting:
+                gc.enable()
     if op == "hash":
         return hash_op(args)
     if op == "progress":
