@@ -27,7 +27,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Union
@@ -292,24 +292,29 @@ HOST_ADDRESS = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*")
 LOGIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@\\-]*\$?")
 
 
-def _host_address(address: str) -> str:
-    if not HOST_ADDRESS.fullmatch(address):
-        raise _invalid(
-            f"{address!r} is not a host name or address",
-            "write a DNS name, an IP address or an ~/.ssh/config alias (letters, digits, "
-            "'.', '-', '_', ':'; not starting with '-')",
-        )
-    return address
+def _matching(pattern: re.Pattern[str], what: str, remedy: str) -> Callable[[str], str]:
+    """A validator refusing a text that ``pattern`` does not match whole: it is not ``what``."""
+
+    def check(text: str) -> str:
+        if not pattern.fullmatch(text):
+            raise _invalid(f"{text!r} is not {what}", remedy)
+        return text
+
+    return check
 
 
-def _login_name(user: str) -> str:
-    if not LOGIN_NAME.fullmatch(user):
-        raise _invalid(
-            f"{user!r} is not a login name",
-            "write the user's name as the host knows it (letters, digits, '.', '_', '-', "
-            "'@'; not starting with '-')",
-        )
-    return user
+_host_address = _matching(
+    HOST_ADDRESS,
+    "a host name or address",
+    "write a DNS name, an IP address or an ~/.ssh/config alias (letters, digits, '.', '-', "
+    "'_', ':'; not starting with '-')",
+)
+_login_name = _matching(
+    LOGIN_NAME,
+    "a login name",
+    "write the user's name as the host knows it (letters, digits, '.', '_', '-', '@'; not "
+    "starting with '-')",
+)
 
 
 EnvName = Annotated[str, AfterValidator(_env_name)]
