@@ -166,49 +166,27 @@ def test_the_fourth_set_has_forty_failures_from_sources_no_other_set_uses() -> N
     assert not earlier & set(fourth)
 
 
-# The fifth set (heldout5): gathered after the first four were seen, labelled before it was run.
+# The fifth to seventh sets: each gathered after the earlier ones were seen and labelled before
+# it was run.
 HELDOUT5 = HELDOUT.parent / "heldout5"
 LABELS5 = yaml.safe_load((HELDOUT5 / "labels.yaml").read_text(encoding="utf-8"))
-
-
-def test_the_fifth_set_has_forty_logs_from_sources_no_other_set_uses() -> None:
-    assert len(LABELS5) >= 40
-    assert {str(e["file"]) for e in LABELS5} == {p.name for p in HELDOUT5.glob("*.log")}
-    fifth = [_issue(str(e["source"])) for e in LABELS5]
-    assert len(fifth) == len(set(fifth)), "one source per log"
-    earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
-    earlier |= {_issue(str(e["source"])) for e in LABELS3 + LABELS4}
-    assert not earlier & set(fifth)
-
-
-# The sixth set (heldout6): gathered after the first five were seen, labelled before it was run.
 HELDOUT6 = HELDOUT.parent / "heldout6"
 LABELS6 = yaml.safe_load((HELDOUT6 / "labels.yaml").read_text(encoding="utf-8"))
-
-
-def test_the_sixth_set_has_forty_logs_from_sources_no_other_set_uses() -> None:
-    assert len(LABELS6) >= 40
-    assert {str(e["file"]) for e in LABELS6} == {p.name for p in HELDOUT6.glob("*.log")}
-    sixth = [_issue(str(e["source"])) for e in LABELS6]
-    assert len(sixth) == len(set(sixth)), "one source per log"
-    earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
-    earlier |= {_issue(str(e["source"])) for e in LABELS3 + LABELS4 + LABELS5}
-    assert not earlier & set(sixth)
-
-
-# The seventh set (heldout7): gathered after the first six were seen, labelled before it was run.
 HELDOUT7 = HELDOUT.parent / "heldout7"
 LABELS7 = yaml.safe_load((HELDOUT7 / "labels.yaml").read_text(encoding="utf-8"))
+NUMBERED = {3: LABELS3, 4: LABELS4, 5: LABELS5, 6: LABELS6, 7: LABELS7}
 
 
-def test_the_seventh_set_has_forty_logs_from_sources_no_other_set_uses() -> None:
-    assert len(LABELS7) >= 40
-    assert {str(e["file"]) for e in LABELS7} == {p.name for p in HELDOUT7.glob("*.log")}
-    seventh = [_issue(str(e["source"])) for e in LABELS7]
-    assert len(seventh) == len(set(seventh)), "one source per log"
+@pytest.mark.parametrize("number", [5, 6, 7])
+def test_a_later_set_has_forty_logs_from_sources_no_earlier_set_uses(number: int) -> None:
+    folder, labels = HELDOUT.parent / f"heldout{number}", NUMBERED[number]
+    assert len(labels) >= 40
+    assert {str(e["file"]) for e in labels} == {p.name for p in folder.glob("*.log")}
+    sources = [_issue(str(e["source"])) for e in labels]
+    assert len(sources) == len(set(sources)), "one source per log"
     earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
-    earlier |= {_issue(str(e["source"])) for e in LABELS3 + LABELS4 + LABELS5 + LABELS6}
-    assert not earlier & set(seventh)
+    earlier |= {_issue(str(e["source"])) for n in range(3, number) for e in NUMBERED[n]}
+    assert not earlier & set(sources)
 
 
 # From the third set on, a label names a failure for a failed or hung log and none for a ready
