@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -350,6 +351,11 @@ def parse_driver_version(nvidia_smi_text: str) -> str | None:
     return found.group(1) if found else None
 
 
+# What a server's start needs to know (launch.check_can_start): who holds GPU memory and who
+# listens on the port. Not the interpreter's identity, which costs a Python start on the host.
+START_FACTS = ("user", "nvidia_smi", "listening", "ports")
+
+
 def probe_args(deployment: Deployment) -> dict[str, Any]:
     """The arguments of the facts probe for a deployment."""
     return {
@@ -360,12 +366,14 @@ def probe_args(deployment: Deployment) -> dict[str, Any]:
     }
 
 
-def gather_facts(host: Prober, deployment: Deployment) -> HostFacts:
+def gather_facts(host: Prober, deployment: Deployment, parts: Sequence[str] = ()) -> HostFacts:
     """Learn a host's facts in one round trip (the ``facts`` probe).
 
     Args:
         host: the host to look at (an :class:`opsbook.hosts.Host`).
         deployment: gives the interpreter, model path and server port to check.
+        parts: only these facts (the probe's answer keys, e.g. :data:`START_FACTS`); the
+            others are left empty. Default: all of them.
 
     Returns:
         The parsed facts; call :meth:`HostFacts.findings` or :func:`check_facts` on them.
@@ -373,7 +381,10 @@ def gather_facts(host: Prober, deployment: Deployment) -> HostFacts:
     Raises:
         HostError: the host could not be reached or the probe did not answer.
     """
-    answer = host.probe("facts", probe_args(deployment), timeout=PROBE_TIMEOUT)
+    args = probe_args(deployment)
+    if parts:
+        args["parts"] = list(parts)
+    answer = host.probe("facts", args, timeout=PROBE_TIMEOUT)
     return facts_from_probe(answer, host=deployment.host.name, server_port=deployment.server_port)
 
 

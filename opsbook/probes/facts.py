@@ -81,26 +81,28 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     """Gather the host's facts.
 
     Args:
-        args: ``python``, ``model_path`` and ``ports`` (see the module docstring).
+        args: ``python``, ``model_path`` and ``ports`` (see the module docstring); ``parts``,
+            the names of the facts wanted (default: all of them).
 
     Returns:
         A JSON-ready dict: raw nvidia-smi outputs under ``nvidia_smi`` and structured facts.
     """
-    return {
-        "probe_pid": os.getpid(),
-        "user": _user_name(os.getuid()),
-        "nvidia_smi": _nvidia_smi(),
-        "os": _os_facts(),
-        "cpu_count": _cpu_count(),
-        "memory": _meminfo(),
-        "python": _interpreter(str(args.get("python") or "python3")),
-        "disk": _disk(str(args.get("model_path") or "")),
-        "shm": _shm(),
-        "listening": _listening(),
-        "servers": _servers(),
-        "own_launch": _own_launch(str(args.get("launch_record") or "")),
-        "ports": [int(p) for p in args.get("ports") or []],
+    gather: dict[str, Any] = {
+        "user": lambda: _user_name(os.getuid()),
+        "nvidia_smi": _nvidia_smi,
+        "os": _os_facts,
+        "cpu_count": _cpu_count,
+        "memory": _meminfo,
+        "python": lambda: _interpreter(str(args.get("python") or "python3")),
+        "disk": lambda: _disk(str(args.get("model_path") or "")),
+        "shm": _shm,
+        "listening": _listening,
+        "servers": _servers,
+        "own_launch": lambda: _own_launch(str(args.get("launch_record") or "")),
+        "ports": lambda: [int(p) for p in args.get("ports") or []],
     }
+    wanted = args.get("parts") or list(gather)
+    return {"probe_pid": os.getpid(), **{name: gather[name]() for name in wanted if name in gather}}
 
 
 def _run(argv: list[str], timeout: float) -> dict[str, Any]:

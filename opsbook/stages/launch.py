@@ -32,7 +32,8 @@ def run(
     shows: list[object] = [stopped]
     if not stopped.ok:
         return Report(State.FAILED, stopped, shows)
-    can_start = launch.check_can_start(facts.gather_facts(host, deployment), deployment.server_port)
+    started_facts = facts.gather_facts(host, deployment, facts.START_FACTS)
+    can_start = launch.check_can_start(started_facts, deployment.server_port)
     shows.append(can_start)
     if not can_start.ok:
         return Report(State.FAILED, can_start, shows)

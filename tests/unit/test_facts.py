@@ -18,6 +18,7 @@ import pytest
 from opsbook.deployment import Deployment, HostSpec
 from opsbook.facts import (
     QUERY_GPU_FIELDS,
+    START_FACTS,
     HostFacts,
     check_facts,
     facts_from_probe,
@@ -763,3 +764,25 @@ def test_opsbooks_own_server_is_one_info_not_a_warning_per_gpu_and_port() -> Non
         "opsbook's server (pid 4242, group 4242, 4 processes, started by 04_launch) is running "
         "and holds 1 GPU(s) (172.1 GiB in all) and port 8000"
     )
+
+
+def test_a_start_asks_only_for_gpu_holders_and_listeners(tmp_path: Path) -> None:
+    # The interpreter's identity costs a Python start on the host; a start does not need it.
+    marker = tmp_path / "python-ran"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\ntouch {marker}\nexec /usr/bin/python3 "$@"\n')
+    python.chmod(0o755)
+    deployment = Deployment(
+        name="t",
+        hosts=[HostSpec(address="127.0.0.1", user="me")],
+        model_path=str(tmp_path / "model"),
+        python=str(python),
+        server_port=8123,
+    )
+    host = FakeHost("127.0.0.1", user="me", probes={"facts": local_probe("facts", env=probe_env())})
+    started = gather_facts(host, deployment, START_FACTS)
+    assert not marker.exists()
+    assert set(host.probe_args[0][1]["parts"]) == set(START_FACTS)
+    assert started.server_port == 8123 and started.listening is not None
+    gather_facts(host, deployment)
+    assert marker.exists()
