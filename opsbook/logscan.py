@@ -1394,8 +1394,8 @@ def _unfinished(
 ) -> LogDiagnosis:
     phase = base["phase"]
     notes: list[Hit] = base["notes"]
-    line = notes[0].line if notes else (events[-1][0] if events else None)
-    if not events and not notes:
+    line = _stopped_at(lines, events, notes)
+    if line is None:
         return LogDiagnosis(
             state=NO_CONCLUSION,
             failure=None,
@@ -1410,7 +1410,7 @@ def _unfinished(
         return LogDiagnosis(
             state=LOADING,
             failure=None,
-            title=f"still starting: phase {phase}",
+            title=f"still starting: phase {phase}" if phase else "still starting",
             severity="info",
             line=line,
             remedy="Nothing to do yet: follow the log until 'Application startup complete.'",
@@ -1421,7 +1421,11 @@ def _unfinished(
     return LogDiagnosis(
         state=NO_CONCLUSION,
         failure=None,
-        title=f"the log stops during phase {phase} without an error",
+        title=(
+            f"the log stops during phase {phase} without an error"
+            if phase
+            else "the log stops before any startup phase it shows, without an error"
+        ),
         severity="warning",
         line=line,
         remedy=(
@@ -1432,6 +1436,22 @@ def _unfinished(
         suspect=suspect.id,
         **base,
     )
+
+
+def _stopped_at(
+    lines: list[LogLine], events: list[tuple[LogLine, str]], notes: list[Hit]
+) -> LogLine | None:
+    """The line to show for a startup that ends without an error: a note that may explain
+    the stop (a benign-looking line worth a look), else where it stopped, its last record.
+    That is the last line with a log level (any level: vLLM logs its waits at DEBUG) or a
+    later phase line without one (a progress bar); text after it (a reporter's prose, a line
+    cut inside its prefix) is not part of the startup. None when the text shows neither a
+    startup phase, a note nor a levelled line: it is not a vLLM log."""
+    if notes:
+        return notes[0].line
+    levelled = [line for line in lines if line.level and line.text and not line.is_code]
+    candidates = levelled[-1:] + [line for line, _ in events[-1:]]
+    return max(candidates, key=_number_of, default=None)
 
 
 def _choose_failure(hits: list[Hit], ready_at: int | None) -> Hit | None:

@@ -1579,3 +1579,57 @@ def test_too_few_gpus_for_ray_is_refused_or_waited_for() -> None:
 )
 def test_expected_warnings_are_not_failures(line: str) -> None:
     assert diagnose_log(line).failure is None
+
+
+# Where an unfinished startup stopped: its last record. The lines are vLLM's own format
+# strings (vllm/v1/worker/gpu_model_runner.py 0.10.2 "Starting to load model %s...";
+# vllm/v1/engine/utils.py 0.10.2-0.20.2 "Waiting for %d local, %d remote core engine proc(s)
+# to start.", logged at DEBUG) rendered with sample values.
+def test_an_unfinished_startup_names_its_last_levelled_line() -> None:
+    text = "\n".join(
+        [
+            "(APIServer pid=7) INFO 05-06 21:00:40 [api_server.py:1] vLLM API server "
+            "version 0.20.2",
+            "(EngineCore pid=9) INFO 05-06 21:00:41 [gpu_model_runner.py:1] Starting to load "
+            "model org/model...",
+            "(EngineCore pid=9) WARNING 05-06 21:00:42 [x.py:1] Op 'y' not present in model",
+            "(EngineCore",
+            "",
+            "The server never answers.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == NO_CONCLUSION and diagnosis.failure is None
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_a_progress_bar_after_the_last_levelled_line_is_where_it_stopped() -> None:
+    text = "\n".join(
+        [
+            "INFO 05-06 21:00:41 [gpu_model_runner.py:1] Starting to load model org/model...",
+            "Loading safetensors checkpoint shards:  10% Completed | 1/10 [00:05<00:45,  5.0s/it]",
+            "Loading safetensors checkpoint shards:  20% Completed | 2/10 [00:10<00:40,  5.0s/it]",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == NO_CONCLUSION
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_levelled_vllm_lines_without_a_phase_are_an_unfinished_startup() -> None:
+    wait = (
+        "(APIServer pid=3) DEBUG 09-02 17:29:{s} [utils.py:777] Waiting for 1 local, 0 remote "
+        "core engine proc(s) to start."
+    )
+    text = "\n".join([wait.format(s="06"), wait.format(s="16"), "", "It hangs here."])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == NO_CONCLUSION and diagnosis.phase is None
+    assert diagnosis.line is not None and diagnosis.line.number == 2
+    assert "without an error" in diagnosis.title
+    assert diagnose_log(text, running=True).state == LOADING
