@@ -135,6 +135,9 @@ _EXCEPTION_REPR = re.compile(
     r"^(?P<name>" + EXCEPTION_NAME + r")\((?P<q>[\"'])(?P<message>.*?)(?:(?P=q)\)?)?$"
 )
 _COMPOSE = re.compile(r"^[\w.-]{1,40}\s+\|\s?")
+# A deployment's or a supervisor's tag before each line it relays ("[vllm]: ", an Akash or
+# a process-compose log): a bracketed name and a colon. vLLM's own "[rank0]: " is a process.
+_TAG = re.compile(r"^\[(?!rank\d)[A-Za-z][\w.-]{0,39}\]: ")
 # vLLM's and Ray's process prefixes: "(EngineCore_DP0 pid=7)", "(RayWorkerWrapper pid=7,
 # ip=10.0.0.2)", and Ray's own daemons, which carry no pid ("(raylet, ip=10.0.0.2)").
 _PROCESS = re.compile(
@@ -148,9 +151,13 @@ _VLLM_LEVEL = re.compile(
     r"(?P<month>\d\d)-(?P<day>\d\d)\s+"
     r"(?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?\s+\[?[\w./<>-]+:\d+\]\s?"
 )
+# Python logging's "%(asctime)s - %(levelname)s - %(message)s", and the logging HOWTO's
+# "%(asctime)s - %(name)s - %(levelname)s - %(message)s" (docs.python.org/3/howto/logging.html)
+# that programs which run vLLM relay its output through ("... - __main__ - INFO - ").
 _PYTHON_LEVEL = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
-    r" - (?P<level>[A-Z]+) - (?:[\w./-]+:\d+ - )?"
+    r" - (?:[\w.<>-]{1,60} - )?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|[A-Z]+(?= - ))"
+    r" - (?:[\w./-]+:\d+ - )?"
 )
 _UVICORN_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _LOCATION = re.compile(r"^\[[\w./-]+\.py:\d+\]\s?")
@@ -220,7 +227,7 @@ _JSON_LEVELS = {
 _TYPOGRAPHIC_QUOTES = str.maketrans({"‘": "'", "’": "'", "“": '"', "”": '"', "\u00a0": " "})
 # An HTML entity a web page's excerpt kept (&#39; &quot; &lt;).
 _HTML_ENTITY = re.compile(r"&(?:#\d{1,5}|#x[0-9a-fA-F]{1,4}|quot|amp|lt|gt|apos|nbsp);")
-_CARRIER_PREFIXES = (_RUNTIME_STAMP, _SYSLOG, _KUBECTL, _COMPOSE)
+_CARRIER_PREFIXES = (_RUNTIME_STAMP, _SYSLOG, _KUBECTL, _COMPOSE, _TAG)
 _LEVEL_LETTERS = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _PREFIXES = (
@@ -742,9 +749,10 @@ def match_catalogue(
     for position, line in enumerate(lines):
         found = False
         message = not line.is_code or _failed_assertion(lines, position)
-        if message and screen.search(line.text):
+        text = _completed_from_raise(lines, position) if line.exception else line.text
+        if message and screen.search(text):
             for entry in entries:
-                index = _first_matching(entry, line.text, recent)
+                index = _first_matching(entry, text, recent)
                 if index is not None:
                     hits.append(Hit(entry, line, index))
                     found = found or entry.kind == "generic"
@@ -755,6 +763,30 @@ def match_catalogue(
             hits += _caseless_hits(entries, line)
         recent.append(line.text)
     return hits
+
+
+# A traceback's source line that raises with a literal message: ``raise RuntimeError("...``
+# or an f-string, whose text up to its first placeholder is the message's fixed stem.
+_RAISE_LITERAL = re.compile(r"^raise (?P<name>[\w.]+)\(\s*[fr]?(?P<q>[\"'])(?P<literal>[^\"'{]*)")
+
+
+def _completed_from_raise(lines: Sequence[LogLine], index: int) -> str:
+    """An exception line that an excerpt cut short ("RuntimeError: Engine core ini") reads as
+    the message of the ``raise`` statement just above it, when that statement's literal
+    starts with what is left of the line; any other line's text unchanged."""
+    line = lines[index]
+    name, _, message = line.text.partition(": ")
+    above = (lines[n] for n in range(index - 1, max(index - 4, -1), -1))
+    before = next((other for other in above if other.text), None)
+    if before is None or not before.is_code or len(message) < 3:
+        return line.text
+    found = _RAISE_LITERAL.match(before.text.strip())
+    if found is None or found.group("name").rsplit(".", 1)[-1] != name.rsplit(".", 1)[-1]:
+        return line.text
+    literal = found.group("literal").rstrip()
+    if len(literal) > len(message.rstrip()) and literal.startswith(message.rstrip()):
+        return f"{name}: {literal}"
+    return line.text
 
 
 def _failed_assertion(lines: Sequence[LogLine], index: int) -> bool:
@@ -1761,7 +1793,7 @@ def _add_years(stamp: datetime, years: int) -> datetime:
 
 
 def _has_prefix(line: str) -> bool:
-    return any(p.match(line) for p in _PREFIXES) or bool(_COMPOSE.match(line))
+    return any(p.match(line) for p in _PREFIXES) or bool(_COMPOSE.match(line) or _TAG.match(line))
 
 
 def _wrap_candidate(line: str) -> bool:

@@ -1633,3 +1633,60 @@ def test_levelled_vllm_lines_without_a_phase_are_an_unfinished_startup() -> None
     assert diagnosis.line is not None and diagnosis.line.number == 2
     assert "without an error" in diagnosis.title
     assert diagnose_log(text, running=True).state == LOADING
+
+
+# vLLM 0.10.2 vllm/distributed/device_communicators/pynccl_wrapper.py NCCL_CHECK:
+# raise RuntimeError(f"NCCL error: {error_str}"), with NCCL's ncclGetErrorString text.
+NCCL_TRACEBACK = [
+    '  File "/x/vllm/distributed/device_communicators/pynccl_wrapper.py", line 272, in NCCL_CHECK',
+    '    raise RuntimeError(f"NCCL error: {error_str}")',
+    "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)",
+]
+
+
+def test_a_deployments_bracketed_tag_before_each_line_is_removed() -> None:
+    text = "\n".join("[vllm]: [rank0]: " + line for line in NCCL_TRACEBACK)
+
+    lines = read_log_lines(text)
+    diagnosis = diagnose_log(text)
+
+    assert lines[1].is_code and lines[2].process == "rank0"
+    assert diagnosis.failure == "nccl"
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_the_logging_howto_format_with_a_logger_name_is_a_prefix() -> None:
+    # docs.python.org logging HOWTO: "%(asctime)s - %(name)s - %(levelname)s - %(message)s".
+    prefix = "2025-06-27 12:57:51,690 - __main__ - INFO - "
+
+    assert normalise_line(prefix + NCCL_TRACEBACK[2]) == NCCL_TRACEBACK[2]
+    assert read_log_lines(prefix + NCCL_TRACEBACK[1])[0].is_code
+    assert read_log_lines(prefix + "x")[0].level == "INFO"
+
+
+def test_an_exception_line_cut_short_reads_as_its_raise_statements_message() -> None:
+    # vLLM 0.10.2 vllm/v1/engine/utils.py wait_for_engine_startup:
+    # raise RuntimeError("Engine core initialization failed. " "See root cause above. ...")
+    text = "\n".join(
+        [
+            '  File "/x/vllm/v1/engine/utils.py", line 782, in wait_for_engine_startup',
+            '    raise RuntimeError("Engine core initialization failed. "',
+            "RuntimeError: Engine core ini",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "engine-dead"
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_an_exception_line_that_differs_from_its_raise_statement_is_kept() -> None:
+    text = "\n".join(
+        [
+            '    raise RuntimeError("Engine core initialization failed. "',
+            "ValueError: Engine core ini",
+        ]
+    )
+
+    assert diagnose_log(text).failure == "unrecognised-error"
