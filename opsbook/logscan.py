@@ -669,6 +669,7 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
             body.startswith(("raise ", 'File "'))
             or (after_frame and message[:1].isspace())
             or bool(_MARKERS_ONLY.fullmatch(body) and body)
+            or (len(members) == 1 and _relayed_source_line(message, level, body))
         )
         after_frame = body.startswith('File "')
         exception = not is_code and (
@@ -682,6 +683,18 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
             LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process, exception)
         )
     return _roll_years(lines)
+
+
+def _relayed_source_line(message: str, level: str | None, body: str) -> bool:
+    """A traceback's indented source line relayed line by line at ERROR level (vLLM's
+    ``logger.exception`` of a worker's or an engine core's failure prefixes every line of
+    the traceback): code even in an excerpt that starts below its ``File`` line."""
+    return (
+        level in ("ERROR", "CRITICAL")
+        and message.startswith("  ")
+        and not _EXCEPTION_LINE.match(body)
+        and not _NOT_A_CAUSE.match(body)
+    )
 
 
 def _wrapped_groups(numbers: list[int], cleaned: list[str]) -> list[list[int]]:

@@ -1690,3 +1690,28 @@ def test_an_exception_line_that_differs_from_its_raise_statement_is_kept() -> No
     )
 
     assert diagnose_log(text).failure == "unrecognised-error"
+
+
+def test_an_excerpt_starting_inside_a_relayed_traceback_reports_its_exception() -> None:
+    # vLLM 0.20.2 vllm/v1/executor/multiproc_executor.py: logger.exception("WorkerProc failed
+    # to start.") relays the worker's traceback with the ERROR prefix on every line; torch's
+    # torch/cuda/__init__.py _lazy_init raises the driver's error.
+    prefix = "(Worker pid=3{n}) ERROR 03-13 08:47:26 [multiproc_executor.py:870] "
+    text = "\n".join(
+        prefix.format(n=n) + body
+        for n, body in [
+            (3, "    torch.cuda.set_device(device)"),
+            (3, '  File "/x/torch/cuda/__init__.py", line 424, in _lazy_init'),
+            (3, "    torch._C._cuda_init()"),
+            (3, "RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 802"),
+            (2, "WorkerProc failed to start."),
+            (2, "Traceback (most recent call last):"),
+        ]
+    )
+
+    lines = read_log_lines(text)
+    diagnosis = diagnose_log(text)
+
+    assert [line.is_code for line in lines[:4]] == [True, True, True, False]
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.number == 4
