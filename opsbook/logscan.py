@@ -160,6 +160,13 @@ _PYTHON_LEVEL = re.compile(
     r" - (?:[\w./-]+:\d+ - )?"
 )
 _UVICORN_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
+# A level in square brackets, in any case, and the component in parentheses after it: the
+# format of programs that start vLLM and log its fate in their own lines ("[Error] (Router)
+# ...", "[WARN] ..."), and of Ascend's CANN ("[ERROR] 2026-08-05-08:40:06 (PID:94, ...)").
+_BRACKET_LEVEL = re.compile(
+    r"^\[(?P<level>(?i:debug|info|warn(?:ing)?|error|critical|fatal))\]:? +"
+    r"(?:\((?P<process>[\w .-]{1,40})\) )?"
+)
 _LOCATION = re.compile(r"^\[[\w./-]+\.py:\d+\]\s?")
 # The RFC 3339 time a container runtime puts before each line it stores (`docker logs -t`,
 # `kubectl logs --timestamps`, hosted log views): one space follows, the line's own
@@ -229,6 +236,7 @@ _TYPOGRAPHIC_QUOTES = str.maketrans({"‘": "'", "’": "'", "“": '"', "”": 
 _HTML_ENTITY = re.compile(r"&(?:#\d{1,5}|#x[0-9a-fA-F]{1,4}|quot|amp|lt|gt|apos|nbsp);")
 _CARRIER_PREFIXES = (_RUNTIME_STAMP, _SYSLOG, _KUBECTL, _COMPOSE, _TAG)
 _LEVEL_LETTERS = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+_LEVEL_WORDS = {"WARN": "WARNING", "FATAL": "CRITICAL"}
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _PREFIXES = (
     _RUNTIME_STAMP,
@@ -245,6 +253,7 @@ _PREFIXES = (
     _C10_LOG,
     _DATE_STAMP,
     _UVICORN_LEVEL,
+    _BRACKET_LEVEL,
     _LOCATION,
 )
 # Group names repeat across the prefixes: the combined gates drop them.
@@ -260,6 +269,7 @@ _LINE_START = re.compile(
     r"^(?:Traceback|File \"|[\[#`]|(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning)\b"
     r"|" + EXCEPTION_NAME + r"(?:\(\w+\))?:"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|[^|]{0,80}:\s+\d+%\|"
+    r"|(?:error|fatal|warning): "  # a command-line program's own message
     r"|[\w.-]+ exited with code \d+"  # docker compose's report of a container's end
     r"|(?:\(\S+\)\s+)?[\w.-]+@[\w.-]+:)"  # the last one: a shell prompt after the log
 )
@@ -1018,7 +1028,33 @@ def _diagnose_lines(
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
+    logged = _error_after_progress(lines, events)
+    if logged is not None:
+        return _failed(FAILED, Hit(_entry_by_id("unrecognised-error"), logged, 0), [], events, base)
     return _unfinished(lines, events, running, base)
+
+
+def _error_after_progress(
+    lines: list[LogLine], events: list[tuple[LogLine, str]]
+) -> LogLine | None:
+    """The first ERROR line after the startup's last progress, when no exception or known
+    error is in the log: a program that runs vLLM (a router, an inference server) often logs
+    only its own error, not vLLM's. A line that opens a list (ends in ":") or is an item of
+    one is not the statement of the error."""
+    progress_at = max((line.number for line, _ in events), default=0)
+    for line in lines:
+        text = line.text
+        if (
+            line.number > progress_at
+            and line.level in ("ERROR", "CRITICAL")
+            and not line.is_code
+            and text
+            and not text.endswith(":")
+            and not text.startswith(("- ", "* ", "• "))
+            and not _NOT_A_CAUSE.match(text)
+        ):
+            return line
+    return None
 
 
 # What a shell or a container runtime prints when the server got SIGKILL (exit status 137):
@@ -1750,12 +1786,22 @@ def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | N
                 break
             groups = found.groupdict()
             found_level = groups.get("level")
-            level = _LEVEL_LETTERS.get(found_level, found_level) if found_level else level
+            if found_level:
+                found_level = found_level.upper()
+                level = _LEVEL_LETTERS.get(found_level) or _LEVEL_WORDS.get(
+                    found_level, found_level
+                )
             process = groups.get("process") or process
             if groups.get("time"):
                 stamp = _stamp(groups, year) or stamp
             line = line[found.end() :]
     return line, level, stamp, process
+
+
+def _level_name(found: str) -> str:
+    # glog's letter, a word in any case ("Error", "warn"): the names vLLM's logger uses.
+    upper = found.upper()
+    return _LEVEL_LETTERS.get(upper) or _LEVEL_WORDS.get(upper, upper)
 
 
 def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:

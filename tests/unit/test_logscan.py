@@ -1715,3 +1715,50 @@ def test_an_excerpt_starting_inside_a_relayed_traceback_reports_its_exception() 
     assert [line.is_code for line in lines[:4]] == [True, True, True, False]
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.number == 4
+
+
+def test_a_wrappers_own_error_line_after_the_last_progress_is_an_unrecognised_error() -> None:
+    # A program that runs vLLM logs its own level in brackets and its component; only its
+    # own error is in the text. A line that opens a list, and the list's items, are not the
+    # statement of the error.
+    text = "\n".join(
+        [
+            "2026-05-08 11:50:18.715 [Error] (Server) This usually means:",
+            "2026-05-08 11:50:18.715 [Error] (Server)   - Missing drivers",
+            "2026-05-08 11:50:23.733 [Warn] (Manager) Process did not respond to SIGTERM",
+            "2026-05-08 11:50:25.739 [Error] (Router) Failed to load model: start timed out",
+            "2026-05-08 11:50:25.741 [Info] (Server) Unloading model...",
+        ]
+    )
+
+    lines = read_log_lines(text)
+    diagnosis = diagnose_log(text)
+
+    assert [line.level for line in lines] == ["ERROR", "ERROR", "WARNING", "ERROR", "INFO"]
+    assert diagnosis.state == FAILED and diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.number == 4
+
+
+def test_an_error_line_before_later_startup_progress_does_not_fail_the_startup() -> None:
+    text = "\n".join(
+        [
+            "ERROR 05-06 21:00:40 [x.py:1] Failed to import optional plugin foo",
+            "INFO 05-06 21:00:41 [gpu_model_runner.py:1] Starting to load model org/model...",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == NO_CONCLUSION and diagnosis.failure is None
+
+
+def test_a_command_line_programs_error_line_is_an_error_and_starts_a_line() -> None:
+    # Triton Inference Server's FAIL_IF_ERR: std::cerr << "error: " << (MSG) << ": " << err,
+    # after its glog lines (which a terminal-wrap guess must not join it to).
+    glog = 'I1216 02:12:50.904936 179 server.cc:328] "Timeout 30: Found 0 live models and 0 x"'
+    text = "\n".join([glog, glog, "error: creating server: Internal - failed to load all models"])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.number == 3
