@@ -1009,7 +1009,11 @@ def _diagnose_lines(
         diagnosis = _failed(FAILED, failure, hits, events, base)
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
             start = _walk_back_start(failure, hits)
-            root = _root_cause(lines, hits, start) or _quoted_root(hits, start)
+            root = (
+                _root_cause(lines, hits, start)
+                or _quoted_root(hits, start)
+                or _root_cause_below(lines, hits, start)
+            )
             _report_root_cause(diagnosis, root)
         return diagnosis
     stalls = [hit for hit in hits if hit.entry.kind == "stall"]
@@ -1347,6 +1351,41 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
     best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
     return RootCause(first, best)
+
+
+# The wrappers of a failed startup: vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py ("Engine core
+# initialization failed. See root cause above."), vllm/v1/engine/core.py ("EngineCore failed
+# to start."), vllm/v1/executor/multiproc_executor.py ("WorkerProc initialization failed due
+# to an exception in a background process", "WorkerProc failed to start.").
+_STARTUP_WRAPPER = re.compile(
+    r"Engine core initialization failed|EngineCore failed to start"
+    r"|WorkerProc initialization failed|WorkerProc failed to start"
+)
+
+
+def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+    """With no error of the failed process above a startup wrapper, the first exception below
+    it: the failed process writes its traceback to the same terminal as the API server, and
+    two processes' output interleaves (a reporter also often pastes the process's own error
+    under the wrapper's). Only below a wrapper of the startup, when no request is in flight
+    (below a dead engine's wrapper while serving, the requests' cancellations follow), and
+    only an exception line (ERROR lines below a wrapper are the shutdown's)."""
+    if not _STARTUP_WRAPPER.search(wrapper.text):
+        return None
+    wrapper_lines = {h.line.number for h in hits if h.entry.kind == "wrapper"}
+    wrapper_lines |= {h.line.number for h in hits if h.entry.id in _WRAPPER_CAUSES}
+    for line in lines:
+        if (
+            line.number > wrapper.number
+            and line.number not in wrapper_lines
+            and not line.is_code
+            and bool(_EXCEPTION_LINE.match(line.text))
+            and not _API_SERVER.match(line.process or "")
+        ):
+            causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
+            best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+            return RootCause(line, best)
+    return None
 
 
 def _walk_back_start(failure: Hit, hits: list[Hit]) -> LogLine:

@@ -1762,3 +1762,48 @@ def test_a_command_line_programs_error_line_is_an_error_and_starts_a_line() -> N
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+# vLLM 0.34.0 vllm/v1/engine/utils.py wait_for_engine_startup: the API server's wrapper.
+STARTUP_WRAPPER = (
+    "(APIServer pid=9) RuntimeError: Engine core initialization failed. See root cause above. "
+    "Failed core proc(s): {}"
+)
+
+
+def test_an_exception_below_a_startup_wrapper_with_nothing_above_is_the_root_cause() -> None:
+    # torch's own message (torch/cuda/__init__.py _lazy_init raises the driver's error),
+    # written by the engine core after the API server's wrapper.
+    below = "RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 802"
+    text = "\n".join([STARTUP_WRAPPER, "", below])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.number == 1
+
+
+def test_an_error_above_the_wrapper_wins_over_one_below() -> None:
+    above = "(EngineCore_DP0 pid=8) ValueError: first"
+    text = "\n".join([above, STARTUP_WRAPPER, "RuntimeError: later"])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.line is not None and diagnosis.line.number == 1
+
+
+def test_an_exception_below_a_dead_engine_while_serving_is_not_its_cause() -> None:
+    # vLLM 0.10.2 vllm/v1/engine/exceptions.py EngineDeadError; the requests in flight are
+    # cancelled after it.
+    text = "\n".join(
+        [
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
+            "stack trace (above) for the root cause.",
+            "RuntimeError: cancelled",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "engine-dead"
