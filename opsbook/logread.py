@@ -65,6 +65,7 @@ INTERESTING_INFO_STARTS = (
     "Found nccl",
     "Waiting for",
     "No available",
+    "No platform detected",  # no-device: logged at INFO by vLLM 0.10.2
     " ",  # the banner's block letters and other indented text
 )
 _ANSI = rb"(?:\x1b\[[\d;]*m)?"

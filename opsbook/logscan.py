@@ -1238,7 +1238,13 @@ class _StartupSplitter:
             current.marker = max(current.marker, marker)
         if pid and current.api_pid is None:
             current.api_pid = pid
-        if not current.errored and _may_be_error(plain) and _RUN_ERROR.search(plain):
+        # A comment pasted with the log (a shell's, a provenance note) is not a run's error.
+        if (
+            not current.errored
+            and _may_be_error(plain)
+            and not _COMMENT.match(plain)
+            and _RUN_ERROR.search(plain)
+        ):
             current.errored = True
         current.add(number, text)
 

@@ -1807,3 +1807,92 @@ def test_an_exception_below_a_dead_engine_while_serving_is_not_its_cause() -> No
     diagnosis = diagnose_log(text)
 
     assert diagnosis.failure == "engine-dead"
+
+
+@pytest.mark.parametrize(
+    ("message", "failure"),
+    [
+        # vLLM 0.10.2-0.34.0 vllm/model_executor/layers/quantization/utils/marlin_utils.py
+        (
+            "ValueError: Weight output_size_per_partition = 3696 is not divisible by  "
+            "min_thread_n = 64. Consider reducing tensor_parallel_size or running with "
+            "--quantization gptq.",
+            "tp-not-divisible",
+        ),
+        # vLLM 0.34.0 vllm/distributed/utils.py verify_group_size_divides_partition
+        (
+            "ValueError: Weight input_size_per_partition=1848 for layer 'mlp.down_proj' is not "
+            "divisible by group_size=128. This happens when tensor_parallel_size splits the "
+            "layer input into shards that are not a whole number of quant groups.",
+            "tp-not-divisible",
+        ),
+        # vLLM 0.11.2-0.34.0 utils/fp8_utils.py
+        (
+            "ValueError: Weight input_size_per_partition = 2368 is not divisible by weight "
+            "quantization block_k = 128.",
+            "tp-not-divisible",
+        ),
+        # vLLM 0.10.2-0.34.0 model_loader/runai_streamer_loader.py; bitsandbytes_loader.py
+        (
+            "RuntimeError: Cannot find any safetensors model weights with `/models/x`",
+            "no-weights",
+        ),
+        ("RuntimeError: No model weights found in: `/models/x`", "no-weights"),
+        # vLLM 0.10.2 vllm/config/cache.py; 0.11.2-0.34.0 vllm/utils/torch_utils.py
+        ("ValueError: Unknown kv cache dtype: fp7", "invalid-kv-cache-dtype"),
+        ("ValueError: Invalid kv cache dtype: fp7", "invalid-kv-cache-dtype"),
+        # vLLM 0.10.2 vllm/executor/mp_distributed_executor.py
+        (
+            "RuntimeError: please set tensor_parallel_size (8) to less than max local gpu "
+            "count (4)",
+            "not-enough-devices",
+        ),
+        # vLLM 0.14.1-0.34.0 auto-fit of --max-model-len
+        (
+            "ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to "
+            "serve even a single token. Try increasing `gpu_memory_utilization`.",
+            "kv-cache-too-small",
+        ),
+        # vLLM 0.20.2-0.34.0 vllm/vllm_flash_attn/cute/interface.py
+        (
+            "AssertionError: Unsupported compute capability: 7.5. Supported: 8.x, 9.x, 10.x",
+            "cuda-arch-unsupported",
+        ),
+    ],
+)
+def test_other_releases_and_loaders_wordings_are_their_classes(message: str, failure: str) -> None:
+    diagnosis = diagnose_log("(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:1] " + message)
+
+    assert diagnosis.failure == failure, str(diagnosis)
+
+
+def test_no_platform_detected_is_no_device() -> None:
+    # vLLM 0.10.2 vllm/platforms/__init__.py logs it at INFO, later releases at DEBUG.
+    text = "\n".join(
+        [
+            "INFO 05-14 04:44:35 [__init__.py:243] No platform detected, vLLM is running on "
+            "UnspecifiedPlatform",
+            "INFO 05-14 04:44:37 [api_server.py:1034] vLLM API server version 0.10.2",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "no-device"
+    assert diagnosis.line is not None and diagnosis.line.number == 1
+
+
+def test_a_pasted_comment_naming_an_error_does_not_end_a_run() -> None:
+    text = "\n".join(
+        [
+            "# the run below fails with RuntimeError: Failed to infer device type",
+            "INFO 05-14 04:44:36 [x.py:1] Loading model org/model",
+            "INFO 05-14 04:44:37 [api_server.py:1034] vLLM API server version 0.10.2",
+            "RuntimeError: Failed to infer device type",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.first_line == 1 and not diagnosis.earlier_counts
+    assert diagnosis.failure == "no-device"
