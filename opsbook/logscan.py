@@ -1613,10 +1613,12 @@ def _stall_is_hang(
 ) -> bool:
     if not stalls or (ready_at is not None and ready_at > stalls[-1].line.number):
         return False
+    # The log's last record, not a reporter's words under it ("it hangs here forever").
     last_text = next((line for line in reversed(lines) if line.text), None)
+    last = _stopped_at(lines, events, []) if last_text is not None and not last_text.level else None
     progress_at = max((line.number for line, _ in events), default=0)
     since_progress = [hit for hit in stalls if hit.line.number > progress_at]
-    return last_text is stalls[-1].line or len(since_progress) >= _PERSISTENT_STALLS
+    return stalls[-1].line in (last_text, last) or len(since_progress) >= _PERSISTENT_STALLS
 
 
 def _stops_after_nccl_init(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> bool:

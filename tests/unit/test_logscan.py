@@ -1896,3 +1896,33 @@ def test_a_pasted_comment_naming_an_error_does_not_end_a_run() -> None:
 
     assert diagnosis.first_line == 1 and not diagnosis.earlier_counts
     assert diagnosis.failure == "no-device"
+
+
+# vLLM 0.10.2-0.34.0 vllm/distributed/device_communicators/shm_broadcast.py, logged at WARNING.
+SHM_STALL = (
+    "(EngineCore_DP0 pid=7) WARNING 03-12 10:12:{s} [shm_broadcast.py:1] No available shared "
+    "memory broadcast block found in 60 seconds. This typically happens when some processes "
+    "are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
+    "quantization)."
+)
+
+
+def test_a_stall_that_ends_the_log_is_a_hang_even_with_a_reporters_words_under_it() -> None:
+    text = "\n".join([SHM_STALL.format(s="11"), "", "It stays like this forever."])
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "shm")
+
+
+def test_a_stall_followed_by_progress_is_not_a_hang() -> None:
+    text = "\n".join(
+        [
+            SHM_STALL.format(s="11"),
+            "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| 67/67",
+            "",
+            "It then finishes.",
+        ]
+    )
+
+    assert diagnose_log(text).state != HUNG
