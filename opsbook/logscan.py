@@ -660,8 +660,9 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
     Returns:
         One ``LogLine`` per logical line.
     """
-    numbers = [number for number, _ in physical]
-    raws = [text.rstrip("\r") for _, text in physical]
+    pieces = [piece for number, text in physical for piece in _lost_breaks(number, text)]
+    numbers = [number for number, _ in pieces]
+    raws = [text.rstrip("\r") for _, text in pieces]
     cleaned = [_clean(line) for line in raws]
     year = _first_year(raws)
     lines: list[LogLine] = []
@@ -693,6 +694,23 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
             LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process, exception)
         )
     return _roll_years(lines)
+
+
+# vLLM's process prefix inside a line ("...)(APIServer pid=9) ..."): where a paste lost the
+# line breaks of a log whose every line carried it.
+_INNER_PROCESS = re.compile(r"(?<=\S)(?=\([A-Za-z_][\w ]{0,40} pid=\d+(?:, ip=[\d.]+)?\))")
+
+
+def _lost_breaks(number: int, text: str) -> list[tuple[int, str]]:
+    """A physical line that holds several lines of a prefixed log (a paste that lost its
+    line breaks) as those lines, all with its number; any other line as it is."""
+    if text.count("pid=") < 2:
+        return [(number, text)]
+    inner = [found.start() for found in _INNER_PROCESS.finditer(text)]
+    if not inner:
+        return [(number, text)]
+    bounds = [0, *inner, len(text)]
+    return [(number, text[start:end]) for start, end in zip(bounds, bounds[1:], strict=False)]
 
 
 def _relayed_source_line(message: str, level: str | None, body: str) -> bool:

@@ -1926,3 +1926,24 @@ def test_a_stall_followed_by_progress_is_not_a_hang() -> None:
     )
 
     assert diagnose_log(text).state != HUNG
+
+
+def test_a_paste_that_lost_its_line_breaks_is_read_line_by_line() -> None:
+    # vLLM 0.10.2 vllm/v1/engine/core.py: "EngineCore failed to start." above the engine
+    # core's traceback; the paste ran every prefixed line into one.
+    text = (
+        "(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:718] EngineCore failed to start."
+        "(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:718] Traceback (most recent call "
+        "last):(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:718]     raise "
+        'ValueError("x")(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:718] ValueError: '
+        "No available memory for the cache blocks."
+    )
+
+    lines = read_log_lines(text)
+    diagnosis = diagnose_log(text)
+
+    assert len(lines) == 4 and {line.number for line in lines} == {1}
+    assert lines[2].is_code
+    assert diagnosis.failure == "kv-cache-too-small"
+    assert diagnosis.line is not None and diagnosis.line.raw.startswith("(EngineCore_DP0")
+    assert diagnosis.line.raw.endswith("cache blocks.")
