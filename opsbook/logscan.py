@@ -1380,10 +1380,11 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
 # The wrappers of a failed startup: vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py ("Engine core
 # initialization failed. See root cause above."), vllm/v1/engine/core.py ("EngineCore failed
 # to start."), vllm/v1/executor/multiproc_executor.py ("WorkerProc initialization failed due
-# to an exception in a background process", "WorkerProc failed to start.").
+# to an exception in a background process", "WorkerProc failed to start."); V0's
+# vllm/entrypoints/openai/api_server.py 0.10.2 ("Engine process failed to start.").
 _STARTUP_WRAPPER = re.compile(
     r"Engine core initialization failed|EngineCore failed to start"
-    r"|WorkerProc initialization failed|WorkerProc failed to start"
+    r"|WorkerProc initialization failed|WorkerProc failed to start|Engine process failed to start"
 )
 
 

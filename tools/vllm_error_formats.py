@@ -213,6 +213,13 @@ NATIVE_FORMATS: list[dict[str, str]] = [
         "source": "ray-project/ray src/ray/core_worker (ray 2.60.0 ray/_raylet.so)",
     },
     {
+        "entry": "no-device",
+        "template": "RuntimeError: CUDA driver initialization failed, you might not have a CUDA "
+        "gpu.",
+        "source": "pytorch/pytorch c10/cuda/CUDAFunctions.cpp (device_count_impl, "
+        "cudaErrorInitializationError)",
+    },
+    {
         "entry": "ray-node-died",
         "template": "2023-09-20 11:38:09,990\tWARNING worker.py:2058 -- A worker died or was "
         "killed while executing a task by an unexpected system error. To troubleshoot the "

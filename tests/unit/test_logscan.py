@@ -1947,3 +1947,26 @@ def test_a_paste_that_lost_its_line_breaks_is_read_line_by_line() -> None:
     assert diagnosis.failure == "kv-cache-too-small"
     assert diagnosis.line is not None and diagnosis.line.raw.startswith("(EngineCore_DP0")
     assert diagnosis.line.raw.endswith("cache blocks.")
+
+
+def test_v0s_engine_process_wrapper_reports_the_error_above_it() -> None:
+    # vLLM 0.10.2 vllm/entrypoints/openai/api_server.py (build_async_engine_client_from_engine_args)
+    text = "\n".join(
+        [
+            "ERROR 03-12 10:11:12 [engine.py:1] Failed to infer device type",
+            "RuntimeError: Failed to infer device type",
+            "RuntimeError: Engine process failed to start. See stack trace for the root cause.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "no-device"
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.number == 3
+
+
+def test_torchs_driver_initialization_failure_is_no_device() -> None:
+    # pytorch c10/cuda/CUDAFunctions.cpp device_count_impl (cudaErrorInitializationError).
+    text = "RuntimeError: CUDA driver initialization failed, you might not have a CUDA gpu."
+
+    assert diagnose_log(text).failure == "no-device"
