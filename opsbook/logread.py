@@ -58,6 +58,8 @@ INTERESTING_INFO_STARTS = (
     "Started server",
     "Application startup",
     "Uvicorn running",
+    "vLLM gRPC server started",
+    "Server is ready to accept",
     "Free memory on",
     "Custom allreduce",
     "SymmMemCommunicator",

@@ -86,7 +86,13 @@ PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             r"Starting vLLM (?:API )?server|Starting \S+ (?:API )?server(?: \d+)? on "
             r"|Available routes are|Route: /|Started server process",
         ),
-        ("ready", r"Application startup complete|Uvicorn running on"),
+        # uvicorn's lines; vLLM 0.14.1-0.34.0's gRPC server (entrypoints/grpc_server.py,
+        # launchers/grpc_server.py), logged once server.start() has bound the port.
+        (
+            "ready",
+            r"Application startup complete|Uvicorn running on"
+            r"|vLLM gRPC server started on|Server is ready to accept requests",
+        ),
     )
 )
 PHASE_NAMES = tuple(name for name, _ in PHASE_PATTERNS)

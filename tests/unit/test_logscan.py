@@ -1970,3 +1970,21 @@ def test_torchs_driver_initialization_failure_is_no_device() -> None:
     text = "RuntimeError: CUDA driver initialization failed, you might not have a CUDA gpu."
 
     assert diagnose_log(text).failure == "no-device"
+
+
+def test_the_grpc_servers_readiness_lines_are_ready() -> None:
+    # vLLM 0.30.0 vllm/entrypoints/launchers/grpc_server.py, after server.start().
+    text = "\n".join(
+        [
+            "(APIServer pid=7) INFO 05-06 21:00:40 [api_server.py:1] vLLM API server "
+            "version 0.30.0",
+            "(APIServer pid=7) INFO 05-06 21:00:52 [grpc_server.py:1] vLLM gRPC server started on "
+            "0.0.0.0:50051",
+            "(APIServer pid=7) INFO 05-06 21:00:52 [grpc_server.py:1] Server is ready to accept "
+            "requests",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
