@@ -1056,7 +1056,8 @@ def _diagnose_lines(
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
-    logged = _error_after_progress(lines, events)
+    # A process known to be alive is still starting, whatever it logged.
+    logged = _error_after_progress(lines, events) if not running else None
     if logged is not None:
         return _failed(FAILED, Hit(_entry_by_id("unrecognised-error"), logged, 0), [], events, base)
     return _unfinished(lines, events, running, base)
@@ -1859,10 +1860,7 @@ def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | N
             groups = found.groupdict()
             found_level = groups.get("level")
             if found_level:
-                found_level = found_level.upper()
-                level = _LEVEL_LETTERS.get(found_level) or _LEVEL_WORDS.get(
-                    found_level, found_level
-                )
+                level = _level_name(found_level)
             process = groups.get("process") or process
             if groups.get("time"):
                 stamp = _stamp(groups, year) or stamp

@@ -1988,3 +1988,15 @@ def test_the_grpc_servers_readiness_lines_are_ready() -> None:
     diagnosis = diagnose_log(text)
 
     assert diagnosis.state == READY
+
+
+def test_an_error_line_of_a_process_known_alive_leaves_it_loading() -> None:
+    text = "\n".join(
+        [
+            "INFO 05-06 21:00:41 [gpu_model_runner.py:1] Starting to load model org/model...",
+            "ERROR 05-06 21:00:42 [x.py:1] Failed to load optional kernel y",
+        ]
+    )
+
+    assert diagnose_log(text, running=True).state == LOADING
+    assert diagnose_log(text).failure == "unrecognised-error"
