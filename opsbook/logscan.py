@@ -143,7 +143,9 @@ _EXCEPTION_REPR = re.compile(
 _COMPOSE = re.compile(r"^[\w.-]{1,40}\s+\|\s?")
 # A deployment's or a supervisor's tag before each line it relays ("[vllm]: ", an Akash or
 # a process-compose log): a bracketed name and a colon. vLLM's own "[rank0]: " is a process.
-_TAG = re.compile(r"^\[(?!rank\d)[A-Za-z][\w.-]{0,39}\]: ")
+_TAG = re.compile(
+    r"^\[(?!rank\d)(?!(?i:debug|info|warn|warning|error|critical|fatal)\])[A-Za-z][\w.-]{0,39}\]: "
+)
 # vLLM's and Ray's process prefixes: "(EngineCore_DP0 pid=7)", "(RayWorkerWrapper pid=7,
 # ip=10.0.0.2)", and Ray's own daemons, which carry no pid ("(raylet, ip=10.0.0.2)").
 _PROCESS = re.compile(

@@ -1664,6 +1664,12 @@ def test_the_logging_howto_format_with_a_logger_name_is_a_prefix() -> None:
     assert read_log_lines(prefix + "x")[0].level == "INFO"
 
 
+def test_a_bracketed_level_is_a_level_not_a_deployments_tag() -> None:
+    line = read_log_lines("[ERROR]: ValueError: x")[0]
+
+    assert (line.level, line.text) == ("ERROR", "ValueError: x")
+
+
 def test_an_exception_line_cut_short_reads_as_its_raise_statements_message() -> None:
     # vLLM 0.10.2 vllm/v1/engine/utils.py wait_for_engine_startup:
     # raise RuntimeError("Engine core initialization failed. " "See root cause above. ...")
