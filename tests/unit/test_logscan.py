@@ -1864,6 +1864,18 @@ def test_an_exception_below_a_dead_engine_while_serving_is_not_its_cause() -> No
             "AssertionError: Unsupported compute capability: 7.5. Supported: 8.x, 9.x, 10.x",
             "cuda-arch-unsupported",
         ),
+        # transformers 5.19.0 configuration_utils.py _get_config_dict; utils/hub.py
+        (
+            "OSError: Can't load the configuration of '/models/x'. If you were trying to load "
+            "it from 'https://huggingface.co/models', make sure you don't have a local "
+            "directory with the same name.",
+            "model-not-found",
+        ),
+        (
+            "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and "
+            "couldn't find them in the cached files.",
+            "model-not-found",
+        ),
     ],
 )
 def test_other_releases_and_loaders_wordings_are_their_classes(message: str, failure: str) -> None:
