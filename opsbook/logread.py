@@ -58,6 +58,8 @@ INTERESTING_INFO_STARTS = (
     "Started server",
     "Application startup",
     "Uvicorn running",
+    "vLLM gRPC server started",
+    "Server is ready to accept",
     "Free memory on",
     "Custom allreduce",
     "SymmMemCommunicator",
@@ -65,6 +67,7 @@ INTERESTING_INFO_STARTS = (
     "Found nccl",
     "Waiting for",
     "No available",
+    "No platform detected",  # no-device: logged at INFO by vLLM 0.10.2
     " ",  # the banner's block letters and other indented text
 )
 _ANSI = rb"(?:\x1b\[[\d;]*m)?"

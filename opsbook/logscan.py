@@ -86,7 +86,13 @@ PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             r"Starting vLLM (?:API )?server|Starting \S+ (?:API )?server(?: \d+)? on "
             r"|Available routes are|Route: /|Started server process",
         ),
-        ("ready", r"Application startup complete|Uvicorn running on"),
+        # uvicorn's lines; vLLM 0.14.1-0.34.0's gRPC server (entrypoints/grpc_server.py,
+        # launchers/grpc_server.py), logged once server.start() has bound the port.
+        (
+            "ready",
+            r"Application startup complete|Uvicorn running on"
+            r"|vLLM gRPC server started on|Server is ready to accept requests",
+        ),
     )
 )
 PHASE_NAMES = tuple(name for name, _ in PHASE_PATTERNS)
@@ -135,6 +141,11 @@ _EXCEPTION_REPR = re.compile(
     r"^(?P<name>" + EXCEPTION_NAME + r")\((?P<q>[\"'])(?P<message>.*?)(?:(?P=q)\)?)?$"
 )
 _COMPOSE = re.compile(r"^[\w.-]{1,40}\s+\|\s?")
+# A deployment's or a supervisor's tag before each line it relays ("[vllm]: ", an Akash or
+# a process-compose log): a bracketed name and a colon. vLLM's own "[rank0]: " is a process.
+_TAG = re.compile(
+    r"^\[(?!rank\d)(?!(?i:debug|info|warn|warning|error|critical|fatal)\])[A-Za-z][\w.-]{0,39}\]: "
+)
 # vLLM's and Ray's process prefixes: "(EngineCore_DP0 pid=7)", "(RayWorkerWrapper pid=7,
 # ip=10.0.0.2)", and Ray's own daemons, which carry no pid ("(raylet, ip=10.0.0.2)").
 _PROCESS = re.compile(
@@ -148,11 +159,22 @@ _VLLM_LEVEL = re.compile(
     r"(?P<month>\d\d)-(?P<day>\d\d)\s+"
     r"(?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?\s+\[?[\w./<>-]+:\d+\]\s?"
 )
+# Python logging's "%(asctime)s - %(levelname)s - %(message)s", and the logging HOWTO's
+# "%(asctime)s - %(name)s - %(levelname)s - %(message)s" (docs.python.org/3/howto/logging.html)
+# that programs which run vLLM relay its output through ("... - __main__ - INFO - ").
 _PYTHON_LEVEL = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
-    r" - (?P<level>[A-Z]+) - (?:[\w./-]+:\d+ - )?"
+    r" - (?:[\w.<>-]{1,60} - )?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|[A-Z]+(?= - ))"
+    r" - (?:[\w./-]+:\d+ - )?"
 )
 _UVICORN_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
+# A level in square brackets, in any case, and the component in parentheses after it: the
+# format of programs that start vLLM and log its fate in their own lines ("[Error] (Router)
+# ...", "[WARN] ..."), and of Ascend's CANN ("[ERROR] 2026-08-05-08:40:06 (PID:94, ...)").
+_BRACKET_LEVEL = re.compile(
+    r"^\[(?P<level>(?i:debug|info|warn(?:ing)?|error|critical|fatal))\]:? +"
+    r"(?:\((?P<process>[\w .-]{1,40})\) )?"
+)
 _LOCATION = re.compile(r"^\[[\w./-]+\.py:\d+\]\s?")
 # The RFC 3339 time a container runtime puts before each line it stores (`docker logs -t`,
 # `kubectl logs --timestamps`, hosted log views): one space follows, the line's own
@@ -220,8 +242,9 @@ _JSON_LEVELS = {
 _TYPOGRAPHIC_QUOTES = str.maketrans({"‘": "'", "’": "'", "“": '"', "”": '"', "\u00a0": " "})
 # An HTML entity a web page's excerpt kept (&#39; &quot; &lt;).
 _HTML_ENTITY = re.compile(r"&(?:#\d{1,5}|#x[0-9a-fA-F]{1,4}|quot|amp|lt|gt|apos|nbsp);")
-_CARRIER_PREFIXES = (_RUNTIME_STAMP, _SYSLOG, _KUBECTL, _COMPOSE)
+_CARRIER_PREFIXES = (_RUNTIME_STAMP, _SYSLOG, _KUBECTL, _COMPOSE, _TAG)
 _LEVEL_LETTERS = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+_LEVEL_WORDS = {"WARN": "WARNING", "FATAL": "CRITICAL"}
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _PREFIXES = (
     _RUNTIME_STAMP,
@@ -238,6 +261,7 @@ _PREFIXES = (
     _C10_LOG,
     _DATE_STAMP,
     _UVICORN_LEVEL,
+    _BRACKET_LEVEL,
     _LOCATION,
 )
 # Group names repeat across the prefixes: the combined gates drop them.
@@ -253,6 +277,7 @@ _LINE_START = re.compile(
     r"^(?:Traceback|File \"|[\[#`]|(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning)\b"
     r"|" + EXCEPTION_NAME + r"(?:\(\w+\))?:"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|[^|]{0,80}:\s+\d+%\|"
+    r"|(?:error|fatal|warning): "  # a command-line program's own message
     r"|[\w.-]+ exited with code \d+"  # docker compose's report of a container's end
     r"|(?:\(\S+\)\s+)?[\w.-]+@[\w.-]+:)"  # the last one: a shell prompt after the log
 )
@@ -643,8 +668,9 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
     Returns:
         One ``LogLine`` per logical line.
     """
-    numbers = [number for number, _ in physical]
-    raws = [text.rstrip("\r") for _, text in physical]
+    pieces = [piece for number, text in physical for piece in _lost_breaks(number, text)]
+    numbers = [number for number, _ in pieces]
+    raws = [text.rstrip("\r") for _, text in pieces]
     cleaned = [_clean(line) for line in raws]
     year = _first_year(raws)
     lines: list[LogLine] = []
@@ -662,6 +688,7 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
             body.startswith(("raise ", 'File "'))
             or (after_frame and message[:1].isspace())
             or bool(_MARKERS_ONLY.fullmatch(body) and body)
+            or (len(members) == 1 and _relayed_source_line(message, level, body))
         )
         after_frame = body.startswith('File "')
         exception = not is_code and (
@@ -675,6 +702,35 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
             LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process, exception)
         )
     return _roll_years(lines)
+
+
+# vLLM's process prefix inside a line ("...)(APIServer pid=9) ..."): where a paste lost the
+# line breaks of a log whose every line carried it.
+_INNER_PROCESS = re.compile(r"(?<=\S)(?=\([A-Za-z_][\w ]{0,40} pid=\d+(?:, ip=[\d.]+)?\))")
+
+
+def _lost_breaks(number: int, text: str) -> list[tuple[int, str]]:
+    """A physical line that holds several lines of a prefixed log (a paste that lost its
+    line breaks) as those lines, all with its number; any other line as it is."""
+    if text.count("pid=") < 2:
+        return [(number, text)]
+    inner = [found.start() for found in _INNER_PROCESS.finditer(text)]
+    if not inner:
+        return [(number, text)]
+    bounds = [0, *inner, len(text)]
+    return [(number, text[start:end]) for start, end in zip(bounds, bounds[1:], strict=False)]
+
+
+def _relayed_source_line(message: str, level: str | None, body: str) -> bool:
+    """A traceback's indented source line relayed line by line at ERROR level (vLLM's
+    ``logger.exception`` of a worker's or an engine core's failure prefixes every line of
+    the traceback): code even in an excerpt that starts below its ``File`` line."""
+    return (
+        level in ("ERROR", "CRITICAL")
+        and message.startswith("  ")
+        and not _EXCEPTION_LINE.match(body)
+        and not _NOT_A_CAUSE.match(body)
+    )
 
 
 def _wrapped_groups(numbers: list[int], cleaned: list[str]) -> list[list[int]]:
@@ -742,9 +798,10 @@ def match_catalogue(
     for position, line in enumerate(lines):
         found = False
         message = not line.is_code or _failed_assertion(lines, position)
-        if message and screen.search(line.text):
+        text = _completed_from_raise(lines, position) if line.exception else line.text
+        if message and screen.search(text):
             for entry in entries:
-                index = _first_matching(entry, line.text, recent)
+                index = _first_matching(entry, text, recent)
                 if index is not None:
                     hits.append(Hit(entry, line, index))
                     found = found or entry.kind == "generic"
@@ -755,6 +812,30 @@ def match_catalogue(
             hits += _caseless_hits(entries, line)
         recent.append(line.text)
     return hits
+
+
+# A traceback's source line that raises with a literal message: ``raise RuntimeError("...``
+# or an f-string, whose text up to its first placeholder is the message's fixed stem.
+_RAISE_LITERAL = re.compile(r"^raise (?P<name>[\w.]+)\(\s*[fr]?(?P<q>[\"'])(?P<literal>[^\"'{]*)")
+
+
+def _completed_from_raise(lines: Sequence[LogLine], index: int) -> str:
+    """An exception line that an excerpt cut short ("RuntimeError: Engine core ini") reads as
+    the message of the ``raise`` statement just above it, when that statement's literal
+    starts with what is left of the line; any other line's text unchanged."""
+    line = lines[index]
+    name, _, message = line.text.partition(": ")
+    above = (lines[n] for n in range(index - 1, max(index - 4, -1), -1))
+    before = next((other for other in above if other.text), None)
+    if before is None or not before.is_code or len(message) < 3:
+        return line.text
+    found = _RAISE_LITERAL.match(before.text.strip())
+    if found is None or found.group("name").rsplit(".", 1)[-1] != name.rsplit(".", 1)[-1]:
+        return line.text
+    literal = found.group("literal").rstrip()
+    if len(literal) > len(message.rstrip()) and literal.startswith(message.rstrip()):
+        return f"{name}: {literal}"
+    return line.text
 
 
 def _failed_assertion(lines: Sequence[LogLine], index: int) -> bool:
@@ -954,7 +1035,11 @@ def _diagnose_lines(
         diagnosis = _failed(FAILED, failure, hits, events, base)
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
             start = _walk_back_start(failure, hits)
-            root = _root_cause(lines, hits, start) or _quoted_root(hits, start)
+            root = (
+                _root_cause(lines, hits, start)
+                or _quoted_root(hits, start)
+                or _root_cause_below(lines, hits, start)
+            )
             _report_root_cause(diagnosis, root)
         return diagnosis
     stalls = [hit for hit in hits if hit.entry.kind == "stall"]
@@ -973,7 +1058,34 @@ def _diagnose_lines(
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
+    # A process known to be alive is still starting, whatever it logged.
+    logged = _error_after_progress(lines, events) if not running else None
+    if logged is not None:
+        return _failed(FAILED, Hit(_entry_by_id("unrecognised-error"), logged, 0), [], events, base)
     return _unfinished(lines, events, running, base)
+
+
+def _error_after_progress(
+    lines: list[LogLine], events: list[tuple[LogLine, str]]
+) -> LogLine | None:
+    """The first ERROR line after the startup's last progress, when no exception or known
+    error is in the log: a program that runs vLLM (a router, an inference server) often logs
+    only its own error, not vLLM's. A line that opens a list (ends in ":") or is an item of
+    one is not the statement of the error."""
+    progress_at = max((line.number for line, _ in events), default=0)
+    for line in lines:
+        text = line.text
+        if (
+            line.number > progress_at
+            and line.level in ("ERROR", "CRITICAL")
+            and not line.is_code
+            and text
+            and not text.endswith(":")
+            and not text.startswith(("- ", "* ", "• "))
+            and not _NOT_A_CAUSE.match(text)
+        ):
+            return line
+    return None
 
 
 # What a shell or a container runtime prints when the server got SIGKILL (exit status 137):
@@ -1153,7 +1265,13 @@ class _StartupSplitter:
             current.marker = max(current.marker, marker)
         if pid and current.api_pid is None:
             current.api_pid = pid
-        if not current.errored and _may_be_error(plain) and _RUN_ERROR.search(plain):
+        # A comment pasted with the log (a shell's, a provenance note) is not a run's error.
+        if (
+            not current.errored
+            and _may_be_error(plain)
+            and not _COMMENT.match(plain)
+            and _RUN_ERROR.search(plain)
+        ):
             current.errored = True
         current.add(number, text)
 
@@ -1266,6 +1384,42 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
     best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
     return RootCause(first, best)
+
+
+# The wrappers of a failed startup: vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py ("Engine core
+# initialization failed. See root cause above."), vllm/v1/engine/core.py ("EngineCore failed
+# to start."), vllm/v1/executor/multiproc_executor.py ("WorkerProc initialization failed due
+# to an exception in a background process", "WorkerProc failed to start."); V0's
+# vllm/entrypoints/openai/api_server.py 0.10.2 ("Engine process failed to start.").
+_STARTUP_WRAPPER = re.compile(
+    r"Engine core initialization failed|EngineCore failed to start"
+    r"|WorkerProc initialization failed|WorkerProc failed to start|Engine process failed to start"
+)
+
+
+def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+    """With no error of the failed process above a startup wrapper, the first exception below
+    it: the failed process writes its traceback to the same terminal as the API server, and
+    two processes' output interleaves (a reporter also often pastes the process's own error
+    under the wrapper's). Only below a wrapper of the startup, when no request is in flight
+    (below a dead engine's wrapper while serving, the requests' cancellations follow), and
+    only an exception line (ERROR lines below a wrapper are the shutdown's)."""
+    if not _STARTUP_WRAPPER.search(wrapper.text):
+        return None
+    wrapper_lines = {h.line.number for h in hits if h.entry.kind == "wrapper"}
+    wrapper_lines |= {h.line.number for h in hits if h.entry.id in _WRAPPER_CAUSES}
+    for line in lines:
+        if (
+            line.number > wrapper.number
+            and line.number not in wrapper_lines
+            and not line.is_code
+            and bool(_EXCEPTION_LINE.match(line.text))
+            and not _API_SERVER.match(line.process or "")
+        ):
+            causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
+            best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+            return RootCause(line, best)
+    return None
 
 
 def _walk_back_start(failure: Hit, hits: list[Hit]) -> LogLine:
@@ -1394,8 +1548,8 @@ def _unfinished(
 ) -> LogDiagnosis:
     phase = base["phase"]
     notes: list[Hit] = base["notes"]
-    line = notes[0].line if notes else (events[-1][0] if events else None)
-    if not events and not notes:
+    line = _stopped_at(lines, events, notes)
+    if line is None:
         return LogDiagnosis(
             state=NO_CONCLUSION,
             failure=None,
@@ -1410,7 +1564,7 @@ def _unfinished(
         return LogDiagnosis(
             state=LOADING,
             failure=None,
-            title=f"still starting: phase {phase}",
+            title=f"still starting: phase {phase}" if phase else "still starting",
             severity="info",
             line=line,
             remedy="Nothing to do yet: follow the log until 'Application startup complete.'",
@@ -1421,7 +1575,11 @@ def _unfinished(
     return LogDiagnosis(
         state=NO_CONCLUSION,
         failure=None,
-        title=f"the log stops during phase {phase} without an error",
+        title=(
+            f"the log stops during phase {phase} without an error"
+            if phase
+            else "the log stops before any startup phase it shows, without an error"
+        ),
         severity="warning",
         line=line,
         remedy=(
@@ -1432,6 +1590,22 @@ def _unfinished(
         suspect=suspect.id,
         **base,
     )
+
+
+def _stopped_at(
+    lines: list[LogLine], events: list[tuple[LogLine, str]], notes: list[Hit]
+) -> LogLine | None:
+    """The line to show for a startup that ends without an error: a note that may explain
+    the stop (a benign-looking line worth a look), else where it stopped, its last record.
+    That is the last line with a log level (any level: vLLM logs its waits at DEBUG) or a
+    later phase line without one (a progress bar); text after it (a reporter's prose, a line
+    cut inside its prefix) is not part of the startup. None when the text shows neither a
+    startup phase, a note nor a levelled line: it is not a vLLM log."""
+    if notes:
+        return notes[0].line
+    levelled = [line for line in lines if line.level and line.text and not line.is_code]
+    candidates = levelled[-1:] + [line for line, _ in events[-1:]]
+    return max(candidates, key=_number_of, default=None)
 
 
 def _choose_failure(hits: list[Hit], ready_at: int | None) -> Hit | None:
@@ -1467,10 +1641,12 @@ def _stall_is_hang(
 ) -> bool:
     if not stalls or (ready_at is not None and ready_at > stalls[-1].line.number):
         return False
+    # The log's last record, not a reporter's words under it ("it hangs here forever").
     last_text = next((line for line in reversed(lines) if line.text), None)
+    last = _stopped_at(lines, events, []) if last_text is not None and not last_text.level else None
     progress_at = max((line.number for line, _ in events), default=0)
     since_progress = [hit for hit in stalls if hit.line.number > progress_at]
-    return last_text is stalls[-1].line or len(since_progress) >= _PERSISTENT_STALLS
+    return stalls[-1].line in (last_text, last) or len(since_progress) >= _PERSISTENT_STALLS
 
 
 def _stops_after_nccl_init(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> bool:
@@ -1685,12 +1861,19 @@ def _strip_prefixes(line: str, year: int) -> tuple[str, str | None, datetime | N
                 break
             groups = found.groupdict()
             found_level = groups.get("level")
-            level = _LEVEL_LETTERS.get(found_level, found_level) if found_level else level
+            if found_level:
+                level = _level_name(found_level)
             process = groups.get("process") or process
             if groups.get("time"):
                 stamp = _stamp(groups, year) or stamp
             line = line[found.end() :]
     return line, level, stamp, process
+
+
+def _level_name(found: str) -> str:
+    # glog's letter, a word in any case ("Error", "warn"): the names vLLM's logger uses.
+    upper = found.upper()
+    return _LEVEL_LETTERS.get(upper) or _LEVEL_WORDS.get(upper, upper)
 
 
 def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:
@@ -1741,7 +1924,7 @@ def _add_years(stamp: datetime, years: int) -> datetime:
 
 
 def _has_prefix(line: str) -> bool:
-    return any(p.match(line) for p in _PREFIXES) or bool(_COMPOSE.match(line))
+    return any(p.match(line) for p in _PREFIXES) or bool(_COMPOSE.match(line) or _TAG.match(line))
 
 
 def _wrap_candidate(line: str) -> bool:

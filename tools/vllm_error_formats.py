@@ -213,6 +213,23 @@ NATIVE_FORMATS: list[dict[str, str]] = [
         "source": "ray-project/ray src/ray/core_worker (ray 2.60.0 ray/_raylet.so)",
     },
     {
+        "entry": "no-device",
+        "template": "RuntimeError: CUDA driver initialization failed, you might not have a CUDA "
+        "gpu.",
+        "source": "pytorch/pytorch c10/cuda/CUDAFunctions.cpp (device_count_impl, "
+        "cudaErrorInitializationError)",
+    },
+    {
+        "entry": "ray-node-died",
+        "template": "2023-09-20 11:38:09,990\tWARNING worker.py:2058 -- A worker died or was "
+        "killed while executing a task by an unexpected system error. To troubleshoot the "
+        "problem, check the logs for the dead worker. Lease ID: 01 Worker ID: 12 Node ID: 34 "
+        "Worker IP address: 10.0.0.2 Worker port: 10002 Worker PID: 77 Worker exit type: "
+        "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits",
+        "source": "ray-project/ray src/ray/raylet/node_manager.cc (NodeManager::DisconnectClient, "
+        "pushed to the driver, which ray/_private/worker.py logs)",
+    },
+    {
         "entry": "head-size-unsupported",
         "template": "RuntimeError: This flash attention build does not support headdim not "
         "being a multiple of 32.",

@@ -1579,3 +1579,442 @@ def test_too_few_gpus_for_ray_is_refused_or_waited_for() -> None:
 )
 def test_expected_warnings_are_not_failures(line: str) -> None:
     assert diagnose_log(line).failure is None
+
+
+# Where an unfinished startup stopped: its last record. The lines are vLLM's own format
+# strings (vllm/v1/worker/gpu_model_runner.py 0.10.2 "Starting to load model %s...";
+# vllm/v1/engine/utils.py 0.10.2-0.20.2 "Waiting for %d local, %d remote core engine proc(s)
+# to start.", logged at DEBUG) rendered with sample values.
+def test_an_unfinished_startup_names_its_last_levelled_line() -> None:
+    text = "\n".join(
+        [
+            "(APIServer pid=7) INFO 05-06 21:00:40 [api_server.py:1] vLLM API server "
+            "version 0.20.2",
+            "(EngineCore pid=9) INFO 05-06 21:00:41 [gpu_model_runner.py:1] Starting to load "
+            "model org/model...",
+            "(EngineCore pid=9) WARNING 05-06 21:00:42 [x.py:1] Op 'y' not present in model",
+            "(EngineCore",
+            "",
+            "The server never answers.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == NO_CONCLUSION and diagnosis.failure is None
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_a_progress_bar_after_the_last_levelled_line_is_where_it_stopped() -> None:
+    text = "\n".join(
+        [
+            "INFO 05-06 21:00:41 [gpu_model_runner.py:1] Starting to load model org/model...",
+            "Loading safetensors checkpoint shards:  10% Completed | 1/10 [00:05<00:45,  5.0s/it]",
+            "Loading safetensors checkpoint shards:  20% Completed | 2/10 [00:10<00:40,  5.0s/it]",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == NO_CONCLUSION
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_levelled_vllm_lines_without_a_phase_are_an_unfinished_startup() -> None:
+    wait = (
+        "(APIServer pid=3) DEBUG 09-02 17:29:{s} [utils.py:777] Waiting for 1 local, 0 remote "
+        "core engine proc(s) to start."
+    )
+    text = "\n".join([wait.format(s="06"), wait.format(s="16"), "", "It hangs here."])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == NO_CONCLUSION and diagnosis.phase is None
+    assert diagnosis.line is not None and diagnosis.line.number == 2
+    assert "without an error" in diagnosis.title
+    assert diagnose_log(text, running=True).state == LOADING
+
+
+# vLLM 0.10.2 vllm/distributed/device_communicators/pynccl_wrapper.py NCCL_CHECK:
+# raise RuntimeError(f"NCCL error: {error_str}"), with NCCL's ncclGetErrorString text.
+NCCL_TRACEBACK = [
+    '  File "/x/vllm/distributed/device_communicators/pynccl_wrapper.py", line 272, in NCCL_CHECK',
+    '    raise RuntimeError(f"NCCL error: {error_str}")',
+    "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)",
+]
+
+
+def test_a_deployments_bracketed_tag_before_each_line_is_removed() -> None:
+    text = "\n".join("[vllm]: [rank0]: " + line for line in NCCL_TRACEBACK)
+
+    lines = read_log_lines(text)
+    diagnosis = diagnose_log(text)
+
+    assert lines[1].is_code and lines[2].process == "rank0"
+    assert diagnosis.failure == "nccl"
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_the_logging_howto_format_with_a_logger_name_is_a_prefix() -> None:
+    # docs.python.org logging HOWTO: "%(asctime)s - %(name)s - %(levelname)s - %(message)s".
+    prefix = "2025-06-27 12:57:51,690 - __main__ - INFO - "
+
+    assert normalise_line(prefix + NCCL_TRACEBACK[2]) == NCCL_TRACEBACK[2]
+    assert read_log_lines(prefix + NCCL_TRACEBACK[1])[0].is_code
+    assert read_log_lines(prefix + "x")[0].level == "INFO"
+
+
+def test_a_bracketed_level_is_a_level_not_a_deployments_tag() -> None:
+    line = read_log_lines("[ERROR]: ValueError: x")[0]
+
+    assert (line.level, line.text) == ("ERROR", "ValueError: x")
+
+
+def test_an_exception_line_cut_short_reads_as_its_raise_statements_message() -> None:
+    # vLLM 0.10.2 vllm/v1/engine/utils.py wait_for_engine_startup:
+    # raise RuntimeError("Engine core initialization failed. " "See root cause above. ...")
+    text = "\n".join(
+        [
+            '  File "/x/vllm/v1/engine/utils.py", line 782, in wait_for_engine_startup',
+            '    raise RuntimeError("Engine core initialization failed. "',
+            "RuntimeError: Engine core ini",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "engine-dead"
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_an_exception_line_that_differs_from_its_raise_statement_is_kept() -> None:
+    text = "\n".join(
+        [
+            '    raise RuntimeError("Engine core initialization failed. "',
+            "ValueError: Engine core ini",
+        ]
+    )
+
+    assert diagnose_log(text).failure == "unrecognised-error"
+
+
+def test_an_excerpt_starting_inside_a_relayed_traceback_reports_its_exception() -> None:
+    # vLLM 0.20.2 vllm/v1/executor/multiproc_executor.py: logger.exception("WorkerProc failed
+    # to start.") relays the worker's traceback with the ERROR prefix on every line; torch's
+    # torch/cuda/__init__.py _lazy_init raises the driver's error.
+    prefix = "(Worker pid=3{n}) ERROR 03-13 08:47:26 [multiproc_executor.py:870] "
+    text = "\n".join(
+        prefix.format(n=n) + body
+        for n, body in [
+            (3, "    torch.cuda.set_device(device)"),
+            (3, '  File "/x/torch/cuda/__init__.py", line 424, in _lazy_init'),
+            (3, "    torch._C._cuda_init()"),
+            (3, "RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 802"),
+            (2, "WorkerProc failed to start."),
+            (2, "Traceback (most recent call last):"),
+        ]
+    )
+
+    lines = read_log_lines(text)
+    diagnosis = diagnose_log(text)
+
+    assert [line.is_code for line in lines[:4]] == [True, True, True, False]
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.number == 4
+
+
+def test_a_wrappers_own_error_line_after_the_last_progress_is_an_unrecognised_error() -> None:
+    # A program that runs vLLM logs its own level in brackets and its component; only its
+    # own error is in the text. A line that opens a list, and the list's items, are not the
+    # statement of the error.
+    text = "\n".join(
+        [
+            "2026-05-08 11:50:18.715 [Error] (Server) This usually means:",
+            "2026-05-08 11:50:18.715 [Error] (Server)   - Missing drivers",
+            "2026-05-08 11:50:23.733 [Warn] (Manager) Process did not respond to SIGTERM",
+            "2026-05-08 11:50:25.739 [Error] (Router) Failed to load model: start timed out",
+            "2026-05-08 11:50:25.741 [Info] (Server) Unloading model...",
+        ]
+    )
+
+    lines = read_log_lines(text)
+    diagnosis = diagnose_log(text)
+
+    assert [line.level for line in lines] == ["ERROR", "ERROR", "WARNING", "ERROR", "INFO"]
+    assert diagnosis.state == FAILED and diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.number == 4
+
+
+def test_an_error_line_before_later_startup_progress_does_not_fail_the_startup() -> None:
+    text = "\n".join(
+        [
+            "ERROR 05-06 21:00:40 [x.py:1] Failed to import optional plugin foo",
+            "INFO 05-06 21:00:41 [gpu_model_runner.py:1] Starting to load model org/model...",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == NO_CONCLUSION and diagnosis.failure is None
+
+
+def test_a_command_line_programs_error_line_is_an_error_and_starts_a_line() -> None:
+    # Triton Inference Server's FAIL_IF_ERR: std::cerr << "error: " << (MSG) << ": " << err,
+    # after its glog lines (which a terminal-wrap guess must not join it to).
+    glog = 'I1216 02:12:50.904936 179 server.cc:328] "Timeout 30: Found 0 live models and 0 x"'
+    text = "\n".join([glog, glog, "error: creating server: Internal - failed to load all models"])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+# vLLM 0.34.0 vllm/v1/engine/utils.py wait_for_engine_startup: the API server's wrapper.
+STARTUP_WRAPPER = (
+    "(APIServer pid=9) RuntimeError: Engine core initialization failed. See root cause above. "
+    "Failed core proc(s): {}"
+)
+
+
+def test_an_exception_below_a_startup_wrapper_with_nothing_above_is_the_root_cause() -> None:
+    # torch's own message (torch/cuda/__init__.py _lazy_init raises the driver's error),
+    # written by the engine core after the API server's wrapper.
+    below = "RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 802"
+    text = "\n".join([STARTUP_WRAPPER, "", below])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.number == 1
+
+
+def test_an_error_above_the_wrapper_wins_over_one_below() -> None:
+    above = "(EngineCore_DP0 pid=8) ValueError: first"
+    text = "\n".join([above, STARTUP_WRAPPER, "RuntimeError: later"])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.line is not None and diagnosis.line.number == 1
+
+
+def test_an_exception_below_a_dead_engine_while_serving_is_not_its_cause() -> None:
+    # vLLM 0.10.2 vllm/v1/engine/exceptions.py EngineDeadError; the requests in flight are
+    # cancelled after it.
+    text = "\n".join(
+        [
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
+            "stack trace (above) for the root cause.",
+            "RuntimeError: cancelled",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "engine-dead"
+
+
+@pytest.mark.parametrize(
+    ("message", "failure"),
+    [
+        # vLLM 0.10.2-0.34.0 vllm/model_executor/layers/quantization/utils/marlin_utils.py
+        (
+            "ValueError: Weight output_size_per_partition = 3696 is not divisible by  "
+            "min_thread_n = 64. Consider reducing tensor_parallel_size or running with "
+            "--quantization gptq.",
+            "tp-not-divisible",
+        ),
+        # vLLM 0.34.0 vllm/distributed/utils.py verify_group_size_divides_partition
+        (
+            "ValueError: Weight input_size_per_partition=1848 for layer 'mlp.down_proj' is not "
+            "divisible by group_size=128. This happens when tensor_parallel_size splits the "
+            "layer input into shards that are not a whole number of quant groups.",
+            "tp-not-divisible",
+        ),
+        # vLLM 0.11.2-0.34.0 utils/fp8_utils.py
+        (
+            "ValueError: Weight input_size_per_partition = 2368 is not divisible by weight "
+            "quantization block_k = 128.",
+            "tp-not-divisible",
+        ),
+        # vLLM 0.10.2-0.34.0 model_loader/runai_streamer_loader.py; bitsandbytes_loader.py
+        (
+            "RuntimeError: Cannot find any safetensors model weights with `/models/x`",
+            "no-weights",
+        ),
+        ("RuntimeError: No model weights found in: `/models/x`", "no-weights"),
+        # vLLM 0.10.2 vllm/config/cache.py; 0.11.2-0.34.0 vllm/utils/torch_utils.py
+        ("ValueError: Unknown kv cache dtype: fp7", "invalid-kv-cache-dtype"),
+        ("ValueError: Invalid kv cache dtype: fp7", "invalid-kv-cache-dtype"),
+        # vLLM 0.10.2 vllm/executor/mp_distributed_executor.py
+        (
+            "RuntimeError: please set tensor_parallel_size (8) to less than max local gpu "
+            "count (4)",
+            "not-enough-devices",
+        ),
+        # vLLM 0.14.1-0.34.0 auto-fit of --max-model-len
+        (
+            "ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to "
+            "serve even a single token. Try increasing `gpu_memory_utilization`.",
+            "kv-cache-too-small",
+        ),
+        # vLLM 0.20.2-0.34.0 vllm/vllm_flash_attn/cute/interface.py
+        (
+            "AssertionError: Unsupported compute capability: 7.5. Supported: 8.x, 9.x, 10.x",
+            "cuda-arch-unsupported",
+        ),
+        # transformers 5.19.0 configuration_utils.py _get_config_dict; utils/hub.py
+        (
+            "OSError: Can't load the configuration of '/models/x'. If you were trying to load "
+            "it from 'https://huggingface.co/models', make sure you don't have a local "
+            "directory with the same name.",
+            "model-not-found",
+        ),
+        (
+            "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and "
+            "couldn't find them in the cached files.",
+            "model-not-found",
+        ),
+    ],
+)
+def test_other_releases_and_loaders_wordings_are_their_classes(message: str, failure: str) -> None:
+    diagnosis = diagnose_log("(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:1] " + message)
+
+    assert diagnosis.failure == failure, str(diagnosis)
+
+
+def test_no_platform_detected_is_no_device() -> None:
+    # vLLM 0.10.2 vllm/platforms/__init__.py logs it at INFO, later releases at DEBUG.
+    text = "\n".join(
+        [
+            "INFO 05-14 04:44:35 [__init__.py:243] No platform detected, vLLM is running on "
+            "UnspecifiedPlatform",
+            "INFO 05-14 04:44:37 [api_server.py:1034] vLLM API server version 0.10.2",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "no-device"
+    assert diagnosis.line is not None and diagnosis.line.number == 1
+
+
+def test_a_pasted_comment_naming_an_error_does_not_end_a_run() -> None:
+    text = "\n".join(
+        [
+            "# the run below fails with RuntimeError: Failed to infer device type",
+            "INFO 05-14 04:44:36 [x.py:1] Loading model org/model",
+            "INFO 05-14 04:44:37 [api_server.py:1034] vLLM API server version 0.10.2",
+            "RuntimeError: Failed to infer device type",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.first_line == 1 and not diagnosis.earlier_counts
+    assert diagnosis.failure == "no-device"
+
+
+# vLLM 0.10.2-0.34.0 vllm/distributed/device_communicators/shm_broadcast.py, logged at WARNING.
+SHM_STALL = (
+    "(EngineCore_DP0 pid=7) WARNING 03-12 10:12:{s} [shm_broadcast.py:1] No available shared "
+    "memory broadcast block found in 60 seconds. This typically happens when some processes "
+    "are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
+    "quantization)."
+)
+
+
+def test_a_stall_that_ends_the_log_is_a_hang_even_with_a_reporters_words_under_it() -> None:
+    text = "\n".join([SHM_STALL.format(s="11"), "", "It stays like this forever."])
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "shm")
+
+
+def test_a_stall_followed_by_progress_is_not_a_hang() -> None:
+    text = "\n".join(
+        [
+            SHM_STALL.format(s="11"),
+            "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| 67/67",
+            "",
+            "It then finishes.",
+        ]
+    )
+
+    assert diagnose_log(text).state != HUNG
+
+
+def test_a_paste_that_lost_its_line_breaks_is_read_line_by_line() -> None:
+    # vLLM 0.10.2 vllm/v1/engine/core.py: "EngineCore failed to start." above the engine
+    # core's traceback; the paste ran every prefixed line into one.
+    text = (
+        "(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:718] EngineCore failed to start."
+        "(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:718] Traceback (most recent call "
+        "last):(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:718]     raise "
+        'ValueError("x")(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [core.py:718] ValueError: '
+        "No available memory for the cache blocks."
+    )
+
+    lines = read_log_lines(text)
+    diagnosis = diagnose_log(text)
+
+    assert len(lines) == 4 and {line.number for line in lines} == {1}
+    assert lines[2].is_code
+    assert diagnosis.failure == "kv-cache-too-small"
+    assert diagnosis.line is not None and diagnosis.line.raw.startswith("(EngineCore_DP0")
+    assert diagnosis.line.raw.endswith("cache blocks.")
+
+
+def test_v0s_engine_process_wrapper_reports_the_error_above_it() -> None:
+    # vLLM 0.10.2 vllm/entrypoints/openai/api_server.py (build_async_engine_client_from_engine_args)
+    text = "\n".join(
+        [
+            "ERROR 03-12 10:11:12 [engine.py:1] Failed to infer device type",
+            "RuntimeError: Failed to infer device type",
+            "RuntimeError: Engine process failed to start. See stack trace for the root cause.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "no-device"
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.number == 3
+
+
+def test_torchs_driver_initialization_failure_is_no_device() -> None:
+    # pytorch c10/cuda/CUDAFunctions.cpp device_count_impl (cudaErrorInitializationError).
+    text = "RuntimeError: CUDA driver initialization failed, you might not have a CUDA gpu."
+
+    assert diagnose_log(text).failure == "no-device"
+
+
+def test_the_grpc_servers_readiness_lines_are_ready() -> None:
+    # vLLM 0.30.0 vllm/entrypoints/launchers/grpc_server.py, after server.start().
+    text = "\n".join(
+        [
+            "(APIServer pid=7) INFO 05-06 21:00:40 [api_server.py:1] vLLM API server "
+            "version 0.30.0",
+            "(APIServer pid=7) INFO 05-06 21:00:52 [grpc_server.py:1] vLLM gRPC server started on "
+            "0.0.0.0:50051",
+            "(APIServer pid=7) INFO 05-06 21:00:52 [grpc_server.py:1] Server is ready to accept "
+            "requests",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
+
+
+def test_an_error_line_of_a_process_known_alive_leaves_it_loading() -> None:
+    text = "\n".join(
+        [
+            "INFO 05-06 21:00:41 [gpu_model_runner.py:1] Starting to load model org/model...",
+            "ERROR 05-06 21:00:42 [x.py:1] Failed to load optional kernel y",
+        ]
+    )
+
+    assert diagnose_log(text, running=True).state == LOADING
+    assert diagnose_log(text).failure == "unrecognised-error"
