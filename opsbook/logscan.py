@@ -1047,6 +1047,10 @@ def _diagnose_lines(
         return _failed(HUNG, _pick_line(stalls), hits, events, base)
     base["notes"] = base["notes"] + _first_of_each(stalls)
     if ready_at is not None:
+        bind_error = _error_before_shutdown(lines, ready_at)
+        if bind_error is not None:
+            entry = _entry_by_id("unrecognised-error")
+            return _failed(FAILED, Hit(entry, bind_error, 0), [], events, base)
         return _ready(lines, _ready_line(lines, events, ready_at), base)
     kills = classify_kernel_log(kernel_log) if kernel_log else []
     if kills:
@@ -1058,6 +1062,9 @@ def _diagnose_lines(
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
+    stats = _stats_line(lines)
+    if stats is not None:
+        return _ready(lines, stats.number, base, serving_stats=True)
     # A process known to be alive is still starting, whatever it logged.
     logged = _error_after_progress(lines, events) if not running else None
     if logged is not None:
@@ -1139,6 +1146,50 @@ def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> Lo
     address = [line for line in http if _SERVER_ADDRESS.search(line.text)]
     routes = [line for line in http if _ROUTES.match(line.text)]
     return (address or routes)[-1]
+
+
+# The engine's periodic stats line: vLLM 0.10.2 vllm/engine/metrics.py (V0 LoggingStatLogger)
+# and 0.10.2-0.34.0 vllm/v1/metrics/loggers.py (LoggingStatLogger.log): "Avg prompt
+# throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, ...".
+# The engine logs it only once it schedules requests, i.e. it is serving.
+_STATS = re.compile(
+    r"Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+ tokens/s"
+)
+
+
+def _stats_line(lines: list[LogLine]) -> LogLine | None:
+    """The first of the engine's throughput stats lines: an excerpt of a serving engine often
+    holds only these, not the startup's end."""
+    return next((line for line in lines if _STATS.search(line.text)), None)
+
+
+# uvicorn binds the port after the lifespan startup (uvicorn 0.55.0 uvicorn/server.py
+# Server.startup, after "Application startup complete."): on an OSError it logs the error
+# (asyncio base_events.py create_server: "error while attempting to bind on address %r: %s")
+# at ERROR, then shuts the lifespan down ("Waiting for application shutdown."): never serving.
+_SHUTDOWN = re.compile(r"Waiting for application shutdown|Application shutdown complete")
+
+
+def _error_before_shutdown(lines: list[LogLine], ready_at: int) -> LogLine | None:
+    """An ERROR line after the last "Application startup complete." that the application's
+    shutdown follows: the server never served."""
+    shutdown_at = next(
+        (line.number for line in lines if line.number > ready_at and _SHUTDOWN.search(line.text)),
+        None,
+    )
+    if shutdown_at is None:
+        return None
+    return next(
+        (
+            line
+            for line in lines
+            if ready_at < line.number < shutdown_at
+            and line.level in ("ERROR", "CRITICAL")
+            and line.text
+            and not _NOT_A_CAUSE.match(line.text)
+        ),
+        None,
+    )
 
 
 def _last_record(lines: list[LogLine]) -> LogLine | None:
@@ -1497,10 +1548,17 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
 
 
 def _ready(
-    lines: list[LogLine], ready_at: int, base: dict[str, Any], *, listed_routes: bool = False
+    lines: list[LogLine],
+    ready_at: int,
+    base: dict[str, Any],
+    *,
+    listed_routes: bool = False,
+    serving_stats: bool = False,
 ) -> LogDiagnosis:
     line = next(line for line in lines if line.number == ready_at)
     title = "the server finished starting and accepts requests"
+    if serving_stats:
+        title = "the engine logs its throughput stats: it is serving requests"
     if listed_routes:
         title = (
             "the server listed its routes: it is serving (the log ends before uvicorn's "

@@ -1,0 +1,75 @@
+"""Unit tests of opsbook.logscan's mechanisms for logs nobody has seen: inputs rendered from the
+format strings in vLLM's and its libraries' source (named at each test), not copied from logs."""
+
+from __future__ import annotations
+
+from opsbook.logscan import FAILED, READY, diagnose_log
+
+# vLLM 0.10.2-0.34.0 vllm/v1/metrics/loggers.py LoggingStatLogger.log, rendered.
+V1_STATS = (
+    "(APIServer pid=9) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: Avg prompt throughput: "
+    "12.5 tokens/s, Avg generation throughput: 80.0 tokens/s, Running: 3 reqs, Waiting: 0 reqs, "
+    "GPU KV cache usage: 4.0%, Prefix cache hit rate: 0.0%"
+)
+# vLLM 0.10.2 vllm/engine/metrics.py (V0 LoggingStatLogger), rendered.
+V0_STATS = (
+    "INFO 01-22 18:25:09 metrics.py:449] Avg prompt throughput: 0.0 tokens/s, Avg generation "
+    "throughput: 61.0 tokens/s, Running: 2 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV "
+    "cache usage: 7.4%, CPU KV cache usage: 0.0%."
+)
+
+
+def test_an_engine_logging_its_throughput_stats_is_serving() -> None:
+    for stats in (V1_STATS, V0_STATS):
+        text = "\n".join(["INFO 01-22 18:25:07 engine.py:267] Added request cmpl-1.", stats, stats])
+
+        diagnosis = diagnose_log(text)
+
+        assert diagnosis.state == READY
+        assert diagnosis.line is not None and diagnosis.line.raw == stats
+
+
+def test_an_error_after_throughput_stats_is_still_the_failure() -> None:
+    text = "\n".join(
+        [V1_STATS, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    )
+
+    assert diagnose_log(text).state == FAILED
+
+
+# uvicorn 0.55.0 uvicorn/lifespan/on.py and uvicorn/server.py (Server.startup logs the OSError of
+# asyncio base_events.py create_server after the lifespan startup, then shuts the lifespan down).
+BIND_ERROR = (
+    "ERROR:    [Errno 99] error while attempting to bind on address ('::1', 8000, 0, 0): "
+    "cannot assign requested address"
+)
+
+
+def test_a_bind_error_after_application_startup_complete_is_not_ready() -> None:
+    text = "\n".join(
+        [
+            "INFO:     Started server process [3820]",
+            "INFO:     Waiting for application startup.",
+            "INFO:     Application startup complete.",
+            BIND_ERROR,
+            "INFO:     Waiting for application shutdown.",
+            "INFO:     Application shutdown complete.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == FAILED
+    assert diagnosis.line is not None and diagnosis.line.raw == BIND_ERROR
+
+
+def test_a_request_error_of_a_serving_server_leaves_it_ready() -> None:
+    text = "\n".join(
+        [
+            "INFO:     Application startup complete.",
+            "ERROR 05-06 21:00:42 [serving_chat.py:1] Error in preprocessing prompt inputs",
+            'INFO:     127.0.0.1:5 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request',
+        ]
+    )
+
+    assert diagnose_log(text).state == READY
