@@ -799,6 +799,9 @@ def match_catalogue(
         found = False
         message = not line.is_code or _failed_assertion(lines, position)
         text = _completed_from_raise(lines, position) if line.exception else line.text
+        if message and line.exception and not text.endswith("."):
+            # A message a reporter or a page wrapped over two lines matches as one.
+            text = _with_continuation(lines, position, text)
         if message and screen.search(text):
             for entry in entries:
                 index = _first_matching(entry, text, recent)
@@ -812,6 +815,27 @@ def match_catalogue(
             hits += _caseless_hits(entries, line)
         recent.append(line.text)
     return hits
+
+
+def _with_continuation(lines: Sequence[LogLine], index: int, text: str) -> str:
+    """An exception line's text joined with the next line when that line continues its
+    sentence: text at the margin that starts in lower case, with no level, exception name or
+    code of its own. An indented or capitalised line is a message of its own (pydantic's
+    "Value error, ..." detail under its ValidationError)."""
+    if index + 1 >= len(lines):
+        return text
+    following = lines[index + 1]
+    if (
+        not following.text[:1].islower()
+        or following.raw[:1].isspace()
+        or following.level
+        or following.exception
+        or following.is_code
+        or _NOT_A_CAUSE.match(following.text)
+        or _FRAME.match(following.raw)
+    ):
+        return text
+    return f"{text} {following.text}"
 
 
 # A traceback's source line that raises with a literal message: ``raise RuntimeError("...``

@@ -73,3 +73,66 @@ def test_a_request_error_of_a_serving_server_leaves_it_ready() -> None:
     )
 
     assert diagnose_log(text).state == READY
+
+
+# vLLM 0.10.2 vllm/v1/worker/gpu_worker.py (later releases name the device), rendered, then
+# wrapped or cut.
+FREE_MEMORY_HEAD = (
+    "ValueError: Free memory on device cuda:0 (10.00/80.00 GiB) on startup is less than"
+)
+FREE_MEMORY_TAIL = (
+    "desired GPU memory utilization (0.9, 72.00 GiB). Decrease GPU memory utilization"
+)
+
+
+def test_an_exception_wrapped_over_two_lines_matches_as_one() -> None:
+    diagnosis = diagnose_log("\n".join(["```", FREE_MEMORY_HEAD, FREE_MEMORY_TAIL, "```"]))
+
+    assert diagnosis.failure == "free-memory"
+    assert diagnosis.line is not None and diagnosis.line.raw == FREE_MEMORY_HEAD
+
+
+def test_an_exception_cut_after_its_fixed_words_matches_its_stem() -> None:
+    assert diagnose_log(FREE_MEMORY_HEAD).failure == "free-memory"
+    assert diagnose_log(FREE_MEMORY_HEAD.replace("cuda:0 ", "")).failure == "free-memory"
+
+
+def test_an_indented_detail_line_is_not_joined_to_the_exception() -> None:
+    # pydantic's ValidationError prints each error indented under its own line (vLLM 0.10.2
+    # vllm/config ModelConfig validation): the detail is the message, not the header.
+    detail = (
+        "  Value error, User-specified max_model_len (513) is greater than the derived "
+        "max_model_len (max_position_embeddings=512 or model_max_length=None in model's "
+        "config.json)."
+    )
+    text = "\n".join(
+        ["pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig", detail]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.line is not None and diagnosis.line.raw == detail
+
+
+def test_v0s_negative_kv_cache_profile_is_kv_cache_too_small() -> None:
+    # vLLM 0.10.2 vllm/worker/worker.py Worker.determine_num_available_blocks, rendered.
+    profile = (
+        "INFO 02-26 09:54:05 worker.py:267] model weights take 5.20GiB; non_torch_memory takes "
+        "0.03GiB; PyTorch activation peak memory takes 1.42GiB; the rest of the memory reserved "
+        "for KV Cache is -1.05GiB."
+    )
+    positive = profile.replace("-1.05GiB", "1.05GiB")
+
+    assert diagnose_log(profile).failure == "kv-cache-too-small"
+    assert diagnose_log(positive).failure != "kv-cache-too-small"
+
+
+def test_transformers_4_cached_file_wording_is_model_not_found() -> None:
+    # transformers 4.31 src/transformers/utils/hub.py cached_file (LocalEntryNotFoundError).
+    text = (
+        "OSError: We couldn't connect to 'https://huggingface.co' to load this file, couldn't "
+        "find it in the cached files and it looks like org/model is not the path to a directory "
+        "containing a file named config.json."
+    )
+
+    assert diagnose_log(text).failure == "model-not-found"
