@@ -136,3 +136,43 @@ def test_transformers_4_cached_file_wording_is_model_not_found() -> None:
     )
 
     assert diagnose_log(text).failure == "model-not-found"
+
+
+def test_the_tail_of_a_quoted_worker_error_is_not_the_root_cause() -> None:
+    # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py: "Worker failed with error
+    # '{result}', please check the stack trace above for the root cause", its quoted error
+    # running over lines; then "Worker proc %s died unexpectedly, shutting down executor."
+    prefix = "(EngineCore_DP0 pid=7) ERROR 02-27 10:31:15 [core.py:1] "
+    died = (
+        "(EngineCore_DP0 pid=7) ERROR 02-27 10:31:24 [multiproc_executor.py:1] Worker proc "
+        "VllmWorker-0 died unexpectedly, shutting down executor."
+    )
+    text = "\n".join([prefix + "', please check the stack trace above for the root cause", died])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "engine-dead"
+    assert diagnosis.line is not None and diagnosis.line.raw == died
+
+
+def test_an_actor_that_died_in_its_creation_task_is_ray_node_died() -> None:
+    # ray 2.58.0 python/ray/exceptions.py ActorDiedError, rendered (its cause cut off).
+    line = (
+        "(LLMRayActor pid=7) Exception raised in creation task: The actor died because of an "
+        "error raised in its creation task, ray::LLMRayActor.__init__() (pid=7, ip=10.0.0.1, "
+    )
+
+    assert diagnose_log(line).failure == "ray-node-died"
+
+
+def test_a_cause_under_an_actor_creation_error_is_the_diagnosis() -> None:
+    text = "\n".join(
+        [
+            "(LLMRayActor pid=7) Exception raised in creation task: The actor died because of an "
+            "error raised in its creation task, ray::LLMRayActor.__init__() (pid=7, ip=10.0.0.1)",
+            "(LLMRayActor pid=7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            "2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.00 GiB is free.",
+        ]
+    )
+
+    assert diagnose_log(text).failure == "oom"
