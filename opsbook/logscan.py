@@ -1728,7 +1728,19 @@ def _stall_is_hang(
     last = _stopped_at(lines, events, []) if last_text is not None and not last_text.level else None
     progress_at = max((line.number for line, _ in events), default=0)
     since_progress = [hit for hit in stalls if hit.line.number > progress_at]
-    return stalls[-1].line in (last_text, last) or len(since_progress) >= _PERSISTENT_STALLS
+    return (
+        stalls[-1].line in (last_text, last)
+        or len(since_progress) >= _PERSISTENT_STALLS
+        or _only_quoted(stalls, lines, events)
+    )
+
+
+def _only_quoted(
+    stalls: list[Hit], lines: list[LogLine], events: list[tuple[LogLine, str]]
+) -> bool:
+    """A report that quotes only the stall message, in prose: no line of the text carries a
+    log level and no startup progress is shown, so the stall is all the log there is."""
+    return not events and not any(line.level for line in lines) and bool(stalls)
 
 
 def _stops_after_nccl_init(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> bool:

@@ -3,7 +3,7 @@ format strings in vLLM's and its libraries' source (named at each test), not cop
 
 from __future__ import annotations
 
-from opsbook.logscan import FAILED, READY, diagnose_log
+from opsbook.logscan import FAILED, HUNG, READY, diagnose_log
 
 # vLLM 0.10.2-0.34.0 vllm/v1/metrics/loggers.py LoggingStatLogger.log, rendered.
 V1_STATS = (
@@ -176,3 +176,33 @@ def test_a_cause_under_an_actor_creation_error_is_the_diagnosis() -> None:
     )
 
     assert diagnose_log(text).failure == "oom"
+
+
+# vLLM 0.10.2-0.34.0 vllm/distributed/device_communicators/shm_broadcast.py, rendered.
+SHM_STALL = (
+    "No available shared memory broadcast block found in 60 seconds. This typically happens "
+    "when some processes are hanging or doing some time-consuming work (e.g. compilation)."
+)
+
+
+def test_a_stall_quoted_alone_in_prose_is_a_hang() -> None:
+    text = "\n".join(["Sometimes the server stops and logs:", "", SHM_STALL, "", "Any idea?"])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == HUNG
+    assert diagnosis.failure == "shm"
+    assert diagnosis.line is not None and diagnosis.line.raw == SHM_STALL
+
+
+def test_a_stall_among_progress_lines_is_a_note_only() -> None:
+    text = "\n".join(
+        [
+            "INFO 05-06 21:00:41 [gpu_model_runner.py:1] Starting to load model org/model...",
+            "WARNING 05-06 21:01:41 [shm_broadcast.py:1] " + SHM_STALL,
+            "INFO 05-06 21:01:50 [gpu_model_runner.py:1] Model loading took 10.00 GiB",
+            "INFO:     Application startup complete.",
+        ]
+    )
+
+    assert diagnose_log(text).state == READY
