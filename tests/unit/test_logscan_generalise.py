@@ -206,3 +206,23 @@ def test_a_stall_among_progress_lines_is_a_note_only() -> None:
     )
 
     assert diagnose_log(text).state == READY
+
+
+def test_ptxas_not_knowing_the_gpu_is_cuda_arch_unsupported() -> None:
+    # triton 3.9.0 triton/backends/nvidia/compiler.py make_cubin: PTXASError quotes ptxas'
+    # stderr, whose message is ptxas' own "Value '%s' is not defined for option '%s'".
+    ptxas = "ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'"
+    text = "\n".join(
+        [
+            "(EngineCore_DP0 pid=7) triton.runtime.errors.PTXASError: Internal Triton PTX "
+            "codegen error",
+            "(EngineCore_DP0 pid=7) `ptxas` stderr:",
+            "(EngineCore_DP0 pid=7) " + ptxas,
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "cuda-arch-unsupported"
+    assert diagnosis.line is not None and diagnosis.line.raw.endswith(ptxas)
+    assert diagnose_log(ptxas).failure == "cuda-arch-unsupported"
