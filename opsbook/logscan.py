@@ -200,6 +200,14 @@ _LOGURU = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r" \| (?P<level>[A-Z]+)\s*\| [\w.<>:-]+ - "
 )
+# Python logging with the process id and the logger's name between the time and the level,
+# then the location in brackets: KServe's model server (kserve python/kserve/kserve/logging.py
+# KSERVE_LOGGER_FORMAT "%(asctime)s.%(msecs)03d %(process)s %(name)s %(levelname)s
+# [%(funcName)s():%(lineno)s] %(message)s"), which runs vLLM as its backend.
+_NAMED_LOGGER = re.compile(
+    r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r" (?:\d+ )?[\w.<>-]{1,60} (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \[[^\]\n]{1,120}\] "
+)
 # Ray's Python logger ("2024-05-01 10:11:12,345\tINFO worker.py:1 -- ") and its C++ (glog)
 # lines ("[2024-05-01 10:11:12,345 E 123 456] raylet.cc:12: ", "E0501 10:11:12.345 123 f.cc:1] ").
 _RAY_PYTHON = re.compile(
@@ -255,6 +263,7 @@ _PREFIXES = (
     _VLLM_LEVEL,
     _PYTHON_LEVEL,
     _LOGURU,
+    _NAMED_LOGGER,
     _RAY_PYTHON,
     _RAY_NATIVE,
     _GLOG,

@@ -226,3 +226,24 @@ def test_ptxas_not_knowing_the_gpu_is_cuda_arch_unsupported() -> None:
     assert diagnosis.failure == "cuda-arch-unsupported"
     assert diagnosis.line is not None and diagnosis.line.raw.endswith(ptxas)
     assert diagnose_log(ptxas).failure == "cuda-arch-unsupported"
+
+
+def test_kserves_logger_prefix_carries_the_level_of_its_error() -> None:
+    # kserve python/kserve/kserve/logging.py KSERVE_LOGGER_FORMAT, rendered.
+    error = (
+        "2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] Failed to start "
+        "model server: division by zero"
+    )
+    text = "\n".join(
+        [
+            "2024-07-01 07:27:58.101 1 kserve INFO [model_server.py:register_model():1] "
+            "Registering model: m",
+            error,
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == error
+    assert diagnosis.line.level == "ERROR"
