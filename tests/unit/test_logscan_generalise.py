@@ -247,3 +247,28 @@ def test_kserves_logger_prefix_carries_the_level_of_its_error() -> None:
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == error
     assert diagnosis.line.level == "ERROR"
+
+
+# instructlab src/instructlab/model/backends/vllm.py Server._ensure_server (ServerException).
+SPAWNER_WRAPPER = (
+    "vLLM failed to start.  Retry with --enable-serving-output to learn more about the failure."
+)
+
+
+def test_a_spawners_vllm_failed_to_start_is_engine_dead() -> None:
+    diagnosis = diagnose_log("\n".join(["Starting a temporary vLLM server", SPAWNER_WRAPPER]))
+
+    assert diagnosis.failure == "engine-dead"
+    assert diagnosis.line is not None and diagnosis.line.raw == SPAWNER_WRAPPER
+
+
+def test_the_cause_above_a_spawners_wrapper_is_the_diagnosis() -> None:
+    text = "\n".join(
+        [
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+            "total capacity of 79.15 GiB of which 1.00 GiB is free.",
+            SPAWNER_WRAPPER,
+        ]
+    )
+
+    assert diagnose_log(text).failure == "oom"
