@@ -272,3 +272,20 @@ def test_the_cause_above_a_spawners_wrapper_is_the_diagnosis() -> None:
     )
 
     assert diagnose_log(text).failure == "oom"
+
+
+def test_the_container_runtimes_refusal_is_reported_verbatim() -> None:
+    # containerd pkg/process/init.go Init.Create: runtimeError(err, "OCI runtime create failed"),
+    # relayed by the docker CLI's "docker: Error response from daemon: ...".
+    refusal = (
+        "docker: Error response from daemon: failed to create task for container: failed to "
+        "create shim task: OCI runtime create failed: runc create failed: unable to start "
+        "container process: error during container init"
+    )
+
+    diagnosis = diagnose_log(
+        "\n".join(["Status: Image is up to date for vllm/vllm-openai", refusal])
+    )
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == refusal
