@@ -289,3 +289,22 @@ def test_the_container_runtimes_refusal_is_reported_verbatim() -> None:
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == refusal
+
+
+def test_a_device_side_assertion_is_the_error_reported() -> None:
+    # The GPU's device-side assert: glibc's "%s:%u: %s: Assertion `%s' failed." with the block
+    # and thread added (triton 3.9.0 triton/language/core.py device_assert compiles to it).
+    assertion = (
+        "/tmp/torchinductor/ab/kernel.py:45: <module>: block: [3,0,0], thread: [12,0,0] "
+        "Assertion `index out of bounds: 0 <= tmp1 < 4096` failed."
+    )
+    text = "\n".join(
+        ["INFO 05-06 21:00:41 [core.py:1] Starting to load model org/model...", assertion]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == assertion
+    host = "python3: src/a.c:12: main: Assertion `n > 0' failed."
+    assert diagnose_log(host.replace("python3: ", "")).failure == "unrecognised-error"
