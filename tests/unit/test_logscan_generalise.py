@@ -308,3 +308,14 @@ def test_a_device_side_assertion_is_the_error_reported() -> None:
     assert diagnosis.line is not None and diagnosis.line.raw == assertion
     host = "python3: src/a.c:12: main: Assertion `n > 0' failed."
     assert diagnose_log(host.replace("python3: ", "")).failure == "unrecognised-error"
+
+
+def test_a_peer_attaching_to_a_short_nccl_segment_is_shm_space() -> None:
+    # NVIDIA/nccl src/misc/shmutils.cc ncclShmOpen: "Error while %s shared memory segment %s
+    # (size %ld), error: %s (%d)", %s "attaching to" on the peer's side.
+    line = (
+        "host:1:1 [0] misc/shmutils.cc:129 NCCL WARN Error while attaching to shared memory "
+        "segment /dev/shm/nccl-AbCdEf (size 9637888), error: No such file or directory (2)"
+    )
+
+    assert diagnose_log(line).failure == "shm-space"
