@@ -1242,8 +1242,10 @@ _TRACEBACK = re.compile(r"^Traceback \(most recent call last\)")
 def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     """For a generic traceback line, the ERROR line just before it that carries the
     message (same process), when there is one."""
-    if chosen.entry.kind != "generic" or not _TRACEBACK.match(chosen.line.text):
+    if chosen.entry.kind != "generic":
         return chosen
+    if not _TRACEBACK.match(chosen.line.text):
+        return _record_message(chosen, lines)
     index = next(i for i, line in enumerate(lines) if line is chosen.line)
     before = next((line for line in reversed(lines[:index]) if line.text), None)
     if (
@@ -1255,6 +1257,42 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     ):
         return replace(chosen, line=before)
     return chosen
+
+
+def _record_message(chosen: Hit, lines: list[LogLine]) -> Hit:
+    """For an exception line inside one logged record (vLLM's formatter prefixes every line of
+    ``logger.error(msg, exc_info=True)`` / ``logger.exception(msg)`` with the same level and
+    time), the record's message line above its traceback: the program's statement of what
+    failed, the exception being how."""
+    if chosen.line.level not in ("ERROR", "CRITICAL") or chosen.line.timestamp is None:
+        return chosen
+    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    record = [
+        i
+        for i in range(index)
+        if lines[i].level == chosen.line.level
+        and lines[i].timestamp == chosen.line.timestamp
+        and lines[i].process == chosen.line.process
+    ]
+    start = next((i for i in record if _TRACEBACK.match(lines[i].text)), None)
+    if start is None or start - 1 not in record:
+        return chosen
+    message = lines[start - 1]
+    # A handler's constant words ("EngineCore encountered a fatal error.", a wrapper) say less
+    # than the exception; a message that names what failed ('LlamaForCausalLM') says more.
+    wrappers = (entry for entry in _catalogue() if entry.kind == "wrapper")
+    if (
+        not message.is_code
+        and not message.exception
+        and _NAMES_A_VALUE.search(message.text)
+        and not _NOT_A_CAUSE.match(message.text)
+        and not any(_first_matching(entry, message.text) is not None for entry in wrappers)
+    ):
+        return replace(chosen, line=message)
+    return chosen
+
+
+_NAMES_A_VALUE = re.compile(r"'[^']+'|\"[^\"]+\"|: \S")
 
 
 # Where a startup begins: vLLM's banner (or argparse's usage line), the API server's version

@@ -319,3 +319,60 @@ def test_a_peer_attaching_to_a_short_nccl_segment_is_shm_space() -> None:
     )
 
     assert diagnose_log(line).failure == "shm-space"
+
+
+def test_the_message_of_a_logged_record_is_reported_over_its_exception() -> None:
+    # vLLM 0.6 vllm/model_executor/models/registry.py: logger.error("Error in inspecting model
+    # architecture '%s'", model_arch) with the traceback, every line under the same prefix.
+    prefix = "ERROR 10-26 11:35:32 registry.py:267] "
+    message = prefix + "Error in inspecting model architecture 'LlamaForCausalLM'"
+    text = "\n".join(
+        [
+            message,
+            prefix + "Traceback (most recent call last):",
+            prefix + '  File "/x/registry.py", line 1, in _run',
+            prefix + "    subprocess.run(cmd, check=True)",
+            prefix + "subprocess.CalledProcessError: Command '['python']' returned non-zero "
+            "exit status 1.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == message
+
+
+def test_an_exception_of_another_record_keeps_its_own_line() -> None:
+    error = "RuntimeError: something broke"
+    text = "\n".join(
+        [
+            "ERROR 10-26 11:35:30 x.py:1] Earlier unrelated message",
+            "Traceback (most recent call last):",
+            '  File "/x/y.py", line 1, in f',
+            error,
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.line is not None and diagnosis.line.raw == error
+
+
+def test_a_handlers_constant_message_leaves_the_exception_reported() -> None:
+    # vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py: logger.exception("EngineCore encountered a
+    # fatal error.") says only that the loop died; the exception says why.
+    prefix = "(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1] "
+    error = prefix + "RuntimeError: Unsupported block size: 16"
+    text = "\n".join(
+        [
+            prefix + "EngineCore encountered a fatal error.",
+            prefix + "Traceback (most recent call last):",
+            prefix + '  File "/x/core.py", line 1, in run_busy_loop',
+            error,
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.line is not None and diagnosis.line.raw == error
