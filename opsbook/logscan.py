@@ -200,13 +200,16 @@ _LOGURU = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r" \| (?P<level>[A-Z]+)\s*\| [\w.<>:-]+ - "
 )
-# Python logging with the process id and the logger's name between the time and the level,
-# then the location in brackets: KServe's model server (kserve python/kserve/kserve/logging.py
-# KSERVE_LOGGER_FORMAT "%(asctime)s.%(msecs)03d %(process)s %(name)s %(levelname)s
-# [%(funcName)s():%(lineno)s] %(message)s"), which runs vLLM as its backend.
+# Python logging with the process id and the logger's name (either order, padded) between the
+# time and the level, then a bracketed location or context: the servers that run vLLM as a
+# backend. KServe (kserve python/kserve/kserve/logging.py KSERVE_LOGGER_FORMAT
+# "%(asctime)s.%(msecs)03d %(process)s %(name)s %(levelname)s [%(funcName)s():%(lineno)s]
+# %(message)s"); Xinference (xinference/deploy/cmdline.py "%(asctime)s %(name)-12s
+# %(process)d %(levelname)-8s %(message)s", its actors' messages opening "[address=..., pid=...]").
 _NAMED_LOGGER = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
-    r" (?:\d+ )?[\w.<>-]{1,60} (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \[[^\]\n]{1,120}\] "
+    r" (?:[\w<][\w.<>-]{0,59} +){1,2}(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) +"
+    r"(?:\[[^\]\n]{1,120}\] )?"
 )
 # Ray's Python logger ("2024-05-01 10:11:12,345\tINFO worker.py:1 -- ") and its C++ (glog)
 # lines ("[2024-05-01 10:11:12,345 E 123 456] raylet.cc:12: ", "E0501 10:11:12.345 123 f.cc:1] ").

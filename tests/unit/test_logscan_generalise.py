@@ -376,3 +376,18 @@ def test_a_handlers_constant_message_leaves_the_exception_reported() -> None:
     diagnosis = diagnose_log(text)
 
     assert diagnosis.line is not None and diagnosis.line.raw == error
+
+
+def test_xinferences_logger_prefix_carries_the_level_of_its_error() -> None:
+    # xinference/deploy/cmdline.py "%(asctime)s %(name)-12s %(process)d %(levelname)-8s
+    # %(message)s", rendered; the message is what the traceback under it is about.
+    error = (
+        "2024-10-25 12:21:14,974 xinference.api.restful_api 37502 ERROR    [address=10.0.0.1:1, "
+        "pid=4] Timed out after 600 seconds waiting for clients. 1/2 clients joined."
+    )
+    text = "\n".join([error, "Traceback (most recent call last):", '  File "/x/a.py", line 1'])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == error
