@@ -1098,7 +1098,8 @@ def _diagnose_lines(
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
-    stats = _stats_line(lines)
+    # A process known dead is not serving, whatever it logged before.
+    stats = _stats_line(lines) if running is not False else None
     if stats is not None:
         return _ready(lines, stats.number, base, serving_stats=True)
     # A process known to be alive is still starting, whatever it logged.

@@ -391,3 +391,8 @@ def test_xinferences_logger_prefix_carries_the_level_of_its_error() -> None:
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == error
+
+
+def test_throughput_stats_of_a_process_known_dead_are_not_ready() -> None:
+    assert diagnose_log(V1_STATS, running=False).state != READY
+    assert diagnose_log(V1_STATS, running=True).state == READY
