@@ -1058,6 +1058,11 @@ def _diagnose_lines(
     events = _phase_events(lines)
     hits = match_catalogue(lines)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
+    # The engine's stats lines show it serving: an uncatalogued error after the first one is a
+    # request's, as after the startup's end.
+    stats = _stats_line(lines) if ready_at is None and running is not False else None
+    if stats is not None:
+        ready_at = stats.number
     furthest = _furthest_phase(events)
     base: dict[str, Any] = {
         "phase": furthest,
@@ -1087,6 +1092,8 @@ def _diagnose_lines(
         if bind_error is not None:
             entry = _entry_by_id("unrecognised-error")
             return _failed(FAILED, Hit(entry, bind_error, 0), [], events, base)
+        if stats is not None:
+            return _ready(lines, stats.number, base, serving_stats=True)
         return _ready(lines, _ready_line(lines, events, ready_at), base)
     kills = classify_kernel_log(kernel_log) if kernel_log else []
     if kills:
@@ -1098,10 +1105,6 @@ def _diagnose_lines(
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
-    # A process known dead is not serving, whatever it logged before.
-    stats = _stats_line(lines) if running is not False else None
-    if stats is not None:
-        return _ready(lines, stats.number, base, serving_stats=True)
     # A process known to be alive is still starting, whatever it logged.
     logged = _error_after_progress(lines, events) if not running else None
     if logged is not None:

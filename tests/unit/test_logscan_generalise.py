@@ -396,3 +396,17 @@ def test_xinferences_logger_prefix_carries_the_level_of_its_error() -> None:
 def test_throughput_stats_of_a_process_known_dead_are_not_ready() -> None:
     assert diagnose_log(V1_STATS, running=False).state != READY
     assert diagnose_log(V1_STATS, running=True).state == READY
+
+
+def test_a_request_error_after_throughput_stats_leaves_the_engine_serving() -> None:
+    text = "\n".join(
+        [
+            V1_STATS,
+            "Traceback (most recent call last):",
+            '  File "/x/serving_chat.py", line 1, in create_chat_completion',
+            "ValueError: This model's maximum context length is 4096 tokens.",
+            V1_STATS,
+        ]
+    )
+
+    assert diagnose_log(text).state == READY
