@@ -1635,8 +1635,16 @@ def _ready(
 ) -> LogDiagnosis:
     line = next(line for line in lines if line.number == ready_at)
     title = "the server finished starting and accepts requests"
+    source = (
+        "uvicorn uvicorn/lifespan/on.py ('Application startup complete.'); vLLM "
+        "vllm/entrypoints/openai/api_server.py serves with uvicorn"
+    )
     if serving_stats:
         title = "the engine logs its throughput stats: it is serving requests"
+        source = (
+            "vLLM 0.10.2 vllm/engine/metrics.py and 0.10.2-0.34.0 vllm/v1/metrics/loggers.py "
+            "(LoggingStatLogger: 'Avg prompt throughput: ...')"
+        )
     if listed_routes:
         title = (
             "the server listed its routes: it is serving (the log ends before uvicorn's "
@@ -1649,10 +1657,7 @@ def _ready(
         severity="ok",
         line=line,
         remedy="Nothing to do: smoke-test it (GET /health, GET /v1/models, one completion).",
-        source=(
-            "uvicorn uvicorn/lifespan/on.py ('Application startup complete.'); vLLM "
-            "vllm/entrypoints/openai/api_server.py serves with uvicorn"
-        ),
+        source=source,
         **base,
     )
 
