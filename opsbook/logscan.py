@@ -200,6 +200,17 @@ _LOGURU = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r" \| (?P<level>[A-Z]+)\s*\| [\w.<>:-]+ - "
 )
+# Python logging with the process id and the logger's name (either order, padded) between the
+# time and the level, then a bracketed location or context: the servers that run vLLM as a
+# backend. KServe (kserve python/kserve/kserve/logging.py KSERVE_LOGGER_FORMAT
+# "%(asctime)s.%(msecs)03d %(process)s %(name)s %(levelname)s [%(funcName)s():%(lineno)s]
+# %(message)s"); Xinference (xinference/deploy/cmdline.py "%(asctime)s %(name)-12s
+# %(process)d %(levelname)-8s %(message)s", its actors' messages opening "[address=..., pid=...]").
+_NAMED_LOGGER = re.compile(
+    r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
+    r" (?:[\w<][\w.<>-]{0,59} +){1,2}(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) +"
+    r"(?:\[[^\]\n]{1,120}\] )?"
+)
 # Ray's Python logger ("2024-05-01 10:11:12,345\tINFO worker.py:1 -- ") and its C++ (glog)
 # lines ("[2024-05-01 10:11:12,345 E 123 456] raylet.cc:12: ", "E0501 10:11:12.345 123 f.cc:1] ").
 _RAY_PYTHON = re.compile(
@@ -255,6 +266,7 @@ _PREFIXES = (
     _VLLM_LEVEL,
     _PYTHON_LEVEL,
     _LOGURU,
+    _NAMED_LOGGER,
     _RAY_PYTHON,
     _RAY_NATIVE,
     _GLOG,
@@ -799,6 +811,9 @@ def match_catalogue(
         found = False
         message = not line.is_code or _failed_assertion(lines, position)
         text = _completed_from_raise(lines, position) if line.exception else line.text
+        if message and line.exception and not text.endswith("."):
+            # A message a reporter or a page wrapped over two lines matches as one.
+            text = _with_continuation(lines, position, text)
         if message and screen.search(text):
             for entry in entries:
                 index = _first_matching(entry, text, recent)
@@ -812,6 +827,27 @@ def match_catalogue(
             hits += _caseless_hits(entries, line)
         recent.append(line.text)
     return hits
+
+
+def _with_continuation(lines: Sequence[LogLine], index: int, text: str) -> str:
+    """An exception line's text joined with the next line when that line continues its
+    sentence: text at the margin that starts in lower case, with no level, exception name or
+    code of its own. An indented or capitalised line is a message of its own (pydantic's
+    "Value error, ..." detail under its ValidationError)."""
+    if index + 1 >= len(lines):
+        return text
+    following = lines[index + 1]
+    if (
+        not following.text[:1].islower()
+        or following.raw[:1].isspace()
+        or following.level
+        or following.exception
+        or following.is_code
+        or _NOT_A_CAUSE.match(following.text)
+        or _FRAME.match(following.raw)
+    ):
+        return text
+    return f"{text} {following.text}"
 
 
 # A traceback's source line that raises with a literal message: ``raise RuntimeError("...``
@@ -1022,6 +1058,11 @@ def _diagnose_lines(
     events = _phase_events(lines)
     hits = match_catalogue(lines)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
+    # The engine's stats lines show it serving: an uncatalogued error after the first one is a
+    # request's, as after the startup's end.
+    stats = _stats_line(lines) if ready_at is None and running is not False else None
+    if stats is not None:
+        ready_at = stats.number
     furthest = _furthest_phase(events)
     base: dict[str, Any] = {
         "phase": furthest,
@@ -1047,6 +1088,12 @@ def _diagnose_lines(
         return _failed(HUNG, _pick_line(stalls), hits, events, base)
     base["notes"] = base["notes"] + _first_of_each(stalls)
     if ready_at is not None:
+        bind_error = _error_before_shutdown(lines, ready_at)
+        if bind_error is not None:
+            entry = _entry_by_id("unrecognised-error")
+            return _failed(FAILED, Hit(entry, bind_error, 0), [], events, base)
+        if stats is not None:
+            return _ready(lines, stats.number, base, serving_stats=True)
         return _ready(lines, _ready_line(lines, events, ready_at), base)
     kills = classify_kernel_log(kernel_log) if kernel_log else []
     if kills:
@@ -1141,6 +1188,50 @@ def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> Lo
     return (address or routes)[-1]
 
 
+# The engine's periodic stats line: vLLM 0.10.2 vllm/engine/metrics.py (V0 LoggingStatLogger)
+# and 0.10.2-0.34.0 vllm/v1/metrics/loggers.py (LoggingStatLogger.log): "Avg prompt
+# throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, ...".
+# The engine logs it only once it schedules requests, i.e. it is serving.
+_STATS = re.compile(
+    r"Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+ tokens/s"
+)
+
+
+def _stats_line(lines: list[LogLine]) -> LogLine | None:
+    """The first of the engine's throughput stats lines: an excerpt of a serving engine often
+    holds only these, not the startup's end."""
+    return next((line for line in lines if _STATS.search(line.text)), None)
+
+
+# uvicorn binds the port after the lifespan startup (uvicorn 0.55.0 uvicorn/server.py
+# Server.startup, after "Application startup complete."): on an OSError it logs the error
+# (asyncio base_events.py create_server: "error while attempting to bind on address %r: %s")
+# at ERROR, then shuts the lifespan down ("Waiting for application shutdown."): never serving.
+_SHUTDOWN = re.compile(r"Waiting for application shutdown|Application shutdown complete")
+
+
+def _error_before_shutdown(lines: list[LogLine], ready_at: int) -> LogLine | None:
+    """An ERROR line after the last "Application startup complete." that the application's
+    shutdown follows: the server never served."""
+    shutdown_at = next(
+        (line.number for line in lines if line.number > ready_at and _SHUTDOWN.search(line.text)),
+        None,
+    )
+    if shutdown_at is None:
+        return None
+    return next(
+        (
+            line
+            for line in lines
+            if ready_at < line.number < shutdown_at
+            and line.level in ("ERROR", "CRITICAL")
+            and line.text
+            and not _NOT_A_CAUSE.match(line.text)
+        ),
+        None,
+    )
+
+
 def _last_record(lines: list[LogLine]) -> LogLine | None:
     """The log's last record: in a log whose lines carry a level, the last such line, so that
     an excerpt cut in the middle of a line's prefix ("INFO 05-13 14") or followed by the
@@ -1158,8 +1249,10 @@ _TRACEBACK = re.compile(r"^Traceback \(most recent call last\)")
 def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     """For a generic traceback line, the ERROR line just before it that carries the
     message (same process), when there is one."""
-    if chosen.entry.kind != "generic" or not _TRACEBACK.match(chosen.line.text):
+    if chosen.entry.kind != "generic":
         return chosen
+    if not _TRACEBACK.match(chosen.line.text):
+        return _record_message(chosen, lines)
     index = next(i for i, line in enumerate(lines) if line is chosen.line)
     before = next((line for line in reversed(lines[:index]) if line.text), None)
     if (
@@ -1171,6 +1264,42 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     ):
         return replace(chosen, line=before)
     return chosen
+
+
+def _record_message(chosen: Hit, lines: list[LogLine]) -> Hit:
+    """For an exception line inside one logged record (vLLM's formatter prefixes every line of
+    ``logger.error(msg, exc_info=True)`` / ``logger.exception(msg)`` with the same level and
+    time), the record's message line above its traceback: the program's statement of what
+    failed, the exception being how."""
+    if chosen.line.level not in ("ERROR", "CRITICAL") or chosen.line.timestamp is None:
+        return chosen
+    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    record = [
+        i
+        for i in range(index)
+        if lines[i].level == chosen.line.level
+        and lines[i].timestamp == chosen.line.timestamp
+        and lines[i].process == chosen.line.process
+    ]
+    start = next((i for i in record if _TRACEBACK.match(lines[i].text)), None)
+    if start is None or start - 1 not in record:
+        return chosen
+    message = lines[start - 1]
+    # A handler's constant words ("EngineCore encountered a fatal error.", a wrapper) say less
+    # than the exception; a message that names what failed ('LlamaForCausalLM') says more.
+    wrappers = (entry for entry in _catalogue() if entry.kind == "wrapper")
+    if (
+        not message.is_code
+        and not message.exception
+        and _NAMES_A_VALUE.search(message.text)
+        and not _NOT_A_CAUSE.match(message.text)
+        and not any(_first_matching(entry, message.text) is not None for entry in wrappers)
+    ):
+        return replace(chosen, line=message)
+    return chosen
+
+
+_NAMES_A_VALUE = re.compile(r"'[^']+'|\"[^\"]+\"|: \S")
 
 
 # Where a startup begins: vLLM's banner (or argparse's usage line), the API server's version
@@ -1497,10 +1626,25 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
 
 
 def _ready(
-    lines: list[LogLine], ready_at: int, base: dict[str, Any], *, listed_routes: bool = False
+    lines: list[LogLine],
+    ready_at: int,
+    base: dict[str, Any],
+    *,
+    listed_routes: bool = False,
+    serving_stats: bool = False,
 ) -> LogDiagnosis:
     line = next(line for line in lines if line.number == ready_at)
     title = "the server finished starting and accepts requests"
+    source = (
+        "uvicorn uvicorn/lifespan/on.py ('Application startup complete.'); vLLM "
+        "vllm/entrypoints/openai/api_server.py serves with uvicorn"
+    )
+    if serving_stats:
+        title = "the engine logs its throughput stats: it is serving requests"
+        source = (
+            "vLLM 0.10.2 vllm/engine/metrics.py and 0.10.2-0.34.0 vllm/v1/metrics/loggers.py "
+            "(LoggingStatLogger: 'Avg prompt throughput: ...')"
+        )
     if listed_routes:
         title = (
             "the server listed its routes: it is serving (the log ends before uvicorn's "
@@ -1513,10 +1657,7 @@ def _ready(
         severity="ok",
         line=line,
         remedy="Nothing to do: smoke-test it (GET /health, GET /v1/models, one completion).",
-        source=(
-            "uvicorn uvicorn/lifespan/on.py ('Application startup complete.'); vLLM "
-            "vllm/entrypoints/openai/api_server.py serves with uvicorn"
-        ),
+        source=source,
         **base,
     )
 
@@ -1646,7 +1787,19 @@ def _stall_is_hang(
     last = _stopped_at(lines, events, []) if last_text is not None and not last_text.level else None
     progress_at = max((line.number for line, _ in events), default=0)
     since_progress = [hit for hit in stalls if hit.line.number > progress_at]
-    return stalls[-1].line in (last_text, last) or len(since_progress) >= _PERSISTENT_STALLS
+    return (
+        stalls[-1].line in (last_text, last)
+        or len(since_progress) >= _PERSISTENT_STALLS
+        or _only_quoted(stalls, lines, events)
+    )
+
+
+def _only_quoted(
+    stalls: list[Hit], lines: list[LogLine], events: list[tuple[LogLine, str]]
+) -> bool:
+    """A report that quotes only the stall message, in prose: no line of the text carries a
+    log level and no startup progress is shown, so the stall is all the log there is."""
+    return not events and not any(line.level for line in lines) and bool(stalls)
 
 
 def _stops_after_nccl_init(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> bool:

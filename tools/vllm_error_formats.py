@@ -82,6 +82,17 @@ NATIVE_FORMATS: list[dict[str, str]] = [
         "source": "NVIDIA/nccl src/misc/shmutils.cc (ncclShmOpen)",
     },
     {
+        "entry": "shm-space",
+        "template": "{host}:{pid}:{tid} [{dev}] NCCL WARN Error while attaching to shared memory "
+        "segment /dev/shm/nccl-{id} (size {size}), error: No such file or directory (2)",
+        "source": "NVIDIA/nccl src/misc/shmutils.cc (ncclShmOpen, a peer's side)",
+    },
+    {
+        "entry": "cuda-arch-unsupported",
+        "template": "ptxas fatal   : Value '{gpu_arch}' is not defined for option 'gpu-name'",
+        "source": "ptxas of triton 3.9.0 triton/backends/nvidia/bin/ptxas (option parsing)",
+    },
+    {
         "entry": "safetensors-corrupt",
         "template": "safetensors_rust.SafetensorError: Error while deserializing header: "
         "incomplete metadata, file not fully covered",
