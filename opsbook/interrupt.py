@@ -18,9 +18,12 @@ from collections.abc import Iterator
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class RunInterrupted(BaseException):
-    """The run got SIGINT or SIGTERM. A BaseException, as KeyboardInterrupt is: handlers of
-    ``Exception`` (a notebook that failed, a host that failed) must not swallow it."""
+class RunInterrupted(KeyboardInterrupt):
+    """The run got SIGINT or SIGTERM. A KeyboardInterrupt, not only a BaseException: handlers
+    of ``Exception`` (a notebook that failed, a host that failed) must not swallow it, and
+    neither may asyncio, which logs and drops any other BaseException raised in a callback
+    (``Handle._run`` re-raises only SystemExit and KeyboardInterrupt): a SIGTERM that landed in
+    the notebook client's ZMQ poll callback left the deploy running."""
 
     def __init__(self, signum: int):
         self.signum = signum

@@ -1,5 +1,6 @@
 """SIGINT/SIGTERM become RunInterrupted once; the handlers are restored afterwards."""
 
+import asyncio
 import os
 import signal
 
@@ -32,3 +33,24 @@ def test_a_second_signal_while_sealing_is_ignored() -> None:
 def test_keyboard_interrupt_counts_as_sigint() -> None:
     assert signum_of(KeyboardInterrupt()) == signal.SIGINT
     assert signum_of(RunInterrupted(signal.SIGTERM)) == signal.SIGTERM
+
+
+def test_an_interruption_in_an_event_loop_callback_reaches_the_run() -> None:
+    # A signal lands wherever the main thread is, often in a callback of the notebook client's
+    # event loop (its ZMQ poller); asyncio drops any BaseException there but these two kinds.
+    loop = asyncio.new_event_loop()
+    try:
+
+        def callback() -> None:
+            raise RunInterrupted(signal.SIGTERM)
+
+        waiting = loop.create_task(asyncio.sleep(5))
+        loop.call_later(0.01, callback)
+        with pytest.raises(RunInterrupted) as caught:
+            loop.run_until_complete(waiting)
+        assert caught.value.exit_code == 143
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            loop.run_until_complete(waiting)
+    finally:
+        loop.close()
