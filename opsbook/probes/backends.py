@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
 import time
 
 PROBE_VERSION = 3
@@ -83,7 +84,7 @@ started = time.time()
 request = json.loads(sys.argv[1])
 legacy = json.loads(sys.argv[2])
 answer = {"selections": {}, "kv_dtypes": {}, "import_errors": {}, "priorities_from": None,
-          "vllm_version": None, "note": None}
+          "vllm_version": None, "note": None, "from_layout": False}
 
 
 def error_text(e):
@@ -101,8 +102,11 @@ def read_kv(name, cls):
         answer["kv_dtypes"][name] = [str(d) for d in dtypes]
 
 
-def legacy_answer(why):
+def legacy_answer(why, from_layout=False):
+    # from_layout: the older answer follows from vLLM's own files alone (a release without the
+    # registry), so it holds as long as the package is unchanged and may be kept.
     answer["note"] = why
+    answer["from_layout"] = from_layout
     for name, path in legacy.items():
         try:
             read_kv(name, load_class(path))
@@ -172,15 +176,16 @@ def main():
         answer["vllm_version"] = str(getattr(vllm, "__version__", None))
         from vllm.platforms.interface import DeviceCapability
     except Exception as e:
-        legacy_answer("no DeviceCapability in this vLLM: " + error_text(e))
+        own = isinstance(e, ModuleNotFoundError) and (e.name or "").startswith("vllm.")
+        legacy_answer("no DeviceCapability in this vLLM: " + error_text(e), own)
         return
     enum = registry()
     if enum is None:
-        legacy_answer("no AttentionBackendEnum registry in this vLLM")
+        legacy_answer("no AttentionBackendEnum registry in this vLLM", True)
         return
     priorities, where = priority_function(enum, DeviceCapability)
     if priorities is None:
-        legacy_answer("no _get_backend_priorities: " + where)
+        legacy_answer("no _get_backend_priorities: " + where, True)
         return
     answer["priorities_from"] = where
     if not request["cases"]:
@@ -359,11 +364,17 @@ def main(args):
     python = args["python"]
     timeout = float(args.get("timeout", 180))
     read = args.get("read", "source")
-    request = {"cases": build_cases(args, timeout), "dtype": args.get("dtype") or "bfloat16"}
+    # The interpreter's start and nvidia-smi's (when no capability is given) wait side by side.
+    found = {}
+    asking = threading.Thread(target=lambda: found.update(cases=build_cases(args, timeout)))
+    asking.start()
     try:
         installed = installed_version(python, timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"backends": None, "error": str(e)}
+    finally:
+        asking.join()
+    request = {"cases": found["cases"], "dtype": args.get("dtype") or "bfloat16"}
     version = installed[0] if installed else None
     use_cache = version and args.get("cache", True)
     path = cache_path(python, installed, request, read) if use_cache else None
@@ -395,7 +406,8 @@ def main(args):
         "inner_seconds": inner.get("elapsed_s"),
         "cached": False,
     }
-    if path and not inner["note"]:
+    # An older release's answer is kept as a newer one is when it follows from vLLM's files.
+    if path and (not inner["note"] or inner.get("from_layout")):
         write_cache(path, answer)
     answer["seconds"] = round(time.time() - started, 3)
     return answer

@@ -23,6 +23,8 @@ import pwd
 import re
 import shutil
 import subprocess
+import threading
+from collections.abc import Callable
 from typing import Any
 
 NVIDIA_SMI_TIMEOUT = 20.0
@@ -101,8 +103,36 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         "own_launch": lambda: _own_launch(str(args.get("launch_record") or "")),
         "ports": lambda: [int(p) for p in args.get("ports") or []],
     }
-    wanted = args.get("parts") or list(gather)
-    return {"probe_pid": os.getpid(), **{name: gather[name]() for name in wanted if name in gather}}
+    wanted = [name for name in args.get("parts") or list(gather) if name in gather]
+    # The parts that start programs (nvidia-smi, the interpreter) wait on them side by side:
+    # on a GPU host each nvidia-smi start takes a fraction of a second.
+    waits = [name for name in wanted if name in STARTS_PROGRAMS]
+    answers = _at_once({name: gather[name] for name in waits})
+    answers.update((name, gather[name]()) for name in wanted if name not in answers)
+    return {"probe_pid": os.getpid(), **{name: answers[name] for name in wanted}}
+
+
+# The parts of the answer that run other programs.
+STARTS_PROGRAMS = frozenset({"nvidia_smi", "python"})
+
+
+def _at_once(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Each call's value, the calls made on threads of their own (the last one here)."""
+    answers: dict[str, Any] = {}
+    if not calls:
+        return answers
+
+    def call(name: str) -> None:
+        answers[name] = calls[name]()
+
+    *others, last = calls
+    threads = [threading.Thread(target=call, args=(name,)) for name in others]
+    for thread in threads:
+        thread.start()
+    call(last)
+    for thread in threads:
+        thread.join()
+    return answers
 
 
 def _run(argv: list[str], timeout: float) -> dict[str, Any]:
@@ -150,11 +180,17 @@ def _nvidia_smi() -> dict[str, Any]:
     path = _find_nvidia_smi()
     if path is None:
         return {"path": None}
-    query_gpu = _run([path, QUERY_GPU, CSV_FORMAT], NVIDIA_SMI_TIMEOUT)
+    found = _at_once(
+        {
+            "query_gpu": lambda: _run([path, QUERY_GPU, CSV_FORMAT], NVIDIA_SMI_TIMEOUT),
+            "compute_apps": lambda: _run([path, QUERY_APPS, CSV_FORMAT], NVIDIA_SMI_TIMEOUT),
+        }
+    )
+    query_gpu = found["query_gpu"]
     answer: dict[str, Any] = {
         "path": path,
         "query_gpu": query_gpu,
-        "compute_apps": _run([path, QUERY_APPS, CSV_FORMAT], NVIDIA_SMI_TIMEOUT),
+        "compute_apps": found["compute_apps"],
     }
     answer.update(_static_smi(path, query_gpu))
     return answer
@@ -174,10 +210,12 @@ def _static_smi(path: str, query_gpu: dict[str, Any]) -> dict[str, Any]:
             return {"topo": kept["topo"], "table": kept["table"], "static_cached": True}
     except (OSError, ValueError, KeyError, AttributeError):
         pass
-    found: dict[str, Any] = {
-        "topo": _run([path, "topo", "-m"], NVIDIA_SMI_TIMEOUT),
-        "table": _run([path], NVIDIA_SMI_TIMEOUT),
-    }
+    found = _at_once(
+        {
+            "topo": lambda: _run([path, "topo", "-m"], NVIDIA_SMI_TIMEOUT),
+            "table": lambda: _run([path], NVIDIA_SMI_TIMEOUT),
+        }
+    )
     if key is not None and all(found[k]["exit_code"] == 0 for k in found):
         _write_json(cache, dict(found, key=key))
     found["static_cached"] = False

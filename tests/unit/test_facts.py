@@ -36,6 +36,7 @@ from opsbook.facts import (
 )
 from opsbook.probes import run_local
 from opsbook.testing import FakeHost, local_probe
+from tests.unit.conftest import spans, timed_stand_in
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 H200 = DATA / "h200"
@@ -360,6 +361,35 @@ def test_probe_with_fake_nvidia_smi_eight_rtx_pro_6000(tmp_path: Path) -> None:
     summary = dict(summary_table(facts).rows)
     assert summary["gpus"] == f"8 × {RTX_NAME} (compute capability 12.0, 97887 MiB)"
     assert summary["interconnect"] == "PCIe-only (NODE, PIX, SYS)"
+
+
+def test_probe_runs_nvidia_smi_and_the_interpreter_side_by_side(tmp_path: Path) -> None:
+    # Each nvidia-smi start costs a GPU host a fraction of a second: the two live queries and
+    # the interpreter's run wait together, so every run of one starts before any has ended.
+    bins = fake_nvidia_smi(
+        tmp_path,
+        (H200 / "query-gpu.csv").read_text(),
+        (H200 / "apps.csv").read_text(),
+        (H200 / "topo.txt").read_text(),
+        (H200 / "nvidia-smi.txt").read_text(),
+    )
+    (bins / "nvidia-smi").rename(bins / "real-nvidia-smi")
+    timed_stand_in(bins / "nvidia-smi", f'"{bins / "real-nvidia-smi"}" "$@"')
+    python = timed_stand_in(tmp_path / "python", '/usr/bin/python3 "$@"')
+    env = probe_env(bins, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    facts = facts_from_probe(probe(tmp_path, env, python=str(python)), host="h200")
+    assert [g.name for g in facts.gpus] == ["NVIDIA H200"] and facts.python.found
+    # The first probe also reads the static outputs (topology, banner) after the query: two
+    # rounds of two nvidia-smi runs each, the first round beside the interpreter.
+    runs = spans(bins / "nvidia-smi.log") + spans(python.with_suffix(".log"))
+    first_round = sorted(runs)[:3]
+    assert len(runs) == 5
+    assert max(start for start, _ in first_round) < min(end for _, end in first_round)
+    # Once the static outputs are kept on the host, the next probe runs only the two queries.
+    (bins / "nvidia-smi.log").unlink()
+    facts_from_probe(probe(tmp_path, env, python=str(python)), host="h200")
+    again = spans(bins / "nvidia-smi.log")
+    assert len(again) == 2 and max(s for s, _ in again) < min(e for _, e in again)
 
 
 def test_probe_with_failing_nvidia_smi(tmp_path: Path) -> None:

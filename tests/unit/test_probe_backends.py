@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from opsbook import compat, probes, vllm_facts
+from tests.unit.conftest import spans, timed_stand_in
 
 # The interpreter of a real vLLM install (the CPU build does): the scratch venv by default.
 REAL_PYTHON = Path(
@@ -148,6 +149,20 @@ def test_the_probe_reads_the_hosts_gpus_when_no_capability_is_given(tmp_path):
     assert set(answer["selections"]) == {"12.0|True|auto", "12.0|True|fp8_e4m3"}
 
 
+def test_the_interpreter_and_nvidia_smi_are_waited_for_side_by_side(tmp_path):
+    env = stand_in_vllm(tmp_path, tmp_path / "imports.log")
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    smi = timed_stand_in(bins / "nvidia-smi", "echo 12.0")
+    python = timed_stand_in(tmp_path / "python", '/usr/bin/python3 "$@"')
+    env["PATH"] = f"{bins}:{env['PATH']}"
+    answer = ask(env, python=str(python))
+    assert set(answer["selections"]) == {"12.0|True|auto", "12.0|True|fp8_e4m3"}
+    [gpus] = spans(smi.with_suffix(".log"))
+    version = spans(python.with_suffix(".log"))[0]  # the first: the version's read
+    assert max(gpus[0], version[0]) < min(gpus[1], version[1])
+
+
 def test_an_older_vllm_without_a_registry_gets_the_kv_dtypes_only(tmp_path):
     mla = tmp_path / "vllm" / "v1" / "attention" / "backends" / "mla"
     mla.mkdir(parents=True)
@@ -163,6 +178,45 @@ def test_an_older_vllm_without_a_registry_gets_the_kv_dtypes_only(tmp_path):
     assert "FLASHMLA" in answer["import_errors"]
     probed = compat.installed_vllm(answer)
     assert probed is not None and dict(probed) == {"TRITON_MLA": ("auto", "bfloat16", "fp8")}
+
+
+def older_vllm(root: Path, imports_log: Path, first_line: str = "") -> dict[str, str]:
+    """A release from before the backend registry: MLA backends only, no vllm.platforms."""
+    mla = root / "vllm" / "v1" / "attention" / "backends" / "mla"
+    mla.mkdir(parents=True)
+    for folder in [mla, *mla.parents][:4]:
+        (folder / "__init__.py").touch()
+    (root / "vllm" / "__init__.py").write_text(
+        f"{first_line}\nopen({str(imports_log)!r}, 'a').write('imported\\n')\n"
+    )
+    (mla / "triton_mla.py").write_text(
+        "class TritonMLABackend:\n    supported_kv_cache_dtypes = ['auto', 'bfloat16']\n"
+    )
+    dist = root / "vllm-0.7.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.7.3\n")
+    return {**os.environ, "PYTHONPATH": str(root), "XDG_CACHE_HOME": str(root / "cache")}
+
+
+def test_an_older_vllms_answer_is_kept_on_the_host_like_a_newer_ones(tmp_path):
+    # Its answer follows from vLLM's own files (no vllm.platforms), so it holds until the
+    # package changes; on a GPU host each ask would otherwise import torch again.
+    log = tmp_path / "imports.log"
+    env = older_vllm(tmp_path, log)
+    first, second = ask(env, capabilities=["12.0"]), ask(env, capabilities=["12.0"])
+    assert "No module named 'vllm.platforms'" in first["note"]
+    assert not first["cached"] and second["cached"]
+    assert second["backends"] == first["backends"] == {"TRITON_MLA": ["auto", "bfloat16"]}
+    assert log.read_text().count("imported") == 1
+
+
+def test_an_answer_that_a_missing_package_decided_is_asked_again(tmp_path):
+    # vLLM's import failed on another package: installing it changes the answer, not vLLM.
+    log = tmp_path / "imports.log"
+    env = older_vllm(tmp_path, log, first_line="import opsbook_test_missing_package")
+    first, second = ask(env, capabilities=["12.0"]), ask(env, capabilities=["12.0"])
+    assert "opsbook_test_missing_package" in first["note"]
+    assert not first["cached"] and not second["cached"]
 
 
 def test_a_missing_interpreter_is_an_error_not_an_answer():
