@@ -42,6 +42,7 @@ refuses to start when such a variable is unset.
 from __future__ import annotations
 
 import difflib
+import enum
 import html
 import json
 import os
@@ -67,6 +68,15 @@ CONTINUATION = " \\\n  "
 # Secret serve arguments that vLLM also reads from an environment variable of its own.
 SECRET_FLAG_VARIABLES = {"api-key": "VLLM_API_KEY", "hf-token": "HF_TOKEN"}
 SECRET_VARIABLE_PREFIX = "OPSBOOK_SECRET_"
+
+
+class _NotRead(enum.Enum):
+    """The caller has not read the script on the host (a sentinel: None means "no file")."""
+
+    NOT_READ = "not read"
+
+
+NOT_READ = _NotRead.NOT_READ
 
 
 class ScriptHost(Protocol):
@@ -375,6 +385,7 @@ def upload_script(
     text: str,
     *,
     environ: Mapping[str, str] | None = None,
+    previous: str | None | _NotRead = NOT_READ,
 ) -> Result:
     """Write the launch script to ``deployment.script_path`` on the host and check its syntax;
     write its secrets file too when there is a secret to deliver.
@@ -391,6 +402,9 @@ def upload_script(
         deployment: where the script goes.
         text: the script, usually from :func:`render_script`.
         environ: where secret variables' values come from (default: ``os.environ``).
+        previous: the script the caller has just read at the path (None: no file there), so
+            that it is not read twice; read here when not given, or when the host's answer
+            about the file disagrees.
 
     A file at the path that opsbook did not write (:func:`written_by_opsbook`) is left as it
     is, and so is a secrets file beside it: the answer is then not ok, naming it.
@@ -410,7 +424,7 @@ def upload_script(
     # A secrets file left by an earlier deployment would still be sourced (an old API key):
     # with no secret to deliver, it goes in the same round trip that prepares the folder.
     stale = None if has_secrets else secrets_path(path)
-    previous, mode, stale_found = _previous_script(host, path, stale)
+    previous, mode, stale_found = _previous_script(host, path, stale, previous)
     if previous is not None and not written_by_opsbook(previous):
         return not_ours(path)
     if stale and stale_found:
@@ -529,24 +543,26 @@ def script_diff(previous: str | None, new: str, path: str) -> str:
 
 
 def _previous_script(
-    host: ScriptHost, path: str, stale: str | None = None
+    host: ScriptHost, path: str, stale: str | None = None, known: str | None | _NotRead = NOT_READ
 ) -> tuple[str | None, int | None, bool]:
     """Create the folder; the script already at ``path`` and its mode, if any, and whether a
-    file ``stale`` is there."""
+    file ``stale`` is there. ``known`` is the script as the caller read it, used when a file is
+    still there."""
     quoted = shlex.quote(path)
-    look = f" && if [[ -e {shlex.quote(stale)} ]]; then echo stale; fi" if stale else ""
+    look = f" && if [[ -e {shlex.quote(stale)} ]]; then echo stale=yes; fi" if stale else ""
     probe = host.run(
         f"mkdir -p -- {shlex.quote(posixpath.dirname(path))}"
-        f" && if [[ -f {quoted} ]]; then stat -c %a -- {quoted}; fi{look}",
+        f" && if [[ -f {quoted} ]]; then echo mode=$(stat -c %a -- {quoted}); fi{look}",
         check=True,
         label=f"prepare {posixpath.dirname(path)}",
     )
-    words = probe.stdout.split()
-    stale_found = "stale" in words
-    modes = [w for w in words if w != "stale"]
-    if not modes:
+    answers = dict(line.partition("=")[::2] for line in probe.stdout.splitlines() if "=" in line)
+    stale_found = answers.get("stale") == "yes"
+    if "mode" not in answers:
         return None, None, stale_found
-    return host.read_bytes(path).decode(errors="replace"), int(modes[0], 8), stale_found
+    text = known if isinstance(known, str) else host.read_bytes(path).decode(errors="replace")
+    mode = int(answers["mode"], 8) if answers["mode"].isdigit() else None
+    return text, mode, stale_found
 
 
 # -- notebook display ------------------------------------------------------------------------

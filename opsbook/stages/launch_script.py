@@ -38,7 +38,7 @@ def run(
             return Report(State.OK, Result(True, f"{path} is up to date"), shows, "", digest)
         verdict = Result(True, f"would write {path} (sha256 {digest[:12]}); apply=True to upload")
         return Report(State.WOULD_CHANGE, verdict, shows, "", digest)
-    uploaded = script.upload_script(host, deployment, text)
+    uploaded = script.upload_script(host, deployment, text, previous=previous)
     if not uploaded.ok:
         return Report(State.FAILED, uploaded, shows, "", digest)
     state = State.OK if previous == text else State.CHANGED

@@ -16,6 +16,7 @@ import pytest
 
 from opsbook.deployment import Deployment, parse_deployment
 from opsbook.exceptions import DeploymentError
+from opsbook.results import State
 from opsbook.script import (
     API_SERVER_MODULE,
     NEW_FILE,
@@ -33,6 +34,7 @@ from opsbook.script import (
     vllm_executable,
     written_by_opsbook,
 )
+from opsbook.stages import launch_script
 
 # Prints each argument followed by NUL, then the variables the tests look at.
 STUB = """#!/bin/bash
@@ -286,6 +288,7 @@ class LocalHost:
     def __init__(self, home: Path):
         self.home = home
         self.commands: list[str] = []
+        self.reads: list[str] = []
 
     def run(self, command: str, *, check: bool = False, stdin: Any = None, **_: Any) -> Ran:
         self.commands.append(command)
@@ -305,6 +308,7 @@ class LocalHost:
         path.chmod(mode)
 
     def read_bytes(self, remote_path: str) -> bytes:
+        self.reads.append(remote_path)
         return Path(remote_path).read_bytes()
 
     def home_folder(self) -> str:
@@ -339,6 +343,30 @@ def test_upload_reports_new_unchanged_and_changed(tmp_path: Path) -> None:
     assert third.ok and not third.data["unchanged"]
     assert "-  --tensor-parallel-size 8 \\\n" in third.data["diff"]
     assert "+  --tensor-parallel-size 4 \\\n" in third.data["diff"]
+
+
+def test_the_launch_script_stage_reads_the_hosts_script_once(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+    dep = deployment()
+    upload_script(host, dep, render_script(dep))
+    changed = deployment(server__args={"tensor-parallel-size": 4})
+    host.reads.clear()
+    report = launch_script.run(host, changed, apply=True)
+    assert report.state is State.CHANGED and host.reads == [f"{tmp_path}/opsbook/launch.sh"]
+    assert "--tensor-parallel-size 4" in (tmp_path / "opsbook" / "launch.sh").read_text()
+
+
+def test_upload_reads_the_script_itself_when_the_callers_copy_is_of_no_file(
+    tmp_path: Path,
+) -> None:
+    # The caller saw no file, but one is there now: it is read and checked before replacing.
+    host = LocalHost(tmp_path)
+    dep = deployment()
+    (tmp_path / "opsbook").mkdir()
+    (tmp_path / "opsbook" / "launch.sh").write_text("#!/bin/bash\nmy own\n")
+    result = upload_script(host, dep, render_script(dep), previous=None)
+    assert not result.ok and "is not opsbook's launch script" in result.message
+    assert (tmp_path / "opsbook" / "launch.sh").read_text() == "#!/bin/bash\nmy own\n"
 
 
 def test_upload_reports_a_syntax_error_as_a_finding(tmp_path: Path) -> None:
