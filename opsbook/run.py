@@ -844,9 +844,14 @@ def run_deploy(
         for notebook in folder.rglob("*.ipynb"):
             redact_notebook(notebook, run.redactor)
     finally:
-        locks.release()
-        run.kernel.discard()
-        run.html.close()
+        # The last HTML copy is made while the locks go and the kernel is shut down.
+        closing = threading.Thread(target=run.html.close, name="opsbook-html-close")
+        closing.start()
+        try:
+            locks.release()
+            run.kernel.discard()
+        finally:
+            closing.join()
         # The kernels are done writing their logs (the shared one in the run folder, one
         # started after a failed stage in its batch folder).
         for log in folder.rglob(KERNEL_LOG):
