@@ -27,6 +27,7 @@ import re
 import stat
 import struct
 import time
+from itertools import repeat
 
 # typing costs this program, started once per check, a tenth of its start: its names are
 # used in annotations only, which are never evaluated here.
@@ -402,10 +403,9 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
                 ),
             )
         )
-    wanted = tensors_by_shard(index["weight_map"]) if index is not None else None
-    inspected = finish_inspection(inspection, wanted)
-    rows = [inspected.get(name) or shard_row(model_dir, name, None, wanted) for name in expected]
-    compare_in_workers(inspection.children, rows, wanted, model_dir)
+    inspected = finish_inspection(inspection)
+    rows = [inspected.get(name) or inspect_row(model_dir, name) for name in expected]
+    match_index(inspection.children, rows, index, model_dir)
     named = set(expected)
     for name in on_disk:
         if name not in named:
@@ -508,42 +508,76 @@ def mark_absent(row: dict[str, Any], absent: list[str]) -> None:
         )
 
 
-def shard_row(
-    model_dir: str,
-    name: str,
-    inspected: dict[str, Any] | None,
-    wanted: dict[str, list[str]] | None,
-) -> dict[str, Any]:
-    """A shard's row of the answer, matched against the index when there is one.
+def pairs_digest(names: Any, shard: str) -> int:
+    """A digest of a shard's tensor names as (tensor, shard) pairs, the index's own items: the
+    sum of their hashes, so that the digests of all shards add up to the digest of the whole
+    weight map (:func:`match_index`). The workers are forks of the process that compares, so
+    they share its string-hash seed."""
+    return sum(map(hash, zip(names, repeat(shard))))
 
-    A worker's row carries a digest of the header's tensor names instead of the names: when
-    it equals the digest of the names the index places in the shard, the two sets are equal
-    and the row loses its digest; otherwise (extra tensors, or missing ones) it keeps it, and
-    :func:`compare_in_workers` has the worker, which still holds the names, compare them.
-    """
-    row = inspected or inspect_shard(model_dir, name)
-    header, digest = row.pop("header", None), row.pop("names", None)
-    if wanted is not None and row["status"] == "ok":
-        tensors = wanted.get(name, [])
-        if header is not None:
-            mark_absent(row, absent_tensors(header, tensors))
-        elif not digest_matches(digest, tensors):
-            row["names"] = digest  # for the worker to settle
+
+def header_digest(header: Any, shard: str) -> int:
+    """:func:`pairs_digest` of a header's tensor names (a set that may hold "__metadata__")."""
+    digest = pairs_digest(header, shard)
+    return digest - hash(("__metadata__", shard)) if "__metadata__" in header else digest
+
+
+def inspect_row(model_dir: str, name: str) -> dict[str, Any]:
+    """A shard's row, its header's names replaced by their digest (``names``)."""
+    row = inspect_shard(model_dir, name)
+    header = row.pop("header")
+    row["names"] = header_digest(header, name) if header is not None else None
     return row
 
 
-def digest_matches(digest: Any, tensors: list[str]) -> bool:
-    """Whether a worker's ``[digest, with metadata]`` is that of ``tensors``."""
-    if not digest:
+def shard_row(model_dir: str, name: str, wanted: dict[str, list[str]]) -> dict[str, Any]:
+    """A shard's row read afresh, its header's names matched against the index's."""
+    row = inspect_shard(model_dir, name)
+    header = row.pop("header")
+    if header is not None and row["status"] == "ok":
+        mark_absent(row, absent_tensors(header, wanted.get(name, [])))
+    return row
+
+
+def match_index(
+    children: list[Worker],
+    rows: list[dict[str, Any]],
+    index: dict[str, Any] | None,
+    model_dir: str,
+) -> None:
+    """Match each sound shard's tensor names against those the index places in it.
+
+    When every shard the index names is sound and the rows' digests add up to the weight
+    map's (two passes in C over the map), every shard holds what the index says; only
+    otherwise is the map turned around, shard by shard, and the shards whose digests differ
+    settled by name (:func:`compare_in_workers`). Then every worker is reaped.
+    """
+    sound = [row for row in rows if row["status"] == "ok"]
+    for row in rows:
+        if row["status"] != "ok":
+            row.pop("names", None)
+    if index is None:
+        sound = []
+    elif len(sound) < len(rows) or not all_match(sound, index["weight_map"]):
+        wanted = tensors_by_shard(index["weight_map"])
+        for row in sound:
+            tensors = wanted.get(row["file"], [])
+            if row["tensors"] == len(tensors) and row["names"] == pairs_digest(
+                tensors, row["file"]
+            ):
+                del row["names"]
+        compare_in_workers(children, rows, wanted, model_dir)
+        return
+    for row in sound:
+        del row["names"]
+    compare_in_workers(children, rows, None, model_dir)
+
+
+def all_match(rows: list[dict[str, Any]], weight_map: dict[str, str]) -> bool:
+    """Whether the rows' tensors, together, are the weight map's (see :func:`pairs_digest`)."""
+    if sum(row["tensors"] for row in rows) != len(weight_map):
         return False
-    value, with_metadata = digest
-    return bool(value == names_digest(tensors + ["__metadata__"] if with_metadata else tensors))
-
-
-def names_digest(names: Any) -> int:
-    """A digest of a set of tensor names (order does not matter): the set's own hash. The
-    workers are forks of the process that compares, so they share its string-hash seed."""
-    return hash(frozenset(names))
+    return sum(row["names"] for row in rows) == sum(map(hash, weight_map.items()))
 
 
 # Below this many shards a second process costs more than it saves (119 shards over SSH,
@@ -664,22 +698,20 @@ def start_inspection(model_dir: str, names: list[str], workers: int = 0) -> Insp
     return inspection
 
 
-def finish_inspection(
-    inspection: Inspection, wanted: dict[str, list[str]] | None
-) -> dict[str, dict[str, Any]]:
+def finish_inspection(inspection: Inspection) -> dict[str, dict[str, Any]]:
     """Inspect the chunks no worker has taken, then collect the workers' rows: all rows by
-    shard name, each matched against ``wanted`` (:func:`shard_row`). A failed worker's
-    shards are left to the caller.
+    shard name, each header's names replaced by their digest (:func:`inspect_row`). A failed
+    worker's shards are left to the caller.
 
-    Each row is matched as soon as it is made: a header's names kept for later, thousands
-    of them, are tens of MB of memory to fault in and for the garbage collector to walk.
+    The names are dropped as soon as a row is made: a header's names kept for later,
+    thousands of them, are tens of MB of memory to fault in.
     """
     rows: dict[str, dict[str, Any]] = {}
     model_dir = inspection.model_dir
     chunk = inspection.take()
     while chunk is not None:
         for name in chunk:
-            rows[name] = shard_row(model_dir, name, inspect_shard(model_dir, name), wanted)
+            rows[name] = inspect_row(model_dir, name)
         chunk = inspection.take()
     inspection.close()
     for child in inspection.children:
@@ -690,7 +722,7 @@ def finish_inspection(
             continue
         child.names = [row["file"] for row in share]
         for row in share:
-            rows[row["file"]] = shard_row(model_dir, row["file"], row, wanted)
+            rows[row["file"]] = row
     return rows
 
 
@@ -720,7 +752,7 @@ def compare_in_workers(
         if "names" in row:
             del row["names"]
     for name, row in unsettled.items():
-        fresh = shard_row(model_dir, name, None, wanted)
+        fresh = shard_row(model_dir, name, wanted or {})
         row.clear()
         row.update(fresh)
 
@@ -734,9 +766,7 @@ def inspect_share(
     for name in names:
         row = inspect_shard(model_dir, name)
         header = row.pop("header")
-        # The digest is of the names as read, "__metadata__" and all (one set fewer per shard):
-        # the row says whether it was there, for the other side to add it.
-        row["names"] = [names_digest(header), "__metadata__" in header] if header else None
+        row["names"] = header_digest(header, name) if header is not None else None
         if header is not None:
             headers[name] = header
         rows.append(row)
