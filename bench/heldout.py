@@ -32,6 +32,7 @@ SETS = (
     LOGS / "heldout6",
     LOGS / "heldout7",
     LOGS / "heldout8",
+    LOGS / "heldout9",
 )
 ID_GOAL, LINE_GOAL = 0.90, 0.85
 

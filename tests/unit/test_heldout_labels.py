@@ -166,7 +166,7 @@ def test_the_fourth_set_has_forty_failures_from_sources_no_other_set_uses() -> N
     assert not earlier & set(fourth)
 
 
-# The fifth to eighth sets: each gathered after the earlier ones were seen and labelled before
+# The fifth to ninth sets: each gathered after the earlier ones were seen and labelled before
 # it was run.
 HELDOUT5 = HELDOUT.parent / "heldout5"
 LABELS5 = yaml.safe_load((HELDOUT5 / "labels.yaml").read_text(encoding="utf-8"))
@@ -176,10 +176,12 @@ HELDOUT7 = HELDOUT.parent / "heldout7"
 LABELS7 = yaml.safe_load((HELDOUT7 / "labels.yaml").read_text(encoding="utf-8"))
 HELDOUT8 = HELDOUT.parent / "heldout8"
 LABELS8 = yaml.safe_load((HELDOUT8 / "labels.yaml").read_text(encoding="utf-8"))
-NUMBERED = {3: LABELS3, 4: LABELS4, 5: LABELS5, 6: LABELS6, 7: LABELS7, 8: LABELS8}
+HELDOUT9 = HELDOUT.parent / "heldout9"
+LABELS9 = yaml.safe_load((HELDOUT9 / "labels.yaml").read_text(encoding="utf-8"))
+NUMBERED = {3: LABELS3, 4: LABELS4, 5: LABELS5, 6: LABELS6, 7: LABELS7, 8: LABELS8, 9: LABELS9}
 
 
-@pytest.mark.parametrize("number", [5, 6, 7, 8])
+@pytest.mark.parametrize("number", [5, 6, 7, 8, 9])
 def test_a_later_set_has_forty_logs_from_sources_no_earlier_set_uses(number: int) -> None:
     folder, labels = HELDOUT.parent / f"heldout{number}", NUMBERED[number]
     assert len(labels) >= 40
@@ -200,6 +202,7 @@ LATER_SETS = [
     (HELDOUT6, LABELS6, "h6", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT7, LABELS7, "h7", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT8, LABELS8, "h8", ("failed", "hung", "ready", "unfinished")),
+    (HELDOUT9, LABELS9, "h9", ("failed", "hung", "ready", "unfinished")),
 ]
 
 
