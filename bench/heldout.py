@@ -1,6 +1,6 @@
 """Accuracy of `opsbook diagnose --log` on the held-out real logs.
 
-Eight sets, each printed on its own: tests/data/logs/heldout/ (gathered while the catalogue was
+Nine sets, each printed on its own: tests/data/logs/heldout/ (gathered while the catalogue was
 written, kept out of its development, then seen when it was first measured),
 tests/data/logs/heldout2/ to tests/data/logs/heldout8/ (each gathered afterwards and labelled
 before opsbook was run on it; the seventh, heldout7, after the first six had all been seen, and
