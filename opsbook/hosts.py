@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -173,8 +173,58 @@ def close_kept_connections() -> None:
     with _kept_lock:
         kept = list(_kept.values())
         _kept.clear()
+        ahead = list(_ahead.values())
+        _ahead.clear()
     for conn in kept:
         conn.close()
+    for opening in ahead:
+        opening.connection.add_done_callback(_close_opened)
+
+
+# Connections opened ahead of the first Host that needs them (:func:`open_ahead`).
+@dataclass
+class _Opening:
+    started: float
+    connection: Future[Connection]
+
+
+_ahead: dict[HostSpec, _Opening] = {}
+
+
+def open_ahead(specs: Sequence[HostSpec], forks: int = 10) -> list[Future[Connection]]:
+    """Start opening these hosts' SSH connections on threads of their own, for the first Host
+    of each spec in this process to take (where connections are kept, see
+    :data:`KEEP_CONNECTIONS_ENV`): a deploy's kernel does this while the run takes its locks,
+    so that its first stage does not wait for the handshakes. A host whose key opsbook would
+    trust on first use is left for its stage (it would write known_hosts before the locks).
+    A connection that fails is the failure of the first Host to take it, as if it had tried.
+
+    Returns:
+        The connections being opened (futures), one per host opened ahead.
+    """
+    wanted = [spec for spec in specs if not spec.trust_on_first_use]
+    if not wanted:
+        return []
+    opener = ThreadPoolExecutor(max(1, min(forks, len(wanted))), "opsbook-open-ahead")
+    with _kept_lock:
+        for spec in wanted:
+            if spec not in _ahead:
+                # A journal of its own: the Host that takes the connection journals a failure.
+                opening = opener.submit(Host(spec, journal=Journal())._open_new)
+                _ahead[spec] = _Opening(time.monotonic(), opening)
+        openings = [_ahead[spec].connection for spec in wanted]
+    opener.shutdown(wait=False)
+    return openings
+
+
+def _take_opening(spec: HostSpec) -> _Opening | None:
+    with _kept_lock:
+        return _ahead.pop(spec, None)
+
+
+def _close_opened(opening: Future[Connection]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
 
 
 def _keep(spec: HostSpec, conn: Connection) -> None:
@@ -232,10 +282,16 @@ class Host:
     def _connect(self) -> Connection:
         if self._conn is not None and self._conn.is_connected:
             return self._conn
-        kept = _take_kept(self.spec) if _keeping() else None
+        kept = None
+        if _keeping():
+            kept = self._opened_ahead() or _take_kept(self.spec)
         if kept is not None:
             self._conn = kept
             return kept
+        return self._open_new()
+
+    def _open_new(self) -> Connection:
+        """Open a connection of this Host's own (never one kept or opened ahead)."""
         conn = self._new_connection()
         started = time.monotonic()
         try:
@@ -259,6 +315,31 @@ class Host:
             transport.set_keepalive(self.spec.keepalive)
         self._conn = conn
         return conn
+
+    def _opened_ahead(self) -> Connection | None:
+        """The connection :func:`open_ahead` opened for this spec (waiting for it), or None;
+        its failure is this Host's."""
+        opening = _take_opening(self.spec)
+        if opening is None:
+            return None
+        try:
+            conn = opening.connection.result()
+        except HostError as e:
+            self.journal.record(
+                host=self.name,
+                kind="connect",
+                command=f"ssh {self.name}",
+                exit_code=None,
+                duration=time.monotonic() - opening.started,
+                note=str(e),
+            )
+            raise
+        except Exception:  # not a failure opsbook names: this Host tries, and says what it is
+            return None
+        if conn.is_connected:
+            return conn
+        conn.close()
+        return None
 
     def close(self) -> None:
         """Done with the host: the connection is closed, or left for the next stage of a run

@@ -51,7 +51,7 @@ from opsbook.results import (
 
 if TYPE_CHECKING:
     from opsbook import deploylock, stages
-    from opsbook.deployment import Deployment
+    from opsbook.deployment import Deployment, HostSpec
 
 # papermill, nbformat, the stages (Fabric, paramiko) and YAML are imported by the functions that use
 # them: the CLI imports this module to parse its arguments, and must start in a blink.
@@ -588,6 +588,16 @@ def _kernel_options(
 # What the deploy's stage notebooks import (their first cells, and the stage modules the
 # registry imports on first use): 0.7 s of the kernel's CPU, spent while the run prepares.
 WARM_UP = "import opsbook.widgets, opsbook.stages\nopsbook.stages.import_runbook()"
+# Before the imports: the first stage's hosts' SSH handshakes, while the run takes its locks
+# (a host that fails is the first stage's to report).
+OPEN_AHEAD = """
+try:
+    import opsbook.hosts
+    from opsbook.deployment import HostSpec
+    opsbook.hosts.open_ahead([HostSpec(**fields) for fields in {fields!r}], {forks!r})
+except Exception:
+    pass
+"""
 WARM_UP_TIMEOUT = 60.0
 
 
@@ -603,10 +613,12 @@ class SharedKernel:
         self.km: Any = None
         self._warming: Any = None
 
-    def start(self, log_path: Path, cwd: Path) -> None:
-        """Start the kernel now, without waiting for it: it boots, and imports what the stages
-        import, while the run imports papermill and prepares its first stage, which then finds
-        it running."""
+    def start(
+        self, log_path: Path, cwd: Path, hosts: Sequence[HostSpec] = (), forks: int = 1
+    ) -> None:
+        """Start the kernel now, without waiting for it: it boots, opens the SSH connections
+        of ``hosts`` and imports what the stages import, while the run imports papermill and
+        prepares its first stage, which then finds it running."""
         from jupyter_core.utils import run_sync
 
         from opsbook.kernel import quiet_kernel_manager
@@ -616,7 +628,9 @@ class SharedKernel:
         # Sent now, its reply awaited by the first stage (ready()).
         client = self.km.client()
         client.start_channels(hb=False)  # see _set_kernel_environment
-        self._warming = (client, client.execute(WARM_UP, silent=True, store_history=False))
+        fields = [asdict(spec) for spec in hosts]
+        code = (OPEN_AHEAD.format(fields=fields, forks=forks) if hosts else "") + WARM_UP
+        self._warming = (client, client.execute(code, silent=True, store_history=False))
 
     def ready(self, env: Mapping[str, str], log_path: Path) -> Any:
         """The kernel manager for the next notebook: not started yet (papermill starts it
@@ -823,7 +837,8 @@ def run_deploy(
     )
     # The kernel boots (and imports the stages) while the locks are taken and papermill is
     # imported; the notebooks of a deploy are preflight's neighbours.
-    run.kernel.start(folder / KERNEL_LOG, find_notebook("preflight").parent)
+    first = [h for h in dep.hosts if h.name in batches[0]] if batches else []
+    run.kernel.start(folder / KERNEL_LOG, find_notebook("preflight").parent, first, forks)
     try:
         locks = _deploylock().acquire(dep, folder)
     except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):

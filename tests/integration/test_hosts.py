@@ -4,6 +4,7 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from opsbook.exceptions import (
     TransferError,
     UnknownHostName,
 )
-from opsbook.hosts import Host, close_kept_connections
+from opsbook.hosts import Host, close_kept_connections, open_ahead
 
 pytestmark = pytest.mark.integration
 
@@ -209,6 +210,33 @@ def test_with_keeping_on_a_closed_host_leaves_its_connection_to_the_next(
     monkeypatch.delenv("OPSBOOK_KEEP_CONNECTIONS")
     with host_of(sandbox) as third:  # the kept one is not handed out without keeping
         assert sshd_session(third) != session
+
+
+def test_a_connection_opened_ahead_is_the_first_hosts_and_only_its(sandbox, keeping) -> None:
+    spec = load_deployment(sandbox.deployment_path).hosts[0]
+    [opening] = open_ahead([spec])
+    opened = opening.result(timeout=30)
+    with Host(spec) as first:
+        assert first.connect() is opened
+        session = sshd_session(first)
+    with Host(spec) as second:  # then kept as any closed Host's connection is
+        assert sshd_session(second) == session
+
+
+def test_a_connection_that_fails_ahead_fails_the_host_that_takes_it(sandbox, keeping) -> None:
+    spec = replace(load_deployment(sandbox.deployment_path).hosts[0], port=1)
+    [opening] = open_ahead([spec])
+    assert isinstance(opening.exception(timeout=30), ConnectionRefused)
+    host = Host(spec)
+    with pytest.raises(ConnectionRefused):
+        host.run("true")
+    [entry] = host.journal.entries
+    assert entry.kind == "connect" and entry.command == f"ssh {spec.name}"
+
+
+def test_a_host_trusted_on_first_use_is_not_opened_ahead(sandbox) -> None:
+    spec = load_deployment(sandbox.deployment_path).hosts[0]
+    assert open_ahead([replace(spec, trust_on_first_use=True)]) == []
 
 
 def test_a_connection_that_dropped_is_never_handed_on(sandbox, keeping) -> None:

@@ -77,3 +77,23 @@ def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
         finally:
             kernel.discard()
         assert "".join(seen) == f"True {attempt}\n"
+
+
+def test_a_shared_kernel_opens_the_first_stages_connections_ahead(tmp_path: Path) -> None:
+    from opsbook.deployment import HostSpec
+    from opsbook.run import SharedKernel
+
+    # Nothing listens on port 1 of this machine: the opening fails at once, left for a stage.
+    refused = HostSpec("127.0.0.1", port=1, user="nobody", connect_timeout=2.0)
+    trusted = HostSpec("127.0.0.1", port=2, user="nobody", trust_on_first_use=True)
+    kernel = SharedKernel()
+    kernel.start(
+        tmp_path / "kernel.log", Path(__file__).parents[2] / "notebooks", [refused, trusted]
+    )
+    try:
+        km = kernel.ready({}, tmp_path / "kernel.log")
+        code = "import opsbook.hosts as h\nprint(sorted(s.name for s in h._ahead))"
+        _, seen = run_sync(printed_by_a_new_client)(km, code)
+    finally:
+        kernel.discard()
+    assert "".join(seen) == f"{[refused.name]}\n"
