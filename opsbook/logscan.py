@@ -1055,6 +1055,82 @@ class LogFollower:
 def _diagnose_lines(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
+    diagnosis = _diagnose_body(lines, running, kernel_log)
+    if running or not _undecided(diagnosis):
+        return diagnosis
+    return _from_title(lines, diagnosis) or diagnosis
+
+
+# A pasted report's markdown title ("# [Bug]: ValueError: ..."): read as a comment, never as the
+# log (logical_lines blanks it), but often the only place an excerpt states its error. A
+# ``# key: value`` comment of a saved excerpt (its source, its key line) is no title.
+_TITLE = re.compile(r"^# (?!(?:source|key):)\s*(?P<title>\S.*)$")
+_TITLE_EXCEPTION = re.compile(r"(?:^|[\s`(:\]：])(?P<error>" + EXCEPTION_NAME + r": \S.*)")
+
+
+def _undecided(diagnosis: LogDiagnosis) -> bool:
+    """A diagnosis the log's body leaves open: no error and no sign of serving, or only an
+    uncatalogued line that states no error of its own (a traceback's head cut below it)."""
+    if diagnosis.state == NO_CONCLUSION:
+        return True
+    return (
+        diagnosis.state == FAILED
+        and diagnosis.failure == "unrecognised-error"
+        and diagnosis.error_class is None
+        and (diagnosis.line is None or not diagnosis.line.exception)
+    )
+
+
+def _title_lines(lines: list[LogLine]) -> list[LogLine]:
+    titles = []
+    for line in lines:
+        if line.text or line.is_code:
+            continue
+        found = _TITLE.match(_clean(line.raw).strip())
+        if found:
+            titles.append(LogLine(line.number, line.raw, found.group("title").strip()))
+    return titles
+
+
+def _from_title(lines: list[LogLine], body: LogDiagnosis) -> LogDiagnosis | None:
+    """The diagnosis a pasted report's title gives when its body leaves it open: a catalogued
+    cause named in the title (a wrapper only when the body shows no error at all), else, for a
+    body with no error, an exception the title quotes, as an uncatalogued error. It is
+    reported as the title's, so that nobody mistakes it for a line of the log."""
+    titles = _title_lines(lines)
+    if not titles:
+        return None
+    kinds = ("cause", "wrapper") if body.state == NO_CONCLUSION else ("cause",)
+    hits = [hit for hit in match_catalogue(titles) if hit.entry.kind in kinds]
+    base = _base_of(body)
+    if hits:
+        best = max(hits, key=lambda hit: (hit.entry.priority, -hit.line.number)).entry
+        chosen = _pick_line([hit for hit in hits if hit.entry is best])
+        diagnosis = _failed(FAILED, chosen, hits, [], base)
+    elif body.state == NO_CONCLUSION:
+        quoted = next((t for t in titles if _TITLE_EXCEPTION.search(t.text)), None)
+        if quoted is None:
+            return None
+        entry = _entry_by_id("unrecognised-error")
+        diagnosis = _failed(FAILED, Hit(entry, quoted, 0), [], [], base)
+    else:
+        return None
+    diagnosis.title = f"{diagnosis.title} (named by the report's title; the log shows no error)"
+    return diagnosis
+
+
+def _base_of(diagnosis: LogDiagnosis) -> dict[str, Any]:
+    return {
+        "phase": diagnosis.phase,
+        "version": diagnosis.version,
+        "phases": diagnosis.phases,
+        "notes": diagnosis.notes,
+    }
+
+
+def _diagnose_body(
+    lines: list[LogLine], running: bool | None, kernel_log: str | None
+) -> LogDiagnosis:
     events = _phase_events(lines)
     hits = match_catalogue(lines)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
@@ -1155,6 +1231,8 @@ _STARTUP_COMPLETE = re.compile(r"Application startup complete")
 # just before uvicorn serves them; "Starting vLLM (API) server ... on" names the address
 # (vllm/entrypoints/openai/api_server.py).
 _ROUTES = re.compile(r"^(?:Available routes are|Route: /)")
+# launcher.py serve_http: logger.info("Route: %s, Methods: %s", path, ", ".join(methods)).
+_WHOLE_ROUTE = re.compile(r"^Route: /\S*, Methods: [A-Z]")
 # The product's name may be a reporter's redaction ("Starting v<HOST> server on").
 _SERVER_ADDRESS = re.compile(r"Starting \S+ (?:API )?server(?: \d+)? on ")
 
@@ -1170,22 +1248,23 @@ def _ready_line(lines: list[LogLine], events: list[tuple[LogLine, str]], ready_a
 
 def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> LogLine | None:
     """For a log that ends in vLLM's route list with no error: the line that says where it
-    serves (or the route list's head). vLLM builds the engine before it lists the routes, so
-    what is left is uvicorn binding the port; an excerpt often stops here. A route list with
-    nothing of the startup before it is a fragment, not a startup seen to its end: a server
-    can hang there too (its port never opening), and nothing else in the text says it got
-    further."""
+    serves (or the route list's head). vLLM builds the engine client and the app before
+    serve_http lists the routes, and V1 binds the socket before it builds the engine
+    (vllm/entrypoints/openai/api_server.py run_server: create_server_socket, then
+    build_async_engine_client; vllm/entrypoints/launcher.py serve_http: the route list, then
+    uvicorn's serve), so what is left is uvicorn's own start; an excerpt often stops here, with
+    or without the startup above it (a fragment of routes is the same evidence)."""
     http = [line for line, name in events if name == "http"]
     if not http or _furthest_phase(events) != "http":
-        return None
-    if not any(line.text for line in lines if line.number < http[0].number):
         return None
     last_text = _last_record(lines)
     if last_text is None or not _ROUTES.match(last_text.text):
         return None
     address = [line for line in http if _SERVER_ADDRESS.search(line.text)]
     routes = [line for line in http if _ROUTES.match(line.text)]
-    return (address or routes)[-1]
+    # A route line the excerpt cut ("Route: /") states nothing: the last whole one does.
+    whole = [line for line in routes if _WHOLE_ROUTE.search(line.text)]
+    return (address or whole or routes)[-1]
 
 
 # The engine's periodic stats line: vLLM 0.10.2 vllm/engine/metrics.py (V0 LoggingStatLogger)

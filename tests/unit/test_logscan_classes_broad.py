@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from opsbook.logscan import FAILED, diagnose_log
+from opsbook.logscan import FAILED, READY, diagnose_log
 
 # Ascend/pytorch torch_npu/csrc/core/npu/NPUCachingAllocator.cpp: AT_ERROR("NPU out of memory.
 # Tried to allocate ", format_size(alloc_size), " (NPU ", device, "; ", format_size(total),
@@ -77,3 +77,88 @@ def test_a_taken_server_port_is_still_port_in_use() -> None:
         "address already in use\n"
     )
     assert diagnose_log(text).failure == "port-in-use"
+
+
+# vLLM 0.10.2-0.32.0 vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory, rendered, as
+# the title of a pasted report whose excerpt is cut before the traceback ends.
+KV_TITLE = (
+    "# [Bug]: ValueError: To serve at least one request with the models's max seq len (32768), "
+    "(4.00 GiB KV cache is needed, which is larger than the available KV cache memory (1.20 GiB)."
+)
+CUT_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/usr/lib/python3.12/site-packages/vllm/entrypoints/llm.py", line 243, in __init__\n'
+)
+
+
+def test_a_catalogued_error_in_a_reports_title_decides_a_body_cut_before_its_error() -> None:
+    diagnosis = diagnose_log(
+        f"# source: an issue\n{KV_TITLE}\n\nThe reporter's words.\n{CUT_TRACEBACK}"
+    )
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "kv-cache-too-small")
+    assert diagnosis.line is not None and diagnosis.line.raw == KV_TITLE
+    assert "title" in diagnosis.title
+
+
+def test_an_exception_quoted_by_a_title_is_reported_when_the_body_shows_no_error() -> None:
+    title = "# [Bug]: start fails:AssertionError: kernel requires gfx950, got gfx942"
+    diagnosis = diagnose_log(f"{title}\n\nvllm serve /models/m --tensor-parallel-size 8\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and diagnosis.line.raw == title
+
+
+def test_the_body_wins_over_the_title_when_it_states_its_own_error() -> None:
+    # vLLM 0.10.2-0.33.0 vllm/config/device.py: "Failed to infer device type".
+    body = "RuntimeError: Failed to infer device type\n"
+    diagnosis = diagnose_log(f"{KV_TITLE}\n{body}")
+
+    assert diagnosis.failure == "no-device"
+    assert diagnosis.line is not None and diagnosis.line.raw == body.strip()
+
+
+def test_a_source_comment_and_a_plain_heading_are_no_title() -> None:
+    text = "# source: ValueError: No available memory for the cache blocks\n# Steps to reproduce\n"
+
+    assert diagnose_log(text).state != FAILED
+
+
+def test_a_title_does_not_override_a_server_known_to_be_running() -> None:
+    diagnosis = diagnose_log(f"{KV_TITLE}\n{CUT_TRACEBACK}", running=True)
+
+    assert diagnosis.failure != "kv-cache-too-small"
+
+
+# vLLM 0.11.2 vllm/entrypoints/launcher.py serve_http: logger.info("Available routes are:"),
+# then logger.info("Route: %s, Methods: %s", path, ", ".join(methods)) per route, then uvicorn.
+ROUTES = [
+    "(APIServer pid=9) INFO 10-24 13:23:36 [launcher.py:46] Route: /v1/models, Methods: GET",
+    "(APIServer pid=9) INFO 10-24 13:23:36 [launcher.py:46] Route: /health, Methods: GET",
+]
+
+
+def test_an_excerpt_of_the_route_list_alone_is_ready() -> None:
+    cut = "(APIServer pid=9) INFO 10-24 13:23:36 [launcher.py:46] Route: /"
+    diagnosis = diagnose_log("\n".join([*ROUTES, cut]) + "\n")
+
+    assert diagnosis.state == READY
+    # The line the excerpt cut names no route: the last whole one is reported.
+    assert diagnosis.line is not None and diagnosis.line.raw == ROUTES[-1]
+
+
+def test_a_route_list_followed_by_an_error_is_not_ready() -> None:
+    text = "\n".join([*ROUTES, "ERROR 10-24 13:23:37 [api_server.py:1] RuntimeError: boom"])
+
+    assert diagnose_log(text + "\n").state == FAILED
+
+
+def test_vllm_0_1s_own_head_size_check_is_head_size_unsupported() -> None:
+    # vLLM 0.1.x vllm/model_executor/layers/attention.py PagedAttention.__init__, rendered.
+    text = (
+        "ValueError: head_size (100) is not supported. Supported head sizes: [64, 80, 96, 128].\n"
+    )
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "head-size-unsupported"
+    assert diagnosis.numbers.get("head_size") == 100
