@@ -1576,11 +1576,13 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     # A line the catalogue names as a cause or an error is one whatever its form (a
     # linker's "ld: cannot find -lcuda", NCCL's and the kernel's lines).
     named = {h.line.number for h in hits if h.entry.kind in ("cause", "generic")}
+    own = _wrapper_record(lines, wrapper)
     candidates = [
         line
         for line in lines
         if line.number < wrapper.number
         and line.number not in wrapper_lines
+        and line.number not in own
         and not line.is_code
         and not _NOT_A_CAUSE.match(line.text)
         and (line.number in named or _is_error_line(line))
@@ -1592,6 +1594,45 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
     best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
     return RootCause(first, best)
+
+
+def _wrapper_record(lines: list[LogLine], wrapper: LogLine) -> set[int]:
+    """The lines of the logged record that ends in the wrapper: ``logger.exception(msg)``
+    prefixes its message and every line of the traceback with the same level, time and
+    process (vLLM 0.10.2-0.34.0 vllm/v1/engine/async_llm.py output_handler: "AsyncLLM
+    output_handler failed." above the EngineDeadError). Its message only says which handler
+    caught the wrapper; it is no error of the failed process. Empty when the record holds
+    another exception (a chained one is a cause) or no traceback."""
+    if wrapper.level not in ("ERROR", "CRITICAL") or wrapper.timestamp is None:
+        return set()
+    index = next(i for i, line in enumerate(lines) if line is wrapper)
+    record: list[LogLine] = []
+    for line in reversed(lines[:index]):
+        same = (line.level, line.timestamp, line.process) == (
+            wrapper.level,
+            wrapper.timestamp,
+            wrapper.process,
+        )
+        if not same:
+            break
+        if line.exception or _EXCEPTION_LINE.match(line.text):
+            return set()
+        record.append(line)
+        if _TRACEBACK.match(line.text):
+            break
+    else:
+        return set()
+    if not record or not _TRACEBACK.match(record[-1].text):
+        return set()
+    above = lines[index - len(record) - 1] if index - len(record) - 1 >= 0 else None
+    own = {line.number for line in record}
+    if above is not None and (above.level, above.timestamp, above.process) == (
+        wrapper.level,
+        wrapper.timestamp,
+        wrapper.process,
+    ):
+        own.add(above.number)
+    return own
 
 
 # The wrappers of a failed startup: vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py ("Engine core

@@ -162,3 +162,32 @@ def test_vllm_0_1s_own_head_size_check_is_head_size_unsupported() -> None:
 
     assert diagnosis.failure == "head-size-unsupported"
     assert diagnosis.numbers.get("head_size") == 100
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/engine/async_llm.py output_handler: logger.exception("AsyncLLM
+# output_handler failed.") of the EngineDeadError (vllm/v1/engine/exceptions.py) that
+# core_client.py raises: one record, every line with the same level, time and process.
+DEAD_RECORD = [
+    "ERROR 08-15 17:38:13 [async_llm.py:416] AsyncLLM output_handler failed.",
+    "ERROR 08-15 17:38:13 [async_llm.py:416] Traceback (most recent call last):",
+    'ERROR 08-15 17:38:13 [async_llm.py:416]   File "/x/vllm/v1/engine/async_llm.py", line 375, in '
+    "output_handler",
+    "ERROR 08-15 17:38:13 [async_llm.py:416]     outputs = await engine_core.get_output_async()",
+    "ERROR 08-15 17:38:13 [async_llm.py:416] vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+    "encountered an issue. See stack trace (above) for the root cause.",
+]
+
+
+def test_the_handlers_message_above_a_dead_engines_traceback_is_not_its_root_cause() -> None:
+    diagnosis = diagnose_log("\n".join(DEAD_RECORD) + "\n")
+
+    assert diagnosis.failure == "engine-dead"
+    assert diagnosis.line is not None and "EngineDeadError" in diagnosis.line.raw
+
+
+def test_an_error_of_the_engine_above_that_record_is_still_the_root_cause() -> None:
+    engine = "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:12 [core.py:1] RuntimeError: boom"
+    diagnosis = diagnose_log("\n".join([engine, *DEAD_RECORD]) + "\n")
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == engine
