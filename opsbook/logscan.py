@@ -1132,7 +1132,7 @@ def _diagnose_body(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
     events = _phase_events(lines)
-    hits = match_catalogue(lines)
+    hits = _after_launch(match_catalogue(lines), lines)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
     # request's, as after the startup's end.
@@ -1186,6 +1186,31 @@ def _diagnose_body(
     if logged is not None:
         return _failed(FAILED, Hit(_entry_by_id("unrecognised-error"), logged, 0), [], events, base)
     return _unfinished(lines, events, running, base)
+
+
+# vLLM's API server states its version first thing (vllm/entrypoints/openai/api_server.py
+# run_server, vLLM 0.10.2-0.34.0: logger.info("vLLM API server version %s", ...)).
+_SERVER_START = re.compile(r"^vLLM API server version ")
+
+
+def _after_launch(hits: list[Hit], lines: list[LogLine]) -> list[Hit]:
+    """The hits of the text from vLLM's own start, when an error of the program that launches
+    it (a platform's worker, a wrapper script) comes before that start: the launcher went on
+    to start vLLM, so its error did not stop the launch. The start is the last API server
+    version line of the text (the splitter has left one startup, whose head may hold the
+    launcher's lines). Only lines that carry neither a level opsbook reads nor a process
+    prefix are taken for the launcher's: a line of vLLM's logger is kept wherever it is."""
+    start = next((line.number for line in reversed(lines) if _SERVER_START.match(line.text)), None)
+    if start is None:
+        return hits
+    return [
+        hit
+        for hit in hits
+        if hit.line.number >= start
+        or hit.entry.kind in ("note", "stall")
+        or hit.line.level is not None
+        or hit.line.process is not None
+    ]
 
 
 def _error_after_progress(

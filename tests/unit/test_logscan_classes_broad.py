@@ -191,3 +191,33 @@ def test_an_error_of_the_engine_above_that_record_is_still_the_root_cause() -> N
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == engine
+
+
+# A launcher that logs its own error, then starts vLLM (vLLM's first lines: vllm/platforms
+# __init__.py "Automatically detected platform %s.", api_server.py "vLLM API server version").
+# transformers 4.x configuration_auto.py: "The checkpoint you are trying to load has model type
+# `%s` but Transformers does not recognize this architecture."
+LAUNCHER_ERROR = (
+    "2025-11-01 17:35:57.955760+08:00 - launcher.backends - ERROR - Failed to derive the "
+    "context length: The checkpoint you are trying to load has model type `x_vl` but "
+    "Transformers does not recognize this architecture."
+)
+VLLM_START = [
+    "INFO 11-01 17:36:01 [__init__.py:216] Automatically detected platform cuda.",
+    "(APIServer pid=1951) INFO 11-01 17:36:05 [api_server.py:1839] vLLM API server version 0.11.0",
+    "(APIServer pid=1951) INFO 11-01 17:36:05 [utils.py:233] non-default args: {'model': 'm'}",
+]
+
+
+def test_a_launchers_error_before_vllm_starts_did_not_stop_the_launch() -> None:
+    diagnosis = diagnose_log("\n".join([LAUNCHER_ERROR, *VLLM_START]) + "\n")
+
+    assert diagnosis.state != FAILED
+    assert diagnosis.line is not None and "non-default args" in diagnosis.line.raw
+
+
+def test_the_same_error_with_no_vllm_start_after_it_is_the_failure() -> None:
+    diagnosis = diagnose_log(LAUNCHER_ERROR + "\n")
+
+    assert diagnosis.state == FAILED
+    assert diagnosis.line is not None and diagnosis.line.raw == LAUNCHER_ERROR
