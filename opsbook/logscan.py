@@ -376,6 +376,9 @@ class CatalogueEntry:
     after: tuple[re.Pattern[str] | None, ...] = ()
     # The shared failure id this class is reported under, when its own id is not one of them.
     family: str | None = None
+    # A stall logged on a timer while a normal startup waits too: a hang only when this many
+    # end the log in a row, with no other line between them.
+    hang_after: int | None = None
 
     @property
     def failure(self) -> str:
@@ -618,6 +621,7 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
             stems=tuple(raw.get("stems", ())),
             after=tuple(_after(p) for p in raw["patterns"]),
             family=raw.get("family"),
+            hang_after=raw.get("hang_after"),
         )
     except (KeyError, TypeError, re.error) as exc:
         raise OpsbookError(
@@ -1162,7 +1166,10 @@ def _diagnose_body(
     stalls = [hit for hit in hits if hit.entry.kind == "stall"]
     if _stall_is_hang(stalls, lines, events, ready_at):
         return _failed(HUNG, _pick_line(stalls), hits, events, base)
-    base["notes"] = base["notes"] + _first_of_each(stalls)
+    # A timed wait that is no hang is the startup going on, not a line worth pointing out.
+    base["notes"] = base["notes"] + _first_of_each(
+        [s for s in stalls if s.entry.hang_after is None]
+    )
     if ready_at is not None:
         bind_error = _error_before_shutdown(lines, ready_at)
         if bind_error is not None:
@@ -1927,6 +1934,8 @@ def _stall_is_hang(
 ) -> bool:
     if not stalls or (ready_at is not None and ready_at > stalls[-1].line.number):
         return False
+    if stalls[-1].entry.hang_after is not None:
+        return _repeated_at_end(stalls[-1].entry, stalls, lines)
     # The log's last record, not a reporter's words under it ("it hangs here forever").
     last_text = next((line for line in reversed(lines) if line.text), None)
     last = _stopped_at(lines, events, []) if last_text is not None and not last_text.level else None
@@ -1937,6 +1946,19 @@ def _stall_is_hang(
         or len(since_progress) >= _PERSISTENT_STALLS
         or _only_quoted(stalls, lines, events)
     )
+
+
+def _repeated_at_end(entry: CatalogueEntry, stalls: list[Hit], lines: list[LogLine]) -> bool:
+    """Whether the log's last records are ``entry.hang_after`` or more of this stall in a row
+    (a reporter's prose after them aside): the wait went on with nothing else logged."""
+    mine = {hit.line.number for hit in stalls if hit.entry is entry}
+    records = [line for line in lines if line.text and (line.level or line.number in mine)]
+    run = 0
+    for line in reversed(records):
+        if line.number not in mine:
+            break
+        run += 1
+    return run >= (entry.hang_after or 0)
 
 
 def _only_quoted(

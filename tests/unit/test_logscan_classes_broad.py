@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from opsbook.logscan import FAILED, READY, diagnose_log
+from opsbook.logscan import FAILED, HUNG, NO_CONCLUSION, READY, diagnose_log
 
 # Ascend/pytorch torch_npu/csrc/core/npu/NPUCachingAllocator.cpp: AT_ERROR("NPU out of memory.
 # Tried to allocate ", format_size(alloc_size), " (NPU ", device, "; ", format_size(total),
@@ -221,3 +221,31 @@ def test_the_same_error_with_no_vllm_start_after_it_is_the_failure() -> None:
 
     assert diagnosis.state == FAILED
     assert diagnosis.line is not None and diagnosis.line.raw == LAUNCHER_ERROR
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py wait_for_engine_startup: logger.debug("Waiting for
+# %d local, %d remote core engine proc(s) to start.", ...) every STARTUP_POLL_PERIOD_MS.
+WAIT = (
+    "(APIServer pid=30) DEBUG 09-02 17:29:{s:02d} [utils.py:777] Waiting for 1 local, 0 remote "
+    "core engine proc(s) to start."
+)
+
+
+def test_waits_for_the_engine_core_with_nothing_else_logged_are_a_hang() -> None:
+    text = "\n".join(WAIT.format(s=s) for s in (6, 16, 26)) + "\n"
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "unrecognised-error")
+    assert diagnosis.error_class == "engine-start-wait"
+
+
+def test_two_waits_or_waits_between_the_engines_progress_are_no_hang() -> None:
+    progress = "(EngineCore_DP0 pid=31) INFO 09-02 17:29:20 [gpu_model_runner.py:1] Loading model"
+    short = [WAIT.format(s=6), WAIT.format(s=16)]
+    mixed = [WAIT.format(s=6), WAIT.format(s=16), progress, WAIT.format(s=26)]
+
+    for lines, prose in ((short, "\nIt stays here.\n"), (mixed, "\n")):
+        diagnosis = diagnose_log("\n".join(lines) + prose)
+        assert diagnosis.state == NO_CONCLUSION
+        # Where it stopped: the last wait, not the first.
+        assert diagnosis.line is not None and diagnosis.line.raw == lines[-1]
