@@ -1864,7 +1864,9 @@ def _unfinished(
             source="vLLM vllm/entrypoints/openai/api_server.py (run_server: the startup sequence)",
             **base,
         )
-    suspect = _entry_by_id("nccl" if _stops_after_nccl_init(lines, events) else "host-oom-killer")
+    if _stops_after_nccl_init(lines, events):
+        return _hung_in_nccl_setup(lines, events, line, base)
+    suspect = _entry_by_id("host-oom-killer")
     return LogDiagnosis(
         state=NO_CONCLUSION,
         failure=None,
@@ -1881,6 +1883,39 @@ def _unfinished(
         ),
         source=suspect.source,
         suspect=suspect.id,
+        **base,
+    )
+
+
+def _hung_in_nccl_setup(
+    lines: list[LogLine],
+    events: list[tuple[LogLine, str]],
+    stopped: LogLine,
+    base: dict[str, Any],
+) -> LogDiagnosis:
+    """A startup whose log stops, with no error, once NCCL is being set up: the ranks wait for
+    each other in NCCL's first collective (vLLM runs one as it creates its groups: V0
+    vllm/distributed/parallel_state.py and 0.10.2-0.34.0 device_communicators/pynccl.py, an
+    all-reduce to warm up), where a peer that cannot connect (P2P, shared memory, a network
+    interface) makes every rank wait with nothing logged."""
+    progress_at = max((line.number for line, _ in events), default=0)
+    nccl = [line for line in lines if line.number > progress_at and _NCCL_INIT.search(line.text)]
+    entry = _entry_by_id("nccl")
+    return LogDiagnosis(
+        state=HUNG,
+        failure=entry.id,
+        title="the log stops during NCCL's set-up without an error: the ranks wait on each other",
+        severity="error",
+        line=nccl[-1] if nccl else stopped,
+        remedy=(
+            "If the server process is still alive and makes no progress, its ranks are stuck in "
+            "NCCL's first collective: dump them with py-spy, rerun with NCCL_DEBUG=INFO. "
+            + entry.remedy
+        ),
+        source=entry.source
+        + "; vLLM 0.10.2-0.34.0 vllm/distributed/device_communicators/pynccl.py (warm-up "
+        "all-reduce after the communicator is made)",
+        suspect=entry.id,
         **base,
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from opsbook.logscan import FAILED, HUNG, NO_CONCLUSION, READY, diagnose_log
+from opsbook.logscan import FAILED, HUNG, LOADING, NO_CONCLUSION, READY, diagnose_log
 
 # Ascend/pytorch torch_npu/csrc/core/npu/NPUCachingAllocator.cpp: AT_ERROR("NPU out of memory.
 # Tried to allocate ", format_size(alloc_size), " (NPU ", device, "; ", format_size(total),
@@ -249,3 +249,23 @@ def test_two_waits_or_waits_between_the_engines_progress_are_no_hang() -> None:
         assert diagnosis.state == NO_CONCLUSION
         # Where it stopped: the last wait, not the first.
         assert diagnosis.line is not None and diagnosis.line.raw == lines[-1]
+
+
+# vLLM 0.10.2 vllm/distributed/device_communicators/pynccl.py: logger.info("vLLM is using
+# nccl==%s", ...) as the communicator is made, then its warm-up all-reduce.
+NCCL_SETUP = [
+    "INFO 07-22 07:59:47 [parallel_state.py:1] world_size=2 rank=0 backend=nccl",
+    "(Worker_TP0 pid=5) INFO 07-22 07:59:48 [pynccl.py:69] vLLM is using nccl==2.21.5",
+    "(Worker_TP1 pid=6) INFO 07-22 07:59:48 [pynccl.py:69] vLLM is using nccl==2.21.5",
+]
+
+
+def test_a_log_that_stops_in_ncclss_set_up_is_a_hang_in_nccl() -> None:
+    diagnosis = diagnose_log("\n".join(NCCL_SETUP) + "\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "nccl")
+    assert diagnosis.line is not None and diagnosis.line.raw == NCCL_SETUP[-1]
+
+
+def test_a_process_known_alive_in_ncclss_set_up_is_still_loading() -> None:
+    assert diagnose_log("\n".join(NCCL_SETUP) + "\n", running=True).state == LOADING
