@@ -269,3 +269,61 @@ def test_a_log_that_stops_in_ncclss_set_up_is_a_hang_in_nccl() -> None:
 
 def test_a_process_known_alive_in_ncclss_set_up_is_still_loading() -> None:
     assert diagnose_log("\n".join(NCCL_SETUP) + "\n", running=True).state == LOADING
+
+
+# The fallbacks by the error's words: exception lines in wordings no specific entry knows,
+# each rendered from the format string or error text named beside it.
+@pytest.mark.parametrize(
+    ("rendered", "failure", "error_class"),
+    [
+        # ROCm HIP hipGetErrorString(hipErrorOutOfMemory), as torch.cuda raises it on ROCm.
+        ("RuntimeError: HIP error: out of memory", "oom", None),
+        # A plugin's own sentence around the runtime's words (any "<Name>Error: ... out of
+        # memory" form).
+        ("RuntimeError: allocate KV blocks failed: device out of memory", "oom", "oom-worded"),
+        # PyTorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, a communicator error.
+        (
+            "torch.distributed.DistBackendError: [1] is setting up NCCL communicator and "
+            "retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but store->"
+            "get('0') got error: Connection reset by peer",
+            "nccl",
+            "nccl-worded",
+        ),
+        # requests' HTTPError ("%s Client Error: %s for url: %s") with RFC 9110's phrase.
+        (
+            "requests.exceptions.HTTPError: 403 Client Error: Forbidden for url: "
+            "https://huggingface.co/org/model/resolve/main/config.json",
+            "hub-gated",
+            None,
+        ),
+        (
+            "OSError: org/model is gated: visit https://huggingface.co/org/model to ask for "
+            "access.",
+            "hub-gated",
+            "hub-auth-worded",
+        ),
+    ],
+)
+def test_an_error_worded_as_no_entry_is_classed_by_its_words(
+    rendered: str, failure: str, error_class: str | None
+) -> None:
+    diagnosis = diagnose_log(rendered + "\n")
+
+    assert (diagnosis.failure, diagnosis.error_class) == (failure, error_class), str(diagnosis)
+    assert diagnosis.line is not None and diagnosis.line.raw == rendered
+
+
+def test_words_in_prose_or_an_info_line_are_no_error() -> None:
+    for text in (
+        "The server ran out of memory last time, so I lowered the limit.",
+        "INFO 01-01 00:00:00 [x.py:1] NCCL_P2P_DISABLE set; not gated",
+    ):
+        assert diagnose_log(text + "\n").state != FAILED, text
+
+
+def test_a_specific_entry_wins_over_the_words_on_another_line() -> None:
+    # vLLM 0.10.2 vllm/v1/core/kv_cache_utils.py, then an OOM in a wrapper's own words.
+    kv = "ValueError: No available memory for the cache blocks. Try increasing memory."
+    oom = "RuntimeError: worker 1 failed: device out of memory"
+
+    assert diagnose_log(f"{oom}\n{kv}\n").failure == "kv-cache-too-small"
