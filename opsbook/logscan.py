@@ -1152,7 +1152,7 @@ def _diagnose_body(
     }
     failure = _choose_failure(hits, ready_at)
     if failure:
-        failure = _logged_message(failure, lines)
+        failure = _last_error_detail(_logged_message(failure, lines), lines)
         diagnosis = _failed(FAILED, failure, hits, events, base)
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
             start = _walk_back_start(failure, hits)
@@ -1362,6 +1362,9 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     message (same process), when there is one."""
     if chosen.entry.kind != "generic":
         return chosen
+    asserted = _asserted_line(chosen.line, lines)
+    if asserted is not None:
+        return replace(chosen, line=asserted)
     if not _TRACEBACK.match(chosen.line.text):
         return _record_message(chosen, lines)
     index = next(i for i, line in enumerate(lines) if line is chosen.line)
@@ -1375,6 +1378,37 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     ):
         return replace(chosen, line=before)
     return chosen
+
+
+_LAST_ERROR = re.compile(r"^Last error:\s*$")
+
+
+def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
+    """For an NCCL error followed by "Last error:", the line under it: ncclGetLastError()'s
+    text names the call that failed and the peer (vLLM 0.34.0
+    vllm/distributed/device_communicators/pynccl_wrapper.py NCCL_CHECK: f"NCCL error:
+    {error_str}\nLast error:\n{last_error}"; PyTorch's ProcessGroupNCCL adds the same), while
+    the error's own line is only the ncclResult_t's name."""
+    if chosen.entry.failure != "nccl":
+        return chosen
+    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    after = [line for line in lines[index + 1 : index + 4] if line.text]
+    if len(after) >= 2 and _LAST_ERROR.match(after[0].text) and not after[1].is_code:
+        return replace(chosen, line=after[1])
+    return chosen
+
+
+def _asserted_line(line: LogLine, lines: list[LogLine]) -> LogLine | None:
+    """For a bare ``AssertionError`` (an ``assert`` without a message: Python prints only the
+    name), the failed ``assert`` statement its traceback shows just above: the only words
+    that say what failed."""
+    if line.text.rstrip(": ") != "AssertionError":
+        return None
+    index = next(i for i, other in enumerate(lines) if other is line)
+    for other in reversed(lines[max(index - 4, 0) : index]):
+        if other.text.startswith("assert "):
+            return other
+    return None
 
 
 def _record_message(chosen: Hit, lines: list[LogLine]) -> Hit:
@@ -1625,7 +1659,7 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     first = (others or candidates)[0]
     causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
     best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
-    return RootCause(first, best)
+    return RootCause(_asserted_line(first, lines) or first, best)
 
 
 def _wrapper_record(lines: list[LogLine], wrapper: LogLine) -> set[int]:

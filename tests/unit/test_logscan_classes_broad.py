@@ -327,3 +327,33 @@ def test_a_specific_entry_wins_over_the_words_on_another_line() -> None:
     oom = "RuntimeError: worker 1 failed: device out of memory"
 
     assert diagnose_log(f"{oom}\n{kv}\n").failure == "kv-cache-too-small"
+
+
+def test_a_bare_assertion_error_reports_the_failed_assert_statement() -> None:
+    # CPython prints an assert without a message as the bare name under its traceback.
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/vllm/model_executor/layers/vocab_parallel_embedding.py", line 375, in w\n'
+        "    assert loaded_weight.shape[output_dim] == self.org_vocab_size\n"
+        "AssertionError\n"
+    )
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None
+    assert (
+        diagnosis.line.raw.strip()
+        == "assert loaded_weight.shape[output_dim] == self.org_vocab_size"
+    )
+
+
+def test_ncclss_last_error_detail_is_the_line_reported() -> None:
+    # vLLM 0.34.0 pynccl_wrapper.py NCCL_CHECK: f"NCCL error: {error_str}\nLast error:\n{last}",
+    # with ncclGetErrorString(ncclRemoteError) and a proxy's connect failure as ncclGetLastError.
+    detail = "Proxy Call to rank 3 failed (Connect)"
+    error = "RuntimeError: NCCL error: remote process exited or there was a network error"
+    text = f"{error}\nLast error:\n{detail}\n"
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "nccl"
+    assert diagnosis.line is not None and diagnosis.line.raw == detail
