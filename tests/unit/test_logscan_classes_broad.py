@@ -357,3 +357,30 @@ def test_ncclss_last_error_detail_is_the_line_reported() -> None:
 
     assert diagnosis.failure == "nccl"
     assert diagnosis.line is not None and diagnosis.line.raw == detail
+
+
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        # vLLM 0.10.2 vllm/executor/multiproc_worker_utils.py ProcessWatchdog.
+        "ERROR 03-31 15:45:01 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid "
+        "1867860 died, exit code: -9",
+        # vLLM 0.34.0 vllm/v1/executor/multiproc_executor.py.
+        "(EngineCore_DP0 pid=7) ERROR 05-01 10:00:00 [multiproc_executor.py:1] Worker proc "
+        "VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.",
+    ],
+    ids=["v0", "v1"],
+)
+def test_a_worker_killed_with_sigkill_points_at_the_oom_killer(rendered: str) -> None:
+    # The API server's wrapper below it (vLLM 0.10.2-0.34.0 vllm/v1/engine/exceptions.py).
+    wrapper = "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
+    diagnosis = diagnose_log(f"{rendered}\n{wrapper}\n")
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("host-oom-killer", "worker-sigkilled")
+    assert diagnosis.line is not None and diagnosis.line.raw == rendered
+
+
+def test_a_worker_that_exited_with_an_error_code_is_not_the_oom_killers() -> None:
+    text = "ERROR 03-31 15:45:01 multiproc_worker_utils.py:120] Worker X pid 5 died, exit code: 1\n"
+
+    assert diagnose_log(text).failure != "host-oom-killer"
