@@ -384,3 +384,14 @@ def test_a_worker_that_exited_with_an_error_code_is_not_the_oom_killers() -> Non
     text = "ERROR 03-31 15:45:01 multiproc_worker_utils.py:120] Worker X pid 5 died, exit code: 1\n"
 
     assert diagnose_log(text).failure != "host-oom-killer"
+
+
+def test_an_ascend_cann_error_code_line_is_an_error_line() -> None:
+    # The CANN error code form (E, the module, four digits) with its message, as torch_npu
+    # prints it; the rank prefix is torchrun's.
+    code = "[rank1]: EZ9999: Inner Error!"
+    text = f"INFO 09-24 20:59:40 [worker.py:1] Loading weights\n{code}\n"
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == code
