@@ -184,8 +184,10 @@ _RUNTIME_STAMP = re.compile(
     r"(?:Z|[+-]\d\d:?\d\d)? "
 )
 # journald / syslog: "Dec 03 10:11:12 host vllm[1234]: " (journalctl's default output).
+# journald's short format names the month in the host's locale (strftime %b under LC_TIME:
+# "Aug", "авг", "août", "Mär"); only an English name gives the line a date.
 _SYSLOG = re.compile(
-    r"^(?P<monthname>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<day>\d{1,2}) "
+    r"^(?P<monthname>[^\W\d_]{3,5}\.?) +(?P<day>\d{1,2}) "
     r"(?P<time>\d\d:\d\d:\d\d) \S+ [\w.@/:-]+(?:\[\d+\])?: "
 )
 # kubectl logs --prefix: "[pod/NAME/CONTAINER] "; stern and other log aggregators: the pod
@@ -2268,7 +2270,7 @@ def _level_name(found: str) -> str:
 def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:
     try:
         hour, minute, second = (int(part) for part in (groups["time"] or "").split(":"))
-        month = groups.get("month") or _MONTHS.index(groups.get("monthname") or "") + 1
+        month = groups.get("month") or _MONTHS.index((groups.get("monthname") or "")[:3]) + 1
         return datetime(
             int(groups.get("year") or year),
             int(month),

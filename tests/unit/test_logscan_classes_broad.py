@@ -395,3 +395,17 @@ def test_an_ascend_cann_error_code_line_is_an_error_line() -> None:
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == code
+
+
+def test_a_journald_prefix_with_a_localised_month_is_read() -> None:
+    # journalctl's short format: strftime("%b %d %H:%M:%S") in the host's LC_TIME, the host,
+    # the unit and its PID; vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py's own line behind it.
+    line = (
+        "авг 18 14:15:04 llm python3[28059]: (EngineCore pid=28059) WARNING 08-18 14:15:04 "
+        "[model.py:1508] Default sampling parameters have been overridden"
+    )
+    diagnosis = diagnose_log(f"{line}\n")
+
+    assert diagnosis.state == NO_CONCLUSION
+    assert diagnosis.line is not None and diagnosis.line.raw == line
+    assert diagnosis.line.level == "WARNING" and diagnosis.line.process == "EngineCore pid=28059"
