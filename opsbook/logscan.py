@@ -23,12 +23,14 @@ import html
 import io
 import json
 import re
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
+from itertools import accumulate
 from typing import Any, BinaryIO
 
 import yaml
@@ -1138,7 +1140,7 @@ def _diagnose_body(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
     events = _phase_events(lines)
-    hits = _after_launch(match_catalogue(lines), lines)
+    hits = _survived_dropped(_after_launch(match_catalogue(lines), lines), events)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
     # request's, as after the startup's end.
@@ -1207,8 +1209,9 @@ def _after_launch(hits: list[Hit], lines: list[LogLine]) -> list[Hit]:
     it (a platform's worker, a wrapper script) comes before that start: the launcher went on
     to start vLLM, so its error did not stop the launch. The start is the last API server
     version line of the text (the splitter has left one startup, whose head may hold the
-    launcher's lines). Only lines that carry neither a level opsbook reads nor a process
-    prefix are taken for the launcher's: a line of vLLM's logger is kept wherever it is."""
+    launcher's lines). Only stamped lines that carry neither a level opsbook reads nor a
+    process prefix are taken for the launcher's: a line of vLLM's logger, or an error quoted
+    above the log, is kept wherever it is."""
     start = next((line.number for line in reversed(lines) if _SERVER_START.match(line.text)), None)
     if start is None:
         return hits
@@ -1219,7 +1222,41 @@ def _after_launch(hits: list[Hit], lines: list[LogLine]) -> list[Hit]:
         or hit.entry.kind in ("note", "stall")
         or hit.line.level is not None
         or hit.line.process is not None
+        # A line with no time is no launcher's record: an error a reporter quotes above the
+        # log it came from.
+        or hit.line.timestamp is None
     ]
+
+
+def _survived_dropped(hits: list[Hit], events: list[tuple[LogLine, str]]) -> list[Hit]:
+    """The hits without uncatalogued errors that the same process's startup went past: a
+    later phase than the one it was in, logged by the same process, shows the error was not
+    fatal (a logged and handled exception, an optional import). A catalogued cause is kept."""
+    if not events or not any(hit.entry.kind == "generic" for hit in hits):
+        return hits
+    order = {name: index for index, name in enumerate(PHASE_NAMES)}
+    numbers = [line.number for line, _ in events]
+    reached = list(accumulate((order[name] for _, name in events), max))
+    # Per process: its events' numbers and the furthest phase it logs from each one on.
+    by_process: dict[str | None, tuple[list[int], list[int]]] = {}
+    for line, name in reversed(events):
+        later, furthest = by_process.setdefault(line.process, ([], []))
+        later.append(-line.number)
+        furthest.append(max(order[name], furthest[-1] if furthest else -1))
+    kept = []
+    for hit in hits:
+        # Only a record of the log (levelled or stamped): an error a reporter quotes above the
+        # log it came from is no line of that startup.
+        record = hit.line.level is not None or hit.line.timestamp is not None
+        if hit.entry.kind == "generic" and record and hit.line.process in by_process:
+            at = bisect_left(numbers, hit.line.number)
+            phase = reached[at - 1] if at else -1
+            later, furthest = by_process[hit.line.process]
+            after = bisect_left(later, -hit.line.number) - 1  # the last event after the hit
+            if after >= 0 and furthest[after] > phase:
+                continue
+        kept.append(hit)
+    return kept
 
 
 def _error_after_progress(

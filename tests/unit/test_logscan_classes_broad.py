@@ -409,3 +409,29 @@ def test_a_journald_prefix_with_a_localised_month_is_read() -> None:
     assert diagnosis.state == NO_CONCLUSION
     assert diagnosis.line is not None and diagnosis.line.raw == line
     assert diagnosis.line.level == "WARNING" and diagnosis.line.process == "EngineCore pid=28059"
+
+
+# vLLM's logger (vllm/logger.py's format "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d]")
+# of a handled exception, then the same process's startup going on to load weights.
+HANDLED = [
+    "(APIServer pid=9) INFO 05-01 10:00:00 [api_server.py:1] vLLM API server version 0.11.0",
+    "(EngineCore_DP0 pid=7) ERROR 05-01 10:00:01 [registry.py:1] RuntimeError: optional "
+    "kernels unavailable",
+    "(EngineCore_DP0 pid=7) INFO 05-01 10:00:02 [cuda.py:1] Using FLASH_ATTN backend.",
+    "(EngineCore_DP0 pid=7) INFO 05-01 10:00:03 [default_loader.py:1] Loading weights took 2 s",
+]
+
+
+def test_an_uncatalogued_error_the_same_process_went_past_was_not_fatal() -> None:
+    diagnosis = diagnose_log("\n".join(HANDLED) + "\n")
+
+    assert diagnosis.state == NO_CONCLUSION
+    assert diagnosis.line is not None and "Loading weights took" in diagnosis.line.raw
+
+
+def test_another_processs_progress_does_not_excuse_the_error() -> None:
+    other = [
+        line.replace("EngineCore_DP0 pid=7) INFO", "Worker_TP1 pid=8) INFO") for line in HANDLED
+    ]
+
+    assert diagnose_log("\n".join(other) + "\n").state == FAILED
