@@ -435,3 +435,19 @@ def test_another_processs_progress_does_not_excuse_the_error() -> None:
     ]
 
     assert diagnose_log("\n".join(other) + "\n").state == FAILED
+
+
+def test_v0s_rpc_server_wrapper_walks_back_to_the_root_cause() -> None:
+    # vLLM 0.5.5-0.6.x api_server.py's wrapper below the RPC server's own traceback.
+    cause = "ValueError: Chunked prefill is not supported with multi-step"
+    wrapper = (
+        "ERROR 09-08 13:11:00 api_server.py:186] RPCServer process died before responding to "
+        "readiness probe"
+    )
+    alone = diagnose_log(wrapper + "\n")
+    under = diagnose_log(f"{cause}\n{wrapper}\n")
+
+    assert alone.failure == "engine-dead"
+    assert under.failure == "unrecognised-error"
+    assert under.line is not None and under.line.raw == cause
+    assert under.wrapper is not None and under.wrapper.raw == wrapper
