@@ -451,3 +451,21 @@ def test_v0s_rpc_server_wrapper_walks_back_to_the_root_cause() -> None:
     assert under.failure == "unrecognised-error"
     assert under.line is not None and under.line.raw == cause
     assert under.wrapper is not None and under.wrapper.raw == wrapper
+
+
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        # Habana's PyTorch bridge (Gaudi), as HabanaAI's READMEs quote it.
+        "RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for "
+        "size::939524096 (896)MB",
+        # oneAPI Unified Runtime's result name, as SYCL's exception message carries it.
+        "RuntimeError: level_zero backend failed with error: 39 "
+        "(UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)",
+    ],
+    ids=["hpu", "xpu-ur"],
+)
+def test_gaudis_and_level_zeros_allocation_failures_are_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(rendered + "\n")
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("oom", None)
