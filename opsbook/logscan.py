@@ -1698,7 +1698,33 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     first = (others or candidates)[0]
     causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
     best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+    exception = _exception_of_record(first, lines)
+    if exception is not None:
+        first = exception
+        causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
+        best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
     return RootCause(_asserted_line(first, lines) or first, best)
+
+
+def _exception_of_record(message: LogLine, lines: list[LogLine]) -> LogLine | None:
+    """For the message of a ``logger.exception`` record (the traceback follows it with the
+    same level, time and process) that names nothing ("EngineCore encountered a fatal error.",
+    vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py), the record's first exception line: the error
+    itself, the message being only where it was caught."""
+    if message.exception or message.level is None or _NAMES_A_VALUE.search(message.text):
+        return None
+    key = (message.level, message.timestamp, message.process)
+    index = next(i for i, line in enumerate(lines) if line is message)
+    record = []
+    for line in lines[index + 1 :]:
+        if (line.level, line.timestamp, line.process) != key:
+            break
+        record.append(line)
+    if not record or not _TRACEBACK.match(record[0].text):
+        return None
+    return next(
+        (line for line in record if not line.is_code and _EXCEPTION_LINE.match(line.text)), None
+    )
 
 
 def _wrapper_record(lines: list[LogLine], wrapper: LogLine) -> set[int]:

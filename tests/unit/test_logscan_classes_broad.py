@@ -469,3 +469,26 @@ def test_gaudis_and_level_zeros_allocation_failures_are_oom(rendered: str) -> No
     diagnosis = diagnose_log(rendered + "\n")
 
     assert (diagnosis.failure, diagnosis.error_class) == ("oom", None)
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core: logger.exception("EngineCore
+# encountered a fatal error."), every traceback line in the same record; the API server's
+# EngineDeadError (vllm/v1/engine/exceptions.py) below it.
+FATAL_RECORD = [
+    "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700] EngineCore encountered a fatal "
+    "error.",
+    "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700] Traceback (most recent call last):",
+    '(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700]   File "/x/core.py", line 1, in run',
+    "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700]     self.step()",
+    "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700] RuntimeError: frobnication failed",
+    "(APIServer pid=9) ERROR 08-15 17:38:13 [async_llm.py:416] vllm.v1.engine.exceptions."
+    "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
+]
+
+
+def test_the_root_cause_under_a_handlers_fatal_error_message_is_its_exception() -> None:
+    diagnosis = diagnose_log("\n".join(FATAL_RECORD) + "\n")
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == FATAL_RECORD[4]
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == FATAL_RECORD[5]
