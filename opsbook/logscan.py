@@ -315,7 +315,7 @@ _VERSION_PATTERNS = (
     re.compile(r"\b[vV][lL][lL][mM]\b[^\n]{0,20}?\bversion:? v?(\d+\.\d+[\w.+-]*)"),
     re.compile(r"\bvllm==(\d+\.\d+[\w.+-]*)"),
 )
-_NCCL_INIT = re.compile(r"vLLM is using nccl==|NCCL INFO .*Init COMPLETE|Found nccl from")
+_NCCL_INIT = re.compile(r"vLLM is using nccl==|\bNCCL INFO \S|Found nccl from")
 _WEIGHTS_DONE = re.compile(r"Loading weights took|Model loading took|Loading model weights took")
 _SIZE = re.compile(r"^([\d.]+) ?(bytes|[KMGT]?i?B)$")
 _SIZE_POWERS = {"bytes": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4}

@@ -492,3 +492,17 @@ def test_the_root_cause_under_a_handlers_fatal_error_message_is_its_exception() 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == FATAL_RECORD[4]
     assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == FATAL_RECORD[5]
+
+
+def test_a_log_that_stops_in_ncclss_own_info_lines_is_a_hang_in_nccl() -> None:
+    # NVIDIA/nccl src/include/debug.h INFO prefix ("%s:%d:%d [%d] NCCL INFO "), with
+    # NCCL_DEBUG=INFO: the channels being connected, then nothing.
+    lines = [
+        "INFO 06-05 10:45:10 [parallel_state.py:1] world_size=2 rank=1 backend=nccl",
+        "host1:2528104:2528104 [1] NCCL INFO Channel 00 : 1[1] -> 0[0] via SHM/direct/direct",
+        "host1:2528104:2528104 [1] NCCL INFO Connected all rings",
+    ]
+    diagnosis = diagnose_log("\n".join(lines) + "\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "nccl")
+    assert diagnosis.line is not None and diagnosis.line.raw == lines[-1]
