@@ -1077,13 +1077,18 @@ _TITLE_EXCEPTION = re.compile(r"(?:^|[\s`(:\]：])(?P<error>" + EXCEPTION_NAME +
 
 
 def _undecided(diagnosis: LogDiagnosis) -> bool:
-    """A diagnosis the log's body leaves open: no error and no sign of serving, or only an
-    uncatalogued line that states no error of its own (a traceback's head cut below it)."""
+    """A diagnosis the log's body leaves open: no error and no sign of serving, only an
+    engine's wrapper with no error of the failed process, or only an uncatalogued line that
+    states no error of its own (a traceback's head cut below it)."""
     if diagnosis.state == NO_CONCLUSION:
         return True
+    if diagnosis.state != FAILED:
+        return False
+    if diagnosis.failure == "engine-dead" and diagnosis.root_cause is None:
+        # Only the wrapper is in the text: the failed process's error is not.
+        return True
     return (
-        diagnosis.state == FAILED
-        and diagnosis.failure == "unrecognised-error"
+        diagnosis.failure == "unrecognised-error"
         and diagnosis.error_class is None
         and (diagnosis.line is None or not diagnosis.line.exception)
     )
@@ -1124,6 +1129,8 @@ def _from_title(lines: list[LogLine], body: LogDiagnosis) -> LogDiagnosis | None
     else:
         return None
     diagnosis.title = f"{diagnosis.title} (named by the report's title; the log shows no error)"
+    if body.state == FAILED and body.line is not None:
+        diagnosis.wrapper = body.line
     return diagnosis
 
 

@@ -506,3 +506,17 @@ def test_a_log_that_stops_in_ncclss_own_info_lines_is_a_hang_in_nccl() -> None:
 
     assert (diagnosis.state, diagnosis.failure) == (HUNG, "nccl")
     assert diagnosis.line is not None and diagnosis.line.raw == lines[-1]
+
+
+def test_a_title_names_the_cause_a_lone_engine_wrapper_leaves_out() -> None:
+    # vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py wait_for_engine_startup's wrapper, alone.
+    wrapper = (
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+        "proc(s): {}"
+    )
+    diagnosis = diagnose_log(f"{KV_TITLE}\n{wrapper}\n")
+
+    assert diagnosis.failure == "kv-cache-too-small"
+    assert diagnosis.line is not None and diagnosis.line.raw == KV_TITLE
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == wrapper
+    assert diagnose_log(wrapper + "\n").failure == "engine-dead"
