@@ -520,3 +520,11 @@ def test_a_title_names_the_cause_a_lone_engine_wrapper_leaves_out() -> None:
     assert diagnosis.line is not None and diagnosis.line.raw == KV_TITLE
     assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == wrapper
     assert diagnose_log(wrapper + "\n").failure == "engine-dead"
+
+
+def test_a_refused_fetch_of_another_address_is_not_the_hub() -> None:
+    text = (
+        "requests.exceptions.HTTPError: 403 Client Error: Forbidden for url: "
+        "https://example.com/cat.png\n"
+    )
+    assert diagnose_log(text).failure != "hub-gated"
