@@ -528,3 +528,30 @@ def test_a_refused_fetch_of_another_address_is_not_the_hub() -> None:
         "https://example.com/cat.png\n"
     )
     assert diagnose_log(text).failure != "hub-gated"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        # libstdc++ vterminate.cc: the C++ exception's type, then its what() message.
+        (
+            "terminate called after throwing an instance of 'c10::Error'\n"
+            "  what():  CUDA error: unspecified launch failure\n",
+            "what():  CUDA error: unspecified launch failure",
+        ),
+        # CPython pylifecycle.c / faulthandler.c.
+        ("Fatal Python error: Segmentation fault\n", "Fatal Python error: Segmentation fault"),
+        # bash's report of the child's signal.
+        (
+            "INFO 01-01 00:00:00 [gpu_model_runner.py:1] Loading model\n"
+            "Segmentation fault (core dumped)\n",
+            "Segmentation fault (core dumped)",
+        ),
+    ],
+    ids=["terminate", "fatal-python", "shell-segfault"],
+)
+def test_a_crash_below_python_is_an_error_with_its_statement(text: str, key: str) -> None:
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and key in diagnosis.line.raw
