@@ -555,3 +555,7 @@ def test_a_crash_below_python_is_an_error_with_its_statement(text: str, key: str
 
     assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
     assert diagnosis.line is not None and key in diagnosis.line.raw
+
+
+def test_words_that_only_begin_like_a_signal_report_are_no_error() -> None:
+    assert diagnose_log("Aborted by the user, restarting later\n").state != FAILED
