@@ -23,12 +23,14 @@ import html
 import io
 import json
 import re
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
+from itertools import accumulate
 from typing import Any, BinaryIO
 
 import yaml
@@ -184,8 +186,10 @@ _RUNTIME_STAMP = re.compile(
     r"(?:Z|[+-]\d\d:?\d\d)? "
 )
 # journald / syslog: "Dec 03 10:11:12 host vllm[1234]: " (journalctl's default output).
+# journald's short format names the month in the host's locale (strftime %b under LC_TIME:
+# "Aug", "авг", "août", "Mär"); only an English name gives the line a date.
 _SYSLOG = re.compile(
-    r"^(?P<monthname>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<day>\d{1,2}) "
+    r"^(?P<monthname>[^\W\d_]{3,5}\.?) +(?P<day>\d{1,2}) "
     r"(?P<time>\d\d:\d\d:\d\d) \S+ [\w.@/:-]+(?:\[\d+\])?: "
 )
 # kubectl logs --prefix: "[pod/NAME/CONTAINER] "; stern and other log aggregators: the pod
@@ -311,7 +315,7 @@ _VERSION_PATTERNS = (
     re.compile(r"\b[vV][lL][lL][mM]\b[^\n]{0,20}?\bversion:? v?(\d+\.\d+[\w.+-]*)"),
     re.compile(r"\bvllm==(\d+\.\d+[\w.+-]*)"),
 )
-_NCCL_INIT = re.compile(r"vLLM is using nccl==|NCCL INFO .*Init COMPLETE|Found nccl from")
+_NCCL_INIT = re.compile(r"vLLM is using nccl==|\bNCCL INFO \S|Found nccl from")
 _WEIGHTS_DONE = re.compile(r"Loading weights took|Model loading took|Loading model weights took")
 _SIZE = re.compile(r"^([\d.]+) ?(bytes|[KMGT]?i?B)$")
 _SIZE_POWERS = {"bytes": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
@@ -376,6 +380,9 @@ class CatalogueEntry:
     after: tuple[re.Pattern[str] | None, ...] = ()
     # The shared failure id this class is reported under, when its own id is not one of them.
     family: str | None = None
+    # A stall logged on a timer while a normal startup waits too: a hang only when this many
+    # end the log in a row, with no other line between them.
+    hang_after: int | None = None
 
     @property
     def failure(self) -> str:
@@ -618,6 +625,7 @@ def _entry(raw: dict[str, Any]) -> CatalogueEntry:
             stems=tuple(raw.get("stems", ())),
             after=tuple(_after(p) for p in raw["patterns"]),
             family=raw.get("family"),
+            hang_after=raw.get("hang_after"),
         )
     except (KeyError, TypeError, re.error) as exc:
         raise OpsbookError(
@@ -1055,8 +1063,91 @@ class LogFollower:
 def _diagnose_lines(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
+    diagnosis = _diagnose_body(lines, running, kernel_log)
+    if running or not _undecided(diagnosis):
+        return diagnosis
+    return _from_title(lines, diagnosis) or diagnosis
+
+
+# A pasted report's markdown title ("# [Bug]: ValueError: ..."): read as a comment, never as the
+# log (logical_lines blanks it), but often the only place an excerpt states its error. A
+# ``# key: value`` comment of a saved excerpt (its source, its key line) is no title.
+_TITLE = re.compile(r"^# (?!(?:source|key):)\s*(?P<title>\S.*)$")
+_TITLE_EXCEPTION = re.compile(r"(?:^|[\s`(:\]：])(?P<error>" + EXCEPTION_NAME + r": \S.*)")
+
+
+def _undecided(diagnosis: LogDiagnosis) -> bool:
+    """A diagnosis the log's body leaves open: no error and no sign of serving, only an
+    engine's wrapper with no error of the failed process, or only an uncatalogued line that
+    states no error of its own (a traceback's head cut below it)."""
+    if diagnosis.state == NO_CONCLUSION:
+        return True
+    if diagnosis.state != FAILED:
+        return False
+    if diagnosis.failure == "engine-dead" and diagnosis.root_cause is None:
+        # Only the wrapper is in the text: the failed process's error is not.
+        return True
+    return (
+        diagnosis.failure == "unrecognised-error"
+        and diagnosis.error_class is None
+        and (diagnosis.line is None or not diagnosis.line.exception)
+    )
+
+
+def _title_lines(lines: list[LogLine]) -> list[LogLine]:
+    titles = []
+    for line in lines:
+        if line.text or line.is_code:
+            continue
+        found = _TITLE.match(_clean(line.raw).strip())
+        if found:
+            titles.append(LogLine(line.number, line.raw, found.group("title").strip()))
+    return titles
+
+
+def _from_title(lines: list[LogLine], body: LogDiagnosis) -> LogDiagnosis | None:
+    """The diagnosis a pasted report's title gives when its body leaves it open: a catalogued
+    cause named in the title (a wrapper only when the body shows no error at all), else, for a
+    body with no error, an exception the title quotes, as an uncatalogued error. It is
+    reported as the title's, so that nobody mistakes it for a line of the log."""
+    titles = _title_lines(lines)
+    if not titles:
+        return None
+    kinds = ("cause", "wrapper") if body.state == NO_CONCLUSION else ("cause",)
+    hits = [hit for hit in match_catalogue(titles) if hit.entry.kind in kinds]
+    base = _base_of(body)
+    if hits:
+        best = max(hits, key=lambda hit: (hit.entry.priority, -hit.line.number)).entry
+        chosen = _pick_line([hit for hit in hits if hit.entry is best])
+        diagnosis = _failed(FAILED, chosen, hits, [], base)
+    elif body.state == NO_CONCLUSION:
+        quoted = next((t for t in titles if _TITLE_EXCEPTION.search(t.text)), None)
+        if quoted is None:
+            return None
+        entry = _entry_by_id("unrecognised-error")
+        diagnosis = _failed(FAILED, Hit(entry, quoted, 0), [], [], base)
+    else:
+        return None
+    diagnosis.title = f"{diagnosis.title} (named by the report's title; the log shows no error)"
+    if body.state == FAILED and body.line is not None:
+        diagnosis.wrapper = body.line
+    return diagnosis
+
+
+def _base_of(diagnosis: LogDiagnosis) -> dict[str, Any]:
+    return {
+        "phase": diagnosis.phase,
+        "version": diagnosis.version,
+        "phases": diagnosis.phases,
+        "notes": diagnosis.notes,
+    }
+
+
+def _diagnose_body(
+    lines: list[LogLine], running: bool | None, kernel_log: str | None
+) -> LogDiagnosis:
     events = _phase_events(lines)
-    hits = match_catalogue(lines)
+    hits = _survived_dropped(_after_launch(match_catalogue(lines), lines), events)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
     # request's, as after the startup's end.
@@ -1072,7 +1163,7 @@ def _diagnose_lines(
     }
     failure = _choose_failure(hits, ready_at)
     if failure:
-        failure = _logged_message(failure, lines)
+        failure = _last_error_detail(_logged_message(failure, lines), lines)
         diagnosis = _failed(FAILED, failure, hits, events, base)
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
             start = _walk_back_start(failure, hits)
@@ -1086,7 +1177,10 @@ def _diagnose_lines(
     stalls = [hit for hit in hits if hit.entry.kind == "stall"]
     if _stall_is_hang(stalls, lines, events, ready_at):
         return _failed(HUNG, _pick_line(stalls), hits, events, base)
-    base["notes"] = base["notes"] + _first_of_each(stalls)
+    # A timed wait that is no hang is the startup going on, not a line worth pointing out.
+    base["notes"] = base["notes"] + _first_of_each(
+        [s for s in stalls if s.entry.hang_after is None]
+    )
     if ready_at is not None:
         bind_error = _error_before_shutdown(lines, ready_at)
         if bind_error is not None:
@@ -1110,6 +1204,66 @@ def _diagnose_lines(
     if logged is not None:
         return _failed(FAILED, Hit(_entry_by_id("unrecognised-error"), logged, 0), [], events, base)
     return _unfinished(lines, events, running, base)
+
+
+# vLLM's API server states its version first thing (vllm/entrypoints/openai/api_server.py
+# run_server, vLLM 0.10.2-0.34.0: logger.info("vLLM API server version %s", ...)).
+_SERVER_START = re.compile(r"^vLLM API server version ")
+
+
+def _after_launch(hits: list[Hit], lines: list[LogLine]) -> list[Hit]:
+    """The hits of the text from vLLM's own start, when an error of the program that launches
+    it (a platform's worker, a wrapper script) comes before that start: the launcher went on
+    to start vLLM, so its error did not stop the launch. The start is the last API server
+    version line of the text (the splitter has left one startup, whose head may hold the
+    launcher's lines). Only stamped lines that carry neither a level opsbook reads nor a
+    process prefix are taken for the launcher's: a line of vLLM's logger, or an error quoted
+    above the log, is kept wherever it is."""
+    start = next((line.number for line in reversed(lines) if _SERVER_START.match(line.text)), None)
+    if start is None:
+        return hits
+    return [
+        hit
+        for hit in hits
+        if hit.line.number >= start
+        or hit.entry.kind in ("note", "stall")
+        or hit.line.level is not None
+        or hit.line.process is not None
+        # A line with no time is no launcher's record: an error a reporter quotes above the
+        # log it came from.
+        or hit.line.timestamp is None
+    ]
+
+
+def _survived_dropped(hits: list[Hit], events: list[tuple[LogLine, str]]) -> list[Hit]:
+    """The hits without uncatalogued errors that the same process's startup went past: a
+    later phase than the one it was in, logged by the same process, shows the error was not
+    fatal (a logged and handled exception, an optional import). A catalogued cause is kept."""
+    if not events or not any(hit.entry.kind == "generic" for hit in hits):
+        return hits
+    order = {name: index for index, name in enumerate(PHASE_NAMES)}
+    numbers = [line.number for line, _ in events]
+    reached = list(accumulate((order[name] for _, name in events), max))
+    # Per process: its events' numbers and the furthest phase it logs from each one on.
+    by_process: dict[str | None, tuple[list[int], list[int]]] = {}
+    for line, name in reversed(events):
+        later, furthest = by_process.setdefault(line.process, ([], []))
+        later.append(-line.number)
+        furthest.append(max(order[name], furthest[-1] if furthest else -1))
+    kept = []
+    for hit in hits:
+        # Only a record of the log (levelled or stamped): an error a reporter quotes above the
+        # log it came from is no line of that startup.
+        record = hit.line.level is not None or hit.line.timestamp is not None
+        if hit.entry.kind == "generic" and record and hit.line.process in by_process:
+            at = bisect_left(numbers, hit.line.number)
+            phase = reached[at - 1] if at else -1
+            later, furthest = by_process[hit.line.process]
+            after = bisect_left(later, -hit.line.number) - 1  # the last event after the hit
+            if after >= 0 and furthest[after] > phase:
+                continue
+        kept.append(hit)
+    return kept
 
 
 def _error_after_progress(
@@ -1155,6 +1309,8 @@ _STARTUP_COMPLETE = re.compile(r"Application startup complete")
 # just before uvicorn serves them; "Starting vLLM (API) server ... on" names the address
 # (vllm/entrypoints/openai/api_server.py).
 _ROUTES = re.compile(r"^(?:Available routes are|Route: /)")
+# launcher.py serve_http: logger.info("Route: %s, Methods: %s", path, ", ".join(methods)).
+_WHOLE_ROUTE = re.compile(r"^Route: /\S*, Methods: [A-Z]")
 # The product's name may be a reporter's redaction ("Starting v<HOST> server on").
 _SERVER_ADDRESS = re.compile(r"Starting \S+ (?:API )?server(?: \d+)? on ")
 
@@ -1170,22 +1326,23 @@ def _ready_line(lines: list[LogLine], events: list[tuple[LogLine, str]], ready_a
 
 def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> LogLine | None:
     """For a log that ends in vLLM's route list with no error: the line that says where it
-    serves (or the route list's head). vLLM builds the engine before it lists the routes, so
-    what is left is uvicorn binding the port; an excerpt often stops here. A route list with
-    nothing of the startup before it is a fragment, not a startup seen to its end: a server
-    can hang there too (its port never opening), and nothing else in the text says it got
-    further."""
+    serves (or the route list's head). vLLM builds the engine client and the app before
+    serve_http lists the routes, and V1 binds the socket before it builds the engine
+    (vllm/entrypoints/openai/api_server.py run_server: create_server_socket, then
+    build_async_engine_client; vllm/entrypoints/launcher.py serve_http: the route list, then
+    uvicorn's serve), so what is left is uvicorn's own start; an excerpt often stops here, with
+    or without the startup above it (a fragment of routes is the same evidence)."""
     http = [line for line, name in events if name == "http"]
     if not http or _furthest_phase(events) != "http":
-        return None
-    if not any(line.text for line in lines if line.number < http[0].number):
         return None
     last_text = _last_record(lines)
     if last_text is None or not _ROUTES.match(last_text.text):
         return None
     address = [line for line in http if _SERVER_ADDRESS.search(line.text)]
     routes = [line for line in http if _ROUTES.match(line.text)]
-    return (address or routes)[-1]
+    # A route line the excerpt cut ("Route: /") states nothing: the last whole one does.
+    whole = [line for line in routes if _WHOLE_ROUTE.search(line.text)]
+    return (address or whole or routes)[-1]
 
 
 # The engine's periodic stats line: vLLM 0.10.2 vllm/engine/metrics.py (V0 LoggingStatLogger)
@@ -1251,6 +1408,9 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     message (same process), when there is one."""
     if chosen.entry.kind != "generic":
         return chosen
+    asserted = _asserted_line(chosen.line, lines)
+    if asserted is not None:
+        return replace(chosen, line=asserted)
     if not _TRACEBACK.match(chosen.line.text):
         return _record_message(chosen, lines)
     index = next(i for i, line in enumerate(lines) if line is chosen.line)
@@ -1264,6 +1424,37 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     ):
         return replace(chosen, line=before)
     return chosen
+
+
+_LAST_ERROR = re.compile(r"^Last error:\s*$")
+
+
+def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
+    """For an NCCL error followed by "Last error:", the line under it: ncclGetLastError()'s
+    text names the call that failed and the peer (vLLM 0.34.0
+    vllm/distributed/device_communicators/pynccl_wrapper.py NCCL_CHECK: f"NCCL error:
+    {error_str}\nLast error:\n{last_error}"; PyTorch's ProcessGroupNCCL adds the same), while
+    the error's own line is only the ncclResult_t's name."""
+    if chosen.entry.failure != "nccl":
+        return chosen
+    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    after = [line for line in lines[index + 1 : index + 4] if line.text]
+    if len(after) >= 2 and _LAST_ERROR.match(after[0].text) and not after[1].is_code:
+        return replace(chosen, line=after[1])
+    return chosen
+
+
+def _asserted_line(line: LogLine, lines: list[LogLine]) -> LogLine | None:
+    """For a bare ``AssertionError`` (an ``assert`` without a message: Python prints only the
+    name), the failed ``assert`` statement its traceback shows just above: the only words
+    that say what failed."""
+    if line.text.rstrip(": ") != "AssertionError":
+        return None
+    index = next(i for i, other in enumerate(lines) if other is line)
+    for other in reversed(lines[max(index - 4, 0) : index]):
+        if other.text.startswith("assert "):
+            return other
+    return None
 
 
 def _record_message(chosen: Hit, lines: list[LogLine]) -> Hit:
@@ -1497,11 +1688,13 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     # A line the catalogue names as a cause or an error is one whatever its form (a
     # linker's "ld: cannot find -lcuda", NCCL's and the kernel's lines).
     named = {h.line.number for h in hits if h.entry.kind in ("cause", "generic")}
+    own = _wrapper_record(lines, wrapper)
     candidates = [
         line
         for line in lines
         if line.number < wrapper.number
         and line.number not in wrapper_lines
+        and line.number not in own
         and not line.is_code
         and not _NOT_A_CAUSE.match(line.text)
         and (line.number in named or _is_error_line(line))
@@ -1512,7 +1705,72 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
     first = (others or candidates)[0]
     causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
     best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
-    return RootCause(first, best)
+    exception = _exception_of_record(first, lines)
+    if exception is not None:
+        first = exception
+        causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
+        best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+    return RootCause(_asserted_line(first, lines) or first, best)
+
+
+def _exception_of_record(message: LogLine, lines: list[LogLine]) -> LogLine | None:
+    """For the message of a ``logger.exception`` record (the traceback follows it with the
+    same level, time and process) that names nothing ("EngineCore encountered a fatal error.",
+    vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py), the record's first exception line: the error
+    itself, the message being only where it was caught."""
+    if message.exception or message.level is None or _NAMES_A_VALUE.search(message.text):
+        return None
+    key = (message.level, message.timestamp, message.process)
+    index = next(i for i, line in enumerate(lines) if line is message)
+    record = []
+    for line in lines[index + 1 :]:
+        if (line.level, line.timestamp, line.process) != key:
+            break
+        record.append(line)
+    if not record or not _TRACEBACK.match(record[0].text):
+        return None
+    return next(
+        (line for line in record if not line.is_code and _EXCEPTION_LINE.match(line.text)), None
+    )
+
+
+def _wrapper_record(lines: list[LogLine], wrapper: LogLine) -> set[int]:
+    """The lines of the logged record that ends in the wrapper: ``logger.exception(msg)``
+    prefixes its message and every line of the traceback with the same level, time and
+    process (vLLM 0.10.2-0.34.0 vllm/v1/engine/async_llm.py output_handler: "AsyncLLM
+    output_handler failed." above the EngineDeadError). Its message only says which handler
+    caught the wrapper; it is no error of the failed process. Empty when the record holds
+    another exception (a chained one is a cause) or no traceback."""
+    if wrapper.level not in ("ERROR", "CRITICAL") or wrapper.timestamp is None:
+        return set()
+    index = next(i for i, line in enumerate(lines) if line is wrapper)
+    record: list[LogLine] = []
+    for line in reversed(lines[:index]):
+        same = (line.level, line.timestamp, line.process) == (
+            wrapper.level,
+            wrapper.timestamp,
+            wrapper.process,
+        )
+        if not same:
+            break
+        if line.exception or _EXCEPTION_LINE.match(line.text):
+            return set()
+        record.append(line)
+        if _TRACEBACK.match(line.text):
+            break
+    else:
+        return set()
+    if not record or not _TRACEBACK.match(record[-1].text):
+        return set()
+    above = lines[index - len(record) - 1] if index - len(record) - 1 >= 0 else None
+    own = {line.number for line in record}
+    if above is not None and (above.level, above.timestamp, above.process) == (
+        wrapper.level,
+        wrapper.timestamp,
+        wrapper.process,
+    ):
+        own.add(above.number)
+    return own
 
 
 # The wrappers of a failed startup: vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py ("Engine core
@@ -1712,7 +1970,9 @@ def _unfinished(
             source="vLLM vllm/entrypoints/openai/api_server.py (run_server: the startup sequence)",
             **base,
         )
-    suspect = _entry_by_id("nccl" if _stops_after_nccl_init(lines, events) else "host-oom-killer")
+    if _stops_after_nccl_init(lines, events):
+        return _hung_in_nccl_setup(lines, events, line, base)
+    suspect = _entry_by_id("host-oom-killer")
     return LogDiagnosis(
         state=NO_CONCLUSION,
         failure=None,
@@ -1729,6 +1989,39 @@ def _unfinished(
         ),
         source=suspect.source,
         suspect=suspect.id,
+        **base,
+    )
+
+
+def _hung_in_nccl_setup(
+    lines: list[LogLine],
+    events: list[tuple[LogLine, str]],
+    stopped: LogLine,
+    base: dict[str, Any],
+) -> LogDiagnosis:
+    """A startup whose log stops, with no error, once NCCL is being set up: the ranks wait for
+    each other in NCCL's first collective (vLLM runs one as it creates its groups: V0
+    vllm/distributed/parallel_state.py and 0.10.2-0.34.0 device_communicators/pynccl.py, an
+    all-reduce to warm up), where a peer that cannot connect (P2P, shared memory, a network
+    interface) makes every rank wait with nothing logged."""
+    progress_at = max((line.number for line, _ in events), default=0)
+    nccl = [line for line in lines if line.number > progress_at and _NCCL_INIT.search(line.text)]
+    entry = _entry_by_id("nccl")
+    return LogDiagnosis(
+        state=HUNG,
+        failure=entry.id,
+        title="the log stops during NCCL's set-up without an error: the ranks wait on each other",
+        severity="error",
+        line=nccl[-1] if nccl else stopped,
+        remedy=(
+            "If the server process is still alive and makes no progress, its ranks are stuck in "
+            "NCCL's first collective: dump them with py-spy, rerun with NCCL_DEBUG=INFO. "
+            + entry.remedy
+        ),
+        source=entry.source
+        + "; vLLM 0.10.2-0.34.0 vllm/distributed/device_communicators/pynccl.py (warm-up "
+        "all-reduce after the communicator is made)",
+        suspect=entry.id,
         **base,
     )
 
@@ -1782,6 +2075,8 @@ def _stall_is_hang(
 ) -> bool:
     if not stalls or (ready_at is not None and ready_at > stalls[-1].line.number):
         return False
+    if stalls[-1].entry.hang_after is not None:
+        return _repeated_at_end(stalls[-1].entry, stalls, lines)
     # The log's last record, not a reporter's words under it ("it hangs here forever").
     last_text = next((line for line in reversed(lines) if line.text), None)
     last = _stopped_at(lines, events, []) if last_text is not None and not last_text.level else None
@@ -1792,6 +2087,19 @@ def _stall_is_hang(
         or len(since_progress) >= _PERSISTENT_STALLS
         or _only_quoted(stalls, lines, events)
     )
+
+
+def _repeated_at_end(entry: CatalogueEntry, stalls: list[Hit], lines: list[LogLine]) -> bool:
+    """Whether the log's last records are ``entry.hang_after`` or more of this stall in a row
+    (a reporter's prose after them aside): the wait went on with nothing else logged."""
+    mine = {hit.line.number for hit in stalls if hit.entry is entry}
+    records = [line for line in lines if line.text and (line.level or line.number in mine)]
+    run = 0
+    for line in reversed(records):
+        if line.number not in mine:
+            break
+        run += 1
+    return run >= (entry.hang_after or 0)
 
 
 def _only_quoted(
@@ -2032,7 +2340,7 @@ def _level_name(found: str) -> str:
 def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:
     try:
         hour, minute, second = (int(part) for part in (groups["time"] or "").split(":"))
-        month = groups.get("month") or _MONTHS.index(groups.get("monthname") or "") + 1
+        month = groups.get("month") or _MONTHS.index((groups.get("monthname") or "")[:3]) + 1
         return datetime(
             int(groups.get("year") or year),
             int(month),

@@ -607,7 +607,11 @@ def test_an_error_typed_into_a_markdown_heading_is_read_but_a_comment_is_not() -
 
     assert diagnosis.failure == "cuda-arch-unsupported"
     assert diagnosis.line is not None and diagnosis.line.raw == heading
-    assert diagnose_log(comment).failure is None
+    # A "# " line is a comment to the log: a body with its own error is diagnosed by it. Only
+    # a body that leaves the diagnosis open reads it, as a pasted report's title, and says so.
+    body = "RuntimeError: Failed to infer device type"
+    assert diagnose_log(f"{comment}\n{body}\n").failure == "no-device"
+    assert "report's title" in diagnose_log(comment).title
 
 
 def test_terminal_wrapped_lines_are_joined() -> None:
@@ -1091,12 +1095,15 @@ def test_a_levelled_line_after_the_route_list_still_ends_the_serving_proof() -> 
     assert diagnose_log(later).state == NO_CONCLUSION
 
 
-def test_a_route_list_with_nothing_of_the_startup_before_it_is_no_proof_of_ready() -> None:
+def test_a_route_list_with_nothing_of_the_startup_before_it_is_the_same_proof_of_ready() -> None:
+    # vLLM lists the routes only after the engine client and the app exist (launcher.py
+    # serve_http), whether or not the excerpt shows the startup above them.
     fragment = "\n".join(ROUTES.split("\n")[1:])
 
     diagnosis = diagnose_log("```\n" + fragment)
 
-    assert diagnosis.state == NO_CONCLUSION
+    assert diagnosis.state == READY
+    assert diagnose_log("```\n" + fragment, running=False).state == NO_CONCLUSION
 
 
 def test_a_redacted_product_name_still_names_the_serving_address() -> None:

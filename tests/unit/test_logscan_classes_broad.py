@@ -1,0 +1,561 @@
+"""Unit tests of opsbook.logscan on wordings of whole classes of failure rather than of one log:
+other accelerators' allocators, other releases of torch's NCCL checks, NCCL's own warnings.
+Each input is rendered from the format string named above it, with sample values."""
+
+from __future__ import annotations
+
+import pytest
+
+from opsbook.logscan import FAILED, HUNG, LOADING, NO_CONCLUSION, READY, diagnose_log
+
+# Ascend/pytorch torch_npu/csrc/core/npu/NPUCachingAllocator.cpp: AT_ERROR("NPU out of memory.
+# Tried to allocate ", format_size(alloc_size), " (NPU ", device, "; ", format_size(total),
+# " total capacity; ", ... " already allocated; ", ... " current active; ", ... " free; ", ...
+NPU_OOM = (
+    "RuntimeError: NPU out of memory. Tried to allocate 20.00 MiB (NPU 3; 32.00 GiB total "
+    "capacity; 30.10 GiB already allocated; 30.10 GiB current active; 5.25 MiB free; 31.00 GiB "
+    "reserved in total by PyTorch)"
+)
+# PyTorch c10/xpu/XPUCachingAllocator.cpp: "XPU out of memory. Tried to allocate ",
+# format_size(alloc_size), ". GPU ", device, " has a total capacity of ", ...
+XPU_OOM = (
+    "torch.OutOfMemoryError: XPU out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total "
+    "capacity of 15.11 GiB of which 200.00 MiB is free."
+)
+# PyTorch aten/src/ATen/mps/MPSAllocator.mm: "MPS backend out of memory (MPS allocated: ",
+# format_size(...), ", other allocations: ", ..., ", max allowed: ", ...
+MPS_OOM = (
+    "RuntimeError: MPS backend out of memory (MPS allocated: 17.00 GiB, other allocations: "
+    "1.20 GiB, max allowed: 18.13 GiB). Tried to allocate 256.00 MiB on private pool."
+)
+# PyTorch torch/csrc/cuda/nccl.cpp throw_nccl_error: "NCCL Error " << status << ": " <<
+# ncclGetErrorString(status) (ncclGetErrorString of ncclSystemError is "unhandled system error").
+TORCH_NCCL_ERROR = "RuntimeError: NCCL Error 5: invalid usage"
+
+
+@pytest.mark.parametrize("rendered", [NPU_OOM, XPU_OOM, MPS_OOM], ids=["npu", "xpu", "mps"])
+def test_another_accelerators_allocator_running_out_is_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(f"INFO 03-05 07:15:30 worker.py:1] Loading model\n{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "oom")
+    assert diagnosis.line is not None and rendered in diagnosis.line.raw
+
+
+def test_the_npu_allocators_figures_are_parsed_like_cudas_older_form() -> None:
+    numbers = diagnose_log(NPU_OOM + "\n").numbers
+
+    assert numbers["tried_to_allocate"] == "20.00 MiB"
+    assert (numbers["gpu"], numbers["capacity"], numbers["free"]) == (3, "32.00 GiB", "5.25 MiB")
+
+
+def test_torchs_numbered_nccl_error_is_nccl() -> None:
+    diagnosis = diagnose_log(TORCH_NCCL_ERROR + "\n")
+
+    assert diagnosis.failure == "nccl"
+    assert diagnosis.numbers.get("nccl_error") == "invalid usage"
+
+
+# NVIDIA/nccl src/ras/client_support.cc: WARN("Call to bind failed: %s", strerror(errno)), with
+# the WARN prefix of src/include/debug.h ("%s:%d:%d [%d] %s:%d NCCL WARN ").
+NCCL_RAS_BIND = (
+    "host1:2528104:2528104 [1] ras/client_support.cc:160 NCCL WARN Call to bind failed: "
+    "Address already in use"
+)
+
+
+def test_ncclss_own_bind_warning_is_nccl_not_a_taken_server_port() -> None:
+    diagnosis = diagnose_log(NCCL_RAS_BIND + "\nhost1:2528104:2528104 [1] NCCL INFO Init done\n")
+
+    assert diagnosis.failure == "nccl"
+    assert diagnosis.line is not None and "NCCL WARN Call to bind failed" in diagnosis.line.raw
+
+
+def test_a_taken_server_port_is_still_port_in_use() -> None:
+    # python/cpython Lib/asyncio/base_events.py create_server, as uvicorn logs it.
+    text = (
+        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): "
+        "address already in use\n"
+    )
+    assert diagnose_log(text).failure == "port-in-use"
+
+
+# vLLM 0.10.2-0.32.0 vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory, rendered, as
+# the title of a pasted report whose excerpt is cut before the traceback ends.
+KV_TITLE = (
+    "# [Bug]: ValueError: To serve at least one request with the models's max seq len (32768), "
+    "(4.00 GiB KV cache is needed, which is larger than the available KV cache memory (1.20 GiB)."
+)
+CUT_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/usr/lib/python3.12/site-packages/vllm/entrypoints/llm.py", line 243, in __init__\n'
+)
+
+
+def test_a_catalogued_error_in_a_reports_title_decides_a_body_cut_before_its_error() -> None:
+    diagnosis = diagnose_log(
+        f"# source: an issue\n{KV_TITLE}\n\nThe reporter's words.\n{CUT_TRACEBACK}"
+    )
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "kv-cache-too-small")
+    assert diagnosis.line is not None and diagnosis.line.raw == KV_TITLE
+    assert "title" in diagnosis.title
+
+
+def test_an_exception_quoted_by_a_title_is_reported_when_the_body_shows_no_error() -> None:
+    title = "# [Bug]: start fails:AssertionError: kernel requires gfx950, got gfx942"
+    diagnosis = diagnose_log(f"{title}\n\nvllm serve /models/m --tensor-parallel-size 8\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and diagnosis.line.raw == title
+
+
+def test_the_body_wins_over_the_title_when_it_states_its_own_error() -> None:
+    # vLLM 0.10.2-0.33.0 vllm/config/device.py: "Failed to infer device type".
+    body = "RuntimeError: Failed to infer device type\n"
+    diagnosis = diagnose_log(f"{KV_TITLE}\n{body}")
+
+    assert diagnosis.failure == "no-device"
+    assert diagnosis.line is not None and diagnosis.line.raw == body.strip()
+
+
+def test_a_source_comment_and_a_plain_heading_are_no_title() -> None:
+    text = "# source: ValueError: No available memory for the cache blocks\n# Steps to reproduce\n"
+
+    assert diagnose_log(text).state != FAILED
+
+
+def test_a_title_does_not_override_a_server_known_to_be_running() -> None:
+    diagnosis = diagnose_log(f"{KV_TITLE}\n{CUT_TRACEBACK}", running=True)
+
+    assert diagnosis.failure != "kv-cache-too-small"
+
+
+# vLLM 0.11.2 vllm/entrypoints/launcher.py serve_http: logger.info("Available routes are:"),
+# then logger.info("Route: %s, Methods: %s", path, ", ".join(methods)) per route, then uvicorn.
+ROUTES = [
+    "(APIServer pid=9) INFO 10-24 13:23:36 [launcher.py:46] Route: /v1/models, Methods: GET",
+    "(APIServer pid=9) INFO 10-24 13:23:36 [launcher.py:46] Route: /health, Methods: GET",
+]
+
+
+def test_an_excerpt_of_the_route_list_alone_is_ready() -> None:
+    cut = "(APIServer pid=9) INFO 10-24 13:23:36 [launcher.py:46] Route: /"
+    diagnosis = diagnose_log("\n".join([*ROUTES, cut]) + "\n")
+
+    assert diagnosis.state == READY
+    # The line the excerpt cut names no route: the last whole one is reported.
+    assert diagnosis.line is not None and diagnosis.line.raw == ROUTES[-1]
+
+
+def test_a_route_list_followed_by_an_error_is_not_ready() -> None:
+    text = "\n".join([*ROUTES, "ERROR 10-24 13:23:37 [api_server.py:1] RuntimeError: boom"])
+
+    assert diagnose_log(text + "\n").state == FAILED
+
+
+def test_vllm_0_1s_own_head_size_check_is_head_size_unsupported() -> None:
+    # vLLM 0.1.x vllm/model_executor/layers/attention.py PagedAttention.__init__, rendered.
+    text = (
+        "ValueError: head_size (100) is not supported. Supported head sizes: [64, 80, 96, 128].\n"
+    )
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "head-size-unsupported"
+    assert diagnosis.numbers.get("head_size") == 100
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/engine/async_llm.py output_handler: logger.exception("AsyncLLM
+# output_handler failed.") of the EngineDeadError (vllm/v1/engine/exceptions.py) that
+# core_client.py raises: one record, every line with the same level, time and process.
+DEAD_RECORD = [
+    "ERROR 08-15 17:38:13 [async_llm.py:416] AsyncLLM output_handler failed.",
+    "ERROR 08-15 17:38:13 [async_llm.py:416] Traceback (most recent call last):",
+    'ERROR 08-15 17:38:13 [async_llm.py:416]   File "/x/vllm/v1/engine/async_llm.py", line 375, in '
+    "output_handler",
+    "ERROR 08-15 17:38:13 [async_llm.py:416]     outputs = await engine_core.get_output_async()",
+    "ERROR 08-15 17:38:13 [async_llm.py:416] vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+    "encountered an issue. See stack trace (above) for the root cause.",
+]
+
+
+def test_the_handlers_message_above_a_dead_engines_traceback_is_not_its_root_cause() -> None:
+    diagnosis = diagnose_log("\n".join(DEAD_RECORD) + "\n")
+
+    assert diagnosis.failure == "engine-dead"
+    assert diagnosis.line is not None and "EngineDeadError" in diagnosis.line.raw
+
+
+def test_an_error_of_the_engine_above_that_record_is_still_the_root_cause() -> None:
+    engine = "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:12 [core.py:1] RuntimeError: boom"
+    diagnosis = diagnose_log("\n".join([engine, *DEAD_RECORD]) + "\n")
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == engine
+
+
+# A launcher that logs its own error, then starts vLLM (vLLM's first lines: vllm/platforms
+# __init__.py "Automatically detected platform %s.", api_server.py "vLLM API server version").
+# transformers 4.x configuration_auto.py: "The checkpoint you are trying to load has model type
+# `%s` but Transformers does not recognize this architecture."
+LAUNCHER_ERROR = (
+    "2025-11-01 17:35:57.955760+08:00 - launcher.backends - ERROR - Failed to derive the "
+    "context length: The checkpoint you are trying to load has model type `x_vl` but "
+    "Transformers does not recognize this architecture."
+)
+VLLM_START = [
+    "INFO 11-01 17:36:01 [__init__.py:216] Automatically detected platform cuda.",
+    "(APIServer pid=1951) INFO 11-01 17:36:05 [api_server.py:1839] vLLM API server version 0.11.0",
+    "(APIServer pid=1951) INFO 11-01 17:36:05 [utils.py:233] non-default args: {'model': 'm'}",
+]
+
+
+def test_a_launchers_error_before_vllm_starts_did_not_stop_the_launch() -> None:
+    diagnosis = diagnose_log("\n".join([LAUNCHER_ERROR, *VLLM_START]) + "\n")
+
+    assert diagnosis.state != FAILED
+    assert diagnosis.line is not None and "non-default args" in diagnosis.line.raw
+
+
+def test_the_same_error_with_no_vllm_start_after_it_is_the_failure() -> None:
+    diagnosis = diagnose_log(LAUNCHER_ERROR + "\n")
+
+    assert diagnosis.state == FAILED
+    assert diagnosis.line is not None and diagnosis.line.raw == LAUNCHER_ERROR
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py wait_for_engine_startup: logger.debug("Waiting for
+# %d local, %d remote core engine proc(s) to start.", ...) every STARTUP_POLL_PERIOD_MS.
+WAIT = (
+    "(APIServer pid=30) DEBUG 09-02 17:29:{s:02d} [utils.py:777] Waiting for 1 local, 0 remote "
+    "core engine proc(s) to start."
+)
+
+
+def test_waits_for_the_engine_core_with_nothing_else_logged_are_a_hang() -> None:
+    text = "\n".join(WAIT.format(s=s) for s in (6, 16, 26)) + "\n"
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "unrecognised-error")
+    assert diagnosis.error_class == "engine-start-wait"
+
+
+def test_two_waits_or_waits_between_the_engines_progress_are_no_hang() -> None:
+    progress = "(EngineCore_DP0 pid=31) INFO 09-02 17:29:20 [gpu_model_runner.py:1] Loading model"
+    short = [WAIT.format(s=6), WAIT.format(s=16)]
+    mixed = [WAIT.format(s=6), WAIT.format(s=16), progress, WAIT.format(s=26)]
+
+    for lines, prose in ((short, "\nIt stays here.\n"), (mixed, "\n")):
+        diagnosis = diagnose_log("\n".join(lines) + prose)
+        assert diagnosis.state == NO_CONCLUSION
+        # Where it stopped: the last wait, not the first.
+        assert diagnosis.line is not None and diagnosis.line.raw == lines[-1]
+
+
+# vLLM 0.10.2 vllm/distributed/device_communicators/pynccl.py: logger.info("vLLM is using
+# nccl==%s", ...) as the communicator is made, then its warm-up all-reduce.
+NCCL_SETUP = [
+    "INFO 07-22 07:59:47 [parallel_state.py:1] world_size=2 rank=0 backend=nccl",
+    "(Worker_TP0 pid=5) INFO 07-22 07:59:48 [pynccl.py:69] vLLM is using nccl==2.21.5",
+    "(Worker_TP1 pid=6) INFO 07-22 07:59:48 [pynccl.py:69] vLLM is using nccl==2.21.5",
+]
+
+
+def test_a_log_that_stops_in_ncclss_set_up_is_a_hang_in_nccl() -> None:
+    diagnosis = diagnose_log("\n".join(NCCL_SETUP) + "\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "nccl")
+    assert diagnosis.line is not None and diagnosis.line.raw == NCCL_SETUP[-1]
+
+
+def test_a_process_known_alive_in_ncclss_set_up_is_still_loading() -> None:
+    assert diagnose_log("\n".join(NCCL_SETUP) + "\n", running=True).state == LOADING
+
+
+# The fallbacks by the error's words: exception lines in wordings no specific entry knows,
+# each rendered from the format string or error text named beside it.
+@pytest.mark.parametrize(
+    ("rendered", "failure", "error_class"),
+    [
+        # ROCm HIP hipGetErrorString(hipErrorOutOfMemory), as torch.cuda raises it on ROCm.
+        ("RuntimeError: HIP error: out of memory", "oom", None),
+        # A plugin's own sentence around the runtime's words (any "<Name>Error: ... out of
+        # memory" form).
+        ("RuntimeError: allocate KV blocks failed: device out of memory", "oom", "oom-worded"),
+        # PyTorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, a communicator error.
+        (
+            "torch.distributed.DistBackendError: [1] is setting up NCCL communicator and "
+            "retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but store->"
+            "get('0') got error: Connection reset by peer",
+            "nccl",
+            "nccl-worded",
+        ),
+        # requests' HTTPError ("%s Client Error: %s for url: %s") with RFC 9110's phrase.
+        (
+            "requests.exceptions.HTTPError: 403 Client Error: Forbidden for url: "
+            "https://huggingface.co/org/model/resolve/main/config.json",
+            "hub-gated",
+            None,
+        ),
+        (
+            "OSError: org/model is gated: visit https://huggingface.co/org/model to ask for "
+            "access.",
+            "hub-gated",
+            "hub-auth-worded",
+        ),
+    ],
+)
+def test_an_error_worded_as_no_entry_is_classed_by_its_words(
+    rendered: str, failure: str, error_class: str | None
+) -> None:
+    diagnosis = diagnose_log(rendered + "\n")
+
+    assert (diagnosis.failure, diagnosis.error_class) == (failure, error_class), str(diagnosis)
+    assert diagnosis.line is not None and diagnosis.line.raw == rendered
+
+
+def test_words_in_prose_or_an_info_line_are_no_error() -> None:
+    for text in (
+        "The server ran out of memory last time, so I lowered the limit.",
+        "INFO 01-01 00:00:00 [x.py:1] NCCL_P2P_DISABLE set; not gated",
+    ):
+        assert diagnose_log(text + "\n").state != FAILED, text
+
+
+def test_a_specific_entry_wins_over_the_words_on_another_line() -> None:
+    # vLLM 0.10.2 vllm/v1/core/kv_cache_utils.py, then an OOM in a wrapper's own words.
+    kv = "ValueError: No available memory for the cache blocks. Try increasing memory."
+    oom = "RuntimeError: worker 1 failed: device out of memory"
+
+    assert diagnose_log(f"{oom}\n{kv}\n").failure == "kv-cache-too-small"
+
+
+def test_a_bare_assertion_error_reports_the_failed_assert_statement() -> None:
+    # CPython prints an assert without a message as the bare name under its traceback.
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/vllm/model_executor/layers/vocab_parallel_embedding.py", line 375, in w\n'
+        "    assert loaded_weight.shape[output_dim] == self.org_vocab_size\n"
+        "AssertionError\n"
+    )
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None
+    assert (
+        diagnosis.line.raw.strip()
+        == "assert loaded_weight.shape[output_dim] == self.org_vocab_size"
+    )
+
+
+def test_ncclss_last_error_detail_is_the_line_reported() -> None:
+    # vLLM 0.34.0 pynccl_wrapper.py NCCL_CHECK: f"NCCL error: {error_str}\nLast error:\n{last}",
+    # with ncclGetErrorString(ncclRemoteError) and a proxy's connect failure as ncclGetLastError.
+    detail = "Proxy Call to rank 3 failed (Connect)"
+    error = "RuntimeError: NCCL error: remote process exited or there was a network error"
+    text = f"{error}\nLast error:\n{detail}\n"
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "nccl"
+    assert diagnosis.line is not None and diagnosis.line.raw == detail
+
+
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        # vLLM 0.10.2 vllm/executor/multiproc_worker_utils.py ProcessWatchdog.
+        "ERROR 03-31 15:45:01 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid "
+        "1867860 died, exit code: -9",
+        # vLLM 0.34.0 vllm/v1/executor/multiproc_executor.py.
+        "(EngineCore_DP0 pid=7) ERROR 05-01 10:00:00 [multiproc_executor.py:1] Worker proc "
+        "VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.",
+    ],
+    ids=["v0", "v1"],
+)
+def test_a_worker_killed_with_sigkill_points_at_the_oom_killer(rendered: str) -> None:
+    # The API server's wrapper below it (vLLM 0.10.2-0.34.0 vllm/v1/engine/exceptions.py).
+    wrapper = "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
+    diagnosis = diagnose_log(f"{rendered}\n{wrapper}\n")
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("host-oom-killer", "worker-sigkilled")
+    assert diagnosis.line is not None and diagnosis.line.raw == rendered
+
+
+def test_a_worker_that_exited_with_an_error_code_is_not_the_oom_killers() -> None:
+    text = "ERROR 03-31 15:45:01 multiproc_worker_utils.py:120] Worker X pid 5 died, exit code: 1\n"
+
+    assert diagnose_log(text).failure != "host-oom-killer"
+
+
+def test_an_ascend_cann_error_code_line_is_an_error_line() -> None:
+    # The CANN error code form (E, the module, four digits) with its message, as torch_npu
+    # prints it; the rank prefix is torchrun's.
+    code = "[rank1]: EZ9999: Inner Error!"
+    text = f"INFO 09-24 20:59:40 [worker.py:1] Loading weights\n{code}\n"
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == code
+
+
+def test_a_journald_prefix_with_a_localised_month_is_read() -> None:
+    # journalctl's short format: strftime("%b %d %H:%M:%S") in the host's LC_TIME, the host,
+    # the unit and its PID; vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py's own line behind it.
+    line = (
+        "авг 18 14:15:04 llm python3[28059]: (EngineCore pid=28059) WARNING 08-18 14:15:04 "
+        "[model.py:1508] Default sampling parameters have been overridden"
+    )
+    diagnosis = diagnose_log(f"{line}\n")
+
+    assert diagnosis.state == NO_CONCLUSION
+    assert diagnosis.line is not None and diagnosis.line.raw == line
+    assert diagnosis.line.level == "WARNING" and diagnosis.line.process == "EngineCore pid=28059"
+
+
+# vLLM's logger (vllm/logger.py's format "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d]")
+# of a handled exception, then the same process's startup going on to load weights.
+HANDLED = [
+    "(APIServer pid=9) INFO 05-01 10:00:00 [api_server.py:1] vLLM API server version 0.11.0",
+    "(EngineCore_DP0 pid=7) ERROR 05-01 10:00:01 [registry.py:1] RuntimeError: optional "
+    "kernels unavailable",
+    "(EngineCore_DP0 pid=7) INFO 05-01 10:00:02 [cuda.py:1] Using FLASH_ATTN backend.",
+    "(EngineCore_DP0 pid=7) INFO 05-01 10:00:03 [default_loader.py:1] Loading weights took 2 s",
+]
+
+
+def test_an_uncatalogued_error_the_same_process_went_past_was_not_fatal() -> None:
+    diagnosis = diagnose_log("\n".join(HANDLED) + "\n")
+
+    assert diagnosis.state == NO_CONCLUSION
+    assert diagnosis.line is not None and "Loading weights took" in diagnosis.line.raw
+
+
+def test_another_processs_progress_does_not_excuse_the_error() -> None:
+    other = [
+        line.replace("EngineCore_DP0 pid=7) INFO", "Worker_TP1 pid=8) INFO") for line in HANDLED
+    ]
+
+    assert diagnose_log("\n".join(other) + "\n").state == FAILED
+
+
+def test_v0s_rpc_server_wrapper_walks_back_to_the_root_cause() -> None:
+    # vLLM 0.5.5-0.6.x api_server.py's wrapper below the RPC server's own traceback.
+    cause = "ValueError: Chunked prefill is not supported with multi-step"
+    wrapper = (
+        "ERROR 09-08 13:11:00 api_server.py:186] RPCServer process died before responding to "
+        "readiness probe"
+    )
+    alone = diagnose_log(wrapper + "\n")
+    under = diagnose_log(f"{cause}\n{wrapper}\n")
+
+    assert alone.failure == "engine-dead"
+    assert under.failure == "unrecognised-error"
+    assert under.line is not None and under.line.raw == cause
+    assert under.wrapper is not None and under.wrapper.raw == wrapper
+
+
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        # Habana's PyTorch bridge (Gaudi), as HabanaAI's READMEs quote it.
+        "RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for "
+        "size::939524096 (896)MB",
+        # oneAPI Unified Runtime's result name, as SYCL's exception message carries it.
+        "RuntimeError: level_zero backend failed with error: 39 "
+        "(UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)",
+    ],
+    ids=["hpu", "xpu-ur"],
+)
+def test_gaudis_and_level_zeros_allocation_failures_are_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(rendered + "\n")
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("oom", None)
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core: logger.exception("EngineCore
+# encountered a fatal error."), every traceback line in the same record; the API server's
+# EngineDeadError (vllm/v1/engine/exceptions.py) below it.
+FATAL_RECORD = [
+    "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700] EngineCore encountered a fatal "
+    "error.",
+    "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700] Traceback (most recent call last):",
+    '(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700]   File "/x/core.py", line 1, in run',
+    "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700]     self.step()",
+    "(EngineCore_DP0 pid=7) ERROR 08-15 17:38:10 [core.py:700] RuntimeError: frobnication failed",
+    "(APIServer pid=9) ERROR 08-15 17:38:13 [async_llm.py:416] vllm.v1.engine.exceptions."
+    "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
+]
+
+
+def test_the_root_cause_under_a_handlers_fatal_error_message_is_its_exception() -> None:
+    diagnosis = diagnose_log("\n".join(FATAL_RECORD) + "\n")
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == FATAL_RECORD[4]
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == FATAL_RECORD[5]
+
+
+def test_a_log_that_stops_in_ncclss_own_info_lines_is_a_hang_in_nccl() -> None:
+    # NVIDIA/nccl src/include/debug.h INFO prefix ("%s:%d:%d [%d] NCCL INFO "), with
+    # NCCL_DEBUG=INFO: the channels being connected, then nothing.
+    lines = [
+        "INFO 06-05 10:45:10 [parallel_state.py:1] world_size=2 rank=1 backend=nccl",
+        "host1:2528104:2528104 [1] NCCL INFO Channel 00 : 1[1] -> 0[0] via SHM/direct/direct",
+        "host1:2528104:2528104 [1] NCCL INFO Connected all rings",
+    ]
+    diagnosis = diagnose_log("\n".join(lines) + "\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "nccl")
+    assert diagnosis.line is not None and diagnosis.line.raw == lines[-1]
+
+
+def test_a_title_names_the_cause_a_lone_engine_wrapper_leaves_out() -> None:
+    # vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py wait_for_engine_startup's wrapper, alone.
+    wrapper = (
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+        "proc(s): {}"
+    )
+    diagnosis = diagnose_log(f"{KV_TITLE}\n{wrapper}\n")
+
+    assert diagnosis.failure == "kv-cache-too-small"
+    assert diagnosis.line is not None and diagnosis.line.raw == KV_TITLE
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == wrapper
+    assert diagnose_log(wrapper + "\n").failure == "engine-dead"
+
+
+def test_a_refused_fetch_of_another_address_is_not_the_hub() -> None:
+    text = (
+        "requests.exceptions.HTTPError: 403 Client Error: Forbidden for url: "
+        "https://example.com/cat.png\n"
+    )
+    assert diagnose_log(text).failure != "hub-gated"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        # libstdc++ vterminate.cc: the C++ exception's type, then its what() message.
+        (
+            "terminate called after throwing an instance of 'c10::Error'\n"
+            "  what():  CUDA error: unspecified launch failure\n",
+            "what():  CUDA error: unspecified launch failure",
+        ),
+        # CPython pylifecycle.c / faulthandler.c.
+        ("Fatal Python error: Segmentation fault\n", "Fatal Python error: Segmentation fault"),
+        # bash's report of the child's signal.
+        (
+            "INFO 01-01 00:00:00 [gpu_model_runner.py:1] Loading model\n"
+            "Segmentation fault (core dumped)\n",
+            "Segmentation fault (core dumped)",
+        ),
+    ],
+    ids=["terminate", "fatal-python", "shell-segfault"],
+)
+def test_a_crash_below_python_is_an_error_with_its_statement(text: str, key: str) -> None:
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and key in diagnosis.line.raw
+
+
+def test_words_that_only_begin_like_a_signal_report_are_no_error() -> None:
+    assert diagnose_log("Aborted by the user, restarting later\n").state != FAILED
