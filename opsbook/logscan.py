@@ -1063,84 +1063,9 @@ class LogFollower:
 def _diagnose_lines(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
-    diagnosis = _diagnose_body(lines, running, kernel_log)
-    if running or not _undecided(diagnosis):
-        return diagnosis
-    return _from_title(lines, diagnosis) or diagnosis
-
-
-# A pasted report's markdown title ("# [Bug]: ValueError: ..."): read as a comment, never as the
-# log (logical_lines blanks it), but often the only place an excerpt states its error. A
-# ``# key: value`` comment of a saved excerpt (its source, its key line) is no title.
-_TITLE = re.compile(r"^# (?!(?:source|key):)\s*(?P<title>\S.*)$")
-_TITLE_EXCEPTION = re.compile(r"(?:^|[\s`(:\]：])(?P<error>" + EXCEPTION_NAME + r": \S.*)")
-
-
-def _undecided(diagnosis: LogDiagnosis) -> bool:
-    """A diagnosis the log's body leaves open: no error and no sign of serving, only an
-    engine's wrapper with no error of the failed process, or only an uncatalogued line that
-    states no error of its own (a traceback's head cut below it)."""
-    if diagnosis.state == NO_CONCLUSION:
-        return True
-    if diagnosis.state != FAILED:
-        return False
-    if diagnosis.failure == "engine-dead" and diagnosis.root_cause is None:
-        # Only the wrapper is in the text: the failed process's error is not.
-        return True
-    return (
-        diagnosis.failure == "unrecognised-error"
-        and diagnosis.error_class is None
-        and (diagnosis.line is None or not diagnosis.line.exception)
-    )
-
-
-def _title_lines(lines: list[LogLine]) -> list[LogLine]:
-    titles = []
-    for line in lines:
-        if line.text or line.is_code:
-            continue
-        found = _TITLE.match(_clean(line.raw).strip())
-        if found:
-            titles.append(LogLine(line.number, line.raw, found.group("title").strip()))
-    return titles
-
-
-def _from_title(lines: list[LogLine], body: LogDiagnosis) -> LogDiagnosis | None:
-    """The diagnosis a pasted report's title gives when its body leaves it open: a catalogued
-    cause named in the title (a wrapper only when the body shows no error at all), else, for a
-    body with no error, an exception the title quotes, as an uncatalogued error. It is
-    reported as the title's, so that nobody mistakes it for a line of the log."""
-    titles = _title_lines(lines)
-    if not titles:
-        return None
-    kinds = ("cause", "wrapper") if body.state == NO_CONCLUSION else ("cause",)
-    hits = [hit for hit in match_catalogue(titles) if hit.entry.kind in kinds]
-    base = _base_of(body)
-    if hits:
-        best = max(hits, key=lambda hit: (hit.entry.priority, -hit.line.number)).entry
-        chosen = _pick_line([hit for hit in hits if hit.entry is best])
-        diagnosis = _failed(FAILED, chosen, hits, [], base)
-    elif body.state == NO_CONCLUSION:
-        quoted = next((t for t in titles if _TITLE_EXCEPTION.search(t.text)), None)
-        if quoted is None:
-            return None
-        entry = _entry_by_id("unrecognised-error")
-        diagnosis = _failed(FAILED, Hit(entry, quoted, 0), [], [], base)
-    else:
-        return None
-    diagnosis.title = f"{diagnosis.title} (named by the report's title; the log shows no error)"
-    if body.state == FAILED and body.line is not None:
-        diagnosis.wrapper = body.line
-    return diagnosis
-
-
-def _base_of(diagnosis: LogDiagnosis) -> dict[str, Any]:
-    return {
-        "phase": diagnosis.phase,
-        "version": diagnosis.version,
-        "phases": diagnosis.phases,
-        "notes": diagnosis.notes,
-    }
+    # A "# " line (a pasted report's markdown title) is a comment, never read as the log: the
+    # diagnosis reads what the server wrote.
+    return _diagnose_body(lines, running, kernel_log)
 
 
 def _diagnose_body(
