@@ -18,9 +18,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from jupyter_core.utils import run_sync
 from papermill.clientwrap import PapermillNotebookClient
 from papermill.engines import NBClientEngine, NotebookExecutionManager, papermill_engines
 from papermill.utils import merge_kwargs, remove_args
+from traitlets import Dict, Unicode
+
+from opsbook.exceptions import RunError
 
 NAME = "opsbook"
 
@@ -52,7 +56,23 @@ class RecordSaves(NotebookExecutionManager):
 
 class ClosingClient(PapermillNotebookClient):
     """papermill's notebook client that closes its channels to a kernel it did not start
-    (nbclient keeps them open: ``cleanup_kc`` defaults to owning the kernel manager)."""
+    (nbclient keeps them open: ``cleanup_kc`` defaults to owning the kernel manager), and sets
+    ``environment`` in such a kernel before the first cell (the deploy's shared kernel takes
+    each stage's results file and journal so, on the client that runs the notebook)."""
+
+    environment = Dict(
+        value_trait=Unicode(), help="variables set in a kernel it did not start, before any cell"
+    )
+
+    async def async_start_new_kernel_client(self) -> Any:
+        client = await super().async_start_new_kernel_client()
+        if self.environment and not self.owns_km:
+            await set_environment(client, dict(self.environment))
+        return client
+
+    # papermill sets the kernel up through nbclient's blocking wrapper, bound to the base's
+    # coroutine when nbclient's class was made.
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)
 
     def execute(self, **kwargs: Any) -> Any:
         try:
@@ -120,6 +140,16 @@ class RecordEngine(NBClientEngine):
             stderr_file=stderr_file,
         )
         return ClosingClient(nb_man, **final_kwargs).execute()
+
+
+async def set_environment(client: Any, env: dict[str, str]) -> None:
+    """Update a running kernel's ``os.environ`` with ``env`` over ``client`` (ready)."""
+    code = f"import os as _os\n_os.environ.update({env!r})\ndel _os"
+    reply = await client.execute_interactive(
+        code, store_history=False, timeout=60, output_hook=lambda msg: None
+    )
+    if reply["content"].get("status") != "ok":
+        raise RunError("the shared kernel refused to take the stage's environment")
 
 
 def register() -> str:

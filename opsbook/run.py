@@ -577,9 +577,10 @@ KERNEL_LOG = "kernel.log"
 def _kernel_options(
     kernel: SharedKernel | None, env: Mapping[str, str], log_path: Path
 ) -> dict[str, Any]:
-    """papermill's kernel options: the deploy's shared kernel, or a quiet one of its own."""
+    """papermill's kernel options: the deploy's shared kernel (with the stage's environment
+    for the notebook's client to set in it), or a quiet one of its own."""
     if kernel is not None:
-        return {"km": kernel.ready(env, log_path)}
+        return {"km": kernel.ready(log_path), "environment": dict(env)}
     from opsbook.kernel import quiet_kernel_manager
 
     return {"kernel_manager_class": quiet_kernel_manager(log_path)}
@@ -627,15 +628,19 @@ class SharedKernel:
         run_sync(self.km.start_kernel)(cwd=str(cwd))
         # Sent now, its reply awaited by the first stage (ready()).
         client = self.km.client()
-        client.start_channels(hb=False)  # see _set_kernel_environment
+        # No heartbeat: the kernel manager says whether the kernel lives, and a heartbeat
+        # thread stopped before it has begun spins opening sockets until ZMQ refuses ("Too
+        # many open files"): HBChannel sets _running after its socket is made, undoing stop()
+        # (jupyter_client 8.x, channels.py). A client that lives a moment meets that under load.
+        client.start_channels(hb=False)
         fields = [asdict(spec) for spec in hosts]
         code = (OPEN_AHEAD.format(fields=fields, forks=forks) if hosts else "") + WARM_UP
         self._warming = (client, client.execute(code, silent=True, store_history=False))
 
-    def ready(self, env: Mapping[str, str], log_path: Path) -> Any:
+    def ready(self, log_path: Path) -> Any:
         """The kernel manager for the next notebook: not started yet (papermill starts it
         with this process's environment; it is quiet and logs to ``log_path``), or running
-        with ``env`` set in it."""
+        (the notebook's client sets the stage's environment in it: ``engine.ClosingClient``)."""
         from jupyter_core.utils import run_sync
 
         from opsbook.kernel import quiet_kernel_manager
@@ -644,7 +649,6 @@ class SharedKernel:
             # The clients of one kernel manager share a ZMQ identity: the warm-up's must be
             # closed before another connects, or the kernel answers the wrong one.
             run_sync(self._finish_warming)()
-            run_sync(_set_kernel_environment)(self.km, dict(env))
             return self.km
         self.km = quiet_kernel_manager(log_path)(kernel_name="python3")
         return self.km
@@ -677,25 +681,6 @@ class SharedKernel:
             return  # a kernel that never answered is found out by the next request
         finally:
             client.stop_channels()
-
-
-async def _set_kernel_environment(km: Any, env: dict[str, str]) -> None:
-    client = km.client()
-    # No heartbeat: the kernel manager says whether the kernel lives, and a heartbeat thread
-    # stopped before it has begun spins opening sockets until ZMQ refuses ("Too many open
-    # files"): HBChannel sets _running after its socket is made, undoing stop() (jupyter_client
-    # 8.x, channels.py). A client that lives a few milliseconds here meets that under load.
-    client.start_channels(hb=False)
-    try:
-        await client.wait_for_ready(timeout=60)
-        code = f"import os as _os\n_os.environ.update({env!r})\ndel _os"
-        reply = await client.execute_interactive(
-            code, store_history=False, timeout=60, output_hook=lambda msg: None
-        )
-        if reply["content"].get("status") != "ok":
-            raise RunError("the shared kernel refused to take the stage's environment")
-    finally:
-        client.stop_channels()
 
 
 def _deploylock() -> Any:

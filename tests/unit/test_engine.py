@@ -102,3 +102,26 @@ def test_a_stage_on_a_shared_kernel_leaves_no_client_of_it_running(tmp_path: Pat
             assert not [t for t in threading.enumerate() if isinstance(t, HBChannel)]
     finally:
         run_sync(km.shutdown_kernel)(now=True)
+
+
+def test_each_stage_on_a_shared_kernel_finds_its_own_environment_from_its_first_cell(
+    tmp_path: Path,
+) -> None:
+    km = quiet_kernel_manager(tmp_path / "kernel.log")(kernel_name="python3")
+    run_sync(km.start_kernel)()
+    try:
+        for n in range(2):
+            output = tmp_path / f"out{n}.ipynb"
+            code = "import os; print(os.environ['OPSBOOK_TEST_STAGE'])"
+            papermill.execute_notebook(
+                str(notebook(tmp_path / "in.ipynb", code)),
+                str(output),
+                engine_name=engine.register(),
+                progress_bar=False,
+                km=km,
+                environment={"OPSBOOK_TEST_STAGE": f"stage {n}"},
+            )
+            printed = nbformat.read(output, as_version=4).cells[1].outputs[0]["text"]
+            assert printed == f"stage {n}\n"
+    finally:
+        run_sync(km.shutdown_kernel)(now=True)

@@ -68,11 +68,8 @@ def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
         try:
             # Its clients start no heartbeat thread (one stopped as it begins spins).
             assert not [t for t in threading.enumerate() if isinstance(t, HBChannel)]
-            km = kernel.ready({"OPSBOOK_TEST_STAGE": str(attempt)}, tmp_path / "kernel.log")
-            code = (
-                "import os, sys\n"
-                "print('opsbook.stages.launch' in sys.modules, os.environ['OPSBOOK_TEST_STAGE'])"
-            )
+            km = kernel.ready(tmp_path / "kernel.log")
+            code = f"import sys\nprint('opsbook.stages.launch' in sys.modules, {attempt})"
             _, seen = run_sync(printed_by_a_new_client)(km, code)
         finally:
             kernel.discard()
@@ -91,7 +88,7 @@ def test_a_shared_kernel_opens_the_first_stages_connections_ahead(tmp_path: Path
         tmp_path / "kernel.log", Path(__file__).parents[2] / "notebooks", [refused, trusted]
     )
     try:
-        km = kernel.ready({}, tmp_path / "kernel.log")
+        km = kernel.ready(tmp_path / "kernel.log")
         code = "import opsbook.hosts as h\nprint(sorted(s.name for s in h._ahead))"
         _, seen = run_sync(printed_by_a_new_client)(km, code)
     finally:
