@@ -1093,7 +1093,8 @@ def _diagnose_body(
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
             start = _walk_back_start(failure, hits)
             root = (
-                _root_cause(lines, hits, start)
+                _own_record_root(lines, hits, start)
+                or _root_cause(lines, hits, start)
                 or _quoted_root(hits, start)
                 or _root_cause_below(lines, hits, start)
             )
@@ -1731,6 +1732,31 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
             causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
             best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
             return RootCause(line, best)
+    return None
+
+
+# The engine core's record of its own death, its traceback logged under the same prefix
+# (vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core: logger.exception("EngineCore
+# encountered a fatal error."); V1 before 0.8.5: logger.error("EngineCore hit an exception:
+# %s", traceback), the traceback starting on the message's line).
+_DEATH_RECORD = re.compile(r"EngineCore encountered a fatal error|EngineCore hit an exception")
+
+
+def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+    """For an engine core's record of its death, the exception that closes the record: the
+    lines after it with its level, time and process. Nothing when an excerpt cuts the record
+    before its exception (the wrapper is then all the log shows)."""
+    if not _DEATH_RECORD.search(wrapper.text) or wrapper.level is None:
+        return None
+    key = (wrapper.level, wrapper.timestamp, wrapper.process)
+    index = next(i for i, line in enumerate(lines) if line is wrapper)
+    for line in lines[index + 1 :]:
+        if (line.level, line.timestamp, line.process) != key:
+            return None
+        if not line.is_code and _EXCEPTION_LINE.match(line.text):
+            causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
+            best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+            return RootCause(_asserted_line(line, lines) or line, best)
     return None
 
 

@@ -1,0 +1,80 @@
+"""Unit tests of opsbook.logscan on the engine's wrappers of every release: the messages vLLM logs
+or raises when its engine died, rendered from the format strings named at each test (not copied
+from logs). With the cause cut out of the excerpt, the wrapper is the diagnosis and its line is
+reported; with the cause in the text, the cause is."""
+
+from __future__ import annotations
+
+import pytest
+
+from opsbook.logscan import FAILED, diagnose_log
+
+STAMP = "ERROR 04-02 12:35:10 [core.py:380] "
+# vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core:
+#   logger.exception("EngineCore encountered a fatal error.")
+FATAL = STAMP + "EngineCore encountered a fatal error."
+# vLLM V1 before 0.8.5 vllm/v1/engine/core.py EngineCoreProc.run_engine_core:
+#   logger.error("EngineCore hit an exception: %s", get_exception_traceback())
+HIT = STAMP + "EngineCore hit an exception: Traceback (most recent call last):"
+FRAMES = [
+    STAMP + '  File "/venv/vllm/v1/engine/core.py", line 368, in run_engine_core',
+    STAMP + "    engine_core = EngineCoreProc(*args, **kwargs)",
+]
+# vLLM 0.10.2 vllm/engine/async_llm_engine.py (AsyncEngineDeadError messages).
+V0_ASYNC = (
+    "vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.",
+    "AsyncEngineDeadError: Background loop is not running. If it was running, inspect the output "
+    "to find the stacktrace of the error that caused the background loop to stop "
+    "(AsyncEngineDeadError).",
+    "AsyncEngineDeadError: Background loop is stopped.",
+    "AsyncEngineDeadError: Task finished unexpectedly. This should never happen! Please open an "
+    "issue on GitHub. See stack trace above for the actual cause.",
+)
+
+
+@pytest.mark.parametrize("wrapper", [FATAL, HIT])
+def test_an_engine_cores_death_record_cut_before_its_error_is_engine_dead(wrapper: str) -> None:
+    text = "\n".join(["INFO 04-02 12:35:06 [monitor.py:33] torch.compile takes 12.50 s", wrapper])
+    text += "\n" + "\n".join(FRAMES)
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+    assert diagnosis.line is not None and diagnosis.line.raw == wrapper
+
+
+@pytest.mark.parametrize("wrapper", [FATAL, HIT])
+def test_the_error_closing_an_engine_cores_death_record_is_the_diagnosis(wrapper: str) -> None:
+    # torch c10/cuda/CUDACachingAllocator.cpp (OutOfMemoryError), as the record's last line.
+    cause = (
+        STAMP + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+        "has a total capacity of 79.15 GiB of which 1.00 GiB is free. "
+    )
+    text = "\n".join([wrapper, *FRAMES, cause])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "oom"
+    assert diagnosis.line is not None and diagnosis.line.raw == cause
+
+
+@pytest.mark.parametrize("wrapper", V0_ASYNC)
+def test_v0s_async_engine_dead_errors_are_engine_dead(wrapper: str) -> None:
+    text = "\n".join(["INFO 01-22 18:25:07 engine.py:267] Added request cmpl-1.", wrapper])
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+    assert diagnosis.line is not None and diagnosis.line.raw == wrapper
+
+
+@pytest.mark.parametrize("wrapper", [FATAL, HIT])
+def test_an_uncatalogued_error_closing_the_record_is_reported_verbatim(wrapper: str) -> None:
+    cause = STAMP + "TypeError: forward() got an unexpected keyword argument 'inputs_embeds'"
+    text = "\n".join([wrapper, *FRAMES, cause])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == cause
+    assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == wrapper
