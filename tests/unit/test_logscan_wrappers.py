@@ -78,3 +78,35 @@ def test_an_uncatalogued_error_closing_the_record_is_reported_verbatim(wrapper: 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == cause
     assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == wrapper
+
+
+def test_a_worker_error_wrapped_as_an_unformatted_tuple_is_the_root_cause() -> None:
+    # vLLM V1 of 2025 vllm/v1/executor/multiproc_executor.py collective_rpc: RuntimeError(
+    # "Worker failed with error %s, please check the stack trace above for the root cause",
+    # result), the message never formatted: str() of the exception is the tuple of both.
+    error = RuntimeError(
+        "Worker failed with error %s, please check the stack trace above for the root cause",
+        "'tuple' object has no attribute 'ndim'",
+    )
+    wrapper = STAMP + f"RuntimeError: {error}"
+    text = "\n".join([*FRAMES, wrapper])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == wrapper
+
+
+def test_a_node_without_the_device_in_ray_is_ray_resources() -> None:
+    # vLLM 0.11.2-0.32.0 vllm/v1/executor/ray_utils.py initialize_ray_cluster, rendered.
+    device_str, current_node_resource = "GPU", {"node:10.0.0.2": 1.0, "CPU": 8.0}
+    error = (
+        f"ValueError: Current node has no {device_str} available. {current_node_resource=}. "
+        f"vLLM engine cannot start without {device_str}. Make sure you have at least 1 "
+        f"{device_str} available in a node current_node_id='ab12' current_ip='10.0.0.2'."
+    )
+
+    diagnosis = diagnose_log("\n".join(["INFO 09-01 10:00:00 ray_utils.py:1] Connecting", error]))
+
+    assert diagnosis.failure == "ray-resources"
+    assert diagnosis.line is not None and diagnosis.line.raw == error
