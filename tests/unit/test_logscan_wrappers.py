@@ -110,3 +110,41 @@ def test_a_node_without_the_device_in_ray_is_ray_resources() -> None:
 
     assert diagnosis.failure == "ray-resources"
     assert diagnosis.line is not None and diagnosis.line.raw == error
+
+
+# vLLM 0.10.2 vllm/engine/metrics.py (V0 LoggingStatLogger), rendered.
+V0_STATS = (
+    "INFO 12-16 17:54:21 metrics.py:449] Avg prompt throughput: 7.8 tokens/s, Avg generation "
+    "throughput: 0.6 tokens/s, Running: 1 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache "
+    "usage: 0.0%, CPU KV cache usage: 0.0%."
+)
+# vLLM 0.6-0.7 vllm/entrypoints/launcher.py (logger.fatal; vllm-project/vllm#10024).
+MQ_DEAD = (
+    "CRITICAL 12-16 17:54:23 launcher.py:99] MQLLMEngine is already dead, terminating server "
+    "process"
+)
+
+
+def test_v0s_server_giving_up_on_its_dead_engine_is_no_ready_server() -> None:
+    text = "\n".join([V0_STATS, MQ_DEAD, 'INFO:     10.0.0.1:5182 - "POST /v1/x HTTP/1.1" 500'])
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+    assert diagnosis.line is not None and diagnosis.line.raw == MQ_DEAD
+
+
+def test_the_request_error_that_killed_a_v0_engine_is_the_root_cause() -> None:
+    # A CUDA kernel's failed assertion as glibc's __assert_fail prints it from the device
+    # (pytorch aten/src/ATen/native/cuda/IndexKernel.cu CUDA_KERNEL_ASSERT).
+    assertion = (
+        "../aten/src/ATen/native/cuda/IndexKernel.cu:93: operator(): block: [1,0,0], thread: "
+        '[7,0,0] Assertion `-sizes[i] <= index && index < sizes[i] && "index out of bounds"` '
+        "failed."
+    )
+    text = "\n".join([V0_STATS, assertion, MQ_DEAD])
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and diagnosis.line.raw == assertion
