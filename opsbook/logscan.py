@@ -1280,10 +1280,22 @@ _STATS = re.compile(
 )
 
 
+# The server's record of a request it took: vLLM 0.10.2 vllm/entrypoints/logger.py
+# (RequestLogger.log_inputs: "Received request %s: prompt: %r, ..."), 0.18.0-0.33.0
+# vllm/entrypoints/logger.py and vllm/entrypoints/serve/utils/request_logger.py ("Received
+# request %s: params: %s, ..."); the engine's, once it queued one: 0.10.2 vllm/engine/
+# async_llm_engine.py and multiprocessing/engine.py, 0.10.2-0.34.0 vllm/v1/engine/async_llm.py
+# (logger.info("Added request %s.", request_id)). Only a server that is up logs either.
+_REQUEST_TAKEN = re.compile(r"^(?:Received request \S+: (?:prompt|params): |Added request \S+\.$)")
+
+
 def _stats_line(lines: list[LogLine]) -> LogLine | None:
-    """The first of the engine's throughput stats lines: an excerpt of a serving engine often
-    holds only these, not the startup's end."""
-    return next((line for line in lines if _STATS.search(line.text)), None)
+    """The first of the engine's throughput stats lines, else of its records of requests
+    taken: an excerpt of a serving engine often holds only these, not the startup's end."""
+    first_stats = next((line for line in lines if _STATS.search(line.text)), None)
+    if first_stats is not None:
+        return first_stats
+    return next((line for line in lines if _REQUEST_TAKEN.match(line.text)), None)
 
 
 # uvicorn binds the port after the lifespan startup (uvicorn 0.55.0 uvicorn/server.py
@@ -1848,7 +1860,13 @@ def _ready(
         "uvicorn uvicorn/lifespan/on.py ('Application startup complete.'); vLLM "
         "vllm/entrypoints/openai/api_server.py serves with uvicorn"
     )
-    if serving_stats:
+    if serving_stats and _REQUEST_TAKEN.match(line.text):
+        title = "the server logs the requests it takes: it is serving"
+        source = (
+            "vLLM 0.10.2-0.33.0 vllm/entrypoints/logger.py ('Received request %s: ...'), "
+            "vllm/v1/engine/async_llm.py ('Added request %s.')"
+        )
+    elif serving_stats:
         title = "the engine logs its throughput stats: it is serving requests"
         source = (
             "vLLM 0.10.2 vllm/engine/metrics.py and 0.10.2-0.34.0 vllm/v1/metrics/loggers.py "

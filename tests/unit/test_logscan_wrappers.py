@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from opsbook.logscan import FAILED, diagnose_log
+from opsbook.logscan import FAILED, READY, diagnose_log
 
 STAMP = "ERROR 04-02 12:35:10 [core.py:380] "
 # vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core:
@@ -148,3 +148,35 @@ def test_the_request_error_that_killed_a_v0_engine_is_the_root_cause() -> None:
 
     assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
     assert diagnosis.line is not None and diagnosis.line.raw == assertion
+
+
+# vLLM 0.10.2 vllm/entrypoints/logger.py RequestLogger.log_inputs, rendered (V0 and V1 alike).
+RECEIVED = (
+    "INFO 10-01 18:43:27 logger.py:36] Received request cmpl-c52d-0: prompt: 'How to make "
+    "pizza', params: SamplingParams(n=1, temperature=0.0), prompt_token_ids: [1, 2], "
+    "lora_request: None, prompt_adapter_request: None."
+)
+# vLLM 0.18.0-0.33.0 request_logger.py, and 0.10.2-0.34.0 vllm/v1/engine/async_llm.py.
+RECEIVED_V1 = (
+    "(APIServer pid=7) INFO 03-18 17:33:04 [request_logger.py:67] Received request "
+    "chatcmpl-9: params: SamplingParams(n=1), lora_request: None."
+)
+ADDED = "(APIServer pid=7) INFO 03-18 17:33:04 [async_llm.py:415] Added request chatcmpl-9."
+
+
+@pytest.mark.parametrize("taken", [RECEIVED, RECEIVED_V1, ADDED])
+def test_a_server_logging_the_requests_it_takes_is_ready(taken: str) -> None:
+    text = "\n".join(["engine args: [...]", taken])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and diagnosis.line.raw == taken
+
+
+def test_an_engine_death_after_a_request_taken_is_still_the_failure() -> None:
+    text = "\n".join([ADDED, FATAL, *FRAMES])
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
