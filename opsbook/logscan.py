@@ -1222,10 +1222,22 @@ _SIGKILL = re.compile(
 )
 
 
+# Lines a reporter writes under the shell's "Killed" (a question, a remark) are no record of
+# the server: a few of them may follow the kill.
+_AFTER_KILL_LINES = 3
+
+
 def _killed_by_signal(lines: list[LogLine]) -> LogLine | None:
-    """The last line with text, when it says the server was killed (and nothing failed)."""
-    last = next((line for line in reversed(lines) if line.text), None)
-    return last if last is not None and _SIGKILL.search(last.text) else None
+    """The last line with text, when it says the server was killed (and nothing failed); or
+    such a line followed only by a few lines no process logged (no level, time, process
+    prefix, exception or code): after SIGKILL the server writes nothing more."""
+    tail = [line for line in lines[-50:] if line.text]
+    for line in reversed(tail[-(_AFTER_KILL_LINES + 1) :]):
+        if _SIGKILL.search(line.text):
+            return line
+        if line.level or line.timestamp or line.process or line.exception or line.is_code:
+            return None
+    return None
 
 
 # uvicorn logs both once the app has started (lifespan "Application startup complete.", then

@@ -180,3 +180,23 @@ def test_an_engine_death_after_a_request_taken_is_still_the_failure() -> None:
     diagnosis = diagnose_log(text)
 
     assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+
+
+# vLLM 0.10.2 vllm/worker/model_runner.py and vllm/executor/gpu_executor.py (V0), rendered;
+# "Killed" is bash's report of a job that got SIGKILL (bash jobs.c, strsignal(SIGKILL)).
+LOADED = "INFO 11-20 10:45:57 model_runner.py:692] Loading model weights took 1.9900 GB"
+
+
+def test_a_kill_under_which_a_reporter_wrote_is_still_the_kill() -> None:
+    text = "\n".join([LOADED, "Killed", "Why was it killed?"])
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "host-oom-killer")
+    assert diagnosis.line is not None and diagnosis.line.raw == "Killed"
+
+
+def test_a_kill_the_server_logged_past_is_no_kill_of_the_server() -> None:
+    text = "\n".join(["Killed", LOADED])
+
+    assert diagnose_log(text).failure != "host-oom-killer"
