@@ -1072,7 +1072,7 @@ def _diagnose_body(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
     events = _phase_events(lines)
-    hits = _survived_dropped(_after_launch(match_catalogue(lines), lines), events)
+    hits = _survived_dropped(_after_launch(_debug_dropped(match_catalogue(lines)), lines), events)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
     # request's, as after the startup's end.
@@ -1159,6 +1159,14 @@ def _after_launch(hits: list[Hit], lines: list[LogLine]) -> list[Hit]:
         # log it came from.
         or hit.line.timestamp is None
     ]
+
+
+def _debug_dropped(hits: list[Hit]) -> list[Hit]:
+    """The hits without errors logged at DEBUG: what a program logs at DEBUG it has handled
+    (vLLM 0.10.2-0.11.2 vllm/transformers_utils/config.py, 0.12.0-0.34.0 repo_utils.py:
+    logger.debug("File or repository not found in hf_hub_download", e) for an optional file,
+    then goes on). A stall or a note at DEBUG is kept (the engine's waits are DEBUG)."""
+    return [hit for hit in hits if hit.line.level != "DEBUG" or hit.entry.kind in ("stall", "note")]
 
 
 def _survived_dropped(hits: list[Hit], events: list[tuple[LogLine, str]]) -> list[Hit]:

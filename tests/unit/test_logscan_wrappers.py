@@ -200,3 +200,31 @@ def test_a_kill_the_server_logged_past_is_no_kill_of_the_server() -> None:
     text = "\n".join(["Killed", LOADED])
 
     assert diagnose_log(text).failure != "host-oom-killer"
+
+
+def test_the_hubs_404_logged_at_debug_for_an_optional_file_is_no_failure() -> None:
+    # vLLM 0.12.0-0.34.0 vllm/transformers_utils/repo_utils.py: logger.debug("File or
+    # repository not found in hf_hub_download", e), e a huggingface_hub EntryNotFoundError
+    # (huggingface_hub utils/_http.py hf_raise_for_status: "Entry Not Found for url: {url}.").
+    prefix = "(APIServer pid=5) DEBUG 03-18 17:33:04 [transformers_utils/repo_utils.py:243] "
+    text = "\n".join(
+        [
+            prefix + "File or repository not found in hf_hub_download: 404 Client Error.",
+            prefix,
+            prefix + "Entry Not Found for url: https://huggingface.co/org/model/resolve/main/"
+            "processor_config.json.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state != FAILED and diagnosis.failure is None
+
+
+def test_the_same_404_logged_as_an_error_is_still_the_failure() -> None:
+    error = (
+        "huggingface_hub.errors.EntryNotFoundError: 404 Client Error. Entry Not Found for url: "
+        "https://huggingface.co/org/model/resolve/main/config.json."
+    )
+
+    assert diagnose_log(error).state == FAILED
