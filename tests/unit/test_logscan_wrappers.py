@@ -228,3 +228,21 @@ def test_the_same_404_logged_as_an_error_is_still_the_failure() -> None:
     )
 
     assert diagnose_log(error).state == FAILED
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # vLLM 0.6-0.8 vllm/transformers_utils/config.py get_config, rendered.
+        "ValueError: No supported config format found in /models/missing-model",
+        # vLLM 0.10.2-0.34.0 vllm/transformers_utils/config.py, rendered.
+        "(APIServer pid=7) ERROR 03-18 17:33:04 [config.py:1] ValueError: Could not detect config "
+        "format for no config file found. With config_format 'auto', ensure your model has "
+        "either config.json (HF format) or params.json (Mistral format).",
+    ],
+)
+def test_vllms_words_for_a_model_without_a_config_are_model_not_found(error: str) -> None:
+    diagnosis = diagnose_log(error)
+
+    assert diagnosis.failure == "model-not-found"
+    assert diagnosis.line is not None and diagnosis.line.raw == error
