@@ -1770,8 +1770,13 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
 # The engine core's record of its own death, its traceback logged under the same prefix
 # (vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core: logger.exception("EngineCore
 # encountered a fatal error."); V1 before 0.8.5: logger.error("EngineCore hit an exception:
-# %s", traceback), the traceback starting on the message's line).
-_DEATH_RECORD = re.compile(r"EngineCore encountered a fatal error|EngineCore hit an exception")
+# %s", traceback), the traceback starting on the message's line); V0's background loop's
+# (vLLM 0.10.2 vllm/engine/async_llm_engine.py: logger.error("Engine background task failed",
+# exc_info=e)).
+_DEATH_RECORD = re.compile(
+    r"EngineCore encountered a fatal error|EngineCore hit an exception"
+    r"|Engine background task failed"
+)
 
 
 def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:

@@ -246,3 +246,50 @@ def test_vllms_words_for_a_model_without_a_config_are_model_not_found(error: str
 
     assert diagnosis.failure == "model-not-found"
     assert diagnosis.line is not None and diagnosis.line.raw == error
+
+
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        # vLLM 0.5-0.6 vllm/entrypoints/launcher.py (vllm-project/vllm#9230).
+        "CRITICAL 11-04 12:53:11 launcher.py:72] AsyncLLMEngine has failed, terminating server "
+        "process",
+        # V1 before 0.9 vllm/v1/engine/core_client.py sigusr1_handler (logger.fatal).
+        "CRITICAL 03-26 17:25:01 [core_client.py:269] Got fatal signal from worker processes, "
+        "shutting down. See stack trace above for root cause issue.",
+        # V1 before 0.9 vllm/v1/executor/multiproc_executor.py sigusr1_handler (its typo).
+        "(EngineCore_1 pid=3) CRITICAL 04-22 17:08:49 [multiproc_executor.py:49] "
+        "MulitprocExecutor got fatal signal from worker processes, shutting down. See stack "
+        "trace above for root cause issue.",
+        # vLLM 0.10.2-0.34.0 vllm/v1/engine/async_llm.py output_handler (logger.exception).
+        "(APIServer pid=7) ERROR 03-26 17:25:01 [async_llm.py:1] AsyncLLM output_handler failed.",
+        # vLLM 0.10.2 vllm/engine/async_llm_engine.py _log_task_completion.
+        "ERROR 03-26 17:25:01 async_llm_engine.py:1] Engine background task failed",
+    ],
+)
+def test_other_releases_words_for_a_dead_engine_are_engine_dead(wrapper: str) -> None:
+    diagnosis = diagnose_log("\n".join([V0_STATS, wrapper]))
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+    assert diagnosis.line is not None and diagnosis.line.raw == wrapper
+
+
+def test_the_error_in_v0s_background_loop_record_is_the_root_cause() -> None:
+    prefix = "ERROR 03-26 17:25:01 async_llm_engine.py:64] "
+    cause = prefix + "RuntimeError: shape mismatch in paged attention"
+    text = "\n".join(
+        [
+            prefix + "Engine background task failed",
+            prefix + "Traceback (most recent call last):",
+            prefix + '  File "/x/async_llm_engine.py", line 54, in _log_task_completion',
+            prefix + "    return_value = task.result()",
+            cause,
+            "AsyncEngineDeadError: Task finished unexpectedly. This should never happen! Please "
+            "open an issue on GitHub. See stack trace above for the actual cause.",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == cause
