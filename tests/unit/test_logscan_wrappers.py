@@ -293,3 +293,21 @@ def test_the_error_in_v0s_background_loop_record_is_the_root_cause() -> None:
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == cause
+
+
+@pytest.mark.parametrize("subject", ["The actor or task with ID cb23ff01", "The lease with ID 9a1"])
+def test_rays_infeasible_request_warning_is_ray_resources(subject: str) -> None:
+    # ray-project/ray src/ray/raylet/scheduling/cluster_task_manager.cc (the actor or task)
+    # and cluster_lease_manager.cc (the lease), rendered as Ray's Python logger prints them.
+    warning = (
+        f"2025-01-02 10:00:00,687\tWARNING worker.py:1034 -- {subject} cannot be scheduled "
+        "right now. It requires {GPU: 1.000000}, {CPU: 1.000000} for placement, however the "
+        "cluster currently cannot provide the requested resources. The required resources may "
+        "be added as autoscaling takes place or placement groups are scheduled. Otherwise, "
+        "consider reducing the resource requirements of the task."
+    )
+
+    diagnosis = diagnose_log("\n".join(["INFO 01-02 10:00:00 ray_utils.py:1] Connecting", warning]))
+
+    assert diagnosis.failure == "ray-resources"
+    assert diagnosis.line is not None and diagnosis.line.raw == warning
