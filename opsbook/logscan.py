@@ -1772,22 +1772,29 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
 # encountered a fatal error."); V1 before 0.8.5: logger.error("EngineCore hit an exception:
 # %s", traceback), the traceback starting on the message's line); V0's background loop's
 # (vLLM 0.10.2 vllm/engine/async_llm_engine.py: logger.error("Engine background task failed",
-# exc_info=e)).
+# exc_info=e)); a worker's and a failed start's (0.10.2-0.34.0 logger.exception:
+# vllm/v1/executor/multiproc_executor.py "WorkerProc hit an exception." and "WorkerProc failed
+# to start.", vllm/v1/engine/core.py "EngineCore failed to start.", vllm/worker/worker_base.py
+# (0.10.2) and vllm/v1/worker/worker_base.py "Error executing method %r. ...").
 _DEATH_RECORD = re.compile(
     r"EngineCore encountered a fatal error|EngineCore hit an exception"
-    r"|Engine background task failed"
+    r"|Engine background task failed|WorkerProc hit an exception|WorkerProc failed to start"
+    r"|EngineCore failed to start|Error executing method"
 )
 
 
 def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
     """For an engine core's record of its death, the exception that closes the record: the
-    lines after it with its level, time and process. Nothing when an excerpt cuts the record
-    before its exception (the wrapper is then all the log shows)."""
+    lines after it with its level, time and process (other processes' lines interleaved with
+    them skipped: several workers' tracebacks often are). Nothing when an excerpt cuts the
+    record before its exception (the wrapper is then all the log shows)."""
     if not _DEATH_RECORD.search(wrapper.text) or wrapper.level is None:
         return None
     key = (wrapper.level, wrapper.timestamp, wrapper.process)
     index = next(i for i, line in enumerate(lines) if line is wrapper)
     for line in lines[index + 1 :]:
+        if wrapper.process is not None and line.process not in (None, wrapper.process):
+            continue
         if (line.level, line.timestamp, line.process) != key:
             return None
         if not line.is_code and _EXCEPTION_LINE.match(line.text):

@@ -311,3 +311,54 @@ def test_rays_infeasible_request_warning_is_ray_resources(subject: str) -> None:
 
     assert diagnosis.failure == "ray-resources"
     assert diagnosis.line is not None and diagnosis.line.raw == warning
+
+
+def _worker_record(process: str, message: str, cause: str) -> list[str]:
+    prefix = f"({process}) ERROR 08-21 08:26:21 [worker_base.py:620] "
+    return [
+        prefix + message,
+        prefix + "Traceback (most recent call last):",
+        prefix + '  File "/venv/vllm/worker/worker_base.py", line 612, in execute_method',
+        prefix + "    return run_method(self, method, args, kwargs)",
+        prefix + cause,
+    ]
+
+
+# vLLM 0.10.2 vllm/worker/worker_base.py and 0.11.2-0.34.0 vllm/v1/worker/worker_base.py:
+# logger.exception(f"Error executing method {method!r}. This might cause deadlock in
+# distributed execution."), rendered.
+METHOD = "Error executing method 'init_device'. This might cause deadlock in distributed execution."
+
+
+def test_a_workers_failed_method_record_is_a_wrapper_of_its_own_exception() -> None:
+    cause = "RuntimeError: invalid device ordinal"
+    text = "\n".join(_worker_record("RayWorkerWrapper pid=2, ip=10.0.0.2", METHOD, cause))
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw.endswith(cause)
+
+
+def test_a_workers_failed_method_record_cut_before_its_error_is_engine_dead() -> None:
+    text = "\n".join(_worker_record("VllmWorkerProcess pid=2", METHOD, "")[:3])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "engine-dead"
+    assert diagnosis.line is not None and diagnosis.line.raw.endswith(METHOD)
+
+
+def test_the_exception_of_a_workers_record_is_found_among_other_workers_lines() -> None:
+    # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py: logger.exception("WorkerProc
+    # hit an exception."); two workers' records interleave line by line.
+    cause = "RuntimeError: shape '[16, 8]' is invalid for input of size 100"
+    first = _worker_record("VllmWorker rank=0 pid=5", "WorkerProc hit an exception.", cause)
+    second = _worker_record("VllmWorker rank=1 pid=6", "WorkerProc hit an exception.", "")[:4]
+    interleaved = [line for pair in zip(second, first[:4], strict=True) for line in pair]
+    text = "\n".join([*interleaved, first[4]])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw.endswith(cause)
