@@ -1094,7 +1094,7 @@ def _diagnose_body(
             start = _walk_back_start(failure, hits)
             root = (
                 _own_record_root(lines, hits, start)
-                or _root_cause(lines, hits, start)
+                or _root_cause(lines, hits, start, events)
                 or _quoted_root(hits, start)
                 or _root_cause_below(lines, hits, start)
             )
@@ -1633,7 +1633,12 @@ class RootCause:
     entry: CatalogueEntry | None
 
 
-def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+def _root_cause(
+    lines: list[LogLine],
+    hits: list[Hit],
+    wrapper: LogLine,
+    events: Sequence[tuple[LogLine, str]] = (),
+) -> RootCause | None:
     """Walk back from the wrapper to the first error of the failed process.
 
     The first error is the first exception line (a traceback's last line), ``ERROR`` line
@@ -1657,6 +1662,7 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
         and not _NOT_A_CAUSE.match(line.text)
         and (line.number in named or _is_error_line(line))
     ]
+    candidates = _not_gone_past(candidates, events, wrapper)
     if not candidates:
         return None
     others = [line for line in candidates if not _API_SERVER.match(line.process or "")]
@@ -1669,6 +1675,26 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
         causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
         best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
     return RootCause(_asserted_line(first, lines) or first, best)
+
+
+def _not_gone_past(
+    candidates: list[LogLine], events: Sequence[tuple[LogLine, str]], wrapper: LogLine
+) -> list[LogLine]:
+    """The candidates without the errors their own process went past: a startup phase it
+    logged after the error and before the wrapper shows the error did not stop it (a handled
+    error, an optional import), so the process failed later, of something else."""
+    progress: dict[str | None, list[int]] = {}
+    for line, _ in events:
+        if line.number < wrapper.number:
+            progress.setdefault(line.process, []).append(line.number)
+    kept = []
+    for line in candidates:
+        numbers = progress.get(line.process, [])
+        later = bisect_left(numbers, line.number + 1)
+        if later < len(numbers) and numbers[later] < wrapper.number:
+            continue
+        kept.append(line)
+    return kept
 
 
 def _exception_of_record(message: LogLine, lines: list[LogLine]) -> LogLine | None:

@@ -362,3 +362,44 @@ def test_the_exception_of_a_workers_record_is_found_among_other_workers_lines() 
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw.endswith(cause)
+
+
+def test_an_error_the_failed_process_went_past_is_not_the_root_cause() -> None:
+    # vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py wait_for_engine_startup, rendered; the
+    # engine core's weights line (vllm/model_executor/model_loader/default_loader.py) after its
+    # error shows the error did not stop it.
+    wrapper = (
+        "(APIServer pid=1) ERROR 03-12 10:11:20 [core_client.py:1] RuntimeError: Engine core "
+        "initialization failed. See root cause above. Failed core proc(s): {}"
+    )
+    text = "\n".join(
+        [
+            "(EngineCore_DP0 pid=7) ERROR 03-12 10:11:10 [plugins.py:1] Failed to load plugin x",
+            "(EngineCore_DP0 pid=7) INFO 03-12 10:11:11 [default_loader.py:1] Loading weights "
+            "took 3.10 seconds",
+            wrapper,
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "engine-dead"
+    assert diagnosis.line is not None and diagnosis.line.raw == wrapper
+
+
+def test_an_error_after_the_processs_last_progress_is_still_the_root_cause() -> None:
+    error = "(EngineCore_DP0 pid=7) ERROR 03-12 10:11:12 [gpu_worker.py:1] Cannot allocate x"
+    text = "\n".join(
+        [
+            "(EngineCore_DP0 pid=7) INFO 03-12 10:11:11 [default_loader.py:1] Loading weights "
+            "took 3.10 seconds",
+            error,
+            "(APIServer pid=1) ERROR 03-12 10:11:20 [core_client.py:1] RuntimeError: Engine core "
+            "initialization failed. See root cause above. Failed core proc(s): {}",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == error
