@@ -1076,7 +1076,8 @@ def _diagnose_body(
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
     # request's, as after the startup's end.
-    stats = _stats_line(lines) if ready_at is None and running is not False else None
+    errors = any(hit.entry.kind in ("cause", "wrapper", "generic") for hit in hits)
+    stats = _stats_line(lines, errors) if ready_at is None and running is not False else None
     if stats is not None:
         ready_at = stats.number
     furthest = _furthest_phase(events)
@@ -1307,15 +1308,24 @@ _STATS = re.compile(
 # async_llm_engine.py and multiprocessing/engine.py, 0.10.2-0.34.0 vllm/v1/engine/async_llm.py
 # (logger.info("Added request %s.", request_id)). Only a server that is up logs either.
 _REQUEST_TAKEN = re.compile(r"^(?:Received request \S+: (?:prompt|params): |Added request \S+\.$)")
+# uvicorn's access log line, written once the app answered a request, so once its startup
+# completed (uvicorn 0.55.0 uvicorn/protocols/http/h11_impl.py and httptools_impl.py:
+# '%s - "%s %s HTTP/%s" %d').
+_ACCESS = re.compile(r'^\S+:\d+ - "[A-Z]+ /\S* HTTP/[\d.]+" \d{3}\b')
 
 
-def _stats_line(lines: list[LogLine]) -> LogLine | None:
+def _stats_line(lines: list[LogLine], errors: bool = False) -> LogLine | None:
     """The first of the engine's throughput stats lines, else of its records of requests
-    taken: an excerpt of a serving engine often holds only these, not the startup's end."""
+    taken: an excerpt of a serving engine often holds only these, not the startup's end. Else,
+    in a log with no error, uvicorn's first access line (with errors, the API server answers
+    requests also when its engine is dead: the answer says nothing of the engine)."""
     first_stats = next((line for line in lines if _STATS.search(line.text)), None)
     if first_stats is not None:
         return first_stats
-    return next((line for line in lines if _REQUEST_TAKEN.match(line.text)), None)
+    taken = next((line for line in lines if _REQUEST_TAKEN.match(line.text)), None)
+    if taken is not None or errors:
+        return taken
+    return next((line for line in lines if _ACCESS.match(line.text)), None)
 
 
 # uvicorn binds the port after the lifespan startup (uvicorn 0.55.0 uvicorn/server.py
@@ -1918,11 +1928,11 @@ def _ready(
         "uvicorn uvicorn/lifespan/on.py ('Application startup complete.'); vLLM "
         "vllm/entrypoints/openai/api_server.py serves with uvicorn"
     )
-    if serving_stats and _REQUEST_TAKEN.match(line.text):
+    if serving_stats and (_REQUEST_TAKEN.match(line.text) or _ACCESS.match(line.text)):
         title = "the server logs the requests it takes: it is serving"
         source = (
             "vLLM 0.10.2-0.33.0 vllm/entrypoints/logger.py ('Received request %s: ...'), "
-            "vllm/v1/engine/async_llm.py ('Added request %s.')"
+            "vllm/v1/engine/async_llm.py ('Added request %s.'); uvicorn's access log"
         )
     elif serving_stats:
         title = "the engine logs its throughput stats: it is serving requests"

@@ -403,3 +403,28 @@ def test_an_error_after_the_processs_last_progress_is_still_the_root_cause() -> 
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == error
+
+
+# uvicorn 0.55.0 uvicorn/protocols/http/h11_impl.py: '%s - "%s %s HTTP/%s" %d', rendered with
+# vLLM's API server prefix (vllm/logger.py formats uvicorn's loggers too).
+ACCESS = '(APIServer pid=1) INFO:     127.0.0.1:52706 - "GET /health HTTP/1.1" 200 OK'
+ADDRESS = "(APIServer pid=1) INFO 05-06 21:00:52 [api_server.py:1] Starting vLLM API server 0 on "
+
+
+def test_a_server_answering_requests_in_an_error_free_log_is_ready() -> None:
+    diagnosis = diagnose_log("\n".join([ADDRESS + "http://0.0.0.0:8000", ACCESS]))
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and diagnosis.line.raw == ACCESS
+
+
+def test_answers_after_the_engine_died_do_not_make_the_server_ready() -> None:
+    dead = (
+        "(APIServer pid=1) ERROR 03-13 06:55:20 [serving.py:1] vllm.v1.engine.exceptions."
+        "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root "
+        "cause."
+    )
+
+    diagnosis = diagnose_log("\n".join([dead, ACCESS]))
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
