@@ -1810,12 +1810,13 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
 # (vLLM 0.10.2 vllm/engine/async_llm_engine.py: logger.error("Engine background task failed",
 # exc_info=e)); a worker's and a failed start's (0.10.2-0.34.0 logger.exception:
 # vllm/v1/executor/multiproc_executor.py "WorkerProc hit an exception." and "WorkerProc failed
-# to start.", vllm/v1/engine/core.py "EngineCore failed to start.", vllm/worker/worker_base.py
-# (0.10.2) and vllm/v1/worker/worker_base.py "Error executing method %r. ...").
+# to start.", "WorkerProc failed.", vllm/v1/engine/core.py "EngineCore failed to start.",
+# vllm/worker/worker_base.py (0.10.2) and vllm/v1/worker/worker_base.py "Error executing
+# method %r. ...").
 _DEATH_RECORD = re.compile(
     r"EngineCore encountered a fatal error|EngineCore hit an exception"
     r"|Engine background task failed|WorkerProc hit an exception|WorkerProc failed to start"
-    r"|EngineCore failed to start|Error executing method"
+    r"|EngineCore failed to start|Error executing method|WorkerProc failed\."
 )
 
 

@@ -428,3 +428,24 @@ def test_answers_after_the_engine_died_do_not_make_the_server_ready() -> None:
     diagnosis = diagnose_log("\n".join([dead, ACCESS]))
 
     assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+
+
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py, rendered.
+        "(VllmWorker rank=0 pid=5) ERROR 01-01 00:00:00 [multiproc_executor.py:1] WorkerProc "
+        "failed.",
+        "RuntimeError: Executor failed.",
+        # vLLM 0.10.2 vllm/engine/multiprocessing/client.py (VLLM_RPC_TIMEOUT 10000), rendered.
+        "TimeoutError: RPCServer didn't reply within 10000 ms",
+        "TimeoutError: MQLLMEngine didn't reply within 10000ms",
+    ],
+)
+def test_an_executors_or_v0_clients_word_for_a_dead_engine_is_engine_dead(wrapper: str) -> None:
+    loaded = "INFO 01-01 00:00:00 [default_loader.py:1] Loading weights took 1.00 seconds"
+
+    diagnosis = diagnose_log("\n".join([loaded, wrapper]))
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+    assert diagnosis.line is not None and diagnosis.line.raw == wrapper
