@@ -449,3 +449,20 @@ def test_an_executors_or_v0_clients_word_for_a_dead_engine_is_engine_dead(wrappe
 
     assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
     assert diagnosis.line is not None and diagnosis.line.raw == wrapper
+
+
+def test_transformers_has_file_words_are_model_not_found_and_hub_gated() -> None:
+    # transformers 5.19.0 src/transformers/utils/hub.py has_file, rendered.
+    path_or_repo = "org/model"
+    missing = (
+        f"OSError: {path_or_repo} is not a local folder or a valid repository name on "
+        "'https://hf.co'."
+    )
+    gated = (
+        f"OSError: {path_or_repo} is a gated repository. Make sure to request access at "
+        f"https://huggingface.co/{path_or_repo} and pass a token having permission to this repo "
+        "either by logging in with `hf auth login` or by passing `token=<your_token>`."
+    )
+
+    assert diagnose_log(missing).failure == "model-not-found"
+    assert diagnose_log(gated).failure == "hub-gated"
