@@ -466,3 +466,17 @@ def test_transformers_has_file_words_are_model_not_found_and_hub_gated() -> None
 
     assert diagnose_log(missing).failure == "model-not-found"
     assert diagnose_log(gated).failure == "hub-gated"
+
+
+def test_transformers_4_word_for_a_path_that_is_no_hub_id_is_model_not_found() -> None:
+    # transformers 4.x src/transformers/utils/hub.py cached_file (HFValidationError), rendered.
+    path_or_repo_id = "/models/Qwen2.5-7B-Instruct"
+    error = (
+        f"OSError: Incorrect path_or_model_id: '{path_or_repo_id}'. Please provide either the "
+        "path to a local folder or the repo_id of a model on the Hub."
+    )
+
+    diagnosis = diagnose_log(error)
+
+    assert diagnosis.failure == "model-not-found"
+    assert diagnosis.line is not None and diagnosis.line.raw == error
