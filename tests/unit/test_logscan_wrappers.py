@@ -480,3 +480,30 @@ def test_transformers_4_word_for_a_path_that_is_no_hub_id_is_model_not_found() -
 
     assert diagnosis.failure == "model-not-found"
     assert diagnosis.line is not None and diagnosis.line.raw == error
+
+
+@pytest.mark.parametrize(
+    "kill",
+    [
+        # ray-project/ray doc/source/ray-core/scheduling/ray-oom-prevention.rst.
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+        # ray-project/ray src/ray/raylet/node_manager.cc, rendered.
+        "(raylet) [2025-01-01 00:00:00,000 E 1 1] (raylet) node_manager.cc:3069: 1 Workers (tasks "
+        "/ actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons "
+        "at node (ID: ab12, IP: 10.0.0.2) over the last time period.",
+    ],
+)
+def test_rays_memory_monitor_killing_a_worker_is_host_memory(kill: str) -> None:
+    diagnosis = diagnose_log(kill)
+
+    assert diagnosis.failure == "host-oom-killer"
+    assert diagnosis.line is not None and diagnosis.line.raw == kill
+
+
+def test_torchs_out_of_memory_error_is_still_gpu_memory() -> None:
+    error = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 79.15 GiB of which 1.00 GiB is free."
+    )
+
+    assert diagnose_log(error).failure == "oom"
