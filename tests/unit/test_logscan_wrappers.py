@@ -507,3 +507,16 @@ def test_torchs_out_of_memory_error_is_still_gpu_memory() -> None:
     )
 
     assert diagnose_log(error).failure == "oom"
+
+
+def test_a_crashed_ray_worker_is_ray_node_died() -> None:
+    # ray-project/ray python/ray/exceptions.py WorkerCrashedError, rendered.
+    error = (
+        "ray.exceptions.WorkerCrashedError: The worker died unexpectedly while executing this "
+        "task. Check python-core-worker-*.log files for more information."
+    )
+
+    diagnosis = diagnose_log(error)
+
+    assert diagnosis.failure == "ray-node-died"
+    assert diagnosis.line is not None and diagnosis.line.raw == error
