@@ -520,3 +520,14 @@ def test_a_crashed_ray_worker_is_ray_node_died() -> None:
 
     assert diagnosis.failure == "ray-node-died"
     assert diagnosis.line is not None and diagnosis.line.raw == error
+
+
+def test_a_data_parallel_process_that_died_with_an_exit_code_is_engine_dead() -> None:
+    # vLLM 0.10.2-0.34.0 vllm/v1/utils.py wait_for_completion_or_failure, rendered.
+    name, pid, exitcode = "EngineCore_DP1", 4711, -9
+    error = f"RuntimeError: Process {name} (PID: {pid}) died with exit code {exitcode}"
+
+    diagnosis = diagnose_log(error)
+
+    assert diagnosis.failure == "engine-dead"
+    assert diagnosis.line is not None and diagnosis.line.raw == error
