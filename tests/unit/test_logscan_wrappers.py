@@ -531,3 +531,20 @@ def test_a_data_parallel_process_that_died_with_an_exit_code_is_engine_dead() ->
 
     assert diagnosis.failure == "engine-dead"
     assert diagnosis.line is not None and diagnosis.line.raw == error
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        # python/cpython Lib/argparse.py (error: "%(prog)s: error: %(message)s"), rendered.
+        "vllm serve: error: the following arguments are required: model_tag",
+        "vllm serve: error: ambiguous option: --max could match --max-model-len, --max-num-seqs",
+        "vllm serve: error: argument --dtype: expected one argument",
+        "api_server.py: error: argument --port: expected one argument",
+    ],
+)
+def test_argparses_refusals_of_the_command_line_are_unknown_arg(refusal: str) -> None:
+    diagnosis = diagnose_log("\n".join(["usage: vllm serve [-h] [model_tag] [options]", refusal]))
+
+    assert diagnosis.failure == "unknown-arg"
+    assert diagnosis.line is not None and diagnosis.line.raw == refusal
