@@ -1072,11 +1072,12 @@ def _diagnose_body(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
     events = _phase_events(lines)
-    hits = _survived_dropped(_after_launch(match_catalogue(lines), lines), events)
+    hits = _survived_dropped(_after_launch(_debug_dropped(match_catalogue(lines)), lines), events)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
     # request's, as after the startup's end.
-    stats = _stats_line(lines) if ready_at is None and running is not False else None
+    errors = any(hit.entry.kind in ("cause", "wrapper", "generic") for hit in hits)
+    stats = _stats_line(lines, errors) if ready_at is None and running is not False else None
     if stats is not None:
         ready_at = stats.number
     furthest = _furthest_phase(events)
@@ -1093,7 +1094,8 @@ def _diagnose_body(
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
             start = _walk_back_start(failure, hits)
             root = (
-                _root_cause(lines, hits, start)
+                _own_record_root(lines, hits, start)
+                or _root_cause(lines, hits, start, events)
                 or _quoted_root(hits, start)
                 or _root_cause_below(lines, hits, start)
             )
@@ -1160,6 +1162,14 @@ def _after_launch(hits: list[Hit], lines: list[LogLine]) -> list[Hit]:
     ]
 
 
+def _debug_dropped(hits: list[Hit]) -> list[Hit]:
+    """The hits without errors logged at DEBUG: what a program logs at DEBUG it has handled
+    (vLLM 0.10.2-0.11.2 vllm/transformers_utils/config.py, 0.12.0-0.34.0 repo_utils.py:
+    logger.debug("File or repository not found in hf_hub_download", e) for an optional file,
+    then goes on). A stall or a note at DEBUG is kept (the engine's waits are DEBUG)."""
+    return [hit for hit in hits if hit.line.level != "DEBUG" or hit.entry.kind in ("stall", "note")]
+
+
 def _survived_dropped(hits: list[Hit], events: list[tuple[LogLine, str]]) -> list[Hit]:
     """The hits without uncatalogued errors that the same process's startup went past: a
     later phase than the one it was in, logged by the same process, shows the error was not
@@ -1221,10 +1231,22 @@ _SIGKILL = re.compile(
 )
 
 
+# Lines a reporter writes under the shell's "Killed" (a question, a remark) are no record of
+# the server: a few of them may follow the kill.
+_AFTER_KILL_LINES = 3
+
+
 def _killed_by_signal(lines: list[LogLine]) -> LogLine | None:
-    """The last line with text, when it says the server was killed (and nothing failed)."""
-    last = next((line for line in reversed(lines) if line.text), None)
-    return last if last is not None and _SIGKILL.search(last.text) else None
+    """The last line with text, when it says the server was killed (and nothing failed); or
+    such a line followed only by a few lines no process logged (no level, time, process
+    prefix, exception or code): after SIGKILL the server writes nothing more."""
+    tail = [line for line in lines[-50:] if line.text]
+    for line in reversed(tail[-(_AFTER_KILL_LINES + 1) :]):
+        if _SIGKILL.search(line.text):
+            return line
+        if line.level or line.timestamp or line.process or line.exception or line.is_code:
+            return None
+    return None
 
 
 # uvicorn logs both once the app has started (lifespan "Application startup complete.", then
@@ -1279,10 +1301,31 @@ _STATS = re.compile(
 )
 
 
-def _stats_line(lines: list[LogLine]) -> LogLine | None:
-    """The first of the engine's throughput stats lines: an excerpt of a serving engine often
-    holds only these, not the startup's end."""
-    return next((line for line in lines if _STATS.search(line.text)), None)
+# The server's record of a request it took: vLLM 0.10.2 vllm/entrypoints/logger.py
+# (RequestLogger.log_inputs: "Received request %s: prompt: %r, ..."), 0.18.0-0.33.0
+# vllm/entrypoints/logger.py and vllm/entrypoints/serve/utils/request_logger.py ("Received
+# request %s: params: %s, ..."); the engine's, once it queued one: 0.10.2 vllm/engine/
+# async_llm_engine.py and multiprocessing/engine.py, 0.10.2-0.34.0 vllm/v1/engine/async_llm.py
+# (logger.info("Added request %s.", request_id)). Only a server that is up logs either.
+_REQUEST_TAKEN = re.compile(r"^(?:Received request \S+: (?:prompt|params): |Added request \S+\.$)")
+# uvicorn's access log line, written once the app answered a request, so once its startup
+# completed (uvicorn 0.55.0 uvicorn/protocols/http/h11_impl.py and httptools_impl.py:
+# '%s - "%s %s HTTP/%s" %d').
+_ACCESS = re.compile(r'^\S+:\d+ - "[A-Z]+ /\S* HTTP/[\d.]+" \d{3}\b')
+
+
+def _stats_line(lines: list[LogLine], errors: bool = False) -> LogLine | None:
+    """The first of the engine's throughput stats lines, else of its records of requests
+    taken: an excerpt of a serving engine often holds only these, not the startup's end. Else,
+    in a log with no error, uvicorn's first access line (with errors, the API server answers
+    requests also when its engine is dead: the answer says nothing of the engine)."""
+    first_stats = next((line for line in lines if _STATS.search(line.text)), None)
+    if first_stats is not None:
+        return first_stats
+    taken = next((line for line in lines if _REQUEST_TAKEN.match(line.text)), None)
+    if taken is not None or errors:
+        return taken
+    return next((line for line in lines if _ACCESS.match(line.text)), None)
 
 
 # uvicorn binds the port after the lifespan startup (uvicorn 0.55.0 uvicorn/server.py
@@ -1600,7 +1643,12 @@ class RootCause:
     entry: CatalogueEntry | None
 
 
-def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+def _root_cause(
+    lines: list[LogLine],
+    hits: list[Hit],
+    wrapper: LogLine,
+    events: Sequence[tuple[LogLine, str]] = (),
+) -> RootCause | None:
     """Walk back from the wrapper to the first error of the failed process.
 
     The first error is the first exception line (a traceback's last line), ``ERROR`` line
@@ -1624,6 +1672,7 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
         and not _NOT_A_CAUSE.match(line.text)
         and (line.number in named or _is_error_line(line))
     ]
+    candidates = _not_gone_past(candidates, events, wrapper)
     if not candidates:
         return None
     others = [line for line in candidates if not _API_SERVER.match(line.process or "")]
@@ -1636,6 +1685,26 @@ def _root_cause(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> Root
         causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
         best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
     return RootCause(_asserted_line(first, lines) or first, best)
+
+
+def _not_gone_past(
+    candidates: list[LogLine], events: Sequence[tuple[LogLine, str]], wrapper: LogLine
+) -> list[LogLine]:
+    """The candidates without the errors their own process went past: a startup phase it
+    logged after the error and before the wrapper shows the error did not stop it (a handled
+    error, an optional import), so the process failed later, of something else."""
+    progress: dict[str | None, list[int]] = {}
+    for line, _ in events:
+        if line.number < wrapper.number:
+            progress.setdefault(line.process, []).append(line.number)
+    kept = []
+    for line in candidates:
+        numbers = progress.get(line.process, [])
+        later = bisect_left(numbers, line.number + 1)
+        if later < len(numbers) and numbers[later] < wrapper.number:
+            continue
+        kept.append(line)
+    return kept
 
 
 def _exception_of_record(message: LogLine, lines: list[LogLine]) -> LogLine | None:
@@ -1734,6 +1803,44 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
     return None
 
 
+# The engine core's record of its own death, its traceback logged under the same prefix
+# (vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core: logger.exception("EngineCore
+# encountered a fatal error."); V1 before 0.8.5: logger.error("EngineCore hit an exception:
+# %s", traceback), the traceback starting on the message's line); V0's background loop's
+# (vLLM 0.10.2 vllm/engine/async_llm_engine.py: logger.error("Engine background task failed",
+# exc_info=e)); a worker's and a failed start's (0.10.2-0.34.0 logger.exception:
+# vllm/v1/executor/multiproc_executor.py "WorkerProc hit an exception." and "WorkerProc failed
+# to start.", "WorkerProc failed.", vllm/v1/engine/core.py "EngineCore failed to start.",
+# vllm/worker/worker_base.py (0.10.2) and vllm/v1/worker/worker_base.py "Error executing
+# method %r. ...").
+_DEATH_RECORD = re.compile(
+    r"EngineCore encountered a fatal error|EngineCore hit an exception"
+    r"|Engine background task failed|WorkerProc hit an exception|WorkerProc failed to start"
+    r"|EngineCore failed to start|Error executing method|WorkerProc failed\."
+)
+
+
+def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+    """For an engine core's record of its death, the exception that closes the record: the
+    lines after it with its level, time and process (other processes' lines interleaved with
+    them skipped: several workers' tracebacks often are). Nothing when an excerpt cuts the
+    record before its exception (the wrapper is then all the log shows)."""
+    if not _DEATH_RECORD.search(wrapper.text) or wrapper.level is None:
+        return None
+    key = (wrapper.level, wrapper.timestamp, wrapper.process)
+    index = next(i for i, line in enumerate(lines) if line is wrapper)
+    for line in lines[index + 1 :]:
+        if wrapper.process is not None and line.process not in (None, wrapper.process):
+            continue
+        if (line.level, line.timestamp, line.process) != key:
+            return None
+        if not line.is_code and _EXCEPTION_LINE.match(line.text):
+            causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
+            best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+            return RootCause(_asserted_line(line, lines) or line, best)
+    return None
+
+
 def _walk_back_start(failure: Hit, hits: list[Hit]) -> LogLine:
     if failure.entry.id in _WRAPPER_CAUSES:
         # Ray's message runs over several lines: walk back from its first one.
@@ -1822,7 +1929,13 @@ def _ready(
         "uvicorn uvicorn/lifespan/on.py ('Application startup complete.'); vLLM "
         "vllm/entrypoints/openai/api_server.py serves with uvicorn"
     )
-    if serving_stats:
+    if serving_stats and (_REQUEST_TAKEN.match(line.text) or _ACCESS.match(line.text)):
+        title = "the server logs the requests it takes: it is serving"
+        source = (
+            "vLLM 0.10.2-0.33.0 vllm/entrypoints/logger.py ('Received request %s: ...'), "
+            "vllm/v1/engine/async_llm.py ('Added request %s.'); uvicorn's access log"
+        )
+    elif serving_stats:
         title = "the engine logs its throughput stats: it is serving requests"
         source = (
             "vLLM 0.10.2 vllm/engine/metrics.py and 0.10.2-0.34.0 vllm/v1/metrics/loggers.py "
