@@ -524,10 +524,15 @@ def header_digest(header: Any, shard: str) -> int:
 
 def inspect_row(model_dir: str, name: str) -> dict[str, Any]:
     """A shard's row, its header's names replaced by their digest (``names``)."""
+    return digested_row(model_dir, name)[0]
+
+
+def digested_row(model_dir: str, name: str) -> tuple[dict[str, Any], frozenset[str] | None]:
+    """:func:`inspect_row`, and the header's names (None when it has no header)."""
     row = inspect_shard(model_dir, name)
     header = row.pop("header")
     row["names"] = header_digest(header, name) if header is not None else None
-    return row
+    return row, header
 
 
 def shard_row(model_dir: str, name: str, wanted: dict[str, list[str]]) -> dict[str, Any]:
@@ -553,24 +558,17 @@ def match_index(
     settled by name (:func:`compare_in_workers`). Then every worker is reaped.
     """
     sound = [row for row in rows if row["status"] == "ok"]
-    for row in rows:
-        if row["status"] != "ok":
-            row.pop("names", None)
-    if index is None:
-        sound = []
-    elif len(sound) < len(rows) or not all_match(sound, index["weight_map"]):
+    wanted = None
+    if index is not None and (len(sound) < len(rows) or not all_match(sound, index["weight_map"])):
         wanted = tensors_by_shard(index["weight_map"])
-        for row in sound:
-            tensors = wanted.get(row["file"], [])
-            if row["tensors"] == len(tensors) and row["names"] == pairs_digest(
-                tensors, row["file"]
-            ):
-                del row["names"]
-        compare_in_workers(children, rows, wanted, model_dir)
-        return
-    for row in sound:
-        del row["names"]
-    compare_in_workers(children, rows, None, model_dir)
+    for row in rows:
+        digest = row.pop("names", None)
+        if wanted is None or row["status"] != "ok":
+            continue
+        tensors = wanted.get(row["file"], [])
+        if row["tensors"] != len(tensors) or digest != pairs_digest(tensors, row["file"]):
+            row["names"] = digest  # for compare_in_workers to settle by name
+    compare_in_workers(children, rows, wanted, model_dir)
 
 
 def all_match(rows: list[dict[str, Any]], weight_map: dict[str, str]) -> bool:
@@ -764,9 +762,7 @@ def inspect_share(
     rows = []
     headers = {}
     for name in names:
-        row = inspect_shard(model_dir, name)
-        header = row.pop("header")
-        row["names"] = header_digest(header, name) if header is not None else None
+        row, header = digested_row(model_dir, name)
         if header is not None:
             headers[name] = header
         rows.append(row)

@@ -656,3 +656,23 @@ def test_the_quick_layout_check_says_what_the_full_one_says(name: str) -> None:
         assert quick is not None and quick[1] == ""
     if name in ("gap", "overlap", "inside a zero-length", "not from 0", "size", "reversed"):
         assert quick is None and probe.layout_problem(header)[1]
+
+
+def test_without_an_index_each_shard_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opsbook.probes import download as probe
+
+    model = make_checkpoint(tmp_path / "m", shards=6, shard_bytes=100_000)
+    (model / INDEX).unlink()
+    reads: list[str] = []
+    inspect = probe.inspect_shard
+
+    def noting(model_dir: str, name: str) -> Any:
+        reads.append(name)
+        return inspect(model_dir, name)
+
+    monkeypatch.setattr(probe, "inspect_shard", noting)
+    answer = probe.check({"path": str(model), "workers": 1})
+    assert answer["summary"]["ok"] == 6
+    assert sorted(reads) == [shard(n, 6) for n in range(1, 7)]
