@@ -299,14 +299,7 @@ class Host:
         except BaseException as e:
             conn.close()
             error = self._translate_connect_error(e)
-            self.journal.record(
-                host=self.name,
-                kind="connect",
-                command=f"ssh {self.name}",
-                exit_code=None,
-                duration=time.monotonic() - started,
-                note=str(error) if error else repr(e),
-            )
+            self._journal_connect_failure(started, str(error) if error else repr(e))
             if error is None:
                 raise
             raise error from None
@@ -325,14 +318,7 @@ class Host:
         try:
             conn = opening.connection.result()
         except HostError as e:
-            self.journal.record(
-                host=self.name,
-                kind="connect",
-                command=f"ssh {self.name}",
-                exit_code=None,
-                duration=time.monotonic() - opening.started,
-                note=str(e),
-            )
+            self._journal_connect_failure(opening.started, str(e))
             raise
         except Exception:  # not a failure opsbook names: this Host tries, and says what it is
             return None
@@ -340,6 +326,16 @@ class Host:
             return conn
         conn.close()
         return None
+
+    def _journal_connect_failure(self, started: float, note: str) -> None:
+        self.journal.record(
+            host=self.name,
+            kind="connect",
+            command=f"ssh {self.name}",
+            exit_code=None,
+            duration=time.monotonic() - started,
+            note=note,
+        )
 
     def close(self) -> None:
         """Done with the host: the connection is closed, or left for the next stage of a run
