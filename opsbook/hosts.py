@@ -785,7 +785,13 @@ def _exec(
     try:
         chan.exec_command(wire)
         if stdin is not None:
-            chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
+            try:
+                chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
+            except OSError:
+                # A command that ends without reading all its input (a login shell that exits
+                # at once) closes the channel under the sender; its exit status still came.
+                if not transport.is_active():
+                    raise
         chan.shutdown_write()
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + limit

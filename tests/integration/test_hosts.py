@@ -62,6 +62,15 @@ def test_environment_value_with_command_substitution_runs_nothing(sandbox) -> No
     assert not Path(marker).exists()
 
 
+def test_a_command_that_ends_before_reading_its_input_says_how_it_ended(sandbox) -> None:
+    # A login shell that exits at once closes the channel while the probe is still being sent
+    # (CI saw "Socket is closed"): that is the command's own end, not a dropped connection.
+    with host_of(sandbox) as host:
+        out = host.run("echo early; exit 3", stdin=b"x" * (8 << 20))
+        assert (out.exit_code, out.stdout) == (3, "early\n")
+        assert host.run("echo still-here").stdout == "still-here\n"
+
+
 def test_a_hanging_command_times_out_and_the_host_stays_usable(sandbox) -> None:
     with host_of(sandbox) as host:
         started = time.monotonic()
