@@ -1,5 +1,5 @@
 import sys
 
-from opsbook.cli import main
+from opsbook.cli import console
 
-sys.exit(main())
+sys.exit(console())

@@ -97,3 +97,23 @@ def test_the_command_skips_jsonschemas_slow_optional_iri_checker_and_still_expor
         [sys.executable, "-c", EXPORT_AFTER_MAIN], capture_output=True, text=True, check=True
     )
     assert done.stdout.split()[-3:] == ["True", "False", "False"]
+
+
+CONSOLE = """
+import gc, sys
+from opsbook import cli
+sys.argv = ["opsbook", "diagnose", "--log", sys.argv[1]]
+code = cli.console()
+print(code, gc.get_threshold()[0], gc.get_freeze_count() > 0)
+"""
+
+
+def test_the_program_collects_rarely_and_leaves_nothing_for_the_last_collections(
+    tmp_path,
+) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text("INFO:     Application startup complete.\n")
+    done = subprocess.run(
+        [sys.executable, "-c", CONSOLE, str(log)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split()[-3:] == ["0", "50000", "True"]
