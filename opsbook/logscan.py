@@ -1633,6 +1633,15 @@ _WRAPPER_CAUSES = ("ray-node-died",)
 _EXCEPTION_LINE = re.compile(r"^" + EXCEPTION_NAME + r"(?:\(\w+\))?(?::|$)")
 _NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of|The above)")
 _API_SERVER = re.compile(r"^(?:APIServer|ApiServer)")
+# The engine core's dump of its state when it dies, logged at ERROR above its own record of
+# the death (vLLM 0.10.2-0.34.0 vllm/logging_utils/dump_input.py _dump_engine_exception:
+# "Dumping input data for V1 LLM engine (v%s) with config: %s, ", "Dumping scheduler output
+# for model execution: %s", "Dumping scheduler stats: %s"; "Error preparing object to dump"
+# when the dump itself fails): the inputs of the failed step, never its error.
+_STATE_DUMP = re.compile(
+    r"^(?:Dumping input data for V1 LLM engine|Dumping scheduler output for model execution"
+    r"|Dumping scheduler stats|Error preparing object to dump)"
+)
 
 
 @dataclass(frozen=True)
@@ -1670,6 +1679,7 @@ def _root_cause(
         and line.number not in own
         and not line.is_code
         and not _NOT_A_CAUSE.match(line.text)
+        and not _STATE_DUMP.match(line.text)
         and (line.number in named or _is_error_line(line))
     ]
     candidates = _not_gone_past(candidates, events, wrapper)

@@ -4,6 +4,8 @@ Each input is rendered from the format string named above it, with sample values
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from opsbook.logscan import FAILED, HUNG, LOADING, NO_CONCLUSION, READY, diagnose_log
@@ -536,3 +538,145 @@ def test_a_crash_below_python_is_an_error_with_its_statement(text: str, key: str
 
 def test_words_that_only_begin_like_a_signal_report_are_no_error() -> None:
     assert diagnose_log("Aborted by the user, restarting later\n").state != FAILED
+
+
+# PyTorch aten/src/ATen/cuda/Exceptions.h TORCH_CUDABLAS_CHECK / TORCH_CUSOLVER_CHECK /
+# TORCH_CUSPARSE_CHECK: "CUDA error: ", the status name, " when calling `" #EXPR "`"; cuDNN's and
+# hipBLAS's status names of the same failure.
+LIBRARY_ALLOC_FAILED = (
+    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "RuntimeError: CUDA error: CUSOLVER_STATUS_ALLOC_FAILED when calling "
+    "`cusolverDnCreate(handle)`",
+    "RuntimeError: CUDA error: CUSPARSE_STATUS_ALLOC_FAILED when calling `cusparseCreate(handle)`",
+    "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "RuntimeError: HIP error: HIPBLAS_STATUS_ALLOC_FAILED when calling `hipblasCreate(handle)`",
+)
+
+
+@pytest.mark.parametrize("rendered", LIBRARY_ALLOC_FAILED)
+def test_a_math_librarys_allocation_failure_is_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(f"INFO 03-05 07:15:30 worker.py:1] Loading model\n{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "oom")
+    assert diagnosis.line is not None and diagnosis.line.text == rendered
+
+
+# openxla/xla absl::ResourceExhaustedError of the TPU runtime and PJRT, as torch_xla raises it
+# ("Bad StatusOr access: " + the status): "Attempting to reserve %s at the bottom of memory.
+# That was not possible.", "Error allocating device buffer: Attempting to allocate %s. That was
+# not possible.", the compiler's "Ran out of memory in memory space hbm".
+XLA_EXHAUSTED = (
+    "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: Error loading program: Attempting "
+    "to reserve 2.10G at the bottom of memory. That was not possible. There are 1.00G free.",
+    "RuntimeError: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate "
+    "512.00M. That was not possible. There are 100.00M free.",
+    "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. "
+    "Ran out of memory in memory space hbm. Used 17.50G of 15.75G hbm.",
+)
+
+
+@pytest.mark.parametrize("rendered", XLA_EXHAUSTED)
+def test_xlas_exhausted_device_memory_is_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(f"{rendered}\nTraceback (most recent call last):\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "oom")
+    assert diagnosis.line is not None and diagnosis.line.text == rendered
+
+
+def test_an_exhausted_resource_other_than_memory_is_no_oom() -> None:
+    # gRPC's RESOURCE_EXHAUSTED for a message over the size limit (Ray's object transfers).
+    text = "RuntimeError: RESOURCE_EXHAUSTED: Received message larger than max (5000 vs. 4194304)\n"
+
+    assert diagnose_log(text).failure != "oom"
+
+
+# vLLM 0.10.2-0.13.0 vllm/v1/worker/gpu_worker.py: "Available KV cache memory: %.2f GiB";
+# 0.14.1-0.34.0 "Available KV cache memory: %s GiB" (format_gib).
+@pytest.mark.parametrize("value", ["-0.53", "-12.0", "-3"])
+def test_a_negative_kv_cache_budget_under_a_failed_start_is_kv_cache_too_small(value: str) -> None:
+    prefix = "(EngineCore_DP0 pid=7)"
+    budget = (
+        f"{prefix} INFO 01-02 03:04:05 [gpu_worker.py:1] Available KV cache memory: {value} GiB"
+    )
+    text = f"{budget}\n{prefix} ERROR 01-02 03:04:05 [core.py:1] EngineCore failed to start.\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "kv-cache-too-small")
+    assert diagnosis.line is not None and diagnosis.line.raw == budget
+
+
+def test_a_positive_kv_cache_budget_is_no_failure() -> None:
+    text = (
+        "(EngineCore_DP0 pid=7) INFO 01-02 03:04:05 [gpu_worker.py:1] Available KV cache memory: "
+        "20.53 GiB\n(APIServer pid=1) INFO 01-02 03:04:09 [launcher.py:1] Application startup "
+        "complete.\n"
+    )
+
+    assert diagnose_log(text).failure is None
+
+
+# PyTorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp HeartbeatMonitor: logPrefix() "[PG %s
+# Rank %d] ", "Heartbeat monitor timed out! Process will be terminated after dumping debug
+# info. workMetaList_.size()=%d", then "ProcessGroupNCCL's watchdog got stuck for %d seconds
+# without making progress in monitoring enqueued collectives. ..." (XCCL and the other
+# backends built on it with their own name).
+@pytest.mark.parametrize("backend", ["NCCL", "XCCL"])
+def test_a_stuck_watchdog_is_an_nccl_timeout_of_its_rank(backend: str) -> None:
+    stuck = (
+        f"[rank3]:[F ProcessGroup{backend}.cpp:1] [PG 0 Rank 3] ProcessGroup{backend}'s watchdog "
+        "got stuck for 480 seconds without making progress in monitoring enqueued collectives."
+    )
+    text = (
+        "[rank3]:[E ProcessGroupNCCL.cpp:1] [PG 0 Rank 3] Heartbeat monitor timed out! Process "
+        "will be terminated after dumping debug info. workMetaList_.size()=4\n" + stuck + "\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "nccl-timeout")
+    assert diagnosis.line is not None and diagnosis.line.raw == stuck
+    assert diagnosis.numbers.get("rank") == 3
+
+
+# ray-project/ray python/ray/serve/_private/deployment_state.py: f"Deployment '{name}' in
+# application '{app}' {n} replicas that have taken more than {SLOW_STARTUP_WARNING_S}s to be
+# scheduled. ... Resources required for each replica: {required}, total resources available:
+# {available}. Use `ray status` for more details." (later: f"Deployment '{name}'{app_msg} has
+# {n} replicas ..."), logged as text or as Ray Serve's JSON records.
+SERVE_UNSCHEDULED = (
+    "Deployment 'LLMServer:m' in application 'llms' 2 replicas that have taken more than 30s to "
+    "be scheduled. This may be due to waiting for the cluster to auto-scale or for a runtime "
+    'environment to be installed. Resources required for each replica: [{"CPU": 1.0, "GPU": '
+    "1.0}], total resources available: {}. Use `ray status` for more details.",
+    "Deployment 'LLMServer:m' in application 'llms' has 1 replicas that have taken more than "
+    "30s to be scheduled. This may be due to waiting for the cluster to auto-scale or for a "
+    'runtime environment to be installed. Resources required for each replica: [{"GPU": 4.0}], '
+    "total resources available: {}. Use `ray status` for more details.",
+)
+
+
+@pytest.mark.parametrize("message", SERVE_UNSCHEDULED)
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_a_serve_replica_left_unscheduled_is_a_hang_in_ray_resources(
+    message: str, form: str
+) -> None:
+    if form == "json":
+        line = json.dumps(
+            {"levelname": "WARNING", "component_name": "controller", "message": message}
+        )
+    else:
+        line = f"WARNING 2024-03-24 03:17:59,398 controller 1684 deployment_state.py:1 - {message}"
+
+    diagnosis = diagnose_log(f"{line}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "ray-resources")
+
+
+def test_a_serve_replica_scheduled_after_the_warning_is_no_hang() -> None:
+    text = (
+        f"{SERVE_UNSCHEDULED[0]}\n"
+        "(APIServer pid=1) INFO 01-02 03:04:09 [launcher.py:1] Application startup complete.\n"
+    )
+
+    assert diagnose_log(text).state == READY
