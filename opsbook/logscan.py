@@ -1395,6 +1395,8 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
 
 
 _LAST_ERROR = re.compile(r"^Last error:\s*$")
+# Ascend CANN's header of an inner error (six-character code: E, the module, four digits).
+_CANN_INNER_ERROR = re.compile(r"^E[0-9A-Z]\d{4}: Inner Error!?\s*$")
 
 
 def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
@@ -1402,7 +1404,16 @@ def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
     text names the call that failed and the peer (vLLM 0.34.0
     vllm/distributed/device_communicators/pynccl_wrapper.py NCCL_CHECK: f"NCCL error:
     {error_str}\nLast error:\n{last_error}"; PyTorch's ProcessGroupNCCL adds the same), while
-    the error's own line is only the ncclResult_t's name."""
+    the error's own line is only the ncclResult_t's name.
+
+    Likewise for Ascend CANN's inner error (ReportInnerErrMsg: the code's header "EZ9999: Inner
+    Error!", its message on the indented line under it): the header says nothing of its own."""
+    if _CANN_INNER_ERROR.match(chosen.line.text):
+        index = next(i for i, line in enumerate(lines) if line is chosen.line)
+        detail = next((line for line in lines[index + 1 : index + 3] if line.text), None)
+        if detail is not None and not detail.is_code and not _CANN_INNER_ERROR.match(detail.text):
+            return replace(chosen, line=detail)
+        return chosen
     if chosen.entry.failure != "nccl":
         return chosen
     index = next(i for i, line in enumerate(lines) if line is chosen.line)

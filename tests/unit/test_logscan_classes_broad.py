@@ -680,3 +680,43 @@ def test_a_serve_replica_scheduled_after_the_warning_is_no_hang() -> None:
     )
 
     assert diagnose_log(text).state == READY
+
+
+# vLLM 0.10.2 vllm/_custom_ops.py and 0.10.2-0.34.0 vllm/platforms/rocm.py: logger.warning(
+# "Failed to import from vllm._C with %r", e); 0.11.2-0.24.0 vllm/platforms/interface.py and
+# cpu.py: "Failed to import from vllm._C: %r". vLLM goes on without it (a platform plugin has
+# no vllm._C).
+@pytest.mark.parametrize("joint", [" with ", ": "])
+def test_vllms_warning_of_a_missing_optional_extension_is_no_broken_install(joint: str) -> None:
+    warning = (
+        f"Failed to import from vllm._C{joint}ModuleNotFoundError(\"No module named 'vllm._C'\")"
+    )
+    error = "ray.exceptions.RayTaskError(KeyError): ray::RayWorkerWrapper.execute_method()"
+    text = f"WARNING 01-02 03:04:05 [_custom_ops.py:1] {warning}\n{error}\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.error_class != "broken-install"
+    assert diagnosis.line is not None and diagnosis.line.text == error
+
+
+def test_the_missing_extensions_own_exception_is_still_broken_install() -> None:
+    diagnosis = diagnose_log("ModuleNotFoundError: No module named 'vllm._C'\n")
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("unrecognised-error", "broken-install")
+
+
+# Ascend CANN's inner error (ReportInnerErrMsg): the code's header "E<module><4 digits>: Inner
+# Error!", then its message indented on the next line with "[FUNC:%s][FILE:%s][LINE:%d]".
+@pytest.mark.parametrize("code", ["EZ9999", "EH9999", "EE1001"])
+def test_the_message_under_a_canns_inner_error_header_is_the_line(code: str) -> None:
+    detail = (
+        "        aclrtSynchronizeDevice execute failed, reason=[aicore exception]"
+        "[FUNC:F][FILE:f.cc][LINE:9]"
+    )
+    text = f"{code}: Inner Error!\n{detail}\n        TraceBack (most recent call last):\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == detail
