@@ -720,3 +720,37 @@ def test_the_message_under_a_canns_inner_error_header_is_the_line(code: str) -> 
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and diagnosis.line.raw == detail
+
+
+# NVIDIA CUDA cuda.h CUresult, driver_types.h cudaError_t and ROCm hip_runtime_api.h hipError_t
+# names of an allocation failure, as libraries print the enum rather than its text.
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        "RuntimeError: CUDA driver call failed: CUDA_ERROR_OUT_OF_MEMORY",
+        "RuntimeError: cudaMalloc failed with cudaErrorMemoryAllocation",
+        "RuntimeError: hipMalloc returned hipErrorOutOfMemory",
+    ],
+)
+def test_an_out_of_memory_error_enum_is_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(f"{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "oom")
+
+
+# PyTorch ProcessGroupNCCL.cpp watchdogHandler: logPrefix() + "Timeout at NCCL work: %d, last
+# enqueued NCCL work: %d, last completed NCCL work: %d."; logPrefix in its later releases'
+# forms "[PG 0 (default_pg) Rank %d] " and "[PG ID %d PG GUID %s Rank %d] ".
+@pytest.mark.parametrize(
+    "prefix", ["PG 0 Rank 5", "PG 0 (default_pg) Rank 5", "PG ID 2 PG GUID 3 Rank 5"]
+)
+def test_the_watchdogs_timeout_at_nccl_work_is_an_nccl_timeout(prefix: str) -> None:
+    line = (
+        f"[rank5]:[E1003 18:37:01.833621509 ProcessGroupNCCL.cpp:1709] [{prefix}] Timeout at NCCL "
+        "work: 6463, last enqueued NCCL work: 6463, last completed NCCL work: 6462."
+    )
+
+    diagnosis = diagnose_log(f"{line}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "nccl-timeout")
+    assert diagnosis.numbers.get("rank") == 5
