@@ -754,3 +754,28 @@ def test_the_watchdogs_timeout_at_nccl_work_is_an_nccl_timeout(prefix: str) -> N
 
     assert (diagnosis.state, diagnosis.failure) == (FAILED, "nccl-timeout")
     assert diagnosis.numbers.get("rank") == 5
+
+
+# transformers 4.x: "Loading {name} requires you to execute the configuration file in that repo
+# on your local machine. ..." (configuration_auto.py), "... the tokenizer file ..."
+# (tokenization_auto.py), "... the modeling file ..."; excerpts often cut the line.
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        "ValueError: Loading /models/chatglm3 requires you to execute the configuration file in "
+        "that repo on your local machine. Make sure you have read the code there",
+        "ValueError: Loading THUDM/chatglm3-6b requires you to execute the tokenizer file in that "
+        "repo on your local machine.",
+        "ValueError: Loading /models/m requires you to execute the conf",
+        # vLLM 0.12.0-0.34.0 vllm/tokenizers/hf.py, 0.10.2-0.11.2 transformers_utils/tokenizer.py
+        "RuntimeError: Failed to load the tokenizer. If the tokenizer is a custom tokenizer not "
+        "yet available in the HuggingFace transformers library, consider setting "
+        "`trust_remote_code=True` in LLM or using the `--trust-remote-code` flag in the CLI.",
+    ],
+)
+def test_transformers_and_vllms_refusals_of_custom_code_are_trust_remote_code(
+    rendered: str,
+) -> None:
+    diagnosis = diagnose_log(f"{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "trust-remote-code")
