@@ -779,3 +779,28 @@ def test_transformers_and_vllms_refusals_of_custom_code_are_trust_remote_code(
     diagnosis = diagnose_log(f"{rendered}\n")
 
     assert (diagnosis.state, diagnosis.failure) == (FAILED, "trust-remote-code")
+
+
+# Ascend CANN runtime's error map: RT_ERROR_DRV_OUT_MEMORY -> "driver error:out of memory", in
+# its "rtMalloc execute failed, reason=[%s]" and the driver's "halMemCreate failed ...
+# ErrCode=207001, desc=[%s]" lines.
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        "        rtMalloc execute failed, reason=[driver error:out of memory]"
+        "[FUNC:FuncErrorReason][FILE:error_message_manage.cc][LINE:50]",
+        "[ERROR] RUNTIME(4176881,python3):2025-01-02-03:04:05.000.000 [npu_driver.cc:1]1 "
+        "MallocPhysical:[drv api]halMemCreate failed drvRetCode=6, size=20971520(bytes), "
+        "ErrCode=207001, desc=[driver error:out of memory], InnerCode=0x7020016",
+    ],
+)
+def test_ascends_device_allocation_failure_is_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(f"{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "oom")
+
+
+def test_ascends_pinned_host_allocation_failure_is_no_device_oom() -> None:
+    text = "rtsMallocHost execution failed, reason=driver error:out of memory\n"
+
+    assert diagnose_log(text).failure != "oom"
