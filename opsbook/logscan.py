@@ -221,6 +221,15 @@ _RAY_PYTHON = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r"\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w./-]+:\d+ -- "
 )
+# Ray Serve's text records (ray python/ray/serve/_private/logging_utils.py ServeFormatter:
+# "%(levelname)s %(asctime)s {component_name} {component_id} " then the request id and route
+# when a request is in flight, then MESSAGE_FMT "%(filename)s:%(lineno)d - %(message)s"); its
+# JSON records (ServeJSONFormatter) carry MESSAGE_FMT as their "message".
+_RAY_SERVE = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)"
+    r" (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)? (?:\S+ ){2,4}?(?=[\w.-]+\.py:\d+ - )"
+)
+_SERVE_LOCATION = re.compile(r"^[\w.-]+\.py:\d+ - ")
 _RAY_NATIVE = re.compile(
     r"^\[(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r" (?P<level>[DIWEF]) \d+ \d+\] (?:[\w./-]+:\d+: )?"
@@ -272,6 +281,7 @@ _PREFIXES = (
     _LOGURU,
     _NAMED_LOGGER,
     _RAY_PYTHON,
+    _RAY_SERVE,
     _RAY_NATIVE,
     _GLOG,
     _C10_LOG,
@@ -279,6 +289,7 @@ _PREFIXES = (
     _UVICORN_LEVEL,
     _BRACKET_LEVEL,
     _LOCATION,
+    _SERVE_LOCATION,
 )
 # Group names repeat across the prefixes: the combined gates drop them.
 _PREFIX_GROUP = re.compile(r"\(\?P<\w+>")
@@ -2340,7 +2351,10 @@ def _json_record(line: str) -> str:
     message = " ".join(part for part in text.rstrip("\n").split("\n"))
     level = next((record[key] for key in _JSON_LEVEL_KEYS if isinstance(record.get(key), str)), "")
     level = _JSON_LEVELS.get(level.lower(), "")
-    return f"{level}:  {message}" if level and not _has_prefix(message) else message
+    # Ray Serve's message opens with its location (no level of its own): the record's level
+    # still goes before it.
+    own_prefix = _has_prefix(message) and not _SERVE_LOCATION.match(message)
+    return f"{level}:  {message}" if level and not own_prefix else message
 
 
 def _without_indent_before_prefix(line: str) -> str:

@@ -804,3 +804,29 @@ def test_ascends_pinned_host_allocation_failure_is_no_device_oom() -> None:
     text = "rtsMallocHost execution failed, reason=driver error:out of memory\n"
 
     assert diagnose_log(text).failure != "oom"
+
+
+# Ray Serve's records (ray python/ray/serve/_private/logging_utils.py): ServeFormatter's
+# "%(levelname)s %(asctime)s {component_name} {component_id} " [request id, route] then
+# MESSAGE_FMT "%(filename)s:%(lineno)d - %(message)s"; ServeJSONFormatter's "message" is
+# MESSAGE_FMT. A vLLM engine inside a Serve replica logs its errors through them.
+@pytest.mark.parametrize(
+    "record",
+    [
+        "(ServeReplica:llm:VLLMDeployment pid=123) ERROR 2024-03-24 03:17:59,398 "
+        "llm_VLLMDeployment x1y2z3 replica.py:1 - {error}",
+        "ERROR 2024-03-24 03:17:59,398 llm_VLLMDeployment x1y2z3 7f00-ab /v1/chat/completions "
+        "replica.py:373 - {error}",
+        '{{"levelname": "ERROR", "asctime": "2024-03-24 03:17:59,398", "message": '
+        '"replica.py:1 - {error}"}}',
+    ],
+    ids=["text", "text-in-request", "json"],
+)
+def test_ray_serves_records_are_read_as_their_message(record: str) -> None:
+    error = "ValueError: the frobnicator 42 is not frobbable"
+
+    diagnosis = diagnose_log(record.format(error=error) + "\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and diagnosis.line.text == error
+    assert diagnosis.line.level == "ERROR"
