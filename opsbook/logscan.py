@@ -221,6 +221,15 @@ _RAY_PYTHON = re.compile(
     r"^(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r"\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w./-]+:\d+ -- "
 )
+# Ray Serve's text records (ray python/ray/serve/_private/logging_utils.py ServeFormatter:
+# "%(levelname)s %(asctime)s {component_name} {component_id} " then the request id and route
+# when a request is in flight, then MESSAGE_FMT "%(filename)s:%(lineno)d - %(message)s"); its
+# JSON records (ServeJSONFormatter) carry MESSAGE_FMT as their "message".
+_RAY_SERVE = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)"
+    r" (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)? (?:\S+ ){2,4}?(?=[\w.-]+\.py:\d+ - )"
+)
+_SERVE_LOCATION = re.compile(r"^[\w.-]+\.py:\d+ - ")
 _RAY_NATIVE = re.compile(
     r"^\[(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r" (?P<level>[DIWEF]) \d+ \d+\] (?:[\w./-]+:\d+: )?"
@@ -272,6 +281,7 @@ _PREFIXES = (
     _LOGURU,
     _NAMED_LOGGER,
     _RAY_PYTHON,
+    _RAY_SERVE,
     _RAY_NATIVE,
     _GLOG,
     _C10_LOG,
@@ -279,6 +289,7 @@ _PREFIXES = (
     _UVICORN_LEVEL,
     _BRACKET_LEVEL,
     _LOCATION,
+    _SERVE_LOCATION,
 )
 # Group names repeat across the prefixes: the combined gates drop them.
 _PREFIX_GROUP = re.compile(r"\(\?P<\w+>")
@@ -1395,6 +1406,8 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
 
 
 _LAST_ERROR = re.compile(r"^Last error:\s*$")
+# Ascend CANN's header of an inner error (six-character code: E, the module, four digits).
+_CANN_INNER_ERROR = re.compile(r"^E[0-9A-Z]\d{4}: Inner Error!?\s*$")
 
 
 def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
@@ -1402,7 +1415,16 @@ def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
     text names the call that failed and the peer (vLLM 0.34.0
     vllm/distributed/device_communicators/pynccl_wrapper.py NCCL_CHECK: f"NCCL error:
     {error_str}\nLast error:\n{last_error}"; PyTorch's ProcessGroupNCCL adds the same), while
-    the error's own line is only the ncclResult_t's name."""
+    the error's own line is only the ncclResult_t's name.
+
+    Likewise for Ascend CANN's inner error (ReportInnerErrMsg: the code's header "EZ9999: Inner
+    Error!", its message on the indented line under it): the header says nothing of its own."""
+    if _CANN_INNER_ERROR.match(chosen.line.text):
+        index = next(i for i, line in enumerate(lines) if line is chosen.line)
+        detail = next((line for line in lines[index + 1 : index + 3] if line.text), None)
+        if detail is not None and not detail.is_code and not _CANN_INNER_ERROR.match(detail.text):
+            return replace(chosen, line=detail)
+        return chosen
     if chosen.entry.failure != "nccl":
         return chosen
     index = next(i for i, line in enumerate(lines) if line is chosen.line)
@@ -1633,6 +1655,15 @@ _WRAPPER_CAUSES = ("ray-node-died",)
 _EXCEPTION_LINE = re.compile(r"^" + EXCEPTION_NAME + r"(?:\(\w+\))?(?::|$)")
 _NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of|The above)")
 _API_SERVER = re.compile(r"^(?:APIServer|ApiServer)")
+# The engine core's dump of its state when it dies, logged at ERROR above its own record of
+# the death (vLLM 0.10.2-0.34.0 vllm/logging_utils/dump_input.py _dump_engine_exception:
+# "Dumping input data for V1 LLM engine (v%s) with config: %s, ", "Dumping scheduler output
+# for model execution: %s", "Dumping scheduler stats: %s"; "Error preparing object to dump"
+# when the dump itself fails): the inputs of the failed step, never its error.
+_STATE_DUMP = re.compile(
+    r"^(?:Dumping input data for V1 LLM engine|Dumping scheduler output for model execution"
+    r"|Dumping scheduler stats|Error preparing object to dump)"
+)
 
 
 @dataclass(frozen=True)
@@ -1670,6 +1701,7 @@ def _root_cause(
         and line.number not in own
         and not line.is_code
         and not _NOT_A_CAUSE.match(line.text)
+        and not _STATE_DUMP.match(line.text)
         and (line.number in named or _is_error_line(line))
     ]
     candidates = _not_gone_past(candidates, events, wrapper)
@@ -2319,7 +2351,10 @@ def _json_record(line: str) -> str:
     message = " ".join(part for part in text.rstrip("\n").split("\n"))
     level = next((record[key] for key in _JSON_LEVEL_KEYS if isinstance(record.get(key), str)), "")
     level = _JSON_LEVELS.get(level.lower(), "")
-    return f"{level}:  {message}" if level and not _has_prefix(message) else message
+    # Ray Serve's message opens with its location (no level of its own): the record's level
+    # still goes before it.
+    own_prefix = _has_prefix(message) and not _SERVE_LOCATION.match(message)
+    return f"{level}:  {message}" if level and not own_prefix else message
 
 
 def _without_indent_before_prefix(line: str) -> str:

@@ -4,6 +4,8 @@ Each input is rendered from the format string named above it, with sample values
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from opsbook.logscan import FAILED, HUNG, LOADING, NO_CONCLUSION, READY, diagnose_log
@@ -536,3 +538,295 @@ def test_a_crash_below_python_is_an_error_with_its_statement(text: str, key: str
 
 def test_words_that_only_begin_like_a_signal_report_are_no_error() -> None:
     assert diagnose_log("Aborted by the user, restarting later\n").state != FAILED
+
+
+# PyTorch aten/src/ATen/cuda/Exceptions.h TORCH_CUDABLAS_CHECK / TORCH_CUSOLVER_CHECK /
+# TORCH_CUSPARSE_CHECK: "CUDA error: ", the status name, " when calling `" #EXPR "`"; cuDNN's and
+# hipBLAS's status names of the same failure.
+LIBRARY_ALLOC_FAILED = (
+    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "RuntimeError: CUDA error: CUSOLVER_STATUS_ALLOC_FAILED when calling "
+    "`cusolverDnCreate(handle)`",
+    "RuntimeError: CUDA error: CUSPARSE_STATUS_ALLOC_FAILED when calling `cusparseCreate(handle)`",
+    "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "RuntimeError: HIP error: HIPBLAS_STATUS_ALLOC_FAILED when calling `hipblasCreate(handle)`",
+)
+
+
+@pytest.mark.parametrize("rendered", LIBRARY_ALLOC_FAILED)
+def test_a_math_librarys_allocation_failure_is_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(f"INFO 03-05 07:15:30 worker.py:1] Loading model\n{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "oom")
+    assert diagnosis.line is not None and diagnosis.line.text == rendered
+
+
+# openxla/xla absl::ResourceExhaustedError of the TPU runtime and PJRT, as torch_xla raises it
+# ("Bad StatusOr access: " + the status): "Attempting to reserve %s at the bottom of memory.
+# That was not possible.", "Error allocating device buffer: Attempting to allocate %s. That was
+# not possible.", the compiler's "Ran out of memory in memory space hbm".
+XLA_EXHAUSTED = (
+    "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: Error loading program: Attempting "
+    "to reserve 2.10G at the bottom of memory. That was not possible. There are 1.00G free.",
+    "RuntimeError: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate "
+    "512.00M. That was not possible. There are 100.00M free.",
+    "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. "
+    "Ran out of memory in memory space hbm. Used 17.50G of 15.75G hbm.",
+)
+
+
+@pytest.mark.parametrize("rendered", XLA_EXHAUSTED)
+def test_xlas_exhausted_device_memory_is_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(f"{rendered}\nTraceback (most recent call last):\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "oom")
+    assert diagnosis.line is not None and diagnosis.line.text == rendered
+
+
+def test_an_exhausted_resource_other_than_memory_is_no_oom() -> None:
+    # gRPC's RESOURCE_EXHAUSTED for a message over the size limit (Ray's object transfers).
+    text = "RuntimeError: RESOURCE_EXHAUSTED: Received message larger than max (5000 vs. 4194304)\n"
+
+    assert diagnose_log(text).failure != "oom"
+
+
+# vLLM 0.10.2-0.13.0 vllm/v1/worker/gpu_worker.py: "Available KV cache memory: %.2f GiB";
+# 0.14.1-0.34.0 "Available KV cache memory: %s GiB" (format_gib).
+@pytest.mark.parametrize("value", ["-0.53", "-12.0", "-3"])
+def test_a_negative_kv_cache_budget_under_a_failed_start_is_kv_cache_too_small(value: str) -> None:
+    prefix = "(EngineCore_DP0 pid=7)"
+    budget = (
+        f"{prefix} INFO 01-02 03:04:05 [gpu_worker.py:1] Available KV cache memory: {value} GiB"
+    )
+    text = f"{budget}\n{prefix} ERROR 01-02 03:04:05 [core.py:1] EngineCore failed to start.\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "kv-cache-too-small")
+    assert diagnosis.line is not None and diagnosis.line.raw == budget
+
+
+def test_a_positive_kv_cache_budget_is_no_failure() -> None:
+    text = (
+        "(EngineCore_DP0 pid=7) INFO 01-02 03:04:05 [gpu_worker.py:1] Available KV cache memory: "
+        "20.53 GiB\n(APIServer pid=1) INFO 01-02 03:04:09 [launcher.py:1] Application startup "
+        "complete.\n"
+    )
+
+    assert diagnose_log(text).failure is None
+
+
+# PyTorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp HeartbeatMonitor: logPrefix() "[PG %s
+# Rank %d] ", "Heartbeat monitor timed out! Process will be terminated after dumping debug
+# info. workMetaList_.size()=%d", then "ProcessGroupNCCL's watchdog got stuck for %d seconds
+# without making progress in monitoring enqueued collectives. ..." (XCCL and the other
+# backends built on it with their own name).
+@pytest.mark.parametrize("backend", ["NCCL", "XCCL"])
+def test_a_stuck_watchdog_is_an_nccl_timeout_of_its_rank(backend: str) -> None:
+    stuck = (
+        f"[rank3]:[F ProcessGroup{backend}.cpp:1] [PG 0 Rank 3] ProcessGroup{backend}'s watchdog "
+        "got stuck for 480 seconds without making progress in monitoring enqueued collectives."
+    )
+    text = (
+        "[rank3]:[E ProcessGroupNCCL.cpp:1] [PG 0 Rank 3] Heartbeat monitor timed out! Process "
+        "will be terminated after dumping debug info. workMetaList_.size()=4\n" + stuck + "\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "nccl-timeout")
+    assert diagnosis.line is not None and diagnosis.line.raw == stuck
+    assert diagnosis.numbers.get("rank") == 3
+
+
+# ray-project/ray python/ray/serve/_private/deployment_state.py: f"Deployment '{name}' in
+# application '{app}' {n} replicas that have taken more than {SLOW_STARTUP_WARNING_S}s to be
+# scheduled. ... Resources required for each replica: {required}, total resources available:
+# {available}. Use `ray status` for more details." (later: f"Deployment '{name}'{app_msg} has
+# {n} replicas ..."), logged as text or as Ray Serve's JSON records.
+SERVE_UNSCHEDULED = (
+    "Deployment 'LLMServer:m' in application 'llms' 2 replicas that have taken more than 30s to "
+    "be scheduled. This may be due to waiting for the cluster to auto-scale or for a runtime "
+    'environment to be installed. Resources required for each replica: [{"CPU": 1.0, "GPU": '
+    "1.0}], total resources available: {}. Use `ray status` for more details.",
+    "Deployment 'LLMServer:m' in application 'llms' has 1 replicas that have taken more than "
+    "30s to be scheduled. This may be due to waiting for the cluster to auto-scale or for a "
+    'runtime environment to be installed. Resources required for each replica: [{"GPU": 4.0}], '
+    "total resources available: {}. Use `ray status` for more details.",
+)
+
+
+@pytest.mark.parametrize("message", SERVE_UNSCHEDULED)
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_a_serve_replica_left_unscheduled_is_a_hang_in_ray_resources(
+    message: str, form: str
+) -> None:
+    if form == "json":
+        line = json.dumps(
+            {"levelname": "WARNING", "component_name": "controller", "message": message}
+        )
+    else:
+        line = f"WARNING 2024-03-24 03:17:59,398 controller 1684 deployment_state.py:1 - {message}"
+
+    diagnosis = diagnose_log(f"{line}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "ray-resources")
+
+
+def test_a_serve_replica_scheduled_after_the_warning_is_no_hang() -> None:
+    text = (
+        f"{SERVE_UNSCHEDULED[0]}\n"
+        "(APIServer pid=1) INFO 01-02 03:04:09 [launcher.py:1] Application startup complete.\n"
+    )
+
+    assert diagnose_log(text).state == READY
+
+
+# vLLM 0.10.2 vllm/_custom_ops.py and 0.10.2-0.34.0 vllm/platforms/rocm.py: logger.warning(
+# "Failed to import from vllm._C with %r", e); 0.11.2-0.24.0 vllm/platforms/interface.py and
+# cpu.py: "Failed to import from vllm._C: %r". vLLM goes on without it (a platform plugin has
+# no vllm._C).
+@pytest.mark.parametrize("joint", [" with ", ": "])
+def test_vllms_warning_of_a_missing_optional_extension_is_no_broken_install(joint: str) -> None:
+    warning = (
+        f"Failed to import from vllm._C{joint}ModuleNotFoundError(\"No module named 'vllm._C'\")"
+    )
+    error = "ray.exceptions.RayTaskError(KeyError): ray::RayWorkerWrapper.execute_method()"
+    text = f"WARNING 01-02 03:04:05 [_custom_ops.py:1] {warning}\n{error}\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.error_class != "broken-install"
+    assert diagnosis.line is not None and diagnosis.line.text == error
+
+
+def test_the_missing_extensions_own_exception_is_still_broken_install() -> None:
+    diagnosis = diagnose_log("ModuleNotFoundError: No module named 'vllm._C'\n")
+
+    assert (diagnosis.failure, diagnosis.error_class) == ("unrecognised-error", "broken-install")
+
+
+# Ascend CANN's inner error (ReportInnerErrMsg): the code's header "E<module><4 digits>: Inner
+# Error!", then its message indented on the next line with "[FUNC:%s][FILE:%s][LINE:%d]".
+@pytest.mark.parametrize("code", ["EZ9999", "EH9999", "EE1001"])
+def test_the_message_under_a_canns_inner_error_header_is_the_line(code: str) -> None:
+    detail = (
+        "        aclrtSynchronizeDevice execute failed, reason=[aicore exception]"
+        "[FUNC:F][FILE:f.cc][LINE:9]"
+    )
+    text = f"{code}: Inner Error!\n{detail}\n        TraceBack (most recent call last):\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == detail
+
+
+# NVIDIA CUDA cuda.h CUresult, driver_types.h cudaError_t and ROCm hip_runtime_api.h hipError_t
+# names of an allocation failure, as libraries print the enum rather than its text.
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        "RuntimeError: CUDA driver call failed: CUDA_ERROR_OUT_OF_MEMORY",
+        "RuntimeError: cudaMalloc failed with cudaErrorMemoryAllocation",
+        "RuntimeError: hipMalloc returned hipErrorOutOfMemory",
+    ],
+)
+def test_an_out_of_memory_error_enum_is_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(f"{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "oom")
+
+
+# PyTorch ProcessGroupNCCL.cpp watchdogHandler: logPrefix() + "Timeout at NCCL work: %d, last
+# enqueued NCCL work: %d, last completed NCCL work: %d."; logPrefix in its later releases'
+# forms "[PG 0 (default_pg) Rank %d] " and "[PG ID %d PG GUID %s Rank %d] ".
+@pytest.mark.parametrize(
+    "prefix", ["PG 0 Rank 5", "PG 0 (default_pg) Rank 5", "PG ID 2 PG GUID 3 Rank 5"]
+)
+def test_the_watchdogs_timeout_at_nccl_work_is_an_nccl_timeout(prefix: str) -> None:
+    line = (
+        f"[rank5]:[E1003 18:37:01.833621509 ProcessGroupNCCL.cpp:1709] [{prefix}] Timeout at NCCL "
+        "work: 6463, last enqueued NCCL work: 6463, last completed NCCL work: 6462."
+    )
+
+    diagnosis = diagnose_log(f"{line}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "nccl-timeout")
+    assert diagnosis.numbers.get("rank") == 5
+
+
+# transformers 4.x: "Loading {name} requires you to execute the configuration file in that repo
+# on your local machine. ..." (configuration_auto.py), "... the tokenizer file ..."
+# (tokenization_auto.py), "... the modeling file ..."; excerpts often cut the line.
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        "ValueError: Loading /models/chatglm3 requires you to execute the configuration file in "
+        "that repo on your local machine. Make sure you have read the code there",
+        "ValueError: Loading THUDM/chatglm3-6b requires you to execute the tokenizer file in that "
+        "repo on your local machine.",
+        "ValueError: Loading /models/m requires you to execute the conf",
+        # vLLM 0.12.0-0.34.0 vllm/tokenizers/hf.py, 0.10.2-0.11.2 transformers_utils/tokenizer.py
+        "RuntimeError: Failed to load the tokenizer. If the tokenizer is a custom tokenizer not "
+        "yet available in the HuggingFace transformers library, consider setting "
+        "`trust_remote_code=True` in LLM or using the `--trust-remote-code` flag in the CLI.",
+    ],
+)
+def test_transformers_and_vllms_refusals_of_custom_code_are_trust_remote_code(
+    rendered: str,
+) -> None:
+    diagnosis = diagnose_log(f"{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "trust-remote-code")
+
+
+# Ascend CANN runtime's error map: RT_ERROR_DRV_OUT_MEMORY -> "driver error:out of memory", in
+# its "rtMalloc execute failed, reason=[%s]" and the driver's "halMemCreate failed ...
+# ErrCode=207001, desc=[%s]" lines.
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        "        rtMalloc execute failed, reason=[driver error:out of memory]"
+        "[FUNC:FuncErrorReason][FILE:error_message_manage.cc][LINE:50]",
+        "[ERROR] RUNTIME(4176881,python3):2025-01-02-03:04:05.000.000 [npu_driver.cc:1]1 "
+        "MallocPhysical:[drv api]halMemCreate failed drvRetCode=6, size=20971520(bytes), "
+        "ErrCode=207001, desc=[driver error:out of memory], InnerCode=0x7020016",
+    ],
+)
+def test_ascends_device_allocation_failure_is_oom(rendered: str) -> None:
+    diagnosis = diagnose_log(f"{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "oom")
+
+
+def test_ascends_pinned_host_allocation_failure_is_no_device_oom() -> None:
+    text = "rtsMallocHost execution failed, reason=driver error:out of memory\n"
+
+    assert diagnose_log(text).failure != "oom"
+
+
+# Ray Serve's records (ray python/ray/serve/_private/logging_utils.py): ServeFormatter's
+# "%(levelname)s %(asctime)s {component_name} {component_id} " [request id, route] then
+# MESSAGE_FMT "%(filename)s:%(lineno)d - %(message)s"; ServeJSONFormatter's "message" is
+# MESSAGE_FMT. A vLLM engine inside a Serve replica logs its errors through them.
+@pytest.mark.parametrize(
+    "record",
+    [
+        "(ServeReplica:llm:VLLMDeployment pid=123) ERROR 2024-03-24 03:17:59,398 "
+        "llm_VLLMDeployment x1y2z3 replica.py:1 - {error}",
+        "ERROR 2024-03-24 03:17:59,398 llm_VLLMDeployment x1y2z3 7f00-ab /v1/chat/completions "
+        "replica.py:373 - {error}",
+        '{{"levelname": "ERROR", "asctime": "2024-03-24 03:17:59,398", "message": '
+        '"replica.py:1 - {error}"}}',
+    ],
+    ids=["text", "text-in-request", "json"],
+)
+def test_ray_serves_records_are_read_as_their_message(record: str) -> None:
+    error = "ValueError: the frobnicator 42 is not frobbable"
+
+    diagnosis = diagnose_log(record.format(error=error) + "\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and diagnosis.line.text == error
+    assert diagnosis.line.level == "ERROR"

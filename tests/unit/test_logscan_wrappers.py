@@ -548,3 +548,44 @@ def test_argparses_refusals_of_the_command_line_are_unknown_arg(refusal: str) ->
 
     assert diagnosis.failure == "unknown-arg"
     assert diagnosis.line is not None and diagnosis.line.raw == refusal
+
+
+# vLLM 0.10.2-0.34.0 vllm/logging_utils/dump_input.py _dump_engine_exception logs the failed
+# step's inputs at ERROR before vllm/v1/engine/core.py logs "EngineCore encountered a fatal
+# error." ("Dumping input data for V1 LLM engine (v%s) with config: %s, ", "Dumping scheduler
+# output for model execution: %s", "Dumping scheduler stats: %s").
+@pytest.mark.parametrize(
+    "dump",
+    [
+        "Dumping input data for V1 LLM engine (v0.10.2) with config: model='m', ",
+        "Dumping scheduler output for model execution: SchedulerOutput(scheduled_new_reqs=[])",
+        "Dumping scheduler stats: SchedulerStats(num_running_reqs=3, num_waiting_reqs=21)",
+    ],
+)
+def test_the_engines_state_dump_is_no_root_cause(dump: str) -> None:
+    prefix = "(EngineCore_DP0 pid=633) ERROR 09-08 00:45:43"
+    wrapper = f"{prefix} [core.py:702] EngineCore encountered a fatal error."
+    text = (
+        f"{prefix} [dump_input.py:79] {dump}\n{wrapper}\n"
+        f"{prefix} [core.py:702] Traceback (most recent call last):\n"
+        f'{prefix} [core.py:702]   File "/v/multiproc_executor.py", line 243, in collective_rpc\n'
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+    assert diagnosis.line is not None and diagnosis.line.raw == wrapper
+    assert diagnosis.root_cause is None
+
+
+def test_an_error_before_the_state_dump_is_still_the_root_cause() -> None:
+    prefix = "(EngineCore_DP0 pid=633) ERROR 09-08 00:45:43"
+    error = f"{prefix} [core.py:1] ValueError: the widget is broken"
+    text = (
+        f"{error}\n{prefix} [dump_input.py:79] Dumping scheduler stats: SchedulerStats()\n"
+        f"{prefix} [core.py:702] EngineCore encountered a fatal error.\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.root_cause is not None and diagnosis.root_cause.raw == error
