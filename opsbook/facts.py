@@ -354,6 +354,9 @@ def parse_driver_version(nvidia_smi_text: str) -> str | None:
 # What a server's start needs to know (launch.check_can_start): who holds GPU memory and who
 # listens on the port. Not the interpreter's identity, which costs a Python start on the host.
 START_FACTS = ("user", "nvidia_smi", "listening", "ports")
+# What a config patch predicts from: the GPUs and the interpreter's vLLM; not the processes,
+# sockets and disks, which the facts probe otherwise walks /proc and the mounts for.
+PATCH_FACTS = ("nvidia_smi", "python")
 
 
 def probe_args(deployment: Deployment) -> dict[str, Any]:

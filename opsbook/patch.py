@@ -443,12 +443,13 @@ def _token_counts(facts: ModelFacts, kv_dtype: str, budget: int | None) -> tuple
 # The remote part
 
 
-def read_config_state(host: Prober, model_dir: str) -> dict[str, Any]:
+def read_config_state(host: Prober, model_dir: str, *, weights: bool = False) -> dict[str, Any]:
     """Texts and status (mode, uid, gid, sha256) of the config files and their backups.
 
     Args:
         host: the host (anything with :meth:`opsbook.hosts.Host.probe`).
         model_dir: the checkpoint directory on the host.
+        weights: also the ``*.safetensors`` files' count and bytes (``"weights"``).
 
     Returns:
         The ``configs`` probe's answer: ``{"dir", "exists", "files": {name: status},
@@ -457,15 +458,43 @@ def read_config_state(host: Prober, model_dir: str) -> dict[str, Any]:
     Raises:
         OpsbookError: the directory does not exist on the host.
     """
-    state: dict[str, Any] = host.probe(
-        "configs", {"action": "read", "dir": model_dir, "files": list(CONFIG_FILES)}
-    )
+    args: dict[str, Any] = {"action": "read", "dir": model_dir, "files": list(CONFIG_FILES)}
+    if weights:
+        args["weights"] = True
+    state: dict[str, Any] = host.probe("configs", args)
     if not state.get("exists"):
         raise OpsbookError(
             f"the model directory {model_dir} does not exist on the host",
             remedy="check model.path in the deployment file",
         )
     return state
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What config patching reads of a checkpoint in one round trip.
+
+    Attributes:
+        texts: file name to text of the config files that exist.
+        shards: the ``*.safetensors`` files in the directory.
+        weight_bytes: their sizes added up (a first estimate of the weights' memory; the
+            download check is what says whether they are complete).
+    """
+
+    texts: dict[str, str]
+    shards: int
+    weight_bytes: int
+
+
+def read_checkpoint(host: Prober, model_dir: str) -> Checkpoint:
+    """The config texts and the weights' size on disk, in one round trip.
+
+    Raises:
+        OpsbookError: the directory does not exist on the host.
+    """
+    state = read_config_state(host, model_dir, weights=True)
+    weights = state.get("weights") or {}
+    return Checkpoint(_texts(state), int(weights.get("shards", 0)), int(weights.get("bytes", 0)))
 
 
 def read_configs(host: Prober, model_dir: str) -> dict[str, str]:

@@ -22,6 +22,7 @@ Args (the dict given to ``main``):
         tokenizer_config.json); for ``restore``, the files to put back.
     writes: for ``apply``, file name to ``{"expect_sha256": ..., "text": ...}``.
     suffix: the backup suffix (default ``.opsbook-orig``).
+    weights: for ``read``, also count the ``*.safetensors`` files and add up their sizes.
 """
 
 from __future__ import annotations
@@ -43,7 +44,29 @@ def main(args: dict) -> dict:
         return apply(folder, args.get("writes") or {}, suffix)
     if action == "restore":
         return restore(folder, list(args.get("files") or DEFAULT_FILES), suffix)
-    return read_state(folder, list(args.get("files") or DEFAULT_FILES), suffix)
+    state = read_state(folder, list(args.get("files") or DEFAULT_FILES), suffix)
+    if args.get("weights"):
+        state["weights"] = weights_on_disk(folder)
+    return state
+
+
+def weights_on_disk(folder: str) -> dict:
+    """How many ``*.safetensors`` files the folder holds and their bytes (links followed, as
+    in a Hugging Face cache snapshot); one stat each, no header read."""
+    shards, total = 0, 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        entries = []
+    for entry in entries:
+        if not entry.name.endswith(".safetensors"):
+            continue
+        try:
+            total += entry.stat().st_size
+        except OSError:
+            continue
+        shards += 1
+    return {"shards": shards, "bytes": total}
 
 
 def read_state(folder: str, names: list, suffix: str) -> dict:

@@ -3,8 +3,9 @@ the config (backup, atomic write, re-check) with ``apply=True``."""
 
 from __future__ import annotations
 
-from opsbook import compat, download, facts, patch
+from opsbook import compat, facts, patch
 from opsbook.deployment import Deployment
+from opsbook.download import format_bytes
 from opsbook.probes import Prober
 from opsbook.results import Result, State
 from opsbook.stages.base import Note, Report, concurrently
@@ -26,23 +27,22 @@ def run(
     dry run has a plan; changed when the patch was written and its re-check passed; failed
     when a problem is left.
     """
-    # The reads that do not depend on each other go at once: the host's facts, the download
-    # check (the weights' size, for the KV budget), and the checkpoint's configs followed by
-    # the question to the installed vLLM, whose own selection outranks the version table (it
-    # reads the GPUs' capabilities itself, while the facts probe reads them too).
-    found, (texts, model, probed), checked = concurrently(
-        lambda: facts.gather_facts(host, deployment),
+    # The reads that do not depend on each other go at once: the GPUs and the interpreter's
+    # vLLM, and the checkpoint's configs (with its weights' size on disk, for the KV budget)
+    # followed by the question to the installed vLLM, whose own selection outranks the
+    # version table (it reads the GPUs' capabilities itself, while the facts probe reads them).
+    found, (checkpoint, model, probed) = concurrently(
+        lambda: facts.gather_facts(host, deployment, facts.PATCH_FACTS),
         lambda: _model_and_backends(host, deployment),
-        lambda: download.check_download(host, deployment.model_path),
     )
+    texts = checkpoint.texts
     version = vllm_version or found.vllm_version
     capabilities = list(dict.fromkeys(filter(None, map(compat.compute_capability, found.gpus))))
     before = compat.check_compat(
         model, found.gpus, version, deployment.serve_args, probed_backends=probed
     )
     shows: list[object] = [model.table(), before]
-    weights = download.shard_counts(checked)
-    budget = compat.kv_budget_bytes(found.gpus, weights.bytes_expected, gpu_memory_utilization)
+    budget = compat.kv_budget_bytes(found.gpus, checkpoint.weight_bytes, gpu_memory_utilization)
     # The patch is planned only when it avoids a failure the prediction names.
     plan = patch.plan_for_prediction(
         texts,
@@ -54,7 +54,10 @@ def run(
         kv_budget_bytes=budget,
     )
     shows += [
-        Note(f"KV-cache budget per GPU {budget / 2**30:.1f} GiB (first estimate)"),
+        Note(
+            f"KV-cache budget per GPU {budget / 2**30:.1f} GiB (first estimate, for the "
+            f"{checkpoint.shards} shard(s)' {format_bytes(checkpoint.weight_bytes)} on disk)"
+        ),
         compat.kv_tradeoff_table(budget, model),
     ]
     if restore:
@@ -93,12 +96,12 @@ def run(
 
 def _model_and_backends(
     host: Prober, deployment: Deployment
-) -> tuple[dict[str, str], compat.ModelFacts, compat.InstalledVllm | None]:
-    """The checkpoint's config texts, the model they describe, and the installed vLLM's
-    answer about that model on this host's GPUs."""
-    texts = patch.read_configs(host, deployment.model_path)
-    model = compat.facts_from_texts(texts)
-    return texts, model, compat.probe_backends(host, deployment.python, model)
+) -> tuple[patch.Checkpoint, compat.ModelFacts, compat.InstalledVllm | None]:
+    """The checkpoint's configs and weights' size, the model they describe, and the
+    installed vLLM's answer about that model on this host's GPUs."""
+    checkpoint = patch.read_checkpoint(host, deployment.model_path)
+    model = compat.facts_from_texts(checkpoint.texts)
+    return checkpoint, model, compat.probe_backends(host, deployment.python, model)
 
 
 def _predict_restored(

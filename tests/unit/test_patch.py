@@ -21,6 +21,7 @@ from opsbook.patch import (
     detect_style,
     fp8_kv_cache_edits,
     plan_patch,
+    read_checkpoint,
     read_config_state,
     read_configs,
     restore_patch,
@@ -205,6 +206,18 @@ def test_read_configs_in_one_probe(model_dir: Path) -> None:
     assert state["files"]["config.json"]["mode"] == 0o640
     assert state["files"]["config.json"]["sha256"] == sha(model_dir / "config.json")
     assert not state["backups"]["config.json"]["exists"]
+
+
+def test_read_checkpoint_adds_up_the_weights_on_disk_in_the_same_probe(model_dir: Path) -> None:
+    (model_dir / "model-00001-of-00003.safetensors").write_bytes(b"x" * 1000)
+    blob = model_dir.parent / "blob"
+    blob.write_bytes(b"y" * 234)
+    (model_dir / "model-00002-of-00003.safetensors").symlink_to(blob)  # as in an HF cache
+    (model_dir / "model-00003-of-00003.safetensors").symlink_to(model_dir / "gone")
+    (model_dir / "notes.txt").write_bytes(b"z" * 5000)
+    checkpoint = read_checkpoint(LocalProbeHost(), str(model_dir))
+    assert (checkpoint.shards, checkpoint.weight_bytes) == (2, 1234)
+    assert checkpoint.texts == kimi_files()
 
 
 def test_read_configs_of_a_missing_folder(tmp_path: Path) -> None:

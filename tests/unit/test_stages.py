@@ -9,6 +9,7 @@ import pytest
 
 from opsbook import outcome, stages
 from opsbook.deployment import parse_deployment
+from opsbook.download import format_bytes
 from opsbook.exceptions import HostUnreachable, ProbeError, RunError
 from opsbook.hosts import HostGroup
 from opsbook.results import TOOL_FAILED, Result, State
@@ -222,3 +223,37 @@ def test_the_launch_script_stage_refuses_a_file_it_did_not_write_and_shows_none_
         assert report.state is State.FAILED and "left as it is" in report.verdict.message
         assert report.shows == []
         assert host.files[path] == mine
+
+
+def test_the_config_patch_stage_reads_only_what_its_prediction_needs(tmp_path) -> None:
+    # The GPUs and the interpreter's vLLM, the configs with the weights' size: the download
+    # check is its own stage's work, and no /proc walk or disk look is needed to predict.
+    from opsbook.checkpoint import make_checkpoint
+    from opsbook.testing import local_probe
+    from tests.unit.test_facts import (
+        RTX,
+        RTX_COMPUTE_APPS,
+        RTX_QUERY_GPU,
+        fake_nvidia_smi,
+        probe_env,
+    )
+
+    smi = fake_nvidia_smi(
+        tmp_path,
+        RTX_QUERY_GPU,
+        RTX_COMPUTE_APPS,
+        (RTX / "topo-rtxpro6000-1.txt").read_text(),
+        (RTX / "nvidia-smi-rtxpro6000-8gpu-doc-illustrative.txt").read_text(),
+    )
+    model = make_checkpoint(tmp_path / "m", shards=3)
+    doc = {"hosts": ["a"], "model": {"path": str(model)}, "python": "/usr/bin/python3"}
+    env = probe_env(smi, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    answers = {name: local_probe(name, env=env) for name in ("facts", "configs", "backends")}
+    host = FakeHost("a", probes=answers)
+    report = stages.config_patch.run(host, parse_deployment(doc))
+    asked = dict(host.probe_args)
+    assert sorted(asked) == ["backends", "configs", "facts"]
+    assert asked["facts"]["parts"] == ["nvidia_smi", "python"]
+    weights = sum(p.stat().st_size for p in model.glob("*.safetensors"))
+    [budget] = [s for s in report.shows if str(s).startswith("KV-cache budget")]
+    assert f"the 3 shard(s)' {format_bytes(weights)} on disk" in budget
