@@ -166,7 +166,7 @@ def test_the_fourth_set_has_forty_failures_from_sources_no_other_set_uses() -> N
     assert not earlier & set(fourth)
 
 
-# The fifth to tenth sets: each gathered after the earlier ones were seen and labelled before
+# The fifth to eleventh sets: each gathered after the earlier ones were seen and labelled before
 # it was run.
 HELDOUT5 = HELDOUT.parent / "heldout5"
 LABELS5 = yaml.safe_load((HELDOUT5 / "labels.yaml").read_text(encoding="utf-8"))
@@ -180,6 +180,8 @@ HELDOUT9 = HELDOUT.parent / "heldout9"
 LABELS9 = yaml.safe_load((HELDOUT9 / "labels.yaml").read_text(encoding="utf-8"))
 HELDOUT10 = HELDOUT.parent / "heldout10"
 LABELS10 = yaml.safe_load((HELDOUT10 / "labels.yaml").read_text(encoding="utf-8"))
+HELDOUT11 = HELDOUT.parent / "heldout11"
+LABELS11 = yaml.safe_load((HELDOUT11 / "labels.yaml").read_text(encoding="utf-8"))
 NUMBERED = {
     3: LABELS3,
     4: LABELS4,
@@ -189,10 +191,11 @@ NUMBERED = {
     8: LABELS8,
     9: LABELS9,
     10: LABELS10,
+    11: LABELS11,
 }
 
 
-@pytest.mark.parametrize("number", [5, 6, 7, 8, 9, 10])
+@pytest.mark.parametrize("number", [5, 6, 7, 8, 9, 10, 11])
 def test_a_later_set_has_forty_logs_from_sources_no_earlier_set_uses(number: int) -> None:
     folder, labels = HELDOUT.parent / f"heldout{number}", NUMBERED[number]
     assert len(labels) >= 40
@@ -215,6 +218,7 @@ LATER_SETS = [
     (HELDOUT8, LABELS8, "h8", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT9, LABELS9, "h9", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT10, LABELS10, "h10", ("failed", "hung", "ready", "unfinished")),
+    (HELDOUT11, LABELS11, "h11", ("failed", "hung", "ready", "unfinished")),
 ]
 
 
