@@ -133,6 +133,13 @@ def stop_previous(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Res
     return Result(cleaned.ok, message, data, stopped.findings + cleaned.findings)
 
 
+def signalled_any(stopped: Result) -> bool:
+    """Whether a :func:`stop_previous` sent a signal (a process may have let go of GPUs or a
+    port), rather than finding nothing of opsbook's to stop."""
+    answer = stopped.data.get("answer") or {}
+    return answer.get("reason") not in ("no-record", "not-running")
+
+
 def clean_stale_shm(host: Host, *, apply: bool = True) -> Result:
     """Remove ``/dev/shm/psm_*`` and ``sem.mp-*`` files of this user that no live process
     holds (a server killed with SIGKILL leaves them behind). Done by a probe: no shell glob,

@@ -9,7 +9,7 @@ from opsbook import diagnose, facts, launch, outcome, plots, script
 from opsbook.deployment import Deployment
 from opsbook.hosts import Host
 from opsbook.results import Result, State
-from opsbook.stages.base import Report
+from opsbook.stages.base import Report, concurrently
 
 
 def run(
@@ -28,11 +28,17 @@ def run(
     paths = launch.resolve_paths(host, deployment)
     if not apply:
         return _dry_run(host, deployment, paths)
-    stopped = launch.stop_previous(host, paths, grace=stop_grace)
+    # Who holds the GPUs and the port is read alongside the stop; read again only when the
+    # stop signalled a process, since only then can the answer have changed.
+    stopped, started_facts = concurrently(
+        lambda: launch.stop_previous(host, paths, grace=stop_grace),
+        lambda: facts.gather_facts(host, deployment, facts.START_FACTS),
+    )
     shows: list[object] = [stopped]
     if not stopped.ok:
         return Report(State.FAILED, stopped, shows)
-    started_facts = facts.gather_facts(host, deployment, facts.START_FACTS)
+    if launch.signalled_any(stopped):
+        started_facts = facts.gather_facts(host, deployment, facts.START_FACTS)
     can_start = launch.check_can_start(started_facts, deployment.server_port)
     shows.append(can_start)
     if not can_start.ok:

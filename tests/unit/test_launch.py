@@ -615,3 +615,27 @@ def test_a_smoke_test_without_the_key_fails_at_the_models_list(openai_port: int)
         ("/v1/models", "error"),
     ]
     assert "HTTP 401" in smoke.findings[1].message
+
+
+@pytest.mark.parametrize(("reason", "facts_read"), [("no-record", 1), ("stopped", 2)])
+def test_the_launch_stage_reads_the_gpus_and_port_again_only_after_a_stop_signalled(
+    reason: str, facts_read: int
+) -> None:
+    from opsbook.deployment import parse_deployment
+    from opsbook.stages import launch as launch_stage
+
+    def launch_probe(args: dict[str, Any]) -> dict[str, Any]:
+        if args["op"] == "stop":
+            return {"reason": reason, "stopped": [], "signals": ["TERM"], "shm": SHM_NONE}
+        return {"started": False, "reason": "no-script"}
+
+    facts = {"user": "ops", "nvidia_smi": {"path": None}, "listening": [], "ports": [8000]}
+    host = FakeHost("a", user="ops", probes={"launch": launch_probe, "facts": facts})
+    dep = parse_deployment({"hosts": ["a"], "model": {"path": "/m"}, "server": {"port": 8000}})
+    report = launch_stage.run(host, dep, apply=True)
+    assert "does not exist: upload it" in report.verdict.message  # it went on to the start
+    asked = [name for name, _ in host.probe_args]
+    assert asked.count("facts") == facts_read
+
+
+SHM_NONE = {"removed": [], "kept": []}
