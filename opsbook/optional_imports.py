@@ -1,9 +1,11 @@
 """Optional imports that opsbook's own processes (the command, the HTML exporter) skip.
 
-jsonschema (under nbformat, under papermill and nbconvert) imports rfc3987_syntax when it is
-installed (JupyterLab's jupyter-events brings it) for its optional "iri" format checks; that
-module compiles 38 lark grammars at import, 1-2 s of this machine's CPU. No notebook or schema
-opsbook validates uses those formats.
+jsonschema (under nbformat, under papermill and nbconvert) imports a checker for each optional
+string format it can check when that checker is installed (JupyterLab's jupyter-events brings
+them): rfc3987_syntax compiles 38 lark grammars at import, 1-2 s of this machine's CPU; the
+duration, URI, date-time, colour and host-name checkers (isoduration brings arrow and dateutil)
+take another 40-80 ms. nbformat validates without a format checker, and no schema opsbook
+validates uses those formats.
 
 pydantic looks for plugins in every installed distribution's entry points when it builds its
 first schema (25 ms of a health check's 0.7 s here); the deployment schema needs none.
@@ -16,7 +18,15 @@ import os
 import sys
 from collections.abc import Iterator
 
-SLOW_OPTIONAL_MODULES = ("rfc3987_syntax",)
+SLOW_OPTIONAL_MODULES = (
+    "rfc3987_syntax",
+    "isoduration",
+    "rfc3986_validator",
+    "rfc3339_validator",
+    "webcolors",
+    "uri_template",
+    "fqdn",
+)
 # pydantic's documented switch (pydantic/plugin/_loader.py).
 PYDANTIC_PLUGINS_ENV = "PYDANTIC_DISABLE_PLUGINS"
 
