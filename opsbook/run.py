@@ -538,7 +538,8 @@ def redact_notebook(path: Path, redactor: Redactor) -> None:
         return
     import nbformat
 
-    nb = nbformat.read(path, as_version=4)
+    # papermill checked the schema when it wrote the file a moment ago: read it as JSON.
+    nb = nbformat.v4.reads(path.read_text(encoding="utf-8"))
     changed = False
 
     def redact(text: str) -> str:

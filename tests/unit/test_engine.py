@@ -70,6 +70,24 @@ def test_the_record_is_saved_at_the_start_at_each_code_cell_and_at_the_end(
     assert [c.outputs[0]["text"] for c in code] == ["one\n", "two\n"]
 
 
+def test_the_whole_schema_is_checked_when_papermill_reads_and_last_writes_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = notebook(tmp_path / "in.ipynb", "print('one')", "print('two')")
+    checks: list[int] = []
+    validate = nbformat.validate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        checks.extend([1] if "cells" in args[0] else [])  # whole notebooks, not new outputs
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(nbformat, "validate", counted)
+    output = tmp_path / "out.ipynb"
+    ran = run(source, output)
+    assert len(checks) == 2  # papermill's reading of the notebook, and its last write
+    assert output.read_text() == nbformat.writes(ran)  # the same JSON as a validated write
+
+
 def test_a_failed_cell_is_in_the_record_with_its_error(
     tmp_path: Path, saves: list[list[str]]
 ) -> None:
