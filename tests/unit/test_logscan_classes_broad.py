@@ -830,3 +830,50 @@ def test_ray_serves_records_are_read_as_their_message(record: str) -> None:
     assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
     assert diagnosis.line is not None and diagnosis.line.text == error
     assert diagnosis.line.level == "ERROR"
+
+
+# Each shell's wording when the start finds no vllm, rendered from its format string: GNU bash
+# execute_cmd.c (internal_error "%s: command not found", after "NAME: line N: " in a script;
+# shell_execve's "%s: No such file or directory"), zsh Src/exec.c (zerr "command not found:
+# %s", after "zsh: "), dash src/exec.c ("%s: %d: " then "%s: %s" with "not found"), busybox ash
+# ("sh: %s: not found"), fish ("Unknown command: %ls"), Go os/exec through docker/runc
+# ('exec: "%s": executable file not found in $PATH'), CPython Lib/runpy.py ("%s: %s" with
+# sys.executable and "No module named %s"; a dotted module's parent import error).
+VLLM_MISSING = [
+    "bash: vllm: command not found",
+    "./serve.sh: line 12: vllm: command not found",
+    "zsh: command not found: vllm",
+    "/bin/sh: 1: vllm: not found",
+    "sh: vllm: not found",
+    "fish: Unknown command: vllm",
+    "bash: /opt/venv/bin/vllm: No such file or directory",
+    "docker: Error response from daemon: failed to create task for container: OCI runtime "
+    'create failed: runc create failed: unable to start container process: exec: "vllm": '
+    "executable file not found in $PATH: unknown.",
+    "/usr/bin/python3: No module named vllm",
+    "/usr/bin/python3: Error while finding module specification for "
+    "'vllm.entrypoints.openai.api_server' (ModuleNotFoundError: No module named 'vllm')",
+    "ModuleNotFoundError: No module named 'vllm'",
+]
+
+
+@pytest.mark.parametrize("rendered", VLLM_MISSING)
+def test_a_shell_or_python_finding_no_vllm_is_vllm_not_installed(rendered: str) -> None:
+    diagnosis = diagnose_log(f"$ nohup ./serve.sh > vllm.log 2>&1\n{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.error_class == "vllm-not-installed"
+    assert diagnosis.line is not None and rendered in diagnosis.line.raw
+
+
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        "bash: vllm-bench: command not found",
+        "zsh: command not found: vllmctl",
+        "ModuleNotFoundError: No module named 'vllm_ascend'",
+        "ModuleNotFoundError: No module named 'vllm._C'",
+    ],
+)
+def test_another_command_or_module_missing_is_not_vllm_not_installed(rendered: str) -> None:
+    assert diagnose_log(rendered + "\n").error_class != "vllm-not-installed"
