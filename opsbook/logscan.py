@@ -306,6 +306,10 @@ _LINE_START = re.compile(
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|[^|]{0,80}:\s+\d+%\|"
     r"|(?:error|fatal|warning): "  # a command-line program's own message
     r"|[\w.-]+ exited with code \d+"  # docker compose's report of a container's end
+    # A shell's own message (bash's "NAME: line N: ", dash's "NAME: N: ", zsh's "zsh: "), its
+    # job report and its "command not found" (see _SIGKILL and the vllm-not-installed entry).
+    r"|(?:\S*/)?(?:ba|z|da|k|fi)?sh: |\S+: line \d+: |\S+: \d+: "
+    r"|[\w./-]+: (?:command )?not found\b"
     r"|(?:\(\S+\)\s+)?[\w.-]+@[\w.-]+:)"  # the last one: a shell prompt after the log
 )
 # Shell comments and provenance notes pasted around a log; vLLM's own "# GPU blocks" line
@@ -1120,6 +1124,12 @@ def _diagnose_body(
         [s for s in stalls if s.entry.hang_after is None]
     )
     if ready_at is not None:
+        # A server that came up and was then killed (SIGKILL: the OOM killer, or kill -9) is
+        # not ready: the shell's job line or the runtime's exit status ends the log.
+        killed = _killed_by_signal(lines) if not running else None
+        if killed is not None and killed.number > ready_at:
+            entry = _entry_by_id("host-oom-killer")
+            return _failed(FAILED, Hit(entry, killed, 0), [], events, base)
         bind_error = _error_before_shutdown(lines, ready_at)
         if bind_error is not None:
             entry = _entry_by_id("unrecognised-error")
@@ -1235,29 +1245,51 @@ def _error_after_progress(
     return None
 
 
-# What a shell or a container runtime prints when the server got SIGKILL (exit status 137):
-# the process wrote nothing itself, and the kernel's OOM killer is the usual sender.
+# What a shell, a container runtime or a service manager prints when the server got SIGKILL
+# (exit status 137): the process wrote nothing itself, and the kernel's OOM killer is the
+# usual sender. GNU bash jobs.c (notify_of_job_status: an interactive shell's job line
+# "[N]+  Killed  cmd"; a script's "NAME: line N: " then pretty_print_job's "PID Killed  cmd",
+# strsignal(SIGKILL)); zsh Src/jobs.c (printjob: "zsh: killed  cmd", its lower-case sigmsg);
+# a BSD/macOS shell's "Killed: 9"; docker compose ("exited with code 137") and docker ps
+# ("Exited (137)"); systemd src/core/unit.c and service.c ("A process of this unit has been
+# killed by the OOM killer.", "Failed with result 'oom-kill'.", "Main process exited,
+# code=killed, status=9/KILL"); Kubernetes' container state reason "OOMKilled".
 _SIGKILL = re.compile(
-    r"^(?:\[\d+\]\+?\s+)?Killed\b|exited with code 137\b|\bExited \(137\)|exit code:? 137\b"
+    r"^(?:\[\d+\]\+?\s+)?Killed\b|^\S+: line \d+: +\d+ Killed\b|^zsh: killed\b"
+    r"|exited with code 137\b|\bExited \(137\)|exit code:? 137\b"
+    r"|killed by the OOM killer|Failed with result 'oom-kill'|code=killed, status=9/KILL"
+    r"|\bOOMKilled\b"
 )
 
 
 # Lines a reporter writes under the shell's "Killed" (a question, a remark) are no record of
 # the server: a few of them may follow the kill.
 _AFTER_KILL_LINES = 3
+# The other processes of the server warn as they exit once the API server is gone: torch's
+# ProcessGroupNCCL ("Warning: WARNING: destroy_process_group() was not called before program
+# exit"), Python's multiprocessing resource_tracker ("UserWarning: resource_tracker: There
+# appear to be %d leaked semaphore objects"). Such a warning is no sign the server lived on.
+_EXIT_WARNING = re.compile(r"\bWarning: |^warnings\.warn\(")
 
 
 def _killed_by_signal(lines: list[LogLine]) -> LogLine | None:
     """The last line with text, when it says the server was killed (and nothing failed); or
     such a line followed only by a few lines no process logged (no level, time, process
-    prefix, exception or code): after SIGKILL the server writes nothing more."""
+    prefix, exception or code) or warnings of processes exiting: after SIGKILL the server
+    writes nothing more."""
     tail = [line for line in lines[-50:] if line.text]
     for line in reversed(tail[-(_AFTER_KILL_LINES + 1) :]):
         if _SIGKILL.search(line.text):
             return line
+        if _exit_warning(line):
+            continue
         if line.level or line.timestamp or line.process or line.exception or line.is_code:
             return None
     return None
+
+
+def _exit_warning(line: LogLine) -> bool:
+    return line.level not in ("ERROR", "CRITICAL") and bool(_EXIT_WARNING.search(line.text))
 
 
 # uvicorn logs both once the app has started (lifespan "Application startup complete.", then
