@@ -1102,6 +1102,9 @@ def _diagnose_body(
         "phases": _first_phases(events, lines),
         "notes": _first_of_each([hit for hit in hits if hit.entry.kind == "note"]),
     }
+    stopped = _stop_requested(hits, ready_at)
+    if stopped is not None:
+        hits = _teardown_dropped(hits, stopped)
     failure = _choose_failure(hits, ready_at)
     if failure:
         failure = _last_error_detail(_logged_message(failure, lines), lines)
@@ -1130,13 +1133,13 @@ def _diagnose_body(
         if killed is not None and killed.number > ready_at:
             entry = _entry_by_id("host-oom-killer")
             return _failed(FAILED, Hit(entry, killed, 0), [], events, base)
-        bind_error = _error_before_shutdown(lines, ready_at)
+        bind_error = _error_before_shutdown(lines, ready_at) if stopped is None else None
         if bind_error is not None:
             entry = _entry_by_id("unrecognised-error")
             return _failed(FAILED, Hit(entry, bind_error, 0), [], events, base)
         if stats is not None:
-            return _ready(lines, stats.number, base, serving_stats=True)
-        return _ready(lines, _ready_line(lines, events, ready_at), base)
+            return _ready(lines, stats.number, base, serving_stats=True, stopped=stopped)
+        return _ready(lines, _ready_line(lines, events, ready_at), base, stopped=stopped)
     kills = classify_kernel_log(kernel_log) if kernel_log else []
     if kills:
         return _killed(kills[-1], kernel_log or "", base)
@@ -1147,11 +1150,59 @@ def _diagnose_body(
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
+    # uvicorn's own shutdown lines with no error: a server (its start cut from the excerpt,
+    # or logged as another run) that had served and was stopped.
+    served = _served_then_stopped(hits) if not running else None
+    if served is not None:
+        return _ready(lines, served.line.number, base, stopped=served)
     # A process known to be alive is still starting, whatever it logged.
     logged = _error_after_progress(lines, events) if not running else None
     if logged is not None:
         return _failed(FAILED, Hit(_entry_by_id("unrecognised-error"), logged, 0), [], events, base)
     return _unfinished(lines, events, running, base)
+
+
+# The server-stopped note's patterns that are uvicorn's (Server.serve logs them only after
+# its startup succeeded and its main loop ended): the server had served.
+_SERVED_STOP_PATTERNS = (0, 1)
+# uvicorn's default log format ("%(levelprefix)s %(message)s": "INFO:     Shutting down"),
+# not another program's line of the same words.
+_UVICORN_RECORD = re.compile(r"\bINFO:\s+(?:Shutting down|Finished server process)")
+_STOPPED = "server-stopped"
+
+
+def _stop_requested(hits: list[Hit], ready_at: int | None) -> Hit | None:
+    """The first line, after the server was up, that says it was asked to stop."""
+    if ready_at is None:
+        return None
+    return next(
+        (hit for hit in hits if hit.entry.id == _STOPPED and hit.line.number > ready_at), None
+    )
+
+
+def _teardown_dropped(hits: list[Hit], stopped: Hit) -> list[Hit]:
+    """The hits without the "engine died" wrappers logged once a stop was under way: a stop
+    (vLLM 0.23.0-0.34.0 shuts its engine down with mode=abort and force-kills it) makes the
+    API server's output loop raise EngineDeadError, which is the stop's, not a failure."""
+    return [
+        hit
+        for hit in hits
+        if hit.line.number < stopped.line.number
+        or (hit.entry.kind != "wrapper" and hit.entry.id not in _WRAPPER_CAUSES)
+    ]
+
+
+def _served_then_stopped(hits: list[Hit]) -> Hit | None:
+    return next(
+        (
+            hit
+            for hit in hits
+            if hit.entry.id == _STOPPED
+            and hit.pattern_index in _SERVED_STOP_PATTERNS
+            and _UVICORN_RECORD.search(hit.line.raw)
+        ),
+        None,
+    )
 
 
 # vLLM's API server states its version first thing (vllm/entrypoints/openai/api_server.py
@@ -1986,6 +2037,7 @@ def _ready(
     *,
     listed_routes: bool = False,
     serving_stats: bool = False,
+    stopped: Hit | None = None,
 ) -> LogDiagnosis:
     line = next(line for line in lines if line.number == ready_at)
     title = "the server finished starting and accepts requests"
@@ -2010,6 +2062,11 @@ def _ready(
             "the server listed its routes: it is serving (the log ends before uvicorn's "
             "'Application startup complete.')"
         )
+    if stopped is not None and stopped.line is line:
+        title = "the server had started and served; it was then stopped on purpose"
+        source = stopped.entry.source
+    elif stopped is not None:
+        title += f"; it was then stopped on purpose (line {stopped.line.number})"
     return LogDiagnosis(
         state=READY,
         failure=None,

@@ -589,3 +589,85 @@ def test_an_error_before_the_state_dump_is_still_the_root_cause() -> None:
     diagnosis = diagnose_log(text)
 
     assert diagnosis.root_cause is not None and diagnosis.root_cause.raw == error
+
+
+# A server that served (uvicorn lifespan/on.py "Application startup complete."; vLLM
+# 0.10.2-0.34.0 vllm/v1/metrics/loggers.py "Engine %s: Avg prompt throughput: ..."), then got
+# SIGTERM as vLLM 0.23.0-0.34.0 logs it (vllm/v1/engine/core.py "[shutdown] EngineCore: trigger
+# received signal=%s"; launcher.py "[shutdown] API server: shutdown triggered"), its output loop
+# raising vllm/v1/engine/exceptions.py's EngineDeadError(ENGINE_DEAD_MESSAGE) while torn down,
+# then uvicorn's own shutdown (server.py "Shutting down"; lifespan/on.py "Waiting for
+# application shutdown.", "Application shutdown complete."; "Finished server process [%d]").
+_UP = (
+    "(APIServer pid=31) INFO 08-01 21:00:00 [api_server.py:1] vLLM API server version 0.25.1\n"
+    "(APIServer pid=31) INFO:     Started server process [31]\n"
+    "(APIServer pid=31) INFO:     Waiting for application startup.\n"
+    "(APIServer pid=31) INFO:     Application startup complete.\n"
+    "(APIServer pid=31) INFO 08-01 21:30:00 [loggers.py:273] Engine 000: Avg prompt throughput: "
+    "12.0 tokens/s, Avg generation throughput: 40.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs\n"
+)
+_SIGNALLED = (
+    "(EngineCore pid=32) INFO 08-01 21:34:51 [core.py:1214] [shutdown] EngineCore: trigger "
+    "received signal=SIGTERM\n"
+    "(APIServer pid=31) INFO 08-01 21:34:51 [launcher.py:100] [shutdown] API server: shutdown "
+    "triggered\n"
+)
+_DEAD = (
+    "(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704] AsyncLLM output_handler "
+    "failed.\n"
+    "(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704] Traceback (most recent call "
+    "last):\n"
+    '(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704]   File "/v/core_client.py", '
+    "line 1061, in get_output_async\n"
+    "(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704]     raise "
+    "self._format_exception(outputs) from None\n"
+    "(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704] "
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+    "trace (above) for the root cause.\n"
+)
+_UVICORN_DOWN = (
+    "(APIServer pid=31) INFO:     Shutting down\n"
+    "(APIServer pid=31) INFO:     Waiting for application shutdown.\n"
+    "(APIServer pid=31) INFO:     Application shutdown complete.\n"
+    "(APIServer pid=31) INFO:     Finished server process [31]\n"
+)
+
+
+def test_an_engine_dead_error_while_a_signalled_server_shuts_down_is_no_failure() -> None:
+    diagnosis = diagnose_log(_UP + _SIGNALLED + _DEAD + _UVICORN_DOWN)
+
+    assert (diagnosis.state, diagnosis.failure) == (READY, None)
+    assert "stopped on purpose" in diagnosis.title
+    assert diagnosis.line is not None and "Application startup complete." in diagnosis.line.raw
+
+
+def test_an_engine_dead_error_with_no_stop_requested_is_still_engine_dead() -> None:
+    assert diagnose_log(_UP + _DEAD).failure == "engine-dead"
+
+
+def test_a_stop_requested_before_the_server_was_up_does_not_hide_the_engines_death() -> None:
+    starting = (
+        "(APIServer pid=31) INFO 08-01 21:00:00 [api_server.py:1] vLLM API server version 0.25.1\n"
+    )
+    assert diagnose_log(starting + _SIGNALLED + _DEAD).failure == "engine-dead"
+
+
+def test_uvicorns_shutdown_alone_shows_a_server_that_had_served() -> None:
+    # uvicorn server.py Server.serve: "Shutting down" only after startup and the main loop.
+    diagnosis = diagnose_log(_UVICORN_DOWN)
+
+    assert diagnosis.state == READY
+    assert "stopped on purpose" in diagnosis.title
+    assert diagnosis.line is not None and "Shutting down" in diagnosis.line.raw
+
+
+def test_a_shutdown_after_a_bind_error_is_still_the_bind_error() -> None:
+    # uvicorn server.py Server.startup on an OSError: logger.error(exc), the lifespan's
+    # shutdown ("Waiting for application shutdown."), sys.exit(1): no "Shutting down".
+    bind = (
+        "(APIServer pid=31) ERROR:    [Errno 98] error while attempting to bind on address "
+        "('0.0.0.0', 8000): address already in use\n"
+        "(APIServer pid=31) INFO:     Waiting for application shutdown.\n"
+        "(APIServer pid=31) INFO:     Application shutdown complete.\n"
+    )
+    assert diagnose_log(_UP.split("(APIServer pid=31) INFO 08-01 21:30")[0] + bind).state == FAILED
