@@ -2224,9 +2224,23 @@ def _first_of_each(hits: list[Hit]) -> list[Hit]:
     return list(seen.values())
 
 
+# vLLM's own message over the error it caught, quoting it before re-raising it (vLLM
+# 0.13.0-0.21.0+ vllm/v1/worker/gpu_model_runner.py load_model: logger.error(f"{msg} (original
+# error: {e})") with msg "Failed to load model - not enough GPU memory. ...", then raise e).
+_QUOTES_ORIGINAL = re.compile(r"\(original error: ")
+
+
 def _pick_line(hits: list[Hit]) -> Hit:
-    # The entry's first pattern names its most telling line; among equals, the earliest.
-    return min(hits, key=lambda hit: (hit.pattern_index, hit.line.number))
+    # The entry's first pattern names its most telling line; among equals, the raised error
+    # rather than a message quoting it, then the earliest.
+    return min(
+        hits,
+        key=lambda hit: (
+            hit.pattern_index,
+            bool(_QUOTES_ORIGINAL.search(hit.line.text)),
+            hit.line.number,
+        ),
+    )
 
 
 def _stall_is_hang(

@@ -671,3 +671,40 @@ def test_a_shutdown_after_a_bind_error_is_still_the_bind_error() -> None:
         "(APIServer pid=31) INFO:     Application shutdown complete.\n"
     )
     assert diagnose_log(_UP.split("(APIServer pid=31) INFO 08-01 21:30")[0] + bind).state == FAILED
+
+
+# PyTorch c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate ",
+# format_size(alloc_size), ". GPU ", device, " has a total capacity of ", ... " of which ",
+# ... " is free."; vLLM 0.13.0-0.21.0 vllm/v1/worker/gpu_model_runner.py load_model catches it,
+# logs f"{msg} (original error: {e})" with msg "Failed to load model - not enough GPU memory.
+# Try lowering --gpu-memory-utilization ..." and re-raises it, which the engine core logs.
+_TORCH_OOM = (
+    "CUDA out of memory. Tried to allocate 260.00 MiB. GPU 0 has a total capacity of 6.00 GiB "
+    "of which 0 bytes is free."
+)
+_LOAD_FAILED = (
+    "(EngineCore_DP0 pid=9) ERROR 03-10 07:38:43 [gpu_model_runner.py:4219] Failed to load "
+    "model - not enough GPU memory. Try lowering --gpu-memory-utilization to free memory for "
+    "weights, increasing --tensor-parallel-size, or using --quantization. See "
+    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more tips. "
+    f"(original error: {_TORCH_OOM})"
+)
+_RAISED = (
+    f"(EngineCore_DP0 pid=9) ERROR 03-10 07:38:43 [core.py:1006] torch.OutOfMemoryError: "
+    f"{_TORCH_OOM}"
+)
+
+
+def test_the_raised_oom_is_reported_rather_than_vllms_message_quoting_it() -> None:
+    frame = '(EngineCore_DP0 pid=9) ERROR 03-10 07:38:43 [core.py:1006]   File "/v/x.py", line 1\n'
+    diagnosis = diagnose_log(f"{_LOAD_FAILED}\n{frame}{_RAISED}\n")
+
+    assert diagnosis.failure == "oom"
+    assert diagnosis.line is not None and "torch.OutOfMemoryError: CUDA" in diagnosis.line.raw
+
+
+def test_vllms_message_quoting_the_oom_is_reported_when_the_raised_one_is_cut() -> None:
+    diagnosis = diagnose_log(_LOAD_FAILED + "\n")
+
+    assert diagnosis.failure == "oom"
+    assert diagnosis.line is not None and "Failed to load model" in diagnosis.line.raw
