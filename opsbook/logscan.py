@@ -2224,6 +2224,13 @@ def _first_of_each(hits: list[Hit]) -> list[Hit]:
     return list(seen.values())
 
 
+_STATUS_ONLY = re.compile(r"\b\d{3} (?:Client|Server) Error\b")
+
+
+def _bare_message_line(line: LogLine) -> bool:
+    return not (line.exception or line.level or line.timestamp or line.process)
+
+
 # vLLM's own message over the error it caught, quoting it before re-raising it (vLLM
 # 0.13.0-0.21.0+ vllm/v1/worker/gpu_model_runner.py load_model: logger.error(f"{msg} (original
 # error: {e})") with msg "Failed to load model - not enough GPU memory. ...", then raise e).
@@ -2232,10 +2239,17 @@ _QUOTES_ORIGINAL = re.compile(r"\(original error: ")
 
 def _pick_line(hits: list[Hit]) -> Hit:
     # The entry's first pattern names its most telling line; among equals, the raised error
-    # rather than a message quoting it, then the earliest.
+    # rather than a message quoting it, then the earliest. A raised exception's line wins
+    # over the bare lines of a message (no level, time or process of their own: the lines
+    # its multi-line message goes on with, e.g. huggingface_hub's "Cannot access gated repo
+    # for url ..." under transformers' "OSError: You are trying to access a gated repo.").
+    # An exception line that only states an HTTP status (huggingface_hub's "404 Client
+    # Error. (Request ID: ...)", requests' HTTPError) leaves the cause to the lines under it.
+    raised = any(hit.line.exception and not _STATUS_ONLY.search(hit.line.text) for hit in hits)
     return min(
         hits,
         key=lambda hit: (
+            raised and _bare_message_line(hit.line),
             hit.pattern_index,
             bool(_QUOTES_ORIGINAL.search(hit.line.text)),
             hit.line.number,

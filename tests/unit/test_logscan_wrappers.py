@@ -708,3 +708,45 @@ def test_vllms_message_quoting_the_oom_is_reported_when_the_raised_one_is_cut() 
 
     assert diagnosis.failure == "oom"
     assert diagnosis.line is not None and "Failed to load model" in diagnosis.line.raw
+
+
+# transformers src/transformers/utils/hub.py (cached_files: OSError("You are trying to access a
+# gated repo.\nMake sure to have access to it at https://huggingface.co/{path_or_repo_id}.\n"
+# f"{str(e)}")) over huggingface_hub utils/_http.py (hf_raise_for_status: GatedRepoError
+# f"{status} Client Error." ... "Cannot access gated repo for url {url}." then "Access to model
+# {repo} is restricted. You must have access to it and be authenticated to access it.").
+_GATED = (
+    "Traceback (most recent call last):\n"
+    '  File "/v/transformers/utils/hub.py", line 402, in cached_file\n'
+    "OSError: You are trying to access a gated repo.\n"
+    "Make sure to have access to it at https://huggingface.co/org/model.\n"
+    "401 Client Error. (Request ID: Root=1-abc)\n"
+    "\n"
+    "Cannot access gated repo for url https://huggingface.co/org/model/resolve/main/config.json.\n"
+    "Access to model org/model is restricted. You must have access to it and be authenticated "
+    "to access it. Please log in.\n"
+)
+
+
+def test_the_raised_gated_error_is_reported_rather_than_the_lines_its_message_goes_on_with() -> (
+    None
+):
+    diagnosis = diagnose_log(_GATED)
+
+    assert diagnosis.failure == "hub-gated"
+    assert diagnosis.line is not None
+    assert "OSError: You are trying to access a gated repo." in diagnosis.line.raw
+
+
+def test_hubs_message_is_reported_under_an_exception_that_states_only_the_status() -> None:
+    # huggingface_hub's own GatedRepoError: its first line is the HTTP status alone.
+    text = _GATED.replace(
+        "OSError: You are trying to access a gated repo.\n"
+        "Make sure to have access to it at https://huggingface.co/org/model.\n"
+        "401 Client Error.",
+        "huggingface_hub.errors.GatedRepoError: 401 Client Error.",
+    )
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "hub-gated"
+    assert diagnosis.line is not None and "Cannot access gated repo" in diagnosis.line.raw
