@@ -838,7 +838,8 @@ def test_ray_serves_records_are_read_as_their_message(record: str) -> None:
 # %s", after "zsh: "), dash src/exec.c ("%s: %d: " then "%s: %s" with "not found"), busybox ash
 # ("sh: %s: not found"), fish ("Unknown command: %ls"), Go os/exec through docker/runc
 # ('exec: "%s": executable file not found in $PATH'), CPython Lib/runpy.py ("%s: %s" with
-# sys.executable and "No module named %s"; a dotted module's parent import error).
+# sys.executable and "No module named %s"; a dotted module's parent import error), and the
+# handlers named in the list.
 VLLM_MISSING = [
     "bash: vllm: command not found",
     "./serve.sh: line 12: vllm: command not found",
@@ -854,6 +855,15 @@ VLLM_MISSING = [
     "/usr/bin/python3: Error while finding module specification for "
     "'vllm.entrypoints.openai.api_server' (ModuleNotFoundError: No module named 'vllm')",
     "ModuleNotFoundError: No module named 'vllm'",
+    # Ubuntu's command-not-found ("Command '%(command)s' not found, did you mean:"), Windows'
+    # cmd.exe and PowerShell's CommandNotFoundException, in its current and older wording.
+    "Command 'vllm' not found, did you mean:",
+    "Command 'vllm' not found, but can be installed with:",
+    "'vllm' is not recognized as an internal or external command,",
+    "vllm : The term 'vllm' is not recognized as a name of a cmdlet, function, script file, "
+    "or executable program.",
+    "vllm : The term 'vllm' is not recognized as the name of a cmdlet, function, script "
+    "file, or operable program.",
 ]
 
 

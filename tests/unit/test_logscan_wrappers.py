@@ -750,3 +750,11 @@ def test_hubs_message_is_reported_under_an_exception_that_states_only_the_status
 
     assert diagnosis.failure == "hub-gated"
     assert diagnosis.line is not None and "Cannot access gated repo" in diagnosis.line.raw
+
+
+def test_a_ctrl_c_echoed_by_the_terminal_after_serving_makes_the_engines_death_the_stops() -> None:
+    # The tty echoes Ctrl-C as "^C" (ECHOCTL) before the next record of a pasted session.
+    dead = _DEAD.replace("(APIServer pid=31) ", "", 1)
+
+    assert diagnose_log(_UP + "^C" + dead + _UVICORN_DOWN).state == READY
+    assert diagnose_log(_UP + dead + _UVICORN_DOWN).failure == "engine-dead"
