@@ -758,3 +758,14 @@ def test_a_ctrl_c_echoed_by_the_terminal_after_serving_makes_the_engines_death_t
 
     assert diagnose_log(_UP + "^C" + dead + _UVICORN_DOWN).state == READY
     assert diagnose_log(_UP + dead + _UVICORN_DOWN).failure == "engine-dead"
+
+
+def test_an_nccl_error_while_a_signalled_server_tears_down_is_the_stops() -> None:
+    # PyTorch torch/csrc/cuda/nccl.cpp throw_nccl_error: "NCCL Error " << status << ": " ...
+    teardown = (
+        "(EngineCore pid=32) ERROR 08-01 21:34:52 [core.py:1] RuntimeError: NCCL Error 5: "
+        "invalid usage\n"
+    )
+
+    assert diagnose_log(_UP + _SIGNALLED + teardown + _UVICORN_DOWN).state == READY
+    assert diagnose_log(_UP + teardown).failure == "nccl"
