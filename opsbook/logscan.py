@@ -306,6 +306,10 @@ _LINE_START = re.compile(
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|[^|]{0,80}:\s+\d+%\|"
     r"|(?:error|fatal|warning): "  # a command-line program's own message
     r"|[\w.-]+ exited with code \d+"  # docker compose's report of a container's end
+    # A shell's own message (bash's "NAME: line N: ", dash's "NAME: N: ", zsh's "zsh: "), its
+    # job report and its "command not found" (see _SIGKILL and the vllm-not-installed entry).
+    r"|(?:\S*/)?(?:ba|z|da|k|fi)?sh: |\S+: line \d+: |\S+: \d+: "
+    r"|[\w./-]+: (?:command )?not found\b"
     r"|(?:\(\S+\)\s+)?[\w.-]+@[\w.-]+:)"  # the last one: a shell prompt after the log
 )
 # Shell comments and provenance notes pasted around a log; vLLM's own "# GPU blocks" line
@@ -1098,6 +1102,9 @@ def _diagnose_body(
         "phases": _first_phases(events, lines),
         "notes": _first_of_each([hit for hit in hits if hit.entry.kind == "note"]),
     }
+    stopped = _stop_requested(hits, ready_at)
+    if stopped is not None:
+        hits = _teardown_dropped(hits, stopped)
     failure = _choose_failure(hits, ready_at)
     if failure:
         failure = _last_error_detail(_logged_message(failure, lines), lines)
@@ -1120,13 +1127,19 @@ def _diagnose_body(
         [s for s in stalls if s.entry.hang_after is None]
     )
     if ready_at is not None:
-        bind_error = _error_before_shutdown(lines, ready_at)
+        # A server that came up and was then killed (SIGKILL: the OOM killer, or kill -9) is
+        # not ready: the shell's job line or the runtime's exit status ends the log.
+        killed = _killed_by_signal(lines) if not running else None
+        if killed is not None and killed.number > ready_at:
+            entry = _entry_by_id("host-oom-killer")
+            return _failed(FAILED, Hit(entry, killed, 0), [], events, base)
+        bind_error = _error_before_shutdown(lines, ready_at) if stopped is None else None
         if bind_error is not None:
             entry = _entry_by_id("unrecognised-error")
             return _failed(FAILED, Hit(entry, bind_error, 0), [], events, base)
         if stats is not None:
-            return _ready(lines, stats.number, base, serving_stats=True)
-        return _ready(lines, _ready_line(lines, events, ready_at), base)
+            return _ready(lines, stats.number, base, serving_stats=True, stopped=stopped)
+        return _ready(lines, _ready_line(lines, events, ready_at), base, stopped=stopped)
     kills = classify_kernel_log(kernel_log) if kernel_log else []
     if kills:
         return _killed(kills[-1], kernel_log or "", base)
@@ -1137,11 +1150,59 @@ def _diagnose_body(
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
         return _ready(lines, serving.number, base, listed_routes=True)
+    # uvicorn's own shutdown lines with no error: a server (its start cut from the excerpt,
+    # or logged as another run) that had served and was stopped.
+    served = _served_then_stopped(hits) if not running else None
+    if served is not None:
+        return _ready(lines, served.line.number, base, stopped=served)
     # A process known to be alive is still starting, whatever it logged.
     logged = _error_after_progress(lines, events) if not running else None
     if logged is not None:
         return _failed(FAILED, Hit(_entry_by_id("unrecognised-error"), logged, 0), [], events, base)
     return _unfinished(lines, events, running, base)
+
+
+# The server-stopped note's patterns that are uvicorn's (Server.serve logs them only after
+# its startup succeeded and its main loop ended): the server had served.
+_SERVED_STOP_PATTERNS = (0, 1)
+# uvicorn's default log format ("%(levelprefix)s %(message)s": "INFO:     Shutting down"),
+# not another program's line of the same words.
+_UVICORN_RECORD = re.compile(r"\bINFO:\s+(?:Shutting down|Finished server process)")
+_STOPPED = "server-stopped"
+
+
+def _stop_requested(hits: list[Hit], ready_at: int | None) -> Hit | None:
+    """The first line, after the server was up, that says it was asked to stop."""
+    if ready_at is None:
+        return None
+    return next(
+        (hit for hit in hits if hit.entry.id == _STOPPED and hit.line.number > ready_at), None
+    )
+
+
+def _teardown_dropped(hits: list[Hit], stopped: Hit) -> list[Hit]:
+    """The hits without the failures logged once a stop of a serving server was under way: a
+    stop (vLLM 0.23.0-0.34.0 shuts its engine down with mode=abort and force-kills it) makes
+    the API server's output loop raise EngineDeadError, and tearing down the workers' process
+    groups can fail: the stop's errors, not the server's failure."""
+    return [
+        hit
+        for hit in hits
+        if hit.line.number < stopped.line.number or hit.entry.kind not in ("wrapper", "cause")
+    ]
+
+
+def _served_then_stopped(hits: list[Hit]) -> Hit | None:
+    return next(
+        (
+            hit
+            for hit in hits
+            if hit.entry.id == _STOPPED
+            and hit.pattern_index in _SERVED_STOP_PATTERNS
+            and _UVICORN_RECORD.search(hit.line.raw)
+        ),
+        None,
+    )
 
 
 # vLLM's API server states its version first thing (vllm/entrypoints/openai/api_server.py
@@ -1235,29 +1296,51 @@ def _error_after_progress(
     return None
 
 
-# What a shell or a container runtime prints when the server got SIGKILL (exit status 137):
-# the process wrote nothing itself, and the kernel's OOM killer is the usual sender.
+# What a shell, a container runtime or a service manager prints when the server got SIGKILL
+# (exit status 137): the process wrote nothing itself, and the kernel's OOM killer is the
+# usual sender. GNU bash jobs.c (notify_of_job_status: an interactive shell's job line
+# "[N]+  Killed  cmd"; a script's "NAME: line N: " then pretty_print_job's "PID Killed  cmd",
+# strsignal(SIGKILL)); zsh Src/jobs.c (printjob: "zsh: killed  cmd", its lower-case sigmsg);
+# a BSD/macOS shell's "Killed: 9"; docker compose ("exited with code 137") and docker ps
+# ("Exited (137)"); systemd src/core/unit.c and service.c ("A process of this unit has been
+# killed by the OOM killer.", "Failed with result 'oom-kill'.", "Main process exited,
+# code=killed, status=9/KILL"); Kubernetes' container state reason "OOMKilled".
 _SIGKILL = re.compile(
-    r"^(?:\[\d+\]\+?\s+)?Killed\b|exited with code 137\b|\bExited \(137\)|exit code:? 137\b"
+    r"^(?:\[\d+\]\+?\s+)?Killed\b|^\S+: line \d+: +\d+ Killed\b|^zsh: killed\b"
+    r"|exited with code 137\b|\bExited \(137\)|exit code:? 137\b"
+    r"|killed by the OOM killer|Failed with result 'oom-kill'|code=killed, status=9/KILL"
+    r"|\bOOMKilled\b"
 )
 
 
 # Lines a reporter writes under the shell's "Killed" (a question, a remark) are no record of
 # the server: a few of them may follow the kill.
 _AFTER_KILL_LINES = 3
+# The other processes of the server warn as they exit once the API server is gone: torch's
+# ProcessGroupNCCL ("Warning: WARNING: destroy_process_group() was not called before program
+# exit"), Python's multiprocessing resource_tracker ("UserWarning: resource_tracker: There
+# appear to be %d leaked semaphore objects"). Such a warning is no sign the server lived on.
+_EXIT_WARNING = re.compile(r"\bWarning: |^warnings\.warn\(")
 
 
 def _killed_by_signal(lines: list[LogLine]) -> LogLine | None:
     """The last line with text, when it says the server was killed (and nothing failed); or
     such a line followed only by a few lines no process logged (no level, time, process
-    prefix, exception or code): after SIGKILL the server writes nothing more."""
+    prefix, exception or code) or warnings of processes exiting: after SIGKILL the server
+    writes nothing more."""
     tail = [line for line in lines[-50:] if line.text]
     for line in reversed(tail[-(_AFTER_KILL_LINES + 1) :]):
         if _SIGKILL.search(line.text):
             return line
+        if _exit_warning(line):
+            continue
         if line.level or line.timestamp or line.process or line.exception or line.is_code:
             return None
     return None
+
+
+def _exit_warning(line: LogLine) -> bool:
+    return line.level not in ("ERROR", "CRITICAL") and bool(_EXIT_WARNING.search(line.text))
 
 
 # uvicorn logs both once the app has started (lifespan "Application startup complete.", then
@@ -1954,6 +2037,7 @@ def _ready(
     *,
     listed_routes: bool = False,
     serving_stats: bool = False,
+    stopped: Hit | None = None,
 ) -> LogDiagnosis:
     line = next(line for line in lines if line.number == ready_at)
     title = "the server finished starting and accepts requests"
@@ -1978,6 +2062,11 @@ def _ready(
             "the server listed its routes: it is serving (the log ends before uvicorn's "
             "'Application startup complete.')"
         )
+    if stopped is not None and stopped.line is line:
+        title = "the server had started and served; it was then stopped on purpose"
+        source = stopped.entry.source
+    elif stopped is not None:
+        title += f"; it was then stopped on purpose (line {stopped.line.number})"
     return LogDiagnosis(
         state=READY,
         failure=None,
@@ -2135,9 +2224,37 @@ def _first_of_each(hits: list[Hit]) -> list[Hit]:
     return list(seen.values())
 
 
+_STATUS_ONLY = re.compile(r"\b\d{3} (?:Client|Server) Error\b")
+
+
+def _bare_message_line(line: LogLine) -> bool:
+    return not (line.exception or line.level or line.timestamp or line.process)
+
+
+# vLLM's own message over the error it caught, quoting it before re-raising it (vLLM
+# 0.13.0-0.21.0+ vllm/v1/worker/gpu_model_runner.py load_model: logger.error(f"{msg} (original
+# error: {e})") with msg "Failed to load model - not enough GPU memory. ...", then raise e).
+_QUOTES_ORIGINAL = re.compile(r"\(original error: ")
+
+
 def _pick_line(hits: list[Hit]) -> Hit:
-    # The entry's first pattern names its most telling line; among equals, the earliest.
-    return min(hits, key=lambda hit: (hit.pattern_index, hit.line.number))
+    # The entry's first pattern names its most telling line; among equals, the raised error
+    # rather than a message quoting it, then the earliest. A raised exception's line wins
+    # over the bare lines of a message (no level, time or process of their own: the lines
+    # its multi-line message goes on with, e.g. huggingface_hub's "Cannot access gated repo
+    # for url ..." under transformers' "OSError: You are trying to access a gated repo.").
+    # An exception line that only states an HTTP status (huggingface_hub's "404 Client
+    # Error. (Request ID: ...)", requests' HTTPError) leaves the cause to the lines under it.
+    raised = any(hit.line.exception and not _STATUS_ONLY.search(hit.line.text) for hit in hits)
+    return min(
+        hits,
+        key=lambda hit: (
+            raised and _bare_message_line(hit.line),
+            hit.pattern_index,
+            bool(_QUOTES_ORIGINAL.search(hit.line.text)),
+            hit.line.number,
+        ),
+    )
 
 
 def _stall_is_hang(

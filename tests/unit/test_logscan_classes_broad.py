@@ -830,3 +830,117 @@ def test_ray_serves_records_are_read_as_their_message(record: str) -> None:
     assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
     assert diagnosis.line is not None and diagnosis.line.text == error
     assert diagnosis.line.level == "ERROR"
+
+
+# Each shell's wording when the start finds no vllm, rendered from its format string: GNU bash
+# execute_cmd.c (internal_error "%s: command not found", after "NAME: line N: " in a script;
+# shell_execve's "%s: No such file or directory"), zsh Src/exec.c (zerr "command not found:
+# %s", after "zsh: "), dash src/exec.c ("%s: %d: " then "%s: %s" with "not found"), busybox ash
+# ("sh: %s: not found"), fish ("Unknown command: %ls"), Go os/exec through docker/runc
+# ('exec: "%s": executable file not found in $PATH'), CPython Lib/runpy.py ("%s: %s" with
+# sys.executable and "No module named %s"; a dotted module's parent import error), and the
+# handlers named in the list.
+VLLM_MISSING = [
+    "bash: vllm: command not found",
+    "./serve.sh: line 12: vllm: command not found",
+    "zsh: command not found: vllm",
+    "/bin/sh: 1: vllm: not found",
+    "sh: vllm: not found",
+    "fish: Unknown command: vllm",
+    "bash: /opt/venv/bin/vllm: No such file or directory",
+    "docker: Error response from daemon: failed to create task for container: OCI runtime "
+    'create failed: runc create failed: unable to start container process: exec: "vllm": '
+    "executable file not found in $PATH: unknown.",
+    "/usr/bin/python3: No module named vllm",
+    "/usr/bin/python3: Error while finding module specification for "
+    "'vllm.entrypoints.openai.api_server' (ModuleNotFoundError: No module named 'vllm')",
+    "ModuleNotFoundError: No module named 'vllm'",
+    # Ubuntu's command-not-found ("Command '%(command)s' not found, did you mean:"), Windows'
+    # cmd.exe and PowerShell's CommandNotFoundException, in its current and older wording.
+    "Command 'vllm' not found, did you mean:",
+    "Command 'vllm' not found, but can be installed with:",
+    "'vllm' is not recognized as an internal or external command,",
+    "vllm : The term 'vllm' is not recognized as a name of a cmdlet, function, script file, "
+    "or executable program.",
+    "vllm : The term 'vllm' is not recognized as the name of a cmdlet, function, script "
+    "file, or operable program.",
+]
+
+
+@pytest.mark.parametrize("rendered", VLLM_MISSING)
+def test_a_shell_or_python_finding_no_vllm_is_vllm_not_installed(rendered: str) -> None:
+    diagnosis = diagnose_log(f"$ nohup ./serve.sh > vllm.log 2>&1\n{rendered}\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.error_class == "vllm-not-installed"
+    assert diagnosis.line is not None and rendered in diagnosis.line.raw
+
+
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        "bash: vllm-bench: command not found",
+        "zsh: command not found: vllmctl",
+        "ModuleNotFoundError: No module named 'vllm_ascend'",
+        "ModuleNotFoundError: No module named 'vllm._C'",
+    ],
+)
+def test_another_command_or_module_missing_is_not_vllm_not_installed(rendered: str) -> None:
+    assert diagnose_log(rendered + "\n").error_class != "vllm-not-installed"
+
+
+# A server that came up and served, as vLLM's API server logs it through uvicorn (uvicorn
+# server.py "Started server process [%d]", lifespan/on.py "Application startup complete.",
+# h11_impl.py's access line '%s - "%s %s HTTP/%s" %d'), after vLLM's "non-default args: %s"
+# (vllm/entrypoints/utils.py log_non_default_args).
+SERVED = (
+    "(APIServer pid=4242) INFO 09-26 23:38:10 [utils.py:326] non-default args: {'model_tag': "
+    "'Qwen/Qwen3-8B', 'model': 'Qwen/Qwen3-8B', 'max_model_len': 4096, "
+    "'gpu_memory_utilization': 0.5}\n"
+    "(APIServer pid=4242) INFO 09-26 23:39:00 [launcher.py:44] Route: /metrics, Methods: GET\n"
+    "(APIServer pid=4242) INFO:     Started server process [4242]\n"
+    "(APIServer pid=4242) INFO:     Waiting for application startup.\n"
+    "(APIServer pid=4242) INFO:     Application startup complete.\n"
+    '(APIServer pid=4242) INFO:     127.0.0.1:60538 - "GET /health HTTP/1.1" 200 OK\n'
+)
+# Each producer's line for a process that got SIGKILL: GNU bash jobs.c (a script's
+# "NAME: line N: " and pretty_print_job's "PID Killed  cmd"; an interactive job "[N]+ Killed"),
+# zsh Src/jobs.c ("zsh: killed  cmd"), a BSD shell ("Killed: 9"), docker compose ("exited with
+# code 137"), systemd unit.c/service.c.
+KILL_LINES = [
+    "./serve.sh: line 193: 4242 Killed                  vllm serve Qwen/Qwen3-8B --port 8000",
+    "[1]+  Killed                  vllm serve Qwen/Qwen3-8B",
+    "zsh: killed     vllm serve Qwen/Qwen3-8B",
+    "Killed: 9",
+    "vllm-1 exited with code 137",
+    "vllm.service: A process of this unit has been killed by the OOM killer.",
+    "vllm.service: Failed with result 'oom-kill'.",
+]
+# torch ProcessGroupNCCL.cpp's warning at exit, as another rank's process writes it as it goes.
+EXIT_WARNING = (
+    "[rank0]:[W927 00:32:19.446476778 ProcessGroupNCCL.cpp:1479] Warning: WARNING: "
+    "destroy_process_group() was not called before program exit, which can leak resources."
+)
+
+
+@pytest.mark.parametrize("kill", KILL_LINES)
+@pytest.mark.parametrize("after", ["", EXIT_WARNING + "\n"], ids=["last", "then-exit-warning"])
+def test_a_server_killed_after_it_served_is_not_ready(kill: str, after: str) -> None:
+    diagnosis = diagnose_log(f"{SERVED}{kill}\n{after}")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "host-oom-killer")
+    assert diagnosis.line is not None and kill in diagnosis.line.raw
+
+
+def test_a_kill_the_server_outlived_leaves_it_ready() -> None:
+    # The shell's job line for another command, then the server goes on serving.
+    more = (
+        '(APIServer pid=4242) INFO:     127.0.0.1:60540 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+    )
+    text = f"{SERVED}./bench.sh: line 9: 5151 Killed   python load.py\n{more * 5}"
+
+    assert diagnose_log(text).state == READY
+
+
+def test_a_kill_of_a_process_known_to_run_is_not_reported() -> None:
+    assert diagnose_log(SERVED + KILL_LINES[0] + "\n", running=True).state == READY

@@ -589,3 +589,183 @@ def test_an_error_before_the_state_dump_is_still_the_root_cause() -> None:
     diagnosis = diagnose_log(text)
 
     assert diagnosis.root_cause is not None and diagnosis.root_cause.raw == error
+
+
+# A server that served (uvicorn lifespan/on.py "Application startup complete."; vLLM
+# 0.10.2-0.34.0 vllm/v1/metrics/loggers.py "Engine %s: Avg prompt throughput: ..."), then got
+# SIGTERM as vLLM 0.23.0-0.34.0 logs it (vllm/v1/engine/core.py "[shutdown] EngineCore: trigger
+# received signal=%s"; launcher.py "[shutdown] API server: shutdown triggered"), its output loop
+# raising vllm/v1/engine/exceptions.py's EngineDeadError(ENGINE_DEAD_MESSAGE) while torn down,
+# then uvicorn's own shutdown (server.py "Shutting down"; lifespan/on.py "Waiting for
+# application shutdown.", "Application shutdown complete."; "Finished server process [%d]").
+_UP = (
+    "(APIServer pid=31) INFO 08-01 21:00:00 [api_server.py:1] vLLM API server version 0.25.1\n"
+    "(APIServer pid=31) INFO:     Started server process [31]\n"
+    "(APIServer pid=31) INFO:     Waiting for application startup.\n"
+    "(APIServer pid=31) INFO:     Application startup complete.\n"
+    "(APIServer pid=31) INFO 08-01 21:30:00 [loggers.py:273] Engine 000: Avg prompt throughput: "
+    "12.0 tokens/s, Avg generation throughput: 40.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs\n"
+)
+_SIGNALLED = (
+    "(EngineCore pid=32) INFO 08-01 21:34:51 [core.py:1214] [shutdown] EngineCore: trigger "
+    "received signal=SIGTERM\n"
+    "(APIServer pid=31) INFO 08-01 21:34:51 [launcher.py:100] [shutdown] API server: shutdown "
+    "triggered\n"
+)
+_DEAD = (
+    "(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704] AsyncLLM output_handler "
+    "failed.\n"
+    "(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704] Traceback (most recent call "
+    "last):\n"
+    '(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704]   File "/v/core_client.py", '
+    "line 1061, in get_output_async\n"
+    "(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704]     raise "
+    "self._format_exception(outputs) from None\n"
+    "(APIServer pid=31) ERROR 08-01 21:34:51 [async_llm.py:704] "
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+    "trace (above) for the root cause.\n"
+)
+_UVICORN_DOWN = (
+    "(APIServer pid=31) INFO:     Shutting down\n"
+    "(APIServer pid=31) INFO:     Waiting for application shutdown.\n"
+    "(APIServer pid=31) INFO:     Application shutdown complete.\n"
+    "(APIServer pid=31) INFO:     Finished server process [31]\n"
+)
+
+
+def test_an_engine_dead_error_while_a_signalled_server_shuts_down_is_no_failure() -> None:
+    diagnosis = diagnose_log(_UP + _SIGNALLED + _DEAD + _UVICORN_DOWN)
+
+    assert (diagnosis.state, diagnosis.failure) == (READY, None)
+    assert "stopped on purpose" in diagnosis.title
+    assert diagnosis.line is not None and "Application startup complete." in diagnosis.line.raw
+
+
+def test_an_engine_dead_error_with_no_stop_requested_is_still_engine_dead() -> None:
+    assert diagnose_log(_UP + _DEAD).failure == "engine-dead"
+
+
+def test_a_stop_requested_before_the_server_was_up_does_not_hide_the_engines_death() -> None:
+    starting = (
+        "(APIServer pid=31) INFO 08-01 21:00:00 [api_server.py:1] vLLM API server version 0.25.1\n"
+    )
+    assert diagnose_log(starting + _SIGNALLED + _DEAD).failure == "engine-dead"
+
+
+def test_uvicorns_shutdown_alone_shows_a_server_that_had_served() -> None:
+    # uvicorn server.py Server.serve: "Shutting down" only after startup and the main loop.
+    diagnosis = diagnose_log(_UVICORN_DOWN)
+
+    assert diagnosis.state == READY
+    assert "stopped on purpose" in diagnosis.title
+    assert diagnosis.line is not None and "Shutting down" in diagnosis.line.raw
+
+
+def test_a_shutdown_after_a_bind_error_is_still_the_bind_error() -> None:
+    # uvicorn server.py Server.startup on an OSError: logger.error(exc), the lifespan's
+    # shutdown ("Waiting for application shutdown."), sys.exit(1): no "Shutting down".
+    bind = (
+        "(APIServer pid=31) ERROR:    [Errno 98] error while attempting to bind on address "
+        "('0.0.0.0', 8000): address already in use\n"
+        "(APIServer pid=31) INFO:     Waiting for application shutdown.\n"
+        "(APIServer pid=31) INFO:     Application shutdown complete.\n"
+    )
+    assert diagnose_log(_UP.split("(APIServer pid=31) INFO 08-01 21:30")[0] + bind).state == FAILED
+
+
+# PyTorch c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate ",
+# format_size(alloc_size), ". GPU ", device, " has a total capacity of ", ... " of which ",
+# ... " is free."; vLLM 0.13.0-0.21.0 vllm/v1/worker/gpu_model_runner.py load_model catches it,
+# logs f"{msg} (original error: {e})" with msg "Failed to load model - not enough GPU memory.
+# Try lowering --gpu-memory-utilization ..." and re-raises it, which the engine core logs.
+_TORCH_OOM = (
+    "CUDA out of memory. Tried to allocate 260.00 MiB. GPU 0 has a total capacity of 6.00 GiB "
+    "of which 0 bytes is free."
+)
+_LOAD_FAILED = (
+    "(EngineCore_DP0 pid=9) ERROR 03-10 07:38:43 [gpu_model_runner.py:4219] Failed to load "
+    "model - not enough GPU memory. Try lowering --gpu-memory-utilization to free memory for "
+    "weights, increasing --tensor-parallel-size, or using --quantization. See "
+    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more tips. "
+    f"(original error: {_TORCH_OOM})"
+)
+_RAISED = (
+    f"(EngineCore_DP0 pid=9) ERROR 03-10 07:38:43 [core.py:1006] torch.OutOfMemoryError: "
+    f"{_TORCH_OOM}"
+)
+
+
+def test_the_raised_oom_is_reported_rather_than_vllms_message_quoting_it() -> None:
+    frame = '(EngineCore_DP0 pid=9) ERROR 03-10 07:38:43 [core.py:1006]   File "/v/x.py", line 1\n'
+    diagnosis = diagnose_log(f"{_LOAD_FAILED}\n{frame}{_RAISED}\n")
+
+    assert diagnosis.failure == "oom"
+    assert diagnosis.line is not None and "torch.OutOfMemoryError: CUDA" in diagnosis.line.raw
+
+
+def test_vllms_message_quoting_the_oom_is_reported_when_the_raised_one_is_cut() -> None:
+    diagnosis = diagnose_log(_LOAD_FAILED + "\n")
+
+    assert diagnosis.failure == "oom"
+    assert diagnosis.line is not None and "Failed to load model" in diagnosis.line.raw
+
+
+# transformers src/transformers/utils/hub.py (cached_files: OSError("You are trying to access a
+# gated repo.\nMake sure to have access to it at https://huggingface.co/{path_or_repo_id}.\n"
+# f"{str(e)}")) over huggingface_hub utils/_http.py (hf_raise_for_status: GatedRepoError
+# f"{status} Client Error." ... "Cannot access gated repo for url {url}." then "Access to model
+# {repo} is restricted. You must have access to it and be authenticated to access it.").
+_GATED = (
+    "Traceback (most recent call last):\n"
+    '  File "/v/transformers/utils/hub.py", line 402, in cached_file\n'
+    "OSError: You are trying to access a gated repo.\n"
+    "Make sure to have access to it at https://huggingface.co/org/model.\n"
+    "401 Client Error. (Request ID: Root=1-abc)\n"
+    "\n"
+    "Cannot access gated repo for url https://huggingface.co/org/model/resolve/main/config.json.\n"
+    "Access to model org/model is restricted. You must have access to it and be authenticated "
+    "to access it. Please log in.\n"
+)
+
+
+def test_the_raised_gated_error_is_reported_rather_than_the_lines_its_message_goes_on_with() -> (
+    None
+):
+    diagnosis = diagnose_log(_GATED)
+
+    assert diagnosis.failure == "hub-gated"
+    assert diagnosis.line is not None
+    assert "OSError: You are trying to access a gated repo." in diagnosis.line.raw
+
+
+def test_hubs_message_is_reported_under_an_exception_that_states_only_the_status() -> None:
+    # huggingface_hub's own GatedRepoError: its first line is the HTTP status alone.
+    text = _GATED.replace(
+        "OSError: You are trying to access a gated repo.\n"
+        "Make sure to have access to it at https://huggingface.co/org/model.\n"
+        "401 Client Error.",
+        "huggingface_hub.errors.GatedRepoError: 401 Client Error.",
+    )
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "hub-gated"
+    assert diagnosis.line is not None and "Cannot access gated repo" in diagnosis.line.raw
+
+
+def test_a_ctrl_c_echoed_by_the_terminal_after_serving_makes_the_engines_death_the_stops() -> None:
+    # The tty echoes Ctrl-C as "^C" (ECHOCTL) before the next record of a pasted session.
+    dead = _DEAD.replace("(APIServer pid=31) ", "", 1)
+
+    assert diagnose_log(_UP + "^C" + dead + _UVICORN_DOWN).state == READY
+    assert diagnose_log(_UP + dead + _UVICORN_DOWN).failure == "engine-dead"
+
+
+def test_an_nccl_error_while_a_signalled_server_tears_down_is_the_stops() -> None:
+    # PyTorch torch/csrc/cuda/nccl.cpp throw_nccl_error: "NCCL Error " << status << ": " ...
+    teardown = (
+        "(EngineCore pid=32) ERROR 08-01 21:34:52 [core.py:1] RuntimeError: NCCL Error 5: "
+        "invalid usage\n"
+    )
+
+    assert diagnose_log(_UP + _SIGNALLED + teardown + _UVICORN_DOWN).state == READY
+    assert diagnose_log(_UP + teardown).failure == "nccl"
