@@ -5,6 +5,10 @@ Each input is rendered from the format string named above it, with sample values
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -944,3 +948,52 @@ def test_a_kill_the_server_outlived_leaves_it_ready() -> None:
 
 def test_a_kill_of_a_process_known_to_run_is_not_reported() -> None:
     assert diagnose_log(SERVED + KILL_LINES[0] + "\n", running=True).state == READY
+
+
+# The wordings above, as the shells and the interpreter installed here print them: a start
+# script run by each shell (with a PATH that holds no vllm), and a job killed with SIGKILL.
+INSTALLED_SHELLS = [shell for shell in ("bash", "dash", "zsh") if shutil.which(shell)]
+
+
+def _printed(argv: list[str], tmp_path: Path, script: str) -> str:
+    start = tmp_path / "serve.sh"
+    start.write_text(script)
+    env = {"PATH": str(tmp_path / "empty"), "HOME": str(tmp_path), "LANG": "C"}
+    done = subprocess.run([*argv, str(start)], capture_output=True, text=True, env=env)
+    return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("shell", INSTALLED_SHELLS)
+def test_an_installed_shell_that_finds_no_vllm_is_vllm_not_installed(
+    shell: str, tmp_path: Path
+) -> None:
+    printed = _printed([shutil.which(shell) or shell], tmp_path, "vllm serve Qwen/Qwen3-8B\n")
+    diagnosis = diagnose_log(f"{printed}")
+
+    assert "vllm" in printed and diagnosis.error_class == "vllm-not-installed", printed
+    assert diagnosis.line is not None and diagnosis.line.raw == printed.strip()
+
+
+def test_the_installed_python_finding_no_vllm_is_vllm_not_installed(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-I", "-m", "vllm.entrypoints.openai.api_server"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    if "No module named" not in done.stderr:
+        pytest.skip("this interpreter has vllm")
+    assert diagnose_log(done.stderr).error_class == "vllm-not-installed", done.stderr
+
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="no bash here")
+def test_bashs_own_line_for_a_server_killed_after_it_served_is_not_ready(tmp_path: Path) -> None:
+    # A stand-in for the server (sleep), killed with SIGKILL as the OOM killer would.
+    printed = _printed(
+        [shutil.which("bash") or "bash"], tmp_path, "/bin/sleep 30 &\nkill -9 $!\nwait\n"
+    )
+    diagnosis = diagnose_log(f"{SERVED}{printed}")
+
+    assert "Killed" in printed and diagnosis.failure == "host-oom-killer", printed
+    assert diagnosis.line is not None and "Killed" in diagnosis.line.raw
