@@ -182,6 +182,8 @@ HELDOUT10 = HELDOUT.parent / "heldout10"
 LABELS10 = yaml.safe_load((HELDOUT10 / "labels.yaml").read_text(encoding="utf-8"))
 HELDOUT11 = HELDOUT.parent / "heldout11"
 LABELS11 = yaml.safe_load((HELDOUT11 / "labels.yaml").read_text(encoding="utf-8"))
+HELDOUT12 = HELDOUT.parent / "heldout12"
+LABELS12 = yaml.safe_load((HELDOUT12 / "labels.yaml").read_text(encoding="utf-8"))
 NUMBERED = {
     3: LABELS3,
     4: LABELS4,
@@ -192,6 +194,7 @@ NUMBERED = {
     9: LABELS9,
     10: LABELS10,
     11: LABELS11,
+    12: LABELS12,
 }
 
 
@@ -219,6 +222,7 @@ LATER_SETS = [
     (HELDOUT9, LABELS9, "h9", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT10, LABELS10, "h10", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT11, LABELS11, "h11", ("failed", "hung", "ready", "unfinished")),
+    (HELDOUT12, LABELS12, "h12", ("failed", "hung", "ready", "unfinished")),
 ]
 
 
