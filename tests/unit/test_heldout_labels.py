@@ -182,6 +182,8 @@ HELDOUT10 = HELDOUT.parent / "heldout10"
 LABELS10 = yaml.safe_load((HELDOUT10 / "labels.yaml").read_text(encoding="utf-8"))
 HELDOUT11 = HELDOUT.parent / "heldout11"
 LABELS11 = yaml.safe_load((HELDOUT11 / "labels.yaml").read_text(encoding="utf-8"))
+HELDOUT12 = HELDOUT.parent / "heldout12"
+LABELS12 = yaml.safe_load((HELDOUT12 / "labels.yaml").read_text(encoding="utf-8"))
 NUMBERED = {
     3: LABELS3,
     4: LABELS4,
@@ -192,10 +194,11 @@ NUMBERED = {
     9: LABELS9,
     10: LABELS10,
     11: LABELS11,
+    12: LABELS12,
 }
 
 
-@pytest.mark.parametrize("number", [5, 6, 7, 8, 9, 10, 11])
+@pytest.mark.parametrize("number", [5, 6, 7, 8, 9, 10, 11, 12])
 def test_a_later_set_has_forty_logs_from_sources_no_earlier_set_uses(number: int) -> None:
     folder, labels = HELDOUT.parent / f"heldout{number}", NUMBERED[number]
     assert len(labels) >= 40
@@ -219,6 +222,7 @@ LATER_SETS = [
     (HELDOUT9, LABELS9, "h9", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT10, LABELS10, "h10", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT11, LABELS11, "h11", ("failed", "hung", "ready", "unfinished")),
+    (HELDOUT12, LABELS12, "h12", ("failed", "hung", "ready", "unfinished")),
 ]
 
 
