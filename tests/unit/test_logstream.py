@@ -302,8 +302,8 @@ def test_a_carrier_s_prefix_does_not_keep_a_routine_line(carrier: str) -> None:
 PRIVATE_SOURCE = re.compile(r"vllm-facts|§|shared/|DESIGN\.md|INDEX\.md|reference/", re.I)
 PUBLIC_SOURCE = re.compile(
     r"vLLM \d|vllm-project/vllm#|PyTorch|NVIDIA/nccl|huggingface_hub|safetensors|transformers"
-    r"|uvicorn|Linux kernel|ray-project/ray|python/cpython|triton-lang/triton"
-    r"|opsbook \(no catalogue entry\)"
+    r"|uvicorn|Linux kernel|ray-project/ray|python/cpython|CPython|triton-lang/triton"
+    r"|GNU bash|opsbook \(no catalogue entry\)"
 )
 
 
