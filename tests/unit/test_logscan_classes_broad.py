@@ -997,3 +997,73 @@ def test_bashs_own_line_for_a_server_killed_after_it_served_is_not_ready(tmp_pat
 
     assert "Killed" in printed and diagnosis.failure == "host-oom-killer", printed
     assert diagnosis.line is not None and "Killed" in diagnosis.line.raw
+
+
+# ROCm/clr hipamd/src/hip_error.cpp ihipGetErrorString: hipErrorInvalidDeviceFunction "invalid
+# device function", hipErrorNoBinaryForGpu "no kernel image is available for execution on the
+# device"; PyTorch's hipified C10_CUDA_CHECK raises them as "HIP error: %s". The loader's own
+# record: "hipErrorNoBinaryForGpu: Unable to find code object for all current devices!".
+HIP_ARCH_ERRORS = (
+    "RuntimeError: HIP error: invalid device function",
+    "torch.AcceleratorError: HIP error: no kernel image is available for execution on the device",
+    '"hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"',
+)
+
+
+@pytest.mark.parametrize("rendered", HIP_ARCH_ERRORS, ids=["invalid-function", "no-image", "co"])
+def test_rocms_wording_of_a_missing_gpu_kernel_is_cuda_arch_unsupported(rendered: str) -> None:
+    text = (
+        "INFO 03-05 07:15:30 [worker.py:1] Loading model\n"
+        f"{rendered}\n"
+        "HIP kernel errors might be asynchronously reported at some other API call, so the "
+        "stacktrace below might be incorrect.\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "cuda-arch-unsupported")
+    assert diagnosis.line is not None and rendered in diagnosis.line.raw
+
+
+def test_another_hip_error_is_not_taken_for_a_missing_kernel() -> None:
+    diagnosis = diagnose_log("RuntimeError: HIP error: invalid argument\n")
+
+    assert diagnosis.failure != "cuda-arch-unsupported"
+
+
+# Native crash reports, rendered from their producers' format strings: openucx/ucx
+# src/ucs/debug/debug.c "Caught signal %d (%s: %s%s)" after UCX's "[host:pid:thread]" tag;
+# glibc debug/fortify_fail.c "*** %s ***: terminated" and malloc/malloc.c malloc_printerr (both
+# as glibc 2.36 prints them here); bash's "%s: line %d: %d %s" for a script's child.
+NATIVE_CRASHES = (
+    "[node-1:285  :0:285] Caught signal 11 (Segmentation fault: address not mapped to object at "
+    "address (nil))",
+    "[gpu7:40112:0:40190] Caught signal 7 (Bus error: nonexistent physical address)",
+    "*** stack smashing detected ***: terminated",
+    "*** buffer overflow detected ***: python3 terminated",
+    "free(): double free detected in tcache 2",
+    "double free or corruption (!prev)",
+    "corrupted size vs. prev_size",
+    "serve.sh: line 12: 15527 Segmentation fault      (core dumped) vllm serve /models/m",
+)
+
+
+@pytest.mark.parametrize("rendered", NATIVE_CRASHES)
+def test_a_native_librarys_crash_report_is_an_unrecognised_error(rendered: str) -> None:
+    text = (
+        "INFO 03-05 07:15:30 [worker.py:1] Loading model\n"
+        f"{rendered}\n"
+        "==== backtrace (tid:    285) ====\n"
+        " 0  /opt/hpcx/ucx/lib/libucs.so.0(ucs_handle_error+0x2e4) [0x7f3234ef8654]\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and rendered in diagnosis.line.raw
+
+
+def test_a_ucx_signal_line_without_its_cause_is_not_a_crash_report() -> None:
+    diagnosis = diagnose_log("INFO 03-05 07:15:30 [worker.py:1] Caught signal 15, stopping\n")
+
+    assert diagnosis.state != FAILED
