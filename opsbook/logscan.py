@@ -1890,7 +1890,14 @@ def _wrapper_record(lines: list[LogLine], wrapper: LogLine) -> set[int]:
 _STARTUP_WRAPPER = re.compile(
     r"Engine core initialization failed|EngineCore failed to start"
     r"|WorkerProc initialization failed|WorkerProc failed to start|Engine process failed to start"
+    r"|" + r"error raised in its creation task"
 )
+# Ray's wrapper of an actor whose constructor raised (ray python/ray/exceptions.py
+# ActorDiedError, ray 2.58.0: "The actor died because of an error raised in its creation task,
+# {cause}", the cause being the RayTaskError's text: "ray::Actor.__init__() ...", the
+# traceback, the exception): the actor's own error follows it and is the failure; no node or
+# process was lost.
+_CREATION_TASK = re.compile(r"error raised in its creation task")
 
 
 def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
@@ -2007,8 +2014,11 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     diagnosis.wrapper = wrapper
     diagnosis.line = root.line
     diagnosis.root_cause = root.line
+    raised_in_constructor = bool(_CREATION_TASK.search(wrapper.text)) if wrapper else False
     if root.entry is not None:
-        if not (root.entry.family and diagnosis.failure in _WRAPPER_CAUSES):
+        if raised_in_constructor or not (
+            root.entry.family and diagnosis.failure in _WRAPPER_CAUSES
+        ):
             # A known class outside the shared ids counts as an uncatalogued error: under a
             # Ray death the node or actor loss keeps its class (as below).
             diagnosis.failure = root.entry.failure
@@ -2017,7 +2027,9 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
         diagnosis.remedy = root.entry.remedy
         diagnosis.source = root.entry.source
         return
-    if diagnosis.failure and _entry_by_id(diagnosis.failure).kind == "wrapper":
+    if diagnosis.failure and (
+        _entry_by_id(diagnosis.failure).kind == "wrapper" or raised_in_constructor
+    ):
         # The log shows the root error and the catalogue does not know it: an unrecognised
         # error (engine-dead is a wrapper with no error of the failed process above it). A
         # Ray death keeps its class: the node or actor loss is itself the finding.

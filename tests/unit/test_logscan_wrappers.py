@@ -769,3 +769,47 @@ def test_an_nccl_error_while_a_signalled_server_tears_down_is_the_stops() -> Non
 
     assert diagnose_log(_UP + _SIGNALLED + teardown + _UVICORN_DOWN).state == READY
     assert diagnose_log(_UP + teardown).failure == "nccl"
+
+
+# ray python/ray/exceptions.py (ray 2.58.0) ActorDiedError: "The actor died because of an error
+# raised in its creation task, {cause}", the cause being the RayTaskError's text (the function
+# "ray::%s" with its pid, the traceback, the exception the constructor raised).
+CREATION_TASK = (
+    "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation "
+    "task, ray::EngineActor.__init__() (pid=4021, ip=10.0.0.2, actor_id=ab12, "
+    "repr=<EngineActor object at 0x7f00>)"
+)
+CONSTRUCTOR_FRAMES = (
+    '  File "/app/engine.py", line 58, in __init__',
+    "    self.llm = vllm.LLM(*args, **kwargs)",
+)
+
+
+def test_under_rays_creation_task_wrapper_the_constructors_error_is_the_failure() -> None:
+    # Python's own wording of a keyword the callee does not take (as this venv's CPython prints
+    # it for a class's __init__): an integration passing an engine argument the installed vLLM
+    # removed is an uncatalogued error, no lost node.
+    raised = "TypeError: EngineArgs.__init__() got an unexpected keyword argument 'old_arg'"
+    text = "\n".join([CREATION_TASK, *CONSTRUCTOR_FRAMES, raised]) + "\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and diagnosis.line.text == raised
+    assert diagnosis.wrapper is not None and "creation task" in diagnosis.wrapper.text
+
+
+def test_under_rays_creation_task_wrapper_a_catalogued_error_keeps_its_class() -> None:
+    # PyTorch c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate %s."
+    raised = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0"
+    text = "\n".join([CREATION_TASK, *CONSTRUCTOR_FRAMES, raised]) + "\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.line and diagnosis.line.text) == ("oom", raised)
+
+
+def test_rays_creation_task_wrapper_cut_before_its_cause_stays_ray_node_died() -> None:
+    diagnosis = diagnose_log(CREATION_TASK + "\n")
+
+    assert diagnosis.failure == "ray-node-died"
