@@ -1934,11 +1934,13 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
 # vllm/v1/executor/multiproc_executor.py "WorkerProc hit an exception." and "WorkerProc failed
 # to start.", "WorkerProc failed.", vllm/v1/engine/core.py "EngineCore failed to start.",
 # vllm/worker/worker_base.py (0.10.2) and vllm/v1/worker/worker_base.py "Error executing
-# method %r. ...").
+# method %r. ..."), and V0's multiprocessing worker's (0.10.2 vllm/executor/multiproc_worker_utils.py
+# "Exception in worker %s while processing method %s.").
 _DEATH_RECORD = re.compile(
     r"EngineCore encountered a fatal error|EngineCore hit an exception"
     r"|Engine background task failed|WorkerProc hit an exception|WorkerProc failed to start"
     r"|EngineCore failed to start|Error executing method|WorkerProc failed\."
+    r"|Exception in worker \S+ while processing method"
 )
 
 
@@ -2003,6 +2005,14 @@ def _is_error_line(line: LogLine) -> bool:
 
 def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     wrapper = diagnosis.line
+    if root is None and wrapper is not None and _DEATH_RECORD.search(wrapper.text):
+        # The line is the failed process's own record of its exception: it was not killed
+        # from outside, the excerpt only stops before the exception.
+        diagnosis.remedy = (
+            "This line is the failed process's own record of its error; the log stops before "
+            "the exception under it. " + diagnosis.remedy
+        )
+        return
     if root is None:
         diagnosis.remedy = (
             "No error of the failed process is in this log before the wrapper: it was killed "
