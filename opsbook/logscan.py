@@ -1934,8 +1934,8 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
 # vllm/v1/executor/multiproc_executor.py "WorkerProc hit an exception." and "WorkerProc failed
 # to start.", "WorkerProc failed.", vllm/v1/engine/core.py "EngineCore failed to start.",
 # vllm/worker/worker_base.py (0.10.2) and vllm/v1/worker/worker_base.py "Error executing
-# method %r. ..."), and V0's multiprocessing worker's (0.10.2 vllm/executor/multiproc_worker_utils.py
-# "Exception in worker %s while processing method %s.").
+# method %r. ..."), and V0's multiprocessing worker's (0.10.2
+# vllm/executor/multiproc_worker_utils.py "Exception in worker %s while processing method %s.").
 _DEATH_RECORD = re.compile(
     r"EngineCore encountered a fatal error|EngineCore hit an exception"
     r"|Engine background task failed|WorkerProc hit an exception|WorkerProc failed to start"
