@@ -1470,7 +1470,7 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     message (same process), when there is one."""
     if chosen.entry.kind != "generic":
         return chosen
-    asserted = _asserted_line(chosen.line, lines)
+    asserted = _detail_line(chosen.line, lines)
     if asserted is not None:
         return replace(chosen, line=asserted)
     if not _TRACEBACK.match(chosen.line.text):
@@ -1515,6 +1515,37 @@ def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
     if len(after) >= 2 and _LAST_ERROR.match(after[0].text) and not after[1].is_code:
         return replace(chosen, line=after[1])
     return chosen
+
+
+# pydantic-core's ValidationError text (src/errors/validation_exception.rs: "{count} validation
+# error{s} for {title}", then per error its location line when it has one and the indented
+# message "{msg} [type={type}, input_value=..., input_type=...]"; vLLM's config classes are
+# pydantic dataclasses from 0.10 on, so a refused config raises it).
+_VALIDATION_HEADER = re.compile(r"\b\d+ validation errors? for \S")
+_VALIDATION_DETAIL = re.compile(r"\S.* \[type=\w+")
+_VALIDATION_DETAIL_LINES = 3
+
+
+def _validation_detail(line: LogLine, lines: list[LogLine]) -> LogLine | None:
+    """For pydantic's header of a validation error, its first error's message line: the header
+    only counts the errors, the message under it states the cause."""
+    if not _VALIDATION_HEADER.search(line.text):
+        return None
+    index = next(i for i, each in enumerate(lines) if each is line)
+    below = [
+        each
+        for each in lines[index + 1 : index + 1 + 2 * _VALIDATION_DETAIL_LINES]
+        if each.process == line.process
+    ]
+    for each in below[:_VALIDATION_DETAIL_LINES]:
+        if not each.is_code and _VALIDATION_DETAIL.match(each.text):
+            return each
+    return None
+
+
+def _detail_line(line: LogLine, lines: list[LogLine]) -> LogLine | None:
+    """The line that says what failed when the error's own line does not."""
+    return _asserted_line(line, lines) or _validation_detail(line, lines)
 
 
 def _asserted_line(line: LogLine, lines: list[LogLine]) -> LogLine | None:
@@ -1799,7 +1830,7 @@ def _root_cause(
         first = exception
         causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
         best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
-    return RootCause(_asserted_line(first, lines) or first, best)
+    return RootCause(_detail_line(first, lines) or first, best)
 
 
 def _not_gone_past(
@@ -1961,7 +1992,7 @@ def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) ->
         if not line.is_code and _EXCEPTION_LINE.match(line.text):
             causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
             best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
-            return RootCause(_asserted_line(line, lines) or line, best)
+            return RootCause(_detail_line(line, lines) or line, best)
     return None
 
 

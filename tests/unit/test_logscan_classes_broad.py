@@ -1067,3 +1067,58 @@ def test_a_ucx_signal_line_without_its_cause_is_not_a_crash_report() -> None:
     diagnosis = diagnose_log("INFO 03-05 07:15:30 [worker.py:1] Caught signal 15, stopping\n")
 
     assert diagnosis.state != FAILED
+
+
+def _pydantic_validation_error(field_value: object | None) -> str:
+    """The text of a ValidationError as the installed pydantic renders it, for a config class
+    built as vLLM builds its own (pydantic dataclasses from vLLM 0.10 on)."""
+    from pydantic import ValidationError, model_validator
+    from pydantic.dataclasses import dataclass
+
+    @dataclass
+    class ModelConfig:
+        max_model_len: int = 1
+
+        @model_validator(mode="after")
+        def refuse(self) -> ModelConfig:
+            raise ValueError("No model architectures are specified")
+
+    try:
+        ModelConfig() if field_value is None else ModelConfig(max_model_len=field_value)  # type: ignore[arg-type]
+    except ValidationError as error:
+        return f"pydantic_core._pydantic_core.ValidationError: {error}"
+    raise AssertionError("pydantic accepted the config")
+
+
+@pytest.mark.parametrize(
+    ("field_value", "detail"),
+    [(None, "Value error, No model architectures"), ("abc", "Input should be a valid integer")],
+    ids=["model-validator", "field"],
+)
+def test_pydantics_validation_error_reports_its_detail_line(
+    field_value: object | None, detail: str
+) -> None:
+    rendered = _pydantic_validation_error(field_value)
+    prefix = "(APIServer pid=835) "
+    text = "\n".join(
+        [
+            prefix + "Traceback (most recent call last):",
+            prefix + '  File "/venv/vllm/engine/arg_utils.py", line 1360, in create_model_config',
+            prefix + "    return ModelConfig(",
+            *(prefix + line for line in rendered.splitlines()),
+        ]
+    )
+
+    diagnosis = diagnose_log(text + "\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and detail in diagnosis.line.text
+    assert "[type=" in diagnosis.line.text
+
+
+def test_a_validation_header_without_its_detail_is_reported_itself() -> None:
+    header = "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig"
+
+    diagnosis = diagnose_log(header + "\n")
+
+    assert diagnosis.line is not None and diagnosis.line.text == header
