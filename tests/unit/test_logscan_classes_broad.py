@@ -1122,3 +1122,22 @@ def test_a_validation_header_without_its_detail_is_reported_itself() -> None:
     diagnosis = diagnose_log(header + "\n")
 
     assert diagnosis.line is not None and diagnosis.line.text == header
+
+
+# vLLM 0.34.0 vllm/distributed/device_communicators/shm_broadcast.py LONG_WAIT_TIME_LOG_MSG,
+# logged at INFO every VLLM_RINGBUFFER_WARNING_INTERVAL (60) seconds while a side waits.
+BROADCAST_WAIT = (
+    "(EngineCore_DP0 pid=4100) INFO 07-01 10:00:{s:02d} [shm_broadcast.py:466] No available "
+    "shared memory broadcast block found in 60 seconds. This typically happens when some "
+    "processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
+    "quantization)."
+)
+
+
+def test_the_broadcast_queues_wait_at_the_end_is_a_hang_not_a_small_dev_shm() -> None:
+    text = "\n".join(BROADCAST_WAIT.format(s=s) for s in (1, 2, 3, 4)) + "\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "shm")
+    assert "hung" in diagnosis.remedy and "--shm-size" not in diagnosis.remedy
