@@ -1141,3 +1141,14 @@ def test_the_broadcast_queues_wait_at_the_end_is_a_hang_not_a_small_dev_shm() ->
 
     assert (diagnosis.state, diagnosis.failure) == (HUNG, "shm")
     assert "hung" in diagnosis.remedy and "--shm-size" not in diagnosis.remedy
+
+
+def test_modelscopes_404_for_a_model_is_model_not_found() -> None:
+    # modelscope/modelscope modelscope/hub/errors.py raise_for_http_status, for a 404:
+    # 'The request model: %s does not exist!' % (model_id), logged by modelscope's logger.
+    line = "2025-08-03 19:16:47,111 - modelscope - ERROR - The request model: org/m does not exist!"
+
+    diagnosis = diagnose_log(line + "\n")
+
+    assert diagnosis.failure == "model-not-found"
+    assert diagnosis.numbers.get("repository") == "org/m"
