@@ -1152,3 +1152,23 @@ def test_modelscopes_404_for_a_model_is_model_not_found() -> None:
 
     assert diagnosis.failure == "model-not-found"
     assert diagnosis.numbers.get("repository") == "org/m"
+
+
+# FlashInfer flashinfer/mla.py MLA plan: f"MLA kv_data_type {kv_data_type} is not supported. "
+# f"Supported dtypes: {list(supported_kv_dtypes)}." and the per-backend form
+# f"MLA kv_data_type {kv_data_type} is not supported by the {backend} backend. Supported "
+# "dtypes: ..."
+FLASHINFER_MLA_KV = (
+    "ValueError: MLA kv_data_type torch.uint8 is not supported. Supported dtypes: "
+    "[torch.float16, torch.bfloat16, torch.float8_e4m3fn].",
+    "ValueError: MLA kv_data_type torch.uint8 is not supported by the fa2 backend. Supported "
+    "dtypes: [torch.float16, torch.bfloat16].",
+)
+
+
+@pytest.mark.parametrize("rendered", FLASHINFER_MLA_KV, ids=["plain", "backend"])
+def test_flashinfers_mla_refusing_the_kv_dtype_is_kv_dtype_kernel_mismatch(rendered: str) -> None:
+    diagnosis = diagnose_log(rendered + "\n")
+
+    assert diagnosis.failure == "kv-dtype-kernel-mismatch"
+    assert diagnosis.numbers.get("kv_data_type") == "torch.uint8"
