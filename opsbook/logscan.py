@@ -1470,7 +1470,7 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     message (same process), when there is one."""
     if chosen.entry.kind != "generic":
         return chosen
-    asserted = _asserted_line(chosen.line, lines)
+    asserted = _detail_line(chosen.line, lines)
     if asserted is not None:
         return replace(chosen, line=asserted)
     if not _TRACEBACK.match(chosen.line.text):
@@ -1515,6 +1515,37 @@ def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
     if len(after) >= 2 and _LAST_ERROR.match(after[0].text) and not after[1].is_code:
         return replace(chosen, line=after[1])
     return chosen
+
+
+# pydantic-core's ValidationError text (src/errors/validation_exception.rs: "{count} validation
+# error{s} for {title}", then per error its location line when it has one and the indented
+# message "{msg} [type={type}, input_value=..., input_type=...]"; vLLM's config classes are
+# pydantic dataclasses from 0.10 on, so a refused config raises it).
+_VALIDATION_HEADER = re.compile(r"\b\d+ validation errors? for \S")
+_VALIDATION_DETAIL = re.compile(r"\S.* \[type=\w+")
+_VALIDATION_DETAIL_LINES = 3
+
+
+def _validation_detail(line: LogLine, lines: list[LogLine]) -> LogLine | None:
+    """For pydantic's header of a validation error, its first error's message line: the header
+    only counts the errors, the message under it states the cause."""
+    if not _VALIDATION_HEADER.search(line.text):
+        return None
+    index = next(i for i, each in enumerate(lines) if each is line)
+    below = [
+        each
+        for each in lines[index + 1 : index + 1 + 2 * _VALIDATION_DETAIL_LINES]
+        if each.process == line.process
+    ]
+    for each in below[:_VALIDATION_DETAIL_LINES]:
+        if not each.is_code and _VALIDATION_DETAIL.match(each.text):
+            return each
+    return None
+
+
+def _detail_line(line: LogLine, lines: list[LogLine]) -> LogLine | None:
+    """The line that says what failed when the error's own line does not."""
+    return _asserted_line(line, lines) or _validation_detail(line, lines)
 
 
 def _asserted_line(line: LogLine, lines: list[LogLine]) -> LogLine | None:
@@ -1799,7 +1830,7 @@ def _root_cause(
         first = exception
         causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
         best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
-    return RootCause(_asserted_line(first, lines) or first, best)
+    return RootCause(_detail_line(first, lines) or first, best)
 
 
 def _not_gone_past(
@@ -1890,7 +1921,14 @@ def _wrapper_record(lines: list[LogLine], wrapper: LogLine) -> set[int]:
 _STARTUP_WRAPPER = re.compile(
     r"Engine core initialization failed|EngineCore failed to start"
     r"|WorkerProc initialization failed|WorkerProc failed to start|Engine process failed to start"
+    r"|" + r"error raised in its creation task"
 )
+# Ray's wrapper of an actor whose constructor raised (ray python/ray/exceptions.py
+# ActorDiedError, ray 2.58.0: "The actor died because of an error raised in its creation task,
+# {cause}", the cause being the RayTaskError's text: "ray::Actor.__init__() ...", the
+# traceback, the exception): the actor's own error follows it and is the failure; no node or
+# process was lost.
+_CREATION_TASK = re.compile(r"error raised in its creation task")
 
 
 def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
@@ -1927,11 +1965,13 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
 # vllm/v1/executor/multiproc_executor.py "WorkerProc hit an exception." and "WorkerProc failed
 # to start.", "WorkerProc failed.", vllm/v1/engine/core.py "EngineCore failed to start.",
 # vllm/worker/worker_base.py (0.10.2) and vllm/v1/worker/worker_base.py "Error executing
-# method %r. ...").
+# method %r. ..."), and V0's multiprocessing worker's (0.10.2
+# vllm/executor/multiproc_worker_utils.py "Exception in worker %s while processing method %s.").
 _DEATH_RECORD = re.compile(
     r"EngineCore encountered a fatal error|EngineCore hit an exception"
     r"|Engine background task failed|WorkerProc hit an exception|WorkerProc failed to start"
     r"|EngineCore failed to start|Error executing method|WorkerProc failed\."
+    r"|Exception in worker \S+ while processing method"
 )
 
 
@@ -1952,7 +1992,7 @@ def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) ->
         if not line.is_code and _EXCEPTION_LINE.match(line.text):
             causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
             best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
-            return RootCause(_asserted_line(line, lines) or line, best)
+            return RootCause(_detail_line(line, lines) or line, best)
     return None
 
 
@@ -1996,6 +2036,14 @@ def _is_error_line(line: LogLine) -> bool:
 
 def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     wrapper = diagnosis.line
+    if root is None and wrapper is not None and _DEATH_RECORD.search(wrapper.text):
+        # The line is the failed process's own record of its exception: it was not killed
+        # from outside, the excerpt only stops before the exception.
+        diagnosis.remedy = (
+            "This line is the failed process's own record of its error; the log stops before "
+            "the exception under it. " + diagnosis.remedy
+        )
+        return
     if root is None:
         diagnosis.remedy = (
             "No error of the failed process is in this log before the wrapper: it was killed "
@@ -2007,8 +2055,11 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     diagnosis.wrapper = wrapper
     diagnosis.line = root.line
     diagnosis.root_cause = root.line
+    raised_in_constructor = bool(_CREATION_TASK.search(wrapper.text)) if wrapper else False
     if root.entry is not None:
-        if not (root.entry.family and diagnosis.failure in _WRAPPER_CAUSES):
+        if raised_in_constructor or not (
+            root.entry.family and diagnosis.failure in _WRAPPER_CAUSES
+        ):
             # A known class outside the shared ids counts as an uncatalogued error: under a
             # Ray death the node or actor loss keeps its class (as below).
             diagnosis.failure = root.entry.failure
@@ -2017,7 +2068,9 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
         diagnosis.remedy = root.entry.remedy
         diagnosis.source = root.entry.source
         return
-    if diagnosis.failure and _entry_by_id(diagnosis.failure).kind == "wrapper":
+    if diagnosis.failure and (
+        _entry_by_id(diagnosis.failure).kind == "wrapper" or raised_in_constructor
+    ):
         # The log shows the root error and the catalogue does not know it: an unrecognised
         # error (engine-dead is a wrapper with no error of the failed process above it). A
         # Ray death keeps its class: the node or actor loss is itself the finding.

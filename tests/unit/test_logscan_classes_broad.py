@@ -997,3 +997,178 @@ def test_bashs_own_line_for_a_server_killed_after_it_served_is_not_ready(tmp_pat
 
     assert "Killed" in printed and diagnosis.failure == "host-oom-killer", printed
     assert diagnosis.line is not None and "Killed" in diagnosis.line.raw
+
+
+# ROCm/clr hipamd/src/hip_error.cpp ihipGetErrorString: hipErrorInvalidDeviceFunction "invalid
+# device function", hipErrorNoBinaryForGpu "no kernel image is available for execution on the
+# device"; PyTorch's hipified C10_CUDA_CHECK raises them as "HIP error: %s". The loader's own
+# record: "hipErrorNoBinaryForGpu: Unable to find code object for all current devices!".
+HIP_ARCH_ERRORS = (
+    "RuntimeError: HIP error: invalid device function",
+    "torch.AcceleratorError: HIP error: no kernel image is available for execution on the device",
+    '"hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"',
+)
+
+
+@pytest.mark.parametrize("rendered", HIP_ARCH_ERRORS, ids=["invalid-function", "no-image", "co"])
+def test_rocms_wording_of_a_missing_gpu_kernel_is_cuda_arch_unsupported(rendered: str) -> None:
+    text = (
+        "INFO 03-05 07:15:30 [worker.py:1] Loading model\n"
+        f"{rendered}\n"
+        "HIP kernel errors might be asynchronously reported at some other API call, so the "
+        "stacktrace below might be incorrect.\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "cuda-arch-unsupported")
+    assert diagnosis.line is not None and rendered in diagnosis.line.raw
+
+
+def test_another_hip_error_is_not_taken_for_a_missing_kernel() -> None:
+    diagnosis = diagnose_log("RuntimeError: HIP error: invalid argument\n")
+
+    assert diagnosis.failure != "cuda-arch-unsupported"
+
+
+# Native crash reports, rendered from their producers' format strings: openucx/ucx
+# src/ucs/debug/debug.c "Caught signal %d (%s: %s%s)" after UCX's "[host:pid:thread]" tag;
+# glibc debug/fortify_fail.c "*** %s ***: terminated" and malloc/malloc.c malloc_printerr (both
+# as glibc 2.36 prints them here); bash's "%s: line %d: %d %s" for a script's child.
+NATIVE_CRASHES = (
+    "[node-1:285  :0:285] Caught signal 11 (Segmentation fault: address not mapped to object at "
+    "address (nil))",
+    "[gpu7:40112:0:40190] Caught signal 7 (Bus error: nonexistent physical address)",
+    "*** stack smashing detected ***: terminated",
+    "*** buffer overflow detected ***: python3 terminated",
+    "free(): double free detected in tcache 2",
+    "double free or corruption (!prev)",
+    "corrupted size vs. prev_size",
+    "serve.sh: line 12: 15527 Segmentation fault      (core dumped) vllm serve /models/m",
+)
+
+
+@pytest.mark.parametrize("rendered", NATIVE_CRASHES)
+def test_a_native_librarys_crash_report_is_an_unrecognised_error(rendered: str) -> None:
+    text = (
+        "INFO 03-05 07:15:30 [worker.py:1] Loading model\n"
+        f"{rendered}\n"
+        "==== backtrace (tid:    285) ====\n"
+        " 0  /opt/hpcx/ucx/lib/libucs.so.0(ucs_handle_error+0x2e4) [0x7f3234ef8654]\n"
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and rendered in diagnosis.line.raw
+
+
+def test_a_ucx_signal_line_without_its_cause_is_not_a_crash_report() -> None:
+    diagnosis = diagnose_log("INFO 03-05 07:15:30 [worker.py:1] Caught signal 15, stopping\n")
+
+    assert diagnosis.state != FAILED
+
+
+def _pydantic_validation_error(field_value: object | None) -> str:
+    """The text of a ValidationError as the installed pydantic renders it, for a config class
+    built as vLLM builds its own (pydantic dataclasses from vLLM 0.10 on)."""
+    from pydantic import ValidationError, model_validator
+    from pydantic.dataclasses import dataclass
+
+    @dataclass
+    class ModelConfig:
+        max_model_len: int = 1
+
+        @model_validator(mode="after")
+        def refuse(self) -> ModelConfig:
+            raise ValueError("No model architectures are specified")
+
+    try:
+        ModelConfig() if field_value is None else ModelConfig(max_model_len=field_value)  # type: ignore[arg-type]
+    except ValidationError as error:
+        return f"pydantic_core._pydantic_core.ValidationError: {error}"
+    raise AssertionError("pydantic accepted the config")
+
+
+@pytest.mark.parametrize(
+    ("field_value", "detail"),
+    [(None, "Value error, No model architectures"), ("abc", "Input should be a valid integer")],
+    ids=["model-validator", "field"],
+)
+def test_pydantics_validation_error_reports_its_detail_line(
+    field_value: object | None, detail: str
+) -> None:
+    rendered = _pydantic_validation_error(field_value)
+    prefix = "(APIServer pid=835) "
+    text = "\n".join(
+        [
+            prefix + "Traceback (most recent call last):",
+            prefix + '  File "/venv/vllm/engine/arg_utils.py", line 1360, in create_model_config',
+            prefix + "    return ModelConfig(",
+            *(prefix + line for line in rendered.splitlines()),
+        ]
+    )
+
+    diagnosis = diagnose_log(text + "\n")
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and detail in diagnosis.line.text
+    assert "[type=" in diagnosis.line.text
+
+
+def test_a_validation_header_without_its_detail_is_reported_itself() -> None:
+    header = "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig"
+
+    diagnosis = diagnose_log(header + "\n")
+
+    assert diagnosis.line is not None and diagnosis.line.text == header
+
+
+# vLLM 0.34.0 vllm/distributed/device_communicators/shm_broadcast.py LONG_WAIT_TIME_LOG_MSG,
+# logged at INFO every VLLM_RINGBUFFER_WARNING_INTERVAL (60) seconds while a side waits.
+BROADCAST_WAIT = (
+    "(EngineCore_DP0 pid=4100) INFO 07-01 10:00:{s:02d} [shm_broadcast.py:466] No available "
+    "shared memory broadcast block found in 60 seconds. This typically happens when some "
+    "processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
+    "quantization)."
+)
+
+
+def test_the_broadcast_queues_wait_at_the_end_is_a_hang_not_a_small_dev_shm() -> None:
+    text = "\n".join(BROADCAST_WAIT.format(s=s) for s in (1, 2, 3, 4)) + "\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (HUNG, "shm")
+    assert "hung" in diagnosis.remedy and "--shm-size" not in diagnosis.remedy
+
+
+def test_modelscopes_404_for_a_model_is_model_not_found() -> None:
+    # modelscope/modelscope modelscope/hub/errors.py raise_for_http_status, for a 404:
+    # 'The request model: %s does not exist!' % (model_id), logged by modelscope's logger.
+    line = "2025-08-03 19:16:47,111 - modelscope - ERROR - The request model: org/m does not exist!"
+
+    diagnosis = diagnose_log(line + "\n")
+
+    assert diagnosis.failure == "model-not-found"
+    assert diagnosis.numbers.get("repository") == "org/m"
+
+
+# FlashInfer flashinfer/mla.py MLA plan: f"MLA kv_data_type {kv_data_type} is not supported. "
+# f"Supported dtypes: {list(supported_kv_dtypes)}." and the per-backend form
+# f"MLA kv_data_type {kv_data_type} is not supported by the {backend} backend. Supported "
+# "dtypes: ..."
+FLASHINFER_MLA_KV = (
+    "ValueError: MLA kv_data_type torch.uint8 is not supported. Supported dtypes: "
+    "[torch.float16, torch.bfloat16, torch.float8_e4m3fn].",
+    "ValueError: MLA kv_data_type torch.uint8 is not supported by the fa2 backend. Supported "
+    "dtypes: [torch.float16, torch.bfloat16].",
+)
+
+
+@pytest.mark.parametrize("rendered", FLASHINFER_MLA_KV, ids=["plain", "backend"])
+def test_flashinfers_mla_refusing_the_kv_dtype_is_kv_dtype_kernel_mismatch(rendered: str) -> None:
+    diagnosis = diagnose_log(rendered + "\n")
+
+    assert diagnosis.failure == "kv-dtype-kernel-mismatch"
+    assert diagnosis.numbers.get("kv_data_type") == "torch.uint8"

@@ -769,3 +769,97 @@ def test_an_nccl_error_while_a_signalled_server_tears_down_is_the_stops() -> Non
 
     assert diagnose_log(_UP + _SIGNALLED + teardown + _UVICORN_DOWN).state == READY
     assert diagnose_log(_UP + teardown).failure == "nccl"
+
+
+# ray python/ray/exceptions.py (ray 2.58.0) ActorDiedError: "The actor died because of an error
+# raised in its creation task, {cause}", the cause being the RayTaskError's text (the function
+# "ray::%s" with its pid, the traceback, the exception the constructor raised).
+CREATION_TASK = (
+    "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation "
+    "task, ray::EngineActor.__init__() (pid=4021, ip=10.0.0.2, actor_id=ab12, "
+    "repr=<EngineActor object at 0x7f00>)"
+)
+CONSTRUCTOR_FRAMES = (
+    '  File "/app/engine.py", line 58, in __init__',
+    "    self.llm = vllm.LLM(*args, **kwargs)",
+)
+
+
+def test_under_rays_creation_task_wrapper_the_constructors_error_is_the_failure() -> None:
+    # Python's own wording of a keyword the callee does not take (as this venv's CPython prints
+    # it for a class's __init__): an integration passing an engine argument the installed vLLM
+    # removed is an uncatalogued error, no lost node.
+    raised = "TypeError: EngineArgs.__init__() got an unexpected keyword argument 'old_arg'"
+    text = "\n".join([CREATION_TASK, *CONSTRUCTOR_FRAMES, raised]) + "\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None and diagnosis.line.text == raised
+    assert diagnosis.wrapper is not None and "creation task" in diagnosis.wrapper.text
+
+
+def test_under_rays_creation_task_wrapper_a_catalogued_error_keeps_its_class() -> None:
+    # PyTorch c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate %s."
+    raised = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0"
+    text = "\n".join([CREATION_TASK, *CONSTRUCTOR_FRAMES, raised]) + "\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.failure, diagnosis.line and diagnosis.line.text) == ("oom", raised)
+
+
+def test_rays_creation_task_wrapper_cut_before_its_cause_stays_ray_node_died() -> None:
+    diagnosis = diagnose_log(CREATION_TASK + "\n")
+
+    assert diagnosis.failure == "ray-node-died"
+
+
+# vLLM 0.10.2 vllm/executor/multiproc_worker_utils.py _run_worker_process: logger.exception(
+# "Exception in worker %s while processing method %s.", process_name, method), the worker's
+# lines prefixed "(%s pid=%d) " (_add_prefix); the older form logger.error("Exception in worker
+# %s while processing method %s: %s, %s", process_name, method, e, tb).
+WORKER = "(VllmWorkerProcess pid=311) ERROR 05-02 09:14:07 [multiproc_worker_utils.py:233] "
+WORKER_RECORD = (
+    WORKER + "Exception in worker VllmWorkerProcess while processing method init_device."
+)
+OLD_WORKER_RECORD = (
+    WORKER + "Exception in worker VllmWorkerProcess while processing method determine_num_"
+    "available_blocks: boom, Traceback (most recent call last):"
+)
+
+
+def test_a_workers_method_record_cut_before_its_traceback_is_that_workers_failure() -> None:
+    diagnosis = diagnose_log("INFO 05-02 09:14:00 [llm_engine.py:1] Initializing\n" + WORKER_RECORD)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.error_class == "worker-method-failed"
+    assert diagnosis.line is not None and diagnosis.line.raw == WORKER_RECORD
+    assert "init_device" in diagnosis.remedy and "VllmWorkerProcess" in diagnosis.remedy
+    assert "killed from outside" not in diagnosis.remedy
+
+
+def test_the_older_worker_record_cut_before_its_traceback_is_reported_itself() -> None:
+    diagnosis = diagnose_log(OLD_WORKER_RECORD + "\n")
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == OLD_WORKER_RECORD
+
+
+def test_under_a_workers_method_record_its_exception_is_the_root_cause() -> None:
+    # PyTorch c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate %s."
+    raised = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    text = "\n".join(
+        [
+            WORKER_RECORD,
+            WORKER + "Traceback (most recent call last):",
+            WORKER + '  File "/venv/vllm/worker/worker.py", line 176, in init_device',
+            WORKER + "    torch.cuda.set_device(self.device)",
+            WORKER + raised,
+        ]
+    )
+
+    diagnosis = diagnose_log(text + "\n")
+
+    assert diagnosis.failure == "oom"
+    assert diagnosis.line is not None and diagnosis.line.text == raised
