@@ -184,6 +184,8 @@ HELDOUT11 = HELDOUT.parent / "heldout11"
 LABELS11 = yaml.safe_load((HELDOUT11 / "labels.yaml").read_text(encoding="utf-8"))
 HELDOUT12 = HELDOUT.parent / "heldout12"
 LABELS12 = yaml.safe_load((HELDOUT12 / "labels.yaml").read_text(encoding="utf-8"))
+HELDOUT13 = HELDOUT.parent / "heldout13"
+LABELS13 = yaml.safe_load((HELDOUT13 / "labels.yaml").read_text(encoding="utf-8"))
 NUMBERED = {
     3: LABELS3,
     4: LABELS4,
@@ -195,6 +197,7 @@ NUMBERED = {
     10: LABELS10,
     11: LABELS11,
     12: LABELS12,
+    13: LABELS13,
 }
 
 
@@ -207,6 +210,17 @@ def test_a_later_set_has_forty_logs_from_sources_no_earlier_set_uses(number: int
     assert len(sources) == len(set(sources)), "one source per log"
     earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
     earlier |= {_issue(str(e["source"])) for n in range(3, number) for e in NUMBERED[n]}
+    assert not earlier & set(sources)
+
+
+# The thirteenth set while it is gathered (fewer than forty logs so far): the same checks of
+# its files and sources, without the count.
+def test_the_thirteenth_set_uses_sources_no_earlier_set_uses() -> None:
+    assert {str(e["file"]) for e in LABELS13} == {p.name for p in HELDOUT13.glob("*.log")}
+    sources = [_issue(str(e["source"])) for e in LABELS13]
+    assert len(sources) == len(set(sources)), "one source per log"
+    earlier = {str(e["source"]).split(" ")[0] for e in LABELS + LABELS2}
+    earlier |= {_issue(str(e["source"])) for n in range(3, 13) for e in NUMBERED[n]}
     assert not earlier & set(sources)
 
 
@@ -223,6 +237,7 @@ LATER_SETS = [
     (HELDOUT10, LABELS10, "h10", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT11, LABELS11, "h11", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT12, LABELS12, "h12", ("failed", "hung", "ready", "unfinished")),
+    (HELDOUT13, LABELS13, "h13", ("failed", "hung", "ready", "unfinished")),
 ]
 
 
