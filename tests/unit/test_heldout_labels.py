@@ -166,7 +166,7 @@ def test_the_fourth_set_has_forty_failures_from_sources_no_other_set_uses() -> N
     assert not earlier & set(fourth)
 
 
-# The fifth to eleventh sets: each gathered after the earlier ones were seen and labelled before
+# The fifth to thirteenth sets: each gathered after the earlier ones were seen and labelled before
 # it was run.
 HELDOUT5 = HELDOUT.parent / "heldout5"
 LABELS5 = yaml.safe_load((HELDOUT5 / "labels.yaml").read_text(encoding="utf-8"))
@@ -184,6 +184,8 @@ HELDOUT11 = HELDOUT.parent / "heldout11"
 LABELS11 = yaml.safe_load((HELDOUT11 / "labels.yaml").read_text(encoding="utf-8"))
 HELDOUT12 = HELDOUT.parent / "heldout12"
 LABELS12 = yaml.safe_load((HELDOUT12 / "labels.yaml").read_text(encoding="utf-8"))
+HELDOUT13 = HELDOUT.parent / "heldout13"
+LABELS13 = yaml.safe_load((HELDOUT13 / "labels.yaml").read_text(encoding="utf-8"))
 NUMBERED = {
     3: LABELS3,
     4: LABELS4,
@@ -195,10 +197,11 @@ NUMBERED = {
     10: LABELS10,
     11: LABELS11,
     12: LABELS12,
+    13: LABELS13,
 }
 
 
-@pytest.mark.parametrize("number", [5, 6, 7, 8, 9, 10, 11, 12])
+@pytest.mark.parametrize("number", [5, 6, 7, 8, 9, 10, 11, 12, 13])
 def test_a_later_set_has_forty_logs_from_sources_no_earlier_set_uses(number: int) -> None:
     folder, labels = HELDOUT.parent / f"heldout{number}", NUMBERED[number]
     assert len(labels) >= 40
@@ -223,6 +226,7 @@ LATER_SETS = [
     (HELDOUT10, LABELS10, "h10", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT11, LABELS11, "h11", ("failed", "hung", "ready", "unfinished")),
     (HELDOUT12, LABELS12, "h12", ("failed", "hung", "ready", "unfinished")),
+    (HELDOUT13, LABELS13, "h13", ("failed", "hung", "ready", "unfinished")),
 ]
 
 
