@@ -3,6 +3,7 @@ diagnoses of real vLLM logs (tests/data/logs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +226,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def racing_host(tmp_path: Path, crash_first: bool = False) -> tuple[Any, Any]:
+@pytest.fixture
+def racing_host(tmp_path: Path) -> Iterator[Callable[..., tuple[Any, Any]]]:
+    """A host (FakeHost, the launch probe run locally) with a racing server to start; the
+    server is stopped when the test ends, passed or not (it loops until signalled)."""
+    from opsbook import launch
+
+    made: list[tuple[Any, Any]] = []
+
+    def make(crash_first: bool = False) -> tuple[Any, Any]:
+        made.append(_racing_host(tmp_path, crash_first))
+        return made[-1]
+
+    yield make
+    for host, paths in made:
+        launch.stop_server(host, paths, grace=1)
+
+
+def _racing_host(tmp_path: Path, crash_first: bool = False) -> tuple[Any, Any]:
     from opsbook.launch import LaunchPaths
     from opsbook.testing import FakeHost, local_probe
 
@@ -241,10 +259,10 @@ def racing_host(tmp_path: Path, crash_first: bool = False) -> tuple[Any, Any]:
     return FakeHost("127.0.8.1", probes={"launch": local_probe("launch")}), paths
 
 
-def test_a_clean_stop_whose_processes_log_their_deaths_is_not_read_as_a_crash(tmp_path):
+def test_a_clean_stop_whose_processes_log_their_deaths_is_not_read_as_a_crash(racing_host):
     from opsbook import launch
 
-    host, paths = racing_host(tmp_path)
+    host, paths = racing_host()
     port = free_port()  # nothing listens there: the probe only asks whether it is open
     assert launch.start_server(host, paths, port).ok
     stopped = launch.stop_server(host, paths, grace=5)
@@ -260,10 +278,10 @@ def test_a_clean_stop_whose_processes_log_their_deaths_is_not_read_as_a_crash(tm
     assert "phase ready" in state.message
 
 
-def test_a_server_that_had_failed_before_the_stop_is_still_crashed(tmp_path):
+def test_a_server_that_had_failed_before_the_stop_is_still_crashed(racing_host):
     from opsbook import launch
 
-    host, paths = racing_host(tmp_path, crash_first=True)
+    host, paths = racing_host(True)
     port = free_port()
     assert launch.start_server(host, paths, port).ok
     assert launch.stop_server(host, paths, grace=5).ok
