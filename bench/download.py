@@ -153,7 +153,7 @@ def cpu_seconds(model_dir: str, repeat: int) -> tuple[float, float]:
     """The least CPU seconds (user + system, its workers included) of the probe and of the
     plain script, each run ``repeat`` times here with the system python."""
     probe = probes.assemble("download", {"op": "check", "path": model_dir})
-    runs = [([PYTHON, "-"], probe), ([PYTHON, "-", model_dir], PLAIN_SCRIPT)]
+    runs = [(probes.interpreter_argv(PYTHON), probe), ([PYTHON, "-", model_dir], PLAIN_SCRIPT)]
     best = [float("inf"), float("inf")]
     for _ in range(repeat):
         for i, (command, program) in enumerate(runs):

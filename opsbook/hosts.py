@@ -555,7 +555,7 @@ class Host:
         """
         program = probes.assemble(name, args)
         result = self.run(
-            f"exec {shlex.quote(python)} -",
+            f"exec {shlex.join(probes.interpreter_argv(python))}",
             stdin=program,
             timeout=timeout,
             label=f"probe {name} ({python} -) args={_short(args)}",

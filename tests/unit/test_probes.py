@@ -106,3 +106,15 @@ def test_a_probe_runs_when_no_cache_folder_can_be_made(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert run_configs(blocker)["exists"] is False
+
+
+def test_the_launcher_runs_a_probe_as_python_dash_would(tmp_path) -> None:
+    import subprocess
+
+    program = probes.assemble("configs", {"dir": str(tmp_path)})
+    answers = [
+        subprocess.run(argv, input=program, capture_output=True, text=True, check=True).stdout
+        for argv in (probes.interpreter_argv("python3"), ["python3", "-"])
+    ]
+    decoded = [probes.decode("configs", out, "", 0) for out in answers]
+    assert decoded[0] == decoded[1] and decoded[0]["exists"] is True
