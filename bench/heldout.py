@@ -1,11 +1,9 @@
 """Accuracy of `opsbook diagnose --log` on the held-out real logs.
 
 Thirteen sets, each printed on its own: tests/data/logs/heldout/ (gathered while the catalogue was
-written, kept out of its development, then seen when it was first measured),
-tests/data/logs/heldout2/ to tests/data/logs/heldout8/ (each gathered afterwards and labelled
-before opsbook was run on it; the seventh, heldout7, after the first six had all been seen, and
-the eighth, heldout8, after the first seven, and so on to the thirteenth, heldout13, gathered
-after the first twelve had all been seen). For
+written, kept out of its development, then seen when it was first measured), then
+tests/data/logs/heldout2/ to tests/data/logs/heldout13/, each gathered after the earlier ones had
+been seen and labelled before opsbook was run on it. For
 each, how often the diagnosis names the labelled failure id (or state: a ready server must be
 called ready, a startup the log leaves unfinished must be neither ready nor failed) and reports
 the labelled key line (for wrapper cases, the root cause under the wrapper). Goals: failure id
@@ -24,21 +22,7 @@ from opsbook import logscan
 
 LOGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "logs"
 HELDOUT = LOGS / "heldout"
-SETS = (
-    HELDOUT,
-    LOGS / "heldout2",
-    LOGS / "heldout3",
-    LOGS / "heldout4",
-    LOGS / "heldout5",
-    LOGS / "heldout6",
-    LOGS / "heldout7",
-    LOGS / "heldout8",
-    LOGS / "heldout9",
-    LOGS / "heldout10",
-    LOGS / "heldout11",
-    LOGS / "heldout12",
-    LOGS / "heldout13",
-)
+SETS = (HELDOUT, *(LOGS / f"heldout{n}" for n in range(2, 14)))
 ID_GOAL, LINE_GOAL = 0.90, 0.85
 
 

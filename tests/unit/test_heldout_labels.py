@@ -168,40 +168,19 @@ def test_the_fourth_set_has_forty_failures_from_sources_no_other_set_uses() -> N
 
 # The fifth to thirteenth sets: each gathered after the earlier ones were seen and labelled before
 # it was run.
-HELDOUT5 = HELDOUT.parent / "heldout5"
-LABELS5 = yaml.safe_load((HELDOUT5 / "labels.yaml").read_text(encoding="utf-8"))
-HELDOUT6 = HELDOUT.parent / "heldout6"
-LABELS6 = yaml.safe_load((HELDOUT6 / "labels.yaml").read_text(encoding="utf-8"))
-HELDOUT7 = HELDOUT.parent / "heldout7"
-LABELS7 = yaml.safe_load((HELDOUT7 / "labels.yaml").read_text(encoding="utf-8"))
-HELDOUT8 = HELDOUT.parent / "heldout8"
-LABELS8 = yaml.safe_load((HELDOUT8 / "labels.yaml").read_text(encoding="utf-8"))
-HELDOUT9 = HELDOUT.parent / "heldout9"
-LABELS9 = yaml.safe_load((HELDOUT9 / "labels.yaml").read_text(encoding="utf-8"))
-HELDOUT10 = HELDOUT.parent / "heldout10"
-LABELS10 = yaml.safe_load((HELDOUT10 / "labels.yaml").read_text(encoding="utf-8"))
-HELDOUT11 = HELDOUT.parent / "heldout11"
-LABELS11 = yaml.safe_load((HELDOUT11 / "labels.yaml").read_text(encoding="utf-8"))
-HELDOUT12 = HELDOUT.parent / "heldout12"
-LABELS12 = yaml.safe_load((HELDOUT12 / "labels.yaml").read_text(encoding="utf-8"))
-HELDOUT13 = HELDOUT.parent / "heldout13"
-LABELS13 = yaml.safe_load((HELDOUT13 / "labels.yaml").read_text(encoding="utf-8"))
-NUMBERED = {
-    3: LABELS3,
-    4: LABELS4,
-    5: LABELS5,
-    6: LABELS6,
-    7: LABELS7,
-    8: LABELS8,
-    9: LABELS9,
-    10: LABELS10,
-    11: LABELS11,
-    12: LABELS12,
-    13: LABELS13,
-}
+LATEST_SET = 13
 
 
-@pytest.mark.parametrize("number", [5, 6, 7, 8, 9, 10, 11, 12, 13])
+def labels_of(number: int) -> list[dict[str, object]]:
+    text = (HELDOUT.parent / f"heldout{number}" / "labels.yaml").read_text(encoding="utf-8")
+    labels: list[dict[str, object]] = yaml.safe_load(text)
+    return labels
+
+
+NUMBERED = {3: LABELS3, 4: LABELS4, **{n: labels_of(n) for n in range(5, LATEST_SET + 1)}}
+
+
+@pytest.mark.parametrize("number", range(5, LATEST_SET + 1))
 def test_a_later_set_has_forty_logs_from_sources_no_earlier_set_uses(number: int) -> None:
     folder, labels = HELDOUT.parent / f"heldout{number}", NUMBERED[number]
     assert len(labels) >= 40
@@ -215,18 +194,14 @@ def test_a_later_set_has_forty_logs_from_sources_no_earlier_set_uses(number: int
 
 # From the third set on, a label names a failure for a failed or hung log and none for a ready
 # or unfinished one; each set's labels use the states it was labelled with.
+ALL_STATES = ("failed", "hung", "ready", "unfinished")
 LATER_SETS = [
     (HELDOUT3, LABELS3, "h3", ("failed", "ready")),
     (HELDOUT4, LABELS4, "h4", ("failed", "hung", "ready")),
-    (HELDOUT5, LABELS5, "h5", ("failed", "hung", "ready", "unfinished")),
-    (HELDOUT6, LABELS6, "h6", ("failed", "hung", "ready", "unfinished")),
-    (HELDOUT7, LABELS7, "h7", ("failed", "hung", "ready", "unfinished")),
-    (HELDOUT8, LABELS8, "h8", ("failed", "hung", "ready", "unfinished")),
-    (HELDOUT9, LABELS9, "h9", ("failed", "hung", "ready", "unfinished")),
-    (HELDOUT10, LABELS10, "h10", ("failed", "hung", "ready", "unfinished")),
-    (HELDOUT11, LABELS11, "h11", ("failed", "hung", "ready", "unfinished")),
-    (HELDOUT12, LABELS12, "h12", ("failed", "hung", "ready", "unfinished")),
-    (HELDOUT13, LABELS13, "h13", ("failed", "hung", "ready", "unfinished")),
+    *(
+        (HELDOUT.parent / f"heldout{n}", NUMBERED[n], f"h{n}", ALL_STATES)
+        for n in range(5, LATEST_SET + 1)
+    ),
 ]
 
 
