@@ -1116,6 +1116,7 @@ def _diagnose_body(
                 or _root_cause(lines, hits, start, events)
                 or _quoted_root(hits, start)
                 or _root_cause_below(lines, hits, start)
+                or _engine_loop_root(hits, start)
             )
             _report_root_cause(diagnosis, root)
         return diagnosis
@@ -1133,6 +1134,12 @@ def _diagnose_body(
         if killed is not None and killed.number > ready_at:
             entry = _entry_by_id("host-oom-killer")
             return _failed(FAILED, Hit(entry, killed, 0), [], events, base)
+        loop_death = _engine_loop_death(hits, ready_at) if stopped is None else None
+        if loop_death is not None:
+            entry = _entry_by_id("unrecognised-error")
+            diagnosis = _failed(FAILED, Hit(entry, loop_death, 0), [], events, base)
+            _report_root_cause(diagnosis, RootCause(loop_death, None))
+            return diagnosis
         bind_error = _error_before_shutdown(lines, ready_at) if stopped is None else None
         if bind_error is not None:
             entry = _entry_by_id("unrecognised-error")
@@ -1954,6 +1961,47 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
             best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
             return RootCause(line, best)
     return None
+
+
+# V0's multiprocessing engine's record of the error that ended its loop (vLLM 0.10.2
+# vllm/engine/multiprocessing/engine.py MQLLMEngine.start: except Exception as e:
+# logger.exception(repr(e)), then the loop is over): the exception's repr as the message of an
+# ERROR record of engine.py. Every request after it gets MQEngineDeadError("Engine loop is not
+# running. Inspect the stacktrace to find the original error: ...") (vllm/engine/
+# multiprocessing/__init__.py ENGINE_DEAD_ERROR): the server no longer serves. A request's own
+# error (a 400, a refused prompt) is logged by the API server, not as this record.
+_ENGINE_LOOP_DEATH = re.compile(r"\bengine\.py:\d+\]\s+" + EXCEPTION_NAME + r"\([\"']")
+_ENGINE_LOOP_DEAD = re.compile(r"Engine loop is not running")
+
+
+def _engine_loop_death(hits: list[Hit], after: int | None) -> LogLine | None:
+    """The first record of V0's engine loop ending on an error, after line ``after``: among
+    the exception lines already hit, an ERROR record of engine.py whose message is a repr."""
+    return next(
+        (
+            hit.line
+            for hit in hits
+            if hit.line.exception
+            and hit.line.level in ("ERROR", "CRITICAL")
+            and (after is None or hit.line.number > after)
+            and _ENGINE_LOOP_DEATH.search(hit.line.raw)
+        ),
+        None,
+    )
+
+
+def _engine_loop_root(hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+    """Under V0's MQEngineDeadError, the engine loop's own record of its error, wherever it
+    is: the API server's wrapper and the engine's record are two processes' output and
+    interleave (the wrapper often comes first)."""
+    if not _ENGINE_LOOP_DEAD.search(wrapper.text):
+        return None
+    line = _engine_loop_death(hits, None)
+    if line is None:
+        return None
+    causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
+    best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+    return RootCause(line, best)
 
 
 # The engine core's record of its own death, its traceback logged under the same prefix

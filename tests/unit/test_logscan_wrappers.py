@@ -863,3 +863,51 @@ def test_under_a_workers_method_record_its_exception_is_the_root_cause() -> None
 
     assert diagnosis.failure == "oom"
     assert diagnosis.line is not None and diagnosis.line.text == raised
+
+
+# vLLM 0.10.2 vllm/engine/multiprocessing/engine.py MQLLMEngine.start: logger.exception(repr(e))
+# under V0's format "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", then
+# vllm/engine/multiprocessing/__init__.py ENGINE_DEAD_ERROR's MQEngineDeadError for requests.
+_V0_SERVING = (
+    "INFO:     Started server process [7]\n"
+    "INFO:     Application startup complete.\n"
+    "INFO 11-29 09:04:25 [engine.py:290] Added request chat-1.\n"
+)
+_LOOP_ERROR = ValueError("could not broadcast input array from shape (9,) into shape (8,)")
+_LOOP_RECORD = f"ERROR 11-29 09:04:28 [engine.py:158] {_LOOP_ERROR!r}"
+_LOOP_TRACE = (
+    "ERROR 11-29 09:04:28 [engine.py:158] Traceback (most recent call last):\n"
+    'ERROR 11-29 09:04:28 [engine.py:158]   File "/x/vllm/engine/multiprocessing/engine.py",'
+    " line 156, in start\n"
+    "ERROR 11-29 09:04:28 [engine.py:158]     self.run_engine_loop()\n"
+)
+_MQ_DEAD = (
+    "ERROR 11-29 09:04:29 [serving_chat.py:885] vllm.engine.multiprocessing.MQEngineDeadError: "
+    "Engine loop is not running. Inspect the stacktrace to find the original error: "
+    f"{_LOOP_ERROR!r}."
+)
+
+
+def test_the_v0_engine_loops_error_while_serving_is_a_failure_with_that_line() -> None:
+    diagnosis = diagnose_log(_V0_SERVING + _LOOP_RECORD + "\n" + _LOOP_TRACE)
+    assert diagnosis.state == FAILED
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == _LOOP_RECORD
+
+
+def test_under_mq_engine_dead_the_engine_loops_own_record_below_is_the_root() -> None:
+    diagnosis = diagnose_log(_V0_SERVING + _MQ_DEAD + "\n" + _LOOP_RECORD + "\n" + _LOOP_TRACE)
+    assert diagnosis.state == FAILED
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == _LOOP_RECORD
+    assert diagnosis.wrapper is not None and "MQEngineDeadError" in diagnosis.wrapper.raw
+
+
+def test_a_request_error_of_the_api_server_while_serving_stays_ready() -> None:
+    # The API server's own record of a request's error (not the engine loop's): it answers
+    # the request with an error and goes on serving.
+    request = (
+        'INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request\n'
+        f"ERROR 11-29 09:04:28 [serving_chat.py:200] {ValueError('prompt too long')!r}\n"
+    )
+    assert diagnose_log(_V0_SERVING + request).state == READY
