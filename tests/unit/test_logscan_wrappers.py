@@ -911,3 +911,51 @@ def test_a_request_error_of_the_api_server_while_serving_stays_ready() -> None:
         f"ERROR 11-29 09:04:28 [serving_chat.py:200] {ValueError('prompt too long')!r}\n"
     )
     assert diagnose_log(_V0_SERVING + request).state == READY
+
+
+# ray python/ray/exceptions.py (ray 2.60.0): the class named f"RayTaskError({cause.__name__})"
+# by as_instanceof_cause, its __str__ f"{proctitle}() (pid={pid}, ip={ip})" then the task's
+# traceback and its exception line.
+def _ray_task_error(cause: Exception, frames: str) -> str:
+    header = "{}() (pid={}, ip={})".format("ray::run_inference", 4153, "10.0.0.7")
+    name = f"RayTaskError({type(cause).__name__})"
+    return f"ray.exceptions.{name}: {header}\n{frames}{type(cause).__name__}: {cause}\n"
+
+
+_RAY_FRAMES = (
+    '  File "/x/site-packages/vllm/entrypoints/llm.py", line 212, in __init__\n'
+    "    engine_args = EngineArgs(\n"
+)
+
+
+def test_under_rays_task_error_header_the_tasks_exception_line_is_reported() -> None:
+    cause = TypeError("EngineArgs.__init__() got an unexpected keyword argument 'x'")
+    diagnosis = diagnose_log(_ray_task_error(cause, _RAY_FRAMES))
+    assert diagnosis.state == FAILED
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.text == f"TypeError: {cause}"
+
+
+def test_a_ray_task_error_header_with_its_traceback_cut_is_reported_itself() -> None:
+    cut = _ray_task_error(TypeError("x"), "").splitlines()[0] + "\n"
+    diagnosis = diagnose_log(cut)
+    assert diagnosis.line is not None and diagnosis.line.text.startswith("ray.exceptions.")
+
+
+# vLLM 0.10.2 vllm/lora/worker_manager.py: raise RuntimeError(f"Loading lora {path} failed")
+# from e; V0's model runner re-raises it as "Error in model execution: ..."; the engine loop's
+# logger.exception(repr(e)) prints the chain, the cause (ValueError) first (CPython).
+def test_the_engine_loops_chained_cause_in_its_record_is_reported() -> None:
+    root = ValueError("base_model.model.lm_head.weight is unsupported LoRA weight")
+    wrapped = RuntimeError("Error in model execution: Loading lora /m/adapter failed")
+    at = "ERROR 10-11 16:03:09 [engine.py:157] "
+    record = (
+        f"{at}{wrapped!r}\n{at}Traceback (most recent call last):\n"
+        f'{at}  File "/x/vllm/lora/utils.py", line 113, in parse_fine_tuned_lora_name\n'
+        f"{at}ValueError: {root}\n{at}\n"
+        f"{at}The above exception was the direct cause of the following exception:\n"
+        f"{at}RuntimeError: {wrapped}\n"
+    )
+    diagnosis = diagnose_log(record)
+    assert diagnosis.state == FAILED
+    assert diagnosis.line is not None and diagnosis.line.text == f"ValueError: {root}"
