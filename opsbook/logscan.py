@@ -1503,6 +1503,28 @@ _LAST_ERROR = re.compile(r"^Last error:\s*$")
 _CANN_INNER_ERROR = re.compile(r"^E[0-9A-Z]\d{4}: Inner Error!?\s*$")
 
 
+# torch_npu's error for a failed operator call (its message names the place,
+# "InnerRunOpApi:torch_npu/csrc/framework/OpParamMaker.cpp:N OPS function error: HcclAllreduce,
+# error code is 6", as vllm-ascend logs show it), after which torch_npu prints CANN's error
+# message: a coded line (CANN error codes: E, the module, four digits; HCCL's are EI0001-EI0010,
+# e.g. EI0006 "Getting socket times out. Reason: %s", hiascend.com CANN error code reference
+# "HCCL Errors"). The coded line names the cause; the operator error only its call.
+_NPU_OPS_ERROR = re.compile(r"\bOPS function error: \w+, error code is \d+")
+_CANN_CODED = re.compile(r"^E[0-9A-Z]\d{4}: \S")
+_CANN_DETAIL_LINES = 4
+
+
+def _cann_coded_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
+    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    for line in lines[index + 1 : index + 1 + _CANN_DETAIL_LINES]:
+        if line.process != chosen.line.process or line.is_code:
+            continue
+        if _CANN_CODED.match(line.text):
+            coded = replace(chosen, line=line)
+            return _last_error_detail(coded, lines) if _CANN_INNER_ERROR.match(line.text) else coded
+    return chosen
+
+
 def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
     """For an NCCL error followed by "Last error:", the line under it: ncclGetLastError()'s
     text names the call that failed and the peer (vLLM 0.34.0
@@ -1518,6 +1540,8 @@ def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
         if detail is not None and not detail.is_code and not _CANN_INNER_ERROR.match(detail.text):
             return replace(chosen, line=detail)
         return chosen
+    if _NPU_OPS_ERROR.search(chosen.line.text):
+        return _cann_coded_detail(chosen, lines)
     if chosen.entry.failure != "nccl":
         return chosen
     index = next(i for i, line in enumerate(lines) if line is chosen.line)

@@ -959,3 +959,32 @@ def test_the_engine_loops_chained_cause_in_its_record_is_reported() -> None:
     diagnosis = diagnose_log(record)
     assert diagnosis.state == FAILED
     assert diagnosis.line is not None and diagnosis.line.text == f"ValueError: {root}"
+
+
+# CANN's HCCL error EI0006 ("Getting socket times out. Reason: %s", CANN error code reference,
+# HCCL Errors) printed by torch_npu under its operator error ("OPS function error: %s, error
+# code is %d"), every line under the rank's prefix.
+_NPU_OPS = (
+    "[rank1]: RuntimeError: InnerRunOpApi:torch_npu/csrc/framework/OpParamMaker.cpp:281 "
+    "OPS function error: {}, error code is {}\n"
+)
+_CANN_ACL = (
+    "[rank1]: [ERROR] 2025-04-08-18:07:20 (PID:12, Device:1, RankID:1) ERR01100 "
+    "OPS call acl api failed.\n"
+)
+_EI0006 = "EI0006: [PID: 12] 2025-04-08-18:07:20.444.436 Getting socket times out. Reason: {}"
+
+
+def test_under_torch_npus_operator_error_the_hccl_coded_line_is_reported() -> None:
+    coded = _EI0006.format("Remote Rank did not send the data in time.")
+    log = _NPU_OPS.format("HcclAllreduce", 6) + _CANN_ACL + f"[rank1]: {coded}\n"
+    diagnosis = diagnose_log(log)
+    assert diagnosis.state == FAILED
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.text == coded
+
+
+def test_an_operator_error_with_no_coded_line_under_it_is_reported_itself() -> None:
+    log = _NPU_OPS.format("HcclAllreduce", 6) + _CANN_ACL
+    diagnosis = diagnose_log(log)
+    assert diagnosis.line is not None and "OPS function error" in diagnosis.line.text
