@@ -1206,3 +1206,25 @@ def test_llvm_error_wording_only_at_the_start_of_a_line() -> None:
     # A message that quotes LLVM's words mid-line is not LLVM's own record.
     quoted = "INFO 05-31 09:09:42 [x.py:1] retry after LLVM ERROR: earlier was cleared\n"
     assert diagnose_log(_SERVING + quoted).state == READY
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/core/sched/scheduler.py: logger.debug("%s is still in
+# WAITING_FOR_REMOTE_KVS state.", request_id), at each step the request waits.
+def _remote_kv_wait(request_id: str) -> str:
+    message = "%s is still in WAITING_FOR_REMOTE_KVS state." % request_id  # noqa: UP031 (logging renders the %-format)
+    return f"DEBUG 10-09 19:47:51 [scheduler.py:345] {message}\n"
+
+
+def test_requests_waiting_for_remote_kv_to_the_logs_end_are_a_hang() -> None:
+    log = _SERVING + _remote_kv_wait("cmpl-1-0") * 3
+    diagnosis = diagnose_log(log)
+    assert diagnosis.state == HUNG
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.error_class == "remote-kv-wait"
+    assert diagnosis.line is not None and "WAITING_FOR_REMOTE_KVS" in diagnosis.line.text
+
+
+def test_a_remote_kv_wait_that_ends_with_the_request_served_is_no_hang() -> None:
+    served = 'INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+    log = _SERVING + _remote_kv_wait("cmpl-1-0") * 3 + served
+    assert diagnose_log(log).state == READY
