@@ -988,3 +988,20 @@ def test_an_operator_error_with_no_coded_line_under_it_is_reported_itself() -> N
     log = _NPU_OPS.format("HcclAllreduce", 6) + _CANN_ACL
     diagnosis = diagnose_log(log)
     assert diagnosis.line is not None and "OPS function error" in diagnosis.line.text
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core: logger.exception("EngineCore
+# encountered a fatal error.") once the engine was up; the loop is over, so is the serving.
+def test_the_v1_engine_cores_fatal_error_while_serving_is_a_failure() -> None:
+    fatal = (
+        "(EngineCore_DP0 pid=9) ERROR 05-12 01:48:42 [core.py:710] "
+        "EngineCore encountered a fatal error.\n"
+        "(EngineCore_DP0 pid=9) ERROR 05-12 01:48:42 [core.py:710] "
+        "Traceback (most recent call last):\n"
+        "(EngineCore_DP0 pid=9) ERROR 05-12 01:48:42 [core.py:710] "
+        "RuntimeError: CUDA error: an illegal instruction was encountered\n"
+    )
+    diagnosis = diagnose_log(_V0_SERVING + fatal)
+    assert diagnosis.state == FAILED
+    assert diagnosis.line is not None
+    assert diagnosis.line.text == "RuntimeError: CUDA error: an illegal instruction was encountered"
