@@ -1108,6 +1108,9 @@ def _diagnose_body(
     failure = _choose_failure(hits, ready_at)
     if failure:
         failure = _last_error_detail(_logged_message(failure, lines), lines)
+        failure = _ray_task_cause(failure, hits)
+        if _engine_loop_death([failure], None) is not None:
+            failure = Hit(failure.entry, _chained_cause(failure.line, lines), failure.pattern_index)
         diagnosis = _failed(FAILED, failure, hits, events, base)
         if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
             start = _walk_back_start(failure, hits)
@@ -1116,6 +1119,7 @@ def _diagnose_body(
                 or _root_cause(lines, hits, start, events)
                 or _quoted_root(hits, start)
                 or _root_cause_below(lines, hits, start)
+                or _engine_loop_root(lines, hits, start)
             )
             _report_root_cause(diagnosis, root)
         return diagnosis
@@ -1133,6 +1137,12 @@ def _diagnose_body(
         if killed is not None and killed.number > ready_at:
             entry = _entry_by_id("host-oom-killer")
             return _failed(FAILED, Hit(entry, killed, 0), [], events, base)
+        loop_death = _engine_loop_death(hits, ready_at) if stopped is None else None
+        if loop_death is not None:
+            entry = _entry_by_id("unrecognised-error")
+            diagnosis = _failed(FAILED, Hit(entry, loop_death, 0), [], events, base)
+            _report_root_cause(diagnosis, RootCause(_chained_cause(loop_death, lines), None))
+            return diagnosis
         bind_error = _error_before_shutdown(lines, ready_at) if stopped is None else None
         if bind_error is not None:
             entry = _entry_by_id("unrecognised-error")
@@ -1493,6 +1503,28 @@ _LAST_ERROR = re.compile(r"^Last error:\s*$")
 _CANN_INNER_ERROR = re.compile(r"^E[0-9A-Z]\d{4}: Inner Error!?\s*$")
 
 
+# torch_npu's error for a failed operator call (its message names the place,
+# "InnerRunOpApi:torch_npu/csrc/framework/OpParamMaker.cpp:N OPS function error: HcclAllreduce,
+# error code is 6", as vllm-ascend logs show it), after which torch_npu prints CANN's error
+# message: a coded line (CANN error codes: E, the module, four digits; HCCL's are EI0001-EI0010,
+# e.g. EI0006 "Getting socket times out. Reason: %s", hiascend.com CANN error code reference
+# "HCCL Errors"). The coded line names the cause; the operator error only its call.
+_NPU_OPS_ERROR = re.compile(r"\bOPS function error: \w+, error code is \d+")
+_CANN_CODED = re.compile(r"^E[0-9A-Z]\d{4}: \S")
+_CANN_DETAIL_LINES = 4
+
+
+def _cann_coded_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
+    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    for line in lines[index + 1 : index + 1 + _CANN_DETAIL_LINES]:
+        if line.process != chosen.line.process or line.is_code:
+            continue
+        if _CANN_CODED.match(line.text):
+            coded = replace(chosen, line=line)
+            return _last_error_detail(coded, lines) if _CANN_INNER_ERROR.match(line.text) else coded
+    return chosen
+
+
 def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
     """For an NCCL error followed by "Last error:", the line under it: ncclGetLastError()'s
     text names the call that failed and the peer (vLLM 0.34.0
@@ -1508,6 +1540,8 @@ def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
         if detail is not None and not detail.is_code and not _CANN_INNER_ERROR.match(detail.text):
             return replace(chosen, line=detail)
         return chosen
+    if _NPU_OPS_ERROR.search(chosen.line.text):
+        return _cann_coded_detail(chosen, lines)
     if chosen.entry.failure != "nccl":
         return chosen
     index = next(i for i, line in enumerate(lines) if line is chosen.line)
@@ -1954,6 +1988,94 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
             best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
             return RootCause(line, best)
     return None
+
+
+def _chained_cause(record: LogLine, lines: list[LogLine]) -> LogLine:
+    """The first exception of the traceback that ``record`` (the engine loop's repr of its
+    error) logs under it, when it is another one: logger.exception prints a chained
+    exception's cause first (CPython traceback.format_exception: the cause, then "The above
+    exception was the direct cause of the following exception:"), e.g. the ValueError under
+    vLLM's RuntimeError("Loading lora ... failed") (vLLM 0.10.2 vllm/lora/worker_manager.py).
+    The record's lines share its level, time and process; other processes' are skipped."""
+    key = (record.level, record.timestamp, record.process)
+    index = next(i for i, line in enumerate(lines) if line is record)
+    for line in lines[index + 1 :]:
+        if record.process is not None and line.process not in (None, record.process):
+            continue
+        if (line.level, line.timestamp, line.process) != key:
+            break
+        if line.exception and not line.is_code:
+            return line if line.text != record.text else record
+    return record
+
+
+# Ray's exception for a task that raised (ray python/ray/exceptions.py, ray 2.60.0:
+# as_instanceof_cause names the class f"RayTaskError({cause_cls.__name__})"; __str__ puts
+# f"{self.proctitle}() (pid={self.pid}, ip={self.ip}" in place of the traceback's first line,
+# the task's traceback and its exception line following): the header names the class only.
+_RAY_TASK_HEADER = re.compile(r"RayTaskError\((?P<cause>\w+)\): ray::\S*\(\) \(pid=\d+")
+
+
+def _ray_task_cause(failure: Hit, hits: list[Hit]) -> Hit:
+    """For Ray's RayTaskError(X) header, the exception line X of the task's traceback under
+    it (the first such line hit after it), which states the error."""
+    header = _RAY_TASK_HEADER.search(failure.line.text)
+    if header is None:
+        return failure
+    cause = re.compile(r"^(?:[\w.]+\.)?" + re.escape(header["cause"]) + r": \S")
+    line = next(
+        (
+            hit.line
+            for hit in hits
+            if hit.line.number > failure.line.number
+            and hit.line.exception
+            and cause.match(hit.line.text)
+        ),
+        None,
+    )
+    return failure if line is None else Hit(failure.entry, line, failure.pattern_index)
+
+
+# V0's multiprocessing engine's record of the error that ended its loop (vLLM 0.10.2
+# vllm/engine/multiprocessing/engine.py MQLLMEngine.start: except Exception as e:
+# logger.exception(repr(e)), then the loop is over): the exception's repr as the message of an
+# ERROR record of engine.py. Every request after it gets MQEngineDeadError("Engine loop is not
+# running. Inspect the stacktrace to find the original error: ...") (vllm/engine/
+# multiprocessing/__init__.py ENGINE_DEAD_ERROR): the server no longer serves. A request's own
+# error (a 400, a refused prompt) is logged by the API server, not as this record.
+_ENGINE_LOOP_DEATH = re.compile(r"\bengine\.py:\d+\]\s+" + EXCEPTION_NAME + r"\([\"']")
+_ENGINE_LOOP_DEAD = re.compile(r"Engine loop is not running")
+
+
+def _engine_loop_death(hits: list[Hit], after: int | None) -> LogLine | None:
+    """The first record of V0's engine loop ending on an error, after line ``after``: among
+    the exception lines already hit, an ERROR record of engine.py whose message is a repr."""
+    return next(
+        (
+            hit.line
+            for hit in hits
+            if hit.line.exception
+            and hit.line.level in ("ERROR", "CRITICAL")
+            and (after is None or hit.line.number > after)
+            and _ENGINE_LOOP_DEATH.search(hit.line.raw)
+        ),
+        None,
+    )
+
+
+def _engine_loop_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
+    """Under V0's MQEngineDeadError, the engine loop's own record of its error, wherever it
+    is: the API server's wrapper and the engine's record are two processes' output and
+    interleave (the wrapper often comes first)."""
+    if not _ENGINE_LOOP_DEAD.search(wrapper.text):
+        return None
+    death = _engine_loop_death(hits, None)
+    if death is None:
+        return None
+    line = _chained_cause(death, lines)
+    causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
+    best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+    return RootCause(line, best)
 
 
 # The engine core's record of its own death, its traceback logged under the same prefix

@@ -1172,3 +1172,59 @@ def test_flashinfers_mla_refusing_the_kv_dtype_is_kv_dtype_kernel_mismatch(rende
 
     assert diagnosis.failure == "kv-dtype-kernel-mismatch"
     assert diagnosis.numbers.get("kv_data_type") == "torch.uint8"
+
+
+# LLVM llvm/lib/Support/ErrorHandling.cpp report_fatal_error: errs() << "LLVM ERROR: " << reason
+# << "\n", then the process ends: rendered with a sample reason.
+_LLVM_FATAL = "LLVM ERROR: {reason}".format(reason="Cannot select: intrinsic %llvm.example")
+_SERVING = (
+    "INFO:     Started server process [7]\n"
+    "INFO:     Waiting for application startup.\n"
+    "INFO:     Application startup complete.\n"
+    "INFO 05-31 09:09:41 [engine.py:310] Added request cmpl-1.\n"
+)
+
+
+def test_an_llvm_fatal_error_while_serving_is_a_failure_not_ready() -> None:
+    diagnosis = diagnose_log(_SERVING + _LLVM_FATAL + "\n")
+    assert diagnosis.state == FAILED
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.error_class == "llvm-fatal-error"
+    assert diagnosis.line is not None and diagnosis.line.text == _LLVM_FATAL
+
+
+def test_a_request_refused_while_serving_stays_ready() -> None:
+    refused = (
+        'INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request\n'
+        "ERROR 05-31 09:09:42 [serving_chat.py:200] Error in preprocessing prompt inputs\n"
+    )
+    diagnosis = diagnose_log(_SERVING + refused)
+    assert diagnosis.state == READY
+
+
+def test_llvm_error_wording_only_at_the_start_of_a_line() -> None:
+    # A message that quotes LLVM's words mid-line is not LLVM's own record.
+    quoted = "INFO 05-31 09:09:42 [x.py:1] retry after LLVM ERROR: earlier was cleared\n"
+    assert diagnose_log(_SERVING + quoted).state == READY
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/core/sched/scheduler.py: logger.debug("%s is still in
+# WAITING_FOR_REMOTE_KVS state.", request_id), at each step the request waits.
+def _remote_kv_wait(request_id: str) -> str:
+    message = "%s is still in WAITING_FOR_REMOTE_KVS state." % request_id  # noqa: UP031 (logging renders the %-format)
+    return f"DEBUG 10-09 19:47:51 [scheduler.py:345] {message}\n"
+
+
+def test_requests_waiting_for_remote_kv_to_the_logs_end_are_a_hang() -> None:
+    log = _SERVING + _remote_kv_wait("cmpl-1-0") * 3
+    diagnosis = diagnose_log(log)
+    assert diagnosis.state == HUNG
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.error_class == "remote-kv-wait"
+    assert diagnosis.line is not None and "WAITING_FOR_REMOTE_KVS" in diagnosis.line.text
+
+
+def test_a_remote_kv_wait_that_ends_with_the_request_served_is_no_hang() -> None:
+    served = 'INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+    log = _SERVING + _remote_kv_wait("cmpl-1-0") * 3 + served
+    assert diagnose_log(log).state == READY

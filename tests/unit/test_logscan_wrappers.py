@@ -863,3 +863,145 @@ def test_under_a_workers_method_record_its_exception_is_the_root_cause() -> None
 
     assert diagnosis.failure == "oom"
     assert diagnosis.line is not None and diagnosis.line.text == raised
+
+
+# vLLM 0.10.2 vllm/engine/multiprocessing/engine.py MQLLMEngine.start: logger.exception(repr(e))
+# under V0's format "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", then
+# vllm/engine/multiprocessing/__init__.py ENGINE_DEAD_ERROR's MQEngineDeadError for requests.
+_V0_SERVING = (
+    "INFO:     Started server process [7]\n"
+    "INFO:     Application startup complete.\n"
+    "INFO 11-29 09:04:25 [engine.py:290] Added request chat-1.\n"
+)
+_LOOP_ERROR = ValueError("could not broadcast input array from shape (9,) into shape (8,)")
+_LOOP_RECORD = f"ERROR 11-29 09:04:28 [engine.py:158] {_LOOP_ERROR!r}"
+_LOOP_TRACE = (
+    "ERROR 11-29 09:04:28 [engine.py:158] Traceback (most recent call last):\n"
+    'ERROR 11-29 09:04:28 [engine.py:158]   File "/x/vllm/engine/multiprocessing/engine.py",'
+    " line 156, in start\n"
+    "ERROR 11-29 09:04:28 [engine.py:158]     self.run_engine_loop()\n"
+)
+_MQ_DEAD = (
+    "ERROR 11-29 09:04:29 [serving_chat.py:885] vllm.engine.multiprocessing.MQEngineDeadError: "
+    "Engine loop is not running. Inspect the stacktrace to find the original error: "
+    f"{_LOOP_ERROR!r}."
+)
+
+
+def test_the_v0_engine_loops_error_while_serving_is_a_failure_with_that_line() -> None:
+    diagnosis = diagnose_log(_V0_SERVING + _LOOP_RECORD + "\n" + _LOOP_TRACE)
+    assert diagnosis.state == FAILED
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == _LOOP_RECORD
+
+
+def test_under_mq_engine_dead_the_engine_loops_own_record_below_is_the_root() -> None:
+    diagnosis = diagnose_log(_V0_SERVING + _MQ_DEAD + "\n" + _LOOP_RECORD + "\n" + _LOOP_TRACE)
+    assert diagnosis.state == FAILED
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.raw == _LOOP_RECORD
+    assert diagnosis.wrapper is not None and "MQEngineDeadError" in diagnosis.wrapper.raw
+
+
+def test_a_request_error_of_the_api_server_while_serving_stays_ready() -> None:
+    # The API server's own record of a request's error (not the engine loop's): it answers
+    # the request with an error and goes on serving.
+    request = (
+        'INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request\n'
+        f"ERROR 11-29 09:04:28 [serving_chat.py:200] {ValueError('prompt too long')!r}\n"
+    )
+    assert diagnose_log(_V0_SERVING + request).state == READY
+
+
+# ray python/ray/exceptions.py (ray 2.60.0): the class named f"RayTaskError({cause.__name__})"
+# by as_instanceof_cause, its __str__ f"{proctitle}() (pid={pid}, ip={ip})" then the task's
+# traceback and its exception line.
+def _ray_task_error(cause: Exception, frames: str) -> str:
+    header = "{}() (pid={}, ip={})".format("ray::run_inference", 4153, "10.0.0.7")
+    name = f"RayTaskError({type(cause).__name__})"
+    return f"ray.exceptions.{name}: {header}\n{frames}{type(cause).__name__}: {cause}\n"
+
+
+_RAY_FRAMES = (
+    '  File "/x/site-packages/vllm/entrypoints/llm.py", line 212, in __init__\n'
+    "    engine_args = EngineArgs(\n"
+)
+
+
+def test_under_rays_task_error_header_the_tasks_exception_line_is_reported() -> None:
+    cause = TypeError("EngineArgs.__init__() got an unexpected keyword argument 'x'")
+    diagnosis = diagnose_log(_ray_task_error(cause, _RAY_FRAMES))
+    assert diagnosis.state == FAILED
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.text == f"TypeError: {cause}"
+
+
+def test_a_ray_task_error_header_with_its_traceback_cut_is_reported_itself() -> None:
+    cut = _ray_task_error(TypeError("x"), "").splitlines()[0] + "\n"
+    diagnosis = diagnose_log(cut)
+    assert diagnosis.line is not None and diagnosis.line.text.startswith("ray.exceptions.")
+
+
+# vLLM 0.10.2 vllm/lora/worker_manager.py: raise RuntimeError(f"Loading lora {path} failed")
+# from e; V0's model runner re-raises it as "Error in model execution: ..."; the engine loop's
+# logger.exception(repr(e)) prints the chain, the cause (ValueError) first (CPython).
+def test_the_engine_loops_chained_cause_in_its_record_is_reported() -> None:
+    root = ValueError("base_model.model.lm_head.weight is unsupported LoRA weight")
+    wrapped = RuntimeError("Error in model execution: Loading lora /m/adapter failed")
+    at = "ERROR 10-11 16:03:09 [engine.py:157] "
+    record = (
+        f"{at}{wrapped!r}\n{at}Traceback (most recent call last):\n"
+        f'{at}  File "/x/vllm/lora/utils.py", line 113, in parse_fine_tuned_lora_name\n'
+        f"{at}ValueError: {root}\n{at}\n"
+        f"{at}The above exception was the direct cause of the following exception:\n"
+        f"{at}RuntimeError: {wrapped}\n"
+    )
+    diagnosis = diagnose_log(record)
+    assert diagnosis.state == FAILED
+    assert diagnosis.line is not None and diagnosis.line.text == f"ValueError: {root}"
+
+
+# CANN's HCCL error EI0006 ("Getting socket times out. Reason: %s", CANN error code reference,
+# HCCL Errors) printed by torch_npu under its operator error ("OPS function error: %s, error
+# code is %d"), every line under the rank's prefix.
+_NPU_OPS = (
+    "[rank1]: RuntimeError: InnerRunOpApi:torch_npu/csrc/framework/OpParamMaker.cpp:281 "
+    "OPS function error: {}, error code is {}\n"
+)
+_CANN_ACL = (
+    "[rank1]: [ERROR] 2025-04-08-18:07:20 (PID:12, Device:1, RankID:1) ERR01100 "
+    "OPS call acl api failed.\n"
+)
+_EI0006 = "EI0006: [PID: 12] 2025-04-08-18:07:20.444.436 Getting socket times out. Reason: {}"
+
+
+def test_under_torch_npus_operator_error_the_hccl_coded_line_is_reported() -> None:
+    coded = _EI0006.format("Remote Rank did not send the data in time.")
+    log = _NPU_OPS.format("HcclAllreduce", 6) + _CANN_ACL + f"[rank1]: {coded}\n"
+    diagnosis = diagnose_log(log)
+    assert diagnosis.state == FAILED
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and diagnosis.line.text == coded
+
+
+def test_an_operator_error_with_no_coded_line_under_it_is_reported_itself() -> None:
+    log = _NPU_OPS.format("HcclAllreduce", 6) + _CANN_ACL
+    diagnosis = diagnose_log(log)
+    assert diagnosis.line is not None and "OPS function error" in diagnosis.line.text
+
+
+# vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core: logger.exception("EngineCore
+# encountered a fatal error.") once the engine was up; the loop is over, so is the serving.
+def test_the_v1_engine_cores_fatal_error_while_serving_is_a_failure() -> None:
+    fatal = (
+        "(EngineCore_DP0 pid=9) ERROR 05-12 01:48:42 [core.py:710] "
+        "EngineCore encountered a fatal error.\n"
+        "(EngineCore_DP0 pid=9) ERROR 05-12 01:48:42 [core.py:710] "
+        "Traceback (most recent call last):\n"
+        "(EngineCore_DP0 pid=9) ERROR 05-12 01:48:42 [core.py:710] "
+        "RuntimeError: CUDA error: an illegal instruction was encountered\n"
+    )
+    diagnosis = diagnose_log(_V0_SERVING + fatal)
+    assert diagnosis.state == FAILED
+    assert diagnosis.line is not None
+    assert diagnosis.line.text == "RuntimeError: CUDA error: an illegal instruction was encountered"
