@@ -25,7 +25,7 @@ import json
 import re
 from bisect import bisect_left
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
@@ -1996,17 +1996,24 @@ def _chained_cause(record: LogLine, lines: list[LogLine]) -> LogLine:
     exception's cause first (CPython traceback.format_exception: the cause, then "The above
     exception was the direct cause of the following exception:"), e.g. the ValueError under
     vLLM's RuntimeError("Loading lora ... failed") (vLLM 0.10.2 vllm/lora/worker_manager.py).
-    The record's lines share its level, time and process; other processes' are skipped."""
+    The record's lines share its level, time and process (:func:`_record_lines`)."""
+    for line in _record_lines(record, lines):
+        if line.exception and not line.is_code:
+            return line if line.text != record.text else record
+    return record
+
+
+def _record_lines(record: LogLine, lines: list[LogLine]) -> Iterator[LogLine]:
+    """The lines after ``record`` that go on with it: its level, time and process (other
+    processes' lines interleaved with them skipped: several workers' tracebacks often are)."""
     key = (record.level, record.timestamp, record.process)
     index = next(i for i, line in enumerate(lines) if line is record)
     for line in lines[index + 1 :]:
         if record.process is not None and line.process not in (None, record.process):
             continue
         if (line.level, line.timestamp, line.process) != key:
-            break
-        if line.exception and not line.is_code:
-            return line if line.text != record.text else record
-    return record
+            return
+        yield line
 
 
 # Ray's exception for a task that raised (ray python/ray/exceptions.py, ray 2.60.0:
@@ -2104,13 +2111,7 @@ def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) ->
     record before its exception (the wrapper is then all the log shows)."""
     if not _DEATH_RECORD.search(wrapper.text) or wrapper.level is None:
         return None
-    key = (wrapper.level, wrapper.timestamp, wrapper.process)
-    index = next(i for i, line in enumerate(lines) if line is wrapper)
-    for line in lines[index + 1 :]:
-        if wrapper.process is not None and line.process not in (None, wrapper.process):
-            continue
-        if (line.level, line.timestamp, line.process) != key:
-            return None
+    for line in _record_lines(wrapper, lines):
         if not line.is_code and _EXCEPTION_LINE.match(line.text):
             causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
             best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
