@@ -1857,13 +1857,11 @@ def _root_cause(
         return None
     others = [line for line in candidates if not _API_SERVER.match(line.process or "")]
     first = (others or candidates)[0]
-    causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
-    best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+    best = _best_cause(hits, first)
     exception = _exception_of_record(first, lines)
     if exception is not None:
         first = exception
-        causes = [h for h in hits if h.line is first and h.entry.kind == "cause"]
-        best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+        best = _best_cause(hits, first)
     return RootCause(_detail_line(first, lines) or first, best)
 
 
@@ -1984,8 +1982,7 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
             and bool(_EXCEPTION_LINE.match(line.text))
             and not _API_SERVER.match(line.process or "")
         ):
-            causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
-            best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+            best = _best_cause(hits, line)
             return RootCause(line, best)
     return None
 
@@ -2080,8 +2077,7 @@ def _engine_loop_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
     if death is None:
         return None
     line = _chained_cause(death, lines)
-    causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
-    best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+    best = _best_cause(hits, line)
     return RootCause(line, best)
 
 
@@ -2104,6 +2100,12 @@ _DEATH_RECORD = re.compile(
 )
 
 
+def _best_cause(hits: list[Hit], line: LogLine) -> CatalogueEntry | None:
+    """The highest-priority cause entry hit on ``line``, if any."""
+    causes = [hit.entry for hit in hits if hit.line is line and hit.entry.kind == "cause"]
+    return max(causes, key=lambda entry: entry.priority) if causes else None
+
+
 def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
     """For an engine core's record of its death, the exception that closes the record: the
     lines after it with its level, time and process (other processes' lines interleaved with
@@ -2113,8 +2115,7 @@ def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) ->
         return None
     for line in _record_lines(wrapper, lines):
         if not line.is_code and _EXCEPTION_LINE.match(line.text):
-            causes = [h for h in hits if h.line is line and h.entry.kind == "cause"]
-            best = max(causes, key=lambda hit: hit.entry.priority).entry if causes else None
+            best = _best_cause(hits, line)
             return RootCause(_detail_line(line, lines) or line, best)
     return None
 
