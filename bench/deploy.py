@@ -13,7 +13,7 @@ checkpoint already patched (a first, untimed opsbook deploy does it). Runs take 
 medians are printed with the ratio and issue 16's goal (at most 2x), and opsbook's own
 per-stage times from its record.
 
-Usage: ``.venv/bin/python bench/deploy.py [--runs 2] [--address 127.0.4.60]``
+Usage: ``.venv/bin/python bench/deploy.py [--runs 5] [--address 127.0.4.60]``
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def stop_all(host: Host, paths: launch.LaunchPaths) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=2, help="runs each (median kept)")
+    parser.add_argument("--runs", type=int, default=5, help="runs each (median kept)")
     parser.add_argument("--address", default="127.0.4.60")
     args = parser.parse_args()
     benchtable.as_installed()

@@ -21,7 +21,7 @@ one open SSH connection, taking turns, best of ``--repeat``:
 Goal (issue 16): within 1.5x of the ``python3 -`` script at every size, and opsbook's time
 growing less than 2x from 119 to 1,190 shards.
 
-Usage: ``.venv/bin/python bench/download.py [--shards 119,1190,11900] [--repeat 3]
+Usage: ``.venv/bin/python bench/download.py [--shards 119,1190,11900] [--repeat 5]
 [--address 127.0.4.50]`` (as
 root: the rehearsal host creates its login user).
 """
@@ -192,7 +192,7 @@ def checkpoint_for(box: Sandbox, shards: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="119,1190,11900", help="checkpoint sizes (a,b,c)")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--address", default=ADDRESS, help="the rehearsal host's loopback address")
     parser.add_argument("--hash-mib", type=int, default=256, help="MiB a shard for the full hash")
     options = parser.parse_args()
