@@ -1366,6 +1366,19 @@ def test_an_error_the_catalogue_does_not_know_has_no_class() -> None:
             "kv-cache-too-small",
         ),
         ("api_server.py: error: unrecognized arguments: --foo", "unknown-arg"),
+        # CPython 3.11 Lib/argparse.py: "%(prog)s: error: %(message)s" with ArgumentError's
+        # "argument %(argument_name)s: %(message)s"; _check_value's "invalid choice: %(value)r
+        # (choose from %(choices)s)" is a choice this vLLM lacks, _get_value's "invalid
+        # %(type)s value: %(value)r" a malformed value of a known flag (not unknown-arg).
+        (
+            "vllm serve: error: argument --load-format: invalid choice: 'x' (choose from "
+            "'auto', 'pt')",
+            "unknown-arg",
+        ),
+        (
+            "vllm serve: error: argument --kv-transfer-config: invalid from_cli value: '{bad'",
+            "unrecognised-error",
+        ),
         ("Out of memory: Killed process 4242 (python3) total-vm:1kB", "host-oom-killer"),
         # vLLM csrc/attention/attention_kernels.cu (TORCH_CHECK "Unsupported head size: ")
         ("RuntimeError: Unsupported head size: 32", "head-size-unsupported"),
