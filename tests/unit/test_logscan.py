@@ -1410,6 +1410,14 @@ def test_an_error_the_catalogue_does_not_know_has_no_class() -> None:
         ),
         # vLLM ray_utils.py "Placement group bundle cannot have more than 1 %s."
         ("ValueError: Placement group bundle cannot have more than 1 GPU.", "ray-resources"),
+        # ray 2.49.0 python/ray/util/placement_group.py check_placement_group_index:
+        # f"placement group bundle index {bundle_index} is invalid. Valid placement group
+        # indexes: 0-{placement_group.bundle_count}"
+        (
+            "ValueError: placement group bundle index 3 is invalid. Valid placement group "
+            "indexes: 0-2",
+            "ray-resources",
+        ),
         # vLLM 0.10.2 ray_distributed_executor.py, v0.2-0.9 ray_gpu_executor.py.
         (
             "ValueError: Ray does not allocate any GPUs on the driver node. Consider adjusting "
