@@ -1087,7 +1087,8 @@ def _diagnose_body(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
     events = _phase_events(lines)
-    hits = _survived_dropped(_after_launch(_debug_dropped(match_catalogue(lines)), lines), events)
+    found = _tool_parser_dropped(_debug_dropped(match_catalogue(lines)))
+    hits = _survived_dropped(_after_launch(found, lines), events)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
     # request's, as after the startup's end.
@@ -1250,6 +1251,24 @@ def _debug_dropped(hits: list[Hit]) -> list[Hit]:
     logger.debug("File or repository not found in hf_hub_download", e) for an optional file,
     then goes on). A stall or a note at DEBUG is kept (the engine's waits are DEBUG)."""
     return [hit for hit in hits if hit.line.level != "DEBUG" or hit.entry.kind in ("stall", "note")]
+
+
+# The record of a vLLM tool-call parser (vllm/entrypoints/openai/tool_parsers/*_tool_parser.py,
+# its logger's location "[hermes_tool_parser.py:110]"): the parsers catch what fails while
+# parsing a model's answer and log it, e.g. vLLM 0.8.3 hermes_tool_parser.py extract_tool_calls:
+# logger.exception("Error in extracting tool call from response.") then return the answer as
+# plain content; the request is answered, the server goes on.
+_TOOL_PARSER_RECORD = re.compile(r"\[\w+_tool_parser\.py:\d+\]")
+
+
+def _tool_parser_dropped(hits: list[Hit]) -> list[Hit]:
+    """The hits without uncatalogued errors a tool-call parser logged: a request's handled
+    error, not the server's failure."""
+    return [
+        hit
+        for hit in hits
+        if hit.entry.kind != "generic" or not _TOOL_PARSER_RECORD.search(hit.line.raw)
+    ]
 
 
 def _survived_dropped(hits: list[Hit], events: list[tuple[LogLine, str]]) -> list[Hit]:

@@ -2044,3 +2044,32 @@ def test_an_error_line_of_a_process_known_alive_leaves_it_loading() -> None:
 
     assert diagnose_log(text, running=True).state == LOADING
     assert diagnose_log(text).failure == "unrecognised-error"
+
+
+def _tool_parser_error_after_an_answer(location: str) -> str:
+    # vLLM 0.8.3 hermes_tool_parser.py extract_tool_calls: logger.exception("Error in
+    # extracting tool call from response.") (its traceback under it, same prefix), then the
+    # answer is returned as plain content; uvicorn's access line ('%s - "%s %s HTTP/%s" %d').
+    prefix = f"ERROR 05-06 21:01:02 [{location}]"
+    return "\n".join(
+        [
+            'INFO:     10.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+            f"{prefix} Error in extracting tool call from response.",
+            f"{prefix} Traceback (most recent call last):",
+            f'{prefix}   File "/v/json/decoder.py", line 1, in decode',
+            f"{prefix} json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)",
+        ]
+    )
+
+
+def test_a_tool_parsers_logged_error_after_an_answered_request_is_still_serving() -> None:
+    diagnosis = diagnose_log(_tool_parser_error_after_an_answer("hermes_tool_parser.py:110"))
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and '"POST /v1/chat/completions' in diagnosis.line.raw
+
+
+def test_the_same_error_logged_by_another_module_is_no_proof_of_serving() -> None:
+    diagnosis = diagnose_log(_tool_parser_error_after_an_answer("serving_chat.py:110"))
+
+    assert diagnosis.state == FAILED
