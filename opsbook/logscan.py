@@ -1420,7 +1420,8 @@ def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> Lo
 # throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, ...".
 # The engine logs it only once it schedules requests, i.e. it is serving.
 _STATS = re.compile(
-    r"Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+ tokens/s"
+    r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
+    r"Avg generation throughput: (?P<generation>[\d.]+) tokens/s"
 )
 
 
@@ -1437,14 +1438,34 @@ _REQUEST_TAKEN = re.compile(r"^(?:Received request \S+: (?:prompt|params): |Adde
 _ACCESS = re.compile(r'^\S+:\d+ - "[A-Z]+ /\S* HTTP/[\d.]+" \d{3}\b')
 
 
+# An access line of a request the app answered with success: a POST (the generating
+# endpoints are POSTs; a GET of /metrics or /v1/models is answered without the engine).
+_ANSWERED = re.compile(r'^\S+:\d+ - "POST /\S* HTTP/[\d.]+" 2\d\d\b')
+
+
+def _tokens_through(line: LogLine) -> bool:
+    """A stats line with tokens going through (an idle one logs 0.0 tokens/s for both)."""
+    stats = _STATS.search(line.text)
+    return stats is not None and (float(stats["prompt"]) > 0 or float(stats["generation"]) > 0)
+
+
 def _stats_line(lines: list[LogLine], errors: bool = False) -> LogLine | None:
-    """The first of the engine's throughput stats lines, else of its records of requests
-    taken: an excerpt of a serving engine often holds only these, not the startup's end. Else,
-    in a log with no error, uvicorn's first access line (with errors, the API server answers
-    requests also when its engine is dead: the answer says nothing of the engine)."""
+    """The line that shows the server serving, for an excerpt of a serving engine, which often
+    holds no startup's end: the first stats line with tokens going through; else the first
+    of an idle stats line and (in a log with no error) a POST answered with success; else the
+    first of the engine's records of requests taken. Else, in a log with no error, uvicorn's
+    first access line (with errors, the API server answers requests also when its engine is
+    dead: the answer says nothing of the engine)."""
+    through = next((line for line in lines if _tokens_through(line)), None)
+    if through is not None:
+        return through
     first_stats = next((line for line in lines if _STATS.search(line.text)), None)
-    if first_stats is not None:
-        return first_stats
+    answered = (
+        None if errors else next((line for line in lines if _ANSWERED.match(line.text)), None)
+    )
+    shown = [line for line in (first_stats, answered) if line is not None]
+    if shown:
+        return min(shown, key=lambda line: line.number)
     taken = next((line for line in lines if _REQUEST_TAKEN.match(line.text)), None)
     if taken is not None or errors:
         return taken

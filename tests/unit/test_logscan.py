@@ -2073,3 +2073,37 @@ def test_the_same_error_logged_by_another_module_is_no_proof_of_serving() -> Non
     diagnosis = diagnose_log(_tool_parser_error_after_an_answer("serving_chat.py:110"))
 
     assert diagnosis.state == FAILED
+
+
+def _stats(prompt: float, generation: float) -> str:
+    # vLLM 0.8.3 vllm/v1/metrics/loggers.py LoggingStatLogger.log: "Engine %03d: Avg prompt
+    # throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs,
+    # Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%".
+    return (
+        f"INFO 05-06 21:01:0{int(prompt) % 10} [loggers.py:87] Engine 000: Avg prompt throughput: "
+        f"{prompt:.1f} tokens/s, Avg generation throughput: {generation:.1f} tokens/s, Running: "
+        "1 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.1%, Prefix cache hit rate: 0.0%"
+    )
+
+
+def test_the_first_stats_line_with_tokens_going_through_shows_serving() -> None:
+    # A warning first: the screen keeps the routine lines next to a line of interest.
+    warning = "WARNING 05-06 21:01:00 [x.py:1] something worth a look"
+    text = "\n".join([warning, _stats(0, 0), _stats(3.9, 93.1)])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_a_post_answered_before_an_idle_stats_line_shows_serving() -> None:
+    # uvicorn's access line ('%s - "%s %s HTTP/%s" %d').
+    answered = 'INFO:     10.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK'
+    warning = "WARNING 05-06 21:01:00 [x.py:1] something worth a look"
+    text = "\n".join([warning, answered, _stats(0, 0)])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and diagnosis.line.number == 2
