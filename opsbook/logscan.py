@@ -234,8 +234,12 @@ _RAY_NATIVE = re.compile(
     r"^\[(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r" (?P<level>[DIWEF]) \d+ \d+\] (?:[\w./-]+:\d+: )?"
 )
+# glog's prefix (google/glog src/logging.cc LogMessage::Init: the severity's letter, the year
+# when FLAGS_log_year_in_prefix, then month, day, time, thread id and file:line; src/flags.cc
+# of 0.7 defines that flag true: "E20260106 06:43:02.966156  5793 transport.cpp:820] ").
 _GLOG = re.compile(
-    r"^(?P<level>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)\.\d+\s+\d+ "
+    r"^(?P<level>[IWEF])(?P<year>\d{4})?(?P<month>\d\d)(?P<day>\d\d) "
+    r"(?P<time>\d\d:\d\d:\d\d)\.\d+\s+\d+ "
     r"[\w./-]+:\d+\] "
 )
 # PyTorch's C++ (c10) log lines, behind "[rank0]:":

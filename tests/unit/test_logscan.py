@@ -2107,3 +2107,14 @@ def test_a_post_answered_before_an_idle_stats_line_shows_serving() -> None:
 
     assert diagnosis.state == READY
     assert diagnosis.line is not None and diagnosis.line.number == 2
+
+
+@pytest.mark.parametrize("stamp", ["E0106", "E20260106"])
+def test_a_glog_line_with_or_without_the_year_is_an_error_record(stamp: str) -> None:
+    # google/glog src/logging.cc LogMessage::Init: severity letter, the year when
+    # FLAGS_log_year_in_prefix (true by default in 0.7 src/flags.cc), month, day, time,
+    # thread id, "file:line] ".
+    (line,) = read_log_lines(f"{stamp} 06:43:02.966156  5793 transport.cpp:820] Connect timeout")
+
+    assert (line.level, line.text) == ("ERROR", "Connect timeout")
+    assert line.timestamp is not None and (line.timestamp.month, line.timestamp.day) == (1, 6)
