@@ -728,7 +728,7 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
             or (after_frame and message[:1].isspace())
             or bool(_MARKERS_ONLY.fullmatch(body) and body)
             or (len(members) == 1 and _relayed_source_line(message, level, body))
-        )
+        ) and not _CANN_PLACE.search(body)
         after_frame = body.startswith('File "')
         exception = not is_code and (
             bool(_EXCEPTION_LINE.match(body))
@@ -770,6 +770,13 @@ def _relayed_source_line(message: str, level: str | None, body: str) -> bool:
         and not _EXCEPTION_LINE.match(body)
         and not _NOT_A_CAUSE.match(body)
     )
+
+
+# Ascend CANN's error message, printed indented under its own "TraceBack (most recent call
+# last):" inside an exception's text: each line ends in the place that reported it
+# ("[FUNC:%s][FILE:%s][LINE:%d]", as vllm-project/vllm-ascend#3017 and #1736 show it), so it
+# is the runtime's message, not a traceback's source line.
+_CANN_PLACE = re.compile(r"\[FUNC:\w+\]\[FILE:[\w.]+\]\[LINE:\d+\]\s*$")
 
 
 def _wrapped_groups(numbers: list[int], cleaned: list[str]) -> list[list[int]]:

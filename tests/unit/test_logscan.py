@@ -2118,3 +2118,35 @@ def test_a_glog_line_with_or_without_the_year_is_an_error_record(stamp: str) -> 
 
     assert (line.level, line.text) == ("ERROR", "Connect timeout")
     assert line.timestamp is not None and (line.timestamp.month, line.timestamp.day) == (1, 6)
+
+
+def test_cann_s_message_under_interleaved_worker_tracebacks_is_the_failed_rank_s_cause() -> None:
+    # vLLM's worker relays its traceback line by line at ERROR (multiproc_executor.py
+    # worker_busy_loop: logger.exception("WorkerProc hit an exception.")); two ranks' lines
+    # interleave, and the failed rank's exception text holds CANN's message, each line ending
+    # in "[FUNC:%s][FILE:%s][LINE:%d]" (as vllm-project/vllm-ascend#3017 shows it).
+    def rank(n: int, text: str) -> str:
+        return f"(VllmWorker rank={n} pid=1{n}) ERROR 08-21 08:26:21 [multiproc_executor.py:546] {text}"
+
+    text = "\n".join(
+        [
+            rank(2, '  File "/t/graph_module.py", line 393, in __call__'),
+            rank(
+                1,
+                "       rtStreamSynchronizeWithTimeout execute failed, reason=[x]"
+                "[FUNC:FuncErrorReason][FILE:error_message_manage.cc][LINE:53]",
+            ),
+            rank(2, "    return self._wrapped_call(self, *args, **kwargs)"),
+            rank(
+                1,
+                "       synchronize stream failed, runtime result = 107027"
+                "[FUNC:ReportCallError][FILE:log_inner.cpp][LINE:161]",
+            ),
+            rank(7, "WorkerProc hit an exception."),
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and "rtStreamSynchronizeWithTimeout" in diagnosis.line.raw
