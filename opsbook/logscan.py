@@ -1098,7 +1098,7 @@ def _diagnose_body(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
     events = _phase_events(lines)
-    found = _tool_parser_dropped(_debug_dropped(match_catalogue(lines)))
+    found = _optional_import_dropped(_tool_parser_dropped(_debug_dropped(match_catalogue(lines))))
     hits = _survived_dropped(_after_launch(found, lines), events)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
@@ -1280,6 +1280,22 @@ def _tool_parser_dropped(hits: list[Hit]) -> list[Hit]:
         for hit in hits
         if hit.entry.kind != "generic" or not _TOOL_PARSER_RECORD.search(hit.line.raw)
     ]
+
+
+# The dynamic loader's refusal of DeepGEMM's extension: vLLM imports deep_gemm as an option
+# and goes on without it (vLLM 0.33.0 vllm/utils/deep_gemm.py _import_deep_gemm: "except
+# ImportError", which Python raises for a .so the loader refuses; then the vendored copy).
+_OPTIONAL_EXTENSION = re.compile(r"/deep_gemm/[\w.-]+\.so(?:\.\d+)*: undefined symbol: ")
+
+
+def _optional_import_dropped(hits: list[Hit]) -> list[Hit]:
+    """The hits without an optional extension's failed import, when another error is in the
+    log: vLLM went on without the extension, so the other error stopped it."""
+    optional = {id(hit.line) for hit in hits if _OPTIONAL_EXTENSION.search(hit.line.text)}
+    errors = ("cause", "wrapper", "generic")
+    if not any(id(hit.line) not in optional and hit.entry.kind in errors for hit in hits):
+        return hits
+    return [hit for hit in hits if id(hit.line) not in optional]
 
 
 def _survived_dropped(hits: list[Hit], events: list[tuple[LogLine, str]]) -> list[Hit]:
@@ -1904,6 +1920,9 @@ def _root_cause(
         and (line.number in named or _is_error_line(line))
     ]
     candidates = _not_gone_past(candidates, events, wrapper)
+    # An optional extension's refused import was gone past (vLLM imports it as an option).
+    required = [line for line in candidates if not _OPTIONAL_EXTENSION.search(line.text)]
+    candidates = required or candidates
     if not candidates:
         return None
     others = [line for line in candidates if not _API_SERVER.match(line.process or "")]

@@ -2150,3 +2150,33 @@ def test_cann_s_message_under_interleaved_worker_tracebacks_is_the_failed_rank_s
 
     assert diagnosis.failure == "unrecognised-error"
     assert diagnosis.line is not None and "rtStreamSynchronizeWithTimeout" in diagnosis.line.raw
+
+
+# Python's ImportError for a .so the loader refuses (run here with CPython 3.11 on a built
+# deep_gemm/_C.so: "ImportError: /tmp/d16so/deep_gemm/_C.so: undefined symbol: missing_fn").
+_DEEP_GEMM_REFUSED = (
+    "ImportError: /v/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so: undefined symbol: _Z1fv"
+)
+
+
+def test_deep_gemm_s_refused_import_is_not_the_cause_when_another_error_follows() -> None:
+    # vLLM 0.33.0 vllm/utils/deep_gemm.py _import_deep_gemm catches the ImportError; vLLM
+    # 0.33.0 v1/engine/utils.py wait_for_engine_startup raises the wrapper.
+    text = "\n".join(
+        [
+            _DEEP_GEMM_REFUSED,
+            "KeyError: 'model.layers.1.mtp_block.norm.weight'",
+            "RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {}",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.line is not None and "KeyError: 'model.layers.1" in diagnosis.line.raw
+
+
+def test_deep_gemm_s_refused_import_alone_is_still_reported() -> None:
+    diagnosis = diagnose_log(_DEEP_GEMM_REFUSED)
+
+    assert diagnosis.line is not None and "deep_gemm/_C" in diagnosis.line.raw
