@@ -2126,7 +2126,8 @@ def test_cann_s_message_under_interleaved_worker_tracebacks_is_the_failed_rank_s
     # interleave, and the failed rank's exception text holds CANN's message, each line ending
     # in "[FUNC:%s][FILE:%s][LINE:%d]" (as vllm-project/vllm-ascend#3017 shows it).
     def rank(n: int, text: str) -> str:
-        return f"(VllmWorker rank={n} pid=1{n}) ERROR 08-21 08:26:21 [multiproc_executor.py:546] {text}"
+        prefix = f"(VllmWorker rank={n} pid=1{n}) ERROR 08-21 08:26:21"
+        return f"{prefix} [multiproc_executor.py:546] {text}"
 
     text = "\n".join(
         [
