@@ -1470,19 +1470,27 @@ _ACCESS = re.compile(r'^\S+:\d+ - "[A-Z]+ /\S* HTTP/[\d.]+" \d{3}\b')
 _ANSWERED = re.compile(r'^\S+:\d+ - "POST /\S* HTTP/[\d.]+" 2\d\d\b')
 
 
+# A program that runs vLLM's engine logs each generation it finished: Xinference 1.7.1.post1
+# xinference/model/llm/vllm/core.py ("Generate finished, request_id: %s, stop reason: %s, ...").
+_GENERATION_FINISHED = re.compile(r"^Generate finished, request_id: \S+, stop reason: ")
+
+
 def _tokens_through(line: LogLine) -> bool:
-    """A stats line with tokens going through (an idle one logs 0.0 tokens/s for both)."""
+    """A stats line with tokens going through (an idle one logs 0.0 tokens/s for both), or a
+    generation logged as finished."""
+    if _GENERATION_FINISHED.match(line.text):
+        return True
     stats = _STATS.search(line.text)
     return stats is not None and (float(stats["prompt"]) > 0 or float(stats["generation"]) > 0)
 
 
 def _stats_line(lines: list[LogLine], errors: bool = False) -> LogLine | None:
     """The line that shows the server serving, for an excerpt of a serving engine, which often
-    holds no startup's end: the first stats line with tokens going through; else the first
-    of an idle stats line and (in a log with no error) a POST answered with success; else the
-    first of the engine's records of requests taken. Else, in a log with no error, uvicorn's
-    first access line (with errors, the API server answers requests also when its engine is
-    dead: the answer says nothing of the engine)."""
+    holds no startup's end: the first stats line with tokens going through or generation
+    logged as finished; else the first of an idle stats line and (in a log with no error) a
+    POST answered with success; else the first of the engine's records of requests taken.
+    Else, in a log with no error, uvicorn's first access line (with errors, the API server
+    answers requests also when its engine is dead: the answer says nothing of the engine)."""
     through = next((line for line in lines if _tokens_through(line)), None)
     if through is not None:
         return through

@@ -2181,3 +2181,21 @@ def test_deep_gemm_s_refused_import_alone_is_still_reported() -> None:
     diagnosis = diagnose_log(_DEEP_GEMM_REFUSED)
 
     assert diagnosis.line is not None and "deep_gemm/_C" in diagnosis.line.raw
+
+
+def test_a_generation_logged_as_finished_shows_serving_before_a_later_stats_line() -> None:
+    # Xinference 1.7.1.post1 xinference/model/llm/vllm/core.py: logger.info("Generate finished,
+    # request_id: %s, stop reason: %s, prompt tokens: %s, completion tokens: %s, all tokens:
+    # %s", ...), in Python logging's "%(asctime)s %(name)s %(process)d %(levelname)s" form.
+    warning = "WARNING 05-06 21:01:00 [x.py:1] something worth a look"
+    finished = (
+        "2025-07-08 17:36:59,526 xinference.model.llm.vllm.core 458 INFO     Generate "
+        "finished, request_id: r1, stop reason: stop, prompt tokens: 3, completion tokens: 2, "
+        "all tokens: 5"
+    )
+    text = "\n".join([warning, finished, _stats(2.8, 0.1)])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and diagnosis.line.number == 2
