@@ -234,8 +234,12 @@ _RAY_NATIVE = re.compile(
     r"^\[(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?"
     r" (?P<level>[DIWEF]) \d+ \d+\] (?:[\w./-]+:\d+: )?"
 )
+# glog's prefix (google/glog src/logging.cc LogMessage::Init: the severity's letter, the year
+# when FLAGS_log_year_in_prefix, then month, day, time, thread id and file:line; src/flags.cc
+# of 0.7 defines that flag true: "E20260106 06:43:02.966156  5793 transport.cpp:820] ").
 _GLOG = re.compile(
-    r"^(?P<level>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)\.\d+\s+\d+ "
+    r"^(?P<level>[IWEF])(?P<year>\d{4})?(?P<month>\d\d)(?P<day>\d\d) "
+    r"(?P<time>\d\d:\d\d:\d\d)\.\d+\s+\d+ "
     r"[\w./-]+:\d+\] "
 )
 # PyTorch's C++ (c10) log lines, behind "[rank0]:":
@@ -724,7 +728,7 @@ def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
             or (after_frame and message[:1].isspace())
             or bool(_MARKERS_ONLY.fullmatch(body) and body)
             or (len(members) == 1 and _relayed_source_line(message, level, body))
-        )
+        ) and not _CANN_PLACE.search(body)
         after_frame = body.startswith('File "')
         exception = not is_code and (
             bool(_EXCEPTION_LINE.match(body))
@@ -766,6 +770,13 @@ def _relayed_source_line(message: str, level: str | None, body: str) -> bool:
         and not _EXCEPTION_LINE.match(body)
         and not _NOT_A_CAUSE.match(body)
     )
+
+
+# Ascend CANN's error message, printed indented under its own "TraceBack (most recent call
+# last):" inside an exception's text: each line ends in the place that reported it
+# ("[FUNC:%s][FILE:%s][LINE:%d]", as vllm-project/vllm-ascend#3017 and #1736 show it), so it
+# is the runtime's message, not a traceback's source line.
+_CANN_PLACE = re.compile(r"\[FUNC:\w+\]\[FILE:[\w.]+\]\[LINE:\d+\]\s*$")
 
 
 def _wrapped_groups(numbers: list[int], cleaned: list[str]) -> list[list[int]]:
@@ -1087,7 +1098,8 @@ def _diagnose_body(
     lines: list[LogLine], running: bool | None, kernel_log: str | None
 ) -> LogDiagnosis:
     events = _phase_events(lines)
-    hits = _survived_dropped(_after_launch(_debug_dropped(match_catalogue(lines)), lines), events)
+    found = _optional_import_dropped(_tool_parser_dropped(_debug_dropped(match_catalogue(lines))))
+    hits = _survived_dropped(_after_launch(found, lines), events)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
     # request's, as after the startup's end.
@@ -1252,6 +1264,40 @@ def _debug_dropped(hits: list[Hit]) -> list[Hit]:
     return [hit for hit in hits if hit.line.level != "DEBUG" or hit.entry.kind in ("stall", "note")]
 
 
+# The record of a vLLM tool-call parser (vllm/entrypoints/openai/tool_parsers/*_tool_parser.py,
+# its logger's location "[hermes_tool_parser.py:110]"): the parsers catch what fails while
+# parsing a model's answer and log it, e.g. vLLM 0.8.3 hermes_tool_parser.py extract_tool_calls:
+# logger.exception("Error in extracting tool call from response.") then return the answer as
+# plain content; the request is answered, the server goes on.
+_TOOL_PARSER_RECORD = re.compile(r"\[\w+_tool_parser\.py:\d+\]")
+
+
+def _tool_parser_dropped(hits: list[Hit]) -> list[Hit]:
+    """The hits without uncatalogued errors a tool-call parser logged: a request's handled
+    error, not the server's failure."""
+    return [
+        hit
+        for hit in hits
+        if hit.entry.kind != "generic" or not _TOOL_PARSER_RECORD.search(hit.line.raw)
+    ]
+
+
+# The dynamic loader's refusal of DeepGEMM's extension: vLLM imports deep_gemm as an option
+# and goes on without it (vLLM 0.33.0 vllm/utils/deep_gemm.py _import_deep_gemm: "except
+# ImportError", which Python raises for a .so the loader refuses; then the vendored copy).
+_OPTIONAL_EXTENSION = re.compile(r"/deep_gemm/[\w.-]+\.so(?:\.\d+)*: undefined symbol: ")
+
+
+def _optional_import_dropped(hits: list[Hit]) -> list[Hit]:
+    """The hits without an optional extension's failed import, when another error is in the
+    log: vLLM went on without the extension, so the other error stopped it."""
+    optional = {id(hit.line) for hit in hits if _OPTIONAL_EXTENSION.search(hit.line.text)}
+    errors = ("cause", "wrapper", "generic")
+    if not any(id(hit.line) not in optional and hit.entry.kind in errors for hit in hits):
+        return hits
+    return [hit for hit in hits if id(hit.line) not in optional]
+
+
 def _survived_dropped(hits: list[Hit], events: list[tuple[LogLine, str]]) -> list[Hit]:
     """The hits without uncatalogued errors that the same process's startup went past: a
     later phase than the one it was in, logged by the same process, shows the error was not
@@ -1401,7 +1447,8 @@ def _serving_line(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> Lo
 # throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, ...".
 # The engine logs it only once it schedules requests, i.e. it is serving.
 _STATS = re.compile(
-    r"Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+ tokens/s"
+    r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
+    r"Avg generation throughput: (?P<generation>[\d.]+) tokens/s"
 )
 
 
@@ -1418,14 +1465,42 @@ _REQUEST_TAKEN = re.compile(r"^(?:Received request \S+: (?:prompt|params): |Adde
 _ACCESS = re.compile(r'^\S+:\d+ - "[A-Z]+ /\S* HTTP/[\d.]+" \d{3}\b')
 
 
+# An access line of a request the app answered with success: a POST (the generating
+# endpoints are POSTs; a GET of /metrics or /v1/models is answered without the engine).
+_ANSWERED = re.compile(r'^\S+:\d+ - "POST /\S* HTTP/[\d.]+" 2\d\d\b')
+
+
+# A program that runs vLLM's engine logs each generation it finished: Xinference 1.7.1.post1
+# xinference/model/llm/vllm/core.py ("Generate finished, request_id: %s, stop reason: %s, ...").
+_GENERATION_FINISHED = re.compile(r"^Generate finished, request_id: \S+, stop reason: ")
+
+
+def _tokens_through(line: LogLine) -> bool:
+    """A stats line with tokens going through (an idle one logs 0.0 tokens/s for both), or a
+    generation logged as finished."""
+    if _GENERATION_FINISHED.match(line.text):
+        return True
+    stats = _STATS.search(line.text)
+    return stats is not None and (float(stats["prompt"]) > 0 or float(stats["generation"]) > 0)
+
+
 def _stats_line(lines: list[LogLine], errors: bool = False) -> LogLine | None:
-    """The first of the engine's throughput stats lines, else of its records of requests
-    taken: an excerpt of a serving engine often holds only these, not the startup's end. Else,
-    in a log with no error, uvicorn's first access line (with errors, the API server answers
-    requests also when its engine is dead: the answer says nothing of the engine)."""
+    """The line that shows the server serving, for an excerpt of a serving engine, which often
+    holds no startup's end: the first stats line with tokens going through or generation
+    logged as finished; else the first of an idle stats line and (in a log with no error) a
+    POST answered with success; else the first of the engine's records of requests taken.
+    Else, in a log with no error, uvicorn's first access line (with errors, the API server
+    answers requests also when its engine is dead: the answer says nothing of the engine)."""
+    through = next((line for line in lines if _tokens_through(line)), None)
+    if through is not None:
+        return through
     first_stats = next((line for line in lines if _STATS.search(line.text)), None)
-    if first_stats is not None:
-        return first_stats
+    answered = (
+        None if errors else next((line for line in lines if _ANSWERED.match(line.text)), None)
+    )
+    shown = [line for line in (first_stats, answered) if line is not None]
+    if shown:
+        return min(shown, key=lambda line: line.number)
     taken = next((line for line in lines if _REQUEST_TAKEN.match(line.text)), None)
     if taken is not None or errors:
         return taken
@@ -1853,6 +1928,9 @@ def _root_cause(
         and (line.number in named or _is_error_line(line))
     ]
     candidates = _not_gone_past(candidates, events, wrapper)
+    # An optional extension's refused import was gone past (vLLM imports it as an option).
+    required = [line for line in candidates if not _OPTIONAL_EXTENSION.search(line.text)]
+    candidates = required or candidates
     if not candidates:
         return None
     others = [line for line in candidates if not _API_SERVER.match(line.process or "")]

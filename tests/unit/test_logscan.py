@@ -1366,6 +1366,19 @@ def test_an_error_the_catalogue_does_not_know_has_no_class() -> None:
             "kv-cache-too-small",
         ),
         ("api_server.py: error: unrecognized arguments: --foo", "unknown-arg"),
+        # CPython 3.11 Lib/argparse.py: "%(prog)s: error: %(message)s" with ArgumentError's
+        # "argument %(argument_name)s: %(message)s"; _check_value's "invalid choice: %(value)r
+        # (choose from %(choices)s)" is a choice this vLLM lacks, _get_value's "invalid
+        # %(type)s value: %(value)r" a malformed value of a known flag (not unknown-arg).
+        (
+            "vllm serve: error: argument --load-format: invalid choice: 'x' (choose from "
+            "'auto', 'pt')",
+            "unknown-arg",
+        ),
+        (
+            "vllm serve: error: argument --kv-transfer-config: invalid from_cli value: '{bad'",
+            "unrecognised-error",
+        ),
         ("Out of memory: Killed process 4242 (python3) total-vm:1kB", "host-oom-killer"),
         # vLLM csrc/attention/attention_kernels.cu (TORCH_CHECK "Unsupported head size: ")
         ("RuntimeError: Unsupported head size: 32", "head-size-unsupported"),
@@ -1397,6 +1410,14 @@ def test_an_error_the_catalogue_does_not_know_has_no_class() -> None:
         ),
         # vLLM ray_utils.py "Placement group bundle cannot have more than 1 %s."
         ("ValueError: Placement group bundle cannot have more than 1 GPU.", "ray-resources"),
+        # ray 2.49.0 python/ray/util/placement_group.py check_placement_group_index:
+        # f"placement group bundle index {bundle_index} is invalid. Valid placement group
+        # indexes: 0-{placement_group.bundle_count}"
+        (
+            "ValueError: placement group bundle index 3 is invalid. Valid placement group "
+            "indexes: 0-2",
+            "ray-resources",
+        ),
         # vLLM 0.10.2 ray_distributed_executor.py, v0.2-0.9 ray_gpu_executor.py.
         (
             "ValueError: Ray does not allocate any GPUs on the driver node. Consider adjusting "
@@ -2023,3 +2044,158 @@ def test_an_error_line_of_a_process_known_alive_leaves_it_loading() -> None:
 
     assert diagnose_log(text, running=True).state == LOADING
     assert diagnose_log(text).failure == "unrecognised-error"
+
+
+def _tool_parser_error_after_an_answer(location: str) -> str:
+    # vLLM 0.8.3 hermes_tool_parser.py extract_tool_calls: logger.exception("Error in
+    # extracting tool call from response.") (its traceback under it, same prefix), then the
+    # answer is returned as plain content; uvicorn's access line ('%s - "%s %s HTTP/%s" %d').
+    prefix = f"ERROR 05-06 21:01:02 [{location}]"
+    return "\n".join(
+        [
+            'INFO:     10.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+            f"{prefix} Error in extracting tool call from response.",
+            f"{prefix} Traceback (most recent call last):",
+            f'{prefix}   File "/v/json/decoder.py", line 1, in decode',
+            f"{prefix} json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)",
+        ]
+    )
+
+
+def test_a_tool_parsers_logged_error_after_an_answered_request_is_still_serving() -> None:
+    diagnosis = diagnose_log(_tool_parser_error_after_an_answer("hermes_tool_parser.py:110"))
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and '"POST /v1/chat/completions' in diagnosis.line.raw
+
+
+def test_the_same_error_logged_by_another_module_is_no_proof_of_serving() -> None:
+    diagnosis = diagnose_log(_tool_parser_error_after_an_answer("serving_chat.py:110"))
+
+    assert diagnosis.state == FAILED
+
+
+def _stats(prompt: float, generation: float) -> str:
+    # vLLM 0.8.3 vllm/v1/metrics/loggers.py LoggingStatLogger.log: "Engine %03d: Avg prompt
+    # throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs,
+    # Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%".
+    return (
+        f"INFO 05-06 21:01:0{int(prompt) % 10} [loggers.py:87] Engine 000: Avg prompt throughput: "
+        f"{prompt:.1f} tokens/s, Avg generation throughput: {generation:.1f} tokens/s, Running: "
+        "1 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.1%, Prefix cache hit rate: 0.0%"
+    )
+
+
+def test_the_first_stats_line_with_tokens_going_through_shows_serving() -> None:
+    # A warning first: the screen keeps the routine lines next to a line of interest.
+    warning = "WARNING 05-06 21:01:00 [x.py:1] something worth a look"
+    text = "\n".join([warning, _stats(0, 0), _stats(3.9, 93.1)])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and diagnosis.line.number == 3
+
+
+def test_a_post_answered_before_an_idle_stats_line_shows_serving() -> None:
+    # uvicorn's access line ('%s - "%s %s HTTP/%s" %d').
+    answered = 'INFO:     10.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK'
+    warning = "WARNING 05-06 21:01:00 [x.py:1] something worth a look"
+    text = "\n".join([warning, answered, _stats(0, 0)])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and diagnosis.line.number == 2
+
+
+@pytest.mark.parametrize("stamp", ["E0106", "E20260106"])
+def test_a_glog_line_with_or_without_the_year_is_an_error_record(stamp: str) -> None:
+    # google/glog src/logging.cc LogMessage::Init: severity letter, the year when
+    # FLAGS_log_year_in_prefix (true by default in 0.7 src/flags.cc), month, day, time,
+    # thread id, "file:line] ".
+    (line,) = read_log_lines(f"{stamp} 06:43:02.966156  5793 transport.cpp:820] Connect timeout")
+
+    assert (line.level, line.text) == ("ERROR", "Connect timeout")
+    assert line.timestamp is not None and (line.timestamp.month, line.timestamp.day) == (1, 6)
+
+
+def test_cann_s_message_under_interleaved_worker_tracebacks_is_the_failed_rank_s_cause() -> None:
+    # vLLM's worker relays its traceback line by line at ERROR (multiproc_executor.py
+    # worker_busy_loop: logger.exception("WorkerProc hit an exception.")); two ranks' lines
+    # interleave, and the failed rank's exception text holds CANN's message, each line ending
+    # in "[FUNC:%s][FILE:%s][LINE:%d]" (as vllm-project/vllm-ascend#3017 shows it).
+    def rank(n: int, text: str) -> str:
+        prefix = f"(VllmWorker rank={n} pid=1{n}) ERROR 08-21 08:26:21"
+        return f"{prefix} [multiproc_executor.py:546] {text}"
+
+    text = "\n".join(
+        [
+            rank(2, '  File "/t/graph_module.py", line 393, in __call__'),
+            rank(
+                1,
+                "       rtStreamSynchronizeWithTimeout execute failed, reason=[x]"
+                "[FUNC:FuncErrorReason][FILE:error_message_manage.cc][LINE:53]",
+            ),
+            rank(2, "    return self._wrapped_call(self, *args, **kwargs)"),
+            rank(
+                1,
+                "       synchronize stream failed, runtime result = 107027"
+                "[FUNC:ReportCallError][FILE:log_inner.cpp][LINE:161]",
+            ),
+            rank(7, "WorkerProc hit an exception."),
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.failure == "unrecognised-error"
+    assert diagnosis.line is not None and "rtStreamSynchronizeWithTimeout" in diagnosis.line.raw
+
+
+# Python's ImportError for a .so the loader refuses (run here with CPython 3.11 on a built
+# deep_gemm/_C.so: "ImportError: /tmp/d16so/deep_gemm/_C.so: undefined symbol: missing_fn").
+_DEEP_GEMM_REFUSED = (
+    "ImportError: /v/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so: undefined symbol: _Z1fv"
+)
+
+
+def test_deep_gemm_s_refused_import_is_not_the_cause_when_another_error_follows() -> None:
+    # vLLM 0.33.0 vllm/utils/deep_gemm.py _import_deep_gemm catches the ImportError; vLLM
+    # 0.33.0 v1/engine/utils.py wait_for_engine_startup raises the wrapper.
+    text = "\n".join(
+        [
+            _DEEP_GEMM_REFUSED,
+            "KeyError: 'model.layers.1.mtp_block.norm.weight'",
+            "RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {}",
+        ]
+    )
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.line is not None and "KeyError: 'model.layers.1" in diagnosis.line.raw
+
+
+def test_deep_gemm_s_refused_import_alone_is_still_reported() -> None:
+    diagnosis = diagnose_log(_DEEP_GEMM_REFUSED)
+
+    assert diagnosis.line is not None and "deep_gemm/_C" in diagnosis.line.raw
+
+
+def test_a_generation_logged_as_finished_shows_serving_before_a_later_stats_line() -> None:
+    # Xinference 1.7.1.post1 xinference/model/llm/vllm/core.py: logger.info("Generate finished,
+    # request_id: %s, stop reason: %s, prompt tokens: %s, completion tokens: %s, all tokens:
+    # %s", ...), in Python logging's "%(asctime)s %(name)s %(process)d %(levelname)s" form.
+    warning = "WARNING 05-06 21:01:00 [x.py:1] something worth a look"
+    finished = (
+        "2025-07-08 17:36:59,526 xinference.model.llm.vllm.core 458 INFO     Generate "
+        "finished, request_id: r1, stop reason: stop, prompt tokens: 3, completion tokens: 2, "
+        "all tokens: 5"
+    )
+    text = "\n".join([warning, finished, _stats(2.8, 0.1)])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.state == READY
+    assert diagnosis.line is not None and diagnosis.line.number == 2
