@@ -2191,11 +2191,32 @@ def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) ->
     record before its exception (the wrapper is then all the log shows)."""
     if not _DEATH_RECORD.search(wrapper.text) or wrapper.level is None:
         return None
-    for line in _record_lines(wrapper, lines):
+    record = list(_record_lines(wrapper, lines)) or _unprefixed_traceback(wrapper, lines)
+    for line in record:
         if not line.is_code and _EXCEPTION_LINE.match(line.text):
             best = _best_cause(hits, line)
             return RootCause(_detail_line(line, lines) or line, best)
     return None
+
+
+def _unprefixed_traceback(record: LogLine, lines: list[LogLine]) -> list[LogLine]:
+    """The traceback right under a record's message when its lines carry no prefix: vLLM's
+    formatter prefixes each line of a record (vLLM 0.32.0 vllm/logging_utils/formatter.py
+    NewLineFormatter), but with VLLM_CONFIGURE_LOGGING=0 (vllm/envs.py, vllm/logger.py) a
+    harness's handler formats it, and Python's logging.Formatter appends the traceback bare
+    (CPython 3.11 Lib/logging/__init__.py Formatter.format). It starts with the traceback's
+    header or a frame (a reporter's paste may elide lines with "..."), and ends where a
+    prefixed line begins."""
+    index = next(i for i, line in enumerate(lines) if line is record)
+    following: list[LogLine] = []
+    for line in lines[index + 1 :]:
+        if line.level is not None or line.process is not None:
+            break
+        following.append(line)
+    opening = next((line for line in following if line.text.strip() != "..."), None)
+    if opening is None or not (_TRACEBACK.match(opening.text) or _FRAME.match(opening.raw)):
+        return []
+    return following
 
 
 def _walk_back_start(failure: Hit, hits: list[Hit]) -> LogLine:

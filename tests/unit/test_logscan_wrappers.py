@@ -5,6 +5,11 @@ reported; with the cause in the text, the cause is."""
 
 from __future__ import annotations
 
+import io
+import logging
+import runpy
+from pathlib import Path
+
 import pytest
 
 from opsbook.logscan import FAILED, READY, diagnose_log
@@ -1005,3 +1010,72 @@ def test_the_v1_engine_cores_fatal_error_while_serving_is_a_failure() -> None:
     assert diagnosis.state == FAILED
     assert diagnosis.line is not None
     assert diagnosis.line.text == "RuntimeError: CUDA error: an illegal instruction was encountered"
+
+
+# vLLM 0.32.0 vllm/v1/core/sched/scheduler.py update_from_output: a bare assert.
+SCHEDULER_ASSERT = """
+def update_from_output(prompt_logprobs_tensors):
+    assert not prompt_logprobs_tensors
+"""
+
+
+def _record_logged_by_a_plain_handler(tmp_path: Path) -> str:
+    """The engine core's death record as a harness's own handler writes it (vLLM's handlers off
+    with VLLM_CONFIGURE_LOGGING=0, vllm/envs.py): Python's logging.Formatter (CPython
+    Lib/logging/__init__.py Formatter.format) puts the prefix on the message only and appends
+    the traceback without one. Rendered here by logging itself, from a bare ``assert`` in a
+    module of its own (pytest rewrites the asserts of test modules)."""
+    source = tmp_path / "scheduler.py"
+    source.write_text(SCHEDULER_ASSERT)
+    update_from_output = runpy.run_path(str(source))["update_from_output"]
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(
+        logging.Formatter(
+            "(EngineCore_DP0 pid=9182) %(levelname)s %(asctime)s [core.py:720] %(message)s",
+            datefmt="%m-%d %H:%M:%S",
+        )
+    )
+    logger = logging.getLogger("opsbook.test.plain-handler")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        try:
+            update_from_output({"req-1": 0})
+        except AssertionError:
+            logger.exception("EngineCore encountered a fatal error.")
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+def test_a_death_records_traceback_without_prefixes_is_its_own(tmp_path: Path) -> None:
+    text = _record_logged_by_a_plain_handler(tmp_path)
+    assert "\nTraceback (most recent call last):\n" in text  # the traceback carries no prefix
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "unrecognised-error")
+    assert diagnosis.line is not None
+    assert diagnosis.line.raw.strip() == "assert not prompt_logprobs_tensors"
+
+
+def test_a_pasted_traceback_with_elisions_under_a_death_record_is_its_own(tmp_path: Path) -> None:
+    lines = _record_logged_by_a_plain_handler(tmp_path).splitlines()
+    # A reporter's paste keeps the message, elides the traceback's header and some frames.
+    header = next(i for i, line in enumerate(lines) if line.startswith("Traceback"))
+    text = "\n".join([*lines[:header], "...", *lines[header + 1 :]])
+
+    diagnosis = diagnose_log(text)
+
+    assert diagnosis.line is not None
+    assert diagnosis.line.raw.strip() == "assert not prompt_logprobs_tensors"
+
+
+def test_plain_text_under_a_death_record_is_not_taken_for_its_traceback() -> None:
+    text = FATAL + "\n...\nsee the attached file\nValueError: a later reply's words\n"
+
+    diagnosis = diagnose_log(text)
+
+    assert (diagnosis.state, diagnosis.failure) == (FAILED, "engine-dead")
+    assert diagnosis.line is not None and diagnosis.line.raw == FATAL
