@@ -115,7 +115,7 @@ _MARKUP_START = re.compile(
 _MARKUP_END = re.compile(r"(?:\*\*|__|\s\||(?<!`)`)\s*$")
 # A terminal log viewer (k9s, lazydocker) draws a box: a vertical border before and after
 # each line it shows.
-_VIEWER_BORDER = re.compile(r"^\s*[│┃║] ?|\s*[│┃║]\s*$")
+_VIEWER_BORDER = re.compile(r"^\s*[│┃║] ?|(?<!\s)\s*[│┃║]\s*$")
 # A line pasted as Markdown inline code: `...`.
 _CODE_SPAN = re.compile(r"^\s*`([^`]+)`\s*$")
 # A Markdown code fence: it marks where a pasted log begins or ends, and is not log text.
@@ -1060,6 +1060,7 @@ class LogFollower:
         self._screen = LineScreen()
         self._splitter = _StartupSplitter()
         self.size = 0
+        self._last: tuple[tuple[object, ...], LogDiagnosis] | None = None
 
     def feed(self, data: bytes) -> None:
         """Take the bytes the log grew by.
@@ -1074,16 +1075,27 @@ class LogFollower:
     def diagnose(
         self, *, running: bool | None = None, kernel_log: str | None = None
     ) -> LogDiagnosis:
-        """The diagnosis of the last startup so far (as :func:`diagnose_stream` of the log)."""
+        """The diagnosis of the last startup so far (as :func:`diagnose_stream` of the log).
+
+        A look that brought no line of interest (a serving server's routine lines only) gets
+        the last answer again: it is the same lines' diagnosis, and diagnosing them again would
+        make each look cost what the startup's lines of interest cost, however few were new.
+        """
         last = self._splitter.current
-        diagnosis = _diagnose_lines(
-            logical_lines(last.lines() + self._screen.pending()), running, kernel_log
-        )
+        pending = self._screen.pending()
+        key = (
+            id(last), last.last_line, len(last.head), len(last.tail), last.skipped,
+            tuple(pending), len(self._splitter.earlier), running, kernel_log,
+        )  # fmt: skip
+        if self._last is not None and self._last[0] == key:
+            return replace(self._last[1], earlier=list(self._last[1].earlier))
+        diagnosis = _diagnose_lines(logical_lines(last.lines() + pending), running, kernel_log)
         diagnosis.first_line = last.first_line
         diagnosis.skipped_lines = last.skipped
         diagnosis.earlier = list(self._splitter.earlier)
         diagnosis.earlier_counts = dict(self._splitter.earlier_counts)
-        return diagnosis
+        self._last = (key, diagnosis)
+        return replace(diagnosis, earlier=list(diagnosis.earlier))
 
 
 def _diagnose_lines(
