@@ -125,6 +125,14 @@ def test_index_not_json_falls_back_to_shards_on_disk(local: Path) -> None:
     assert answer["summary"]["ok"] == 5
 
 
+def test_index_not_utf8_is_not_valid_json_and_falls_back_to_shards_on_disk(local: Path) -> None:
+    (local / INDEX).write_bytes(b'{"weight_map": {"a": "\xff\xfe"}}')
+    answer = check(local)
+    assert errors(answer)[0]["subject"] == INDEX
+    assert "not valid JSON" in errors(answer)[0]["message"]
+    assert answer["summary"]["ok"] == 5
+
+
 def test_without_an_index_a_missing_shard_of_a_numbered_series_is_missing(tmp_path) -> None:
     # The case: index gone, shard 50 of 119 gone; the names say -of-00119.
     model_dir = make_checkpoint(tmp_path / "full")
