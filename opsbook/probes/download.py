@@ -405,6 +405,10 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
                 ),
             )
         )
+    # Work of this process alone, done while the workers still inspect shards rather than
+    # after them, when they would wait for it.
+    answer["partials"] = find_partials(where, index)
+    answer["files"] = check_small_files(model_dir)
     inspected = finish_inspection(inspection)
     rows = [inspected.get(name) or inspect_row(model_dir, name) for name in expected]
     match_index(inspection.children, rows, index, model_dir)
@@ -423,8 +427,6 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
                 }
             )
     answer["shards"] = shard_table(rows)
-    answer["partials"] = find_partials(where, index)
-    answer["files"] = check_small_files(model_dir)
     answer["findings"] += shard_findings(rows) + partial_findings(answer["partials"], rows)
     answer["findings"] += link_findings(where) + file_findings(answer["files"])
     answer["summary"] = summarize(rows, answer["index"])
