@@ -48,6 +48,34 @@ def test_an_unframed_answer_is_refused() -> None:
         probes.decode("x", '{"ok": true}', "", 0)
 
 
+def _framed_run(program: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["python3", "-"], input=program, capture_output=True, text=True, check=True
+    )
+
+
+def test_a_large_answer_leaves_compressed_and_reads_back_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = {"dir": "/nonexistent"}
+    plain = _framed_run(probes.assemble("configs", args))
+    monkeypatch.setattr(probes, "COMPRESS_OVER", 10)  # this small answer counts as large
+    packed = _framed_run(probes.assemble("configs", args))
+
+    body = packed.stdout.split(probes.BEGIN)[1].split(probes.END)[0].strip()
+    assert body.startswith(probes.COMPRESSED) and "{" not in body
+    assert probes.decode("configs", packed.stdout, "", 0) == probes.decode(
+        "configs", plain.stdout, "", 0
+    )
+
+
+@pytest.mark.parametrize("damaged", ["z:not base64!", "z:" + "QUJD" * 4])
+def test_a_damaged_compressed_answer_is_refused(damaged: str) -> None:
+    stdout = f"\n{probes.BEGIN}\n{damaged}\n{probes.END}\n"
+    with pytest.raises(ProbeError, match="did not answer JSON"):
+        probes.decode("x", stdout, "", 0)
+
+
 # -- the compiled probe kept on the host ---------------------------------------------------
 
 
