@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from opsbook import probes
 from opsbook.redact import Redactor
 from opsbook.results import Table
 
@@ -74,7 +75,7 @@ class Journal:
             command=clean(command),
             exit_code=exit_code,
             duration=round(duration, 3),
-            stdout_tail=clean(_tail(stdout)),
+            stdout_tail=clean(_tail(probes.readable(stdout))),
             stderr_tail=clean(_tail(stderr)),
             started=(started or datetime.now(timezone.utc)).isoformat(timespec="milliseconds"),
             note=clean(note),

@@ -208,6 +208,22 @@ def _expanded(answer: str) -> str:
     return zlib.decompress(base64.b64decode(text[len(COMPRESSED) :], validate=True)).decode()
 
 
+def readable(stdout: str) -> str:
+    """``stdout`` with a compressed answer expanded: what the journal keeps of a command's
+    output is what a reader can read, and what the redactor can mask secrets in."""
+    if COMPRESSED not in stdout:
+        return stdout
+    body = _framed(stdout)
+    if body is None or not body.strip().startswith(COMPRESSED):
+        return stdout
+    try:
+        text = _expanded(body)
+    except (ValueError, zlib.error):
+        return stdout  # not an answer of ours: kept as it came
+    start = stdout.rfind(BEGIN) + len(BEGIN)
+    return stdout[:start] + "\n" + text + "\n" + stdout[stdout.find(END, start) :]
+
+
 def run_local(
     name: str,
     args: dict[str, Any] | None = None,

@@ -1,5 +1,8 @@
+import base64
 import json
+import zlib
 
+from opsbook import probes
 from opsbook.journal import Journal
 from opsbook.redact import Redactor
 
@@ -44,3 +47,15 @@ def test_the_journal_page_names_each_operation_first_read_or_write() -> None:
     assert "4 operation(s), 2 of them writing" in page and "<td>01:02:03</td>" in page
     assert "<details><summary>command</summary><pre>probe launch" in page
     assert "background:#ffebe9" in page  # the failed bash -n stands out
+
+
+def test_a_compressed_probe_answer_is_journalled_readable_with_the_secret_masked() -> None:
+    # A probe's large answer (a log read back, a secret in it) leaves compressed.
+    answer = json.dumps({"log": "y" * 3000 + " token topsecret1 at the end"})
+    packed = probes.COMPRESSED + base64.b64encode(zlib.compress(answer.encode())).decode()
+    stdout = f"\n{probes.BEGIN}\n{packed}\n{probes.END}\n"
+    journal = Journal(Redactor(["topsecret1"]))
+    journal.record(host="h", kind="run", command="probe", exit_code=0, duration=0.1, stdout=stdout)
+
+    tail = journal.entries[0].stdout_tail
+    assert "token *** at the end" in tail and "topsecret1" not in tail
