@@ -6,16 +6,14 @@ vLLM's own source in every CI run, not only where a wheel was downloaded by hand
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from opsbook import rehearsal_vllm
 from opsbook.probes.vllm_source import FolderSource
+from tests.unit.conftest import vllm_facts_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
 
@@ -29,17 +27,6 @@ SECTIONS = (
     "quantization_methods",
     "serve_flags",
 )
-
-
-def _tool() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "vllm_facts_tool_installed", ROOT / "tools" / "vllm_facts.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_facts_tool_installed"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +43,7 @@ def installed() -> FolderSource:
 def test_the_installed_vllm_source_gives_the_checked_in_facts(
     installed: FolderSource, section: str
 ) -> None:
-    tool = _tool()
+    tool = vllm_facts_tool()
     extracted = json.loads(tool.dumps(getattr(tool, section)(installed)))
     checked_in = json.loads(CHECKED_IN.read_text(encoding="utf-8"))[section]
 

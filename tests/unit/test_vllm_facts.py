@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 
 from opsbook import compat, vllm_facts
 from opsbook.exceptions import OpsbookError
+from tests.unit.conftest import vllm_facts_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "opsbook" / "data" / "vllm_facts"
@@ -19,14 +18,7 @@ WHEELS = Path("/work/cache/vllm-wheels")
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "vllm_facts_tool", ROOT / "tools" / "vllm_facts.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_facts_tool"] = module
-    spec.loader.exec_module(module)
-    return module
+    return vllm_facts_tool()
 
 
 # --------------------------------------------------------------------------------------------
