@@ -168,13 +168,19 @@ def is_framed(stdout: str) -> bool:
     return BEGIN in stdout and END in stdout
 
 
-def _framed(stdout: str) -> str | None:
-    """The text between the last answer's markers, or None if there is none."""
+def _framed_span(stdout: str) -> tuple[int, int] | None:
+    """Where the text between the last answer's markers begins and ends, or None."""
     start = stdout.rfind(BEGIN)
     if start < 0:
         return None
     end = stdout.find(END, start)
-    return stdout[start + len(BEGIN) : end] if end >= 0 else None
+    return (start + len(BEGIN), end) if end >= 0 else None
+
+
+def _framed(stdout: str) -> str | None:
+    """The text between the last answer's markers, or None if there is none."""
+    span = _framed_span(stdout)
+    return stdout[span[0] : span[1]] if span else None
 
 
 def decode(name: str, stdout: str, stderr: str, exit_code: int, where: str = "localhost") -> Any:
@@ -211,17 +217,17 @@ def _expanded(answer: str) -> str:
 def readable(stdout: str) -> str:
     """``stdout`` with a compressed answer expanded: what the journal keeps of a command's
     output is what a reader can read, and what the redactor can mask secrets in."""
-    if COMPRESSED not in stdout:
+    span = _framed_span(stdout) if COMPRESSED in stdout else None
+    if span is None:
         return stdout
-    body = _framed(stdout)
-    if body is None or not body.strip().startswith(COMPRESSED):
+    start, end = span
+    if not stdout[start:end].strip().startswith(COMPRESSED):
         return stdout
     try:
-        text = _expanded(body)
+        text = _expanded(stdout[start:end])
     except (ValueError, zlib.error):
         return stdout  # not an answer of ours: kept as it came
-    start = stdout.rfind(BEGIN) + len(BEGIN)
-    return stdout[:start] + "\n" + text + "\n" + stdout[stdout.find(END, start) :]
+    return stdout[:start] + "\n" + text + "\n" + stdout[end:]
 
 
 def run_local(
