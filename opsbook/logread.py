@@ -151,6 +151,10 @@ class _Reader:
         self.last_text: tuple[int, bytes] | None = None
         self.carry = b""  # the unfinished last line (its first MAX_LINE_BYTES)
         self.overflow = 0  # bytes of an over-long line dropped so far
+        # The last lines of the block before: the context of a line of interest on either
+        # side of where one piece ended and the next began.
+        self.before = b""
+        self.before_count = 0
 
     def lines(self) -> Iterator[tuple[int, str]]:
         while True:
@@ -220,11 +224,18 @@ class _Reader:
             )
         return overflow
 
-    def _block(self, block: bytes) -> Iterator[tuple[int, str]]:
-        """The interesting lines of ``block`` (complete lines, the final newline removed)."""
+    def _block(self, new: bytes) -> Iterator[tuple[int, str]]:
+        """The interesting lines of ``new`` (complete lines, the final newline removed).
+
+        The block's last lines are read again with the next block, so a line of interest's
+        context is the same wherever the pieces were cut (a follower's looks, a stream's
+        chunks): a line of interest at the end gets its lines after from the next block, one
+        at the start its lines before from this one (they were yielded once only).
+        """
+        self._remember_last_text(new)
+        block = self.before + b"\n" + new if self.before_count else new
         starts = self._interesting_starts(block)
-        self._remember_last_text(block)
-        number = self.first_number
+        number = self.first_number - self.before_count
         counted = 0
         windows: list[tuple[int, int, int]] = []  # first line number, start and end offsets
         for start in starts:
@@ -241,7 +252,19 @@ class _Reader:
                 if first + offset > self.emitted:
                     self.emitted = first + offset
                     yield self.emitted, _decode(piece[:MAX_LINE_BYTES])
-        self.first_number += block.count(b"\n") + 1
+        self.first_number += new.count(b"\n") + 1
+        self._keep_last_lines(block)
+
+    def _keep_last_lines(self, block: bytes) -> None:
+        count = max(CONTEXT_BEFORE, CONTEXT_AFTER)
+        start = len(block)
+        for _ in range(count):
+            start = block.rfind(b"\n", 0, start)
+            if start < 0:
+                break
+        kept = block[start + 1 :]
+        self.before = b"\n".join(line[:MAX_LINE_BYTES] for line in kept.split(b"\n"))
+        self.before_count = self.before.count(b"\n") + 1
 
     def _interesting_starts(self, block: bytes) -> list[int]:
         starts = [] if ROUTINE_LINE.match(block) else [0]

@@ -28,7 +28,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import resources
 from itertools import accumulate
 from typing import Any, BinaryIO
@@ -697,50 +697,90 @@ def read_log_lines(text: str) -> list[LogLine]:
     return logical_lines(list(enumerate(text.split("\n"), 1)))
 
 
-def logical_lines(physical: Sequence[tuple[int, str]]) -> list[LogLine]:
+def logical_lines(
+    physical: Sequence[tuple[int, str]], memo: LineMemo | None = None
+) -> list[LogLine]:
     """Logical lines from numbered physical lines (a gap in the numbers breaks any joining).
 
     Args:
         physical: ``(line number, text)`` in file order, e.g. from
             :func:`opsbook.logread.screened_lines`.
+        memo: what earlier looks at the same growing log read each text as (see
+            :class:`LineMemo`); the lines come out the same with it or without.
 
     Returns:
         One ``LogLine`` per logical line.
     """
+    memo = memo or LineMemo()
     pieces = [piece for number, text in physical for piece in _lost_breaks(number, text)]
     numbers = [number for number, _ in pieces]
     raws = [text.rstrip("\r") for _, text in pieces]
-    cleaned = [_clean(line) for line in raws]
+    cleaned = [memo.cleaned.get(line, _clean) for line in raws]
     year = _first_year(raws)
     lines: list[LogLine] = []
     after_frame = after_code = False
-    for members in _wrapped_groups(numbers, cleaned):
+    for members in _wrapped_groups(numbers, cleaned, memo):
         joined = "".join(cleaned[i] for i in members)
-        if _COMMENT.match(joined) or _FENCE.match(joined.strip()):
-            joined = ""
-        joined = _HEADING.sub("", joined, count=1)
-        message, level, stamp, process = _strip_prefixes(joined, year)
-        body = _EXCEPTION_REPR.sub(r"\g<name>: \g<message>", message.strip(), count=1)
-        if level is None and process is None:
-            body = _quoted_exception(body)
+        read = memo.read.get((joined, year), _read_message)
+        body = read.body
         is_code = (
-            body.startswith(("raise ", 'File "'))
-            or (after_frame and message[:1].isspace())
-            or bool(_MARKERS_ONLY.fullmatch(body) and body)
-            or (len(members) == 1 and _relayed_source_line(message, level, body))
-        ) and not _CANN_PLACE.search(body)
-        after_frame = body.startswith('File "')
-        exception = not is_code and (
-            bool(_EXCEPTION_LINE.match(body))
-            or (after_code and bool(_BARE_EXCEPTION_LINE.match(body)))
-        )
+            read.code
+            or (after_frame and read.indented)
+            or (len(members) == 1 and read.relayed_source)
+        ) and not read.cann_place
+        after_frame = read.frame
+        exception = not is_code and (read.exception or (after_code and read.bare_exception))
         if body:
             after_code = is_code
         raw = "\n".join(raws[i] for i in members)
         lines.append(
-            LogLine(numbers[members[0]], raw, body, level, stamp, is_code, process, exception)
-        )
+            LogLine(
+                numbers[members[0]], raw, body, read.level, read.stamp, is_code, read.process,
+                exception,
+            )
+        )  # fmt: skip
     return _roll_years(lines)
+
+
+@dataclass(frozen=True)
+class _ReadMessage:
+    """What one logical line's text says on its own, whatever lines surround it."""
+
+    body: str
+    level: str | None
+    stamp: datetime | None
+    process: str | None
+    code: bool  # a frame, a ``raise`` or a marker line: code wherever it stands
+    indented: bool  # code when it follows a frame
+    relayed_source: bool  # code when it is a single physical line
+    cann_place: bool  # never code
+    frame: bool
+    exception: bool
+    bare_exception: bool  # an exception line when it follows code
+
+
+def _read_message(key: tuple[str, int]) -> _ReadMessage:
+    joined, year = key
+    if _COMMENT.match(joined) or _FENCE.match(joined.strip()):
+        joined = ""
+    joined = _HEADING.sub("", joined, count=1)
+    message, level, stamp, process = _strip_prefixes(joined, year)
+    body = _EXCEPTION_REPR.sub(r"\g<name>: \g<message>", message.strip(), count=1)
+    if level is None and process is None:
+        body = _quoted_exception(body)
+    return _ReadMessage(
+        body=body,
+        level=level,
+        stamp=stamp,
+        process=process,
+        code=body.startswith(("raise ", 'File "')) or bool(_MARKERS_ONLY.fullmatch(body) and body),
+        indented=message[:1].isspace(),
+        relayed_source=_relayed_source_line(message, level, body),
+        cann_place=bool(_CANN_PLACE.search(body)),
+        frame=body.startswith('File "'),
+        exception=bool(_EXCEPTION_LINE.match(body)),
+        bare_exception=bool(_BARE_EXCEPTION_LINE.match(body)),
+    )
 
 
 # vLLM's process prefix inside a line ("...)(APIServer pid=9) ..."): where a paste lost the
@@ -779,17 +819,25 @@ def _relayed_source_line(message: str, level: str | None, body: str) -> bool:
 _CANN_PLACE = re.compile(r"\[FUNC:\w+\]\[FILE:[\w.]+\]\[LINE:\d+\]\s*$")
 
 
-def _wrapped_groups(numbers: list[int], cleaned: list[str]) -> list[list[int]]:
+def _wrapped_groups(numbers: list[int], cleaned: list[str], memo: LineMemo) -> list[list[int]]:
     # Indexes of the physical lines that make up each logical line.
-    width = _wrap_width(cleaned)
+    width = _wrap_width(cleaned, memo)
     groups: list[list[int]] = []
     for index, line in enumerate(cleaned):
         adjacent = index > 0 and numbers[index] == numbers[index - 1] + 1
-        if groups and adjacent and _continues(cleaned[index - 1], line, width):
+        if (
+            groups
+            and adjacent
+            and memo.continues.get((cleaned[index - 1], line, width), _continues_key)
+        ):
             groups[-1].append(index)
         else:
             groups.append([index])
     return groups
+
+
+def _continues_key(key: tuple[str, str, int | None]) -> bool:
+    return _continues(*key)
 
 
 def phases(text: str) -> list[Phase]:
@@ -825,19 +873,25 @@ def find_version(lines: Sequence[LogLine]) -> str | None:
 
 
 def match_catalogue(
-    lines: Sequence[LogLine], catalogue: Sequence[CatalogueEntry] | None = None
+    lines: Sequence[LogLine],
+    catalogue: Sequence[CatalogueEntry] | None = None,
+    memo: LineMemo | None = None,
 ) -> list[Hit]:
     """Every catalogue entry found on every message line (traceback source lines skipped).
 
     Args:
         lines: the log's lines.
         catalogue: the entries to look for; the shipped catalogue by default.
+        memo: which patterns each text matched at earlier looks (see :class:`LineMemo`).
 
     Returns:
         Hits in log order; one line may hit several entries.
     """
     entries = _catalogue() if catalogue is None else tuple(catalogue)
-    screen = _screen(entries)
+    # The memo knows the shipped catalogue's matches only.
+    memo = memo if memo is not None and catalogue is None else LineMemo()
+    matching_patterns = partial(_matching_patterns, entries, _screen(entries))
+    caseless_matches = partial(_caseless_matches, entries)
     hits = []
     recent: deque[str] = deque(maxlen=CONTEXT_WINDOW)
     generic = [entry for entry in entries if entry.kind == "generic"]
@@ -848,17 +902,18 @@ def match_catalogue(
         if message and line.exception and not text.endswith("."):
             # A message a reporter or a page wrapped over two lines matches as one.
             text = _with_continuation(lines, position, text)
-        if message and screen.search(text):
-            for entry in entries:
-                index = _first_matching(entry, text, recent)
-                if index is not None:
-                    hits.append(Hit(entry, line, index))
-                    found = found or entry.kind == "generic"
+        matching = memo.matches.get(text, matching_patterns) if message else ()
+        for entry, indexes in matching:
+            index = _first_after(entry, indexes, recent)
+            if index is not None:
+                hits.append(Hit(entry, line, index))
+                found = found or entry.kind == "generic"
         if line.exception and not found:
             # An exception line no pattern names (a name read from its place in a traceback).
             hits += [Hit(entry, line, 0) for entry in generic]
         if _typed_in_lower_case(line) and not any(hit.line is line for hit in hits[-1:]):
-            hits += _caseless_hits(entries, line)
+            matches = memo.caseless.get(line.text, caseless_matches)
+            hits += [Hit(entry, line, index) for entry, index in matches]
         recent.append(line.text)
     return hits
 
@@ -925,17 +980,18 @@ def _typed_in_lower_case(line: LogLine) -> bool:
     return len(text) >= 40 and not line.is_code and text.islower() and " " in text
 
 
-def _caseless_hits(entries: Sequence[CatalogueEntry], line: LogLine) -> list[Hit]:
-    hits = []
+def _caseless_matches(
+    entries: Sequence[CatalogueEntry], text: str
+) -> tuple[tuple[CatalogueEntry, int], ...]:
+    # The causes whose patterns match the text in any case, each with its first such pattern.
+    matches = []
     for entry in entries:
         if entry.kind != "cause":
             continue
-        index = next(
-            (i for i, p in enumerate(_caseless_patterns(entry)) if p.search(line.text)), None
-        )
+        index = next((i for i, p in enumerate(_caseless_patterns(entry)) if p.search(text)), None)
         if index is not None:
-            hits.append(Hit(entry, line, index))
-    return hits
+            matches.append((entry, index))
+    return tuple(matches)
 
 
 @lru_cache(maxsize=256)
@@ -1049,6 +1105,53 @@ def diagnose_stream(
     return diagnosis
 
 
+class _Kept:
+    """Values computed from a key, kept from one look at a growing log to the next: a look
+    computes only those of keys it has not met. Each look keeps only the values it used
+    (:meth:`turn`), so what is kept never outgrows the lines the follower itself keeps."""
+
+    def __init__(self) -> None:
+        self._used: dict[Any, Any] = {}
+        self._earlier: dict[Any, Any] = {}
+
+    def get(self, key: Any, compute: Any) -> Any:
+        value = self._used.get(key, _UNSET)
+        if value is _UNSET:
+            value = self._earlier.pop(key, _UNSET)
+            if value is _UNSET:
+                value = compute(key)
+            self._used[key] = value
+        return value
+
+    def turn(self) -> None:
+        self._earlier, self._used = self._used, {}
+
+
+_UNSET = object()
+
+
+class LineMemo:
+    """What each text of a log was read as: how it was cleaned, its prefixes and message,
+    whether it continues the line above, which catalogue patterns and phase it matches. All
+    of these depend on the text alone, so a follower that keeps them between looks reads each
+    new line once and the lines it has seen at the cost of a lookup; the diagnosis is the same
+    with the memo or without it."""
+
+    def __init__(self) -> None:
+        self.cleaned = _Kept()
+        self.read = _Kept()
+        self.wrap_candidate = _Kept()
+        self.continues = _Kept()
+        self.matches = _Kept()
+        self.caseless = _Kept()
+        self.phase = _Kept()
+
+    def turn(self) -> None:
+        """End a look: forget what it did not use."""
+        for kept in vars(self).values():
+            kept.turn()
+
+
 class LogFollower:
     """A growing log diagnosed look after look, as a watcher sees it: each look pushes only
     the bytes written since the last (:meth:`feed`); they are screened once and the lines of
@@ -1061,6 +1164,7 @@ class LogFollower:
         self._splitter = _StartupSplitter()
         self.size = 0
         self._last: tuple[tuple[object, ...], LogDiagnosis] | None = None
+        self._memo = LineMemo()
 
     def feed(self, data: bytes) -> None:
         """Take the bytes the log grew by.
@@ -1089,7 +1193,9 @@ class LogFollower:
         )  # fmt: skip
         if self._last is not None and self._last[0] == key:
             return replace(self._last[1], earlier=list(self._last[1].earlier))
-        diagnosis = _diagnose_lines(logical_lines(last.lines() + pending), running, kernel_log)
+        lines = logical_lines(last.lines() + pending, self._memo)
+        diagnosis = _diagnose_lines(lines, running, kernel_log, self._memo)
+        self._memo.turn()
         diagnosis.first_line = last.first_line
         diagnosis.skipped_lines = last.skipped
         diagnosis.earlier = list(self._splitter.earlier)
@@ -1099,18 +1205,22 @@ class LogFollower:
 
 
 def _diagnose_lines(
-    lines: list[LogLine], running: bool | None, kernel_log: str | None
+    lines: list[LogLine],
+    running: bool | None,
+    kernel_log: str | None,
+    memo: LineMemo | None = None,
 ) -> LogDiagnosis:
     # A "# " line (a pasted report's markdown title) is a comment, never read as the log: the
     # diagnosis reads what the server wrote.
-    return _diagnose_body(lines, running, kernel_log)
+    return _diagnose_body(lines, running, kernel_log, memo or LineMemo())
 
 
 def _diagnose_body(
-    lines: list[LogLine], running: bool | None, kernel_log: str | None
+    lines: list[LogLine], running: bool | None, kernel_log: str | None, memo: LineMemo
 ) -> LogDiagnosis:
-    events = _phase_events(lines)
-    found = _optional_import_dropped(_tool_parser_dropped(_debug_dropped(match_catalogue(lines))))
+    events = _phase_events(lines, memo)
+    found = match_catalogue(lines, memo=memo)
+    found = _optional_import_dropped(_tool_parser_dropped(_debug_dropped(found)))
     hits = _survived_dropped(_after_launch(found, lines), events)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
@@ -2605,16 +2715,22 @@ def _oom_stage(events: list[tuple[LogLine, str]], at: int) -> str | None:
     return "graph capture" if furthest == "graphs" else "serving"
 
 
-def _phase_events(lines: Sequence[LogLine]) -> list[tuple[LogLine, str]]:
+def _phase_events(
+    lines: Sequence[LogLine], memo: LineMemo | None = None
+) -> list[tuple[LogLine, str]]:
+    memo = memo or LineMemo()
     events = []
     for line in lines:
         if line.is_code:
             continue
-        for name, pattern in PHASE_PATTERNS:
-            if pattern.search(line.text):
-                events.append((line, name))
-                break
+        name = memo.phase.get(line.text, _phase_of)
+        if name is not None:
+            events.append((line, name))
     return events
+
+
+def _phase_of(text: str) -> str | None:
+    return next((name for name, pattern in PHASE_PATTERNS if pattern.search(text)), None)
 
 
 def _first_phases(events: list[tuple[LogLine, str]], lines: Sequence[LogLine]) -> list[Phase]:
@@ -2696,9 +2812,30 @@ _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
 def _first_matching(entry: CatalogueEntry, text: str, recent: Sequence[str] = ()) -> int | None:
-    for index, pattern in enumerate(entry.patterns):
-        if not pattern.search(text):
-            continue
+    indexes = [index for index, pattern in enumerate(entry.patterns) if pattern.search(text)]
+    return _first_after(entry, indexes, recent)
+
+
+def _matching_patterns(
+    entries: tuple[CatalogueEntry, ...], screen: re.Pattern[str], text: str
+) -> tuple[tuple[CatalogueEntry, tuple[int, ...]], ...]:
+    """The entries whose patterns the text matches, each with the indexes of those patterns
+    (their ``after`` context not yet asked); ``screen`` is the entries' combined pattern."""
+    if not screen.search(text):
+        return ()
+    found = (
+        (entry, tuple(i for i, pattern in enumerate(entry.patterns) if pattern.search(text)))
+        for entry in entries
+    )
+    return tuple((entry, indexes) for entry, indexes in found if indexes)
+
+
+def _first_after(
+    entry: CatalogueEntry, indexes: Iterable[int], recent: Sequence[str]
+) -> int | None:
+    """The first of the matching patterns whose ``after`` context one of the recent lines
+    holds (a pattern without one needs none)."""
+    for index in indexes:
         after = entry.after[index] if index < len(entry.after) else None
         if after is None or any(after.search(before) for before in recent):
             return index
@@ -2872,12 +3009,12 @@ def _wrap_candidate(line: str) -> bool:
     return not _has_prefix(line) and not _LINE_START.match(line)
 
 
-def _wrap_width(cleaned: list[str]) -> int | None:
+def _wrap_width(cleaned: list[str], memo: LineMemo) -> int | None:
     # A terminal cuts every long line at the same column: that column, seen twice, is the width.
     widths = Counter(
         len(previous)
         for previous, line in zip(cleaned, cleaned[1:], strict=False)
-        if len(previous) >= _MIN_WRAP_WIDTH and _wrap_candidate(line)
+        if len(previous) >= _MIN_WRAP_WIDTH and memo.wrap_candidate.get(line, _wrap_candidate)
     )
     if not widths:
         return None

@@ -285,6 +285,23 @@ def test_routine_info_lines_are_skipped_and_others_kept() -> None:
     assert not any(logread.is_routine(line) for line in kept)
 
 
+def test_a_line_of_interest_keeps_its_context_wherever_the_pieces_were_cut() -> None:
+    # Routine lines around two lines of interest: the two lines each side are their context,
+    # whether a piece ends just before, on or just after either one.
+    routine = "(APIServer pid=1) INFO 05-15 06:00:{:02d} [loggers.py:127] Engine 000: Avg prompt\n"
+    lines = [routine.format(n) for n in range(12)]
+    lines[4] = "(APIServer pid=1) WARNING 05-15 06:00:04 [x.py:1] one\n"
+    lines[6] = "ERROR 05-15 06:00:06 [x.py:1] two\n"
+    raw = "".join(lines).encode()
+    whole = logread.LineScreen().feed(raw)
+    assert [number for number, _ in whole] == [3, 4, 5, 6, 7, 8, 9]
+    for cut in range(1, len(raw)):
+        for second_cut in (cut, min(cut + 57, len(raw))):
+            screen = logread.LineScreen()
+            pieces = screen.feed(raw[:cut]) + screen.feed(raw[cut:second_cut])
+            assert pieces + screen.feed(raw[second_cut:]) == whole, (cut, second_cut)
+
+
 @pytest.mark.parametrize(
     "carrier", ["2025-03-12T10:11:12.123456Z ", "Mar 12 10:11:12 gpu1 vllm[42]: ", "vllm-1  | "]
 )
@@ -445,6 +462,78 @@ def test_a_look_that_brought_nothing_new_is_answered_without_diagnosing_again(
     follower.feed(raw[len(raw) // 2 :])  # new lines: diagnosed
     assert follower.diagnose(running=True).state == READY
     assert calls == [1, 1]
+
+
+def test_a_follower_that_keeps_what_it_read_diagnoses_each_look_as_a_fresh_reading() -> None:
+    # Every shipped log, followed in pieces that cut lines anywhere, with the memo carried from
+    # look to look: each look's diagnosis is the one a follower reading the same bytes afresh
+    # gives (its memo holds nothing from earlier looks).
+    from opsbook.logscan import LogFollower
+
+    logs = sorted(LOGS.rglob("*.log"))
+    assert len(logs) > 500
+    for number, path in enumerate(logs):
+        raw = path.read_bytes()
+        follower = LogFollower()
+        cuts = [len(raw) * k // 4 + number % 7 for k in (1, 2, 3)] + [len(raw)]
+        start = 0
+        for look, cut in enumerate(cuts):
+            follower.feed(raw[start:cut])
+            start = cut
+            running = (None, True, False)[(number + look) % 3]
+            fresh = LogFollower()
+            fresh.feed(raw[:cut])
+            kept = follower.diagnose(running=running)
+            assert kept.to_dict() == fresh.diagnose(running=running).to_dict(), (path, cut)
+
+
+def test_a_look_reads_only_the_texts_it_has_not_read_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opsbook import logscan
+
+    reads: list[str] = []
+    matched: list[str] = []
+    read_message, matching = logscan._read_message, logscan._matching_patterns
+    monkeypatch.setattr(
+        logscan, "_read_message", lambda key: reads.append(key[0]) or read_message(key)
+    )
+    monkeypatch.setattr(
+        logscan,
+        "_matching_patterns",
+        lambda e, s, text: matched.append(text) or matching(e, s, text),
+    )
+    startup = read_log("ready-4.log").encode()
+    lines = startup.splitlines(keepends=True)
+    follower = logscan.LogFollower()
+    follower.feed(b"".join(lines[:-5]))
+    follower.diagnose(running=True)
+    first_reads, first_matched = len(reads), len(matched)
+    reads.clear(), matched.clear()
+    follower.feed(b"".join(lines[-5:]))
+
+    assert follower.diagnose(running=True).state == READY
+    assert first_reads > 30 and first_matched > 30
+    # The five new lines, and the line that was still being written at the first look.
+    assert 0 < len(reads) <= 6 and 0 < len(matched) <= 6
+
+
+def test_the_memo_forgets_what_a_look_did_not_use() -> None:
+    from opsbook.logscan import LineMemo
+
+    memo = LineMemo()
+    computed: list[str] = []
+
+    def upper(text: str) -> str:
+        computed.append(text)
+        return text.upper()
+
+    assert memo.cleaned.get("a", upper) == "A" and memo.cleaned.get("b", upper) == "B"
+    memo.turn()
+    assert memo.cleaned.get("a", upper) == "A"  # kept from the look before
+    memo.turn()  # "b" was not used at that look: forgotten
+    assert memo.cleaned.get("b", upper) == "B"
+    assert computed == ["a", "b", "b"]
 
 
 # A pattern that can begin with an unbounded run of a class (``\S+``, ``\w*``, ``[\d.]+``) is
