@@ -306,6 +306,7 @@ class Host:
         transport = conn.client.get_transport()
         if transport is not None:
             transport.set_keepalive(self.spec.keepalive)
+            _send_at_once(transport.sock)
         self._conn = conn
         return conn
 
@@ -749,6 +750,18 @@ class HostGroup:
     def close(self) -> None:
         for host in self.hosts:
             host.close()
+
+
+def _send_at_once(sock: Any) -> None:
+    """Turn Nagle's algorithm off on the connection's socket. A command's last messages (its
+    input's end after its data, a channel's close) are small packets sent back to back: held
+    until the host acknowledges the one before, which it delays up to 40 ms when it has
+    nothing to send, they made every command about 40 ms slower than OpenSSH's ``ssh`` over
+    one connection (a probe of 119 shards: 0.071 s against 0.028 s)."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):  # not a TCP socket (a proxy command's pipe)
+        pass
 
 
 class ChannelTimeout(Exception):

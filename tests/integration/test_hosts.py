@@ -71,6 +71,26 @@ def test_a_command_that_ends_before_reading_its_input_says_how_it_ended(sandbox)
         assert host.run("echo still-here").stdout == "still-here\n"
 
 
+def test_the_connection_sends_each_message_at_once(sandbox, keeping) -> None:
+    # Nagle's algorithm held a command's input end behind its data until the host's delayed
+    # acknowledgement (40 ms a command): off on every connection, opened ahead or not.
+    import socket
+
+    def nodelay(host: Host) -> int:
+        sock = host.connect().client.get_transport().sock
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    with host_of(sandbox) as host:
+        assert host.run("echo x", stdin="y").stdout == "x\n"
+        assert nodelay(host) != 0
+    spec = load_deployment(sandbox.deployment_path).hosts[0]
+    [opening] = open_ahead([spec])
+    opened = opening.result(timeout=30)
+    with Host(spec) as ahead:
+        assert ahead.connect() is opened
+        assert nodelay(ahead) != 0
+
+
 def test_a_hanging_command_times_out_and_the_host_stays_usable(sandbox) -> None:
     with host_of(sandbox) as host:
         started = time.monotonic()
