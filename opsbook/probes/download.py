@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER = 100_000_000
+# A shard's first read: its header length and, for most shards (headers of a few kB), the
+# whole header; a longer header takes a second read.
+FIRST_READ = 8192
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 LOCAL_PARTIAL = re.compile(r"^(?P<file>.+)\.[^.]+\.incomplete$")
 DTYPE_BITS = {
@@ -205,8 +208,14 @@ def read_header(path: str, size: int) -> tuple[int, dict[str, Any] | None, str, 
     if size < 8:
         return 0, None, "truncated", f"{size} bytes, shorter than the 8-byte header length"
     try:
-        with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
+        # Plain descriptor reads: a buffered file object costs more than the read itself,
+        # thousands of times over (11,900 shards: 87 against 104 ms with the stat before).
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            head = os.pread(fd, FIRST_READ, 0)
+            if len(head) < 8:
+                return 0, None, "truncated", f"{len(head)} bytes, shorter than the 8-byte header"
+            (length,) = struct.unpack_from("<Q", head)
             if length > MAX_HEADER:
                 return length, None, "corrupt", f"header length {length} is over the 100 MB limit"
             if 8 + length > size:
@@ -216,7 +225,11 @@ def read_header(path: str, size: int) -> tuple[int, dict[str, Any] | None, str, 
                     "truncated",
                     (f"header length {length} goes beyond the file's {size} bytes"),
                 )
-            raw = handle.read(length)
+            raw = head[8 : 8 + length]
+            if len(raw) < length:
+                raw += os.pread(fd, length - len(raw), len(head))
+        finally:
+            os.close(fd)
     except OSError as error:
         return 0, None, "unreadable", os_reason(error)
     try:

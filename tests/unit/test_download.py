@@ -666,6 +666,25 @@ def test_the_quick_layout_check_says_what_the_full_one_says(name: str) -> None:
         assert quick is None and probe.layout_problem(header)[1]
 
 
+@pytest.mark.parametrize("tensors", [1, 50, 3000])
+def test_a_header_is_read_whole_whatever_its_length(tmp_path: Path, tensors: int) -> None:
+    # Shorter and longer than the first read, and one whose last byte ends the first read.
+    from opsbook.probes import download as probe
+
+    header = {f"t{i}": tensor("U8", [4], 4 * i, 4 * i + 4) for i in range(tensors)}
+    text = json.dumps(header).encode()
+    for body in (text, text + b" " * (probe.FIRST_READ - 8 - len(text) % probe.FIRST_READ)):
+        path = tmp_path / f"t-{len(body)}.safetensors"
+        path.write_bytes(len(body).to_bytes(8, "little") + body + bytes(4 * tensors))
+        length, read, status, _ = probe.read_header(str(path), path.stat().st_size)
+        assert (length, read, status) == (len(body), header, "ok")
+        # the same file cut inside its header
+        cut = tmp_path / "cut.safetensors"
+        cut.write_bytes(path.read_bytes()[: 8 + len(body) // 2])
+        assert probe.read_header(str(cut), cut.stat().st_size)[2] == "truncated"
+    assert (len(text) + 8 > probe.FIRST_READ) == (tensors == 3000)
+
+
 def test_without_an_index_each_shard_is_read_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
