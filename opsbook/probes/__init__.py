@@ -102,6 +102,11 @@ if len(_answer) > {compress_over}:
     _answer = "{compressed}" + _base64.b64encode(_zlib.compress(_answer.encode(), 1)).decode()
 _sys.stdout.write("\\n{begin}\\n" + _answer + "\\n{end}\\n")
 _sys.stdout.flush()
+_sys.stderr.flush()
+# Answered: the interpreter's teardown (freeing every object the probe made, one by one) is
+# time the caller waits for and nobody needs, 4-6 ms of every probe. Nothing is left to run:
+# a probe joins its threads and writes its files before it answers.
+_os._exit(0)
 """
 
 
