@@ -1682,7 +1682,7 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
         return replace(chosen, line=asserted)
     if not _TRACEBACK.match(chosen.line.text):
         return _record_message(chosen, lines)
-    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    index = _position(lines, chosen.line)
     before = next((line for line in reversed(lines[:index]) if line.text), None)
     if (
         before is not None
@@ -1712,7 +1712,7 @@ _CANN_DETAIL_LINES = 4
 
 
 def _cann_coded_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
-    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    index = _position(lines, chosen.line)
     for line in lines[index + 1 : index + 1 + _CANN_DETAIL_LINES]:
         if line.process != chosen.line.process or line.is_code:
             continue
@@ -1732,7 +1732,7 @@ def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
     Likewise for Ascend CANN's inner error (ReportInnerErrMsg: the code's header "EZ9999: Inner
     Error!", its message on the indented line under it): the header says nothing of its own."""
     if _CANN_INNER_ERROR.match(chosen.line.text):
-        index = next(i for i, line in enumerate(lines) if line is chosen.line)
+        index = _position(lines, chosen.line)
         detail = next((line for line in lines[index + 1 : index + 3] if line.text), None)
         if detail is not None and not detail.is_code and not _CANN_INNER_ERROR.match(detail.text):
             return replace(chosen, line=detail)
@@ -1741,7 +1741,7 @@ def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
         return _cann_coded_detail(chosen, lines)
     if chosen.entry.failure != "nccl":
         return chosen
-    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    index = _position(lines, chosen.line)
     after = [line for line in lines[index + 1 : index + 4] if line.text]
     if len(after) >= 2 and _LAST_ERROR.match(after[0].text) and not after[1].is_code:
         return replace(chosen, line=after[1])
@@ -1762,7 +1762,7 @@ def _validation_detail(line: LogLine, lines: list[LogLine]) -> LogLine | None:
     only counts the errors, the message under it states the cause."""
     if not _VALIDATION_HEADER.search(line.text):
         return None
-    index = next(i for i, each in enumerate(lines) if each is line)
+    index = _position(lines, line)
     below = [
         each
         for each in lines[index + 1 : index + 1 + 2 * _VALIDATION_DETAIL_LINES]
@@ -1785,7 +1785,7 @@ def _asserted_line(line: LogLine, lines: list[LogLine]) -> LogLine | None:
     that say what failed."""
     if line.text.rstrip(": ") != "AssertionError":
         return None
-    index = next(i for i, other in enumerate(lines) if other is line)
+    index = _position(lines, line)
     for other in reversed(lines[max(index - 4, 0) : index]):
         if other.text.startswith("assert "):
             return other
@@ -1799,7 +1799,7 @@ def _record_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     failed, the exception being how."""
     if chosen.line.level not in ("ERROR", "CRITICAL") or chosen.line.timestamp is None:
         return chosen
-    index = next(i for i, line in enumerate(lines) if line is chosen.line)
+    index = _position(lines, chosen.line)
     record = [
         i
         for i in range(index)
@@ -2093,7 +2093,7 @@ def _exception_of_record(message: LogLine, lines: list[LogLine]) -> LogLine | No
     if message.exception or message.level is None or _NAMES_A_VALUE.search(message.text):
         return None
     key = (message.level, message.timestamp, message.process)
-    index = next(i for i, line in enumerate(lines) if line is message)
+    index = _position(lines, message)
     record = []
     for line in lines[index + 1 :]:
         if (line.level, line.timestamp, line.process) != key:
@@ -2115,7 +2115,7 @@ def _wrapper_record(lines: list[LogLine], wrapper: LogLine) -> set[int]:
     another exception (a chained one is a cause) or no traceback."""
     if wrapper.level not in ("ERROR", "CRITICAL") or wrapper.timestamp is None:
         return set()
-    index = next(i for i, line in enumerate(lines) if line is wrapper)
+    index = _position(lines, wrapper)
     record: list[LogLine] = []
     for line in reversed(lines[:index]):
         same = (line.level, line.timestamp, line.process) == (
@@ -2204,7 +2204,7 @@ def _record_lines(record: LogLine, lines: list[LogLine]) -> Iterator[LogLine]:
     """The lines after ``record`` that go on with it: its level, time and process (other
     processes' lines interleaved with them skipped: several workers' tracebacks often are)."""
     key = (record.level, record.timestamp, record.process)
-    index = next(i for i, line in enumerate(lines) if line is record)
+    index = _position(lines, record)
     for line in lines[index + 1 :]:
         if record.process is not None and line.process not in (None, record.process):
             continue
@@ -2329,7 +2329,7 @@ def _unprefixed_traceback(record: LogLine, lines: list[LogLine]) -> list[LogLine
     (CPython 3.11 Lib/logging/__init__.py Formatter.format). It starts with the traceback's
     header or a frame (a reporter's paste may elide lines with "..."), and ends where a
     prefixed line begins."""
-    index = next(i for i, line in enumerate(lines) if line is record)
+    index = _position(lines, record)
     following: list[LogLine] = []
     for line in lines[index + 1 :]:
         if line.level is not None or line.process is not None:
@@ -2361,6 +2361,11 @@ def _quoted_root(hits: list[Hit], start: LogLine) -> RootCause | None:
         if found and found.groupdict().get("error"):
             return RootCause(hit.line, None)
     return None
+
+
+def _position(lines: Sequence[LogLine], line: LogLine) -> int:
+    """Where ``line`` (that very line, not an equal one) is in ``lines``."""
+    return next(i for i, each in enumerate(lines) if each is line)
 
 
 def _number_of(line: LogLine) -> int:
