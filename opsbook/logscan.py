@@ -1155,8 +1155,9 @@ class LineMemo:
 class LogFollower:
     """A growing log diagnosed look after look, as a watcher sees it: each look pushes only
     the bytes written since the last (:meth:`feed`); they are screened once and the lines of
-    interest kept per startup, so a look costs the same whether the log holds 10 kB or 1 GB
-    of routine lines.
+    interest kept per startup, and each text is read once (:class:`LineMemo`), so a look costs
+    about the same whether the log holds 10 kB or 1 GB of routine lines, early in the startup
+    or late.
     """
 
     def __init__(self) -> None:
@@ -1182,8 +1183,7 @@ class LogFollower:
         """The diagnosis of the last startup so far (as :func:`diagnose_stream` of the log).
 
         A look that brought no line of interest (a serving server's routine lines only) gets
-        the last answer again: it is the same lines' diagnosis, and diagnosing them again would
-        make each look cost what the startup's lines of interest cost, however few were new.
+        the last answer again: it is the same lines' diagnosis.
         """
         last = self._splitter.current
         pending = self._screen.pending()
@@ -1191,17 +1191,27 @@ class LogFollower:
             id(last), last.last_line, len(last.head), len(last.tail), last.skipped,
             tuple(pending), len(self._splitter.earlier), running, kernel_log,
         )  # fmt: skip
-        if self._last is not None and self._last[0] == key:
-            return replace(self._last[1], earlier=list(self._last[1].earlier))
-        lines = logical_lines(last.lines() + pending, self._memo)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._diagnosed(last, pending, running, kernel_log))
+        kept = self._last[1]
+        # The caller's own copy: the kept one answers the next quiet look.
+        return replace(kept, earlier=list(kept.earlier), earlier_counts=dict(kept.earlier_counts))
+
+    def _diagnosed(
+        self,
+        startup: _Startup,
+        pending: list[tuple[int, str]],
+        running: bool | None,
+        kernel_log: str | None,
+    ) -> LogDiagnosis:
+        lines = logical_lines(startup.lines() + pending, self._memo)
         diagnosis = _diagnose_lines(lines, running, kernel_log, self._memo)
         self._memo.turn()
-        diagnosis.first_line = last.first_line
-        diagnosis.skipped_lines = last.skipped
+        diagnosis.first_line = startup.first_line
+        diagnosis.skipped_lines = startup.skipped
         diagnosis.earlier = list(self._splitter.earlier)
         diagnosis.earlier_counts = dict(self._splitter.earlier_counts)
-        self._last = (key, diagnosis)
-        return replace(diagnosis, earlier=list(diagnosis.earlier))
+        return diagnosis
 
 
 def _diagnose_lines(
