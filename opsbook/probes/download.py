@@ -27,7 +27,7 @@ import re
 import stat
 import struct
 import time
-from itertools import repeat
+from collections import Counter
 
 # typing costs this program, started once per check, a tenth of its start: its names are
 # used in annotations only, which are never evaluated here.
@@ -402,7 +402,7 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     inspection = start_inspection(model_dir, on_disk, int(args.get("workers") or 0))
     index, answer["findings"] = read_index(model_dir)
     # Digested now, while the workers still inspect, not after them.
-    digest = map_digest(index["weight_map"]) if index is not None else 0
+    wanted = names_by_shard(index["weight_map"]) if index is not None else None
     expected = expected_shards(index, on_disk)
     answer["index"] = index_facts(index, expected)
     if index is None and not on_disk:
@@ -433,7 +433,7 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     answer["files"] = check_small_files(model_dir)
     inspected = finish_inspection(inspection)
     rows = [inspected.get(name) or inspect_row(model_dir, name) for name in expected]
-    match_index(inspection.children, rows, index, digest, model_dir)
+    match_index(rows, wanted, index, model_dir)
     named = set(expected)
     for name in on_disk:
         if name not in named:
@@ -518,12 +518,6 @@ def absent_tensors(header: Any, tensors: list[str]) -> list[str]:
     return [t for t in tensors if t not in header]
 
 
-def absent_positions(header: Any, hashes: list[int]) -> list[int]:
-    """The positions in ``hashes`` (of tensor names) that no name of a header hashes to."""
-    present = set(map(hash, header))
-    return [i for i, value in enumerate(hashes) if value not in present]
-
-
 def mark_absent(row: dict[str, Any], absent: list[str]) -> None:
     """Mark a shard whose header lacks tensors the index places in it."""
     if absent:
@@ -534,31 +528,31 @@ def mark_absent(row: dict[str, Any], absent: list[str]) -> None:
         )
 
 
-def pairs_digest(names: Any, shard: str) -> int:
-    """A digest of a shard's tensor names as (tensor, shard) pairs, the index's own items: the
-    sum of their hashes, so that the digests of all shards add up to the digest of the whole
-    weight map (:func:`match_index`). The workers are forks of the process that compares, so
-    they share its string-hash seed."""
-    return sum(map(hash, zip(names, repeat(shard))))
+def names_digest(header: dict[str, Any]) -> int:
+    """A digest of a header's tensor names (its keys but "__metadata__"): the sum of their
+    hashes, in C over hashes the parser already computed. The workers are forks of the
+    process that compares, so they share its string-hash seed."""
+    digest = sum(map(hash, header))
+    return digest - hash("__metadata__") if "__metadata__" in header else digest
 
 
-def header_digest(header: Any, shard: str) -> int:
-    """:func:`pairs_digest` of a header's tensor names (a set that may hold "__metadata__")."""
-    digest = pairs_digest(header, shard)
-    return digest - hash(("__metadata__", shard)) if "__metadata__" in header else digest
+def names_by_shard(weight_map: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """Per shard, how many tensors the index places in it and their :func:`names_digest`:
+    one pass over the map, made while the workers read the shards."""
+    digests: dict[str, int] = {}
+    get = digests.get
+    for tensor, shard in weight_map.items():
+        digests[shard] = get(shard, 0) + hash(tensor)
+    counts = Counter(weight_map.values())
+    return {shard: (counts[shard], digest) for shard, digest in digests.items()}
 
 
 def inspect_row(model_dir: str, name: str) -> dict[str, Any]:
     """A shard's row, its header's names replaced by their digest (``names``)."""
     row = inspect_shard(model_dir, name)
     header = row.pop("header")
-    row["names"] = header_digest(header, name) if header is not None else None
+    row["names"] = names_digest(header) if header is not None else None
     return row
-
-
-def header_names(model_dir: str, name: str) -> Any:
-    """A shard's header read again, for its tensor names (its keys); empty without one."""
-    return inspect_shard(model_dir, name)["header"] or {}
 
 
 def shard_row(model_dir: str, name: str, wanted: dict[str, list[str]]) -> dict[str, Any]:
@@ -571,48 +565,31 @@ def shard_row(model_dir: str, name: str, wanted: dict[str, list[str]]) -> dict[s
 
 
 def match_index(
-    children: list[Worker],
     rows: list[dict[str, Any]],
+    wanted: dict[str, tuple[int, int]] | None,
     index: dict[str, Any] | None,
-    digest: int,
     model_dir: str,
 ) -> None:
     """Match each sound shard's tensor names against those the index places in it.
 
-    When every shard the index names is sound and the rows' digests add up to the weight
-    map's (two passes in C over the map), every shard holds what the index says; only
-    otherwise is the map turned around, shard by shard, and the shards whose digests differ
-    settled by name (:func:`compare_in_workers`). Then every worker is reaped.
+    A shard whose count and digest of names are the index's holds what the index says.
+    Any other (a rare, broken download) is read again here, and its names compared one by
+    one: the tensors the index places in it that its header lacks make it corrupt; more
+    than the index asks is no fault.
     """
-    sound = [row for row in rows if row["status"] == "ok"]
-    wanted = None
-    weight_map = index["weight_map"] if index is not None else None
-    if weight_map is not None and (
-        len(sound) < len(rows) or not all_match(sound, len(weight_map), digest)
-    ):
-        wanted = tensors_by_shard(weight_map)
+    unsettled = []
     for row in rows:
         digest = row.pop("names", None)
-        if wanted is None or row["status"] != "ok":
-            continue
-        tensors = wanted.get(row["file"], [])
-        if row["tensors"] != len(tensors) or digest != pairs_digest(tensors, row["file"]):
-            row["names"] = digest  # for compare_in_workers to settle by name
-    compare_in_workers(children, rows, wanted, model_dir)
-
-
-def map_digest(weight_map: dict[str, str]) -> int:
-    """The weight map's digest: the sum of its (tensor, shard) pairs' hashes, as
-    :func:`pairs_digest` sums a shard's."""
-    return sum(map(hash, weight_map.items()))
-
-
-def all_match(rows: list[dict[str, Any]], tensors: int, digest: int) -> bool:
-    """Whether the rows' tensors, together, are the weight map's: as many (``tensors``), and
-    their digests add up to the map's (``digest``, :func:`map_digest`)."""
-    if sum(row["tensors"] for row in rows) != tensors:
-        return False
-    return sum(row["names"] for row in rows) == digest
+        if wanted is not None and row["status"] == "ok":
+            if (row["tensors"], digest) != wanted.get(row["file"], (0, 0)):
+                unsettled.append(row)
+    if not unsettled or index is None:
+        return
+    tensors = tensors_by_shard(index["weight_map"])
+    for row in unsettled:
+        fresh = shard_row(model_dir, row["file"], tensors)
+        row.clear()
+        row.update(fresh)
 
 
 # Below this many shards a second process costs more than it saves (119 shards over SSH,
@@ -626,52 +603,22 @@ CHUNK_MIN = 8
 
 
 class Worker:
-    """A forked process inspecting chunks of the shards.
+    """A forked process inspecting chunks of the shards: it answers its rows as one JSON
+    line on a pipe, then ends."""
 
-    It answers twice on one pipe, one JSON line each: its rows, then (when this process
-    has sent, on a second pipe, the hashes of the index's tensors for the shards whose
-    digests differed) the positions of those each shard lacks. For that it reads those
-    shards' headers again: keeping every header's names for a comparison that most checks
-    never need cost more (17 ms of CPU and tens of MB at 11,900 shards).
-    """
-
-    def __init__(self, pid: int, answers: Any, requests: int) -> None:
+    def __init__(self, pid: int, answers: Any) -> None:
         self.pid = pid
         self.answers = answers
-        self.requests = requests
-        self.names: list[str] = []
-        self.alive = True
 
-    def read(self) -> Any:
-        """The next JSON line the worker wrote, or None (it failed or wrote something else)."""
+    def rows(self) -> list[dict[str, Any]] | None:
+        """The worker's rows, once it has ended; None when it failed."""
         try:
-            return json.loads(self.answers.readline() or b"null")
+            rows = json.loads(self.answers.readline() or b"null")
         except ValueError:
-            return None
-
-    def ask(self, request: dict[str, list[int]]) -> None:
-        """Send ``request`` ({shard: hashes of the tensors the index places there})."""
-        try:
-            with os.fdopen(self.requests, "wb") as pipe:
-                pipe.write(json.dumps(request).encode())
-        except OSError:
-            self.alive = False
-        self.requests = -1
-
-    def reply(self) -> dict[str, list[int]] | None:
-        """The positions of the tensors each shard of the request lacks, or None when the
-        worker failed."""
-        reply = self.read() if self.alive else None
-        return reply if isinstance(reply, dict) else None
-
-    def finish(self) -> bool:
-        """Close the pipes and reap the worker; whether it exited well."""
-        if self.requests >= 0:
-            os.close(self.requests)
-            self.requests = -1
+            rows = None
         self.answers.close()
         _, status = os.waitpid(self.pid, 0)
-        return status == 0
+        return rows if isinstance(rows, list) and status == 0 else None
 
 
 class Inspection:
@@ -751,46 +698,9 @@ def finish_inspection(inspection: Inspection) -> dict[str, dict[str, Any]]:
         chunk = inspection.take()
     inspection.close()
     for child in inspection.children:
-        share = child.read()
-        if not isinstance(share, list):
-            child.alive = False
-            child.finish()
-            continue
-        child.names = [row["file"] for row in share]
-        for row in share:
+        for row in child.rows() or []:
             rows[row["file"]] = row
     return rows
-
-
-def compare_in_workers(
-    children: list[Worker],
-    rows: list[dict[str, Any]],
-    wanted: dict[str, list[str]] | None,
-    model_dir: str,
-) -> None:
-    """Settle the rows whose digest differed from the index's (they still carry ``names``):
-    each worker compares the names it kept; a failed worker's shards are read again here.
-    Then every worker is reaped."""
-    unsettled = {row["file"]: row for row in rows if "names" in row}
-    asked = []
-    for child in (c for c in children if c.alive):
-        # The names go as their hashes (the workers are forks: they hash alike), a third of
-        # the bytes: thousands of shards may each hold tensors the index places elsewhere.
-        tensors = {n: (wanted or {}).get(n, []) for n in child.names if n in unsettled}
-        child.ask({n: list(map(hash, t)) for n, t in tensors.items()})
-        asked.append((child, tensors))
-    for child, tensors in asked:  # all asked first: the workers answer at the same time
-        reply = child.reply()
-        if child.finish() and reply is not None and set(reply) == set(tensors):
-            for name, positions in reply.items():
-                mark_absent(unsettled.pop(name), [tensors[name][i] for i in positions])
-    for row in rows:
-        if "names" in row:
-            del row["names"]
-    for name, row in unsettled.items():
-        fresh = shard_row(model_dir, name, wanted or {})
-        row.clear()
-        row.update(fresh)
 
 
 def inspect_share(model_dir: str, names: list[str]) -> list[dict[str, Any]]:
@@ -798,48 +708,34 @@ def inspect_share(model_dir: str, names: list[str]) -> list[dict[str, Any]]:
     return [inspect_row(model_dir, name) for name in names]
 
 
-def serve_share(inspection: Inspection, answers: int, requests: int) -> None:
-    """The worker's life: inspect chunks while there are any, answer the rows, then compare
-    the names it is sent."""
+def serve_share(inspection: Inspection, answers: int) -> None:
+    """The worker's life: inspect chunks while there are any, then answer the rows."""
     rows: list[dict[str, Any]] = []
-    model_dir = inspection.model_dir
     with os.fdopen(answers, "wb") as out:
         chunk = inspection.take()
         while chunk is not None:
-            rows += inspect_share(model_dir, chunk)
+            rows += inspect_share(inspection.model_dir, chunk)
             chunk = inspection.take()
         out.write(json.dumps(rows).encode() + b"\n")
-        out.flush()
-        with os.fdopen(requests, "rb") as pipe:
-            request = json.loads(pipe.read() or b"{}")
-        reply = {
-            name: absent_positions(header_names(model_dir, name), hashes)
-            for name, hashes in request.items()
-        }
-        out.write(json.dumps(reply).encode() + b"\n")
 
 
 def fork_share(inspection: Inspection) -> Worker:
     """A child process taking chunks from the inspection's queue. It closes its copies of
-    the earlier workers' pipes: a request pipe held open here would never reach its end."""
+    the earlier workers' pipes."""
     answers_read, answers_write = os.pipe()
-    requests_read, requests_write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: answer, then leave without running the parent's exit handlers
         code = 0
         try:
             os.close(answers_read)
-            os.close(requests_write)
             for sibling in inspection.children:
                 sibling.answers.close()
-                os.close(sibling.requests)
-            serve_share(inspection, answers_write, requests_read)
+            serve_share(inspection, answers_write)
         except BaseException:
             code = 1
         os._exit(code)
     os.close(answers_write)
-    os.close(requests_read)
-    return Worker(pid, os.fdopen(answers_read, "rb"), requests_write)
+    return Worker(pid, os.fdopen(answers_read, "rb"))
 
 
 def file_size(path: str) -> int | None:

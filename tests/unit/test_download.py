@@ -553,7 +553,9 @@ def test_workers_answer_exactly_as_one_process_does(
 
     model = faulty_checkpoint(tmp_path)
     forked = probe.check({"path": str(model), "workers": 3})
-    assert parent_reads == [shard(3, 9)]  # the workers read every shard on disk
+    # the workers read every shard on disk; this process looks for the missing one, and reads
+    # again the two whose names differ from the index's
+    assert parent_reads == [shard(3, 9), shard(6, 9), shard(7, 9)]
     assert forked == check_with(model, 1)
 
 
@@ -593,8 +595,8 @@ def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
     assert len(answer["summary"]["truncated"]) + answer["summary"]["ok"] == 6
 
 
-def test_a_worker_that_fails_while_comparing_names_leaves_them_to_the_parent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parent_reads: list[str]
+def test_only_the_shards_whose_names_differ_from_the_index_are_read_again(
+    tmp_path: Path, parent_reads: list[str]
 ) -> None:
     from opsbook.probes import download as probe
 
@@ -603,22 +605,33 @@ def test_a_worker_that_fails_while_comparing_names_leaves_them_to_the_parent(
     index["weight_map"]["language_model.model.layers.7.mlp.experts.9.up_proj.weight"] = shard(4, 6)
     del index["weight_map"][next(t for t, f in index["weight_map"].items() if f == shard(5, 6))]
     (model / INDEX).write_text(json.dumps(index))
-    parent, compare = os.getpid(), probe.absent_positions
 
-    def fails_in_a_worker(header: Any, hashes: list[int]) -> list[int]:
-        if os.getpid() != parent:
-            raise RuntimeError("a worker that dies after its rows")
-        return compare(header, hashes)
-
-    monkeypatch.setattr(probe, "absent_positions", fails_in_a_worker)
     answer = probe.check({"path": str(model), "workers": 3})
 
-    # the worker's rows came; the two shards whose names differ from the index's are read again
+    # the workers read every shard; this process reads again the two whose names differ
     assert sorted(parent_reads) == [shard(4, 6), shard(5, 6)]
     assert answer == probe.check({"path": str(model), "workers": 1})
     assert answer["summary"]["corrupt"] == [shard(4, 6)]
     assert "1 tensor(s) named in the index are not in the header" in shard_rows(answer)[3]["detail"]
     assert status_of(answer, shard(5, 6)) == "ok"
+
+
+def test_tensors_swapped_between_two_shards_are_found(tmp_path: Path) -> None:
+    # Each shard's names are matched on their own: a swap keeps the sums over all shards equal.
+    model = make_checkpoint(tmp_path / "m", shards=4, shard_bytes=100_000)
+    index = json.loads((model / INDEX).read_text())
+    weight_map = index["weight_map"]
+    first = next(t for t, f in weight_map.items() if f == shard(2, 4))
+    second = next(t for t, f in weight_map.items() if f == shard(3, 4))
+    weight_map[first], weight_map[second] = shard(3, 4), shard(2, 4)
+    (model / INDEX).write_text(json.dumps(index))
+
+    for workers in (1, 3):
+        answer = check_with(model, workers)
+        assert answer["summary"]["corrupt"] == [shard(2, 4), shard(3, 4)], workers
+        assert (
+            second in shard_rows(answer)[1]["detail"] and first in shard_rows(answer)[2]["detail"]
+        )
 
 
 def tensor(dtype: str, shape: list[Any], begin: Any, end: Any) -> dict[str, Any]:
