@@ -716,7 +716,7 @@ def logical_lines(
     numbers = [number for number, _ in pieces]
     raws = [text.rstrip("\r") for _, text in pieces]
     cleaned = [memo.cleaned.get(line, _clean) for line in raws]
-    year = _first_year(raws)
+    year = _first_year(raws, memo)
     lines: list[LogLine] = []
     after_frame = after_code = False
     for members in _wrapped_groups(numbers, cleaned, memo):
@@ -1145,6 +1145,7 @@ class LineMemo:
         self.matches = _Kept()
         self.caseless = _Kept()
         self.phase = _Kept()
+        self.year = _Kept()
 
     def turn(self) -> None:
         """End a look: forget what it did not use."""
@@ -2983,9 +2984,14 @@ def _stamp(groups: dict[str, str | None], year: int) -> datetime | None:
         return None
 
 
-def _first_year(lines: Iterable[str]) -> int:
-    found = next((m for m in map(_FULL_DATE.search, lines) if m), None)
-    return int(found.group(1)) if found else PLACEHOLDER_YEAR
+def _first_year(lines: Iterable[str], memo: LineMemo) -> int:
+    years = (memo.year.get(line, _year_in) for line in lines)
+    return next((year for year in years if year is not None), PLACEHOLDER_YEAR)
+
+
+def _year_in(line: str) -> int | None:
+    found = _FULL_DATE.search(line)
+    return int(found.group(1)) if found else None
 
 
 def _roll_years(lines: list[LogLine]) -> list[LogLine]:
