@@ -3,6 +3,7 @@
 import os
 import shutil
 import signal
+import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -74,8 +75,6 @@ def test_a_command_that_ends_before_reading_its_input_says_how_it_ended(sandbox)
 def test_the_connection_sends_each_message_at_once(sandbox, keeping) -> None:
     # Nagle's algorithm held a command's input end behind its data until the host's delayed
     # acknowledgement (40 ms a command): off on every connection, opened ahead or not.
-    import socket
-
     def nodelay(host: Host) -> int:
         sock = host.connect().client.get_transport().sock
         return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
