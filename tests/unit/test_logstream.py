@@ -509,7 +509,8 @@ def test_a_look_reads_only_the_texts_it_has_not_read_before(
     follower.feed(b"".join(lines[:-5]))
     follower.diagnose(running=True)
     first_reads, first_matched = len(reads), len(matched)
-    reads.clear(), matched.clear()
+    reads.clear()
+    matched.clear()
     follower.feed(b"".join(lines[-5:]))
 
     assert follower.diagnose(running=True).state == READY
