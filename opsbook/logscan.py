@@ -2828,7 +2828,8 @@ _NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
 def _first_matching(entry: CatalogueEntry, text: str, recent: Sequence[str] = ()) -> int | None:
-    indexes = [index for index, pattern in enumerate(entry.patterns) if pattern.search(text)]
+    # Lazily: the search stops at the first pattern that matches with its context.
+    indexes = (index for index, pattern in enumerate(entry.patterns) if pattern.search(text))
     return _first_after(entry, indexes, recent)
 
 
