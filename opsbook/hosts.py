@@ -57,6 +57,8 @@ LOCAL_SLACK = 10
 TIMEOUT_EXIT_CODES = (124, 137)
 # How often a running command is checked for exit when it prints nothing.
 POLL_SECONDS = 0.01
+# Seconds the output may still come after the command's exit status (see _exec).
+OUTPUT_AFTER_EXIT = 0.5
 # Hosts worked on at once by a group (Ansible's default is 5; SSH round trips are cheap here).
 DEFAULT_FORKS = 10
 
@@ -808,6 +810,7 @@ def _exec(
         chan.shutdown_write()
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + limit
+        exited_at: float | None = None
         while True:
             select.select([chan], [], [], POLL_SECONDS)
             while chan.recv_ready():
@@ -815,7 +818,12 @@ def _exec(
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
+                # sshd reports the exit as soon as it sees it and forwards what is still in the
+                # pipe after that: the output's end (EOF) says it has all come. A background
+                # process that holds the output open never ends it: wait for it a little only.
+                exited_at = exited_at or time.monotonic()
+                if chan.eof_received or time.monotonic() - exited_at > OUTPUT_AFTER_EXIT:
+                    break
             if time.monotonic() > deadline:
                 raise TimeoutError
         code = chan.recv_exit_status()

@@ -90,6 +90,25 @@ def test_the_connection_sends_each_message_at_once(sandbox, keeping) -> None:
         assert nodelay(ahead) != 0
 
 
+def test_output_written_after_the_command_exits_is_read_to_its_end(sandbox) -> None:
+    # sshd reports the exit as soon as it sees it and forwards what is still in the pipe after:
+    # here the shell exits at once and a child it leaves writes to the same output after it.
+    with host_of(sandbox) as host:
+        out = host.run("(sleep 0.2; echo late) & echo early")
+    assert (out.exit_code, out.stdout) == (0, "early\nlate\n")
+
+
+def test_a_background_process_holding_the_output_does_not_hold_the_command(sandbox) -> None:
+    with host_of(sandbox) as host:
+        started = host.run("sleep 60 & echo $!", check=True)
+        pid = started.stdout.strip()
+        try:
+            # back while the sleep, which still holds the command's output, runs on
+            assert host.run(f"kill -0 {pid} && echo running").stdout == "running\n"
+        finally:
+            host.run(f"kill {pid}")
+
+
 def test_a_hanging_command_times_out_and_the_host_stays_usable(sandbox) -> None:
     with host_of(sandbox) as host:
         started = time.monotonic()
