@@ -34,6 +34,22 @@ class PromptKernelClient(AsyncKernelClient):
     belong to the readiness request, and nbclient ignores messages of other requests.
     """
 
+    def start_channels(
+        self,
+        shell: bool = True,
+        iopub: bool = True,
+        stdin: bool = True,
+        hb: bool = False,
+        control: bool = True,
+    ) -> None:
+        """The channels, without a heartbeat unless asked. The kernel manager says whether
+        the kernel lives; and a heartbeat thread stopped before it has begun spins opening
+        sockets until ZMQ refuses ("Too many open files"), since HBChannel sets ``_running``
+        after its socket is made, undoing ``stop()`` (jupyter_client 8.x, ``channels.py``). A
+        client that lives a moment meets that under load, or when a run is stopped (SIGTERM)
+        as a stage's client starts: nbclient starts each stage's channels with the defaults."""
+        super().start_channels(shell, iopub, stdin, hb, control)
+
     async def wait_for_ready(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
         while not await self._proved_ready():

@@ -629,11 +629,7 @@ class SharedKernel:
         run_sync(self.km.start_kernel)(cwd=str(cwd))
         # Sent now, its reply awaited by the first stage (ready()).
         client = self.km.client()
-        # No heartbeat: the kernel manager says whether the kernel lives, and a heartbeat
-        # thread stopped before it has begun spins opening sockets until ZMQ refuses ("Too
-        # many open files"): HBChannel sets _running after its socket is made, undoing stop()
-        # (jupyter_client 8.x, channels.py). A client that lives a moment meets that under load.
-        client.start_channels(hb=False)
+        client.start_channels()  # no heartbeat (kernel.PromptKernelClient.start_channels)
         fields = [asdict(spec) for spec in hosts]
         code = (OPEN_AHEAD.format(fields=fields, forks=forks) if hosts else "") + WARM_UP
         self._warming = (client, client.execute(code, silent=True, store_history=False))

@@ -49,6 +49,18 @@ def test_each_new_client_is_ready_and_sees_the_first_output_in_full(km: Any) -> 
         assert "".join(seen) == f"stage {n}\n"
 
 
+def test_a_client_s_channels_start_without_a_heartbeat_thread(km: Any) -> None:
+    # nbclient starts each stage's channels with jupyter_client's defaults (a heartbeat); a
+    # heartbeat stopped as it starts (a run stopped by SIGTERM) spun to "Too many open files".
+    client = km.client()
+    client.start_channels()
+    try:
+        assert client.channels_running
+        assert not [t for t in threading.enumerate() if isinstance(t, HBChannel)]
+    finally:
+        client.stop_channels()
+
+
 def test_the_kernel_talks_over_ipc_in_a_private_folder(km: Any) -> None:
     assert km.transport == "ipc"
     folder = Path(km.ip).parent
