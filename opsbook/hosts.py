@@ -821,8 +821,13 @@ def _exec(
                 # sshd reports the exit as soon as it sees it and forwards what is still in the
                 # pipe after that: the output's end (EOF) says it has all come. A background
                 # process that holds the output open never ends it: wait for it a little only.
+                # A closed channel (its connection dropped) has nothing more to bring.
                 exited_at = exited_at or time.monotonic()
-                if chan.eof_received or time.monotonic() - exited_at > OUTPUT_AFTER_EXIT:
+                if (
+                    chan.eof_received
+                    or chan.closed
+                    or time.monotonic() - exited_at > OUTPUT_AFTER_EXIT
+                ):
                     break
             if time.monotonic() > deadline:
                 raise TimeoutError

@@ -4,12 +4,14 @@ import os
 import shutil
 import signal
 import socket
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from opsbook import hosts
 from opsbook.deployment import HostSpec, load_deployment
 from opsbook.exceptions import (
     AuthenticationFailed,
@@ -17,6 +19,7 @@ from opsbook.exceptions import (
     ConnectionRefused,
     HostKeyChanged,
     HostKeyUnknown,
+    HostUnreachable,
     ProbeError,
     TransferError,
     UnknownHostName,
@@ -107,6 +110,24 @@ def test_a_background_process_holding_the_output_does_not_hold_the_command(sandb
             assert host.run(f"kill -0 {pid} && echo running").stdout == "running\n"
         finally:
             host.run(f"kill {pid}")
+
+
+def test_a_dropped_connection_ends_the_command_at_once(sandbox, monkeypatch) -> None:
+    # A dropped connection closes the channel without an end of output: nothing more can come,
+    # so the command must not wait for it (as it may for a background process holding it).
+    monkeypatch.setattr(hosts, "OUTPUT_AFTER_EXIT", 60.0)
+    with host_of(sandbox) as host:
+        session = sshd_session(host)
+        killer = threading.Timer(1.0, os.kill, (int(session), signal.SIGKILL))
+        killer.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(HostUnreachable):
+                host.run("sleep 30")
+        finally:
+            killer.join()
+        assert time.monotonic() - started < 20
+        assert host.run("echo reconnected").stdout == "reconnected\n"
 
 
 def test_a_hanging_command_times_out_and_the_host_stays_usable(sandbox) -> None:
