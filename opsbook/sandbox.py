@@ -36,6 +36,7 @@ import signal
 import socket
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,12 @@ SHELL_PACKAGES = {"zsh": "zsh", "bash": "bash"}
 VLLM_TIERS = ("sim", "real")
 MODEL_NAME = "Kimi-K2.5-NVFP4"
 STATE_FILE = "state.json"
+# Ports are chosen free at every address (see _free_port); the ones handed out stay reserved
+# for this process.
+ANY_ADDRESS = "0.0.0.0"
+PORT_TRIES = 1000
+_HANDED_OUT: set[int] = set()
+_HANDING_OUT = threading.Lock()
 # Marks a folder as a sandbox's, so that a later `up` may use it again.
 FOLDER_MARKER = ".opsbook-sandbox"
 # Where POSIX shared memory lives: the simulated vLLM leaves files there when SIGKILLed.
@@ -561,7 +568,9 @@ def _choose_port(address: str, port: int, previous: int = 0) -> int:
         SandboxError: the requested port is taken.
     """
     if port == 0:
-        return previous if previous and _is_free(address, previous) else _free_port(address)
+        if previous and _is_free(address, previous) and _is_free(ANY_ADDRESS, previous):
+            return previous
+        return _free_port(address)
     if not _is_free(address, port):
         raise SandboxError(
             f"port {port} on {address} is taken",
@@ -580,6 +589,16 @@ def _is_free(address: str, port: int) -> bool:
 
 
 def _free_port(address: str) -> int:
+    """A port ``address`` can listen on that no socket holds at any address, and that this
+    process has not handed out before.
+
+    Rehearsal hosts share the machine: a model server listens on every address (as vLLM does),
+    and the preflight calls a port held at any address taken, so a port free at ``address``
+    alone may be another rehearsal host's sshd port. The hosts of a fleet choose theirs at once.
+
+    Raises:
+        SandboxError: ``address`` cannot be listened on.
+    """
     with socket.socket() as probe:
         try:
             probe.bind((address, 0))
@@ -588,8 +607,19 @@ def _free_port(address: str) -> int:
                 f"cannot listen on {address}: {e.strerror}",
                 remedy="use 127.0.0.1, or check the loopback interface is up",
             ) from None
-        port: int = probe.getsockname()[1]
-        return port
+    with _HANDING_OUT:
+        for _ in range(PORT_TRIES):
+            # The kernel's choice for the wildcard address is a port bound at no address.
+            with socket.socket() as probe:
+                probe.bind((ANY_ADDRESS, 0))
+                port: int = probe.getsockname()[1]
+            if port not in _HANDED_OUT and _is_free(address, port):
+                _HANDED_OUT.add(port)
+                return port
+    raise SandboxError(
+        f"no free port found in {PORT_TRIES} tries",
+        remedy="stop rehearsal hosts or other servers this machine no longer needs",
+    )
 
 
 def _write_keys(paths: _Paths) -> None:

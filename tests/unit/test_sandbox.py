@@ -1,5 +1,6 @@
 """The rehearsal host's pure parts: its sshd config, deployment file, checks and bookkeeping."""
 
+import contextlib
 import os
 import socket
 import stat
@@ -127,6 +128,21 @@ def test_taken_port_is_refused_and_zero_prefers_the_previous_port() -> None:
         assert sandbox._choose_port("127.0.0.1", 0, previous=taken) != taken
     free = sandbox._free_port("127.0.0.1")
     assert sandbox._choose_port("127.0.0.1", 0, previous=free) == free
+
+
+def test_a_port_is_chosen_free_at_every_address_and_handed_out_once() -> None:
+    # Another rehearsal host's sshd holds its port at its own address only, and a model server
+    # listens at every address: a port free at one address alone would clash with it.
+    with contextlib.ExitStack() as stack:
+        held = set()
+        for _ in range(2000):  # 7% of the ephemeral range: a port free at one address is often held
+            holder = stack.enter_context(socket.socket())
+            holder.bind(("127.0.6.60", 0))
+            holder.listen()
+            held.add(holder.getsockname()[1])
+        chosen = [sandbox._free_port("127.0.6.61") for _ in range(200)]
+    assert not held & set(chosen)
+    assert len(set(chosen)) == len(chosen)
 
 
 def test_a_running_sandbox_is_reused_only_for_a_compatible_request() -> None:
