@@ -568,7 +568,8 @@ def _choose_port(address: str, port: int, previous: int = 0) -> int:
         SandboxError: the requested port is taken.
     """
     if port == 0:
-        if previous and _is_free(address, previous) and _is_free(ANY_ADDRESS, previous):
+        # Free at the wildcard address is free at every address, ``address`` included.
+        if previous and _is_free(ANY_ADDRESS, previous):
             return previous
         return _free_port(address)
     if not _is_free(address, port):
@@ -613,7 +614,7 @@ def _free_port(address: str) -> int:
             with socket.socket() as probe:
                 probe.bind((ANY_ADDRESS, 0))
                 port: int = probe.getsockname()[1]
-            if port not in _HANDED_OUT and _is_free(address, port):
+            if port not in _HANDED_OUT:
                 _HANDED_OUT.add(port)
                 return port
     raise SandboxError(
