@@ -59,6 +59,7 @@ lint: setup
 	$(VENV)/bin/ruff check opsbook tests bench
 	$(VENV)/bin/ruff format --check opsbook tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # nbval re-executes the notebooks against a fresh rehearsal host, like the one their stored
 # outputs come from (`make notebooks`), and compares what they show.

@@ -33,11 +33,12 @@ from pathlib import Path
 
 import benchtable
 
-from opsbook import launch, run
-from opsbook import sandbox as sandboxes
-from opsbook.deployment import Deployment, load_deployment
-from opsbook.hosts import Host
-from opsbook.script import render_script
+from opsbook.core.deployment import Deployment, load_deployment
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.remote.hosts import Host
+from opsbook.runner import run
+from opsbook.steps import server
+from opsbook.steps.script import render_script
 
 GOAL = 2.0
 PLAIN_PID = "plain.pid"
@@ -107,7 +108,7 @@ pgrep -u "$(id -u)" -f 'vllm serve' >/dev/null && curl -sf "localhost:$P/health"
 """
 
 
-def plain_script(dep: Deployment, paths: launch.LaunchPaths) -> str:
+def plain_script(dep: Deployment, paths: server.LaunchPaths) -> str:
     values = {
         "model": dep.model_path,
         "script": paths.script,
@@ -128,9 +129,9 @@ def ssh(dep: Deployment) -> list[str]:
     return [*command, "-o", "BatchMode=yes", "-p", str(spec.port), f"{spec.user}@{spec.address}"]
 
 
-def stop_all(host: Host, paths: launch.LaunchPaths) -> None:
+def stop_all(host: Host, paths: server.LaunchPaths) -> None:
     """Stop opsbook's server (its record) and the plain script's (its PID file), by id."""
-    launch.stop_server(host, paths, grace=5)
+    server.stop_server(host, paths, grace=5)
     pid_file = Path(paths.state_dir) / PLAIN_PID
     if pid_file.exists():
         pid = int(pid_file.read_text())
@@ -167,7 +168,7 @@ def main() -> int:
         command = [sys.executable, "-m", "opsbook", "run", "deploy", "-f", str(box.deployment_path)]
         command += ["--runs-dir", str(work / "runs")]
         with Host.from_deployment(dep) as host:
-            paths = launch.resolve_paths(host, dep)
+            paths = server.resolve_paths(host, dep)
             script = plain_script(dep, paths)
             for _ in range(args.runs):
                 stop_all(host, paths)

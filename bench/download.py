@@ -44,12 +44,13 @@ from typing import TypeVar
 
 import benchtable
 
-from opsbook import download, probes
-from opsbook import sandbox as sandboxes
-from opsbook.checkpoint import make_checkpoint
-from opsbook.exceptions import OpsbookError
-from opsbook.hosts import Host
-from opsbook.sandbox import Sandbox
+from opsbook.core.exceptions import OpsbookError
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.rehearsal.checkpoint import make_checkpoint
+from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.remote import probes
+from opsbook.remote.hosts import Host
+from opsbook.steps import shard_check
 
 ADDRESS = "127.0.4.50"
 GOAL_RATIO = 1.5
@@ -93,7 +94,7 @@ T = TypeVar("T")
 
 def one_probe(host: Host, model_dir: str) -> int:
     """The opsbook way: one probe run checks every shard; returns the shards found ok."""
-    ok: int = download.check_download(host, model_dir).data["summary"]["ok"]
+    ok: int = shard_check.check_download(host, model_dir).data["summary"]["ok"]
     return ok
 
 
@@ -321,7 +322,7 @@ def measure_hash(box: Sandbox, host: Host, mib: int, repeat: int) -> tuple[float
     total_mb = HASH_SHARDS * (mib << 20) / 1e6
     command = OPENSSL_HASH.format(folder=shlex.quote(str(folder)))
     ours, checked = best_of(
-        repeat, lambda: download.hash_shards(host, str(folder), manifest=manifest)
+        repeat, lambda: shard_check.hash_shards(host, str(folder), manifest=manifest)
     )
     plain, done = best_of(repeat, lambda: host.run(command, check=True))
     assert checked.ok, checked.message

@@ -28,8 +28,10 @@ from pathlib import Path
 
 import benchtable
 
-from opsbook import fleet_sandbox, run, stages
-from opsbook.deployment import load_deployment
+from opsbook import stages
+from opsbook.core.deployment import load_deployment
+from opsbook.rehearsal import fleet as fleets
+from opsbook.runner import run
 
 SIZES = (1, 4, 16)
 STAGES = ("00_preflight", "05_diagnose")
@@ -63,12 +65,10 @@ def main() -> int:
     work.chmod(0o755)  # the rehearsal hosts' users must enter it
     try:
         started = time.monotonic()
-        fleet = fleet_sandbox.up(work / "fleet", hosts=max(SIZES), address=args.address)
+        fleet = fleets.up(work / "fleet", hosts=max(SIZES), address=args.address)
         print(f"{max(SIZES)} rehearsal hosts up in {time.monotonic() - started:.1f} s")
         files = {
-            n: fleet_sandbox.write_deployment(
-                fleet.hosts[:n], work / f"fleet-{n}.yml", name=f"bench-{n}"
-            )
+            n: fleets.write_deployment(fleet.hosts[:n], work / f"fleet-{n}.yml", name=f"bench-{n}")
             for n in SIZES
         }
         rows = measure(files, work / "runs", args.repeat, args.forks)
@@ -79,7 +79,7 @@ def main() -> int:
         ]
         return 0 if max(ratios) <= GOAL else 1
     finally:
-        fleet_sandbox.down(work / "fleet")
+        fleets.down(work / "fleet")
         shutil.rmtree(work, ignore_errors=True)
 
 

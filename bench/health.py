@@ -29,9 +29,10 @@ from pathlib import Path
 
 import benchtable
 
-from opsbook import fleet_sandbox, run
-from opsbook import sandbox as sandboxes
-from opsbook.deployment import HostSpec, load_deployment
+from opsbook.core.deployment import HostSpec, load_deployment
+from opsbook.rehearsal import fleet as fleets
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.runner import run
 
 GOAL = 3.0
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +120,7 @@ def main() -> int:
             "1 host, ready", box.deployment_path, plain_ssh(spec, box.server_port), args.runs, work
         )
         if args.fleet:
-            fleet = fleet_sandbox.up(work / "fleet", hosts=args.fleet, address=fleet_address)
+            fleet = fleets.up(work / "fleet", hosts=args.fleet, address=fleet_address)
             compare(
                 f"fleet of {args.fleet}, never started",
                 fleet.deployment_path,
@@ -129,7 +130,7 @@ def main() -> int:
             )
     finally:
         if (work / "fleet").exists():
-            fleet_sandbox.down(work / "fleet")
+            fleets.down(work / "fleet")
         if (work / "box").exists():
             sandboxes.down(work / "box")
         shutil.rmtree(work, ignore_errors=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from opsbook import logscan
+from opsbook.knowledge import logscan
 
 LOGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "logs"
 HELDOUT = LOGS / "heldout"

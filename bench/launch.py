@@ -41,12 +41,12 @@ from pathlib import Path
 
 import benchtable
 
-from opsbook import launch, patch
-from opsbook import sandbox as sandboxes
-from opsbook.deployment import Deployment, load_deployment
-from opsbook.hosts import Host
-from opsbook.results import Result
-from opsbook.script import render_script, upload_script
+from opsbook.core.deployment import Deployment, load_deployment
+from opsbook.core.results import Result
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.remote.hosts import Host
+from opsbook.steps import patch, server
+from opsbook.steps.script import render_script, upload_script
 
 PLAIN_WAIT = 45.0
 READY_TIMEOUT = 120.0
@@ -89,29 +89,29 @@ while True:
 """
 
 
-def time_to_verdict(host: Host, paths: launch.LaunchPaths, port: int) -> tuple[float, Result]:
+def time_to_verdict(host: Host, paths: server.LaunchPaths, port: int) -> tuple[float, Result]:
     """Seconds from the launch call to the verdict, and the verdict."""
     began = time.perf_counter()
-    verdict = launch.start_server(host, paths, port)
+    verdict = server.start_server(host, paths, port)
     if verdict.ok:
-        verdict = launch.wait_until_ready(host, paths, port, timeout=READY_TIMEOUT, interval=0.25)
+        verdict = server.wait_until_ready(host, paths, port, timeout=READY_TIMEOUT, interval=0.25)
     return time.perf_counter() - began, verdict
 
 
-def prepare_missing(host: Host, dep: Deployment, paths: launch.LaunchPaths) -> None:
+def prepare_missing(host: Host, dep: Deployment, paths: server.LaunchPaths) -> None:
     host.run(f"rm -f -- {shlex.quote(paths.script)}", check=True)
 
 
-def prepare_not_executable(host: Host, dep: Deployment, paths: launch.LaunchPaths) -> None:
+def prepare_not_executable(host: Host, dep: Deployment, paths: server.LaunchPaths) -> None:
     host.upload(paths.script, render_script(dep), mode=0o644)
 
 
-def prepare_unpatched(host: Host, dep: Deployment, paths: launch.LaunchPaths) -> None:
+def prepare_unpatched(host: Host, dep: Deployment, paths: server.LaunchPaths) -> None:
     patch.restore_patch(host, dep.model_path)
     upload_script(host, dep, render_script(dep))
 
 
-def prepare_patched(host: Host, dep: Deployment, paths: launch.LaunchPaths) -> None:
+def prepare_patched(host: Host, dep: Deployment, paths: server.LaunchPaths) -> None:
     texts = patch.read_configs(host, dep.model_path)
     plan = patch.plan_patch(texts, patch.fp8_kv_cache_edits(texts))
     applied = patch.apply_patch(host, dep.model_path, plan, apply=True)
@@ -120,7 +120,7 @@ def prepare_patched(host: Host, dep: Deployment, paths: launch.LaunchPaths) -> N
     upload_script(host, dep, render_script(dep))
 
 
-CASES: list[tuple[str, Callable[[Host, Deployment, launch.LaunchPaths], None]]] = [
+CASES: list[tuple[str, Callable[[Host, Deployment, server.LaunchPaths], None]]] = [
     ("never started (script missing)", prepare_missing),
     ("never started (not executable)", prepare_not_executable),
     ("crashed at once (FP8 KV cache)", prepare_unpatched),
@@ -132,15 +132,15 @@ def run_cases(box: sandboxes.Sandbox) -> list[tuple[str, float, Result]]:
     dep = load_deployment(box.deployment_path)
     rows = []
     with Host.from_deployment(dep) as host:
-        paths = launch.resolve_paths(host, dep)
+        paths = server.resolve_paths(host, dep)
         try:
             for name, prepare in CASES:
-                launch.stop_server(host, paths, grace=5)
+                server.stop_server(host, paths, grace=5)
                 prepare(host, dep, paths)
                 seconds, verdict = time_to_verdict(host, paths, dep.server_port)
                 rows.append((name, seconds, verdict))
         finally:
-            launch.stop_server(host, paths, grace=5)
+            server.stop_server(host, paths, grace=5)
     return rows
 
 
@@ -149,12 +149,12 @@ def readiness(box: sandboxes.Sandbox, ready_seconds: float) -> None:
     set_startup(box, ready_seconds)
     dep = load_deployment(box.deployment_path)
     with Host.from_deployment(dep) as host:
-        paths = launch.resolve_paths(host, dep)
-        launch.stop_server(host, paths, grace=5)
+        paths = server.resolve_paths(host, dep)
+        server.stop_server(host, paths, grace=5)
         prepare_patched(host, dep, paths)
         log = Path(paths.log)
         start_size = log.stat().st_size if log.exists() else 0
-        started = launch.start_server(host, paths, dep.server_port)
+        started = server.start_server(host, paths, dep.server_port)
         if not started.ok:
             raise SystemExit(f"the server did not start: {started}")
         writer = subprocess.Popen(
@@ -170,7 +170,7 @@ def readiness(box: sandboxes.Sandbox, ready_seconds: float) -> None:
         tail = follow_plain(box, dep, str(log), plain_seen)
         looks: list[tuple[float, int]] = []
         try:
-            verdict = launch.wait_until_ready(
+            verdict = server.wait_until_ready(
                 host,
                 paths,
                 dep.server_port,
@@ -187,7 +187,7 @@ def readiness(box: sandboxes.Sandbox, ready_seconds: float) -> None:
             tail.kill()
             tail.wait()
             writer.wait()
-            launch.stop_server(host, paths, grace=5)
+            server.stop_server(host, paths, grace=5)
     print(f"readiness: {verdict.message}; {len(looks)} looks; log {looks[-1][1] / 1e6:.2f} MB")
     plain = plain_seen[0] - written if plain_seen else float("nan")
     late = ours - written

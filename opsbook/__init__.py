@@ -10,24 +10,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opsbook.deployment import Deployment, HostSpec, load_deployment
-    from opsbook.exceptions import OpsbookError
-    from opsbook.hosts import Host
-    from opsbook.results import Finding, HostResult, Result, State, Table
+    from opsbook.core.deployment import Deployment, HostSpec, load_deployment
+    from opsbook.core.exceptions import OpsbookError
+    from opsbook.core.results import Finding, HostResult, Result, State, Table
+    from opsbook.remote.hosts import Host
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Deployment": "opsbook.deployment",
-    "HostSpec": "opsbook.deployment",
-    "load_deployment": "opsbook.deployment",
-    "OpsbookError": "opsbook.exceptions",
-    "Host": "opsbook.hosts",
-    "Finding": "opsbook.results",
-    "HostResult": "opsbook.results",
-    "Result": "opsbook.results",
-    "State": "opsbook.results",
-    "Table": "opsbook.results",
+    "Deployment": "opsbook.core.deployment",
+    "HostSpec": "opsbook.core.deployment",
+    "load_deployment": "opsbook.core.deployment",
+    "OpsbookError": "opsbook.core.exceptions",
+    "Host": "opsbook.remote.hosts",
+    "Finding": "opsbook.core.results",
+    "HostResult": "opsbook.core.results",
+    "Result": "opsbook.core.results",
+    "State": "opsbook.core.results",
+    "Table": "opsbook.core.results",
 }
 
 __all__ = [

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from opsbook import run as runner
-from opsbook.exceptions import (
+from opsbook.core.channel import StageProgress
+from opsbook.core.exceptions import (
     DeploymentError,
     HostLocked,
     HostUnreachable,
@@ -27,10 +27,10 @@ from opsbook.exceptions import (
     SandboxFolderRefused,
     SandboxRequestRefused,
 )
-from opsbook.interrupt import RunInterrupted, raising_on_signals
-from opsbook.optional_imports import skip_slow_optional_imports, without_pydantic_plugins
-from opsbook.outcome import StageProgress
-from opsbook.results import EXIT_LOCKED, HostResult, recap
+from opsbook.core.optional_imports import skip_slow_optional_imports, without_pydantic_plugins
+from opsbook.core.results import EXIT_LOCKED, HostResult, recap
+from opsbook.runner import run as runner
+from opsbook.runner.interrupt import RunInterrupted, raising_on_signals
 
 DEFAULT_SANDBOX_DIR = ".sandbox/demo"
 
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     skip_slow_optional_imports()
     parser = build_parser()
     args = parser.parse_args(argv)
-    # A run seals its record when interrupted (opsbook.interrupt), then exits 130 or 143.
+    # A run seals its record when interrupted (opsbook.runner.interrupt), then exits 130 or 143.
     signals = raising_on_signals() if args.command == "run" else contextlib.nullcontext()
     try:
         with signals:
@@ -265,7 +265,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"run folder: {record.folder}")
         return record.exit_code
     with without_pydantic_plugins():
-        import opsbook.deployment  # noqa: F401  (its schema is built here)
+        import opsbook.core.deployment  # noqa: F401  (its schema is built here)
     checked = runner.check_servers(args.deployment, forks=args.forks, on_result=_print_result)
     _print_recap(checked)
     return checked.exit_code
@@ -292,10 +292,11 @@ def _print_recap(record: runner.RunRecord | runner.CheckRecord) -> None:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from opsbook import fleet_sandbox, sandbox
+    from opsbook.rehearsal import fleet as fleets
+    from opsbook.rehearsal import sandbox
 
     folder = Path(args.dir)
-    if args.hosts is not None or args.multinode or fleet_sandbox.is_fleet(folder):
+    if args.hosts is not None or args.multinode or fleets.is_fleet(folder):
         return _cmd_fleet(args, folder)
     if args.action == "up":
         box = sandbox.up(
@@ -325,24 +326,25 @@ def _prepare_sandbox(vllm: str) -> int:
     if vllm != "real":
         print("the simulated vLLM needs nothing installed beforehand")
         return runner.EXIT_OK
-    from opsbook import rehearsal_vllm
+    from opsbook.rehearsal import real_vllm
 
-    tier = rehearsal_vllm.ensure_tier()
+    tier = real_vllm.ensure_tier()
     print(f"real vLLM {tier.version} in {tier.venv} (installed in {tier.install_seconds:.0f} s)")
     print(f"tiny models: {tier.models}")
     return runner.EXIT_OK
 
 
 def _prepare_ray() -> int:
-    from opsbook import rehearsal_ray
+    from opsbook.rehearsal import ray_tier
 
-    tier = rehearsal_ray.ensure_tier()
+    tier = ray_tier.ensure_tier()
     print(f"Ray {tier.version} in {tier.venv} (installed in {tier.install_seconds:.0f} s)")
     return runner.EXIT_OK
 
 
 def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
-    from opsbook import fleet_sandbox, sandbox
+    from opsbook.rehearsal import fleet as fleets
+    from opsbook.rehearsal import sandbox
 
     if args.action == "prepare":
         return _prepare_ray() if args.ray else _prepare_sandbox(args.vllm)
@@ -354,7 +356,7 @@ def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
         )
         return runner.EXIT_USAGE
     if args.action == "up":
-        fleet = fleet_sandbox.up(
+        fleet = fleets.up(
             folder,
             hosts=args.hosts or 1,
             address=args.address,
@@ -369,7 +371,7 @@ def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
         print(f"simulated on each: 8 x {args.gpus} GPUs, vLLM {args.vllm_version}")
         print(f"deployment file: {fleet.deployment_path}")
         return runner.EXIT_OK
-    result = fleet_sandbox.down(folder) if args.action == "down" else fleet_sandbox.status(folder)
+    result = fleets.down(folder) if args.action == "down" else fleets.status(folder)
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
 
@@ -377,10 +379,10 @@ def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     """``status``: the nodes the Ray cluster lists; ``stop``: the server on the head, then the
     Ray processes opsbook started on every node (nothing else)."""
-    from opsbook import cluster
-    from opsbook.deployment import load_deployment
-    from opsbook.hosts import HostGroup
+    from opsbook.core.deployment import load_deployment
+    from opsbook.remote.hosts import HostGroup
     from opsbook.stages import cluster_launch
+    from opsbook.steps import cluster
 
     deployment = load_deployment(args.deployment)
     head = cluster.nodes_of(deployment)[0]
@@ -398,7 +400,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from opsbook.lint import is_empty, lint_result
+    from opsbook.knowledge.lint import is_empty, lint_result
 
     if is_empty(args.shell_command):
         raise RunError(
@@ -415,7 +417,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_records(args: argparse.Namespace) -> int:
-    from opsbook import records
+    from opsbook.runner import records
 
     if args.action == "list":
         print(records.list_runs(Path(args.runs_dir)))
@@ -433,8 +435,8 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from opsbook.exceptions import LogError
-    from opsbook.logscan import diagnose_stream
+    from opsbook.core.exceptions import LogError
+    from opsbook.knowledge.logscan import diagnose_stream
 
     try:
         with _read_log(args.log) as stream:
@@ -458,7 +460,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 def _read_log(name: str) -> BinaryIO:
     """The log as a binary stream: lines are split on ``\n`` only, as ``grep -n`` counts."""
-    from opsbook.exceptions import LogError
+    from opsbook.core.exceptions import LogError
 
     if name == "-":
         return sys.stdin.buffer

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from opsbook import __version__
-from opsbook import session as session_records
-from opsbook.deployment import Deployment, load_deployment
-from opsbook.journal import JOURNAL_ENV
-from opsbook.progress import has_frontend
-from opsbook.results import Result, shown
+from opsbook.core.deployment import Deployment, load_deployment
+from opsbook.core.results import Result, shown
+from opsbook.remote.journal import JOURNAL_ENV
+from opsbook.runner import session as session_records
+from opsbook.runner.progress import has_frontend
 
 DEPLOYMENT_FOLDERS = ("../deployments", "../.sandbox")
 # How many lines of a starting server's log a button shows while it follows the start.
@@ -36,7 +36,7 @@ class DeploymentForm:
     again. Headless it shows the values it was given. Above the form comes the session's
     header (UTC time, user, machine, deployment, parameters, opsbook version, where the record
     goes); in JupyterLab, showing the form starts the session's run folder
-    (:mod:`opsbook.session`) and offers "File this run".
+    (:mod:`opsbook.runner.session`) and offers "File this run".
 
     Args:
         deployment: the notebook's ``deployment`` parameter.

@@ -6,7 +6,8 @@ uvicorn), a site-packages folder or their wheels (``pip download huggingface_hub
 Every string expression of the source is rendered to a template: literal text, with each
 variable part (an f-string field, a ``%s`` of ``%``-formatting or of a logger call, a ``{}``
 of ``.format``) as ``{expression}``. A template is kept when it holds one of the ``stems`` an
-entry of ``opsbook/data/failures.yaml`` lists; it is recorded with the entry, the releases and
+entry of ``opsbook/knowledge/data/failures.yaml`` lists; it is recorded with the entry, the
+releases and
 the file and line where it appears.
 
 Messages of compiled code (PyTorch's C++, NCCL's C, safetensors' Rust, the Linux kernel)
@@ -36,10 +37,10 @@ from pathlib import Path
 
 import yaml
 
-from opsbook.probes.vllm_source import FolderSource, WheelSource
+from opsbook.remote.probes.vllm_source import FolderSource, WheelSource
 
 ROOT = Path(__file__).resolve().parents[1]
-CATALOGUE = ROOT / "opsbook" / "data" / "failures.yaml"
+CATALOGUE = ROOT / "opsbook" / "knowledge" / "data" / "failures.yaml"
 FIRST_RELEASE = (0, 10, 2)
 LAST_RELEASE = (0, 33, 0)
 LIBRARIES = ("huggingface_hub", "transformers", "uvicorn")

@@ -3,7 +3,7 @@
 
 A maintainer tool (not part of the installed package). For each wheel
 ``vllm-X-*.whl`` it reads the Python sources with :mod:`zipfile` and :mod:`ast` and writes
-``opsbook/data/vllm_facts/<X>.json`` plus ``index.json``:
+``opsbook/knowledge/data/vllm_facts/<X>.json`` plus ``index.json``:
 
 - ``attention_backends``: per backend of the registry (``AttentionBackendEnum``), its class,
   the KV-cache dtypes it declares (``supported_kv_cache_dtypes``), the compute capabilities
@@ -26,7 +26,8 @@ tool on the same wheel reproduces the file byte for byte.
 
 Usage::
 
-    python tools/vllm_facts.py --wheels /work/cache/vllm-wheels --out opsbook/data/vllm_facts
+    python tools/vllm_facts.py --wheels /work/cache/vllm-wheels --out
+    opsbook/knowledge/data/vllm_facts
     python tools/vllm_facts.py --wheels DIR --out DIR --version 0.33.0
     python tools/vllm_facts.py --wheel FILE.whl            # print one release's JSON
 """
@@ -44,7 +45,7 @@ from typing import Any
 
 # The class-resolution, the small interpreter and the backend registry reader are shared with
 # the backends probe, which runs them over an installed vLLM's files on a host.
-from opsbook.probes.vllm_source import (
+from opsbook.remote.probes.vllm_source import (
     BACKEND_DIRS,
     CUDA_PLATFORM,
     Cap,
@@ -486,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wheels", type=Path, help="folder of vllm-X-*.whl")
     parser.add_argument("--wheel", type=Path, help="one wheel: print its facts to stdout")
-    parser.add_argument("--out", type=Path, default=Path("opsbook/data/vllm_facts"))
+    parser.add_argument("--out", type=Path, default=Path("opsbook/knowledge/data/vllm_facts"))
     parser.add_argument("--version", action="append", help="only these releases (repeatable)")
     args = parser.parse_args(argv)
     if args.wheel:

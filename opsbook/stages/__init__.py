@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from opsbook.exceptions import RunError
+from opsbook.core.exceptions import RunError
 from opsbook.stages.base import (
     ClusterFunction,
     HostHeading,
@@ -34,13 +34,20 @@ if TYPE_CHECKING:
     from opsbook.stages import cluster_preflight as cluster_preflight
     from opsbook.stages import config_patch as config_patch
     from opsbook.stages import diagnose as diagnose
-    from opsbook.stages import download as download
-    from opsbook.stages import launch as launch
+    from opsbook.stages import download_check as download_check
     from opsbook.stages import launch_script as launch_script
+    from opsbook.stages import launch_server as launch_server
     from opsbook.stages import preflight as preflight
 
 # The per-host modules of the runbook's stages, in its order, then the cluster ones.
-_RUNBOOK_MODULES = ("preflight", "download", "config_patch", "launch_script", "launch", "diagnose")
+_RUNBOOK_MODULES = (
+    "preflight",
+    "download_check",
+    "config_patch",
+    "launch_script",
+    "launch_server",
+    "diagnose",
+)
 _MODULES = (*_RUNBOOK_MODULES, "cluster_preflight", "cluster_download", "cluster_launch")
 
 
@@ -93,12 +100,12 @@ STAGES = (
         "download",
         "01_download_check",
         False,
-        _per_host("download"),
+        _per_host("download_check"),
         _on_cluster("cluster_download"),
     ),
     Stage("config-patch", "02_config_patch", True, _per_host("config_patch")),
     Stage("launch-script", "03_launch_script", True, _per_host("launch_script")),
-    Stage("launch", "04_launch", True, _per_host("launch"), _on_cluster("cluster_launch")),
+    Stage("launch", "04_launch", True, _per_host("launch_server"), _on_cluster("cluster_launch")),
     Stage(
         "diagnose",
         "05_diagnose",
@@ -108,7 +115,7 @@ STAGES = (
     ),
 )
 # Not a stage of the runbook: 04_launch's "Stop" button, run over the hosts like one.
-STOP = Stage("stop", "04_launch", True, _per_host("launch", "stop"))
+STOP = Stage("stop", "04_launch", True, _per_host("launch_server", "stop"))
 # The stages a deploy runs in order; diagnose follows on every host.
 DEPLOY = tuple(s for s in STAGES if s.name != "diagnose")
 DIAGNOSE = STAGES[-1]

@@ -3,8 +3,9 @@ typed per-host results it ends with.
 
 A stage module (``preflight``, ``download``...) wraps the library functions of its step in one
 function ``run(host, deployment, **options) -> Report`` for one host. :func:`run_stage` runs it on
-every host of a deployment, ``forks`` at a time; each host's :class:`~opsbook.results.HostResult`
-is recorded the moment it is done (:func:`opsbook.outcome.record_host`), so ``opsbook run``
+every host of a deployment, ``forks`` at a time; each host's
+:class:`~opsbook.core.results.HostResult`
+is recorded the moment it is done (:func:`opsbook.core.channel.record_host`), so ``opsbook run``
 prints it as it happens. An unreachable host is a result, not an exception.
 """
 
@@ -17,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsbook import outcome
-from opsbook.deployment import Deployment
-from opsbook.exceptions import HostUnreachable, OpsbookError
-from opsbook.hosts import DEFAULT_FORKS, HostGroup
-from opsbook.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
+from opsbook.core import channel
+from opsbook.core.deployment import Deployment
+from opsbook.core.exceptions import HostUnreachable, OpsbookError
+from opsbook.core.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
+from opsbook.remote.hosts import DEFAULT_FORKS, HostGroup
 
 
 @dataclass
@@ -232,7 +233,7 @@ def run_stage(
 
     def done(name: str, answer: Any) -> None:
         if isinstance(answer, HostResult):
-            outcome.record_host(answer)
+            channel.record_host(answer)
             if on_result is not None:
                 on_result(answer)
 
@@ -269,7 +270,7 @@ def _run_cluster(
             State.SKIPPED, Result(True, "not part of the cluster's run")
         )
         result = _host_result(stage, host.name, report, time.monotonic() - started)
-        outcome.record_host(result)
+        channel.record_host(result)
         if on_result is not None:
             on_result(result)
         results.append(result)
@@ -317,7 +318,7 @@ def _crashed(stage: Stage, host: str, error: BaseException) -> HostResult:
         f"opsbook failed: {type(error).__name__}: {error}",
         failure_id=TOOL_FAILED,
     )
-    outcome.record_host(result)
+    channel.record_host(result)
     return result
 
 
@@ -327,7 +328,7 @@ def known_hosts(deployment: Deployment, names: Sequence[str]) -> list[str]:
     Raises:
         RunError: a name is not one of its hosts.
     """
-    from opsbook.exceptions import RunError
+    from opsbook.core.exceptions import RunError
 
     known = [h.name for h in deployment.hosts]
     unknown = [n for n in names if n not in known]

@@ -13,9 +13,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from opsbook.deployment import Deployment
-from opsbook.results import Finding, Result, State
-from opsbook.stages import download
+from opsbook.core.deployment import Deployment
+from opsbook.core.results import Finding, Result, State
+from opsbook.stages import download_check
 from opsbook.stages.base import Report
 
 FINGERPRINT_FIELDS = ("file", "size", "header_len", "tensors")
@@ -23,7 +23,7 @@ FINGERPRINT_FIELDS = ("file", "size", "header_len", "tensors")
 
 def run(hosts: Sequence[Any], deployment: Deployment, **options: Any) -> dict[str, Report]:
     """The download check on each node, then the fingerprints compared."""
-    reports = {h.name: download.run(h, deployment.for_host(h.spec), **options) for h in hosts}
+    reports = {h.name: download_check.run(h, deployment.for_host(h.spec), **options) for h in hosts}
     prints = {
         name: fingerprint(r.detail) for name, r in reports.items() if isinstance(r.detail, Result)
     }

@@ -2,7 +2,7 @@
 
 For a deployment with a ``cluster`` section the launch stage acts on its hosts together: stop
 the server opsbook started on the head, start the Ray head and then each worker (proven joined,
-:func:`opsbook.cluster.start_cluster`), start the launch script on the head (it carries
+:func:`opsbook.steps.cluster.start_cluster`), start the launch script on the head (it carries
 ``--distributed-executor-backend ray`` and the parallel sizes), follow it to ready while
 watching the cluster, and smoke-test it. A node that is missing or leaves while the model loads
 ends the launch within seconds, naming the node; whatever opsbook started for it is stopped.
@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opsbook import cluster, launch, plots, script
-from opsbook.deployment import Deployment
-from opsbook.exceptions import OpsbookError
-from opsbook.results import Finding, Result, State
+from opsbook.core.deployment import Deployment
+from opsbook.core.exceptions import OpsbookError
+from opsbook.core.results import Finding, Result, State
 from opsbook.stages.base import Report
-from opsbook.stages.launch import _phases
+from opsbook.stages.launch_server import _phases
+from opsbook.steps import cluster, plots, script, server
 
 # How often the cluster's nodes are counted while the model loads.
 WATCH_EVERY = 3.0
@@ -54,8 +54,8 @@ def run(
         return _dry_run(by_name, deployment)
     head_host = by_name[head.host.name]
     view = cluster.with_cluster_settings(deployment.for_host(head.host))
-    paths = launch.resolve_paths(head_host, view)
-    stopped = launch.stop_previous(head_host, paths, grace=stop_grace)
+    paths = server.resolve_paths(head_host, view)
+    stopped = server.stop_previous(head_host, paths, grace=stop_grace)
     if not stopped.ok:
         return _all(hosts, head.host.name, Report(State.FAILED, stopped, [stopped]))
     options = {n.host.name: _node_options(by_name.get(n.host.name), n) for n in nodes}
@@ -65,7 +65,7 @@ def run(
         return _all(hosts, head.host.name, Report(State.FAILED, joined, [joined], RAY_RESOURCES))
     report = _launch_on_head(head_host, hosts, deployment, view, paths, ready_timeout)
     if report.state is State.FAILED:
-        launch.stop_server(head_host, paths, grace=stop_grace)
+        server.stop_server(head_host, paths, grace=stop_grace)
         cluster.stop_cluster(hosts, deployment)
     return _per_node(hosts, deployment, report, joined)
 
@@ -99,16 +99,16 @@ def _launch_on_head(
     hosts: Sequence[Any],
     deployment: Deployment,
     view: Deployment,
-    paths: launch.LaunchPaths,
+    paths: server.LaunchPaths,
     ready_timeout: float,
 ) -> Report:
-    started = launch.start_server(head_host, paths, view.server_port)
+    started = server.start_server(head_host, paths, view.server_port)
     shows: list[object] = [started]
     if not started.ok:
         return Report(State.FAILED, started, shows, _failure_of(started))
     watch = _watch_nodes(head_host, deployment)
     try:
-        ready = launch.wait_until_ready(
+        ready = server.wait_until_ready(
             head_host,
             paths,
             view.server_port,
@@ -119,24 +119,24 @@ def _launch_on_head(
         verdict = Result(False, lost.message, findings=[Finding("error", "cluster", lost.message)])
         return Report(State.FAILED, verdict, [*shows, verdict], RAY_NODE_DIED)
     shows.append(ready)
-    digest = launch.record_running_script(head_host, paths)
+    digest = server.record_running_script(head_host, paths)
     if not ready.ok:
         return Report(State.FAILED, ready, shows, _failure_of(ready), digest)
-    smoke = launch.smoke_test(head_host, view.server_port, api_key=script.server_api_key(view))
-    diagnosis = launch.diagnosis_of(ready)
+    smoke = server.smoke_test(head_host, view.server_port, api_key=script.server_api_key(view))
+    diagnosis = server.diagnosis_of(ready)
     if diagnosis is not None:
-        timeline = launch.timeline(diagnosis.phases)
+        timeline = server.timeline(diagnosis.phases)
         shows += [timeline, plots.startup_timeline(timeline)]
     shows.append(smoke)
     return Report(State.CHANGED if smoke.ok else State.FAILED, smoke, shows, "", digest)
 
 
-def _watch_nodes(head_host: Any, deployment: Deployment) -> Callable[[launch.Progress], None]:
+def _watch_nodes(head_host: Any, deployment: Deployment) -> Callable[[server.Progress], None]:
     """Count the cluster's nodes every few seconds while the server starts; raise
     :class:`NodeLost` naming the nodes that left."""
     last = [0.0]
 
-    def check(progress: launch.Progress) -> None:
+    def check(progress: server.Progress) -> None:
         now = time.monotonic()
         if now - last[0] < WATCH_EVERY:
             return
@@ -154,8 +154,8 @@ def _watch_nodes(head_host: Any, deployment: Deployment) -> Callable[[launch.Pro
     return check
 
 
-def _both(*calls: Callable[[launch.Progress], None]) -> Callable[[launch.Progress], None]:
-    def call(progress: launch.Progress) -> None:
+def _both(*calls: Callable[[server.Progress], None]) -> Callable[[server.Progress], None]:
+    def call(progress: server.Progress) -> None:
         for one in calls:
             one(progress)
 
@@ -211,7 +211,7 @@ def _per_node(
 
 
 def _failure_of(result: Result) -> str:
-    diagnosis = launch.diagnosis_of(result)
+    diagnosis = server.diagnosis_of(result)
     return diagnosis.failure or "" if diagnosis is not None else ""
 
 
@@ -223,7 +223,7 @@ def stop_serving(hosts: Sequence[Any], deployment: Deployment, grace: float = 10
     if head.host.name in by_name:
         head_host = by_name[head.host.name]
         view = cluster.with_cluster_settings(deployment.for_host(head.host))
-        stopped = launch.stop_server(head_host, launch.resolve_paths(head_host, view), grace=grace)
+        stopped = server.stop_server(head_host, server.resolve_paths(head_host, view), grace=grace)
         findings.append(Finding("ok" if stopped.ok else "error", head.host.name, stopped.message))
     rays = cluster.stop_cluster(hosts, deployment)
     findings += rays.findings

@@ -19,12 +19,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from opsbook import cluster
-from opsbook.deployment import ClusterSpec, Deployment
-from opsbook.facts import HostFacts
-from opsbook.results import Finding, Result, State
+from opsbook.core.deployment import ClusterSpec, Deployment
+from opsbook.core.results import Finding, Result, State
 from opsbook.stages import preflight
 from opsbook.stages.base import Report
+from opsbook.steps import cluster
+from opsbook.steps.host_facts import HostFacts
 
 RAY_VERSION_COMMAND = "import ray; print(ray.__version__)"
 

@@ -3,12 +3,13 @@ the config (backup, atomic write, re-check) with ``apply=True``."""
 
 from __future__ import annotations
 
-from opsbook import compat, facts, patch
-from opsbook.deployment import Deployment
-from opsbook.download import format_bytes
-from opsbook.probes import Prober
-from opsbook.results import Result, State
+from opsbook.core.deployment import Deployment
+from opsbook.core.results import Result, State
+from opsbook.knowledge import compat
+from opsbook.remote.probes import Prober
 from opsbook.stages.base import Note, Report, concurrently
+from opsbook.steps import host_facts, patch
+from opsbook.steps.shard_check import format_bytes
 
 
 def run(
@@ -32,7 +33,7 @@ def run(
     # followed by the question to the installed vLLM, whose own selection outranks the
     # version table (it reads the GPUs' capabilities itself, while the facts probe reads them).
     found, (checkpoint, model, probed) = concurrently(
-        lambda: facts.gather_facts(host, deployment, facts.PATCH_FACTS),
+        lambda: host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS),
         lambda: _model_and_backends(host, deployment),
     )
     texts = checkpoint.texts
@@ -107,7 +108,7 @@ def _model_and_backends(
 def _predict_restored(
     host: Prober,
     deployment: Deployment,
-    found: facts.HostFacts,
+    found: host_facts.HostFacts,
     version: str | None,
     capabilities: list[str],
 ) -> Result:

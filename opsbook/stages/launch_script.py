@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 
-from opsbook import script
-from opsbook.deployment import Deployment
-from opsbook.exceptions import TransferError
-from opsbook.results import Result, State
-from opsbook.script import ScriptHost
+from opsbook.core.deployment import Deployment
+from opsbook.core.exceptions import TransferError
+from opsbook.core.results import Result, State
 from opsbook.stages.base import Note, Report
+from opsbook.steps import script
+from opsbook.steps.script import ScriptHost
 
 
 def script_sha256(text: str) -> str:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from opsbook import sandbox as sandboxes
-from opsbook.sandbox import Sandbox
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.rehearsal.sandbox import Sandbox
 
 
 def sandbox_folder(label: str) -> Path:
@@ -23,7 +23,8 @@ def sandbox_folder(label: str) -> Path:
 
 @contextlib.contextmanager
 def rehearsal_host(label: str, **options: Any) -> Iterator[Sandbox]:
-    """A rehearsal host of its own in a fresh folder (``opsbook.sandbox.up`` options), stopped
+    """A rehearsal host of its own in a fresh folder (``opsbook.rehearsal.sandbox.up`` options),
+    stopped
     and removed afterwards."""
     folder = sandbox_folder(label)
     try:

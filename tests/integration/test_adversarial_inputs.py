@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 import yaml
 
-from opsbook import cli, launch
-from opsbook.deployment import load_deployment
-from opsbook.hosts import Host
-from opsbook.run import EXIT_OK, EXIT_USAGE, RunRecord, run_deploy
-from opsbook.sandbox import Sandbox
+from opsbook import cli
+from opsbook.core.deployment import load_deployment
+from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.remote.hosts import Host
+from opsbook.runner.run import EXIT_OK, EXIT_USAGE, RunRecord, run_deploy
+from opsbook.steps import server
 from tests.integration.conftest import rehearsal_host
 
 pytestmark = pytest.mark.integration
@@ -68,7 +69,7 @@ def models_status(port: int, key: str | None) -> int:
 def server_pid(deployment: Path) -> int:
     dep = load_deployment(deployment)
     with Host.from_deployment(dep) as host:
-        state_dir = launch.resolve_paths(host, dep).state_dir
+        state_dir = server.resolve_paths(host, dep).state_dir
     return int(json.loads((Path(state_dir) / "launch.json").read_text())["pid"])
 
 
@@ -112,7 +113,7 @@ def keys(box: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
     finally:
         dep = load_deployment(box.deployment_path)
         with Host.from_deployment(dep) as host:
-            launch.stop_server(host, launch.resolve_paths(host, dep))
+            server.stop_server(host, server.resolve_paths(host, dep))
 
 
 def test_a_key_in_server_env_is_in_no_record_and_not_in_the_script(keys, box) -> None:
@@ -257,7 +258,7 @@ def test_a_restore_tells_what_the_restored_config_will_do_and_a_failed_one_fails
 
 
 def test_without_its_index_a_missing_shard_is_named_by_the_series(box, tmp_path, capsys) -> None:
-    from opsbook.checkpoint import make_checkpoint, shard_name
+    from opsbook.rehearsal.checkpoint import make_checkpoint, shard_name
 
     folder = Path(tempfile.mkdtemp(prefix="opsbook-no-index-", dir="/tmp"))
     try:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from opsbook import probes
-from opsbook.probes.vllm_source import STATIC_REASONS
+from opsbook.remote import probes
+from opsbook.remote.probes.vllm_source import STATIC_REASONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
 

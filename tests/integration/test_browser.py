@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import BrowserContext, Locator, Page, Playwright, sync_playwright
 
-from opsbook import fleet_sandbox
-from opsbook.deployment import load_deployment
-from opsbook.sandbox import Sandbox
+from opsbook.core.deployment import load_deployment
+from opsbook.rehearsal import fleet as fleets
+from opsbook.rehearsal.sandbox import Sandbox
 from tests.integration.conftest import rehearsal_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -674,18 +674,18 @@ def test_a_secret_on_a_foreign_command_line_reaches_no_saved_notebook(
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[fleet_sandbox.Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[fleets.Fleet]:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-clicks-fleet-", dir="/tmp"))
     folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
     try:
-        yield fleet_sandbox.up(folder, hosts=2, address=FLEET_ADDRESS)
+        yield fleets.up(folder, hosts=2, address=FLEET_ADDRESS)
     finally:
-        fleet_sandbox.down(folder)
+        fleets.down(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_buttons_act_on_both_hosts_of_a_fleet(
-    fleet: fleet_sandbox.Fleet, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
+    fleet: fleets.Fleet, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     dep = load_deployment(fleet.deployment_path)
     patch_and_upload(fleet.deployment_path)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsbook import run
-from opsbook import sandbox as sandboxes
-from opsbook.sandbox import Sandbox
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.runner import run
 from tests.integration.conftest import sandbox_folder
 
 pytestmark = pytest.mark.integration

@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
-from opsbook import checkpoint, download, plots
-from opsbook.checkpoint import INDEX_NAME, make_checkpoint
-from opsbook.download import DownloadProgress, HashProgress
-from opsbook.hosts import Host
-from opsbook.results import Result
-from opsbook.sandbox import Sandbox
+from opsbook.core.results import Result
+from opsbook.rehearsal import checkpoint
+from opsbook.rehearsal.checkpoint import INDEX_NAME, make_checkpoint
+from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.remote.hosts import Host
+from opsbook.steps import plots, shard_check
+from opsbook.steps.shard_check import DownloadProgress, HashProgress
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +111,7 @@ def test_default_119_shards_check_ok_in_one_round_trip(
 ) -> None:
     model = make(sandbox, place)
     before = len(host.journal)
-    result = download.check_download(host, str(model))
+    result = shard_check.check_download(host, str(model))
     assert len(host.journal) == before + 1
     assert result.ok, result
     assert result.message.startswith("all 119 shards complete and readable")
@@ -123,16 +124,16 @@ def test_both_layouts_and_damaged_shards_named(
     sandbox: Sandbox, host: Host, place: Path, layout: str
 ) -> None:
     model = make(sandbox, place, layout=layout, shards=5, shard_bytes=100_000)
-    good = download.check_download(host, str(model))
+    good = shard_check.check_download(host, str(model))
     assert good.ok, good
     assert good.data["where"]["layout"] == layout
     if layout == "hf-cache":
         repo = model.parent.parent
-        assert download.check_download(host, str(repo)).data["where"]["model_dir"] == str(model)
+        assert shard_check.check_download(host, str(repo)).data["where"]["model_dir"] == str(model)
     checkpoint.truncate_shard(model, 2, 60_000)
     checkpoint.corrupt_header(model, 4, "not-json")
     before = listing(place)
-    result = download.check_download(host, str(model))
+    result = shard_check.check_download(host, str(model))
     assert listing(place) == before
     assert not result.ok
     found = problems(result)
@@ -146,10 +147,10 @@ def test_folder_with_spaces_and_quotes(sandbox: Sandbox, host: Host, place: Path
     odd = place / 'it\'s a "quoted" $HOME `dir`'
     odd.mkdir()
     model = make(sandbox, odd, **SMALL)
-    result = download.check_download(host, str(model))
+    result = shard_check.check_download(host, str(model))
     assert result.ok, result
     assert result.data["where"]["model_dir"] == str(model)
-    hashed = download.hash_shards(host, str(model))
+    hashed = shard_check.hash_shards(host, str(model))
     assert hashed.ok and hashed.data["counts"] == {"match": 3}
 
 
@@ -253,7 +254,7 @@ def test_bad_input_is_a_finding_naming_the_file(
     path = damage(model)
     give_to(sandbox, place)
     before = listing(place)
-    result = download.check_download(host, str(path))
+    result = shard_check.check_download(host, str(path))
     assert listing(place) == before
     assert not result.ok
     found = problems(result)
@@ -272,7 +273,7 @@ def test_full_hash_flipped_byte_and_resumable_cache(
     model = make(sandbox, place, layout=layout, shards=4, shard_bytes=2_000_000, hashes=True)
     before, calls = listing(place), len(host.journal)
     seen: list[HashProgress] = []
-    first = download.hash_shards(host, str(model), progress=seen.append, batch_size=2)
+    first = shard_check.hash_shards(host, str(model), progress=seen.append, batch_size=2)
     assert first.ok, first
     assert first.data["counts"] == {"match": 4}
     assert len(host.journal) == calls + 3  # the listing, then two batches
@@ -281,7 +282,7 @@ def test_full_hash_flipped_byte_and_resumable_cache(
     assert listing(place) == before
 
     cache = f"{sandbox.home}/{place.name}-hashes.json"
-    warm = download.hash_shards(host, str(model), cache_path=cache)
+    warm = shard_check.hash_shards(host, str(model), cache_path=cache)
     assert warm.ok and not any(row["cached"] for row in warm.data["rows"])
 
     flipped = checkpoint.shard_path(model, 3)
@@ -292,7 +293,7 @@ def test_full_hash_flipped_byte_and_resumable_cache(
     # Coarse file-system clocks could leave the mtime as it was; a rewrite moves it.
     os.utime(flipped, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
 
-    again = download.hash_shards(host, str(model), cache_path=cache)
+    again = shard_check.hash_shards(host, str(model), cache_path=cache)
     assert not again.ok
     assert set(problems(again)) == {shard(3, 4)}
     assert "differs from" in problems(again)[shard(3, 4)]
@@ -309,7 +310,7 @@ def test_watch_a_download_in_progress_until_complete(
     sandbox: Sandbox, host: Host, place: Path, layout: str
 ) -> None:
     model = make(sandbox, place, layout=layout, shards=4, shard_bytes=300_000)
-    total = download.check_download(host, str(model)).data["summary"]["bytes_expected"]
+    total = shard_check.check_download(host, str(model)).data["summary"]["bytes_expected"]
     # The writer runs as root here; the files it makes must stay readable by the login user.
     umask = os.umask(0o022)
     try:
@@ -320,14 +321,14 @@ def test_watch_a_download_in_progress_until_complete(
         os.umask(umask)
     updates: list[DownloadProgress] = []
     try:
-        during = download.check_download(host, str(model))
-        result = download.watch_download(
+        during = shard_check.check_download(host, str(model))
+        result = shard_check.watch_download(
             host, str(model), interval=0.25, timeout=30, on_update=updates.append
         )
     finally:
         checkpoint.stop_download_simulation(pid)
     assert not during.ok
-    assert download.check_download(host, str(model)).ok
+    assert shard_check.check_download(host, str(model)).ok
     assert result.ok, result
     assert result.message.startswith("download complete: 4/4 shards done")
     samples = result.data["samples"]
@@ -343,6 +344,6 @@ def test_watch_a_download_in_progress_until_complete(
 def test_unreadable_shard_mode_is_left_as_found(sandbox: Sandbox, host: Host, place: Path) -> None:
     model = make(sandbox, place, **SMALL)
     (model / shard(1)).chmod(0)
-    hashed = download.hash_shards(host, str(model))
+    hashed = shard_check.hash_shards(host, str(model))
     assert problems(hashed) == {shard(1): "cannot hash: permission denied"}
     assert stat.S_IMODE((model / shard(1)).stat().st_mode) == 0

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import diagnose, launch
-from opsbook import sandbox as sandboxes
-from opsbook.deployment import load_deployment
-from opsbook.exceptions import ConnectTimeout, HostUnreachable, ProbeError, TransferError
-from opsbook.hosts import Host
-from opsbook.patch import apply_patch, fp8_kv_cache_edits, plan_patch, read_configs
-from opsbook.sandbox import Sandbox
+from opsbook.core.deployment import load_deployment
+from opsbook.core.exceptions import ConnectTimeout, HostUnreachable, ProbeError, TransferError
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.remote.hosts import Host
+from opsbook.steps import server, triage
+from opsbook.steps.patch import apply_patch, fp8_kv_cache_edits, plan_patch, read_configs
 
 pytestmark = pytest.mark.integration
 
@@ -488,11 +488,11 @@ def served(box: Sandbox) -> Sandbox:
     return box
 
 
-def state_of(box: Sandbox) -> tuple[diagnose.ServerState, float]:
+def state_of(box: Sandbox) -> tuple[triage.ServerState, float]:
     dep = load_deployment(box.deployment_path)
     with Host.from_deployment(dep) as host:
         began = time.monotonic()
-        found = diagnose.server_state(host, launch.resolve_paths(host, dep), dep.server_port)
+        found = triage.server_state(host, server.resolve_paths(host, dep), dep.server_port)
     return found, time.monotonic() - began
 
 
@@ -525,6 +525,6 @@ def test_a_ready_server_that_was_stopped_is_hung_within_the_bound(served: Sandbo
         os.killpg(group, signal.SIGCONT)
     assert found.state == "hung", found.message
     assert "has not answered" in found.message
-    bound = diagnose.UNRESPONSIVE_SECONDS + launch.HEALTH_TIMEOUT + 5
+    bound = triage.UNRESPONSIVE_SECONDS + server.HEALTH_TIMEOUT + 5
     assert took < bound, took
     wait_for(lambda: state_of(served)[0].state == "ready", 30, "the server to answer again")

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsbook import fleet_sandbox, run
-from opsbook.fleet_sandbox import Fleet
-from opsbook.results import State
+from opsbook.core.results import State
+from opsbook.rehearsal import fleet as fleets
+from opsbook.rehearsal.fleet import Fleet
+from opsbook.runner import run
 
 pytestmark = pytest.mark.integration
 
@@ -27,11 +28,11 @@ def start_fleet(label: str, address: str) -> Iterator[Fleet]:
     folder = Path(tempfile.mkdtemp(prefix=f"opsbook-{label}-", dir="/tmp"))
     # The test's own folder: the sandbox keeps an existing folder's mode.
     folder.chmod(0o755)
-    fleet = fleet_sandbox.up(folder, hosts=4, address=address)
+    fleet = fleets.up(folder, hosts=4, address=address)
     try:
         yield fleet
     finally:
-        fleet_sandbox.down(folder)
+        fleets.down(folder)
         subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
@@ -39,8 +40,8 @@ def start_fleet(label: str, address: str) -> Iterator[Fleet]:
 def broken_fleet() -> Iterator[Fleet]:
     """Four hosts: the second's sshd stopped, the third's checkpoint truncated."""
     for fleet in start_fleet("fleet", "127.0.1.21"):
-        fleet_sandbox.stop_sshd(fleet.hosts[1])
-        fleet_sandbox.truncate_checkpoint(fleet.hosts[2])
+        fleets.stop_sshd(fleet.hosts[1])
+        fleets.truncate_checkpoint(fleet.hosts[2])
         yield fleet
 
 
@@ -175,7 +176,7 @@ def test_a_rolling_restart_stops_at_the_batch_that_fails(serving_fleet, tmp_path
     doc["server"]["env"]["OPSBOOK_RELEASE"] = "2"  # a new launch script for every host
     upgrade = tmp_path / "upgrade.yml"
     upgrade.write_text(yaml.safe_dump(doc))
-    fleet_sandbox.crash_on_start(serving_fleet.hosts[2])
+    fleets.crash_on_start(serving_fleet.hosts[2])
     seen = []
     record = run.run_deploy(upgrade, tmp_path / "runs", serial=1, on_result=seen.append)
     assert record.exit_code == run.EXIT_PROBLEM, record.message
@@ -209,10 +210,10 @@ def test_a_rolling_restart_stops_at_the_batch_that_fails(serving_fleet, tmp_path
 
 def test_a_slow_host_delays_no_other_over_real_ssh(broken_fleet, deployed) -> None:
     from opsbook import stages
-    from opsbook.deployment import load_deployment
+    from opsbook.core.deployment import load_deployment
 
     slow, fast = broken_fleet.hosts[3], broken_fleet.hosts[0]
-    fleet_sandbox.make_slow(slow, 3)
+    fleets.make_slow(slow, 3)
     dep = load_deployment(broken_fleet.deployment_path)
     finished: dict[str, float] = {}
     started = time.monotonic()

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import facts
-from opsbook.deployment import load_deployment
-from opsbook.hosts import Host
+from opsbook.core.deployment import load_deployment
+from opsbook.remote.hosts import Host
+from opsbook.steps import host_facts
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def test_every_host_of_the_fleet_has_the_gpus_and_release_asked_for(fleet_dir: P
     for spec in dep.hosts:
         one = dep.for_host(spec)
         with Host(spec, one.secret_values()) as host:
-            found = facts.gather_facts(host, one)
+            found = host_facts.gather_facts(host, one)
         assert spec.address.startswith("127.0.8.")
         assert len(found.gpus) == 8
         assert {g.name for g in found.gpus} == {"NVIDIA B200"}, found.gpus[0]

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import hosts
-from opsbook.deployment import HostSpec, load_deployment
-from opsbook.exceptions import (
+from opsbook.core.deployment import HostSpec, load_deployment
+from opsbook.core.exceptions import (
     AuthenticationFailed,
     CommandTimeout,
     ConnectionRefused,
@@ -24,7 +23,8 @@ from opsbook.exceptions import (
     TransferError,
     UnknownHostName,
 )
-from opsbook.hosts import Host, close_kept_connections, open_ahead
+from opsbook.remote import hosts
+from opsbook.remote.hosts import Host, close_kept_connections, open_ahead
 
 pytestmark = pytest.mark.integration
 
@@ -236,7 +236,7 @@ def _q(text: str) -> str:
 def test_a_group_answers_per_host_and_one_failure_does_not_stop_the_others(
     sandbox, bash_sandbox
 ) -> None:
-    from opsbook.hosts import HostGroup
+    from opsbook.remote.hosts import HostGroup
 
     good = [host_of(sandbox), host_of(bash_sandbox)]
     closed = Host(HostSpec(**{**good[0].spec.__dict__, "port": 1}))

@@ -28,14 +28,15 @@ from typing import Any
 
 import pytest
 
-from opsbook import diagnose, launch, patch, probes
-from opsbook import facts as preflight
-from opsbook import sandbox as sandboxes
-from opsbook.deployment import Deployment, load_deployment
-from opsbook.hosts import Host
-from opsbook.results import Result
-from opsbook.sandbox import Sandbox
-from opsbook.script import render_script, upload_script
+from opsbook.core.deployment import Deployment, load_deployment
+from opsbook.core.results import Result
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.remote import probes
+from opsbook.remote.hosts import Host
+from opsbook.steps import host_facts as preflight
+from opsbook.steps import patch, server, triage
+from opsbook.steps.script import render_script, upload_script
 
 pytestmark = [
     pytest.mark.integration,
@@ -63,7 +64,7 @@ class Rig:
     box: Sandbox
     dep: Deployment
     host: Host
-    paths: launch.LaunchPaths
+    paths: server.LaunchPaths
 
     @property
     def port(self) -> int:
@@ -84,12 +85,12 @@ class Rig:
         return dep
 
     def start(self) -> Result:
-        return launch.start_server(self.host, self.paths, self.port)
+        return server.start_server(self.host, self.paths, self.port)
 
     def wait(self, **kwargs: Any) -> Result:
         kwargs.setdefault("timeout", READY_TIMEOUT)
         kwargs.setdefault("interval", 0.25)
-        return launch.wait_until_ready(self.host, self.paths, self.port, **kwargs)
+        return server.wait_until_ready(self.host, self.paths, self.port, **kwargs)
 
     def start_ready(self) -> tuple[Result, Result]:
         started = self.start()
@@ -98,8 +99,8 @@ class Rig:
         assert ready.ok, str(ready)
         return started, ready
 
-    def state(self, **kwargs: Any) -> diagnose.ServerState:
-        return diagnose.server_state(self.host, self.paths, self.port, **kwargs)
+    def state(self, **kwargs: Any) -> triage.ServerState:
+        return triage.server_state(self.host, self.paths, self.port, **kwargs)
 
     def write_record(self, record: dict[str, Any]) -> None:
         """Replace opsbook's launch record, as the login user would by hand."""
@@ -141,12 +142,12 @@ def box() -> Iterator[Sandbox]:
 def rig(box: Sandbox) -> Iterator[Rig]:
     dep = load_deployment(box.deployment_path)
     host = Host.from_deployment(dep)
-    rig = Rig(box, dep, host, launch.resolve_paths(host, dep))
+    rig = Rig(box, dep, host, server.resolve_paths(host, dep))
     rig.upload(dep)
     try:
         yield rig
     finally:
-        stopped = launch.stop_server(host, rig.paths, grace=2)
+        stopped = server.stop_server(host, rig.paths, grace=2)
         host.close()
     assert not stopped.data["answer"].get("remaining"), str(stopped)
 
@@ -262,7 +263,7 @@ def test_default_checkpoint_fails_at_launch_and_the_diagnosis_points_to_the_patc
     rig: Rig,
 ) -> None:
     patch.restore_patch(rig.host, rig.dep.model_path)
-    can = launch.check_can_start(preflight.gather_facts(rig.host, rig.dep), rig.port)
+    can = server.check_can_start(preflight.gather_facts(rig.host, rig.dep), rig.port)
     assert can.ok, str(can)
 
     started = rig.start()
@@ -298,17 +299,17 @@ def test_after_the_patch_the_server_is_ready_and_answers_the_smoke_test(
     assert record["log"] == rig.paths.log
     assert "vllm serve" in json.loads(rig.record_file.read_text())["cmdline"]
 
-    seen: list[launch.Progress] = []
+    seen: list[server.Progress] = []
     ready = rig.wait(on_progress=seen.append)
     assert ready.ok, str(ready)
     assert seen and seen[-1].state == "ready" and seen[-1].phase == "ready"
 
-    smoke = launch.smoke_test(rig.host, rig.port)
+    smoke = server.smoke_test(rig.host, rig.port)
     assert smoke.ok, str(smoke)
     assert [f.subject for f in smoke.findings] == ["/health", "/v1/models", "/v1/completions"]
     assert smoke.data["model"] == rig.dep.model_path and smoke.data["completion"]
 
-    table = launch.timeline(ready.data["diagnosis"].phases)
+    table = server.timeline(ready.data["diagnosis"].phases)
     names = [row[0] for row in table.rows]
     assert names[0] == "args" and names[-1] == "ready" and "weights" in names
     assert table.rows[0][1] == 0.0 and table.rows[-1][2] is None
@@ -317,7 +318,7 @@ def test_after_the_patch_the_server_is_ready_and_answers_the_smoke_test(
     again = rig.start()
     assert not again.ok and f"still running (PID {pid})" in again.message
 
-    stopped = launch.stop_server(rig.host, rig.paths, grace=5)
+    stopped = server.stop_server(rig.host, rig.paths, grace=5)
     assert stopped.ok and stopped.message == "stopped 10 process(es) with SIGTERM"
     assert group(pid) == []
     assert rig.state().state == "exited"
@@ -343,7 +344,7 @@ def test_a_stop_takes_the_orphans_of_its_launch_and_nothing_else(rig: Rig, patch
         assert "9 of its processes still run (orphans" in state.message
         assert {p["pid"] for p in state.others} >= {p.pid for p in lookalikes}
 
-        stopped = launch.stop_server(rig.host, rig.paths, grace=5)
+        stopped = server.stop_server(rig.host, rig.paths, grace=5)
         assert stopped.ok, str(stopped)
         assert {row["pid"] for row in stopped.data["stopped"].records()} == orphans
         assert set(group(pid)) == set()
@@ -357,7 +358,7 @@ def test_a_stop_takes_the_orphans_of_its_launch_and_nothing_else(rig: Rig, patch
         # SIGKILL left the API server's semaphores in /dev/shm; nothing holds them now.
         uid = pwd.getpwnam(rig.box.user).pw_uid
         assert shm_files(uid)
-        cleaned = launch.clean_stale_shm(rig.host)
+        cleaned = server.clean_stale_shm(rig.host)
         assert cleaned.ok and cleaned.data["removed"]
         assert shm_files(uid) == set()
     finally:
@@ -369,7 +370,7 @@ def test_a_server_that_ignores_sigterm_gets_sigkill(rig: Rig, patched: None) -> 
     rig.deploy(OPSBOOK_SIM_FAULT="ignore-sigterm")
     started, _ = rig.start_ready()
     pid = started.data["record"]["pid"]
-    stopped = launch.stop_server(rig.host, rig.paths, grace=1)
+    stopped = server.stop_server(rig.host, rig.paths, grace=1)
     assert stopped.ok, str(stopped)
     assert stopped.data["answer"]["signals"] == ["TERM", "KILL"]
     assert "SIGTERM+KILL" in stopped.message
@@ -389,7 +390,7 @@ def test_another_users_server_on_the_port_is_named_reported_and_left_alone(rig: 
     other = spawn_as("nobody", argv)
     try:
         until(lambda: listening(rig.port), f"nobody listening on {rig.port}")
-        can = launch.check_can_start(preflight.gather_facts(rig.host, rig.dep), rig.port)
+        can = server.check_can_start(preflight.gather_facts(rig.host, rig.dep), rig.port)
         assert not can.ok
         assert any("a process of user nobody" in f.message for f in can.findings)
 
@@ -397,7 +398,7 @@ def test_another_users_server_on_the_port_is_named_reported_and_left_alone(rig: 
         assert not started.ok
         assert f"port {rig.port} is already taken by a process of uid 65534" in started.message
 
-        stopped = launch.stop_server(rig.host, rig.paths)
+        stopped = server.stop_server(rig.host, rig.paths)
         assert stopped.ok, str(stopped)
         assert any(
             f.subject == f"PID {other.pid}" and "another user" in f.message
@@ -409,7 +410,7 @@ def test_another_users_server_on_the_port_is_named_reported_and_left_alone(rig: 
         with rig.record_kept():
             for start, reason in ((ticks, "another user"), (ticks + 1, "another process")):
                 rig.write_record({"pid": other.pid, "pgid": other.pid, "start": start})
-                refused = launch.stop_server(rig.host, rig.paths, grace=1)
+                refused = server.stop_server(rig.host, rig.paths, grace=1)
                 assert not refused.ok and reason in refused.message, str(refused)
         assert alive(other.pid)
     finally:
@@ -460,18 +461,18 @@ def test_stale_shm_files_are_removed_under_a_zsh_login_shell(rig: Rig) -> None:
     Path(f"/dev/shm/{foreign}").write_text("")
     try:
         until(lambda: Path(f"/dev/shm/{held}").exists(), "the held file")
-        dry = launch.clean_stale_shm(rig.host, apply=False)
+        dry = server.clean_stale_shm(rig.host, apply=False)
         assert dry.ok and stale in [r["file"] for r in dry.data["removed"]]
         assert Path(f"/dev/shm/{stale}").exists()
 
-        cleaned = launch.clean_stale_shm(rig.host)
+        cleaned = server.clean_stale_shm(rig.host)
         assert cleaned.ok and stale in [r["file"] for r in cleaned.data["removed"]]
         kept = {k["file"]: k["why"] for k in cleaned.data["kept"]}
         assert kept[held] == f"open in process {holder.pid}"
         assert kept[foreign] == "belongs to uid 0"
         assert not Path(f"/dev/shm/{stale}").exists()
 
-        nothing = launch.clean_stale_shm(rig.host)
+        nothing = server.clean_stale_shm(rig.host)
         assert nothing.ok and nothing.message.startswith("removed 0 stale file(s)")
     finally:
         end(holder)
@@ -541,12 +542,12 @@ def test_bad_input_reaches_the_server_literally(rig: Rig, patched: None) -> None
     try:
         rig.upload(dep)
         rig.start_ready()
-        smoke = launch.smoke_test(rig.host, rig.port)
+        smoke = server.smoke_test(rig.host, rig.port)
         assert smoke.ok and smoke.data["model"] == name, str(smoke)
         assert str(link) in json.loads(rig.record_file.read_text())["cmdline"]
         assert not marker.exists()
     finally:
-        launch.stop_server(rig.host, rig.paths, grace=2)
+        server.stop_server(rig.host, rig.paths, grace=2)
         link.unlink()
 
 
@@ -585,5 +586,5 @@ def test_the_wait_survives_a_dropped_ssh_connection_and_reattaches_by_pid(
 
     # A new session later finds the same server by its recorded PID.
     with Host.from_deployment(rig.dep) as again:
-        state = diagnose.server_state(again, rig.paths, rig.port)
+        state = triage.server_state(again, rig.paths, rig.port)
     assert state.state == "ready" and state.processes[0]["pid"] == pid

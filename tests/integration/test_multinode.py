@@ -18,23 +18,27 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import cluster, fleet_sandbox, rehearsal_ray, run, sandbox, stages
-from opsbook.deployment import load_deployment
-from opsbook.fleet_sandbox import Fleet
-from opsbook.hosts import HostGroup
-from opsbook.results import State
-from opsbook.sim.vllm_install import SETTINGS_NAME, install_vllm
+from opsbook import stages
+from opsbook.core.deployment import load_deployment
+from opsbook.core.results import State
+from opsbook.rehearsal import fleet as fleets
+from opsbook.rehearsal import ray_tier, sandbox
+from opsbook.rehearsal.fleet import Fleet
+from opsbook.rehearsal.sim.vllm_install import SETTINGS_NAME, install_vllm
+from opsbook.remote.hosts import HostGroup
+from opsbook.runner import run
 from opsbook.stages import cluster_launch
+from opsbook.steps import cluster
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Fleet]:
-    rehearsal_ray.ensure_tier()
+    ray_tier.ensure_tier()
     folder = Path(tempfile.mkdtemp(prefix="opsbook-multinode-", dir="/tmp"))
     folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
-    fleet = fleet_sandbox.up(folder, hosts=2, address="127.0.6.11", multinode=True)
+    fleet = fleets.up(folder, hosts=2, address="127.0.6.11", multinode=True)
     try:
         # Each test may run alone: the checkpoint patched for this vLLM (the incident's FP8 KV
         # cache) and the launch script on the hosts from the start.
@@ -45,7 +49,7 @@ def pair() -> Iterator[Fleet]:
         yield fleet
     finally:
         stop_all(fleet)
-        fleet_sandbox.down(folder)
+        fleets.down(folder)
         subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
@@ -105,7 +109,7 @@ def ray_processes(fleet: Fleet) -> dict[str, list[dict]]:
 @pytest.fixture
 def someone_elses_ray() -> Iterator[subprocess.Popen]:
     """A Ray head of another user (root here, the hosts' users are others) on the machine."""
-    tier = rehearsal_ray.ensure_tier()
+    tier = ray_tier.ensure_tier()
     temp = tempfile.mkdtemp(prefix="other-ray-", dir="/tmp")
     argv = [
         str(tier.venv / "bin" / "ray"),
@@ -169,15 +173,15 @@ def test_the_pair_serves_one_model_and_stops_only_its_own_ray(
 
 def test_a_worker_without_ray_is_named_within_seconds_and_nothing_is_left(pair: Fleet) -> None:
     worker = pair.hosts[1]
-    tier = rehearsal_ray.ensure_tier()
-    rehearsal_ray.unlink_from(worker.venv)
+    tier = ray_tier.ensure_tier()
+    ray_tier.unlink_from(worker.venv)
     deployment = load_deployment(pair.deployment_path)
     try:
         began = time.monotonic()
         result = stages.run_stage(stages.get("launch"), deployment, apply=True, on_result=None)
         took = time.monotonic() - began
     finally:
-        rehearsal_ray.link_into(tier, worker.venv)
+        ray_tier.link_into(tier, worker.venv)
 
     assert took < 60
     assert all(r.state is State.FAILED for r in result.results)

@@ -7,8 +7,8 @@ import nbformat
 import pytest
 import yaml
 
-from opsbook import run
-from opsbook.exceptions import RunError
+from opsbook.core.exceptions import RunError
+from opsbook.runner import run
 
 pytestmark = [pytest.mark.integration, pytest.mark.notebook]
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from opsbook.compat import check_compat, facts_from_texts
-from opsbook.deployment import load_deployment
-from opsbook.hosts import Host
-from opsbook.patch import (
+from opsbook.core.deployment import load_deployment
+from opsbook.knowledge.compat import check_compat, facts_from_texts
+from opsbook.remote.hosts import Host
+from opsbook.steps.patch import (
     BACKUP_SUFFIX,
     PATCHABLE_FILES,
     apply_patch,

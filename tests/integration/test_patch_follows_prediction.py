@@ -25,11 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import launch, outcome
-from opsbook.deployment import load_deployment
-from opsbook.hosts import Host
-from opsbook.patch import BACKUP_SUFFIX, PATCHABLE_FILES
-from opsbook.results import HostResult, State
+from opsbook.core import channel
+from opsbook.core.deployment import load_deployment
+from opsbook.core.results import HostResult, State
+from opsbook.remote.hosts import Host
+from opsbook.steps import server
+from opsbook.steps.patch import BACKUP_SUFFIX, PATCHABLE_FILES
 
 pytestmark = pytest.mark.integration
 
@@ -107,10 +108,10 @@ def deployed(
         summary = json.loads((run_folder / "summary.json").read_text())
         dep = load_deployment(deployment)
         with Host.from_deployment(dep) as host:
-            paths = launch.resolve_paths(host, dep)
+            paths = server.resolve_paths(host, dep)
             server_log = host.read_bytes(paths.log).decode(errors="replace")
             yield Deployed(case, folder, before, run.returncode, run.stdout, summary, server_log)
-            launch.stop_server(host, paths)
+            server.stop_server(host, paths)
     finally:
         opsbook("sandbox", "down", "--dir", str(folder), timeout=120)
         shutil.rmtree(folder, ignore_errors=True)
@@ -120,7 +121,7 @@ def verdicts(deployed: Deployed) -> dict[str, HostResult]:
     """The one host's result of each stage, read back typed from ``summary.json``."""
     found = deployed.summary["results"]
     assert isinstance(found, list)
-    results = [outcome.decode(json.dumps(entry)) for entry in found]
+    results = [channel.decode(json.dumps(entry)) for entry in found]
     return {r.stage: r for r in results}
 
 

@@ -27,14 +27,15 @@ from typing import Any
 
 import pytest
 
-from opsbook import diagnose, launch, rehearsal_vllm
-from opsbook import facts as preflight
-from opsbook import sandbox as sandboxes
-from opsbook.deployment import Deployment, load_deployment
-from opsbook.hosts import Host
-from opsbook.results import Result
-from opsbook.sandbox import Sandbox
-from opsbook.script import render_script, upload_script
+from opsbook.core.deployment import Deployment, load_deployment
+from opsbook.core.results import Result
+from opsbook.rehearsal import real_vllm
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.remote.hosts import Host
+from opsbook.steps import host_facts as preflight
+from opsbook.steps import server, triage
+from opsbook.steps.script import render_script, upload_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
 
@@ -62,7 +63,7 @@ class Rig:
     box: Sandbox
     dep: Deployment
     host: Host
-    paths: launch.LaunchPaths
+    paths: server.LaunchPaths
 
     def upload(self, dep: Deployment) -> Deployment:
         uploaded = upload_script(self.host, dep, render_script(dep))
@@ -81,15 +82,15 @@ class Rig:
         return str(Path(self.dep.model_path).parent / name)
 
     def start(self) -> Result:
-        return launch.start_server(self.host, self.paths, self.dep.server_port)
+        return server.start_server(self.host, self.paths, self.dep.server_port)
 
     def wait(self, timeout: float = READY_TIMEOUT) -> Result:
-        return launch.wait_until_ready(
+        return server.wait_until_ready(
             self.host, self.paths, self.dep.server_port, timeout=timeout, interval=1.0
         )
 
-    def state(self) -> diagnose.ServerState:
-        return diagnose.server_state(self.host, self.paths, self.dep.server_port)
+    def state(self) -> triage.ServerState:
+        return triage.server_state(self.host, self.paths, self.dep.server_port)
 
     def log(self) -> str:
         """The log of the last launch only: the file is appended to across launches."""
@@ -106,7 +107,7 @@ class Outcome:
     started: Result
     ready: Result
     smoke: Result | None
-    state: diagnose.ServerState
+    state: triage.ServerState
     seconds: float
 
     @property
@@ -116,7 +117,7 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
-    rehearsal_vllm.ensure_tier()
+    real_vllm.ensure_tier()
     folder = Path(tempfile.mkdtemp(prefix="opsbook-realvllm-", dir="/tmp"))
     # The test's own folder: the sandbox keeps an existing folder's mode.
     folder.chmod(0o755)
@@ -132,12 +133,12 @@ def box() -> Iterator[Sandbox]:
 def rig(box: Sandbox) -> Iterator[Rig]:
     dep = load_deployment(box.deployment_path)
     host = Host.from_deployment(dep)
-    rig = Rig(box, dep, host, launch.resolve_paths(host, dep))
+    rig = Rig(box, dep, host, server.resolve_paths(host, dep))
     rig.upload(dep)
     try:
         yield rig
     finally:
-        stopped = launch.stop_server(host, rig.paths, grace=10)
+        stopped = server.stop_server(host, rig.paths, grace=10)
         host.close()
     if stopped.data["stopped"].rows:
         print(f"[real vLLM] after the test: {stopped.message}")
@@ -210,7 +211,7 @@ def launch_to_the_end(rig: Rig, dep: Deployment, *, smoke: bool = False) -> Outc
     tested = None
     if smoke:
         assert ready.ok, f"expected ready before the first request: {ready}"
-        tested = launch.smoke_test(rig.host, dep.server_port)
+        tested = server.smoke_test(rig.host, dep.server_port)
         deadline = time.monotonic() + EXIT_TIMEOUT
         while rig.state().state not in ("crashed", "exited") and time.monotonic() < deadline:
             time.sleep(1.0)
@@ -237,7 +238,7 @@ def report(name: str, outcome: Outcome) -> None:
 def test_preflight_reports_the_real_vllm_version(rig: Rig) -> None:
     facts = preflight.gather_facts(rig.host, rig.dep)
     assert facts.python.found and facts.python.executable == rig.dep.python
-    assert facts.vllm_version == rehearsal_vllm.REPORTED_VERSION == "0.32.0+cpu"
+    assert facts.vllm_version == real_vllm.REPORTED_VERSION == "0.32.0+cpu"
 
 
 def test_the_launch_script_s_flags_pass_vllm_s_own_parser(rig: Rig) -> None:
@@ -251,7 +252,7 @@ def test_the_launch_script_s_flags_pass_vllm_s_own_parser(rig: Rig) -> None:
     assert parsed.exit_code == 0, parsed.stderr[-2000:]
     values = json.loads(parsed.stdout.strip().splitlines()[-1])
     assert values["max_model_len"] == 512 and values["port"] == rig.dep.server_port
-    assert values["kv_cache_memory_bytes"] == rehearsal_vllm.KV_CACHE_BYTES
+    assert values["kv_cache_memory_bytes"] == real_vllm.KV_CACHE_BYTES
     assert values["enforce_eager"] is True
 
     wrong = rig.host.run(f"{python} -c {shlex.quote(PARSE)} {quoted} --no-such-flag", timeout=300)
@@ -268,7 +269,7 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     ready_seconds = time.monotonic() - began
     print(f"\n[real vLLM] tiny-llama ready in {ready_seconds:.1f} s")
 
-    smoke = launch.smoke_test(rig.host, rig.dep.server_port)
+    smoke = server.smoke_test(rig.host, rig.dep.server_port)
     assert smoke.ok, str(smoke)
     assert smoke.data["model"] == rig.dep.model_path and smoke.data["completion"]
     completion = next(f for f in smoke.findings if f.subject == "/v1/completions")
@@ -279,7 +280,7 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     assert rig.state().state == "ready"
 
     stop_began = time.monotonic()
-    stopped = launch.stop_server(rig.host, rig.paths, grace=10)
+    stopped = server.stop_server(rig.host, rig.paths, grace=10)
     stop_seconds = time.monotonic() - stop_began
     print(f"[real vLLM] stopped in {stop_seconds:.1f} s: {stopped.message}")
     assert stopped.ok and stopped.data["answer"]["signals"] == ["TERM"], str(stopped)
@@ -302,7 +303,7 @@ def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(rig: Rig) -
     assert started.ok, str(started)
     ready = rig.wait()
     assert ready.ok, str(ready)
-    smoke = launch.smoke_test(rig.host, dep.server_port)
+    smoke = server.smoke_test(rig.host, dep.server_port)
     assert smoke.ok, str(smoke)
     assert "CPU_MLA" in rig.log()
 

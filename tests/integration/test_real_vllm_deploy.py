@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import launch, outcome, rehearsal_vllm
-from opsbook import sandbox as sandboxes
-from opsbook.deployment import load_deployment
-from opsbook.hosts import Host
+from opsbook.core import channel
+from opsbook.core.deployment import load_deployment
+from opsbook.rehearsal import real_vllm
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.remote.hosts import Host
+from opsbook.steps import server
 
 pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
 
@@ -32,7 +34,7 @@ def opsbook(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def folder() -> Iterator[Path]:
-    rehearsal_vllm.ensure_tier()
+    real_vllm.ensure_tier()
     where = Path(tempfile.mkdtemp(prefix="opsbook-realdeploy-", dir="/tmp"))
     # The sandbox's login user must enter it to reach the box below.
     where.chmod(0o755)
@@ -43,7 +45,7 @@ def folder() -> Iterator[Path]:
         if deployment.exists():
             dep = load_deployment(deployment)
             with Host.from_deployment(dep) as host:
-                launch.stop_server(host, launch.resolve_paths(host, dep), grace=10)
+                server.stop_server(host, server.resolve_paths(host, dep), grace=10)
         sandboxes.down(where / "box")
         shutil.rmtree(where, ignore_errors=True)
 
@@ -57,7 +59,7 @@ def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
     assert up.returncode == 0, up.stderr
     up_seconds = time.monotonic() - began
     dep = load_deployment(box / "deployment.yml")
-    assert dep.python == str(rehearsal_vllm.ensure_tier().python)
+    assert dep.python == str(real_vllm.ensure_tier().python)
     assert Path(dep.model_path).name == "tiny-llama"
 
     began = time.monotonic()
@@ -78,7 +80,7 @@ def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
     print(f"\n[real vLLM] sandbox up {up_seconds:.1f} s, deploy {deploy_seconds:.1f} s")
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
     summary = json.loads(next(runs.glob("*/summary.json")).read_text())
-    results = [outcome.decode(json.dumps(entry)) for entry in summary["results"]]
+    results = [channel.decode(json.dumps(entry)) for entry in summary["results"]]
     stages = {r.stage: r for r in results}
     for r in results:
         print(f"[real vLLM] {r.stage}: {r.duration:.1f} s, {r.state.value}, {r.message}")
@@ -97,9 +99,9 @@ def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
             "temperature": 0,
             "ignore_eos": True,
         }
-        answer = launch.http_get(host, dep.server_port, "/v1/completions", json_body=body)
+        answer = server.http_get(host, dep.server_port, "/v1/completions", json_body=body)
         assert answer["status"] == 200, answer
         # Random weights may pick tokens that decode to nothing: count them instead.
         assert json.loads(answer["body"])["usage"]["completion_tokens"] == 4
-        version = launch.http_get(host, dep.server_port, "/version")
+        version = server.http_get(host, dep.server_port, "/version")
         assert json.loads(version["body"])["version"] == "0.32.0"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import logscan
+from opsbook.knowledge import logscan
 
 pytestmark = pytest.mark.integration
 

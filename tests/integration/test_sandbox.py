@@ -12,9 +12,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from opsbook import sandbox as sandboxes
-from opsbook.deployment import load_deployment
-from opsbook.sandbox import Sandbox
+from opsbook.core.deployment import load_deployment
+from opsbook.rehearsal import sandbox as sandboxes
+from opsbook.rehearsal.sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

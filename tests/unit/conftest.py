@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from opsbook.sim.vllm_install import install_vllm
+from opsbook.rehearsal.sim.vllm_install import install_vllm
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from opsbook import checkpoint
-from opsbook.checkpoint import DTYPE_BYTES, make_checkpoint
+from opsbook.rehearsal import checkpoint
+from opsbook.rehearsal.checkpoint import DTYPE_BYTES, make_checkpoint
 
 REVISION = checkpoint.DEFAULT_REVISION
 
@@ -94,7 +94,9 @@ def test_config_is_the_real_one_and_quant_config_asks_for_fp8_kv(
     default_local: tuple[Path, float],
 ) -> None:
     model_dir = default_local[0]
-    reference = Path(__file__).parents[2] / "opsbook" / "data" / "kimi-k25-nvfp4-config.json"
+    reference = (
+        Path(__file__).parents[2] / "opsbook" / "rehearsal" / "data" / "kimi-k25-nvfp4-config.json"
+    )
     config = json.loads((model_dir / "config.json").read_text())
     assert config == json.loads(reference.read_text())
     assert config["quantization_config"]["kv_cache_scheme"]["num_bits"] == 8

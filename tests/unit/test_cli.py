@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import cli, run
-from opsbook.results import Finding, HostResult, State
+from opsbook import cli
+from opsbook.core.results import Finding, HostResult, State
+from opsbook.runner import run
 
 
 def test_a_failed_host_line_carries_its_remedy(capsys) -> None:

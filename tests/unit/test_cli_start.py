@@ -85,7 +85,7 @@ from nbconvert import HTMLExporter
 nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("exported by opsbook")])
 nbformat.validate(nb)
 body, _ = HTMLExporter().from_notebook_node(nb)
-from opsbook.optional_imports import SLOW_OPTIONAL_MODULES
+from opsbook.core.optional_imports import SLOW_OPTIONAL_MODULES
 loaded = any(sys.modules.get(name) is not None for name in SLOW_OPTIONAL_MODULES)
 print("exported by opsbook" in body, loaded, "lark" in sys.modules or "arrow" in sys.modules)
 """

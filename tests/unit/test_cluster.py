@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from opsbook import cluster, probes
-from opsbook.deployment import ClusterSpec, parse_deployment
-from opsbook.exceptions import DeploymentError
+from opsbook.core.deployment import ClusterSpec, parse_deployment
+from opsbook.core.exceptions import DeploymentError
+from opsbook.remote import probes
 from opsbook.stages import cluster_preflight
+from opsbook.steps import cluster
 
 
 def doc(**cluster_section: Any) -> dict[str, Any]:
@@ -192,8 +193,8 @@ def test_a_port_whose_last_connection_waits_in_time_wait_is_free() -> None:
 
 
 def shards_check(*rows: tuple[str, int]) -> Any:
-    from opsbook.download import SHARD_COLUMNS
-    from opsbook.results import Result, Table
+    from opsbook.core.results import Result, Table
+    from opsbook.steps.shard_check import SHARD_COLUMNS
 
     records = [
         {
@@ -232,7 +233,7 @@ def two_node_deployment() -> Any:
 
 def fake_pair(join: bool = True) -> tuple[Any, Any, list[str]]:
     """Two FakeHosts whose `ray start` adds their node to a shared cluster listing."""
-    from opsbook.testing import FakeHost
+    from opsbook.remote.testing import FakeHost
 
     members: list[str] = []
     order: list[str] = []
@@ -420,7 +421,7 @@ def pair_deployment(head_port: int, worker_port: int, worker_ip: str | None = No
 
 
 def node_host(node: cluster.Node) -> Any:
-    from opsbook.testing import FakeHost, local_probe
+    from opsbook.remote.testing import FakeHost, local_probe
 
     host = FakeHost(
         node.host.address,
@@ -479,7 +480,7 @@ def test_a_peer_refusing_on_the_address_opsbook_reaches_it_at_is_an_error_naming
 
 
 def test_a_refusal_on_a_vllm_host_ip_other_than_the_ssh_address_is_only_a_warning() -> None:
-    from opsbook.deployment import HostSpec
+    from opsbook.core.deployment import HostSpec
 
     worker = cluster.Node(HostSpec("127.0.6.54", port=2222), "127.0.6.55", False, "python3", "/s")
     refused = cluster_preflight.reach_finding("head", worker, 2222, "Connection refused", True)
@@ -492,10 +493,10 @@ def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]])
     """cluster_preflight.run over two FakeHosts: each node's single-host preflight passes with
     the same facts, Ray answers 2.58.0, and the real ``cluster_node`` probe runs locally with
     the scripted torch and NCCL in place of the local python's."""
-    from opsbook.results import Result, State
+    from opsbook.core.results import Result, State
+    from opsbook.remote.testing import FakeHost, local_probe
     from opsbook.stages import preflight
     from opsbook.stages.base import Report
-    from opsbook.testing import FakeHost, local_probe
 
     def single_host(host: Any, view: Any) -> Report:
         return Report(State.OK, Result(True, "ready"), detail=facts("0.15.1"))
@@ -521,7 +522,7 @@ def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]])
 def test_the_cluster_preflight_fails_every_node_when_torch_differs(monkeypatch) -> None:
     import socket
 
-    from opsbook.results import State
+    from opsbook.core.results import State
 
     with socket.socket() as head_ssh, socket.socket() as worker_ssh:
         for listener, address in ((head_ssh, "127.0.6.53"), (worker_ssh, "127.0.6.54")):
@@ -548,7 +549,7 @@ def test_the_cluster_preflight_fails_every_node_when_torch_differs(monkeypatch) 
 def test_a_refused_vllm_host_ip_is_a_warning_that_does_not_fail_the_nodes(monkeypatch) -> None:
     import socket
 
-    from opsbook.results import State
+    from opsbook.core.results import State
 
     same = {"torch": "2.14.1+cu130", "nccl": "2.30.7 (nvidia-nccl-cu13)"}
     with socket.socket() as head_ssh, socket.socket() as worker_ssh:

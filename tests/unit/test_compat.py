@@ -1,4 +1,4 @@
-"""Unit tests of opsbook.compat on real checkpoint configs (tests/data/checkpoints)."""
+"""Unit tests of opsbook.knowledge.compat on real checkpoint configs (tests/data/checkpoints)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from opsbook.compat import (
+from opsbook.core.exceptions import OpsbookError
+from opsbook.core.results import SEVERITIES
+from opsbook.knowledge.compat import (
     CONDITIONS,
     FINDING_COLUMNS,
     ModelFacts,
@@ -27,8 +29,6 @@ from opsbook.compat import (
     tokens_that_fit,
     version_in,
 )
-from opsbook.exceptions import OpsbookError
-from opsbook.results import SEVERITIES
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "checkpoints"
 SM120 = [{"index": i, "compute_cap": "12.0"} for i in range(8)]
@@ -444,7 +444,7 @@ def test_remote_code_without_trust_remote_code(kimi25: ModelFacts) -> None:
 
 
 def test_gpu_objects_from_preflight_are_accepted(kimi25: ModelFacts) -> None:
-    from opsbook.facts import Gpu
+    from opsbook.steps.host_facts import Gpu
 
     gpus = [Gpu(index=i, name="RTX PRO 6000", compute_cap="12.0") for i in range(2)]
     assert not check_compat(kimi25, gpus, "0.15.1", KIMI_ARGS).ok
@@ -497,7 +497,7 @@ def test_unknown_kv_dtype_is_refused(kimi25: ModelFacts) -> None:
 
 
 def test_kv_budget_is_the_memory_left_after_the_weights_slice() -> None:
-    from opsbook.compat import kv_budget_bytes
+    from opsbook.knowledge.compat import kv_budget_bytes
 
     gpus = [{"memory_total_mib": 97887}] * 8
     weights = 540 * 10**9

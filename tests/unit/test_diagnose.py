@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from opsbook import diagnose, logscan
-from opsbook.diagnose import STATES, ServerState, classify
+from opsbook.knowledge import logscan
+from opsbook.steps import triage
+from opsbook.steps.triage import STATES, ServerState, classify
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
 READY_LOG = (DATA / "ready-3.log").read_text()
@@ -199,7 +200,7 @@ def test_the_result_lists_the_log_findings_and_the_processes_not_started_by_opsb
 
 
 def test_states_are_the_documented_ones() -> None:
-    assert diagnose.STATES == ("never started", "crashed", "loading", "ready", "hung", "exited")
+    assert triage.STATES == ("never started", "crashed", "loading", "ready", "hung", "exited")
 
 
 # -- a stop by opsbook is not a crash ----------------------------------------------------------
@@ -230,7 +231,7 @@ def free_port() -> int:
 def racing_host(tmp_path: Path) -> Iterator[Callable[..., tuple[Any, Any]]]:
     """A host (FakeHost, the launch probe run locally) with a racing server to start; the
     server is stopped when the test ends, passed or not (it loops until signalled)."""
-    from opsbook import launch
+    from opsbook.steps import server
 
     made: list[tuple[Any, Any]] = []
 
@@ -240,12 +241,12 @@ def racing_host(tmp_path: Path) -> Iterator[Callable[..., tuple[Any, Any]]]:
 
     yield make
     for host, paths in made:
-        launch.stop_server(host, paths, grace=1)
+        server.stop_server(host, paths, grace=1)
 
 
 def _racing_host(tmp_path: Path, crash_first: bool = False) -> tuple[Any, Any]:
-    from opsbook.launch import LaunchPaths
-    from opsbook.testing import FakeHost, local_probe
+    from opsbook.remote.testing import FakeHost, local_probe
+    from opsbook.steps.server import LaunchPaths
 
     ready = tmp_path / "ready.log"
     text = READY_LOG if not crash_first else FP8_LOG
@@ -260,18 +261,18 @@ def _racing_host(tmp_path: Path, crash_first: bool = False) -> tuple[Any, Any]:
 
 
 def test_a_clean_stop_whose_processes_log_their_deaths_is_not_read_as_a_crash(racing_host):
-    from opsbook import launch
+    from opsbook.steps import server
 
     host, paths = racing_host()
     port = free_port()  # nothing listens there: the probe only asks whether it is open
-    assert launch.start_server(host, paths, port).ok
-    stopped = launch.stop_server(host, paths, grace=5)
+    assert server.start_server(host, paths, port).ok
+    stopped = server.stop_server(host, paths, grace=5)
     assert stopped.ok, str(stopped)
     log = Path(paths.log).read_text()
     assert "died unexpectedly (exit code: -15)" in log  # the race's line is there
     assert logscan.diagnose_log(log, running=False).failure == "engine-dead"
 
-    state = diagnose.server_state(host, paths, port)
+    state = triage.server_state(host, paths, port)
 
     assert state.state == "exited", state.message
     assert state.message.startswith("stopped by opsbook at ")
@@ -279,14 +280,14 @@ def test_a_clean_stop_whose_processes_log_their_deaths_is_not_read_as_a_crash(ra
 
 
 def test_a_server_that_had_failed_before_the_stop_is_still_crashed(racing_host):
-    from opsbook import launch
+    from opsbook.steps import server
 
     host, paths = racing_host(True)
     port = free_port()
-    assert launch.start_server(host, paths, port).ok
-    assert launch.stop_server(host, paths, grace=5).ok
+    assert server.start_server(host, paths, port).ok
+    assert server.stop_server(host, paths, grace=5).ok
 
-    state = diagnose.server_state(host, paths, port)
+    state = triage.server_state(host, paths, port)
 
     assert state.state == "crashed", state.message
     assert state.diagnosis is not None and state.diagnosis.failure == "fp8kv-mla"
@@ -298,6 +299,6 @@ def test_a_ready_server_that_stopped_answering_is_hung_not_loading() -> None:
     # Port open, /health silent for the watch window, log not growing: hung, whatever the age.
     got = state(port_open=True, log_age=20.0, diagnosis=ready, unresponsive=True)
     assert got[0] == "hung"
-    assert f"{diagnose.UNRESPONSIVE_SECONDS:g} s" in got[1]
+    assert f"{triage.UNRESPONSIVE_SECONDS:g} s" in got[1]
     # Without the watch's verdict the same facts stay loading (a busy server gets the window).
     assert state(port_open=True, log_age=20.0, diagnosis=ready)[0] == "loading"

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from opsbook import checkpoint, download, probes
-from opsbook.checkpoint import make_checkpoint
-from opsbook.download import DownloadProgress, HashProgress
-from opsbook.testing import FakeHost, local_probe
+from opsbook.rehearsal import checkpoint
+from opsbook.rehearsal.checkpoint import make_checkpoint
+from opsbook.remote import probes
+from opsbook.remote.testing import FakeHost, local_probe
+from opsbook.steps import shard_check
+from opsbook.steps.shard_check import DownloadProgress, HashProgress
 
 INDEX = "model.safetensors.index.json"
 
@@ -33,7 +35,7 @@ def errors(answer: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def shard_rows(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    return download.shard_records(answer)
+    return shard_check.shard_records(answer)
 
 
 def status_of(answer: dict[str, Any], name: str) -> str:
@@ -142,7 +144,7 @@ def test_without_an_index_a_missing_shard_of_a_numbered_series_is_missing(tmp_pa
     assert answer["summary"]["missing"] == [shard(50, 119)]
     assert (answer["summary"]["shards"], answer["summary"]["ok"]) == (119, 118)
     assert any(f["subject"] == shard(50, 119) for f in errors(answer))
-    result = download.check_result(answer)
+    result = shard_check.check_result(answer)
     assert not result.ok
     assert result.message.startswith("118 of 119 shards ok; 1 missing"), result.message
 
@@ -320,7 +322,7 @@ def test_probe_writes_nothing(local: Path, cached: Path, tmp_path: Path) -> None
 @pytest.mark.parametrize("layout", ["local-dir", "hf-cache"])
 def test_hashes_match_known_references(tmp_path: Path, layout: str) -> None:
     model_dir = make_checkpoint(tmp_path / "m", shards=5, shard_bytes=100_000, layout=layout)
-    result = download.hash_shards(LocalProber(), str(model_dir))
+    result = shard_check.hash_shards(LocalProber(), str(model_dir))
     assert result.ok, result
     assert result.data["counts"] == {"match": 5}
     sources = {row["source"] for row in result.data["rows"]}
@@ -331,14 +333,14 @@ def test_changed_byte_is_a_mismatch(local: Path) -> None:
     with open(local / shard(2), "r+b") as handle:
         handle.seek(-1, os.SEEK_END)
         handle.write(b"\x01")
-    result = download.hash_shards(LocalProber(), str(local))
+    result = shard_check.hash_shards(LocalProber(), str(local))
     assert not result.ok
     assert [f.subject for f in result.findings] == [shard(2)]
     assert "differs" in result.findings[0].message
 
 
 def test_manifest_takes_precedence(local: Path) -> None:
-    result = download.hash_shards(LocalProber(), str(local), manifest={shard(1): "0" * 64})
+    result = shard_check.hash_shards(LocalProber(), str(local), manifest={shard(1): "0" * 64})
     rows = {row["file"]: row for row in result.data["rows"]}
     assert rows[shard(1)]["source"] == "manifest"
     assert rows[shard(1)]["status"] == "mismatch"
@@ -347,7 +349,7 @@ def test_manifest_takes_precedence(local: Path) -> None:
 def test_no_reference_is_information(tmp_path: Path) -> None:
     model_dir = make_checkpoint(tmp_path / "m", shards=2, shard_bytes=50_000)
     shutil.rmtree(model_dir / ".cache")
-    result = download.hash_shards(LocalProber(), str(model_dir))
+    result = shard_check.hash_shards(LocalProber(), str(model_dir))
     assert result.ok
     assert {f.severity for f in result.findings} == {"info"}
 
@@ -356,7 +358,7 @@ def test_progress_between_batches_and_resumable_cache(local: Path, tmp_path: Pat
     seen: list[HashProgress] = []
     cache = tmp_path / "state" / "hashes.json"
     host = LocalProber()
-    result = download.hash_shards(
+    result = shard_check.hash_shards(
         host, str(local), cache_path=str(cache), progress=seen.append, batch_size=2
     )
     assert result.ok
@@ -365,15 +367,15 @@ def test_progress_between_batches_and_resumable_cache(local: Path, tmp_path: Pat
     assert "hashed 5/5 shards" in seen[-1].line()
     assert len(host.probe_args) == 4  # one listing, three batches
     assert len(json.loads(cache.read_text())) == 5
-    again = download.hash_shards(host, str(local), cache_path=str(cache))
+    again = shard_check.hash_shards(host, str(local), cache_path=str(cache))
     assert all(row["cached"] for row in again.data["rows"])
     os.utime(local / shard(3), ns=(0, 0))
-    third = download.hash_shards(host, str(local), cache_path=str(cache))
+    third = shard_check.hash_shards(host, str(local), cache_path=str(cache))
     assert [row["file"] for row in third.data["rows"] if not row["cached"]] == [shard(3)]
 
 
 def test_hash_of_missing_path_is_a_finding(tmp_path: Path) -> None:
-    result = download.hash_shards(LocalProber(), str(tmp_path / "gone"))
+    result = shard_check.hash_shards(LocalProber(), str(tmp_path / "gone"))
     assert not result.ok
     assert "does not exist" in result.findings[0].message
 
@@ -383,12 +385,12 @@ def test_hash_of_missing_path_is_a_finding(tmp_path: Path) -> None:
 
 def test_check_download_result(local: Path) -> None:
     checkpoint.truncate_shard(local, 2, 10)
-    result = download.check_download(LocalProber(), str(local))
+    result = shard_check.check_download(LocalProber(), str(local))
     assert not result.ok
     assert result.message.startswith("4 of 5 shards ok; 1 truncated")
     assert len(result.data["shards"]) == 5
     assert result.findings[0].subject == shard(2)
-    good = download.check_download(LocalProber(), str(local.parent / "absent"))
+    good = shard_check.check_download(LocalProber(), str(local.parent / "absent"))
     assert good.message == "no checkpoint shards found"
 
 
@@ -398,7 +400,7 @@ def test_watch_download_follows_a_simulated_download(local: Path) -> None:
     )
     updates: list[DownloadProgress] = []
     try:
-        result = download.watch_download(
+        result = shard_check.watch_download(
             LocalProber(), str(local), interval=0.1, timeout=20, on_update=updates.append
         )
     finally:
@@ -413,7 +415,7 @@ def test_watch_download_follows_a_simulated_download(local: Path) -> None:
 def test_watch_download_gives_up_at_timeout(local: Path) -> None:
     (local / shard(5)).unlink()
     clock = iter([0.0, 1.0, 200.0, 400.0]).__next__
-    result = download.watch_download(
+    result = shard_check.watch_download(
         LocalProber(), str(local), interval=0, timeout=300, sleep=lambda _: None, clock=clock
     )
     assert not result.ok
@@ -426,33 +428,33 @@ def test_watch_download_gives_up_at_timeout(local: Path) -> None:
 
 
 def test_transfer_rate_uses_recent_window() -> None:
-    assert download.transfer_rate([(0.0, 0)]) is None
+    assert shard_check.transfer_rate([(0.0, 0)]) is None
     samples = [(0.0, 0), (100.0, 100), (110.0, 1100), (120.0, 2100)]
-    assert download.transfer_rate(samples, window=20) == 100.0
-    assert download.transfer_rate([(0.0, 0), (0.0, 10)]) is None
+    assert shard_check.transfer_rate(samples, window=20) == 100.0
+    assert shard_check.transfer_rate([(0.0, 0), (0.0, 10)]) is None
 
 
 def test_eta_seconds() -> None:
-    assert download.eta_seconds(50, 100, 10.0) == 5.0
-    assert download.eta_seconds(100, 100, None) == 0.0
-    assert download.eta_seconds(50, 100, 0.0) is None
+    assert shard_check.eta_seconds(50, 100, 10.0) == 5.0
+    assert shard_check.eta_seconds(100, 100, None) == 0.0
+    assert shard_check.eta_seconds(50, 100, 0.0) is None
 
 
 def test_stalled_for() -> None:
-    assert download.stalled_for([]) == 0.0
-    assert download.stalled_for([(0.0, 1), (5.0, 2), (9.0, 2), (20.0, 2)]) == 15.0
-    assert download.stalled_for([(0.0, 1), (5.0, 2)]) == 0.0
+    assert shard_check.stalled_for([]) == 0.0
+    assert shard_check.stalled_for([(0.0, 1), (5.0, 2), (9.0, 2), (20.0, 2)]) == 15.0
+    assert shard_check.stalled_for([(0.0, 1), (5.0, 2)]) == 0.0
 
 
 def test_formatting() -> None:
-    assert download.format_bytes(547_400_000_000) == "547.4 GB"
-    assert download.format_bytes(999) == "999 B"
-    assert download.format_bytes(None) == "?"
-    assert download.format_bytes(2e15) == "2000.0 TB"
-    assert download.format_duration(45) == "45 s"
-    assert download.format_duration(200) == "3 min 20 s"
-    assert download.format_duration(7500) == "2 h 05 min"
-    assert download.batched(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
+    assert shard_check.format_bytes(547_400_000_000) == "547.4 GB"
+    assert shard_check.format_bytes(999) == "999 B"
+    assert shard_check.format_bytes(None) == "?"
+    assert shard_check.format_bytes(2e15) == "2000.0 TB"
+    assert shard_check.format_duration(45) == "45 s"
+    assert shard_check.format_duration(200) == "3 min 20 s"
+    assert shard_check.format_duration(7500) == "2 h 05 min"
+    assert shard_check.batched(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
 
 
 def test_progress_line() -> None:
@@ -487,13 +489,13 @@ def test_check_message_lists_problems() -> None:
         "bytes_present": 10,
         "bytes_expected": 20,
     }
-    assert download.check_message(summary, ok=False) == (
+    assert shard_check.check_message(summary, ok=False) == (
         "117 of 119 shards ok; 1 missing, 1 corrupt (10 B of 20 B present)"
     )
 
 
 def test_shard_table_is_displayable(local: Path) -> None:
-    result = download.check_download(LocalProber(), str(local))
+    result = shard_check.check_download(LocalProber(), str(local))
     assert result.ok
     assert result.message == "all 5 shards complete and readable (500.0 kB of 500.0 kB)"
     assert "<table>" in result.data["shards"]._repr_html_()
@@ -513,7 +515,7 @@ def check_with(path: Path, workers: int) -> dict[str, Any]:
 def parent_reads() -> Iterator[list[str]]:
     """The probe's own process leaves every chunk of shards to its workers (forks: they take
     them as usual), so that they surely run; yields the shards it reads itself all the same."""
-    from opsbook.probes import download as probe
+    from opsbook.remote.probes import download as probe
 
     parent, take, inspect = os.getpid(), probe.Inspection.take, probe.inspect_shard
     read: list[str] = []
@@ -549,7 +551,7 @@ def faulty_checkpoint(tmp_path: Path) -> Path:
 def test_workers_answer_exactly_as_one_process_does(
     tmp_path: Path, parent_reads: list[str]
 ) -> None:
-    from opsbook.probes import download as probe
+    from opsbook.remote.probes import download as probe
 
     model = faulty_checkpoint(tmp_path)
     forked = probe.check({"path": str(model), "workers": 3})
@@ -571,14 +573,14 @@ def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> No
     # shard 7 holds a tensor the index does not name: more than the index asks is not a fault
     assert status_of(alone, shard(7, 9)) == "ok"
     assert summary["unexpected"] == ["model-00010-of-00010.safetensors"]
-    assert forked["shards"]["columns"] == list(download.SHARD_COLUMNS)
-    assert all(len(row) == len(download.SHARD_COLUMNS) for row in forked["shards"]["rows"])
+    assert forked["shards"]["columns"] == list(shard_check.SHARD_COLUMNS)
+    assert all(len(row) == len(shard_check.SHARD_COLUMNS) for row in forked["shards"]["rows"])
 
 
 def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parent_reads: list[str]
 ) -> None:
-    from opsbook.probes import download as probe
+    from opsbook.remote.probes import download as probe
 
     model = make_checkpoint(tmp_path / "m", shards=6, shard_bytes=100_000)
     checkpoint.truncate_shard(model, 2, 60_000)
@@ -598,7 +600,7 @@ def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
 def test_only_the_shards_whose_names_differ_from_the_index_are_read_again(
     tmp_path: Path, parent_reads: list[str]
 ) -> None:
-    from opsbook.probes import download as probe
+    from opsbook.remote.probes import download as probe
 
     model = make_checkpoint(tmp_path / "m", shards=6, shard_bytes=100_000)
     index = json.loads((model / INDEX).read_text())
@@ -667,7 +669,7 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_the_quick_layout_check_says_what_the_full_one_says(name: str) -> None:
-    from opsbook.probes import download as probe
+    from opsbook.remote.probes import download as probe
 
     header = LAYOUTS[name]
     quick = probe.sound_layout(header)
@@ -682,7 +684,7 @@ def test_the_quick_layout_check_says_what_the_full_one_says(name: str) -> None:
 @pytest.mark.parametrize("tensors", [1, 50, 3000])
 def test_a_header_is_read_whole_whatever_its_length(tmp_path: Path, tensors: int) -> None:
     # Shorter and longer than the first read, and one whose last byte ends the first read.
-    from opsbook.probes import download as probe
+    from opsbook.remote.probes import download as probe
 
     header = {f"t{i}": tensor("U8", [4], 4 * i, 4 * i + 4) for i in range(tensors)}
     text = json.dumps(header).encode()
@@ -701,7 +703,7 @@ def test_a_header_is_read_whole_whatever_its_length(tmp_path: Path, tensors: int
 def test_without_an_index_each_shard_is_read_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from opsbook.probes import download as probe
+    from opsbook.remote.probes import download as probe
 
     model = make_checkpoint(tmp_path / "m", shards=6, shard_bytes=100_000)
     (model / INDEX).unlink()

@@ -14,8 +14,8 @@ from jupyter_client.channels import HBChannel
 from jupyter_core.utils import run_sync
 from papermill.exceptions import PapermillExecutionError
 
-from opsbook import engine
-from opsbook.kernel import quiet_kernel_manager
+from opsbook.runner import engine
+from opsbook.runner.kernel import quiet_kernel_manager
 
 
 def notebook(path: Path, *codes: str) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from opsbook.logscan import FAILED, HUNG, diagnose_log, load_catalogue
+from opsbook.knowledge.logscan import FAILED, HUNG, diagnose_log, load_catalogue
 
 FORMATS = Path(__file__).resolve().parents[1] / "data" / "vllm_error_formats.json"
 DATA = json.loads(FORMATS.read_text(encoding="utf-8"))

@@ -2,7 +2,7 @@ import pickle
 
 import pytest
 
-from opsbook import exceptions
+from opsbook.core import exceptions
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Tests for opsbook.facts and the facts probe: parsers on real nvidia-smi output, the probe run
+"""Tests for opsbook.steps.host_facts and the facts probe: parsers on real nvidia-smi output, the
+probe run
 locally (with and without a stand-in nvidia-smi on PATH), and the findings."""
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from typing import Any
 
 import pytest
 
-from opsbook.deployment import Deployment, HostSpec
-from opsbook.facts import (
+from opsbook.core.deployment import Deployment, HostSpec
+from opsbook.remote.probes import run_local
+from opsbook.remote.testing import FakeHost, local_probe
+from opsbook.steps.host_facts import (
     QUERY_GPU_FIELDS,
     START_FACTS,
     HostFacts,
@@ -34,8 +37,6 @@ from opsbook.facts import (
     server_table,
     summary_table,
 )
-from opsbook.probes import run_local
-from opsbook.testing import FakeHost, local_probe
 from tests.unit.conftest import spans, timed_stand_in
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
@@ -739,7 +740,7 @@ def _fake_smi_host(tmp_path):
 
 
 def _preflight_probe(env):
-    from opsbook import probes
+    from opsbook.remote import probes
 
     return probes.run_local("facts", {"python": "python3", "ports": []}, env=env)
 
@@ -755,7 +756,7 @@ def test_topology_and_banner_are_asked_once_per_boot_and_driver(tmp_path):
     assert len(calls) == 6  # 4 the first time, the 2 live queries the second
     assert not first["nvidia_smi"]["static_cached"] and second["nvidia_smi"]["static_cached"]
     assert second["nvidia_smi"]["topo"]["stdout"] == first["nvidia_smi"]["topo"]["stdout"]
-    from opsbook.facts import facts_from_probe
+    from opsbook.steps.host_facts import facts_from_probe
 
     assert facts_from_probe(second, host="gpu-01").cuda == "13.0"
     # Other GPUs, or a new nvidia-smi (a driver update), and the static outputs are asked again.

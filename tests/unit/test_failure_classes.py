@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opsbook.logscan import FAILED, NO_CONCLUSION, diagnose_log, load_catalogue
+from opsbook.knowledge.logscan import FAILED, NO_CONCLUSION, diagnose_log, load_catalogue
 
 CLASSES = Path(__file__).resolve().parents[1] / "data" / "logs" / "classes"
 LOGS = sorted(CLASSES.glob("*.log"))

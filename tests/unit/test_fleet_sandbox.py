@@ -5,26 +5,26 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsbook import fleet_sandbox
-from opsbook.deployment import load_deployment
-from opsbook.exceptions import SandboxRequestRefused
-from opsbook.sandbox import Sandbox
+from opsbook.core.deployment import load_deployment
+from opsbook.core.exceptions import SandboxRequestRefused
+from opsbook.rehearsal import fleet
+from opsbook.rehearsal.sandbox import Sandbox
 
 
 def test_hosts_get_consecutive_loopback_addresses() -> None:
-    assert fleet_sandbox.consecutive("127.0.1.254", 3) == [
+    assert fleet.consecutive("127.0.1.254", 3) == [
         "127.0.1.254",
         "127.0.1.255",
         "127.0.2.0",
     ]
     with pytest.raises(SandboxRequestRefused, match="do not fit"):
-        fleet_sandbox.consecutive("127.255.255.254", 3)
+        fleet.consecutive("127.255.255.254", 3)
     with pytest.raises(SandboxRequestRefused, match="do not fit"):
-        fleet_sandbox.consecutive("255.255.255.254", 3)
+        fleet.consecutive("255.255.255.254", 3)
     with pytest.raises(SandboxRequestRefused, match="at least one"):
-        fleet_sandbox.consecutive("127.0.0.1", 0)
+        fleet.consecutive("127.0.0.1", 0)
     with pytest.raises(SandboxRequestRefused, match="not an IPv4 address"):
-        fleet_sandbox.consecutive("localhost", 2)
+        fleet.consecutive("localhost", 2)
 
 
 def box(tmp_path: Path, n: int) -> Sandbox:
@@ -64,7 +64,7 @@ def box(tmp_path: Path, n: int) -> Sandbox:
 
 def test_one_deployment_lists_every_host_with_its_own_paths_and_port(tmp_path) -> None:
     boxes = [box(tmp_path, n) for n in (1, 2, 3)]
-    path = fleet_sandbox.write_deployment(boxes, tmp_path / "deployment.yml", name="fleet")
+    path = fleet.write_deployment(boxes, tmp_path / "deployment.yml", name="fleet")
     assert "&id" not in path.read_text()  # no YAML anchors shared between hosts
     dep = load_deployment(path)
     assert dep.name == "fleet" and [h.address for h in dep.hosts] == [

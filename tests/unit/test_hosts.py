@@ -6,7 +6,7 @@ import subprocess
 import paramiko
 import pytest
 
-from opsbook.hosts import fingerprint, known_hosts_name, wire_command, wrap_command
+from opsbook.remote.hosts import fingerprint, known_hosts_name, wire_command, wrap_command
 
 TRICKY = "echo \"$0\" 'single' $V; ls /no/such/dir/* 2>&1 | head -1; true && echo and; echo ';'"
 
@@ -59,9 +59,9 @@ def test_known_hosts_name_brackets_non_default_ports() -> None:
 
 
 def test_a_stopped_sshd_is_a_connect_timeout_naming_the_host() -> None:
-    from opsbook.deployment import HostSpec
-    from opsbook.exceptions import ConnectTimeout
-    from opsbook.hosts import Host
+    from opsbook.core.deployment import HostSpec
+    from opsbook.core.exceptions import ConnectTimeout
+    from opsbook.remote.hosts import Host
 
     host = Host(HostSpec(address="127.0.3.250", port=2222, user="ops", connect_timeout=7))
     error = host._translate_connect_error(paramiko.SSHException("No existing session"))

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from opsbook.interrupt import RunInterrupted, raising_on_signals, signum_of
+from opsbook.runner.interrupt import RunInterrupted, raising_on_signals, signum_of
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

@@ -2,9 +2,9 @@ import base64
 import json
 import zlib
 
-from opsbook import probes
-from opsbook.journal import Journal
-from opsbook.redact import Redactor
+from opsbook.core.redact import Redactor
+from opsbook.remote import probes
+from opsbook.remote.journal import Journal
 
 
 def test_entries_are_redacted_and_mirrored_to_json_lines(tmp_path) -> None:
@@ -27,7 +27,7 @@ def test_entries_are_redacted_and_mirrored_to_json_lines(tmp_path) -> None:
 
 
 def test_the_journal_page_names_each_operation_first_read_or_write() -> None:
-    from opsbook.journal import JournalEntry, journal_page, operation
+    from opsbook.remote.journal import JournalEntry, journal_page, operation
 
     def entry(kind: str, command: str, code: int | None = 0) -> JournalEntry:
         return JournalEntry("gpu-01", kind, command, code, 0.25, "", "", "2026-12-03T01:02:03.456")

@@ -12,7 +12,7 @@ import pytest
 from jupyter_client.channels import HBChannel
 from jupyter_core.utils import run_sync
 
-from opsbook.kernel import PromptKernelClient, quiet_kernel_manager
+from opsbook.runner.kernel import PromptKernelClient, quiet_kernel_manager
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_the_kernel_talks_over_ipc_in_a_private_folder(km: Any) -> None:
 def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
     tmp_path: Path,
 ) -> None:
-    from opsbook.run import SharedKernel
+    from opsbook.runner.run import SharedKernel
 
     notebooks = Path(__file__).parents[2] / "notebooks"
     for attempt in range(3):  # the warm-up's client and the next ones must not cross
@@ -81,7 +81,7 @@ def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
             # Its clients start no heartbeat thread (one stopped as it begins spins).
             assert not [t for t in threading.enumerate() if isinstance(t, HBChannel)]
             km = kernel.ready(tmp_path / "kernel.log")
-            code = f"import sys\nprint('opsbook.stages.launch' in sys.modules, {attempt})"
+            code = f"import sys\nprint('opsbook.stages.launch_server' in sys.modules, {attempt})"
             _, seen = run_sync(printed_by_a_new_client)(km, code)
         finally:
             kernel.discard()
@@ -89,8 +89,8 @@ def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
 
 
 def test_a_shared_kernel_opens_the_first_stages_connections_ahead(tmp_path: Path) -> None:
-    from opsbook.deployment import HostSpec
-    from opsbook.run import SharedKernel
+    from opsbook.core.deployment import HostSpec
+    from opsbook.runner.run import SharedKernel
 
     # Nothing listens on port 1 of this machine: the opening fails at once, left for a stage.
     refused = HostSpec("127.0.0.1", port=1, user="nobody", connect_timeout=2.0)
@@ -101,7 +101,7 @@ def test_a_shared_kernel_opens_the_first_stages_connections_ahead(tmp_path: Path
     )
     try:
         km = kernel.ready(tmp_path / "kernel.log")
-        code = "import opsbook.hosts as h\nprint(sorted(s.name for s in h._ahead))"
+        code = "import opsbook.remote.hosts as h\nprint(sorted(s.name for s in h._ahead))"
         _, seen = run_sync(printed_by_a_new_client)(km, code)
     finally:
         kernel.discard()

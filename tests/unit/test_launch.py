@@ -1,6 +1,6 @@
 """Launch logic without a remote host: the startup timeline, the start gate from host facts,
 and the start and stop verdicts with the launch probe run on this machine (a local stand-in for
-the host runs each probe with the local python, as :func:`opsbook.probes.run_local` does)."""
+the host runs each probe with the local python, as :func:`opsbook.remote.probes.run_local` does)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,13 @@ from typing import Any
 
 import pytest
 
-from opsbook import diagnose, launch, logscan, probes
-from opsbook.facts import GpuProcess, HostFacts, facts_from_probe
-from opsbook.logscan import Phase
-from opsbook.testing import FakeHost, local_probe
+from opsbook.knowledge import logscan
+from opsbook.knowledge.logscan import Phase
+from opsbook.remote import probes
+from opsbook.remote.testing import FakeHost, local_probe
+from opsbook.steps import server as launch
+from opsbook.steps import triage
+from opsbook.steps.host_facts import GpuProcess, HostFacts, facts_from_probe
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
 T0 = datetime(2000, 6, 10, 6, 16, 19)
@@ -271,7 +274,7 @@ def test_a_script_that_execs_late_is_still_the_recorded_launch(paths: launch.Lau
     try:
         assert started.ok and "launch.sh" in record["cmdline"]
         until_cmdline(record["pid"], "sleep 60")
-        found = diagnose.server_state(LocalHost(), paths, free_port())  # type: ignore[arg-type]
+        found = triage.server_state(LocalHost(), paths, free_port())  # type: ignore[arg-type]
         assert found.state == "loading" and found.processes[0]["pid"] == record["pid"]
         stopped = launch.stop_server(LocalHost(), paths, grace=2)  # type: ignore[arg-type]
         assert stopped.ok and stopped.message == "stopped 1 process(es) with SIGTERM"
@@ -493,7 +496,7 @@ def test_the_wait_asks_for_new_bytes_only_and_lets_the_host_wait(paths: launch.L
 
 
 def test_a_launch_record_that_cannot_be_written_leaves_no_temp_file(tmp_path: Path) -> None:
-    from opsbook.probes import launch as launch_probe
+    from opsbook.remote.probes import launch as launch_probe
 
     args = {"state_dir": str(tmp_path)}
     # A value JSON cannot hold fails the write midway, after the temp file was opened.
@@ -503,7 +506,7 @@ def test_a_launch_record_that_cannot_be_written_leaves_no_temp_file(tmp_path: Pa
 
 
 def test_an_unreadable_launch_record_is_named_apart_from_a_missing_one(tmp_path: Path) -> None:
-    from opsbook.probes import launch as launch_probe
+    from opsbook.remote.probes import launch as launch_probe
 
     args = {"state_dir": str(tmp_path)}
     assert launch_probe.record_problem(args) is None
@@ -530,7 +533,7 @@ def test_an_unreadable_launch_record_is_named_apart_from_a_missing_one(tmp_path:
 def test_the_stop_cleans_shared_memory_only_when_launch_would_go_on(
     reason: str, refused: list[dict[str, Any]], allowed: bool
 ) -> None:
-    from opsbook.probes import launch as launch_probe
+    from opsbook.remote.probes import launch as launch_probe
 
     answer = {"reason": reason, "refused": refused, "uid": 1000}
     assert launch_probe.stop_allows_start(answer) is allowed
@@ -621,8 +624,8 @@ def test_a_smoke_test_without_the_key_fails_at_the_models_list(openai_port: int)
 def test_the_launch_stage_reads_the_gpus_and_port_again_only_after_a_stop_signalled(
     reason: str, facts_read: int
 ) -> None:
-    from opsbook.deployment import parse_deployment
-    from opsbook.stages import launch as launch_stage
+    from opsbook.core.deployment import parse_deployment
+    from opsbook.stages import launch_server as launch_stage
 
     def launch_probe(args: dict[str, Any]) -> dict[str, Any]:
         if args["op"] == "stop":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from opsbook.lint import (
+from opsbook.knowledge.lint import (
     BACKGROUND_JOB,
     PARSE,
     PATTERN_KILL,
@@ -352,7 +352,8 @@ def test_a_glob_inside_ssh_is_a_zsh_glob_but_not_inside_bash_c() -> None:
 
 @pytest.mark.parametrize("command", ["", "   ", "\n\n", "# only a comment", "  # c\n"])
 def test_an_empty_command_is_bad_input(command: str, capsys) -> None:
-    from opsbook import cli, run
+    from opsbook import cli
+    from opsbook.runner import run
 
     assert cli.main(["lint", command]) == run.EXIT_USAGE
     err = capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Unit tests of opsbook.logscan on the real vLLM logs of tests/data/logs and on mangled copies.
+"""Unit tests of opsbook.knowledge.logscan on the real vLLM logs of tests/data/logs and on mangled
+copies.
 
 Real logs are checked against tests/data/logs/INDEX.md (category and key line), parsed here.
 Key-line comparison: the key must be an exact substring of the reported line's ``raw`` text
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from opsbook.logscan import (
+from opsbook.core.results import SEVERITIES, Result
+from opsbook.knowledge.logscan import (
     FAILED,
     HUNG,
     LOADING,
@@ -34,7 +36,6 @@ from opsbook.logscan import (
     phases,
     read_log_lines,
 )
-from opsbook.results import SEVERITIES, Result
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 # INDEX.md names two categories with a note in parentheses: a benign look-alike, and a

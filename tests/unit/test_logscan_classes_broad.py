@@ -1,4 +1,5 @@
-"""Unit tests of opsbook.logscan on wordings of whole classes of failure rather than of one log:
+"""Unit tests of opsbook.knowledge.logscan on wordings of whole classes of failure rather than of
+one log:
 other accelerators' allocators, other releases of torch's NCCL checks, NCCL's own warnings.
 Each input is rendered from the format string named above it, with sample values."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from opsbook.logscan import FAILED, HUNG, LOADING, NO_CONCLUSION, READY, diagnose_log
+from opsbook.knowledge.logscan import FAILED, HUNG, LOADING, NO_CONCLUSION, READY, diagnose_log
 
 # Ascend/pytorch torch_npu/csrc/core/npu/NPUCachingAllocator.cpp: AT_ERROR("NPU out of memory.
 # Tried to allocate ", format_size(alloc_size), " (NPU ", device, "; ", format_size(total),

@@ -1,9 +1,10 @@
-"""Unit tests of opsbook.logscan's mechanisms for logs nobody has seen: inputs rendered from the
+"""Unit tests of opsbook.knowledge.logscan's mechanisms for logs nobody has seen: inputs rendered
+from the
 format strings in vLLM's and its libraries' source (named at each test), not copied from logs."""
 
 from __future__ import annotations
 
-from opsbook.logscan import FAILED, HUNG, READY, diagnose_log
+from opsbook.knowledge.logscan import FAILED, HUNG, READY, diagnose_log
 
 # vLLM 0.10.2-0.34.0 vllm/v1/metrics/loggers.py LoggingStatLogger.log, rendered.
 V1_STATS = (

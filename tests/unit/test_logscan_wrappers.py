@@ -1,4 +1,5 @@
-"""Unit tests of opsbook.logscan on the engine's wrappers of every release: the messages vLLM logs
+"""Unit tests of opsbook.knowledge.logscan on the engine's wrappers of every release: the messages
+vLLM logs
 or raises when its engine died, rendered from the format strings named at each test (not copied
 from logs). With the cause cut out of the excerpt, the wrapper is the diagnosis and its line is
 reported; with the cause in the text, the cause is."""
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from opsbook.logscan import FAILED, READY, diagnose_log
+from opsbook.knowledge.logscan import FAILED, READY, diagnose_log
 
 STAMP = "ERROR 04-02 12:35:10 [core.py:380] "
 # vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import logread
-from opsbook.exceptions import LogError
-from opsbook.logscan import FAILED, READY, diagnose_log, diagnose_stream, load_catalogue
+from opsbook.core.exceptions import LogError
+from opsbook.knowledge import logread
+from opsbook.knowledge.logscan import FAILED, READY, diagnose_log, diagnose_stream, load_catalogue
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 
@@ -199,7 +199,8 @@ def test_a_missing_or_folder_log_is_bad_input(
 
 
 def test_a_defect_of_the_tool_exits_3_not_1(monkeypatch: pytest.MonkeyPatch) -> None:
-    from opsbook import cli, logscan
+    from opsbook import cli
+    from opsbook.knowledge import logscan
 
     def broken(stream: object) -> None:
         raise ValueError("year 10000 is out of range")
@@ -392,7 +393,7 @@ def test_a_large_log_is_read_in_bounded_memory() -> None:
 
 
 def test_a_startup_keeps_its_first_and_last_lines_of_interest_only() -> None:
-    from opsbook import logscan
+    from opsbook.knowledge import logscan
 
     warning = "(APIServer pid=155) WARNING 11-28 16:00:00 [x.py:1] request {n} ignored a field\n"
     lines = [warning.format(n=n) for n in range(logscan.STARTUP_HEAD_LINES * 3)]
@@ -410,7 +411,7 @@ def test_a_startup_keeps_its_first_and_last_lines_of_interest_only() -> None:
 
 
 def test_a_log_followed_piece_by_piece_is_diagnosed_as_the_whole_file() -> None:
-    from opsbook.logscan import LogFollower, diagnose_log
+    from opsbook.knowledge.logscan import LogFollower, diagnose_log
 
     for name in ("ready-4.log", "trust-remote-code-2.log", "engine-dead-1.log"):
         raw = (LOGS / name).read_bytes()
@@ -428,7 +429,7 @@ def test_a_log_followed_piece_by_piece_is_diagnosed_as_the_whole_file() -> None:
 
 
 def test_a_follower_sees_the_line_still_being_written() -> None:
-    from opsbook.logscan import LogFollower
+    from opsbook.knowledge.logscan import LogFollower
 
     raw = (LOGS / "ready-4.log").read_bytes()
     cut = raw.rindex(b"Application startup complete") + 5
@@ -442,7 +443,7 @@ def test_a_follower_sees_the_line_still_being_written() -> None:
 def test_a_look_that_brought_nothing_new_is_answered_without_diagnosing_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from opsbook import logscan
+    from opsbook.knowledge import logscan
 
     raw = (LOGS / "ready-4.log").read_bytes()
     follower = logscan.LogFollower()
@@ -468,7 +469,7 @@ def test_a_follower_that_keeps_what_it_read_diagnoses_each_look_as_a_fresh_readi
     # Every shipped log, followed in pieces that cut lines anywhere, with the memo carried from
     # look to look: each look's diagnosis is the one a follower reading the same bytes afresh
     # gives (its memo holds nothing from earlier looks).
-    from opsbook.logscan import LogFollower
+    from opsbook.knowledge.logscan import LogFollower
 
     logs = sorted(LOGS.rglob("*.log"))
     assert len(logs) > 500
@@ -490,7 +491,7 @@ def test_a_follower_that_keeps_what_it_read_diagnoses_each_look_as_a_fresh_readi
 def test_a_look_reads_only_the_texts_it_has_not_read_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from opsbook import logscan
+    from opsbook.knowledge import logscan
 
     reads: list[str] = []
     matched: list[str] = []
@@ -520,7 +521,7 @@ def test_a_look_reads_only_the_texts_it_has_not_read_before(
 
 
 def test_the_memo_forgets_what_a_look_did_not_use() -> None:
-    from opsbook.logscan import LineMemo
+    from opsbook.knowledge.logscan import LineMemo
 
     memo = LineMemo()
     computed: list[str] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opsbook.sim import nvidia_smi, simgpu
+from opsbook.rehearsal.sim import nvidia_smi, simgpu
 
 SIM = Path(nvidia_smi.__file__).resolve().parent
 REAL = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from opsbook.optional_imports import PYDANTIC_PLUGINS_ENV, without_pydantic_plugins
+from opsbook.core.optional_imports import PYDANTIC_PLUGINS_ENV, without_pydantic_plugins
 
 
 def test_pydantic_plugins_are_skipped_inside_and_the_environment_is_restored(

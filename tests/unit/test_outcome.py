@@ -2,13 +2,13 @@
 
 import pytest
 
-from opsbook import outcome
-from opsbook.results import Finding, HostResult, Result, State
+from opsbook.core import channel
+from opsbook.core.results import Finding, HostResult, Result, State
 
 
 def test_a_result_survives_the_trip_through_the_file(tmp_path, monkeypatch) -> None:
     path = tmp_path / "out.jsonl"
-    monkeypatch.setenv(outcome.OUTCOME_ENV, str(path))
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(path))
     sent = HostResult(
         "ops@gpu-01",
         "launch",
@@ -19,24 +19,24 @@ def test_a_result_survives_the_trip_through_the_file(tmp_path, monkeypatch) -> N
         duration=2.5,
         script_sha256="0" * 64,
     )
-    outcome.record_host(sent)
-    assert outcome.read(path) == [sent]
+    channel.record_host(sent)
+    assert channel.read(path) == [sent]
 
 
 def test_nothing_is_written_outside_a_run(tmp_path, monkeypatch) -> None:
-    monkeypatch.delenv(outcome.OUTCOME_ENV, raising=False)
-    r = outcome.record(Result(True, "fine"), stage="preflight", host="h")
+    monkeypatch.delenv(channel.OUTCOME_ENV, raising=False)
+    r = channel.record(Result(True, "fine"), stage="preflight", host="h")
     assert r.ok and not any(tmp_path.iterdir())
 
 
 def test_the_follower_sees_each_line_once_and_waits_for_half_written_ones(tmp_path) -> None:
     path = tmp_path / "out.jsonl"
-    follower = outcome.Follower(path)
+    follower = channel.Follower(path)
     assert follower.new() == []
     first = HostResult("a", "preflight", State.OK, "ok")
     second = HostResult("b", "preflight", State.UNREACHABLE, "refused")
-    line = outcome.encode(second)
-    path.write_text(outcome.encode(first) + "\n" + line[:10])
+    line = channel.encode(second)
+    path.write_text(channel.encode(first) + "\n" + line[:10])
     assert follower.new() == [first]
     with path.open("a") as f:
         f.write(line[10:] + "\n")
@@ -46,18 +46,18 @@ def test_the_follower_sees_each_line_once_and_waits_for_half_written_ones(tmp_pa
 
 def test_a_line_that_is_not_a_result_is_refused() -> None:
     with pytest.raises((ValueError, KeyError)):
-        outcome.decode('{"host": "a"}')
+        channel.decode('{"host": "a"}')
     with pytest.raises(ValueError):
-        outcome.decode('{"host": "a", "stage": "s", "state": "fine", "message": ""}')
+        channel.decode('{"host": "a", "stage": "s", "state": "fine", "message": ""}')
 
 
 def test_progress_lines_are_followed_live_but_are_not_results(tmp_path, monkeypatch) -> None:
     path = tmp_path / "out.jsonl"
-    monkeypatch.setenv(outcome.OUTCOME_ENV, str(path))
-    step = outcome.StageProgress("a", "launch", 12.0, "loading: weights")
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(path))
+    step = channel.StageProgress("a", "launch", 12.0, "loading: weights")
     done = HostResult("a", "launch", State.CHANGED, "smoke test passed")
-    outcome.record_progress(step)
-    outcome.record_host(done)
-    assert outcome.Follower(path).new() == [step, done]
-    assert outcome.read(path) == [done]
+    channel.record_progress(step)
+    channel.record_host(done)
+    assert channel.Follower(path).new() == [step, done]
+    assert channel.read(path) == [done]
     assert "loading: weights" in step.line() and "12 s" in step.line()

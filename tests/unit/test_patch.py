@@ -1,4 +1,5 @@
-"""Unit tests of opsbook.patch: the plan on real configs, and the configs probe run locally."""
+"""Unit tests of opsbook.steps.patch: the plan on real configs, and the configs probe run
+locally."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from opsbook.compat import facts_from_texts
-from opsbook.exceptions import OpsbookError
-from opsbook.patch import (
+from opsbook.core.exceptions import OpsbookError
+from opsbook.knowledge.compat import facts_from_texts
+from opsbook.remote.probes import run_local
+from opsbook.steps.patch import (
     BACKUP_SUFFIX,
     Edit,
     apply_edits,
@@ -26,7 +28,6 @@ from opsbook.patch import (
     read_configs,
     restore_patch,
 )
-from opsbook.probes import run_local
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "checkpoints"
 SM120 = [{"compute_cap": "12.0"}] * 8
@@ -354,8 +355,8 @@ def test_owner_is_kept_when_root(model_dir: Path) -> None:
 
 
 def test_patch_verdict_names_the_prediction_and_the_recheck() -> None:
-    from opsbook.patch import patch_verdict
-    from opsbook.results import Result
+    from opsbook.core.results import Result
+    from opsbook.steps.patch import patch_verdict
 
     before = Result(False, "1 problem(s) will stop vLLM: FP8 KV cache with MLA")
     recheck = Result(True, "no known incompatibility")
@@ -383,8 +384,8 @@ FP8_SUBJECT = "FP8 KV cache with MLA on compute capability 12.x"
 def predicted_plan(
     gpus: list[dict[str, Any]], version: str | None, args: dict[str, Any] | None = None
 ) -> tuple[Any, Any, int]:
-    from opsbook.compat import check_compat, kv_budget_bytes
-    from opsbook.patch import plan_for_prediction
+    from opsbook.knowledge.compat import check_compat, kv_budget_bytes
+    from opsbook.steps.patch import plan_for_prediction
 
     files = kimi_files()
     serve_args = args if args is not None else KIMI_ARGS
@@ -395,7 +396,7 @@ def predicted_plan(
 
 
 def tokens(budget: int, dtype: str) -> str:
-    from opsbook.compat import tokens_that_fit
+    from opsbook.knowledge.compat import tokens_that_fit
 
     return f"{tokens_that_fit(budget, facts_from_texts(kimi_files()), dtype):,}"
 
@@ -452,8 +453,8 @@ def test_only_the_failures_the_patch_avoids_are_named() -> None:
 
 
 def test_a_checkpoint_without_kv_quantization_plans_nothing() -> None:
-    from opsbook.compat import check_compat
-    from opsbook.patch import plan_for_prediction
+    from opsbook.knowledge.compat import check_compat
+    from opsbook.steps.patch import plan_for_prediction
 
     files = {"config.json": (DATA / "kimi-k2-instruct-config.json").read_text()}
     before = check_compat(facts_from_texts(files), SM120_MEM, "0.15.1", KIMI_ARGS)
@@ -463,8 +464,8 @@ def test_a_checkpoint_without_kv_quantization_plans_nothing() -> None:
 
 
 def test_kv_keys_vllm_does_not_apply_are_left_alone() -> None:
-    from opsbook.compat import check_compat
-    from opsbook.patch import plan_for_prediction
+    from opsbook.knowledge.compat import check_compat
+    from opsbook.steps.patch import plan_for_prediction
 
     # Kimi-K2.5's INT4 config declares a KV scheme that vLLM resolves only for ModelOpt.
     files = {"config.json": (DATA / "kimi-k25-config.json").read_text()}
@@ -489,7 +490,7 @@ def test_applying_an_empty_plan_touches_nothing_and_says_why() -> None:
 
 
 def test_verdict_carries_the_reason_nothing_was_planned() -> None:
-    from opsbook.patch import patch_verdict
+    from opsbook.steps.patch import patch_verdict
 
     before, plan, _ = predicted_plan(SM120_MEM, "0.33.0")
     verdict = patch_verdict(before, None, plan=plan)
@@ -542,7 +543,7 @@ def test_a_symlinked_config_is_refused_and_stays_a_link(model_dir: Path) -> None
 
 
 def test_a_failed_write_removes_its_temporary_file(tmp_path: Path) -> None:
-    from opsbook.probes import configs
+    from opsbook.remote.probes import configs
 
     target = tmp_path / "config.json"
     # A str where bytes are expected fails inside the write, after the file was created.

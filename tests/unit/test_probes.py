@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import probes
-from opsbook.exceptions import ProbeError
+from opsbook.core.exceptions import ProbeError
+from opsbook.remote import probes
 
 
 def test_decode_failure_carries_stderr() -> None:

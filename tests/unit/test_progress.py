@@ -2,8 +2,8 @@ import io
 
 import pytest
 
-from opsbook import progress
-from opsbook.progress import LineReporter, WidgetReporter
+from opsbook.runner import progress
+from opsbook.runner.progress import LineReporter, WidgetReporter
 
 
 class Clock:

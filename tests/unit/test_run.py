@@ -1,9 +1,9 @@
 import nbformat
 import pytest
 
-from opsbook import run
-from opsbook.exceptions import RunError
-from opsbook.results import HostResult, State
+from opsbook.core.exceptions import RunError
+from opsbook.core.results import HostResult, State
+from opsbook.runner import run
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def _notebook_printing(path, text: str):
 
 
 def test_a_record_with_a_secret_is_rewritten_masked(tmp_path) -> None:
-    from opsbook.redact import Redactor
+    from opsbook.core.redact import Redactor
 
     path = _notebook_printing(tmp_path / "s.ipynb", "vllm serve --api-key s3cr3t-value\n")
     run.redact_notebook(path, Redactor(["s3cr3t-value"]))
@@ -129,7 +129,7 @@ def test_a_record_with_a_secret_is_rewritten_masked(tmp_path) -> None:
 
 
 def test_a_record_without_secrets_is_left_as_written(tmp_path) -> None:
-    from opsbook.redact import Redactor
+    from opsbook.core.redact import Redactor
 
     path = _notebook_printing(tmp_path / "clean.ipynb", "8 GPUs, all idle\n")
     path.write_text(path.read_text() + "\n")  # bytes nbformat would not write back

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import sandbox
-from opsbook.deployment import load_deployment
-from opsbook.exceptions import SandboxError, SandboxFolderRefused, SandboxRequestRefused
+from opsbook.core.deployment import load_deployment
+from opsbook.core.exceptions import SandboxError, SandboxFolderRefused, SandboxRequestRefused
+from opsbook.rehearsal import sandbox
 
 
 def paths_in(tmp_path: Path) -> sandbox._Paths:

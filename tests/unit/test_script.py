@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from opsbook.deployment import Deployment, parse_deployment
-from opsbook.exceptions import DeploymentError
-from opsbook.results import State
-from opsbook.script import (
+from opsbook.core.deployment import Deployment, parse_deployment
+from opsbook.core.exceptions import DeploymentError
+from opsbook.core.results import State
+from opsbook.stages import launch_script
+from opsbook.steps.script import (
     API_SERVER_MODULE,
     NEW_FILE,
     diff_html,
@@ -34,7 +35,6 @@ from opsbook.script import (
     vllm_executable,
     written_by_opsbook,
 )
-from opsbook.stages import launch_script
 
 # Prints each argument followed by NUL, then the variables the tests look at.
 STUB = """#!/bin/bash
@@ -282,7 +282,7 @@ class Ran:
 
 
 class LocalHost:
-    """A stand-in for :class:`opsbook.hosts.Host` on this machine, with its own home folder:
+    """A stand-in for :class:`opsbook.remote.hosts.Host` on this machine, with its own home folder:
     commands run under ``bash -c``, files are written directly."""
 
     def __init__(self, home: Path):

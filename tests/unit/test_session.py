@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import outcome, session, widgets
-from opsbook.deployment import load_deployment
-from opsbook.journal import JOURNAL_ENV, Journal
-from opsbook.results import HostResult, Result, State
+from opsbook import widgets
+from opsbook.core import channel
+from opsbook.core.deployment import load_deployment
+from opsbook.core.results import HostResult, Result, State
+from opsbook.remote.journal import JOURNAL_ENV, Journal
+from opsbook.runner import session
 
 KEY = "sk-" + "a1B2" * 8
 
@@ -21,14 +23,14 @@ KEY = "sk-" + "a1B2" * 8
 @pytest.fixture
 def started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> session.Session:
     monkeypatch.delenv(JOURNAL_ENV, raising=False)
-    monkeypatch.delenv(outcome.OUTCOME_ENV, raising=False)
+    monkeypatch.delenv(channel.OUTCOME_ENV, raising=False)
     path = tmp_path / "d.yml"
     path.write_text("hosts: [gpu-01]\nmodel: {path: /m}\nserver: {port: 8000}\n")
     params = {"apply": False, "note": f"--api-key {KEY}"}
     found = session.start("02_config_patch", load_deployment(path), str(path), params,
                           runs_dir=str(tmp_path / "runs"))  # fmt: skip
     yield found
-    for name in (JOURNAL_ENV, outcome.OUTCOME_ENV):
+    for name in (JOURNAL_ENV, channel.OUTCOME_ENV):
         os.environ.pop(name, None)
 
 
@@ -39,7 +41,7 @@ def test_a_session_starts_a_run_folder_the_kernel_records_into(started: session.
     assert KEY not in json.dumps(header)
     assert os.environ[JOURNAL_ENV] == str(started.journal)
     Journal.from_env().record(host="gpu-01", kind="run", command="true", exit_code=0, duration=0.1)
-    outcome.record_host(HostResult("gpu-01", "config-patch", State.CHANGED, f"ok {KEY}"))
+    channel.record_host(HostResult("gpu-01", "config-patch", State.CHANGED, f"ok {KEY}"))
     assert len(started.journal.read_text().splitlines()) == 1
     assert KEY not in started.results_file.read_text()
 
@@ -47,7 +49,7 @@ def test_a_session_starts_a_run_folder_the_kernel_records_into(started: session.
 def test_filing_writes_the_summary_and_makes_the_folder_read_only(
     started: session.Session,
 ) -> None:
-    outcome.record_host(HostResult("gpu-01", "config-patch", State.CHANGED, "patched"))
+    channel.record_host(HostResult("gpu-01", "config-patch", State.CHANGED, "patched"))
     click = widgets.Click("Apply", datetime.now(timezone.utc), 1.5, "ops", Result(True, KEY))
     started.note_click(click)
     filed = started.file()
@@ -57,7 +59,7 @@ def test_filing_writes_the_summary_and_makes_the_folder_read_only(
     assert KEY not in (started.folder / session.CLICKS).read_text()
     assert (started.folder / "index.html").exists()
     assert not started.folder.stat().st_mode & 0o222
-    assert JOURNAL_ENV not in os.environ and outcome.OUTCOME_ENV not in os.environ
+    assert JOURNAL_ENV not in os.environ and channel.OUTCOME_ENV not in os.environ
     assert started.file().message.startswith("already filed")
 
 
@@ -86,7 +88,7 @@ def test_an_unavailable_button_says_why() -> None:
 
 
 def test_library_displays_mask_a_foreign_api_key() -> None:
-    from opsbook.results import Table
+    from opsbook.core.results import Table
 
     table = Table(["pid", "command line"], [[1, f"vllm serve m --api-key {KEY}"]])
     assert KEY not in str(table) and KEY not in table._repr_html_()

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from opsbook.checkpoint import make_checkpoint, truncate_shard
-from opsbook.logscan import PHASE_NAMES, LogDiagnosis, diagnose_log
-from opsbook.probes.launch import group_members
-from opsbook.sim import simgpu
+from opsbook.knowledge.logscan import PHASE_NAMES, LogDiagnosis, diagnose_log
+from opsbook.rehearsal.checkpoint import make_checkpoint, truncate_shard
+from opsbook.rehearsal.sim import simgpu
+from opsbook.remote.probes.launch import group_members
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
@@ -411,7 +411,7 @@ def identifying_text(diagnosis: LogDiagnosis) -> str:
     return diagnosis.line.text
 
 
-# The catalogue (opsbook/data/failures.yaml, not this test's) still expects
+# The catalogue (opsbook/knowledge/data/failures.yaml, not this test's) still expects
 # "Selected backend FLASHMLA"; the real text names the enum member (issue 10).
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_simulated_failure_is_diagnosed_on_the_real_text(name: str, box: Box) -> None:

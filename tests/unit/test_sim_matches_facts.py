@@ -1,11 +1,13 @@
 """Contract: the simulated vLLM plays each release as the facts read from its wheel say.
 
-For every release in ``opsbook/data/vllm_facts`` the simulator, given the facts sheets that the
-rehearsal host installs (``opsbook.sim.vllm_install``), must accept that release's serve
+For every release in ``opsbook/knowledge/data/vllm_facts`` the simulator, given the facts sheets
+that the
+rehearsal host installs (``opsbook.rehearsal.sim.vllm_install``), must accept that release's serve
 flags, offer the flags whose presence varies (``--disable-log-requests``, ``--attention-backend``
 ...) exactly when the release has them, accept exactly its ``--kv-cache-dtype`` values, and pick
 for the incident's checkpoint the backend that the facts-based prediction
-(``opsbook.compat.select_backend``) picks, or fail where it fails. A disagreement fails here.
+(``opsbook.knowledge.compat.select_backend``) picks, or fail where it fails. A disagreement fails
+here.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import compat, vllm_facts
-from opsbook.sim.vllm import _simmodel, _simrelease, _simserver
-from opsbook.sim.vllm_install import write_facts_sheets
+from opsbook.knowledge import compat, vllm_facts
+from opsbook.rehearsal.sim.vllm import _simmodel, _simrelease, _simserver
+from opsbook.rehearsal.sim.vllm_install import write_facts_sheets
 
 RELEASES = vllm_facts.releases()
 # Flags whose presence changes from release to release and that the simulation plays itself.

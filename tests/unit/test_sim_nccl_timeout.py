@@ -1,7 +1,7 @@
 """The simulated vLLM's nccl-timeout fault reads as the catalogue's nccl-timeout, naming the
 rank that stalled."""
 
-from opsbook import logscan
+from opsbook.knowledge import logscan
 from tests.unit.test_sim_matches_catalogue import Box, box, checkpoint, run_server  # noqa: F401
 
 

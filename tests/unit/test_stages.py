@@ -7,14 +7,15 @@ from collections.abc import Callable
 
 import pytest
 
-from opsbook import outcome, stages
-from opsbook.deployment import parse_deployment
-from opsbook.download import format_bytes
-from opsbook.exceptions import HostUnreachable, ProbeError, RunError
-from opsbook.hosts import HostGroup
-from opsbook.results import TOOL_FAILED, Result, State
+from opsbook import stages
+from opsbook.core import channel
+from opsbook.core.deployment import parse_deployment
+from opsbook.core.exceptions import HostUnreachable, ProbeError, RunError
+from opsbook.core.results import TOOL_FAILED, Result, State
+from opsbook.remote.hosts import HostGroup
+from opsbook.remote.testing import Answer, FakeHost
 from opsbook.stages.base import Report, Stage, concurrently, run_stage
-from opsbook.testing import Answer, FakeHost
+from opsbook.steps.shard_check import format_bytes
 
 DOC = {"model": {"path": "/models/m"}, "server": {"port": 8000}}
 
@@ -46,7 +47,7 @@ def ok(args):
 def test_each_host_gets_a_result_and_an_unreachable_one_is_a_result_not_an_error(
     tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setenv(outcome.OUTCOME_ENV, str(tmp_path / "out.jsonl"))
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(tmp_path / "out.jsonl"))
     dep = deployment("a", "b", "c")
     hosts = [
         FakeHost("a", probes={"check": ok}),
@@ -63,7 +64,7 @@ def test_each_host_gets_a_result_and_an_unreachable_one_is_a_result_not_an_error
     assert run.results[1].message == "shard 3 truncated"
     assert "refused" in run.results[2].message
     assert sorted(r.host for r in seen) == ["ops@a", "ops@b", "ops@c"]
-    assert sorted(outcome.read(tmp_path / "out.jsonl"), key=lambda r: r.host) == run.results
+    assert sorted(channel.read(tmp_path / "out.jsonl"), key=lambda r: r.host) == run.results
     assert run.going_on == ["ops@a"]
 
 
@@ -157,20 +158,20 @@ def test_the_launch_script_stage_knows_ok_would_change_and_changed() -> None:
 
 
 def test_the_download_stage_names_the_failure_vllm_would_meet(tmp_path) -> None:
-    from opsbook.checkpoint import make_checkpoint
-    from opsbook.testing import local_probe
+    from opsbook.rehearsal.checkpoint import make_checkpoint
+    from opsbook.remote.testing import local_probe
 
     model = tmp_path / "m"
     make_checkpoint(model)
     dep = parse_deployment({"hosts": ["a"], "model": {"path": str(model)}})
     host = FakeHost("a", probes={"download": local_probe("download")})
-    assert stages.download.run(host, dep).state is State.OK
+    assert stages.download_check.run(host, dep).state is State.OK
     shard = sorted(model.glob("*.safetensors"))[0]
     os.truncate(shard, shard.stat().st_size - 4096)
-    report = stages.download.run(host, dep)
+    report = stages.download_check.run(host, dep)
     assert report.state is State.FAILED and report.failure_id == "safetensors-corrupt"
     shard.unlink()
-    assert stages.download.run(host, dep).failure_id == "weights-missing"
+    assert stages.download_check.run(host, dep).failure_id == "weights-missing"
 
 
 def test_the_hosts_of_a_group_share_one_journal() -> None:
@@ -228,8 +229,8 @@ def test_the_launch_script_stage_refuses_a_file_it_did_not_write_and_shows_none_
 def test_the_config_patch_stage_reads_only_what_its_prediction_needs(tmp_path) -> None:
     # The GPUs and the interpreter's vLLM, the configs with the weights' size: the download
     # check is its own stage's work, and no /proc walk or disk look is needed to predict.
-    from opsbook.checkpoint import make_checkpoint
-    from opsbook.testing import local_probe
+    from opsbook.rehearsal.checkpoint import make_checkpoint
+    from opsbook.remote.testing import local_probe
     from tests.unit.test_facts import (
         RTX,
         RTX_COMPUTE_APPS,

@@ -2,8 +2,8 @@
 
 import pytest
 
-from opsbook.exceptions import ConnectionRefused, ProbeError, TransferError
-from opsbook.testing import Answer, FakeHost, UnexpectedCall, local_probe
+from opsbook.core.exceptions import ConnectionRefused, ProbeError, TransferError
+from opsbook.remote.testing import Answer, FakeHost, UnexpectedCall, local_probe
 
 
 def test_commands_are_answered_by_the_first_matching_pattern() -> None:

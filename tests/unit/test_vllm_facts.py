@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from opsbook import compat, vllm_facts
-from opsbook.exceptions import OpsbookError
+from opsbook.core.exceptions import OpsbookError
+from opsbook.knowledge import compat, vllm_facts
 from tests.unit.conftest import vllm_facts_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "opsbook" / "data" / "vllm_facts"
+DATA = ROOT / "opsbook" / "knowledge" / "data" / "vllm_facts"
 WHEELS = Path("/work/cache/vllm-wheels")
 
 

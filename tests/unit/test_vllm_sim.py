@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from opsbook.checkpoint import make_checkpoint, truncate_shard
-from opsbook.probes.launch import group_members
-from opsbook.sim import simgpu
-from opsbook.sim.vllm import _simmodel
-from opsbook.sim.vllm._simrelease import Release
+from opsbook.rehearsal.checkpoint import make_checkpoint, truncate_shard
+from opsbook.rehearsal.sim import simgpu
+from opsbook.rehearsal.sim.vllm import _simmodel
+from opsbook.rehearsal.sim.vllm._simrelease import Release
+from opsbook.remote.probes.launch import group_members
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 STARTUP_SECONDS = "0.3"

@@ -1,4 +1,4 @@
-"""vLLM's source read without importing it (``opsbook/probes/vllm_source.py``).
+"""vLLM's source read without importing it (``opsbook/remote/probes/vllm_source.py``).
 
 A stand-in ``vllm`` package laid out as the real one (registry, cuda.py's priority function,
 ``AttentionBackend`` base class with vLLM's default declarations) whose ``__init__`` records
@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from opsbook import probes
-from opsbook.probes import vllm_source
-from opsbook.probes.vllm_source import FolderSource, select
+from opsbook.remote import probes
+from opsbook.remote.probes import vllm_source
+from opsbook.remote.probes.vllm_source import FolderSource, select
 
 REGISTRY = """
 import enum

@@ -1,7 +1,7 @@
 import pytest
 
 from opsbook import widgets
-from opsbook.results import Result
+from opsbook.core.results import Result
 
 
 def test_headless_gate_runs_the_step_only_with_apply() -> None:

@@ -1,0 +1,174 @@
+"""How a notebook tells its runner what each stage did on each host, and how the runner reads it.
+
+This module owns both directions of the one format between the kernel and ``opsbook run``:
+a stage writes each host's :class:`~opsbook.core.results.HostResult` as one JSON line the moment the
+host is done (:func:`record_host`), and a long stage the steps it reaches on the way
+(:func:`record_progress`), into the file that ``OPSBOOK_OUTCOME`` names; the runner
+follows that file while the notebook runs (:class:`Follower`), so it prints a line per host as it
+happens, and reads it back typed (:func:`read`). Stepping through in JupyterLab, nothing is
+written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from opsbook.core.results import Finding, HostResult, Result, State, shown
+
+OUTCOME_ENV = "OPSBOOK_OUTCOME"
+PROGRESS = "progress"
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class StageProgress:
+    """A step a long stage reached on one host (a launch's startup phase), for a live line."""
+
+    host: str
+    stage: str
+    seconds: float
+    text: str
+
+    def line(self) -> str:
+        return f"{self.stage:<14} {self.host:<32} {'...':<12} {self.seconds:6.0f} s  {self.text}"
+
+
+def encode_progress(progress: StageProgress) -> str:
+    """One JSON line for ``progress``."""
+    return json.dumps({"kind": PROGRESS, **asdict(progress)})
+
+
+def record_progress(progress: StageProgress) -> StageProgress:
+    """Append ``progress`` to the outcome file of this run, if there is one."""
+    _append(encode_progress(progress))
+    return progress
+
+
+def encode(result: HostResult) -> str:
+    """One JSON line for ``result``."""
+    doc = {
+        "host": result.host,
+        "stage": result.stage,
+        "state": result.state.value,
+        "message": result.message,
+        "failure_id": result.failure_id,
+        "findings": [_finding_doc(f) for f in result.findings],
+        "duration": round(result.duration, 3),
+        "script_sha256": result.script_sha256,
+    }
+    return json.dumps(doc)
+
+
+def decode(line: str) -> HostResult:
+    """The :class:`HostResult` a line of :func:`encode` describes.
+
+    Raises:
+        ValueError: the line is not such a record.
+    """
+    doc = json.loads(line)
+    if not isinstance(doc, dict) or doc.get("kind") == PROGRESS:
+        raise ValueError(f"not a host result: {line[:80]!r}")
+    return HostResult(
+        host=str(doc["host"]),
+        stage=str(doc["stage"]),
+        state=State(doc["state"]),
+        message=str(doc["message"]),
+        failure_id=str(doc.get("failure_id") or ""),
+        findings=tuple(Finding(**f) for f in doc.get("findings", [])),
+        duration=float(doc.get("duration") or 0.0),
+        script_sha256=str(doc.get("script_sha256") or ""),
+    )
+
+
+def to_dict(result: HostResult) -> dict[str, Any]:
+    """The record of ``result`` as a JSON-ready mapping (for ``summary.json``)."""
+    loaded: dict[str, Any] = json.loads(encode(result))
+    return loaded
+
+
+def record_host(result: HostResult) -> HostResult:
+    """Append ``result`` to the outcome file of this run, if there is one; returns it.
+
+    Threads of a stage's fan-out call this as each host finishes: one write per line, under a
+    lock, flushed at once so that the runner sees it now. What looks like a secret (a foreign
+    process's ``--api-key``, say, in a finding) is masked in the file.
+    """
+    _append(encode(_masked(result)))
+    return result
+
+
+def _masked(result: HostResult) -> HostResult:
+    findings = tuple(
+        replace(f, subject=shown(f.subject), message=shown(f.message), remedy=shown(f.remedy))
+        for f in result.findings
+    )
+    return replace(result, message=shown(result.message), findings=findings)
+
+
+def _append(line: str) -> None:
+    path = os.environ.get(OUTCOME_ENV)
+    if path:
+        with _lock, Path(path).open("a") as f:
+            f.write(line + "\n")
+            f.flush()
+
+
+def record(result: Result, stage: str = "", host: str = "") -> Result:
+    """A single check's verdict, noted as ``host``'s result of ``stage`` (ok or failed)."""
+    state = State.OK if result.ok else State.FAILED
+    record_host(HostResult(host, stage, state, result.message, findings=tuple(result.findings)))
+    return result
+
+
+def read(path: Path) -> list[HostResult]:
+    """The results a run recorded, in order (none when the file is missing)."""
+    if not path.exists():
+        return []
+    records = [_decode_any(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if isinstance(r, HostResult)]
+
+
+class Follower:
+    """Reads the results appended to an outcome file since the last look."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._offset = 0
+        self._partial = ""
+
+    def new(self) -> list[HostResult | StageProgress]:
+        """The complete lines written since the last call, decoded."""
+        try:
+            with self.path.open() as f:
+                f.seek(self._offset)
+                chunk = f.read()
+                self._offset = f.tell()
+        except FileNotFoundError:
+            return []
+        text = self._partial + chunk
+        *lines, self._partial = text.split("\n")
+        return [_decode_any(line) for line in lines if line.strip()]
+
+
+def _decode_any(line: str) -> HostResult | StageProgress:
+    doc = json.loads(line)
+    if isinstance(doc, dict) and doc.get("kind") == PROGRESS:
+        return StageProgress(
+            str(doc["host"]), str(doc["stage"]), float(doc["seconds"]), str(doc["text"])
+        )
+    return decode(line)
+
+
+def _finding_doc(finding: Finding) -> dict[str, str]:
+    return {
+        "severity": finding.severity,
+        "subject": finding.subject,
+        "message": finding.message,
+        "remedy": finding.remedy,
+        "source": finding.source,
+    }

@@ -1,0 +1,199 @@
+"""The journal: one entry per remote command, redacted, as data, as a table, as JSON lines.
+
+When the environment variable ``OPSBOOK_JOURNAL`` names a file (``opsbook run`` sets it for the
+notebook's kernel), every entry is also appended there, so a run record holds every command.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from opsbook.core.redact import Redactor
+from opsbook.core.results import Table
+from opsbook.remote import probes
+
+TAIL_CHARS = 2000
+JOURNAL_ENV = "OPSBOOK_JOURNAL"
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One remote action. Text fields are already redacted."""
+
+    host: str
+    kind: str
+    command: str
+    exit_code: int | None
+    duration: float
+    stdout_tail: str
+    stderr_tail: str
+    started: str
+    note: str = ""
+
+
+class Journal:
+    """Entries of remote actions, in order; optionally mirrored to a JSON-lines file."""
+
+    def __init__(
+        self, redactor: Redactor | None = None, path: str | os.PathLike[str] | None = None
+    ):
+        self.redactor = redactor or Redactor()
+        self.path = Path(path) if path else None
+        self.entries: list[JournalEntry] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls, redactor: Redactor | None = None) -> Journal:
+        return cls(redactor, os.environ.get(JOURNAL_ENV) or None)
+
+    def record(
+        self,
+        *,
+        host: str,
+        kind: str,
+        command: str,
+        exit_code: int | None,
+        duration: float,
+        stdout: str = "",
+        stderr: str = "",
+        started: datetime | None = None,
+        note: str = "",
+    ) -> JournalEntry:
+        """Redact and add one entry; returns it."""
+        clean = self.redactor.redact
+        entry = JournalEntry(
+            host=host,
+            kind=kind,
+            command=clean(command),
+            exit_code=exit_code,
+            duration=round(duration, 3),
+            stdout_tail=clean(_tail(probes.readable(stdout))),
+            stderr_tail=clean(_tail(stderr)),
+            started=(started or datetime.now(timezone.utc)).isoformat(timespec="milliseconds"),
+            note=clean(note),
+        )
+        line = json.dumps(asdict(entry)) + "\n"
+        # The hosts of a stage share one journal and record from their own threads.
+        with self._lock:
+            self.entries.append(entry)
+            if self.path:
+                with self.path.open("a") as f:
+                    f.write(line)
+        return entry
+
+    def records(self) -> list[dict[str, object]]:
+        return [asdict(e) for e in self.entries]
+
+    def table(self, last: int | None = None) -> Table:
+        """The journal as a table for a notebook (command text cut to one line)."""
+        entries = self.entries[-last:] if last else self.entries
+        return Table(
+            ["started", "host", "kind", "command", "exit", "seconds"],
+            [
+                [e.started[11:23], e.host, e.kind, _one_line(e.command), e.exit_code, e.duration]
+                for e in entries
+            ],
+        )
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= TAIL_CHARS else "..." + text[-TAIL_CHARS:]
+
+
+def _one_line(text: str, width: int = 120) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+# Operations that change the host; everything else a journal holds only reads it.
+WRITE_OPERATIONS = ("stop", "start", "clean_shm", "apply", "restore", "upload")
+WRITE_LABELS = ("write ", "record ", "prepare ", "stop ", "start ", "sftp put")
+_PROBE = re.compile(r"^probe (\w+) \([^)]*\) args=(.*)$", re.S)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A journal entry for people: what was done (first), read or write, when, how long."""
+
+    what: str
+    writes: bool
+    entry: JournalEntry
+
+
+def operation(entry: JournalEntry) -> Operation:
+    """Name a journal entry by what it did: ``launch stop``, ``configs read``, ``bash -n
+    /path``; a probe's arguments and the full command stay in the entry."""
+    found = _PROBE.match(entry.command)
+    if found:
+        name, args = found.group(1), found.group(2)
+        step = _argument(args, "op") or _argument(args, "action") or "look"
+        detail = _argument(args, "path") if step == "http" else ""
+        what = " ".join(filter(None, (name, step, detail)))
+        return Operation(what, step in WRITE_OPERATIONS, entry)
+    text = _one_line(entry.command, 80)
+    writes = entry.kind == "upload" or text.startswith(WRITE_LABELS)
+    return Operation(text, writes, entry)
+
+
+def _argument(args: str, key: str) -> str:
+    found = re.search(rf"'{key}': '([^']*)'", args)
+    return found.group(1) if found else ""
+
+
+def journal_page(entries: Sequence[JournalEntry], title: str = "journal") -> str:
+    """The journal as a self-contained HTML page: one row per operation (what, read or write,
+    UTC time, seconds, exit, host), the full command and output tails on demand."""
+    esc = html.escape
+    rows = []
+    for e in entries:
+        op = operation(e)
+        failed = e.exit_code not in (0, None)
+        details = (
+            f"<details><summary>command</summary><pre>{esc(e.command)}</pre>"
+            + (f"<pre>{esc(e.stdout_tail)}</pre>" if e.stdout_tail else "")
+            + (f"<pre style='color:#cf222e'>{esc(e.stderr_tail)}</pre>" if e.stderr_tail else "")
+            + (f"<p>{esc(e.note)}</p>" if e.note else "")
+            + "</details>"
+        )
+        rows.append(
+            f"<tr{' style=background:#ffebe9' if failed else ''}>"
+            f"<td>{esc(op.what)}</td><td>{'write' if op.writes else 'read'}</td>"
+            f"<td>{esc(e.started[11:19])}</td><td>{e.duration:.2f} s</td>"
+            f"<td>{'' if e.exit_code is None else e.exit_code}</td><td>{esc(e.host)}</td>"
+            f"<td>{details}</td></tr>"
+        )
+    day = entries[0].started[:10] if entries else ""
+    writes = sum(operation(e).writes for e in entries)
+    return (
+        "<!doctype html><meta charset='utf-8'>"
+        f"<title>{esc(title)}</title>"
+        "<style>body{font-family:sans-serif}td,th{padding:3px 8px;text-align:left;"
+        "vertical-align:top;border-bottom:1px solid #ddd}pre{white-space:pre-wrap;margin:2px}"
+        "</style>"
+        f"<h1>{esc(title)}</h1><p>{len(entries)} operation(s), {writes} of them writing to a "
+        f"host; times are UTC, {esc(day)}</p>"
+        "<table><tr><th>operation</th><th>read/write</th><th>UTC</th><th>took</th>"
+        "<th>exit</th><th>host</th><th></th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def read_journal(path: Path) -> list[JournalEntry]:
+    """The entries of a ``journal.jsonl`` file (lines that are not entries are skipped)."""
+    entries = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            entries.append(JournalEntry(**json.loads(line)))
+        except (ValueError, TypeError):
+            continue
+    return entries

@@ -1,0 +1,430 @@
+"""Run records: the folder a run leaves behind, its summary, its index page, and listing.
+
+A closed run folder is made read-only: an incident record is not edited after the fact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from opsbook.core.exceptions import RunError
+from opsbook.core.results import HostResult, State, Table, host_anchor, recap
+
+SUMMARY = "summary.json"
+INDEX = "index.html"
+JOURNAL_PAGE = "journal.html"
+
+
+@dataclass(frozen=True)
+class NotebookEntry:
+    """One executed notebook of a run: the stage it ran, on which hosts, and how it ended."""
+
+    stage: str
+    notebook: str
+    html: str | None
+    hosts: tuple[str, ...]
+    exit_code: int
+    message: str
+    duration: float
+
+
+@dataclass
+class RunSummary:
+    """What a deploy run did, host by host and stage by stage."""
+
+    name: str
+    deployment: str
+    started: str
+    status: str
+    exit_code: int
+    message: str
+    duration: float
+    parameters: dict[str, str]
+    hosts: list[str]
+    stages: list[str]
+    results: list[HostResult]
+    notebooks: list[NotebookEntry]
+
+    def result(self, host: str, stage: str) -> HostResult | None:
+        return next((r for r in self.results if r.host == host and r.stage == stage), None)
+
+    def notebook_of(self, host: str, stage: str) -> NotebookEntry | None:
+        return next((n for n in self.notebooks if n.stage == stage and host in n.hosts), None)
+
+    def script_versions(self) -> dict[str, str]:
+        """Per host, the sha256 of the launch script its server runs, as the last stage that
+        knows it says (empty when no server of opsbook runs there)."""
+        versions = {}
+        for host in self.hosts:
+            known = [
+                r.script_sha256
+                for r in self.results
+                if r.host == host
+                and r.stage in ("launch", "diagnose")
+                and r.state in (State.OK, State.CHANGED)
+            ]
+            versions[host] = known[-1] if known else ""
+        return versions
+
+
+def export_html(notebook: Path, exporter: Any = None) -> Path | None:
+    """An HTML copy next to the executed notebook (widget state included when saved).
+
+    Args:
+        exporter: an ``nbconvert.HTMLExporter`` to reuse (it keeps its compiled templates).
+    """
+    if exporter is None:
+        from nbconvert import HTMLExporter
+
+        exporter = HTMLExporter()
+    target = notebook.with_suffix(".html")
+    try:  # a run folder deleted during the run takes its notebooks with it
+        body, _ = exporter.from_filename(str(notebook))
+        target.write_text(body)
+    except FileNotFoundError:
+        return None
+    return target
+
+
+# The exporter process reads one notebook path a line and answers one line: the HTML copy's
+# path, an empty line when the notebook is gone, or "!" and the error.
+_EXPORTER = "from opsbook.runner.records import serve_html_exports; serve_html_exports()"
+EXPORTER_NICENESS = 10
+
+
+class HtmlExports:
+    """HTML copies of a run's notebooks, made by a helper process of lower priority.
+
+    nbconvert takes about a second of CPU to import and a quarter of a second a notebook: in
+    the runner's process it would hold the interpreter lock that reading the kernel's
+    messages needs, and slow every stage after the first. The helper uses the CPU the stages
+    leave idle (a launch mostly waits); started when the run starts (:meth:`start`), it has
+    imported nbconvert and compiled its templates by the time the first notebook is done.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+        self._waiter: ThreadPoolExecutor | None = None
+
+    def start(self) -> None:
+        """Start the helper now (the first export would otherwise start it)."""
+        with self._lock:
+            self._started()
+
+    def submit(self, notebook: Path) -> Future[Path | None]:
+        """:meth:`export` while the caller goes on: a thread of this object waits for the
+        helper."""
+        if self._waiter is None:
+            self._waiter = ThreadPoolExecutor(1, thread_name_prefix="opsbook-html")
+        return self._waiter.submit(self.export, notebook)
+
+    def export(self, notebook: Path) -> Path | None:
+        """The notebook's HTML copy (next to it), or None when the notebook is gone."""
+        with self._lock:
+            answer = self._ask(str(notebook))
+        if answer is None or answer.startswith("!"):  # the helper failed: do it here
+            with private_files():
+                return export_html(notebook)
+        return Path(answer) if answer else None
+
+    def close(self) -> None:
+        """Let the exports submitted finish, and the helper end."""
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=True)
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # our own helper, by its handle
+            proc.wait()
+
+    def _ask(self, path: str) -> str | None:
+        if "\n" in path:
+            return None
+        try:
+            proc = self._started()
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(path + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except OSError:
+            return None
+        return line.rstrip("\n") if line else None
+
+    def _started(self) -> subprocess.Popen[str]:
+        if self._proc is None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _EXPORTER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        return self._proc
+
+
+def serve_html_exports() -> None:
+    """The exporter process: HTML copies of the notebooks named on stdin (see
+    :class:`HtmlExports`), private like the rest of the run folder."""
+    from opsbook.core.optional_imports import skip_slow_optional_imports
+
+    skip_slow_optional_imports()
+    os.nice(EXPORTER_NICENESS)
+    os.umask(PRIVATE_UMASK)
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter()
+    # The first export compiles the templates (half a second): done before any is asked for.
+    exporter.from_notebook_node(nbformat.v4.new_notebook())
+    for line in sys.stdin:
+        try:
+            page = export_html(Path(line.rstrip("\n")), exporter)
+            answer = str(page) if page else ""
+        except Exception as e:  # the runner makes this copy itself, and reports what fails
+            answer = f"!{type(e).__name__}: {e}".replace("\n", " ")
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
+
+
+def summary_doc(run: RunSummary) -> dict[str, Any]:
+    """``summary.json``: the run, per-host results, the recap and the script versions."""
+    from opsbook.core import channel
+
+    doc = {k: v for k, v in asdict(run).items() if k not in ("results", "notebooks")}
+    doc["results"] = [channel.to_dict(r) for r in run.results]
+    doc["notebooks"] = [asdict(n) for n in run.notebooks]
+    doc["recap"] = {
+        line.host: {**line.counts, "exit_code": line.exit_code} for line in recap(run.results)
+    }
+    doc["script_versions"] = run.script_versions()
+    return doc
+
+
+def write_summary(folder: Path, run: RunSummary) -> Path:
+    """``summary.json`` and ``index.html`` of a run folder."""
+    (folder / SUMMARY).write_text(json.dumps(summary_doc(run), indent=2, default=str) + "\n")
+    (folder / INDEX).write_text(index_page(run))
+    write_journal_page(folder)
+    return folder / SUMMARY
+
+
+def write_journal_page(folder: Path) -> Path | None:
+    """``journal.html``: the run's journal for people, next to ``journal.jsonl``."""
+    from opsbook.remote.journal import journal_page, read_journal
+
+    source = folder / "journal.jsonl"
+    if not source.exists():
+        return None
+    page = journal_page(read_journal(source), title=f"journal of {folder.name}")
+    (folder / JOURNAL_PAGE).write_text(page)
+    return folder / JOURNAL_PAGE
+
+
+def index_page(run: RunSummary) -> str:
+    """A self-contained status page: a host x stage grid of states, each cell linking the
+    notebook that ran it, the recap and the launch script each host runs."""
+    esc = html.escape
+    head = "".join(f"<th>{esc(s)}</th>" for s in run.stages)
+    versions = run.script_versions()
+    rows = []
+    lines = {line.host: line for line in recap(run.results)}
+    for host in run.hosts:
+        cells = "".join(_grid_cell(run, host, stage) for stage in run.stages)
+        counts = (
+            " ".join(f"{k}={v}" for k, v in lines[host].counts.items()) if host in lines else ""
+        )
+        version = esc(versions.get(host, "")[:12]) or "&mdash;"
+        rows.append(
+            f"<tr><th style='text-align:left'>{esc(host)}</th>{cells}"
+            f"<td><code>{version}</code></td><td>{esc(counts)}</td></tr>"
+        )
+    title = f"opsbook run {run.name}: {run.status}"
+    notebooks = "".join(
+        f"<li><a href='{esc(n.notebook)}'>{esc(n.notebook)}</a>"
+        + (f" · <a href='{esc(n.html)}'>html</a>" if n.html else "")
+        + f" ({esc(n.stage)} on {len(n.hosts)} host(s), {n.duration:.1f} s)</li>"
+        for n in run.notebooks
+    )
+    return (
+        "<!doctype html><meta charset='utf-8'>"
+        f"<title>{esc(title)}</title>"
+        "<style>body{font-family:sans-serif}td,th{padding:4px 10px;border-bottom:1px solid #ddd}"
+        "td.state a{color:white}</style>"
+        f"<h1>{esc(title)}</h1>"
+        f"<p>{esc(run.message)}</p>"
+        f"<p>deployment {esc(run.deployment)} · {len(run.hosts)} host(s)"
+        f" · started {esc(run.started)} · {run.duration:.1f} s"
+        f" · <a href='{JOURNAL_PAGE}'>journal</a> (<a href='journal.jsonl'>JSON lines</a>)</p>"
+        f"<table><tr><th>host</th>{head}<th>launch script running</th><th>recap</th></tr>"
+        + "".join(rows)
+        + "</table><h2>Notebooks</h2><ul>"
+        + notebooks
+        + "</ul>"
+    )
+
+
+def _grid_cell(run: RunSummary, host: str, stage: str) -> str:
+    result = run.result(host, stage)
+    if result is None:
+        return "<td></td>"
+    label = html.escape(result.state.value)
+    entry = run.notebook_of(host, stage)
+    if entry is not None:
+        link = f"{entry.html}#{host_anchor(host)}" if entry.html else entry.notebook
+        label = f"<a href='{html.escape(link)}'>{label}</a>"
+    return (
+        f"<td class='state' style='background:{result.state.colour};color:white' "
+        f"title='{html.escape(result.message, quote=True)}'>{label}</td>"
+    )
+
+
+# A run folder is the operator's alone: while it is written, and once sealed (read-only).
+FOLDER_MODE = 0o700
+SEALED_FOLDER_MODE = 0o500
+SEALED_FILE_MODE = 0o400
+PRIVATE_UMASK = 0o077
+
+
+# The umask is the process's, and a deploy writes its run folder from two threads at once (the
+# stages, and the HTML copies exported meanwhile): the first to enter sets it, the last to
+# leave puts the operator's back. Saved and restored per entry, an overlap would leave 077.
+_umask_lock = threading.Lock()
+_umask_holders = 0
+_umask_saved = 0o022
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Files created in the body (here and by a kernel started in it) are the owner's alone
+    (0600, folders 0700).
+
+    The umask is the process's: the runner holds it only while it writes a run folder; nested
+    and concurrent uses (threads) share one hold.
+    """
+    global _umask_holders, _umask_saved
+    with _umask_lock:
+        if _umask_holders == 0:
+            _umask_saved = os.umask(PRIVATE_UMASK)
+        _umask_holders += 1
+    try:
+        yield
+    finally:
+        with _umask_lock:
+            _umask_holders -= 1
+            if _umask_holders == 0:
+                os.umask(_umask_saved)
+
+
+def close(folder: Path) -> None:
+    """Seal a finished run folder: read-only and private, folders 0500 and files 0400 (an
+    incident record is not edited after the fact, and lists hosts, users and processes)."""
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            _seal(Path(root) / name, SEALED_FILE_MODE)
+        for name in dirs:
+            _seal(Path(root) / name, SEALED_FOLDER_MODE)
+    _seal(folder, SEALED_FOLDER_MODE)
+
+
+def _seal(path: Path, mode: int) -> None:
+    if not path.is_symlink():
+        path.chmod(mode)
+
+
+def list_runs(runs_dir: Path) -> Table:
+    """Every run folder under ``runs_dir``, newest first."""
+    rows = []
+    for folder in sorted(runs_dir.glob("*"), reverse=True):
+        doc = _read_record(folder)
+        if doc is None:
+            continue
+        rows.append(
+            [
+                folder.name,
+                doc.get("status", "?"),
+                doc.get("exit_code", ""),
+                doc.get("message", "")[:100],
+            ]
+        )
+    return Table(["run", "status", "exit", "message"], rows)
+
+
+def show_run(folder: Path) -> dict[str, Any]:
+    """What a run folder records.
+
+    Raises:
+        RunError: it is not a run folder.
+    """
+    doc = _read_record(folder)
+    if doc is None:
+        raise RunError(f"{folder} is not a run folder", remedy="see `opsbook records list`")
+    return doc
+
+
+def describe_run(folder: Path) -> str:
+    """What a run folder records, for people: status, parameters, one line per stage and host,
+    the recap, and where the notebooks, the journal and the index page are.
+
+    Raises:
+        RunError: it is not a run folder.
+    """
+    from opsbook.core import channel
+
+    doc = show_run(folder)
+    results = [channel.decode(json.dumps(r)) for r in doc.get("results", [])]
+    params = doc.get("parameters") or {}
+    took = f"{float(doc.get('duration') or 0):.1f} s"
+    lines = [
+        f"run {folder.name}: {doc.get('status', '?')} (exit {doc.get('exit_code', '?')}), {took}",
+        f"  {doc.get('message', '')}",
+    ]
+    if doc.get("started"):
+        lines.append(f"  started {doc['started']}")
+    if params:
+        lines.append("  parameters: " + ", ".join(f"{k}={v}" for k, v in params.items()))
+    if results:
+        table = Table(
+            ["stage", "host", "state", "time", "message"],
+            [[r.stage, r.host, r.state.value, f"{r.duration:.1f} s", r.message] for r in results],
+        )
+        lines += ["", str(table), "", "RECAP"]
+        width = max(len(r.host) for r in results)
+        lines += [line.line(width) for line in recap(results)]
+    files = [name for name in (INDEX, JOURNAL_PAGE, "journal.jsonl") if (folder / name).exists()]
+    files += [n["notebook"] for n in doc.get("notebooks", [])]
+    if not doc.get("notebooks") and doc.get("notebook"):
+        files.append(str(doc["notebook"]))
+    if files:
+        lines += ["", "files: " + ", ".join(files)]
+    return "\n".join(lines)
+
+
+def _read_record(folder: Path) -> dict[str, Any] | None:
+    for name in (SUMMARY, "run.json"):
+        path = folder / name
+        if path.is_file():
+            try:
+                loaded: dict[str, Any] = json.loads(path.read_text())
+                return loaded
+            except json.JSONDecodeError:
+                return None
+    return None

@@ -1,0 +1,451 @@
+"""One model across nodes: the Ray cluster under vLLM, as vLLM's multi-node serving documents it.
+
+A deployment with a ``cluster:`` section (:class:`opsbook.core.deployment.ClusterSpec`) is served by
+one vLLM on its head with ``--distributed-executor-backend ray``, its ranks placed by Ray on
+every host. This module starts and stops that cluster:
+
+- :func:`start_cluster`: the head first (``ray start --head``), then the workers one at a time,
+  each started detached and proven to have joined before the next: the cluster's node and GPU
+  counts are read through Ray's own state API (``ray.nodes()``, probe ``ray_cluster``), never
+  by sleeping. A node already in the cluster is left as it is, so running it again changes
+  nothing.
+- :func:`stop_cluster`: stops on each node only the Ray processes opsbook started there: those
+  naming the node's own temp folder and the process groups recorded at start (probe
+  ``ray_node``); never a broad ``ray stop``, which would end every Ray of the machine's user.
+
+Each node's address for Ray is its ``VLLM_HOST_IP`` when the deployment sets one for it, else
+the address opsbook reaches it at. The node's temp folder (``--temp-dir``) is its own:
+``/tmp/opsbook-ray-<port>-<address>`` (short: Ray's Unix sockets live under it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import posixpath
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsbook.core.deployment import ClusterSpec, Deployment, HostSpec
+from opsbook.core.exceptions import DeploymentError, OpsbookError
+from opsbook.core.results import Finding, Result
+
+NODE_RECORD = "ray-node.json"
+JOIN_TIMEOUT = 60.0
+JOIN_POLL = 0.5
+STOP_GRACE = 5.0
+START_TIMEOUT = 120.0
+# Small nodes: the rehearsal hosts share one machine. Real nodes get Ray's defaults except
+# the dashboard, which vLLM does not need.
+RAY_START_OPTIONS = ("--disable-usage-stats",)
+HEAD_OPTIONS = ("--include-dashboard=false",)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One host of the cluster as Ray sees it."""
+
+    host: HostSpec
+    address: str
+    head: bool
+    python: str
+    state_dir: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ray(self) -> str:
+        """The ``ray`` command of the deployment's python env."""
+        folder = posixpath.dirname(self.python)
+        return posixpath.join(folder, "ray") if folder else "ray"
+
+    def temp_dir(self, port: int) -> str:
+        return f"/tmp/opsbook-ray-{port}-{self.address}"
+
+
+@dataclass(frozen=True)
+class ClusterNodes:
+    """What the cluster state API reports: per node address, alive and GPU count."""
+
+    nodes: tuple[tuple[str, bool, float], ...]
+    ray_version: str = ""
+    error: str = ""
+
+    def alive(self) -> dict[str, float]:
+        return {address: gpus for address, alive, gpus in self.nodes if alive}
+
+    @property
+    def gpus(self) -> float:
+        return sum(self.alive().values())
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """How ``ray start`` sizes a node (the rehearsal hosts pass small values)."""
+
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    object_store_bytes: int | None = None
+
+    def flags(self) -> list[str]:
+        found = []
+        if self.num_cpus is not None:
+            found.append(f"--num-cpus={int(self.num_cpus)}")
+        if self.num_gpus is not None:
+            found.append(f"--num-gpus={int(self.num_gpus)}")
+        if self.object_store_bytes is not None:
+            found.append(f"--object-store-memory={int(self.object_store_bytes)}")
+        return found
+
+
+def cluster_of(deployment: Deployment) -> ClusterSpec:
+    """The deployment's cluster section.
+
+    Raises:
+        DeploymentError: the deployment has none.
+    """
+    if deployment.cluster is None:
+        raise DeploymentError(
+            f"{deployment.source or deployment.name} has no cluster section",
+            remedy="add cluster: {head: HOST, tensor_parallel_size: 8, pipeline_parallel_size: 2}",
+        )
+    return deployment.cluster
+
+
+def nodes_of(deployment: Deployment) -> list[Node]:
+    """The cluster's nodes, head first, each as its host sees the deployment."""
+    cluster = cluster_of(deployment)
+    nodes = []
+    for spec in deployment.hosts:
+        view = deployment.for_host(spec)
+        address = view.env.get("VLLM_HOST_IP") or spec.address
+        head = cluster.head in (spec.name, spec.address)
+        nodes.append(Node(spec, address, head, view.python, view.state_dir, dict(view.env)))
+    return sorted(nodes, key=lambda n: not n.head)
+
+
+def head_address(deployment: Deployment) -> str:
+    """``HOST:PORT`` of the Ray head's GCS, as ``RAY_ADDRESS`` names it."""
+    head = nodes_of(deployment)[0]
+    return f"{head.address}:{cluster_of(deployment).ray_port}"
+
+
+def with_cluster_settings(view: Deployment) -> Deployment:
+    """A host's deployment with what serving across the cluster adds: the parallel sizes and
+    the Ray executor as serve arguments; ``RAY_ADDRESS`` and, with an interface named,
+    ``NCCL_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME`` in the environment. Unchanged without a
+    cluster. Values the file sets itself win."""
+    cluster = view.cluster
+    if cluster is None:
+        return view
+    args = {
+        "tensor-parallel-size": cluster.tensor_parallel_size,
+        "pipeline-parallel-size": cluster.pipeline_parallel_size,
+        "distributed-executor-backend": "ray",
+        **view.serve_args,
+    }
+    head_ip = cluster.head
+    if any(cluster.head in (h.name, h.address) for h in view.hosts):
+        head_ip = view.env.get("VLLM_HOST_IP") or view.hosts[0].address
+    env = {"RAY_ADDRESS": f"{_host_part(head_ip)}:{cluster.ray_port}"}
+    if cluster.interface:
+        env |= {"NCCL_SOCKET_IFNAME": cluster.interface, "GLOO_SOCKET_IFNAME": cluster.interface}
+    return dataclasses.replace(view, serve_args=args, env={**env, **view.env})
+
+
+def _host_part(name: str) -> str:
+    """The address of a host name in ``user@address:port`` form."""
+    return name.split("@")[-1].rsplit(":", 1)[0] if ":" in name.split("@")[-1] else name
+
+
+# Starting.
+
+
+def start_cluster(
+    hosts: Sequence[Any],
+    deployment: Deployment,
+    *,
+    options: dict[str, NodeOptions] | None = None,
+    join_timeout: float = JOIN_TIMEOUT,
+) -> Result:
+    """Start the head, then each worker in turn, each proven joined before the next.
+
+    Args:
+        hosts: one connected :class:`opsbook.remote.hosts.Host` (or test double) per deployment
+        host.
+        deployment: the deployment, with its cluster section.
+        options: per host name, how to size its node (default: Ray's own sizing).
+        join_timeout: seconds a node may take to appear in the cluster.
+
+    Returns:
+        ok with a finding per node (its address and GPUs) when every node is in the cluster;
+        otherwise not ok, naming the node that did not start or join.
+    """
+    cluster = cluster_of(deployment)
+    by_name = {h.name: h for h in hosts}
+    nodes = nodes_of(deployment)
+    missing = [n.host.name for n in nodes if n.host.name not in by_name]
+    if missing:
+        absent = [Finding("error", m, "not in this run (a stage before failed?)") for m in missing]
+        message = f"the cluster needs every node; not in this run: {', '.join(missing)}"
+        return Result(False, message, findings=absent)
+    address = head_address(deployment)
+    findings: list[Finding] = []
+    expected: dict[str, float] = {}
+    for node in nodes:
+        host = by_name[node.host.name]
+        state = cluster_nodes(by_name[nodes[0].host.name], nodes[0], address)
+        if node.address in state.alive():
+            findings.append(Finding("ok", node.host.name, f"{node.address} already in the cluster"))
+        else:
+            sizing = (options or {}).get(node.host.name) or NodeOptions()
+            started = start_node(host, node, cluster, address, sizing)
+            if not started.ok:
+                return Result(False, started.message, findings=findings + started.findings)
+        expected[node.address] = 0
+        joined = wait_joined(by_name[nodes[0].host.name], nodes[0], address, expected, join_timeout)
+        if not joined.ok:
+            return Result(False, joined.message, findings=findings + joined.findings)
+        gpus = joined.data["nodes"].get(node.address, 0)
+        findings.append(Finding("ok", node.host.name, f"joined as {node.address}: {gpus:g} GPU(s)"))
+    total = sum(joined.data["nodes"].values())
+    message = f"Ray cluster at {address}: {len(nodes)} node(s), {total:g} GPU(s)"
+    return Result(True, message, {"nodes": joined.data["nodes"], "address": address}, findings)
+
+
+def start_node(
+    host: Any, node: Node, cluster: ClusterSpec, head: str, options: NodeOptions
+) -> Result:
+    """``ray start`` on one node (the head, or a worker joining ``head``, ``HOST:PORT``),
+    detached from the SSH session in a session of its own; its processes are recorded."""
+    temp_dir = node.temp_dir(cluster.ray_port)
+    _clear_stale_session(host, temp_dir)
+    words = [node.ray, "start", f"--node-ip-address={node.address}", f"--temp-dir={temp_dir}"]
+    if node.head:
+        words += ["--head", f"--port={cluster.ray_port}", *HEAD_OPTIONS]
+    else:
+        words += [f"--address={head}"]
+    words += [*RAY_START_OPTIONS, *options.flags()]
+    env = {"RAY_USAGE_STATS_ENABLED": "0"}
+    for name in ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        if node.env.get(name):
+            env[name] = node.env[name]
+    if cluster.interface:
+        env |= {"NCCL_SOCKET_IFNAME": cluster.interface, "GLOO_SOCKET_IFNAME": cluster.interface}
+    command = "setsid " + " ".join(shlex.quote(w) for w in words) + " </dev/null"
+    role = "head" if node.head else "worker"
+    done = host.run(
+        command, env=env, timeout=START_TIMEOUT, label=f"ray start ({role}) on {node.address}"
+    )
+    if not done.ok:
+        detail = _last_lines(done.stderr or done.stdout)
+        return Result(
+            False,
+            f"`ray start` failed on {node.host.name} ({role}, {node.address}): {detail}",
+            findings=[Finding("error", node.host.name, detail, remedy=_start_remedy(detail))],
+        )
+    found = host.probe("ray_node", {"temp_dir": temp_dir})
+    record = {
+        "address": node.address,
+        "port": cluster.ray_port,
+        "temp_dir": temp_dir,
+        "role": role,
+        "pgids": found["pgids"],
+        "pids": [p["pid"] for p in found["processes"]],
+    }
+    _write_record(host, node, record)
+    return Result(True, f"Ray {role} started on {node.address}", record)
+
+
+def _clear_stale_session(host: Any, temp_dir: str) -> None:
+    """Remove the node's own temp folder when no process uses it: a node that died (SIGKILL,
+    a reboot) leaves sockets and a session there that a new ``ray start`` trips over."""
+    if host.probe("ray_node", {"temp_dir": temp_dir})["processes"]:
+        return
+    host.run(f"rm -rf -- {shlex.quote(temp_dir)}", label=f"remove the stale Ray folder {temp_dir}")
+
+
+def wait_joined(
+    head_host: Any, head: Node, address: str, expected: dict[str, float], timeout: float
+) -> Result:
+    """Poll the cluster's state API until every expected node address is alive in it."""
+    deadline = time.monotonic() + timeout
+    state = ClusterNodes(())
+    while True:
+        state = cluster_nodes(head_host, head, address)
+        alive = state.alive()
+        absent = [a for a in expected if a not in alive]
+        if not absent:
+            return Result(True, f"{len(alive)} node(s) in the cluster", {"nodes": alive})
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(JOIN_POLL)
+    why = state.error or f"the cluster has {', '.join(sorted(state.alive())) or 'no node'}"
+    return Result(
+        False,
+        f"node {', '.join(absent)} did not join the Ray cluster at {address} within "
+        f"{timeout:g} s ({why})",
+        {"nodes": state.alive()},
+        [Finding("error", a, "not in the Ray cluster", remedy=_join_remedy(a)) for a in absent],
+    )
+
+
+def cluster_nodes(head_host: Any, head: Node, address: str) -> ClusterNodes:
+    """The cluster's nodes through Ray's state API, asked from the head."""
+    answer = head_host.probe(
+        "ray_cluster", {"address": address, "node_ip": head.address}, python=head.python
+    )
+    if answer.get("error"):
+        return ClusterNodes((), error=str(answer["error"]))
+    nodes = tuple(
+        (str(n["address"]), bool(n["alive"]), float(n["gpus"])) for n in answer.get("nodes", [])
+    )
+    return ClusterNodes(nodes, str(answer.get("ray_version") or ""))
+
+
+def missing_nodes(head_host: Any, deployment: Deployment) -> list[Node]:
+    """The nodes of the deployment that the cluster does not list as alive."""
+    nodes = nodes_of(deployment)
+    state = cluster_nodes(head_host, nodes[0], head_address(deployment))
+    alive = state.alive()
+    return [n for n in nodes if n.address not in alive]
+
+
+def status(head_host: Any, deployment: Deployment) -> Result:
+    """Which of the deployment's nodes the cluster lists as alive, and their GPUs."""
+    nodes = nodes_of(deployment)
+    address = head_address(deployment)
+    state = cluster_nodes(head_host, nodes[0], address)
+    alive = state.alive()
+    findings = [
+        Finding("ok", n.host.name, f"{n.address}: {alive[n.address]:g} GPU(s)")
+        if n.address in alive
+        else Finding("error", n.host.name, f"{n.address} is not in the cluster")
+        for n in nodes
+    ]
+    ok = all(n.address in alive for n in nodes)
+    why = f" ({state.error})" if state.error else ""
+    message = f"Ray cluster at {address}: {len(alive)} of {len(nodes)} node(s) alive{why}"
+    return Result(ok, message, {"nodes": alive}, findings)
+
+
+# Stopping.
+
+
+def stop_cluster(hosts: Sequence[Any], deployment: Deployment) -> Result:
+    """Stop the Ray processes opsbook started on each node: workers first, the head last."""
+    cluster = cluster_of(deployment)
+    by_name = {h.name: h for h in hosts}
+    findings: list[Finding] = []
+    stopped = 0
+    for node in reversed(nodes_of(deployment)):
+        host = by_name.get(node.host.name)
+        if host is None:
+            findings.append(Finding("warning", node.host.name, "not in this run: not stopped"))
+            continue
+        try:
+            done = stop_node(host, node, cluster)
+        except OpsbookError as e:
+            findings.append(Finding("error", node.host.name, e.message, e.remedy or ""))
+            continue
+        stopped += len(done.data.get("stopped", []))
+        findings += done.findings or [Finding("ok", node.host.name, done.message)]
+    ok = not any(f.is_problem for f in findings)
+    return Result(ok, f"Ray stopped on the cluster's nodes: {stopped} process(es)", {}, findings)
+
+
+def stop_node(host: Any, node: Node, cluster: ClusterSpec, grace: float = STOP_GRACE) -> Result:
+    """SIGTERM the node's recorded process groups, wait, SIGKILL what is left."""
+    record = _read_record(host, node)
+    temp_dir = str(record.get("temp_dir") or node.temp_dir(cluster.ray_port))
+    args = {"temp_dir": temp_dir, "pgids": record.get("pgids") or []}
+    first = host.probe("ray_node", {**args, "signal": "TERM"})
+    pids = [p["pid"] for p in first["processes"]]
+    args["pids"] = pids
+    deadline = time.monotonic() + grace
+    left = first
+    while left["processes"] and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = host.probe("ray_node", args)
+    if left["processes"]:
+        host.probe("ray_node", {**args, "signal": "KILL"})
+        time.sleep(0.25)
+        left = host.probe("ray_node", args)
+    findings = []
+    if left["processes"]:
+        still = ", ".join(str(p["pid"]) for p in left["processes"])
+        findings.append(Finding("error", node.host.name, f"Ray processes still running: {still}"))
+    else:
+        # The node's own folder (sessions, sockets, logs) goes with it.
+        host.run(f"rm -rf -- {shlex.quote(temp_dir)}", label=f"remove the Ray folder {temp_dir}")
+    message = f"{len(pids)} Ray process(es) stopped on {node.address}"
+    return Result(not findings, message, {"stopped": pids}, findings)
+
+
+def node_processes(host: Any, node: Node, cluster: ClusterSpec) -> list[dict[str, Any]]:
+    """The Ray processes opsbook started on a node that still run."""
+    record = _read_record(host, node)
+    temp_dir = str(record.get("temp_dir") or node.temp_dir(cluster.ray_port))
+    answer = host.probe("ray_node", {"temp_dir": temp_dir, "pgids": record.get("pgids") or []})
+    return list(answer["processes"])
+
+
+# Records on the node.
+
+
+def _record_path(node: Node) -> str:
+    return posixpath.join(node.state_dir, NODE_RECORD)
+
+
+def _write_record(host: Any, node: Node, record: dict[str, Any]) -> None:
+    path = _record_path(node)
+    host.run(f"mkdir -p -- {shlex.quote(node.state_dir)}", label=f"mkdir {node.state_dir}")
+    host.upload(path, json.dumps(record, indent=2) + "\n")
+
+
+def _read_record(host: Any, node: Node) -> dict[str, Any]:
+    path = _record_path(node)
+    done = host.run(f"cat -- {shlex.quote(path)} 2>/dev/null || true", label=f"read {path}")
+    try:
+        found = json.loads(done.stdout or "{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _last_lines(text: str, count: int = 3) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-count:]) or "(no output)"
+
+
+def _start_remedy(detail: str) -> str:
+    if "Version mismatch" in detail:
+        return "install the same Ray (and Python) on every node, then start the cluster again"
+    if "ray: command not found" in detail or "No such file" in detail:
+        return "install ray into the deployment's python env on this node"
+    return "read the output above; `ray start` writes its logs under the node's --temp-dir"
+
+
+def _join_remedy(address: str) -> str:
+    return (
+        f"check that {address} is this node's address for Ray (VLLM_HOST_IP) and that the "
+        "head's port is reachable from it; read the raylet log under its --temp-dir"
+    )
+
+
+__all__ = [
+    "ClusterNodes",
+    "Node",
+    "NodeOptions",
+    "cluster_nodes",
+    "cluster_of",
+    "head_address",
+    "missing_nodes",
+    "node_processes",
+    "nodes_of",
+    "start_cluster",
+    "stop_cluster",
+    "with_cluster_settings",
+]

@@ -1,0 +1,556 @@
+"""Launching the model server: a safe stop, a clean start proven within seconds, readiness,
+a smoke test and the startup timeline.
+
+opsbook never kills a process it did not start: a stop signals only the process group that
+its own launch recorded on the host (``<state dir>/launch.json``), after checking that the
+process is still the one it started. Everything else it finds is reported, with the remedy.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from opsbook.core.deployment import Deployment
+from opsbook.core.exceptions import HostUnreachable
+from opsbook.core.results import Finding, Result, Table
+from opsbook.knowledge import logscan
+from opsbook.remote.hosts import Host
+
+if TYPE_CHECKING:
+    from opsbook.steps.host_facts import HostFacts
+
+PROBE = "launch"
+# Written next to the launch record when a server starts: the sha256 of the script it runs.
+RUNNING_SCRIPT = "running-script.sha256"
+# A probe that waits for a process to die needs its own time on top of the grace period.
+PROBE_SLACK = 30.0
+# How much of the log's end a progress report carries, for a live tail.
+TAIL = 4096
+RECONNECT_ATTEMPTS = 5
+RECONNECT_PAUSE = 2.0
+# A listener that accepts but never answers (not vLLM, or a wedged server) must not stall a
+# readiness loop that looks every second.
+HEALTH_TIMEOUT = 3.0
+# Seconds each request of the smoke test may take (a first completion compiles on some GPUs).
+SMOKE_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class LaunchPaths:
+    """The deployment's paths on the host, made absolute."""
+
+    script: str
+    log: str
+    state_dir: str
+
+    def probe_args(self, **extra: Any) -> dict[str, Any]:
+        return {"script": self.script, "log": self.log, "state_dir": self.state_dir, **extra}
+
+
+def resolve_paths(host: Host, deployment: Deployment) -> LaunchPaths:
+    """Absolute paths of the script, the log and the state folder on the host."""
+    # The script module (its flag tables) is not needed by a health check that imports this.
+    from opsbook.steps.script import resolve_remote_path
+
+    return LaunchPaths(
+        script=resolve_remote_path(host, deployment.script_path),
+        log=resolve_remote_path(host, deployment.log_path),
+        state_dir=resolve_remote_path(host, deployment.state_dir),
+    )
+
+
+# -- stop -------------------------------------------------------------------------------------
+
+
+def stop_server(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
+    """Stop the server opsbook launched: SIGTERM to its process group, then SIGKILL.
+
+    Processes opsbook did not start (another user's server, a server started by hand, a PID
+    now used by another program) are never signalled: they are findings with the remedy.
+
+    Args:
+        host: the host.
+        paths: the deployment's paths (the launch record lives in ``paths.state_dir``).
+        grace: seconds between SIGTERM and SIGKILL.
+
+    Returns:
+        ``ok`` when the recorded launch is stopped or there was none, and no vLLM process of
+        this user that opsbook did not start runs (another user's only gives ``info``
+        findings). Data: ``stopped`` (a table of the processes signalled) and ``answer``.
+    """
+    answer = host.probe(
+        PROBE, paths.probe_args(op="stop", grace=grace), timeout=grace + PROBE_SLACK
+    )
+    return _stop_result(answer)
+
+
+def _stop_result(answer: dict[str, Any]) -> Result:
+    reason = answer.get("reason")
+    findings = [_not_ours(p, answer.get("uid")) for p in answer.get("refused", [])]
+    stopped = answer.get("stopped", [])
+    data = {"stopped": Table.from_records(stopped, PROCESS_COLUMNS), "answer": answer}
+    if reason == "stopped":
+        signals = "+".join(answer.get("signals", []))
+        return Result(True, f"stopped {len(stopped)} process(es) with SIG{signals}", data, findings)
+    if reason in ("no-record", "not-running"):
+        what = "no launch by opsbook is recorded" if reason == "no-record" else "nothing to stop"
+        # A server of this user that opsbook did not start is likely the previous one, started
+        # by hand: the user must deal with it. Another user's is only worth knowing about.
+        ok = not any(f.severity == "warning" for f in findings)
+        message = what if ok else f"{what}, but other vLLM processes of yours run: see the findings"
+        return Result(ok, message, data, findings)
+    problems = {
+        "pid-reused": "the recorded PID now belongs to another process: nothing was signalled",
+        "own-session": "the recorded group holds this SSH session: nothing was signalled",
+        "other-user": "the recorded group has processes of another user: nothing was signalled",
+        "survived": "processes survived SIGKILL (uninterruptible sleep?)",
+    }
+    return Result(False, problems.get(str(reason), f"stop failed: {reason}"), data, findings)
+
+
+# What stops a server opsbook started: the notebook's button, or a run that restarts it.
+STOP_REMEDY = "stop it first: 04_launch's Stop button, or `opsbook run 04_launch -p apply true`"
+
+
+def stop_previous(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
+    """:func:`stop_server`, then :func:`clean_stale_shm`: the step before a start, in one
+    probe."""
+    asked = paths.probe_args(op="stop", grace=grace, clean_shm=True)
+    answer = host.probe(PROBE, asked, timeout=grace + PROBE_SLACK)
+    stopped = _stop_result(answer)
+    if not stopped.ok:
+        return stopped
+    cleaned = _shm_result(answer["shm"], apply=True)
+    data = {**stopped.data, "shm": cleaned.data}
+    message = f"{stopped.message}; {cleaned.message}"
+    return Result(cleaned.ok, message, data, stopped.findings + cleaned.findings)
+
+
+def signalled_any(stopped: Result) -> bool:
+    """Whether a :func:`stop_previous` sent a signal (a process may have let go of GPUs or a
+    port), rather than finding nothing of opsbook's to stop."""
+    answer = stopped.data.get("answer") or {}
+    return answer.get("reason") not in ("no-record", "not-running")
+
+
+def clean_stale_shm(host: Host, *, apply: bool = True) -> Result:
+    """Remove ``/dev/shm/psm_*`` and ``sem.mp-*`` files of this user that no live process
+    holds (a server killed with SIGKILL leaves them behind). Done by a probe: no shell glob,
+    which zsh would abort on when nothing matches."""
+    return _shm_result(host.probe(PROBE, {"op": "clean_shm", "apply": apply}), apply=apply)
+
+
+def _shm_result(answer: dict[str, Any], *, apply: bool) -> Result:
+    if answer.get("error"):
+        return Result(False, answer["error"], answer)
+    removed, kept = answer["removed"], answer["kept"]
+    freed = sum(r["bytes"] for r in removed)
+    verb = "would remove" if not apply else "removed"
+    in_use = [k for k in kept if k.get("mine")]
+    message = f"{verb} {len(removed)} stale file(s) ({freed} bytes); {len(in_use)} in use kept"
+    return Result(True, message, answer)
+
+
+# -- start ------------------------------------------------------------------------------------
+
+
+def check_can_start(facts: HostFacts, server_port: int) -> Result:
+    """Refuse to start while the port is taken or other processes hold GPU memory.
+
+    Args:
+        facts: the host's facts (:func:`opsbook.steps.host_facts.gather_facts`), taken after the
+        stop.
+        server_port: the port the server will listen on.
+
+    Returns:
+        ``ok`` when the port is free and no process holds GPU memory; otherwise one error
+        finding per holder, naming it.
+    """
+    findings = []
+    # A dual-stack listener shows once for IPv4 and once for IPv6: name each holder once.
+    holders = {(s.pid, s.user): s for s in facts.listening if s.port == server_port}
+    for sock in holders.values():
+        who = (
+            f"PID {sock.pid} ({sock.cmdline or sock.process})"
+            if sock.pid
+            else f"a process of user {sock.user or 'unknown'} (its PID is not visible)"
+        )
+        findings.append(
+            Finding(
+                "error",
+                f"port {server_port}",
+                f"port {server_port} is already taken by {who}",
+                "stop that server first (notebook 04 stops only what opsbook started), "
+                "or set server.port to a free port",
+            )
+        )
+    for proc in facts.processes:
+        findings.append(
+            Finding(
+                "error",
+                f"GPU {proc.gpu_index}",
+                f"PID {proc.pid} ({proc.process_name}) holds {proc.used_memory_mib} MiB "
+                f"on GPU {proc.gpu_index}",
+                "stop it if it is a leftover server (an orphan VLLM::EngineCore keeps GPU memory"
+                " after its API server died); vLLM would fail with 'Free memory on device ... "
+                "less than desired GPU memory utilization'",
+            )
+        )
+    ok = not findings
+    return Result(ok, "port free and GPUs idle" if ok else "cannot start yet", {}, findings)
+
+
+def start_server(host: Host, paths: LaunchPaths, server_port: int) -> Result:
+    """Start the launch script detached, in a session of its own, logging to the log file,
+    and prove within about two seconds that it started (alive and logging) or say why not."""
+    answer = host.probe(PROBE, paths.probe_args(op="start", port=server_port), timeout=60)
+    if not answer.get("started"):
+        return _not_started(answer, paths, server_port)
+    record, proof = answer["record"], answer["proof"]
+    data = {"record": record, "proof": proof}
+    if proof["alive"] and proof["log_bytes"] > 0:
+        message = f"started: PID {record['pid']} (group {record['pgid']}), logging to {paths.log}"
+        return Result(True, message, data)
+    if proof["alive"]:
+        return Result(True, f"started: PID {record['pid']} is alive but has not logged yet", data)
+    diagnosis = logscan.diagnose_log(proof["tail"], running=False)
+    data["diagnosis"] = diagnosis
+    code = proof["exit_code"]
+    if diagnosis.state == "failed":
+        message = f"crashed within seconds (exit code {code}): {diagnosis.title}"
+    elif proof["log_bytes"]:
+        message = f"exited at once with code {code}: {_last_line(proof['tail'])}"
+    else:
+        message = f"never started: exited with code {code} and logged nothing"
+    return Result(False, message, data, diagnosis.to_result().findings)
+
+
+def diagnosis_of(result: Result) -> logscan.LogDiagnosis | None:
+    """What the log said, for a result of :func:`start_server` or :func:`wait_until_ready`."""
+    diagnosis = result.data.get("diagnosis")
+    return diagnosis if isinstance(diagnosis, logscan.LogDiagnosis) else None
+
+
+def _not_started(answer: dict[str, Any], paths: LaunchPaths, port: int) -> Result:
+    reason = answer.get("reason")
+    if reason == "running":
+        pid = answer["record"]["pid"]
+        return Result(
+            False,
+            f"a server launched by opsbook is still running (PID {pid})",
+            answer,
+            [
+                Finding(
+                    "error",
+                    "server",
+                    "still running",
+                    STOP_REMEDY,
+                )
+            ],
+        )
+    if reason == "port-taken":
+        holders = ", ".join(_holder(h) for h in answer.get("holders", [])) or "an unseen process"
+        message = f"not started: port {port} is already taken by {holders}"
+        remedy = (
+            "stop that server first (04_launch's Stop button stops only what opsbook started), "
+            "or set server.port to a free port"
+        )
+        return Result(False, message, answer, [Finding("error", f"port {port}", message, remedy)])
+    remedies = {
+        "no-script": f"{paths.script} does not exist: upload it with notebook 03_launch_script",
+        "not-executable": f"{paths.script} is not executable: upload it again (mode 0755)",
+    }
+    message = remedies.get(str(reason), f"not started: {reason}")
+    return Result(False, message, answer, [Finding("error", "launch script", message)])
+
+
+# -- readiness --------------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """One look at a starting server, for progress displays."""
+
+    seconds: float
+    phase: str | None
+    state: str
+    log_bytes: int
+    tail: str = ""
+
+    def line(self) -> str:
+        return f"{self.seconds:5.0f} s  {self.state:<13} phase: {self.phase or '-'}"
+
+    @property
+    def step(self) -> int:
+        """How many of the :data:`STARTUP_STEPS` phases are behind (for a progress bar)."""
+        names = logscan.PHASE_NAMES
+        return names.index(self.phase) + 1 if self.phase in names else 0
+
+
+STARTUP_STEPS = len(logscan.PHASE_NAMES)
+
+
+def wait_until_ready(
+    host: Host,
+    paths: LaunchPaths,
+    server_port: int,
+    *,
+    timeout: float = 900.0,
+    interval: float = 1.0,
+    on_progress: Callable[[Progress], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Result:
+    """Follow the log until the server answers ``/health``, fails, dies or ``timeout`` passes.
+
+    Stops early on a known failure signature. An SSH connection that drops while waiting is
+    opened again and the wait goes on with the same recorded process.
+
+    Each look is one probe that waits on the host up to ``interval`` seconds for the line
+    that proves the server ready (or an error line, or the process gone), so readiness is
+    seen within a fraction of a second; only the bytes logged since the last look cross the
+    network, and they are screened once (:class:`opsbook.knowledge.logscan.LogFollower`), so a look
+    costs the same however long the log has grown.
+    """
+    started = time.monotonic()
+    follower = logscan.LogFollower()
+    tail, offset, wait = "", None, 0.0
+    while True:
+        status = _watch_with_retry(host, paths, server_port, offset, wait)
+        log = status["log"]
+        if log.get("exists"):
+            follower.feed(log["text"].encode("utf-8", "surrogateescape"))
+            tail, offset = (tail + log["text"])[-TAIL:], log["end"]
+        running = bool(status["running"])
+        diagnosis = follower.diagnose(running=running)
+        elapsed = time.monotonic() - started
+        if on_progress:
+            on_progress(Progress(elapsed, diagnosis.phase, diagnosis.state, follower.size, tail))
+        data = {"diagnosis": diagnosis, "status": status, "seconds": round(elapsed, 1)}
+        if diagnosis.state == "failed":
+            return Result(False, f"failed: {diagnosis.title}", data, diagnosis.to_result().findings)
+        if not running:
+            return Result(
+                False, f"the server exited ({diagnosis.summary})", data, _exit_findings(diagnosis)
+            )
+        if status["port_open"]:
+            health = status.get("health") or _probe_with_retry(host, _health_args(server_port))
+            if health.get("status") == 200:
+                return Result(True, f"ready after {elapsed:.0f} s", data)
+        if elapsed > timeout:
+            message = f"not ready after {timeout:g} s (state {diagnosis.state}, {diagnosis.phase})"
+            return Result(False, message, data, [_timeout_finding(diagnosis, timeout)])
+        if status.get("watched_steps") is None:
+            sleep(interval)  # a host whose answer did not wait (a test double's)
+        wait = min(interval, max(0.0, timeout - elapsed) + 0.1)
+
+
+def _watch_with_retry(
+    host: Host, paths: LaunchPaths, port: int, offset: int | None, wait: float
+) -> dict[str, Any]:
+    args = paths.probe_args(op="watch", port=port, offset=offset, wait=wait)
+    args["health_timeout"] = HEALTH_TIMEOUT
+    return _probe_with_retry(host, args)
+
+
+def _probe_with_retry(host: Host, args: dict[str, Any]) -> dict[str, Any]:
+    """A read-only probe, run again on a fresh connection when the connection drops
+    (reading twice is harmless)."""
+    for attempt in range(RECONNECT_ATTEMPTS):
+        try:
+            answer: dict[str, Any] = host.probe(PROBE, args)
+            return answer
+        except HostUnreachable:
+            if attempt == RECONNECT_ATTEMPTS - 1:
+                raise
+            host.close()
+            time.sleep(RECONNECT_PAUSE * attempt)
+    raise AssertionError("unreachable")
+
+
+def _health_args(port: int) -> dict[str, Any]:
+    return {"op": "http", "port": port, "path": "/health", "timeout": HEALTH_TIMEOUT}
+
+
+def _exit_findings(diagnosis: logscan.LogDiagnosis) -> list[Finding]:
+    return diagnosis.to_result().findings
+
+
+def _timeout_finding(diagnosis: logscan.LogDiagnosis, timeout: float) -> Finding:
+    return Finding(
+        "error",
+        "readiness",
+        f"no answer on /health after {timeout:g} s; last phase {diagnosis.phase or 'none'}",
+        "a very large model can take longer (raise the timeout); if the log is silent, run "
+        "05_diagnose to tell a slow start from a hang",
+    )
+
+
+# -- HTTP and the smoke test ------------------------------------------------------------------
+
+
+def http_get(
+    host: Host,
+    port: int,
+    path: str,
+    *,
+    timeout: float = 10.0,
+    api_key: str | None = None,
+    json_body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """GET ``path`` on the server (POST with ``json_body``), from the host itself, so the
+    port need not be exposed.
+
+    Args:
+        host: the host.
+        port: the server's port.
+        path: the URL path, e.g. ``/health``.
+        timeout: seconds to wait for the answer.
+        api_key: sent as ``Authorization: Bearer`` (the server's ``--api-key``).
+        json_body: a JSON request body.
+
+    Returns:
+        ``status`` (None when nothing answered), ``body`` and ``seconds``, or ``error``.
+    """
+    args: dict[str, Any] = {"op": "http", "port": port, "path": path, "timeout": timeout}
+    if api_key:
+        args["bearer"] = api_key
+    if json_body is not None:
+        args["json"] = json_body
+    answer: dict[str, Any] = host.probe(PROBE, args, timeout=timeout + PROBE_SLACK)
+    return answer
+
+
+def smoke_test(
+    host: Host, port: int, *, prompt: str = "Hello, my name is", api_key: str | None = None
+) -> Result:
+    """``/health``, ``/v1/models`` and one small completion, each a finding.
+
+    Args:
+        host: the host.
+        port: the server's port.
+        prompt: the completion's prompt.
+        api_key: the server's ``--api-key``, when it has one.
+    """
+    args: dict[str, Any] = {"op": "smoke", "port": port, "timeout": SMOKE_TIMEOUT}
+    args["completion"] = {"prompt": prompt, "max_tokens": 8, "temperature": 0}
+    if api_key:
+        args["bearer"] = api_key
+    # One round trip: the completion needs the model id /v1/models names, so the host asks.
+    answer = host.probe(PROBE, args, timeout=3 * SMOKE_TIMEOUT + PROBE_SLACK)
+    findings = [
+        _http_finding("/health", answer["health"]),
+        _http_finding("/v1/models", answer["models"]),
+    ]
+    model_id = answer["model"]
+    completion: dict[str, Any] = answer["completion"] or {}
+    if model_id:
+        findings.append(_http_finding("/v1/completions", completion))
+    ok = all(f.severity == "ok" for f in findings) and bool(model_id)
+    text = _completion_text(completion)
+    message = f"smoke test passed: {model_id} answered {text!r}" if ok else "smoke test failed"
+    return Result(ok, message, {"model": model_id, "completion": text}, findings)
+
+
+def _http_finding(path: str, answer: dict[str, Any]) -> Finding:
+    status = answer.get("status")
+    if status == 200:
+        return Finding("ok", path, f"200 in {answer.get('seconds', 0):.2f} s")
+    detail = answer.get("error") or f"HTTP {status}: {str(answer.get('body', ''))[:200]}"
+    return Finding("error", path, detail, "run 05_diagnose")
+
+
+def _completion_text(answer: dict[str, Any]) -> str:
+    try:
+        return str(json.loads(answer["body"])["choices"][0]["text"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return ""
+
+
+# -- the startup timeline ---------------------------------------------------------------------
+
+
+def timeline(phases: Sequence[logscan.Phase]) -> Table:
+    """Each phase with its start and how long it lasted until the next one."""
+    stamped = [p for p in phases if p.timestamp is not None]
+    rows = []
+    for i, phase in enumerate(stamped):
+        start = _seconds(phase.timestamp, stamped[0].timestamp)
+        end = (
+            _seconds(stamped[i + 1].timestamp, stamped[0].timestamp)
+            if i + 1 < len(stamped)
+            else None
+        )
+        rows.append([phase.name, start, None if end is None else round(end - start, 1)])
+    return Table(["phase", "starts at (s)", "lasts (s)"], rows)
+
+
+def _seconds(when: datetime | None, origin: datetime | None) -> float:
+    if when is None or origin is None:
+        return 0.0
+    return round((when - origin).total_seconds(), 1)
+
+
+PROCESS_COLUMNS = ["pid", "ppid", "pgid", "uid", "cmdline"]
+
+
+def _not_ours(process: dict[str, Any], my_uid: int | None = None) -> Finding:
+    uid = process.get("uid")
+    if my_uid is not None and uid is not None and uid != my_uid:
+        return Finding(
+            "info",
+            f"PID {process['pid']}",
+            f"belongs to another user (uid {uid}), left alone: {process.get('cmdline')}",
+            "ask its owner or an administrator to stop it if it holds the port or GPU memory; "
+            "opsbook never signals another user's processes",
+        )
+    return Finding(
+        "warning",
+        f"PID {process['pid']}",
+        f"not started by this opsbook launch, left alone: {process.get('cmdline')}",
+        "if it is a leftover server of yours, stop it by its PID or process group "
+        f"(kill -TERM -- -{process.get('pgid')}); never by a name pattern",
+    )
+
+
+def _holder(process: dict[str, Any]) -> str:
+    if process.get("pid"):
+        return f"PID {process['pid']} (uid {process.get('uid')}: {process.get('cmdline')})"
+    return f"a process of uid {process.get('uid')} (its PID is not visible to this user)"
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "it printed nothing"
+
+
+def record_running_script(host: Host, paths: LaunchPaths) -> str:
+    """Note on the host the sha256 of the script the server was started from; returns it."""
+    target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
+    done = host.run(
+        f"mkdir -p -- {shlex.quote(paths.state_dir)} && "
+        f"sha256sum -- {shlex.quote(paths.script)} | cut -c1-64 | tee -- {shlex.quote(target)}",
+        label=f"record the sha256 of {paths.script} in {target}",
+    )
+    return done.stdout.strip() if done.ok else ""
+
+
+def running_script(host: Host, paths: LaunchPaths) -> str:
+    """The sha256 of the script the last started server runs, as noted at its start."""
+    target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
+    done = host.run(f"cat -- {shlex.quote(target)} 2>/dev/null || true", label=f"read {target}")
+    return done.stdout.strip()
+
+
+def noted_running_script(host: Host, paths: LaunchPaths, notes: dict[str, str | None]) -> str:
+    """The running script's hash from the notes a status probe read (``server_state`` asked
+    with ``notes=(RUNNING_SCRIPT,)``), or read on its own when the status did not carry it."""
+    if RUNNING_SCRIPT not in notes:
+        return running_script(host, paths)
+    return (notes[RUNNING_SCRIPT] or "").strip()

@@ -1,0 +1,458 @@
+"""Download check (01_download_check): is the checkpoint on the host complete and readable?
+
+Every question goes to the host as one run of the ``download`` probe, whatever the number of
+shards: :func:`check_download` (index, sizes, headers, partial files, config and tokenizer
+files), :func:`hash_shards` (full sha256, in batches so progress can be shown between them)
+and :func:`watch_download` (bytes present over time, rate and ETA while a download runs).
+Nothing here changes the host; the hash cache is written only where the caller asks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opsbook.core.results import Finding, Result, Table
+from opsbook.remote.probes import Prober
+
+PROBE = "download"
+CHECK_TIMEOUT = 300.0
+# One batch reads ``batch_size`` shards of ~4.6 GB from disk; allow slow disks.
+HASH_BATCH_TIMEOUT = 3600.0
+RATE_WINDOW = 60.0
+STALL_AFTER = 120.0
+SOURCE = "safetensors format (huggingface/safetensors) and huggingface_hub download layouts"
+
+SHARD_COLUMNS = ("file", "status", "size", "expected_size", "header_len", "tensors", "detail")
+HASH_COLUMNS = ("file", "status", "sha256", "expected", "source", "cached")
+PROGRESS_COLUMNS = ("file", "state", "bytes", "expected")
+
+
+@dataclass(frozen=True)
+class HashProgress:
+    """Where a hash run stands after a batch of shards."""
+
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    elapsed: float
+
+    def line(self) -> str:
+        """One progress line, e.g. for a headless run's log."""
+        rate = self.bytes_done / self.elapsed if self.elapsed > 0 else 0.0
+        return (
+            f"hashed {self.files_done}/{self.files_total} shards, "
+            f"{format_bytes(self.bytes_done)} of {format_bytes(self.bytes_total)} "
+            f"({format_bytes(rate)}/s)"
+        )
+
+
+@dataclass(frozen=True)
+class DownloadProgress:
+    """One look at a download in progress."""
+
+    elapsed: float
+    bytes_present: int
+    bytes_expected: int
+    expected_estimated: bool
+    shards: int
+    done: int
+    partial: int
+    missing: int
+    rate: float | None
+    eta: float | None
+    stalled_for: float
+
+    @property
+    def complete(self) -> bool:
+        return self.shards > 0 and self.done == self.shards
+
+    @property
+    def fraction(self) -> float:
+        return min(self.bytes_present / self.bytes_expected, 1.0) if self.bytes_expected else 0.0
+
+    def line(self) -> str:
+        """One progress line: shards, bytes, rate and time left."""
+        rate = f"{format_bytes(self.rate)}/s" if self.rate is not None else "rate unknown"
+        eta = f", about {format_duration(self.eta)} left" if self.eta else ""
+        about = "~" if self.expected_estimated else ""
+        return (
+            f"{self.done}/{self.shards} shards done, {self.partial} partial, "
+            f"{self.missing} missing; {format_bytes(self.bytes_present)} of "
+            f"{about}{format_bytes(self.bytes_expected)} ({self.fraction:.1%}), {rate}{eta}"
+        )
+
+
+# --- check --------------------------------------------------------------------------------
+
+
+def check_download(host: Prober, model_path: str, *, timeout: float = CHECK_TIMEOUT) -> Result:
+    """Check a model directory or hub cache snapshot on ``host`` in one round trip.
+
+    Args:
+        host: the host holding the checkpoint.
+        model_path: a ``--local-dir`` directory, a cache snapshot, or a cache
+            ``models--org--name`` directory.
+        timeout: seconds for the probe.
+
+    Returns:
+        A Result whose data holds ``summary``, ``shards`` (a Table), ``files`` (a Table),
+        ``partials``, ``index`` and ``where``; each problem is a finding naming its file.
+
+    Raises:
+        ProbeError: the probe could not run on the host.
+    """
+    answer = host.probe(PROBE, {"op": "check", "path": model_path}, timeout=timeout)
+    return check_result(answer)
+
+
+def check_result(answer: Mapping[str, Any]) -> Result:
+    """Turn the probe's ``check`` answer into a Result."""
+    findings = [to_finding(item) for item in answer["findings"]]
+    summary = answer["summary"]
+    ok = not any(f.is_problem for f in findings)
+    data = {
+        "where": answer["where"],
+        "index": answer["index"],
+        "summary": summary,
+        "shards": Table(answer["shards"]["columns"], answer["shards"]["rows"]),
+        "files": Table.from_records(answer["files"], ("file", "status", "detail")),
+        "partials": answer["partials"],
+    }
+    return Result(ok, check_message(summary, ok), data, findings)
+
+
+def shard_records(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The probe's ``check`` answer's shards (columns and rows) as one dict per shard."""
+    columns = answer["shards"]["columns"]
+    return [dict(zip(columns, row, strict=True)) for row in answer["shards"]["rows"]]
+
+
+@dataclass(frozen=True)
+class ShardCounts:
+    """How many shards of a checked checkpoint are in which state, and its size."""
+
+    shards: int
+    ok: int
+    missing: int
+    truncated: int
+    corrupt: int
+    unreadable: int
+    bytes_expected: int
+
+
+def shard_counts(check: Result) -> ShardCounts:
+    """The counts of a :func:`check_download` result."""
+    summary = check.data["summary"]
+    return ShardCounts(
+        shards=int(summary["shards"]),
+        ok=int(summary["ok"]),
+        missing=len(summary["missing"]),
+        truncated=len(summary["truncated"]),
+        corrupt=len(summary["corrupt"]),
+        unreadable=len(summary["unreadable"]),
+        bytes_expected=int(summary["bytes_expected"]),
+    )
+
+
+def check_message(summary: Mapping[str, Any], ok: bool) -> str:
+    """One sentence on the state of the shards and the bytes present."""
+    total = summary["shards"]
+    sizes = f"{format_bytes(summary['bytes_present'])} of {format_bytes(summary['bytes_expected'])}"
+    if total == 0:
+        return "no checkpoint shards found"
+    if ok and summary["ok"] == total:
+        return f"all {total} shards complete and readable ({sizes})"
+    problems = [
+        f"{len(summary[key])} {key}"
+        for key in ("missing", "truncated", "corrupt", "unreadable")
+        if summary[key]
+    ]
+    if not problems:
+        return f"{summary['ok']} of {total} shards ok ({sizes}); see the findings"
+    return f"{summary['ok']} of {total} shards ok; {', '.join(problems)} ({sizes} present)"
+
+
+def to_finding(item: Mapping[str, Any]) -> Finding:
+    """A probe's JSON finding as a :class:`Finding`."""
+    return Finding(
+        item["severity"], item["subject"], item["message"], item.get("remedy", ""), SOURCE
+    )
+
+
+# --- hash ---------------------------------------------------------------------------------
+
+
+def hash_shards(
+    host: Prober,
+    model_path: str,
+    *,
+    manifest: Mapping[str, str] | None = None,
+    cache_path: str | None = None,
+    progress: Callable[[HashProgress], None] | None = None,
+    batch_size: int = 8,
+    workers: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Result:
+    """sha256 every shard on the host and compare with the known hashes.
+
+    References, in order: ``manifest``, the hub cache blob name (the sha256 of LFS files),
+    the local-dir metadata etag. Shards go in batches of ``batch_size`` per probe run, each
+    hashed on several cores, and ``progress`` is called after each batch.
+
+    Args:
+        host: the host holding the checkpoint.
+        model_path: as for :func:`check_download`.
+        manifest: ``{file name: sha256}`` from elsewhere (a release note, another host).
+        cache_path: a file on the host remembering hashes by size and mtime, so a second
+            run skips unchanged shards. Nothing is written on the host without it.
+        progress: called with a :class:`HashProgress` after each batch.
+        batch_size: shards per probe run.
+        workers: hashing threads on the host (default: its CPU count).
+        clock: time source (for tests).
+
+    Returns:
+        A Result whose data holds ``files`` (a Table), ``rows`` and ``counts``.
+
+    Raises:
+        ProbeError: the probe could not run on the host.
+    """
+    listing = host.probe(PROBE, {"op": "check", "path": model_path}, timeout=CHECK_TIMEOUT)
+    if listing["where"]["error"]:
+        return check_result(listing)
+    shards = shard_records(listing)
+    names = [row["file"] for row in shards if row["status"] != "unexpected"]
+    sizes = {row["file"]: row["size"] or 0 for row in shards}
+    rows: list[dict[str, Any]] = []
+    started = clock()
+    for batch in batched(names, batch_size):
+        args: dict[str, Any] = {"op": "hash", "path": model_path, "files": batch}
+        args["manifest"] = dict(manifest or {})
+        if cache_path:
+            args["cache_path"] = cache_path
+        if workers:
+            args["workers"] = workers
+        rows += host.probe(PROBE, args, timeout=HASH_BATCH_TIMEOUT)["files"]
+        if progress is not None:
+            done = sum(sizes.get(row["file"], 0) for row in rows)
+            progress(
+                HashProgress(len(rows), len(names), done, sum(sizes.values()), clock() - started)
+            )
+    return hash_result(rows)
+
+
+def hash_result(rows: Sequence[Mapping[str, Any]]) -> Result:
+    """Turn hash rows into a Result: errors for mismatches, a note for files without reference."""
+    counts = count_by(rows, "status")
+    findings = [hash_finding(row) for row in rows if row["status"] != "match"]
+    ok = not any(f.is_problem for f in findings) and bool(rows)
+    parts = [f"{n} {status}" for status, n in sorted(counts.items())]
+    message = f"{len(rows)} shards hashed: {', '.join(parts)}" if rows else "no shards to hash"
+    data = {
+        "files": Table.from_records(list(rows), HASH_COLUMNS),
+        "rows": list(rows),
+        "counts": counts,
+    }
+    return Result(ok, message, data, findings)
+
+
+def hash_finding(row: Mapping[str, Any]) -> Finding:
+    """A finding for a shard whose hash does not match, or cannot be checked."""
+    name = row["file"]
+    if row["status"] == "mismatch":
+        return Finding(
+            "error",
+            name,
+            f"sha256 {row['sha256']} differs from {row['expected']} ({row['source']})",
+            "delete this shard and download it again",
+            SOURCE,
+        )
+    if row["status"] == "unreadable":
+        return Finding(
+            "error",
+            name,
+            f"cannot hash: {row['error']}",
+            "check the file exists and is readable",
+            SOURCE,
+        )
+    return Finding(
+        "info",
+        name,
+        f"sha256 {row['sha256']}: no reference hash to compare with",
+        "pass a manifest of known hashes to compare",
+        SOURCE,
+    )
+
+
+# --- watch --------------------------------------------------------------------------------
+
+
+def watch_download(
+    host: Prober,
+    model_path: str,
+    *,
+    interval: float = 5.0,
+    timeout: float = 3600.0,
+    on_update: Callable[[DownloadProgress], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Result:
+    """Follow a download until every shard is complete or ``timeout`` passes.
+
+    Args:
+        host: the host the download runs on.
+        model_path: as for :func:`check_download`.
+        interval: seconds between looks (each look is one probe run).
+        timeout: seconds to watch before giving up (the download keeps running).
+        on_update: called with a :class:`DownloadProgress` after each look.
+        sleep: how to wait (for tests).
+        clock: time source (for tests).
+
+    Returns:
+        A Result, ok when the download is complete; data holds ``samples`` (a list of
+        ``(seconds, bytes present)`` for plotting), ``progress`` (the last look) and
+        ``shards`` (a Table).
+
+    Raises:
+        ProbeError: the probe could not run on the host.
+    """
+    samples: list[tuple[float, int]] = []
+    started = clock()
+    while True:
+        args = {"op": "progress", "path": model_path}
+        snapshot = host.probe(PROBE, args, timeout=CHECK_TIMEOUT)
+        samples.append((clock() - started, snapshot["totals"]["bytes_present"]))
+        update = progress_from(snapshot["totals"], samples)
+        if on_update is not None:
+            on_update(update)
+        if update.complete or snapshot["where"]["error"] or samples[-1][0] >= timeout:
+            break
+        sleep(interval)
+    return watch_result(snapshot, update, samples)
+
+
+def watch_result(
+    snapshot: Mapping[str, Any], update: DownloadProgress, samples: list[tuple[float, int]]
+) -> Result:
+    """The Result of a watch: complete or not, with a stall warning when bytes stopped."""
+    findings = [to_finding(item) for item in snapshot["findings"]]
+    if not update.complete and update.stalled_for >= STALL_AFTER:
+        findings.append(
+            Finding(
+                "warning",
+                "download",
+                f"no new bytes for {format_duration(update.stalled_for)}",
+                "check that the download process is still running and the disk is not full",
+                SOURCE,
+            )
+        )
+    if update.complete:
+        message = f"download complete: {update.line()}"
+    else:
+        message = f"download not complete after {format_duration(update.elapsed)}: {update.line()}"
+    data = {
+        "samples": samples,
+        "progress": update,
+        "shards": Table.from_records(snapshot["shards"], PROGRESS_COLUMNS),
+    }
+    return Result(update.complete, message, data, findings)
+
+
+def progress_from(
+    totals: Mapping[str, Any], samples: Sequence[tuple[float, int]]
+) -> DownloadProgress:
+    """A :class:`DownloadProgress` from the probe's totals and the samples so far."""
+    rate = transfer_rate(samples)
+    return DownloadProgress(
+        elapsed=samples[-1][0] if samples else 0.0,
+        bytes_present=totals["bytes_present"],
+        bytes_expected=totals["bytes_expected"],
+        expected_estimated=totals["expected_estimated"],
+        shards=totals["shards"],
+        done=totals["done"],
+        partial=totals["partial"],
+        missing=totals["missing"],
+        rate=rate,
+        eta=eta_seconds(totals["bytes_present"], totals["bytes_expected"], rate),
+        stalled_for=stalled_for(samples),
+    )
+
+
+def transfer_rate(
+    samples: Sequence[tuple[float, int]], window: float = RATE_WINDOW
+) -> float | None:
+    """Bytes per second over the last ``window`` seconds of samples (None before two)."""
+    if len(samples) < 2:
+        return None
+    end_time, end_bytes = samples[-1]
+    recent = [s for s in samples if s[0] >= end_time - window]
+    start_time, start_bytes = recent[0] if len(recent) >= 2 else samples[-2]
+    if end_time <= start_time:
+        return None
+    return max(end_bytes - start_bytes, 0) / (end_time - start_time)
+
+
+def eta_seconds(present: int, expected: int, rate: float | None) -> float | None:
+    """Seconds left at ``rate`` (0 when done; None when the rate is unknown or zero)."""
+    if present >= expected > 0:
+        return 0.0
+    if not rate or rate <= 0:
+        return None
+    return (expected - present) / rate
+
+
+def stalled_for(samples: Sequence[tuple[float, int]]) -> float:
+    """Seconds since the byte count last changed."""
+    if not samples:
+        return 0.0
+    end_time, end_bytes = samples[-1]
+    since = end_time
+    for when, present in reversed(samples):
+        if present != end_bytes:
+            break
+        since = when
+    return end_time - since
+
+
+# --- small helpers ------------------------------------------------------------------------
+
+
+def batched(items: Sequence[str], size: int) -> list[list[str]]:
+    """``items`` in consecutive lists of at most ``size`` (at least 1)."""
+    size = max(size, 1)
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def count_by(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, int]:
+    """How many rows have each value of ``key``."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[key]] = counts.get(row[key], 0) + 1
+    return counts
+
+
+def format_bytes(count: float | None) -> str:
+    """Bytes in decimal units, as download tools and disk vendors count them (540 GB)."""
+    if count is None:
+        return "?"
+    value = float(count)
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(value) < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def format_duration(seconds: float | None) -> str:
+    """A short human duration: ``45 s``, ``3 min 20 s``, ``2 h 05 min``."""
+    if seconds is None:
+        return "?"
+    whole = int(round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"

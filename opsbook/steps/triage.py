@@ -1,0 +1,263 @@
+"""What state is the model server in, and why: never started, crashed, loading, ready or hung.
+
+Brings together what the host shows (the launch record, the processes, the port, the log, the
+GPU memory) and what the log says (:mod:`opsbook.knowledge.logscan`, the failure catalogue).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsbook.core.results import Finding, Result, Table
+from opsbook.knowledge import logscan
+from opsbook.remote.hosts import Host
+from opsbook.steps.server import HEALTH_TIMEOUT, PROBE, LaunchPaths, http_get
+
+# A live server whose log has been silent this long, with its port closed, is called hung.
+SILENT_SECONDS = 300.0
+# A server whose log said it was ready, whose port is open, and whose /health does not answer
+# for this long while its log does not grow, is hung (a stopped or wedged process): the bound
+# on telling hung from busy. The port alone proves nothing: vLLM binds it before the engine
+# is built (vllm 0.15.1 vllm/entrypoints/openai/api_server.py, run_server: setup_server, then
+# build_async_engine_client), so a loading server's port accepts connections too.
+UNRESPONSIVE_SECONDS = 10.0
+# Seconds between two /health attempts while watching a server that does not answer.
+RECHECK_SECONDS = 2.0
+
+STATES = ("never started", "crashed", "loading", "ready", "hung", "exited")
+
+
+@dataclass
+class ServerState:
+    """The verdict on a server, with the evidence."""
+
+    state: str
+    message: str
+    diagnosis: logscan.LogDiagnosis | None
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    others: list[dict[str, Any]] = field(default_factory=list)
+    port_open: bool | None = None
+    log_age: float | None = None
+    notes: dict[str, str | None] = field(default_factory=dict)
+    record_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state in ("ready", "loading")
+
+    def processes_table(self) -> Table:
+        rows = [dict(p, role="this launch") for p in self.processes]
+        rows += [dict(p, role="not started by opsbook") for p in self.others]
+        return Table.from_records(rows, ["pid", "ppid", "pgid", "role", "cmdline"])
+
+    def to_result(self) -> Result:
+        findings = self.diagnosis.to_result().findings if self.diagnosis else []
+        findings += [
+            Finding(
+                "warning",
+                f"PID {p['pid']}",
+                f"a vLLM process not started by this launch: {p['cmdline']}",
+                "if it is a leftover, stop it by PID or process group; it may hold GPU memory",
+            )
+            for p in self.others
+        ]
+        if self.record_error:
+            findings.append(
+                Finding(
+                    "warning",
+                    "launch.json",
+                    f"the launch state file is unreadable ({self.record_error}): the process "
+                    "was judged from the vLLM processes of the login user and the health check",
+                    "the next launch rewrites it; until then stop_server cannot find the "
+                    "server's process group: stop it by PID (see the processes table)",
+                )
+            )
+        data = {"state": self.state, "port_open": self.port_open, "log_age": self.log_age}
+        return Result(self.ok, f"{self.state}: {self.message}", data, findings)
+
+
+def server_state(
+    host: Host,
+    paths: LaunchPaths,
+    server_port: int,
+    *,
+    kernel_log: str | None = None,
+    silent_after: float = SILENT_SECONDS,
+    notes: Sequence[str] = (),
+    log_when_ready: bool = True,
+) -> ServerState:
+    """Classify the server the deployment launched, from one status probe that also asks
+    ``/health`` when the port is open (one round trip).
+
+    Args:
+        notes: names of files of the launch's state folder to read in the same probe
+            (``ServerState.notes``, None for a missing one).
+        log_when_ready: read and diagnose the log even when the server runs and answers
+            ``/health`` (the startup timeline of a record); without it a ready server's log
+            stays on the host and ``diagnosis`` is None.
+    """
+    asked = paths.probe_args(
+        op="status", port=server_port, health="/health", health_timeout=HEALTH_TIMEOUT
+    )
+    if not log_when_ready:
+        asked["log_when_healthy"] = False
+    if notes:
+        asked["notes"] = list(notes)
+    status = host.probe(PROBE, asked)
+    log = status["log"]
+    text = log.get("text", "") if log.get("exists") else ""
+    record_error = status.get("record_error")
+    # Without a readable record, a vLLM process of the login user stands for the server.
+    running = bool(status["running"]) or bool(record_error and status["others"])
+    stop = _stop_of(status) if not running else None
+    if stop is not None:
+        # What the processes logged while the stop's signal killed them is not a crash.
+        text = status.get("log_before_stop") or ""
+    diagnosis = logscan.diagnose_log(text, running=running, kernel_log=kernel_log) if text else None
+    evidence = {
+        "processes": status["group"],
+        "others": status["others"],
+        "port_open": status["port_open"],
+        "log_age": log.get("age"),
+        "notes": dict(status.get("notes") or {}),
+        "record_error": record_error,
+    }
+    healthy = _healthy(host, server_port, status) if status["port_open"] else False
+    unresponsive = False
+    was_ready = diagnosis is not None and diagnosis.state == logscan.READY
+    if running and status["port_open"] and not healthy and was_ready:
+        healthy, unresponsive = _watch_unresponsive(host, paths, server_port, log.get("size"))
+    state, message = classify(
+        record=status["record"] is not None or bool(record_error),
+        running=running,
+        log_exists=bool(log.get("exists")),
+        log_age=log.get("age"),
+        port_open=status["port_open"],
+        healthy=healthy,
+        diagnosis=diagnosis,
+        silent_after=silent_after,
+        orphans=0 if running else len(status["group"]),
+        stopped_at=stop,
+        unresponsive=unresponsive,
+    )
+    if record_error:
+        message = f"{message}; launch state: {record_error}"
+    return ServerState(state, message, diagnosis, **evidence)
+
+
+def _stop_of(status: dict[str, Any]) -> float | None:
+    """When opsbook stopped this launch (the record's stop), or None."""
+    record = status.get("record") or {}
+    stop = record.get("stop") or {}
+    if stop.get("log_size") is None or status.get("log_before_stop") is None:
+        return None
+    return float(stop.get("at") or 0.0)
+
+
+def _watch_unresponsive(
+    host: Host, paths: LaunchPaths, port: int, log_size: int | None
+) -> tuple[bool, bool]:
+    """(healthy, unresponsive): /health asked again for :data:`UNRESPONSIVE_SECONDS`; the
+    server is unresponsive if it never answered and its log did not grow meanwhile."""
+    deadline = time.monotonic() + UNRESPONSIVE_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(RECHECK_SECONDS)
+        if _healthy(host, port, {}):
+            return True, False
+    later = host.probe(PROBE, paths.probe_args(op="status", port=port))
+    return False, later["log"].get("size") == log_size
+
+
+def classify(
+    *,
+    record: bool,
+    running: bool,
+    log_exists: bool,
+    log_age: float | None,
+    port_open: bool | None,
+    healthy: bool,
+    diagnosis: logscan.LogDiagnosis | None,
+    silent_after: float = SILENT_SECONDS,
+    orphans: int = 0,
+    stopped_at: float | None = None,
+    unresponsive: bool = False,
+) -> tuple[str, str]:
+    """The state and a one-line reason, from the facts gathered (pure, for tests).
+
+    Args:
+        record: whether opsbook recorded a launch.
+        running: whether the recorded server process is alive (and still the same process).
+        log_exists: whether the deployment's log file exists.
+        log_age: seconds since the log last changed.
+        port_open: whether the server port accepts connections (None when not checked).
+        healthy: whether ``/health`` answered 200.
+        diagnosis: what the log of this launch says; None when it holds nothing.
+        silent_after: a live server whose log is silent this long, port closed, is hung.
+        orphans: processes of the launch's group still alive after its leader is gone.
+        stopped_at: when opsbook stopped this launch (then ``diagnosis`` is of the log written
+            before the stop).
+        unresponsive: the log said ready, the port is open, and /health did not answer for
+            :data:`UNRESPONSIVE_SECONDS` while the log did not grow.
+
+    Returns:
+        One of :data:`STATES` and the reason.
+    """
+    if not running:
+        state, message = _classify_gone(record, log_exists, diagnosis)
+        if stopped_at is not None and state != "crashed":
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stopped_at))
+            state = "exited"
+            phase = diagnosis.phase if diagnosis else None
+            message = f"stopped by opsbook at {when}" + (
+                f" (it was in phase {phase})" if phase else ""
+            )
+        if orphans:
+            message += (
+                f"; {orphans} of its processes still run (orphans holding GPU memory): "
+                "04_launch stops them (its Stop button, or `opsbook run 04_launch -p apply true`)"
+            )
+        return state, message
+    if healthy:
+        return "ready", "the process runs and /health answers 200"
+    if unresponsive:
+        return "hung", (
+            f"it was ready, but /health has not answered for {UNRESPONSIVE_SECONDS:g} s while "
+            "the port is open and the log does not grow (a stopped or wedged process)"
+        )
+    phase = diagnosis.phase if diagnosis else None
+    if diagnosis is not None and diagnosis.state == logscan.FAILED:
+        return "crashed", f"{diagnosis.title} (the process is still alive)"
+    if diagnosis is not None and diagnosis.state == logscan.HUNG and not port_open:
+        return "hung", f"{diagnosis.title} (alive, in phase {phase}, port closed)"
+    if log_age is not None and log_age > silent_after and not port_open:
+        return "hung", f"alive, log silent for {log_age:.0f} s in phase {phase}, port closed"
+    age = f", last log line {log_age:.0f} s ago" if log_age is not None else ""
+    return "loading", f"phase {phase or 'starting'}{age}"
+
+
+def _classify_gone(
+    record: bool, log_exists: bool, diagnosis: logscan.LogDiagnosis | None
+) -> tuple[str, str]:
+    """The state of a server whose process is not running."""
+    if not record and not log_exists:
+        return "never started", "no launch recorded, no log, no process"
+    if diagnosis is not None and diagnosis.state == logscan.FAILED:
+        return "crashed", diagnosis.title
+    if not log_exists:
+        return "never started", "the launch left no log: the script did not run"
+    if diagnosis is None or (diagnosis.phase is None and diagnosis.state != logscan.HUNG):
+        # The incident's silent failure: something ran, but vLLM never said a word.
+        return "never started", "the process is gone and its log shows no vLLM startup"
+    if diagnosis.state == logscan.HUNG:
+        return "exited", f"the process is gone after a stall: {diagnosis.title}"
+    phase = diagnosis.phase
+    return "exited", f"the process is gone and its log shows no error (last phase {phase})"
+
+
+def _healthy(host: Host, port: int, status: dict[str, Any]) -> bool:
+    # A host whose probe predates the health answer in the status is asked separately.
+    answer = status.get("health") or http_get(host, port, "/health", timeout=HEALTH_TIMEOUT)
+    return bool(answer.get("status") == 200)
