@@ -35,7 +35,7 @@ from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import vllm_facts
 from opsbook.knowledge.vllm_facts import ReleaseFacts
-from opsbook.remote.probes import Prober
+from opsbook.remote.protocol import RemoteHost
 
 RULES_FILE = "compat_rules.yaml"
 CONFIG_FILES = ("config.json", "hf_quant_config.json", "tokenizer_config.json")
@@ -1349,7 +1349,7 @@ class InstalledVllm(Mapping[str, Sequence[str]]):
 
 
 def probe_backends(
-    host: Prober,
+    host: RemoteHost,
     python: str,
     facts: ModelFacts | None = None,
     capabilities: Sequence[str] = (),

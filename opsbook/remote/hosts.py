@@ -49,6 +49,7 @@ from opsbook.core.exceptions import (
 from opsbook.core.redact import Redactor
 from opsbook.remote import probes
 from opsbook.remote.journal import Journal
+from opsbook.remote.protocol import CommandResult, RemoteHost
 
 # Seconds the remote `timeout` waits after SIGTERM before SIGKILL, and the extra time the
 # local backstop allows on top of both before giving up on the channel.
@@ -61,22 +62,6 @@ POLL_SECONDS = 0.01
 OUTPUT_AFTER_EXIT = 0.5
 # Hosts worked on at once by a group (Ansible's default is 5; SSH round trips are cheap here).
 DEFAULT_FORKS = 10
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What a remote command did."""
-
-    host: str
-    command: str
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration: float
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
 
 
 def wrap_command(command: str, env: Mapping[str, str] | None = None) -> str:
@@ -703,7 +688,7 @@ class HostGroup:
         forks: how many hosts are worked on at once.
     """
 
-    def __init__(self, hosts: Sequence[Any], forks: int = DEFAULT_FORKS):
+    def __init__(self, hosts: Sequence[RemoteHost], forks: int = DEFAULT_FORKS):
         if forks < 1:
             raise ValueError(f"forks must be at least 1, not {forks}")
         self.hosts = list(hosts)
@@ -730,13 +715,13 @@ class HostGroup:
         return self.map(lambda h: h.probe(name, args, **kwargs))
 
     def map(
-        self, call: Callable[[Any], Any], on_done: Callable[[str, Any], None] | None = None
+        self, call: Callable[[RemoteHost], Any], on_done: Callable[[str, Any], None] | None = None
     ) -> dict[str, Any]:
         """``call(host)`` on every host, ``forks`` at a time; per host name its return value
         or the exception it raised, in the hosts' order. ``on_done(name, answer)`` is called
         as each host finishes (from the worker thread)."""
 
-        def one(host: Any) -> Any:
+        def one(host: RemoteHost) -> Any:
             try:
                 answer = call(host)
             except Exception as e:  # the host's answer, not the group's failure

@@ -1,33 +1,60 @@
-"""An in-process test double of :class:`opsbook.remote.hosts.Host`, shipped for tests of code that
-takes a host: opsbook's own unit tests and the notebooks' users' (as Fabric ships
-``fabric.testing`` and invoke ``MockContext``).
+r"""Test doubles of :class:`opsbook.remote.hosts.Host`, shipped for tests of code that takes a
+host: opsbook's own unit tests and the notebooks' users' (as Fabric ships ``fabric.testing``
+and invoke ``MockContext``). Both are :class:`opsbook.remote.protocol.RemoteHost`\ s, as Host is.
 
 ``FakeHost`` answers from a script instead of a machine: commands by regular expression, probes
 by name (a value, a function of the probe's arguments, or an exception to raise), files by path.
-It records every call, so a test can assert what was sent. Anything not scripted is refused
-loudly (:class:`UnexpectedCall`), so a test never passes on an answer nobody wrote.
+Anything not scripted is refused loudly (:class:`UnexpectedCall`), so a test never passes on an
+answer nobody wrote.
+
+``LocalHost`` is this machine: commands run under the local ``bash``, probes with the local
+python (the very program a host's python runs), files are read and written in place. It is for
+tests of the parts around a command or a probe, whose answers only the real thing gives.
+
+Both record every call, so a test can assert what was sent.
 
 Example::
 
     host = FakeHost("gpu-01", probes={"facts": facts_answer}, commands={r"^bash -n": ""})
     report = stages.preflight.run(host, deployment)
     assert host.calls == [("probe", "facts")]
+
+    host = LocalHost(home=tmp_path)
+    upload_script(host, deployment, render_script(deployment))
+    assert (tmp_path / "opsbook" / "launch.sh").exists()
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from opsbook.core.deployment import HostSpec
-from opsbook.core.exceptions import ConnectionRefused, HostError, HostUnreachable, TransferError
+from opsbook.core.exceptions import (
+    CommandTimeout,
+    ConnectionRefused,
+    HostError,
+    HostUnreachable,
+    TransferError,
+)
 from opsbook.remote import probes
-from opsbook.remote.hosts import CommandResult
+from opsbook.remote.hosts import (
+    KILL_GRACE,
+    LOCAL_SLACK,
+    TIMEOUT_EXIT_CODES,
+    wire_command,
+    wrap_command,
+)
 from opsbook.remote.journal import Journal
+from opsbook.remote.protocol import CommandResult, RemoteHost
 
 
 def local_probe(
@@ -58,7 +85,55 @@ class Answer:
 ProbeAnswer = Any  # a JSON-like value, a callable(args) -> value, or an exception to raise
 
 
-class FakeHost:
+_Host = TypeVar("_Host", bound="_RecordingHost")
+
+
+class _RecordingHost:
+    """What the doubles share: a name like a real host's, and the record of every call.
+
+    ``calls`` holds ``(kind, what)`` per call: ``("run", command)``, ``("probe", name)``,
+    ``("upload", path)``, ``("read", path)``, ``("home", "")``, ``("close", "")``;
+    ``probe_args`` the arguments of each probe.
+    """
+
+    def __init__(self, spec: HostSpec):
+        self.spec = spec
+        self.name = spec.name
+        self.journal = Journal()
+        self.calls: list[tuple[str, str]] = []
+        self.probe_args: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    def __enter__(self: _Host) -> _Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._note("close", "")
+
+    def _note(self, kind: str, what: str) -> None:
+        with self._lock:
+            self.calls.append((kind, what))
+
+    def _note_probe(self, name: str, args: dict[str, Any] | None) -> None:
+        self._note("probe", name)
+        with self._lock:
+            self.probe_args.append((name, dict(args or {})))
+
+    def _failed(self, command: str, exit_code: int, stderr: str) -> HostError:
+        """As Host.run's: a failed command raises when the caller asked for check."""
+        said = f"\n  stderr: {stderr.strip()[-500:]}" if stderr.strip() else ""
+        return HostError(
+            f"command failed with exit code {exit_code}: {command[:200]}{said}", host=self.name
+        )
+
+
+class FakeHost(_RecordingHost):
     """A host that answers from a script.
 
     Args:
@@ -85,30 +160,13 @@ class FakeHost:
         unreachable: bool | HostUnreachable = False,
         delay: float = 0.0,
     ):
-        self.spec = HostSpec(address=address, user=user)
-        self.name = self.spec.name
+        super().__init__(HostSpec(address=address, user=user))
         self.commands = dict(commands or {})
         self.probes = dict(probes or {})
         self.files = {k: v.encode() if isinstance(v, str) else v for k, v in (files or {}).items()}
         self.home = home
         self.unreachable = unreachable
         self.delay = delay
-        self.journal = Journal()
-        self.calls: list[tuple[str, str]] = []
-        self.probe_args: list[tuple[str, dict[str, Any]]] = []
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"FakeHost({self.name!r})"
-
-    def __enter__(self) -> FakeHost:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._note("close", "")
 
     def run(
         self,
@@ -131,11 +189,7 @@ class FakeHost:
                     self.name, label or command, answer.exit_code, answer.stdout, answer.stderr, 0.0
                 )
                 if check and not result.ok:
-                    # As Host.run: a failed command raises when the caller asked for check.
-                    raise HostError(
-                        f"command failed with exit code {result.exit_code}: {command[:200]}",
-                        host=self.name,
-                    )
+                    raise self._failed(command, result.exit_code, "")
                 return result
         raise UnexpectedCall(f"{self.name}: no scripted answer for command {command!r}")
 
@@ -188,6 +242,128 @@ class FakeHost:
                 f"connection to {self.spec.address} port 22 refused", host=self.name
             )
 
-    def _note(self, kind: str, what: str) -> None:
-        with self._lock:
-            self.calls.append((kind, what))
+
+class LocalHost(_RecordingHost):
+    """This machine as a host: the real command, probe and file, without SSH.
+
+    A command goes the way :meth:`opsbook.remote.hosts.Host.run` sends it (exported variables,
+    base64 script, coreutils ``timeout``) to the local ``bash`` as the login shell; a probe is
+    the program a host's python runs, run by ``python`` whatever interpreter the caller names
+    (the host's interpreter path means nothing here); files are written as ``Host.upload``
+    writes them (a temporary name, the mode, a rename), a relative or ``~/`` path in ``home``.
+    Unlike over SSH, a command that leaves a process holding its output waits for it.
+
+    Args:
+        home: the host's home folder (a test's temporary folder, say): commands and probes see
+            it as ``$HOME``. By default this process's, with its environment unchanged.
+        address: the address in its name.
+        user: the login user in its name.
+        python: the interpreter that runs probes.
+    """
+
+    def __init__(
+        self,
+        home: str | os.PathLike[str] | None = None,
+        *,
+        address: str = "localhost",
+        user: str | None = None,
+        python: str = "/usr/bin/python3",
+    ):
+        super().__init__(HostSpec(address=address, user=user))
+        self.home = Path(home) if home is not None else Path.home()
+        self.python = python
+        self._environ = {**os.environ, "HOME": str(home)} if home is not None else None
+
+    def run(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        check: bool = False,
+        label: str | None = None,
+    ) -> CommandResult:
+        self._note("run", command)
+        limit = timeout if timeout is not None else self.spec.command_timeout
+        feed: dict[str, Any] = (
+            {"stdin": subprocess.DEVNULL}
+            if stdin is None
+            else {"input": stdin.encode() if isinstance(stdin, str) else stdin}
+        )
+        started = time.monotonic()
+        done = subprocess.run(
+            ["bash", "-c", wire_command(wrap_command(command, env), limit)],
+            capture_output=True,
+            env=self._environ,
+            timeout=limit + KILL_GRACE + LOCAL_SLACK,
+            **feed,
+        )
+        duration = time.monotonic() - started
+        if done.returncode in TIMEOUT_EXIT_CODES and duration >= limit - 0.5:
+            raise CommandTimeout(
+                f"command timed out after {limit:g} s and was stopped: {command[:200]}",
+                host=self.name,
+                timeout=limit,
+            )
+        out, err = (b.decode(errors="replace") for b in (done.stdout, done.stderr))
+        if check and done.returncode != 0:
+            raise self._failed(command, done.returncode, err)
+        return CommandResult(self.name, label or command, done.returncode, out, err, duration)
+
+    def probe(
+        self,
+        name: str,
+        args: dict[str, Any] | None = None,
+        *,
+        python: str = "python3",
+        timeout: float | None = None,
+    ) -> Any:
+        self._note_probe(name, args)
+        limit = timeout if timeout is not None else self.spec.command_timeout
+        try:
+            return probes.run_local(name, args, self.python, self._environ, limit)
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(
+                f"probe {name} timed out after {limit:g} s", host=self.name, timeout=limit
+            ) from None
+
+    def home_folder(self) -> str:
+        self._note("home", "")
+        return str(self.home)
+
+    def upload(self, remote_path: str, data: str | bytes, mode: int = 0o644) -> None:
+        self._note("upload", remote_path)
+        path = self._local(remote_path)
+        temp = path.with_name(f".{path.name}.opsbook-{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            temp.write_bytes(data.encode() if isinstance(data, str) else data)
+            temp.chmod(mode)
+            temp.replace(path)
+        except OSError as e:
+            temp.unlink(missing_ok=True)
+            raise TransferError(
+                f"could not write {remote_path}: {e.strerror or e}", host=self.name
+            ) from None
+
+    def read_bytes(self, remote_path: str) -> bytes:
+        self._note("read", remote_path)
+        try:
+            return self._local(remote_path).read_bytes()
+        except OSError as e:
+            raise TransferError(
+                f"could not read {remote_path}: {e.strerror or e}", host=self.name
+            ) from None
+
+    def read_text(self, remote_path: str) -> str:
+        return self.read_bytes(remote_path).decode(errors="replace")
+
+    def _local(self, remote_path: str) -> Path:
+        """Where a remote path is here: SFTP reads a relative or ``~/`` path in the home."""
+        relative = remote_path[2:] if remote_path.startswith("~/") else remote_path
+        return self.home / relative
+
+
+# mypy checks the package, not its tests: these lines are where it checks that the doubles
+# are hosts, member for member, as Host is where HostGroup takes it.
+_DOUBLES: tuple[type[RemoteHost], ...] = (FakeHost, LocalHost)

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import HostError, HostLocked
-from opsbook.remote.hosts import Host, HostGroup
+from opsbook.remote.hosts import HostGroup
+from opsbook.remote.protocol import RemoteHost
 
 LOCK_NAME = "deploy.lock"
 # Seconds a run waits for another run's check-and-take on the same host (milliseconds of work).
@@ -138,7 +139,7 @@ def lock_path(deployment: Deployment, host: str) -> str:
 class Locks:
     """The deploy locks a run holds; ``notes`` says which stale ones it took over."""
 
-    held: list[tuple[Host, str]] = field(default_factory=list)
+    held: list[tuple[RemoteHost, str]] = field(default_factory=list)
     holder: Holder | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -198,7 +199,7 @@ def acquire(deployment: Deployment, run_folder: Path, names: Sequence[str] = ())
     return locks
 
 
-def _take(host: Host, path: str, mine: Holder) -> tuple[bool, str]:
+def _take(host: RemoteHost, path: str, mine: Holder) -> tuple[bool, str]:
     """(taken, note): the note names the stale holder taken over, or the live holder."""
     taken, holder, raw = _try(host, path, mine, stale="")
     if taken:
@@ -215,7 +216,7 @@ def _take(host: Host, path: str, mine: Holder) -> tuple[bool, str]:
     return False, f"{host.name} is locked by {who} (lock file {shlex.quote(path)} on the host)"
 
 
-def _try(host: Host, path: str, mine: Holder, stale: str) -> tuple[bool, Holder | None, str]:
+def _try(host: RemoteHost, path: str, mine: Holder, stale: str) -> tuple[bool, Holder | None, str]:
     result = host.run(
         _TAKE.format(wait=GUARD_WAIT),
         env={"LOCK": path, "INFO": mine.line(), "STALE": stale.rstrip("\n")},

@@ -14,9 +14,11 @@ host). :func:`run_stage` fans a stage out over the hosts::
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from opsbook.core.exceptions import RunError
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import (
     ClusterFunction,
     HostHeading,
@@ -62,7 +64,7 @@ def _per_host(module: str, function: str = "run") -> StageFunction:
     """The stage module's ``run`` (or ``function``), imported on the first call: a health
     check that runs only the diagnose stage does not pay for the config patch's vLLM tables."""
 
-    def run(host: Any, deployment: Any, **options: Any) -> Report:
+    def run(host: RemoteHost, deployment: Any, **options: Any) -> Report:
         module_ = importlib.import_module(f"opsbook.stages.{module}")
         stage_run: StageFunction = getattr(module_, function)
         return stage_run(host, deployment, **options)
@@ -75,7 +77,7 @@ def _on_cluster(module: str, function: str = "run") -> ClusterFunction:
     """The cluster module's function (a deployment served across its hosts), imported on the
     first call, like :func:`_per_host`."""
 
-    def run(hosts: Any, deployment: Any, **options: Any) -> dict[str, Report]:
+    def run(hosts: Sequence[RemoteHost], deployment: Any, **options: Any) -> dict[str, Report]:
         call: ClusterFunction = getattr(
             importlib.import_module(f"opsbook.stages.{module}"), function
         )

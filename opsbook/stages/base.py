@@ -23,6 +23,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import HostUnreachable, OpsbookError
 from opsbook.core.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
 from opsbook.remote.hosts import DEFAULT_FORKS, HostGroup
+from opsbook.remote.protocol import RemoteHost
 
 
 @dataclass
@@ -225,7 +226,7 @@ def run_stage(
         return _run_cluster(stage, deployment, group, on_result, options)
     reports: dict[str, Report] = {}
 
-    def one(host: Any) -> HostResult:
+    def one(host: RemoteHost) -> HostResult:
         started = time.monotonic()
         report = _run_one(stage, host, deployment, options)
         reports[host.name] = report
@@ -277,7 +278,9 @@ def _run_cluster(
     return StageRun(stage, results, dict(reports), group)
 
 
-def _run_one(stage: Stage, host: Any, deployment: Deployment, options: dict[str, Any]) -> Report:
+def _run_one(
+    stage: Stage, host: RemoteHost, deployment: Deployment, options: dict[str, Any]
+) -> Report:
     try:
         return stage.run_host(host, deployment.for_host(host.spec), **options)
     except HostUnreachable as e:
@@ -292,7 +295,7 @@ def _run_one(stage: Stage, host: Any, deployment: Deployment, options: dict[str,
         host.close()
 
 
-def _finding(host: Any, e: OpsbookError) -> Finding:
+def _finding(host: RemoteHost, e: OpsbookError) -> Finding:
     return Finding("error", host.name, e.message, e.remedy or "")
 
 

@@ -15,13 +15,14 @@ from typing import Any
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Finding, Result, State
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import download_check
 from opsbook.stages.base import Report
 
 FINGERPRINT_FIELDS = ("file", "size", "header_len", "tensors")
 
 
-def run(hosts: Sequence[Any], deployment: Deployment, **options: Any) -> dict[str, Report]:
+def run(hosts: Sequence[RemoteHost], deployment: Deployment, **options: Any) -> dict[str, Report]:
     """The download check on each node, then the fingerprints compared."""
     reports = {h.name: download_check.run(h, deployment.for_host(h.spec), **options) for h in hosts}
     prints = {

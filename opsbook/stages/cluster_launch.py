@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import Finding, Result, State
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Report
 from opsbook.stages.launch_server import _phases
 from opsbook.steps import cluster, plots, script, server
@@ -36,7 +36,7 @@ class NodeLost(OpsbookError):
 
 
 def run(
-    hosts: Sequence[Any],
+    hosts: Sequence[RemoteHost],
     deployment: Deployment,
     *,
     apply: bool = False,
@@ -70,7 +70,7 @@ def run(
     return _per_node(hosts, deployment, report, joined)
 
 
-def _node_options(host: Any, node: cluster.Node) -> cluster.NodeOptions:
+def _node_options(host: RemoteHost | None, node: cluster.Node) -> cluster.NodeOptions:
     """Each node offers Ray the GPUs its nvidia-smi lists (vLLM's bundles ask for ``GPU``)."""
     gpus = None
     if host is not None:
@@ -89,14 +89,14 @@ def _node_options(host: Any, node: cluster.Node) -> cluster.NodeOptions:
 
 
 def _start_cluster(
-    hosts: Sequence[Any], deployment: Deployment, options: dict[str, cluster.NodeOptions]
+    hosts: Sequence[RemoteHost], deployment: Deployment, options: dict[str, cluster.NodeOptions]
 ) -> Result:
     return cluster.start_cluster(hosts, deployment, options=options)
 
 
 def _launch_on_head(
-    head_host: Any,
-    hosts: Sequence[Any],
+    head_host: RemoteHost,
+    hosts: Sequence[RemoteHost],
     deployment: Deployment,
     view: Deployment,
     paths: server.LaunchPaths,
@@ -131,7 +131,9 @@ def _launch_on_head(
     return Report(State.CHANGED if smoke.ok else State.FAILED, smoke, shows, "", digest)
 
 
-def _watch_nodes(head_host: Any, deployment: Deployment) -> Callable[[server.Progress], None]:
+def _watch_nodes(
+    head_host: RemoteHost, deployment: Deployment
+) -> Callable[[server.Progress], None]:
     """Count the cluster's nodes every few seconds while the server starts; raise
     :class:`NodeLost` naming the nodes that left."""
     last = [0.0]
@@ -162,7 +164,7 @@ def _both(*calls: Callable[[server.Progress], None]) -> Callable[[server.Progres
     return call
 
 
-def _dry_run(by_name: dict[str, Any], deployment: Deployment) -> dict[str, Report]:
+def _dry_run(by_name: dict[str, RemoteHost], deployment: Deployment) -> dict[str, Report]:
     nodes = cluster.nodes_of(deployment)
     head_host = by_name[nodes[0].host.name]
     state = cluster.cluster_nodes(head_host, nodes[0], cluster.head_address(deployment))
@@ -180,7 +182,7 @@ def _dry_run(by_name: dict[str, Any], deployment: Deployment) -> dict[str, Repor
     return reports
 
 
-def _all(hosts: Sequence[Any], head: str, report: Report) -> dict[str, Report]:
+def _all(hosts: Sequence[RemoteHost], head: str, report: Report) -> dict[str, Report]:
     """The head's report, and the same verdict for each worker (the launch is one)."""
     reports = {head: report}
     for host in hosts:
@@ -190,7 +192,7 @@ def _all(hosts: Sequence[Any], head: str, report: Report) -> dict[str, Report]:
 
 
 def _per_node(
-    hosts: Sequence[Any], deployment: Deployment, head_report: Report, joined: Result
+    hosts: Sequence[RemoteHost], deployment: Deployment, head_report: Report, joined: Result
 ) -> dict[str, Report]:
     nodes = cluster.nodes_of(deployment)
     members = joined.data.get("nodes", {})
@@ -215,7 +217,9 @@ def _failure_of(result: Result) -> str:
     return diagnosis.failure or "" if diagnosis is not None else ""
 
 
-def stop_serving(hosts: Sequence[Any], deployment: Deployment, grace: float = 10.0) -> Result:
+def stop_serving(
+    hosts: Sequence[RemoteHost], deployment: Deployment, grace: float = 10.0
+) -> Result:
     """Stop the server on the head, then the Ray processes opsbook started on every node."""
     head = cluster.nodes_of(deployment)[0]
     by_name = {h.name: h for h in hosts}
@@ -234,7 +238,7 @@ def stop_serving(hosts: Sequence[Any], deployment: Deployment, grace: float = 10
 __all__ = ["run", "stop_serving"]
 
 
-def diagnose(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
+def diagnose(hosts: Sequence[RemoteHost], deployment: Deployment) -> dict[str, Report]:
     """Diagnose on a cluster: the head's server as on one host; each worker by its place in
     the Ray cluster (a worker runs no server of its own)."""
     from opsbook.stages import diagnose as single

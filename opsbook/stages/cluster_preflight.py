@@ -21,6 +21,7 @@ from typing import Any
 
 from opsbook.core.deployment import ClusterSpec, Deployment
 from opsbook.core.results import Finding, Result, State
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import preflight
 from opsbook.stages.base import Report
 from opsbook.steps import cluster
@@ -37,7 +38,7 @@ class Libraries:
     nccl: str | None = None
 
 
-def run(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
+def run(hosts: Sequence[RemoteHost], deployment: Deployment) -> dict[str, Report]:
     """Preflight each node, then compare them; one report per host."""
     spec = cluster.cluster_of(deployment)
     nodes = {n.host.name: n for n in cluster.nodes_of(deployment)}
@@ -81,7 +82,7 @@ INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
 def node_probe(
-    host: Any, node: cluster.Node, spec: ClusterSpec, nodes: Sequence[cluster.Node]
+    host: RemoteHost, node: cluster.Node, spec: ClusterSpec, nodes: Sequence[cluster.Node]
 ) -> dict[str, Any]:
     """Probe ``cluster_node`` on one node: its address, interfaces and (on the head) Ray port,
     the other nodes' addresses reached from it, its deployment python's torch and NCCL."""
@@ -180,7 +181,7 @@ def reach_finding(name: str, peer: cluster.Node, port: int, error: str, refused:
     )
 
 
-def ray_version(host: Any, python: str) -> str | None:
+def ray_version(host: RemoteHost, python: str) -> str | None:
     """The version of Ray the deployment's python imports on a host, or None."""
     import shlex
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
 from opsbook.knowledge import compat
-from opsbook.remote.probes import Prober
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report, concurrently
 from opsbook.steps import host_facts, patch
 from opsbook.steps.shard_check import format_bytes
 
 
 def run(
-    host: Prober,
+    host: RemoteHost,
     deployment: Deployment,
     *,
     apply: bool = False,
@@ -96,7 +96,7 @@ def run(
 
 
 def _model_and_backends(
-    host: Prober, deployment: Deployment
+    host: RemoteHost, deployment: Deployment
 ) -> tuple[patch.Checkpoint, compat.ModelFacts, compat.InstalledVllm | None]:
     """The checkpoint's configs and weights' size, the model they describe, and the
     installed vLLM's answer about that model on this host's GPUs."""
@@ -106,7 +106,7 @@ def _model_and_backends(
 
 
 def _predict_restored(
-    host: Prober,
+    host: RemoteHost,
     deployment: Deployment,
     found: host_facts.HostFacts,
     version: str | None,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import State
-from opsbook.remote.hosts import Host
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report
 from opsbook.steps import server, triage
 
 
-def run(host: Host, deployment: Deployment, *, log_when_ready: bool = True) -> Report:
+def run(host: RemoteHost, deployment: Deployment, *, log_when_ready: bool = True) -> Report:
     """Classify the server: ok when ready or loading, failed otherwise (with the failure id
     the log shows). Without ``log_when_ready`` a server that answers ``/health`` is ready
     without its log being read (the scheduled check; the notebook shows its startup)."""

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
-from opsbook.remote.probes import Prober
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Report
 from opsbook.steps import shard_check
 
 
 def run(
-    host: Prober,
+    host: RemoteHost,
     deployment: Deployment,
     *,
     model_path: str = "",

@@ -8,9 +8,9 @@ import hashlib
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import TransferError
 from opsbook.core.results import Result, State
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report
 from opsbook.steps import script
-from opsbook.steps.script import ScriptHost
 
 
 def script_sha256(text: str) -> str:
@@ -18,7 +18,7 @@ def script_sha256(text: str) -> str:
 
 
 def run(
-    host: ScriptHost, deployment: Deployment, *, apply: bool = False, entrypoint: str = "serve"
+    host: RemoteHost, deployment: Deployment, *, apply: bool = False, entrypoint: str = "serve"
 ) -> Report:
     """Render the script; ok when the host already has it, would change (dry run) or changed
     (uploaded and accepted by ``bash -n``) when it differs, failed when bash rejects it."""
@@ -45,7 +45,7 @@ def run(
     return Report(state, uploaded, shows, "", digest)
 
 
-def _current(host: ScriptHost, path: str) -> str | None:
+def _current(host: RemoteHost, path: str) -> str | None:
     try:
         return host.read_bytes(path).decode(errors="replace")
     except TransferError:

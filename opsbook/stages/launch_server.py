@@ -8,13 +8,13 @@ from collections.abc import Callable
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
-from opsbook.remote.hosts import Host
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Report, concurrently
 from opsbook.steps import host_facts, plots, script, server, triage
 
 
 def run(
-    host: Host,
+    host: RemoteHost,
     deployment: Deployment,
     *,
     apply: bool = False,
@@ -66,7 +66,7 @@ def run(
     return Report(State.CHANGED if smoke.ok else State.FAILED, smoke, shows, "", digest)
 
 
-def stop(host: Host, deployment: Deployment, *, stop_grace: float = 10.0) -> Report:
+def stop(host: RemoteHost, deployment: Deployment, *, stop_grace: float = 10.0) -> Report:
     """Stop the server opsbook started on the host (by its recorded process group) and clean
     its stale shared memory: changed when one was stopped, ok when none ran."""
     paths = server.resolve_paths(host, deployment)
@@ -79,7 +79,7 @@ def stop(host: Host, deployment: Deployment, *, stop_grace: float = 10.0) -> Rep
 
 
 def _phases(
-    host: Host, listener: Callable[[str, server.Progress], None] | None = None
+    host: RemoteHost, listener: Callable[[str, server.Progress], None] | None = None
 ) -> Callable[[server.Progress], None]:
     """Note each startup phase a host's server reaches, once, for the runner's live lines;
     pass every look on to ``listener``."""
@@ -98,7 +98,7 @@ def _phases(
     return note
 
 
-def _dry_run(host: Host, deployment: Deployment, paths: server.LaunchPaths) -> Report:
+def _dry_run(host: RemoteHost, deployment: Deployment, paths: server.LaunchPaths) -> Report:
     state = triage.server_state(host, paths, deployment.server_port, notes=(server.RUNNING_SCRIPT,))
     digest = server.noted_running_script(host, paths, state.notes)
     if state.state == "ready":

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import State
-from opsbook.remote.probes import Prober
+from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report
 from opsbook.steps import host_facts, plots
 
 
-def run(host: Prober, deployment: Deployment) -> Report:
+def run(host: RemoteHost, deployment: Deployment) -> Report:
     """Gather the host's facts (GPUs, processes, driver, interconnect, python, vLLM, disk,
     ports, servers) and judge them; changes nothing."""
     found = host_facts.gather_facts(host, deployment)

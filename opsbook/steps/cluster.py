@@ -32,6 +32,7 @@ from typing import Any
 from opsbook.core.deployment import ClusterSpec, Deployment, HostSpec
 from opsbook.core.exceptions import DeploymentError, OpsbookError
 from opsbook.core.results import Finding, Result
+from opsbook.remote.protocol import RemoteHost
 
 NODE_RECORD = "ray-node.json"
 JOIN_TIMEOUT = 60.0
@@ -164,7 +165,7 @@ def _host_part(name: str) -> str:
 
 
 def start_cluster(
-    hosts: Sequence[Any],
+    hosts: Sequence[RemoteHost],
     deployment: Deployment,
     *,
     options: dict[str, NodeOptions] | None = None,
@@ -216,7 +217,7 @@ def start_cluster(
 
 
 def start_node(
-    host: Any, node: Node, cluster: ClusterSpec, head: str, options: NodeOptions
+    host: RemoteHost, node: Node, cluster: ClusterSpec, head: str, options: NodeOptions
 ) -> Result:
     """``ray start`` on one node (the head, or a worker joining ``head``, ``HOST:PORT``),
     detached from the SSH session in a session of its own; its processes are recorded."""
@@ -259,7 +260,7 @@ def start_node(
     return Result(True, f"Ray {role} started on {node.address}", record)
 
 
-def _clear_stale_session(host: Any, temp_dir: str) -> None:
+def _clear_stale_session(host: RemoteHost, temp_dir: str) -> None:
     """Remove the node's own temp folder when no process uses it: a node that died (SIGKILL,
     a reboot) leaves sockets and a session there that a new ``ray start`` trips over."""
     if host.probe("ray_node", {"temp_dir": temp_dir})["processes"]:
@@ -268,7 +269,7 @@ def _clear_stale_session(host: Any, temp_dir: str) -> None:
 
 
 def wait_joined(
-    head_host: Any, head: Node, address: str, expected: dict[str, float], timeout: float
+    head_host: RemoteHost, head: Node, address: str, expected: dict[str, float], timeout: float
 ) -> Result:
     """Poll the cluster's state API until every expected node address is alive in it."""
     deadline = time.monotonic() + timeout
@@ -292,7 +293,7 @@ def wait_joined(
     )
 
 
-def cluster_nodes(head_host: Any, head: Node, address: str) -> ClusterNodes:
+def cluster_nodes(head_host: RemoteHost, head: Node, address: str) -> ClusterNodes:
     """The cluster's nodes through Ray's state API, asked from the head."""
     answer = head_host.probe(
         "ray_cluster", {"address": address, "node_ip": head.address}, python=head.python
@@ -305,7 +306,7 @@ def cluster_nodes(head_host: Any, head: Node, address: str) -> ClusterNodes:
     return ClusterNodes(nodes, str(answer.get("ray_version") or ""))
 
 
-def missing_nodes(head_host: Any, deployment: Deployment) -> list[Node]:
+def missing_nodes(head_host: RemoteHost, deployment: Deployment) -> list[Node]:
     """The nodes of the deployment that the cluster does not list as alive."""
     nodes = nodes_of(deployment)
     state = cluster_nodes(head_host, nodes[0], head_address(deployment))
@@ -313,7 +314,7 @@ def missing_nodes(head_host: Any, deployment: Deployment) -> list[Node]:
     return [n for n in nodes if n.address not in alive]
 
 
-def status(head_host: Any, deployment: Deployment) -> Result:
+def status(head_host: RemoteHost, deployment: Deployment) -> Result:
     """Which of the deployment's nodes the cluster lists as alive, and their GPUs."""
     nodes = nodes_of(deployment)
     address = head_address(deployment)
@@ -334,7 +335,7 @@ def status(head_host: Any, deployment: Deployment) -> Result:
 # Stopping.
 
 
-def stop_cluster(hosts: Sequence[Any], deployment: Deployment) -> Result:
+def stop_cluster(hosts: Sequence[RemoteHost], deployment: Deployment) -> Result:
     """Stop the Ray processes opsbook started on each node: workers first, the head last."""
     cluster = cluster_of(deployment)
     by_name = {h.name: h for h in hosts}
@@ -356,7 +357,9 @@ def stop_cluster(hosts: Sequence[Any], deployment: Deployment) -> Result:
     return Result(ok, f"Ray stopped on the cluster's nodes: {stopped} process(es)", {}, findings)
 
 
-def stop_node(host: Any, node: Node, cluster: ClusterSpec, grace: float = STOP_GRACE) -> Result:
+def stop_node(
+    host: RemoteHost, node: Node, cluster: ClusterSpec, grace: float = STOP_GRACE
+) -> Result:
     """SIGTERM the node's recorded process groups, wait, SIGKILL what is left."""
     record = _read_record(host, node)
     temp_dir = str(record.get("temp_dir") or node.temp_dir(cluster.ray_port))
@@ -384,7 +387,7 @@ def stop_node(host: Any, node: Node, cluster: ClusterSpec, grace: float = STOP_G
     return Result(not findings, message, {"stopped": pids}, findings)
 
 
-def node_processes(host: Any, node: Node, cluster: ClusterSpec) -> list[dict[str, Any]]:
+def node_processes(host: RemoteHost, node: Node, cluster: ClusterSpec) -> list[dict[str, Any]]:
     """The Ray processes opsbook started on a node that still run."""
     record = _read_record(host, node)
     temp_dir = str(record.get("temp_dir") or node.temp_dir(cluster.ray_port))
@@ -399,13 +402,13 @@ def _record_path(node: Node) -> str:
     return posixpath.join(node.state_dir, NODE_RECORD)
 
 
-def _write_record(host: Any, node: Node, record: dict[str, Any]) -> None:
+def _write_record(host: RemoteHost, node: Node, record: dict[str, Any]) -> None:
     path = _record_path(node)
     host.run(f"mkdir -p -- {shlex.quote(node.state_dir)}", label=f"mkdir {node.state_dir}")
     host.upload(path, json.dumps(record, indent=2) + "\n")
 
 
-def _read_record(host: Any, node: Node) -> dict[str, Any]:
+def _read_record(host: RemoteHost, node: Node) -> dict[str, Any]:
     path = _record_path(node)
     done = host.run(f"cat -- {shlex.quote(path)} 2>/dev/null || true", label=f"read {path}")
     try:

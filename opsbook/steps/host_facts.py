@@ -17,7 +17,7 @@ from typing import Any
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Finding, Result, Table
-from opsbook.remote.probes import Prober
+from opsbook.remote.protocol import RemoteHost
 
 QUERY_GPU_FIELDS = (
     "index",
@@ -369,7 +369,7 @@ def probe_args(deployment: Deployment) -> dict[str, Any]:
     }
 
 
-def gather_facts(host: Prober, deployment: Deployment, parts: Sequence[str] = ()) -> HostFacts:
+def gather_facts(host: RemoteHost, deployment: Deployment, parts: Sequence[str] = ()) -> HostFacts:
     """Learn a host's facts in one round trip (the ``facts`` probe).
 
     Args:

@@ -37,7 +37,7 @@ from opsbook.knowledge.compat import (
     parse_json,
     tokens_that_fit,
 )
-from opsbook.remote.probes import Prober
+from opsbook.remote.protocol import RemoteHost
 
 BACKUP_SUFFIX = ".opsbook-orig"
 PATCHABLE_FILES = ("config.json", "hf_quant_config.json")
@@ -446,7 +446,7 @@ def _token_counts(facts: ModelFacts, kv_dtype: str, budget: int | None) -> tuple
 # The remote part
 
 
-def read_config_state(host: Prober, model_dir: str, *, weights: bool = False) -> dict[str, Any]:
+def read_config_state(host: RemoteHost, model_dir: str, *, weights: bool = False) -> dict[str, Any]:
     """Texts and status (mode, uid, gid, sha256) of the config files and their backups.
 
     Args:
@@ -489,7 +489,7 @@ class Checkpoint:
     weight_bytes: int
 
 
-def read_checkpoint(host: Prober, model_dir: str) -> Checkpoint:
+def read_checkpoint(host: RemoteHost, model_dir: str) -> Checkpoint:
     """The config texts and the weights' size on disk, in one round trip.
 
     Raises:
@@ -500,7 +500,7 @@ def read_checkpoint(host: Prober, model_dir: str) -> Checkpoint:
     return Checkpoint(_texts(state), int(weights.get("shards", 0)), int(weights.get("bytes", 0)))
 
 
-def read_configs(host: Prober, model_dir: str) -> dict[str, str]:
+def read_configs(host: RemoteHost, model_dir: str) -> dict[str, str]:
     """The texts of ``config.json``, ``hf_quant_config.json`` and ``tokenizer_config.json``.
 
     One round trip. Files that do not exist are left out.
@@ -516,7 +516,7 @@ def read_configs(host: Prober, model_dir: str) -> dict[str, str]:
 
 
 def apply_patch(
-    host: Prober,
+    host: RemoteHost,
     model_dir: str,
     plan: Plan,
     *,
@@ -626,7 +626,9 @@ def _apply_data(
     }
 
 
-def restore_patch(host: Prober, model_dir: str, files: Sequence[str] = PATCHABLE_FILES) -> Result:
+def restore_patch(
+    host: RemoteHost, model_dir: str, files: Sequence[str] = PATCHABLE_FILES
+) -> Result:
     """Put the originals saved by :func:`apply_patch` back, byte for byte.
 
     The backups stay where they are. A file without a backup is left alone.

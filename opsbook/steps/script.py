@@ -51,12 +51,13 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from opsbook.core.deployment import ENV_NAME, Deployment, check_flag_name
 from opsbook.core.exceptions import DeploymentError
 from opsbook.core.redact import Redactor
 from opsbook.core.results import Finding, Result
+from opsbook.remote.protocol import RemoteHost
 from opsbook.steps.cluster import with_cluster_settings
 
 ENTRYPOINTS = ("serve", "module")
@@ -77,27 +78,6 @@ class _NotRead(enum.Enum):
 
 
 NOT_READ = _NotRead.NOT_READ
-
-
-class ScriptHost(Protocol):
-    """What this module needs of :class:`opsbook.remote.hosts.Host`."""
-
-    def run(
-        self,
-        command: str,
-        *,
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        stdin: str | bytes | None = None,
-        check: bool = False,
-        label: str | None = None,
-    ) -> Any: ...
-
-    def upload(self, remote_path: str, data: str | bytes, mode: int = 0o644) -> None: ...
-
-    def home_folder(self) -> str: ...
-
-    def read_bytes(self, remote_path: str) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -380,7 +360,7 @@ def _scalar(value: Any) -> str:
 
 
 def upload_script(
-    host: ScriptHost,
+    host: RemoteHost,
     deployment: Deployment,
     text: str,
     *,
@@ -463,7 +443,7 @@ def upload_script(
 
 
 def upload_secrets(
-    host: ScriptHost, deployment: Deployment, environ: Mapping[str, str] | None = None
+    host: RemoteHost, deployment: Deployment, environ: Mapping[str, str] | None = None
 ) -> Result:
     """Write the script's secrets file (mode 0600) from the local environment.
 
@@ -515,7 +495,7 @@ def _secret_values(
     return present
 
 
-def resolve_remote_path(host: ScriptHost, path: str) -> str:
+def resolve_remote_path(host: RemoteHost, path: str) -> str:
     """``path`` made absolute: ``~/x`` and relative paths are taken from the remote home.
 
     Raises:
@@ -543,7 +523,7 @@ def script_diff(previous: str | None, new: str, path: str) -> str:
 
 
 def _previous_script(
-    host: ScriptHost, path: str, stale: str | None = None, known: str | None | _NotRead = NOT_READ
+    host: RemoteHost, path: str, stale: str | None = None, known: str | None | _NotRead = NOT_READ
 ) -> tuple[str | None, int | None, bool]:
     """Create the folder; the script already at ``path`` and its mode, if any, and whether a
     file ``stale`` is there. ``known`` is the script as the caller read it, used when a file is

@@ -21,7 +21,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import HostUnreachable
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import logscan
-from opsbook.remote.hosts import Host
+from opsbook.remote.protocol import RemoteHost
 
 if TYPE_CHECKING:
     from opsbook.steps.host_facts import HostFacts
@@ -54,7 +54,7 @@ class LaunchPaths:
         return {"script": self.script, "log": self.log, "state_dir": self.state_dir, **extra}
 
 
-def resolve_paths(host: Host, deployment: Deployment) -> LaunchPaths:
+def resolve_paths(host: RemoteHost, deployment: Deployment) -> LaunchPaths:
     """Absolute paths of the script, the log and the state folder on the host."""
     # The script module (its flag tables) is not needed by a health check that imports this.
     from opsbook.steps.script import resolve_remote_path
@@ -69,7 +69,7 @@ def resolve_paths(host: Host, deployment: Deployment) -> LaunchPaths:
 # -- stop -------------------------------------------------------------------------------------
 
 
-def stop_server(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
+def stop_server(host: RemoteHost, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
     """Stop the server opsbook launched: SIGTERM to its process group, then SIGKILL.
 
     Processes opsbook did not start (another user's server, a server started by hand, a PID
@@ -119,7 +119,7 @@ def _stop_result(answer: dict[str, Any]) -> Result:
 STOP_REMEDY = "stop it first: 04_launch's Stop button, or `opsbook run 04_launch -p apply true`"
 
 
-def stop_previous(host: Host, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
+def stop_previous(host: RemoteHost, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
     """:func:`stop_server`, then :func:`clean_stale_shm`: the step before a start, in one
     probe."""
     asked = paths.probe_args(op="stop", grace=grace, clean_shm=True)
@@ -140,7 +140,7 @@ def signalled_any(stopped: Result) -> bool:
     return answer.get("reason") not in ("no-record", "not-running")
 
 
-def clean_stale_shm(host: Host, *, apply: bool = True) -> Result:
+def clean_stale_shm(host: RemoteHost, *, apply: bool = True) -> Result:
     """Remove ``/dev/shm/psm_*`` and ``sem.mp-*`` files of this user that no live process
     holds (a server killed with SIGKILL leaves them behind). Done by a probe: no shell glob,
     which zsh would abort on when nothing matches."""
@@ -207,7 +207,7 @@ def check_can_start(facts: HostFacts, server_port: int) -> Result:
     return Result(ok, "port free and GPUs idle" if ok else "cannot start yet", {}, findings)
 
 
-def start_server(host: Host, paths: LaunchPaths, server_port: int) -> Result:
+def start_server(host: RemoteHost, paths: LaunchPaths, server_port: int) -> Result:
     """Start the launch script detached, in a session of its own, logging to the log file,
     and prove within about two seconds that it started (alive and logging) or say why not."""
     answer = host.probe(PROBE, paths.probe_args(op="start", port=server_port), timeout=60)
@@ -298,7 +298,7 @@ STARTUP_STEPS = len(logscan.PHASE_NAMES)
 
 
 def wait_until_ready(
-    host: Host,
+    host: RemoteHost,
     paths: LaunchPaths,
     server_port: int,
     *,
@@ -352,14 +352,14 @@ def wait_until_ready(
 
 
 def _watch_with_retry(
-    host: Host, paths: LaunchPaths, port: int, offset: int | None, wait: float
+    host: RemoteHost, paths: LaunchPaths, port: int, offset: int | None, wait: float
 ) -> dict[str, Any]:
     args = paths.probe_args(op="watch", port=port, offset=offset, wait=wait)
     args["health_timeout"] = HEALTH_TIMEOUT
     return _probe_with_retry(host, args)
 
 
-def _probe_with_retry(host: Host, args: dict[str, Any]) -> dict[str, Any]:
+def _probe_with_retry(host: RemoteHost, args: dict[str, Any]) -> dict[str, Any]:
     """A read-only probe, run again on a fresh connection when the connection drops
     (reading twice is harmless)."""
     for attempt in range(RECONNECT_ATTEMPTS):
@@ -396,7 +396,7 @@ def _timeout_finding(diagnosis: logscan.LogDiagnosis, timeout: float) -> Finding
 
 
 def http_get(
-    host: Host,
+    host: RemoteHost,
     port: int,
     path: str,
     *,
@@ -428,7 +428,7 @@ def http_get(
 
 
 def smoke_test(
-    host: Host, port: int, *, prompt: str = "Hello, my name is", api_key: str | None = None
+    host: RemoteHost, port: int, *, prompt: str = "Hello, my name is", api_key: str | None = None
 ) -> Result:
     """``/health``, ``/v1/models`` and one small completion, each a finding.
 
@@ -530,7 +530,7 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else "it printed nothing"
 
 
-def record_running_script(host: Host, paths: LaunchPaths) -> str:
+def record_running_script(host: RemoteHost, paths: LaunchPaths) -> str:
     """Note on the host the sha256 of the script the server was started from; returns it."""
     target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
     done = host.run(
@@ -541,14 +541,14 @@ def record_running_script(host: Host, paths: LaunchPaths) -> str:
     return done.stdout.strip() if done.ok else ""
 
 
-def running_script(host: Host, paths: LaunchPaths) -> str:
+def running_script(host: RemoteHost, paths: LaunchPaths) -> str:
     """The sha256 of the script the last started server runs, as noted at its start."""
     target = posixpath.join(paths.state_dir, RUNNING_SCRIPT)
     done = host.run(f"cat -- {shlex.quote(target)} 2>/dev/null || true", label=f"read {target}")
     return done.stdout.strip()
 
 
-def noted_running_script(host: Host, paths: LaunchPaths, notes: dict[str, str | None]) -> str:
+def noted_running_script(host: RemoteHost, paths: LaunchPaths, notes: dict[str, str | None]) -> str:
     """The running script's hash from the notes a status probe read (``server_state`` asked
     with ``notes=(RUNNING_SCRIPT,)``), or read on its own when the status did not carry it."""
     if RUNNING_SCRIPT not in notes:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsbook.core.results import Finding, Result, Table
-from opsbook.remote.probes import Prober
+from opsbook.remote.protocol import RemoteHost
 
 PROBE = "download"
 CHECK_TIMEOUT = 300.0
@@ -89,7 +89,7 @@ class DownloadProgress:
 # --- check --------------------------------------------------------------------------------
 
 
-def check_download(host: Prober, model_path: str, *, timeout: float = CHECK_TIMEOUT) -> Result:
+def check_download(host: RemoteHost, model_path: str, *, timeout: float = CHECK_TIMEOUT) -> Result:
     """Check a model directory or hub cache snapshot on ``host`` in one round trip.
 
     Args:
@@ -187,7 +187,7 @@ def to_finding(item: Mapping[str, Any]) -> Finding:
 
 
 def hash_shards(
-    host: Prober,
+    host: RemoteHost,
     model_path: str,
     *,
     manifest: Mapping[str, str] | None = None,
@@ -291,7 +291,7 @@ def hash_finding(row: Mapping[str, Any]) -> Finding:
 
 
 def watch_download(
-    host: Prober,
+    host: RemoteHost,
     model_path: str,
     *,
     interval: float = 5.0,

@@ -13,7 +13,7 @@ from typing import Any
 
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import logscan
-from opsbook.remote.hosts import Host
+from opsbook.remote.protocol import RemoteHost
 from opsbook.steps.server import HEALTH_TIMEOUT, PROBE, LaunchPaths, http_get
 
 # A live server whose log has been silent this long, with its port closed, is called hung.
@@ -80,7 +80,7 @@ class ServerState:
 
 
 def server_state(
-    host: Host,
+    host: RemoteHost,
     paths: LaunchPaths,
     server_port: int,
     *,
@@ -158,7 +158,7 @@ def _stop_of(status: dict[str, Any]) -> float | None:
 
 
 def _watch_unresponsive(
-    host: Host, paths: LaunchPaths, port: int, log_size: int | None
+    host: RemoteHost, paths: LaunchPaths, port: int, log_size: int | None
 ) -> tuple[bool, bool]:
     """(healthy, unresponsive): /health asked again for :data:`UNRESPONSIVE_SECONDS`; the
     server is unresponsive if it never answered and its log did not grow meanwhile."""
@@ -257,7 +257,7 @@ def _classify_gone(
     return "exited", f"the process is gone and its log shows no error (last phase {phase})"
 
 
-def _healthy(host: Host, port: int, status: dict[str, Any]) -> bool:
+def _healthy(host: RemoteHost, port: int, status: dict[str, Any]) -> bool:
     # A host whose probe predates the health answer in the status is asked separately.
     answer = status.get("health") or http_get(host, port, "/health", timeout=HEALTH_TIMEOUT)
     return bool(answer.get("status") == 200)

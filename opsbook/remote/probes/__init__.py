@@ -15,23 +15,9 @@ import re
 import subprocess
 import zlib
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any
 
 from opsbook.core.exceptions import ProbeError
-
-
-class Prober(Protocol):
-    """What a check needs of a host: running a probe. :class:`opsbook.remote.hosts.Host` is one."""
-
-    def probe(
-        self,
-        name: str,
-        args: dict[str, Any] | None = None,
-        *,
-        python: str = "python3",
-        timeout: float | None = None,
-    ) -> Any: ...
-
 
 # The answer leaves in one write: ``json.dump`` writes piece by piece, and with an unbuffered
 # stdout (PYTHONUNBUFFERED in the login environment) each piece is a write and an SSH packet:
