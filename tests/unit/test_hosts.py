@@ -2,6 +2,7 @@
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import paramiko
 import pytest
@@ -24,7 +25,7 @@ def test_the_login_shell_does_not_change_what_runs(shell: str) -> None:
     assert run_wire(shell, TRICKY, {"V": "x"}).splitlines()[0] == "bash single x"
 
 
-def test_environment_values_reach_the_program_literally(tmp_path) -> None:
+def test_environment_values_reach_the_program_literally(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     value = f"$(touch {marker}) `touch {marker}` a&b; 'q' \"d\" \\"
     out = run_wire("zsh", 'printf %s "$VALUE"', {"VALUE": value})
@@ -44,7 +45,7 @@ def test_bad_environment_name_is_refused() -> None:
         wrap_command("true", {"A-B": "1"})
 
 
-def test_fingerprint_matches_ssh_keygen(tmp_path) -> None:
+def test_fingerprint_matches_ssh_keygen(tmp_path: Path) -> None:
     key_file = tmp_path / "k"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True)
     listed = subprocess.run(
@@ -69,3 +70,13 @@ def test_a_stopped_sshd_is_a_connect_timeout_naming_the_host() -> None:
     assert error.host == "ops@127.0.3.250:2222"
     assert "did not answer within 7 s" in error.message
     assert "hung or stopped" in error.message
+
+
+def test_host_is_a_host_of_the_one_protocol() -> None:
+    from opsbook.core.deployment import HostSpec
+    from opsbook.remote.hosts import Host
+    from opsbook.remote.protocol import RemoteHost
+
+    # The annotation is for mypy (which also checks it where HostGroup takes a Host).
+    host: RemoteHost = Host(HostSpec(address="127.0.3.250"))
+    assert isinstance(host, RemoteHost)

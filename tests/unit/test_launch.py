@@ -1,6 +1,7 @@
 """Launch logic without a remote host: the startup timeline, the start gate from host facts,
-and the start and stop verdicts with the launch probe run on this machine (a local stand-in for
-the host runs each probe with the local python, as :func:`opsbook.remote.probes.run_local` does)."""
+and the start and stop verdicts with the launch probe run on this machine (the shipped
+:class:`opsbook.remote.testing.LocalHost` runs each probe with the local python, as a host's
+python runs it)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import pytest
 from opsbook.knowledge import logscan
 from opsbook.knowledge.logscan import Phase
 from opsbook.remote import probes
-from opsbook.remote.testing import FakeHost, local_probe
+from opsbook.remote.testing import FakeHost, LocalHost, local_probe
 from opsbook.steps import server as launch
 from opsbook.steps import triage
 from opsbook.steps.host_facts import GpuProcess, HostFacts, facts_from_probe
@@ -150,13 +151,6 @@ def test_every_holder_is_a_finding() -> None:
 # -- start and stop verdicts, with the probe run on this machine -------------------------------
 
 
-class LocalHost:
-    """Runs probes with this machine's python: the probe code is the one a host runs."""
-
-    def probe(self, name: str, args: dict[str, Any] | None = None, **_: Any) -> Any:
-        return probes.run_local(name, args)
-
-
 @pytest.fixture
 def paths(tmp_path: Path) -> launch.LaunchPaths:
     return launch.LaunchPaths(
@@ -172,7 +166,7 @@ def script(paths: launch.LaunchPaths, body: str, mode: int = 0o755) -> None:
 
 
 def start(paths: launch.LaunchPaths) -> Any:
-    return launch.start_server(LocalHost(), paths, free_port())  # type: ignore[arg-type]
+    return launch.start_server(LocalHost(), paths, free_port())
 
 
 def free_port() -> int:
@@ -224,7 +218,7 @@ def test_a_taken_port_is_refused_by_the_start_itself(paths: launch.LaunchPaths) 
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        result = launch.start_server(LocalHost(), paths, port)  # type: ignore[arg-type]
+        result = launch.start_server(LocalHost(), paths, port)
     assert not result.ok
     assert f"port {port} is already taken by PID {os.getpid()}" in result.message
 
@@ -244,7 +238,7 @@ def test_start_records_its_group_and_stop_ends_it_with_sigkill_when_ignored(
         again = start(paths)
         assert not again.ok and "still running" in again.message
 
-        stopped = launch.stop_server(LocalHost(), paths, grace=0.5)  # type: ignore[arg-type]
+        stopped = launch.stop_server(LocalHost(), paths, grace=0.5)
         assert stopped.ok and "with SIGTERM+KILL" in stopped.message
         assert len(stopped.data["stopped"].rows) >= 2
         assert not _alive(record["pid"])
@@ -260,7 +254,7 @@ def test_stop_refuses_a_recorded_pid_now_used_by_another_process(
     Path(paths.state_dir, "launch.json").write_text(
         json.dumps({"pid": me, "pgid": os.getpgid(0), "start": 1})
     )
-    stopped = launch.stop_server(LocalHost(), paths)  # type: ignore[arg-type]
+    stopped = launch.stop_server(LocalHost(), paths)
     assert not stopped.ok
     assert stopped.message.startswith("the recorded PID now belongs to another process")
     assert stopped.data["answer"]["reason"] == "pid-reused"
@@ -274,9 +268,9 @@ def test_a_script_that_execs_late_is_still_the_recorded_launch(paths: launch.Lau
     try:
         assert started.ok and "launch.sh" in record["cmdline"]
         until_cmdline(record["pid"], "sleep 60")
-        found = triage.server_state(LocalHost(), paths, free_port())  # type: ignore[arg-type]
+        found = triage.server_state(LocalHost(), paths, free_port())
         assert found.state == "loading" and found.processes[0]["pid"] == record["pid"]
-        stopped = launch.stop_server(LocalHost(), paths, grace=2)  # type: ignore[arg-type]
+        stopped = launch.stop_server(LocalHost(), paths, grace=2)
         assert stopped.ok and stopped.message == "stopped 1 process(es) with SIGTERM"
     finally:
         _kill_group(record["pgid"])
@@ -297,7 +291,7 @@ def test_stop_refuses_a_recorded_pid_now_running_another_program(
         "script": paths.script,
     }
     Path(paths.state_dir, "launch.json").write_text(json.dumps(record))
-    stopped = launch.stop_server(LocalHost(), paths)  # type: ignore[arg-type]
+    stopped = launch.stop_server(LocalHost(), paths)
     assert stopped.data["answer"]["reason"] == "pid-reused" and not stopped.data["stopped"].rows
 
 
@@ -311,7 +305,7 @@ def until_cmdline(pid: int, expected: str, timeout: float = 10.0) -> None:
 
 
 def test_stop_without_a_record_has_nothing_to_stop(paths: launch.LaunchPaths) -> None:
-    stopped = launch.stop_server(LocalHost(), paths)  # type: ignore[arg-type]
+    stopped = launch.stop_server(LocalHost(), paths)
     assert stopped.data["answer"]["reason"] == "no-record" and not stopped.data["stopped"].rows
 
 
@@ -433,7 +427,7 @@ def test_a_running_healthy_server_s_log_stays_on_the_host_when_the_check_asks(
         brief = probes.run_local("launch", dict(args, log_when_healthy=False))
         full = probes.run_local("launch", args)
     finally:
-        launch.stop_server(LocalHost(), paths, grace=0.5)  # type: ignore[arg-type]
+        launch.stop_server(LocalHost(), paths, grace=0.5)
         server.shutdown()
         server.server_close()
     assert started.ok and brief["running"] and brief["health"]["status"] == 200
@@ -451,7 +445,7 @@ def test_an_unhealthy_server_s_log_is_read_even_when_the_check_asks_not_to(
         args = paths.probe_args(op="status", port=server.server_port, health="/health")
         answer = probes.run_local("launch", dict(args, log_when_healthy=False))
     finally:
-        launch.stop_server(LocalHost(), paths, grace=0.5)  # type: ignore[arg-type]
+        launch.stop_server(LocalHost(), paths, grace=0.5)
         server.shutdown()
         server.server_close()
     assert answer["running"] and answer["health"]["status"] == 503
@@ -486,13 +480,14 @@ def test_the_wait_asks_for_new_bytes_only_and_lets_the_host_wait(paths: launch.L
 
     host = FakeHost(probes={"launch": watch})
     slept: list[float] = []
-    done = launch.wait_until_ready(host, paths, 8000, interval=0.5, sleep=slept.append)  # type: ignore[arg-type]
+    done = launch.wait_until_ready(host, paths, 8000, interval=0.5, sleep=slept.append)
     assert done.ok, done.message
     assert [a["op"] for a in looks] == ["watch"] * 3
     assert [a["wait"] for a in looks] == [0.0, 0.5, 0.5]  # the host waits, not this process
     assert [a["offset"] for a in looks] == [None, 2000, cut]  # each byte crosses once
     assert slept == []
-    assert launch.diagnosis_of(done).state == "ready"
+    diagnosis = launch.diagnosis_of(done)
+    assert diagnosis is not None and diagnosis.state == "ready"
 
 
 def test_a_launch_record_that_cannot_be_written_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -551,7 +546,7 @@ def test_stop_previous_is_one_probe_and_reports_both_steps() -> None:
 
     host = FakeHost(probes={"launch": stop})
     paths = launch.LaunchPaths("/s/launch.sh", "/s/vllm.log", "/s/state")
-    done = launch.stop_previous(host, paths, grace=1)  # type: ignore[arg-type]
+    done = launch.stop_previous(host, paths, grace=1)
     assert [a["op"] for a in asked] == ["stop"] and asked[0]["clean_shm"] is True
     assert (
         done.ok
@@ -641,4 +636,4 @@ def test_the_launch_stage_reads_the_gpus_and_port_again_only_after_a_stop_signal
     assert asked.count("facts") == facts_read
 
 
-SHM_NONE = {"removed": [], "kept": []}
+SHM_NONE: dict[str, list[dict[str, Any]]] = {"removed": [], "kept": []}

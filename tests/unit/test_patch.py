@@ -15,6 +15,7 @@ import pytest
 from opsbook.core.exceptions import OpsbookError
 from opsbook.knowledge.compat import facts_from_texts
 from opsbook.remote.probes import run_local
+from opsbook.remote.testing import FakeHost, LocalHost
 from opsbook.steps.patch import (
     BACKUP_SUFFIX,
     Edit,
@@ -36,13 +37,6 @@ KIMI_ARGS = {
     "enable-auto-tool-choice": True,
     "trust-remote-code": True,
 }
-
-
-class LocalProbeHost:
-    """Runs probes with the local python3, exactly as a host's python3 would run them."""
-
-    def probe(self, name: str, args: dict[str, Any] | None = None) -> Any:
-        return run_local(name, args)
 
 
 def kimi_files() -> dict[str, str]:
@@ -202,8 +196,8 @@ def test_edit_action_is_checked() -> None:
 
 
 def test_read_configs_in_one_probe(model_dir: Path) -> None:
-    assert read_configs(LocalProbeHost(), str(model_dir)) == kimi_files()
-    state = read_config_state(LocalProbeHost(), str(model_dir))
+    assert read_configs(LocalHost(), str(model_dir)) == kimi_files()
+    state = read_config_state(LocalHost(), str(model_dir))
     assert state["files"]["config.json"]["mode"] == 0o640
     assert state["files"]["config.json"]["sha256"] == sha(model_dir / "config.json")
     assert not state["backups"]["config.json"]["exists"]
@@ -216,18 +210,18 @@ def test_read_checkpoint_adds_up_the_weights_on_disk_in_the_same_probe(model_dir
     (model_dir / "model-00002-of-00003.safetensors").symlink_to(blob)  # as in an HF cache
     (model_dir / "model-00003-of-00003.safetensors").symlink_to(model_dir / "gone")
     (model_dir / "notes.txt").write_bytes(b"z" * 5000)
-    checkpoint = read_checkpoint(LocalProbeHost(), str(model_dir))
+    checkpoint = read_checkpoint(LocalHost(), str(model_dir))
     assert (checkpoint.shards, checkpoint.weight_bytes) == (2, 1234)
     assert checkpoint.texts == kimi_files()
 
 
 def test_read_configs_of_a_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(OpsbookError, match="does not exist"):
-        read_configs(LocalProbeHost(), str(tmp_path / "nope"))
+        read_configs(LocalHost(), str(tmp_path / "nope"))
 
 
 def test_dry_run_changes_nothing(model_dir: Path) -> None:
-    host = LocalProbeHost()
+    host = LocalHost()
     before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
     files = read_configs(host, str(model_dir))
     result = apply_patch(
@@ -239,7 +233,7 @@ def test_dry_run_changes_nothing(model_dir: Path) -> None:
 
 
 def test_apply_backs_up_writes_verifies_and_is_idempotent(model_dir: Path) -> None:
-    host = LocalProbeHost()
+    host = LocalHost()
     originals = {name: (model_dir / name).read_bytes() for name in kimi_files()}
     files = read_configs(host, str(model_dir))
     plan = plan_patch(files, fp8_kv_cache_edits(files))
@@ -276,7 +270,7 @@ def test_apply_backs_up_writes_verifies_and_is_idempotent(model_dir: Path) -> No
 
 
 def test_restore_puts_the_originals_back_byte_for_byte(model_dir: Path) -> None:
-    host = LocalProbeHost()
+    host = LocalHost()
     originals = {name: (model_dir / name).read_bytes() for name in kimi_files()}
     files = read_configs(host, str(model_dir))
     apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True)
@@ -294,13 +288,13 @@ def test_restore_puts_the_originals_back_byte_for_byte(model_dir: Path) -> None:
 
 
 def test_restore_without_backup_leaves_files_alone(model_dir: Path) -> None:
-    result = restore_patch(LocalProbeHost(), str(model_dir))
+    result = restore_patch(LocalHost(), str(model_dir))
     assert result.ok
     assert result.data["no_backup"] == ["config.json", "hf_quant_config.json"]
 
 
 def test_the_first_backup_is_never_overwritten(model_dir: Path) -> None:
-    host = LocalProbeHost()
+    host = LocalHost()
     first = (model_dir / "config.json").read_bytes()
     files = read_configs(host, str(model_dir))
     apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True)
@@ -320,7 +314,7 @@ def test_the_first_backup_is_never_overwritten(model_dir: Path) -> None:
 
 
 def test_a_file_changed_since_the_plan_is_not_written(model_dir: Path) -> None:
-    host = LocalProbeHost()
+    host = LocalHost()
     files = read_configs(host, str(model_dir))
     plan = plan_patch(files, fp8_kv_cache_edits(files))
     (model_dir / "config.json").write_text(files["config.json"] + "\n")
@@ -341,7 +335,7 @@ def test_probe_refuses_to_write_over_a_concurrent_change(model_dir: Path) -> Non
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
 def test_owner_is_kept_when_root(model_dir: Path) -> None:
     shutil.chown(model_dir / "config.json", user=65534, group=65534)
-    host = LocalProbeHost()
+    host = LocalHost()
     files = read_configs(host, str(model_dir))
     result = apply_patch(
         host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True
@@ -476,14 +470,11 @@ def test_kv_keys_vllm_does_not_apply_are_left_alone() -> None:
     assert "which vLLM does not apply here (KV cache auto)" in plan.reason
 
 
-class UntouchableHost:
-    def probe(self, name: str, args: dict[str, Any] | None = None) -> Any:
-        raise AssertionError("nothing planned: the host must not be asked")
-
-
 def test_applying_an_empty_plan_touches_nothing_and_says_why() -> None:
     _, plan, _ = predicted_plan(SM120_MEM, "0.33.0")
-    result = apply_patch(UntouchableHost(), "/nowhere", plan, apply=True)
+    untouchable = FakeHost()  # nothing scripted: any question to it fails the test
+    result = apply_patch(untouchable, "/nowhere", plan, apply=True)
+    assert untouchable.calls == []
     assert result.ok
     assert result.message == plan.reason
     assert result.data["already_applied"] and result.data["changed"] == []
@@ -500,7 +491,7 @@ def test_verdict_carries_the_reason_nothing_was_planned() -> None:
 
 
 def test_apply_then_restore_keeps_the_operators_current_config(model_dir: Path) -> None:
-    host = LocalProbeHost()
+    host = LocalHost()
     files = read_configs(host, str(model_dir))
     apply_patch(host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True)
     restore_patch(host, str(model_dir))
@@ -524,7 +515,7 @@ def test_apply_then_restore_keeps_the_operators_current_config(model_dir: Path) 
 
 
 def test_a_symlinked_config_is_refused_and_stays_a_link(model_dir: Path) -> None:
-    host = LocalProbeHost()
+    host = LocalHost()
     blob = model_dir.parent / "blob-config.json"
     (model_dir / "config.json").rename(blob)
     (model_dir / "config.json").symlink_to(blob)

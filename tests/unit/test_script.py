@@ -1,14 +1,12 @@
 """Launch script rendering: quoting proven by running the script with local bash and a stub
 interpreter that prints the arguments it receives; secrets; flags; stable output; upload logic
-against a local stand-in for the host."""
+against this machine as the host (:class:`opsbook.remote.testing.LocalHost`)."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import stat
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pytest
 from opsbook.core.deployment import Deployment, parse_deployment
 from opsbook.core.exceptions import DeploymentError
 from opsbook.core.results import State
+from opsbook.remote.testing import LocalHost
 from opsbook.stages import launch_script
 from opsbook.steps.script import (
     API_SERVER_MODULE,
@@ -274,58 +273,22 @@ def test_notebook_display_objects() -> None:
     assert "no change" in str(diff_html(""))
 
 
-@dataclass
-class Ran:
-    exit_code: int
-    stdout: str
-    stderr: str
-
-
-class LocalHost:
-    """A stand-in for :class:`opsbook.remote.hosts.Host` on this machine, with its own home folder:
-    commands run under ``bash -c``, files are written directly."""
-
-    def __init__(self, home: Path):
-        self.home = home
-        self.commands: list[str] = []
-        self.reads: list[str] = []
-
-    def run(self, command: str, *, check: bool = False, stdin: Any = None, **_: Any) -> Ran:
-        self.commands.append(command)
-        done = subprocess.run(
-            ["bash", "-c", command],
-            capture_output=True,
-            text=True,
-            input=stdin,
-            env={**os.environ, "HOME": str(self.home)},
-        )
-        assert not check or done.returncode == 0, done.stderr
-        return Ran(done.returncode, done.stdout, done.stderr)
-
-    def upload(self, remote_path: str, data: str | bytes, mode: int = 0o644) -> None:
-        path = Path(remote_path)
-        path.write_bytes(data.encode() if isinstance(data, str) else data)
-        path.chmod(mode)
-
-    def read_bytes(self, remote_path: str) -> bytes:
-        self.reads.append(remote_path)
-        return Path(remote_path).read_bytes()
-
-    def home_folder(self) -> str:
-        return self.run('printf %s "$HOME"', check=True).stdout
+def commands(host: LocalHost) -> list[str]:
+    """The commands sent to the host, in order."""
+    return [what for kind, what in host.calls if kind == "run"]
 
 
 def test_relative_and_home_paths_resolve_against_the_remote_home(tmp_path: Path) -> None:
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     assert resolve_remote_path(host, "opsbook/launch.sh") == f"{tmp_path}/opsbook/launch.sh"
     assert resolve_remote_path(host, "~/a b/launch.sh") == f"{tmp_path}/a b/launch.sh"
-    calls = len(host.commands)
+    calls = len(host.calls)
     assert resolve_remote_path(host, "/srv/x/../launch.sh") == "/srv/launch.sh"
-    assert len(host.commands) == calls
+    assert len(host.calls) == calls
 
 
 def test_upload_reports_new_unchanged_and_changed(tmp_path: Path) -> None:
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     dep = deployment(paths={"script": 'it\'s a "dir"/launch.sh'})
     first = upload_script(host, dep, render_script(dep))
     path = tmp_path / 'it\'s a "dir"' / "launch.sh"
@@ -346,13 +309,14 @@ def test_upload_reports_new_unchanged_and_changed(tmp_path: Path) -> None:
 
 
 def test_the_launch_script_stage_reads_the_hosts_script_once(tmp_path: Path) -> None:
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     dep = deployment()
     upload_script(host, dep, render_script(dep))
     changed = deployment(server__args={"tensor-parallel-size": 4})
-    host.reads.clear()
+    host.calls.clear()
     report = launch_script.run(host, changed, apply=True)
-    assert report.state is State.CHANGED and host.reads == [f"{tmp_path}/opsbook/launch.sh"]
+    reads = [what for kind, what in host.calls if kind == "read"]
+    assert report.state is State.CHANGED and reads == [f"{tmp_path}/opsbook/launch.sh"]
     assert "--tensor-parallel-size 4" in (tmp_path / "opsbook" / "launch.sh").read_text()
 
 
@@ -360,7 +324,7 @@ def test_upload_reads_the_script_itself_when_the_callers_copy_is_of_no_file(
     tmp_path: Path,
 ) -> None:
     # The caller saw no file, but one is there now: it is read and checked before replacing.
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     dep = deployment()
     (tmp_path / "opsbook").mkdir()
     (tmp_path / "opsbook" / "launch.sh").write_text("#!/bin/bash\nmy own\n")
@@ -370,21 +334,21 @@ def test_upload_reads_the_script_itself_when_the_callers_copy_is_of_no_file(
 
 
 def test_upload_reports_a_syntax_error_as_a_finding(tmp_path: Path) -> None:
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     result = upload_script(host, deployment(), "#!/bin/bash\nif then\n")
     assert not result.ok and not result.data["syntax_ok"]
     assert result.findings[0].severity == "error" and "syntax error" in result.findings[0].message
 
 
 def test_upload_secrets_writes_a_private_env_file_the_script_reads(tmp_path: Path) -> None:
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     dep = deployment(paths={"script": "opsbook/launch.sh"})
     secret = "hf_$(touch pwned) 'x'"
     written = upload_secrets(host, dep, environ={"HF_TOKEN": secret, "OTHER": "not a secret"})
     env_file = tmp_path / "opsbook" / "launch.sh.env"
     assert written.ok and written.data == {"path": str(env_file), "names": ["HF_TOKEN"]}
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    assert not any(secret in command for command in host.commands)
+    assert not any(secret in command for command in commands(host))
 
     upload_script(host, dep, render_script(dep), environ={"HF_TOKEN": secret})
     stub_bin(tmp_path)
@@ -406,7 +370,7 @@ SECRET_ARGS = {
 
 
 def test_secret_serve_args_stay_out_of_the_script_and_reach_the_server(tmp_path: Path) -> None:
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     dep = deployment(server__args=SECRET_ARGS, paths={"script": "launch.sh"})
     text = render_script(dep)
     for value in ("key-", "first pass", "second pass"):
@@ -444,7 +408,7 @@ def test_a_secret_serve_arg_without_its_secrets_file_stops_the_launch(tmp_path: 
 
 
 def test_upload_script_writes_the_secrets_file_only_when_there_is_a_secret(tmp_path: Path) -> None:
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     dep = deployment(paths={"script": "launch.sh"})
     plain = upload_script(host, dep, render_script(dep), environ={})
     assert plain.data["secrets"] == [] and not (tmp_path / "launch.sh.env").exists()
@@ -454,7 +418,7 @@ def test_upload_script_writes_the_secrets_file_only_when_there_is_a_secret(tmp_p
     assert delivered.data["secrets"] == ["HF_TOKEN"]
     env_file = tmp_path / "launch.sh.env"
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    assert not any(token in command for command in host.commands)
+    assert not any(token in command for command in commands(host))
     _, variables, _ = run_script(tmp_path, render_script(dep))
     assert variables["HF_TOKEN"] == token
 
@@ -480,15 +444,17 @@ def test_a_secret_named_server_env_entry_stays_out_of_the_script(tmp_path: Path)
     assert "env-key-5678" not in text and "pw-1234" not in text
     assert "export NCCL_P2P_LEVEL=SYS" in text
     assert {"env-key-5678", "pw-1234"} <= set(dep.secret_values(environ={}))
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     upload_script(host, dep, text, environ={})
     env_file = (tmp_path / "launch.sh.env").read_text()
     assert "VLLM_API_KEY=env-key-5678" in env_file and "DB_PASSWORD=pw-1234" in env_file
-    assert not any("env-key-5678" in command for command in host.commands)
+    assert not any("env-key-5678" in command for command in commands(host))
 
 
-def test_a_stale_secrets_file_is_removed_when_the_deployment_has_no_secret(tmp_path) -> None:
-    host = LocalHost(tmp_path)
+def test_a_stale_secrets_file_is_removed_when_the_deployment_has_no_secret(
+    tmp_path: Path,
+) -> None:
+    host = LocalHost(home=tmp_path)
     dep = deployment(paths={"script": "launch.sh"})
     upload_script(host, dep, render_script(dep), environ={"HF_TOKEN": "hf-old-value"})
     env_file = tmp_path / "launch.sh.env"
@@ -500,7 +466,7 @@ def test_a_stale_secrets_file_is_removed_when_the_deployment_has_no_secret(tmp_p
 
 
 def test_a_file_opsbook_did_not_write_is_left_as_it_is(tmp_path: Path) -> None:
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     dep = deployment(paths={"script": "start.sh"})
     own = tmp_path / "start.sh"
     own.write_text("#!/bin/bash\n# my own start script\nexec vllm serve /m\n")
@@ -513,13 +479,13 @@ def test_a_file_opsbook_did_not_write_is_left_as_it_is(tmp_path: Path) -> None:
     assert own.read_text() == "#!/bin/bash\n# my own start script\nexec vllm serve /m\n"
     assert stat.S_IMODE(own.stat().st_mode) == 0o700
     assert beside.read_text() == "MY_SETTING=1\n"
-    assert not any(c.startswith("rm ") or "bash -n" in c for c in host.commands)
+    assert not any(c.startswith("rm ") or "bash -n" in c for c in commands(host))
 
 
 def test_opsbook_replaces_its_own_script_and_removes_its_stale_secrets_file(
     tmp_path: Path,
 ) -> None:
-    host = LocalHost(tmp_path)
+    host = LocalHost(home=tmp_path)
     dep = deployment(paths={"script": "launch.sh"})
     token = "hf_" + "y" * 34
     upload_script(host, dep, render_script(dep), environ={"HF_TOKEN": token})
