@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opsbook.knowledge.logscan import FAILED, NO_CONCLUSION, diagnose_log, load_catalogue
+from opsbook.knowledge.logscan import FAILED, diagnose_log, load_catalogue
 
 CLASSES = Path(__file__).resolve().parents[1] / "data" / "logs" / "classes"
 LOGS = sorted(CLASSES.glob("*.log"))
@@ -113,20 +113,6 @@ def test_an_uncatalogued_root_cause_is_reported_verbatim_with_line_and_process()
     assert data["number"] == 6 and data["process"] == "EngineCore_DP0 pid=20"
 
 
-def test_an_excerpt_cut_inside_the_final_wrapper_still_finds_the_root_below_the_first() -> None:
-    # vLLM logs "EngineCore failed to start." above the traceback that ends in the cause;
-    # the API server's "Engine core initialization failed. See root cause above." comes last.
-    root = "RuntimeError: DeepGEMM backend is not available or outdated."
-    lines = "\n".join(WRAPPED[:6]).format(root=root).split("\n")
-    cut = API + "RuntimeError: Engine core initialization failed. S"
-
-    diagnosis = diagnose_log("\n".join([*lines, cut]))
-
-    assert diagnosis.failure == "unrecognised-error"
-    assert diagnosis.line is not None and diagnosis.line.text == root
-    assert diagnosis.wrapper is not None and diagnosis.wrapper.raw == cut
-
-
 def test_a_wrapper_quoting_the_workers_error_is_the_root_when_nothing_precedes_it() -> None:
     # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py (collective_rpc's FAILURE)
     quoted = (
@@ -142,33 +128,6 @@ def test_a_wrapper_quoting_the_workers_error_is_the_root_when_nothing_precedes_i
     assert below_root.line is not None and below_root.line.number == 1
 
 
-def test_a_catalogued_root_cause_above_a_ray_actor_death_is_classified() -> None:
-    lines = [
-        "(RayWorkerWrapper pid=31, ip=10.0.0.2) ERROR 03-12 10:00:04 [worker_base.py:1] "
-        "ValueError: Cannot find any model weights with `/models/m`",
-        "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
-    ]
-
-    diagnosis = diagnose_log("\n".join(lines))
-
-    assert diagnosis.failure == "no-weights"
-    assert diagnosis.line is not None and diagnosis.line.number == 1
-
-
-def test_an_uncatalogued_error_of_a_ray_worker_is_the_root_of_its_actor_death() -> None:
-    lines = [
-        "(RayWorkerWrapper pid=31, ip=10.0.0.2) ERROR 03-12 10:00:04 [worker_base.py:1] "
-        "AssertionError: rotary dim mismatch",
-        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
-    ]
-
-    diagnosis = diagnose_log("\n".join(lines))
-
-    assert diagnosis.failure == "ray-node-died"
-    assert diagnosis.line is not None and diagnosis.line.number == 1
-    assert "AssertionError: rotary dim mismatch" in diagnosis.title
-
-
 def test_a_wrapper_with_no_earlier_error_says_where_to_look() -> None:
     text = (Path(__file__).resolve().parents[1] / "data" / "logs" / "engine-dead-1.log").read_text()
 
@@ -177,119 +136,6 @@ def test_a_wrapper_with_no_earlier_error_says_where_to_look() -> None:
     assert diagnosis.failure == "engine-dead"
     assert diagnosis.root_cause is None
     assert "dmesg" in diagnosis.remedy and "killed" in diagnosis.remedy
-
-
-def test_a_log_that_stops_mid_phase_names_the_oom_killer_as_the_suspect() -> None:
-    text = "\n".join(
-        [
-            "INFO 03-12 10:00:00 [api_server.py:1] vLLM API server version 0.33.0",
-            "(EngineCore_DP0 pid=20) INFO 03-12 10:00:09 [default_loader.py:1] "
-            "Loading weights took 12.5 seconds",
-        ]
-    )
-
-    diagnosis = diagnose_log(text)
-
-    assert diagnosis.state == NO_CONCLUSION
-    assert diagnosis.suspect == "host-oom-killer"
-    assert "stops during phase weights without an error" in diagnosis.title
-    assert "dmesg" in diagnosis.remedy
-
-
-# vLLM's CPU MLA decode kernel (csrc/cpu/mla_decode.cpp) and the GPU paged-attention kernels
-# raise the same text; only the frame above it tells which kernel spoke.
-_BLOCK_SIZE_TAIL = (
-    "(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1] EngineCore encountered a fatal error.\n"
-    "(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1] Traceback (most recent call last):\n"
-    '(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1]   File "{file}", line 158, in {fn}\n'
-    "(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1]     {call}\n"
-    "(EngineCore pid=7) ERROR 12-02 19:11:55 [core.py:1] RuntimeError: Unsupported block size: 16\n"
-)
-
-
-def test_the_cpu_mla_kernels_block_size_text_is_a_head_size_problem() -> None:
-    cpu = _BLOCK_SIZE_TAIL.format(
-        file="vllm/_custom_ops.py",
-        fn="mla_decode_kvcache_cpu",
-        call="torch.ops._C.mla_decode_kvcache(out, query, kv_cache, scale, block_tables, seq_lens)",
-    )
-    diagnosis = diagnose_log(cpu)
-    assert diagnosis.failure == "head-size-unsupported"
-    assert "only for an MLA head of 576" in diagnosis.remedy
-    assert "Unsupported block size: 16" in diagnosis.remedy
-
-
-def test_the_same_text_from_another_kernel_is_not_called_a_head_size_problem() -> None:
-    gpu = _BLOCK_SIZE_TAIL.format(
-        file="vllm/_custom_ops.py",
-        fn="paged_attention_v1",
-        call="torch.ops._C.paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads)",
-    )
-    diagnosis = diagnose_log(gpu)
-    assert diagnosis.failure != "head-size-unsupported"
-    assert diagnosis.line is not None and "Unsupported block size: 16" in diagnosis.line.raw
-
-
-# Format strings added from their sources, rendered with sample values.
-@pytest.mark.parametrize(
-    ("rendered", "expected"),
-    [
-        # vLLM 0.34.0 vllm/v1/executor/multiproc_executor.py (WorkerProc.wait_for_ready)
-        (
-            "Exception: WorkerProc initialization failed due to an exception in a "
-            "background process. See stack trace for root cause.",
-            "engine-dead",
-        ),
-        # vLLM 0.10.2-0.34.0 vllm/v1/executor/multiproc_executor.py (collective_rpc): the
-        # wrapper quotes the worker's error, and with no earlier line that error is the root.
-        (
-            "RuntimeError: Worker failed with error 'boom', please check the stack trace "
-            "above for the root cause",
-            "unrecognised-error",
-        ),
-        # transformers 4.x dynamic_module_utils.resolve_trust_remote_code
-        (
-            "ValueError: Loading org/model requires you to execute the configuration file in "
-            "that repo on your local machine. Make sure you have read the code there to avoid "
-            "malicious use, then set the option `trust_remote_code=True` to remove this error.",
-            "trust-remote-code",
-        ),
-    ],
-)
-def test_a_rendered_format_string_gets_its_class(rendered: str, expected: str) -> None:
-    assert diagnose_log(rendered + "\n").failure == expected
-
-
-def test_a_bare_assertion_error_is_classified_by_the_failed_assert_line_above_it() -> None:
-    text = "\n".join(
-        [
-            "Traceback (most recent call last):",
-            '  File "/opt/vllm/vllm/model_executor/models/qwen2.py", line 120, in __init__',
-            "    assert self.total_num_kv_heads % tp_size == 0",
-            "AssertionError",
-        ]
-    )
-
-    diagnosis = diagnose_log(text)
-
-    assert (diagnosis.state, diagnosis.failure) == (FAILED, "tp-not-divisible")
-    assert diagnosis.line is not None and diagnosis.line.number == 3
-
-
-def test_an_assert_line_that_did_not_fail_is_still_code() -> None:
-    # The same assertion with its own message: the message is the exception line.
-    text = "\n".join(
-        [
-            "Traceback (most recent call last):",
-            '  File "/opt/vllm/vllm/x.py", line 1, in f',
-            "    assert self.total_num_kv_heads % tp_size == 0",
-            '  File "/opt/vllm/vllm/y.py", line 2, in g',
-            "    raise RuntimeError('boom')",
-            "RuntimeError: boom",
-        ]
-    )
-
-    assert diagnose_log(text).failure == "unrecognised-error"
 
 
 def test_ensure_divisibility_numbers_are_tp_not_divisible_but_named_sizes_are_not() -> None:
