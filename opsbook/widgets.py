@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from opsbook import __version__
+from opsbook.core.channel import JOURNAL_ENV
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import Result, shown
-from opsbook.remote.journal import JOURNAL_ENV
 from opsbook.runner import session as session_records
 from opsbook.runner.progress import has_frontend
 
