@@ -145,7 +145,7 @@ def start(
     runs_dir: str | None = None,
 ) -> Session:
     """Start a session's run folder and point this process's journal and results at it."""
-    from opsbook.runner.run import new_run_folder, run_label
+    from opsbook.runner.execution import new_run_folder, run_label
 
     where = Path(runs_dir or os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR)
     folder = new_run_folder(where, f"session-{notebook}", run_label(deployment))
