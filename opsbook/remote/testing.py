@@ -10,7 +10,7 @@ loudly (:class:`UnexpectedCall`), so a test never passes on an answer nobody wro
 Example::
 
     host = FakeHost("gpu-01", probes={"facts": facts_answer}, commands={r"^bash -n": ""})
-    report = stages.preflight.run(host, deployment)
+    report = stages.preflight.run(host, deployment, stages.preflight.Options())
     assert host.calls == [("probe", "facts")]
 """
 

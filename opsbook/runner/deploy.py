@@ -264,9 +264,7 @@ def _run_stage(
 ) -> list[HostResult]:
     nb_path = find_notebook(stage.notebook)
     params: dict[str, Any] = {"deployment": str(run.deployment), "hosts": hosts, "forks": run.forks}
-    import papermill
-
-    if "apply" in papermill.inspect_notebook(str(nb_path)):
+    if any(p.name == "apply" for p in _stages().parameters_of(stage)):
         params["apply"] = run.apply
     journal = run.folder / "journal.jsonl"
     record = execute_stage(

@@ -17,6 +17,9 @@ from typing import Any
 from opsbook.core.exceptions import RunError
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+# Parameters the runner sets itself; `-p` may not give them (the deployment comes from -f).
+DEPLOYMENT_PARAMETER = "deployment"
+RUNNER_PARAMETERS = {DEPLOYMENT_PARAMETER: "-f FILE"}
 
 
 def find_notebook(name: str) -> Path:
@@ -37,15 +40,29 @@ def find_notebook(name: str) -> Path:
     raise RunError(f"no notebook named {name!r}", remedy=f"use a path or one of: {known}")
 
 
+def declared_parameters(notebook: Path) -> dict[str, Any]:
+    """The parameters the notebook declares, with their defaults (None where a default is an
+    expression): a stage notebook's are its stage's (the options class the ``parameters`` cell
+    is held to by a test), any other notebook's are read from its cell by papermill."""
+    from opsbook import stages
+
+    stage = stages.for_notebook(notebook.stem)
+    if stage is not None:
+        own = {p.name: p.default for p in stages.parameters_of(stage)}
+        return {DEPLOYMENT_PARAMETER: None, **own}
+    import papermill
+
+    declared = papermill.inspect_notebook(str(notebook))
+    return {name: _declared_default(parameter) for name, parameter in declared.items()}
+
+
 def check_parameters(notebook: Path, parameters: Mapping[str, Any]) -> None:
     """Refuse parameter names the notebook does not declare (papermill only warns).
 
     Raises:
         RunError: a name is unknown.
     """
-    import papermill
-
-    declared = set(papermill.inspect_notebook(str(notebook)))
+    declared = set(declared_parameters(notebook))
     unknown = sorted(set(parameters) - declared)
     if unknown:
         raise RunError(
@@ -54,8 +71,6 @@ def check_parameters(notebook: Path, parameters: Mapping[str, Any]) -> None:
         )
 
 
-# Parameters the runner sets itself; `-p` may not give them (the deployment comes from -f).
-RUNNER_PARAMETERS = {"deployment": "-f FILE"}
 TRUE_WORDS = ("true",)
 FALSE_WORDS = ("false",)
 INTEGER = re.compile(r"[+-]?[0-9]+")
@@ -64,15 +79,13 @@ NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 def typed_parameters(notebook: Path, raw: Sequence[tuple[str, str]]) -> dict[str, Any]:
     """``-p NAME VALUE`` pairs as the values the notebook declares: each VALUE is converted to
-    the type of the parameter's default in the notebook's parameters cell (bool, int, float,
-    str, or a list of strings given comma-separated), never parsed as YAML or Python.
+    the type of the parameter's default (:func:`declared_parameters`: bool, int, float, str, or
+    a list of strings given comma-separated), never parsed as YAML or Python.
 
     Raises:
         RunError: a name is unknown or set by the runner, or a value does not fit its type.
     """
-    import papermill
-
-    declared = papermill.inspect_notebook(str(notebook))
+    declared = declared_parameters(notebook)
     values = {}
     for name, text in raw:
         if name in RUNNER_PARAMETERS:
@@ -82,7 +95,7 @@ def typed_parameters(notebook: Path, raw: Sequence[tuple[str, str]]) -> dict[str
             )
         if name not in declared:
             check_parameters(notebook, {name: text})
-        values[name] = plain_value(name, text, _declared_default(declared[name]))
+        values[name] = plain_value(name, text, declared[name])
     return values
 
 
