@@ -116,9 +116,7 @@ STAGES = (
     _stage("config-patch", "02_config_patch", True, "config_patch"),
     _stage("launch-script", "03_launch_script", True, "launch_script"),
     _stage("launch", "04_launch", True, "launch_server", _on_cluster("cluster_launch")),
-    _stage(
-        "diagnose", "05_diagnose", False, "diagnose", _on_cluster("cluster_launch", "diagnose")
-    ),
+    _stage("diagnose", "05_diagnose", False, "diagnose", _on_cluster("cluster_launch", "diagnose")),
 )
 # Not a stage of the runbook: 04_launch's "Stop" button, run over the hosts like one (with the
 # launch's options: the button uses its stop_grace).
