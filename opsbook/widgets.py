@@ -11,16 +11,16 @@ import html
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from opsbook import __version__
+from opsbook.core.channel import JOURNAL_ENV
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import Result, shown
-from opsbook.remote.journal import JOURNAL_ENV
 from opsbook.runner import session as session_records
 from opsbook.runner.progress import has_frontend
 
@@ -43,6 +43,8 @@ class DeploymentForm:
         folders: where to look for other deployment files.
         notebook: the notebook's name (``02_config_patch``), for the record.
         parameters: the notebook's parameters, for the header and the record.
+        namespace: a stage notebook's variables (its ``globals()``): its parameters are those
+            of its stage (:func:`opsbook.stages.parameters_of`), their values read from here.
     """
 
     def __init__(
@@ -52,12 +54,15 @@ class DeploymentForm:
         *,
         notebook: str = "notebook",
         parameters: dict[str, Any] | None = None,
+        namespace: Mapping[str, Any] | None = None,
     ):
         self.choices = list(dict.fromkeys([deployment, *find_deployments(folders)]))
         self._path = deployment
         self._overrides = ""
         self._widget: Any = None
         self.notebook = notebook
+        if namespace is not None:
+            parameters = stage_parameters(notebook, namespace)
         self.parameters = dict(parameters or {})
 
     @property
@@ -103,6 +108,18 @@ class DeploymentForm:
             )
             self._widget = w.VBox([picker, overrides])
         return self._widget
+
+
+def stage_parameters(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The values in ``namespace`` of the parameters of the stage whose notebook is ``notebook``
+    (``deployment`` aside), in its parameters cell's order.
+
+    Raises:
+        RunError: the notebook is not a stage's.
+    """
+    from opsbook import stages
+
+    return {p.name: namespace[p.name] for p in stages.parameters_of(stages.get(notebook))}
 
 
 # The session this kernel records, started by the first deployment form shown in JupyterLab.

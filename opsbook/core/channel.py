@@ -7,6 +7,9 @@ host is done (:func:`record_host`), and a long stage the steps it reaches on the
 follows that file while the notebook runs (:class:`Follower`), so it prints a line per host as it
 happens, and reads it back typed (:func:`read`). Stepping through in JupyterLab, nothing is
 written.
+
+The variables through which ``opsbook run`` and the notebook's kernel speak are all named here,
+once; each module that reads or sets one imports its name from this module.
 """
 
 from __future__ import annotations
@@ -20,7 +23,20 @@ from typing import Any
 
 from opsbook.core.results import Finding, HostResult, Result, State, shown
 
+# The file each host's result and a long stage's progress are appended to (set by the runner,
+# or by a JupyterLab session, in the kernel).
 OUTCOME_ENV = "OPSBOOK_OUTCOME"
+# The journal of remote commands (opsbook.remote.journal), set beside the outcome file.
+JOURNAL_ENV = "OPSBOOK_JOURNAL"
+# "1" (or anything but "" and "0"): no frontend, whatever the kernel says (a headless run).
+HEADLESS_ENV = "OPSBOOK_HEADLESS"
+# "1" in a deploy's shared kernel: a closed Host leaves its SSH connection for the next stage.
+KEEP_CONNECTIONS_ENV = "OPSBOOK_KEEP_CONNECTIONS"
+# Where a JupyterLab session files its runs (default: the checkout's runs/).
+RUNS_DIR_ENV = "OPSBOOK_RUNS_DIR"
+# The deployment file a notebook opened in JupyterLab uses (its parameters cell reads it; a
+# notebook's cell spells the name itself, and a test holds it to this one).
+DEPLOYMENT_ENV = "OPSBOOK_DEPLOYMENT"
 PROGRESS = "progress"
 _lock = threading.Lock()
 

@@ -32,6 +32,7 @@ from typing import Any
 import paramiko
 from fabric import Connection
 
+from opsbook.core.channel import KEEP_CONNECTIONS_ENV
 from opsbook.core.deployment import ENV_NAME, Deployment, HostSpec
 from opsbook.core.exceptions import (
     AuthenticationFailed,
@@ -132,10 +133,9 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
 
 
 # A deploy runs its stages one after another in one kernel, and each stage opens its hosts
-# anew: an SSH handshake (about 0.2 s) per host and stage. Where this variable is "1" (the run
-# sets it in its shared kernel), a Host that is closed leaves its live connection for the next
+# anew: an SSH handshake (about 0.2 s) per host and stage. Where KEEP_CONNECTIONS_ENV is "1" (the
+# run sets it in its shared kernel), a Host that is closed leaves its live connection for the next
 # Host of the same spec in the process; a failed connection is never kept.
-KEEP_CONNECTIONS_ENV = "OPSBOOK_KEEP_CONNECTIONS"
 _kept: dict[HostSpec, Connection] = {}
 _kept_lock = threading.Lock()
 

@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from opsbook.core.channel import JOURNAL_ENV
 from opsbook.core.redact import Redactor
 from opsbook.core.results import Table
 from opsbook.remote import probes
 
 TAIL_CHARS = 2000
-JOURNAL_ENV = "OPSBOOK_JOURNAL"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ Both record every call, so a test can assert what was sent.
 Example::
 
     host = FakeHost("gpu-01", probes={"facts": facts_answer}, commands={r"^bash -n": ""})
-    report = stages.preflight.run(host, deployment)
+    report = stages.preflight.run(host, deployment, stages.preflight.Options())
     assert host.calls == [("probe", "facts")]
 
     host = LocalHost(home=tmp_path)

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-HEADLESS_ENV = "OPSBOOK_HEADLESS"
+from opsbook.core.channel import HEADLESS_ENV
+
 DEFAULT_INTERVAL = 10.0
 
 

@@ -24,13 +24,12 @@ from typing import Any, Protocol
 
 from opsbook import __version__
 from opsbook.core import channel
+from opsbook.core.channel import JOURNAL_ENV, OUTCOME_ENV, RUNS_DIR_ENV
 from opsbook.core.deployment import Deployment
 from opsbook.core.redact import Redactor
 from opsbook.core.results import Result, worst_exit_code
-from opsbook.remote.journal import JOURNAL_ENV
 from opsbook.runner import records
 
-RUNS_DIR_ENV = "OPSBOOK_RUNS_DIR"
 # The notebooks live in notebooks/; their records go to the checkout's runs/, as `make demo`'s.
 DEFAULT_RUNS_DIR = "../runs"
 HEADER = "session.json"
@@ -146,7 +145,7 @@ def start(
     runs_dir: str | None = None,
 ) -> Session:
     """Start a session's run folder and point this process's journal and results at it."""
-    from opsbook.runner.run import new_run_folder, run_label
+    from opsbook.runner.execution import new_run_folder, run_label
 
     where = Path(runs_dir or os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR)
     folder = new_run_folder(where, f"session-{notebook}", run_label(deployment))
@@ -165,15 +164,15 @@ def start(
     )
     (folder / HEADER).write_text(json.dumps(session.header(), indent=2) + "\n")
     os.environ[JOURNAL_ENV] = str(session.journal)
-    os.environ[channel.OUTCOME_ENV] = str(session.results_file)
+    os.environ[OUTCOME_ENV] = str(session.results_file)
     return session
 
 
 def _stop_recording(session: Session) -> None:
     if os.environ.get(JOURNAL_ENV) == str(session.journal):
         os.environ.pop(JOURNAL_ENV)
-    if os.environ.get(channel.OUTCOME_ENV) == str(session.results_file):
-        os.environ.pop(channel.OUTCOME_ENV)
+    if os.environ.get(OUTCOME_ENV) == str(session.results_file):
+        os.environ.pop(OUTCOME_ENV)
 
 
 def user_name() -> str:

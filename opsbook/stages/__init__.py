@@ -1,8 +1,9 @@
 """The stages of the runbook, each a unit over the hosts of a deployment.
 
-One module per stage wraps its library functions in a per-host function; :data:`STAGES` is the
-registry, in the order ``opsbook run deploy`` goes through them (diagnose comes last, on every
-host). :func:`run_stage` fans a stage out over the hosts::
+One module per stage wraps its library functions in a per-host function that takes the module's
+``Options`` (the stage's options, spelled there once: :mod:`opsbook.stages.base`);
+:data:`STAGES` is the registry, in the order ``opsbook run deploy`` goes through them (diagnose
+comes last, on every host). :func:`run_stage` fans a stage out over the hosts::
 
     from opsbook import load_deployment, stages
 
@@ -23,10 +24,13 @@ from opsbook.stages.base import (
     ClusterFunction,
     HostHeading,
     Note,
+    Parameter,
     Report,
     Stage,
     StageFunction,
     StageRun,
+    Targets,
+    parameters_of,
     run_stage,
 )
 
@@ -64,10 +68,10 @@ def _per_host(module: str, function: str = "run") -> StageFunction:
     """The stage module's ``run`` (or ``function``), imported on the first call: a health
     check that runs only the diagnose stage does not pay for the config patch's vLLM tables."""
 
-    def run(host: RemoteHost, deployment: Any, **options: Any) -> Report:
+    def run(host: RemoteHost, deployment: Any, options: Any) -> Report:
         module_ = importlib.import_module(f"opsbook.stages.{module}")
         stage_run: StageFunction = getattr(module_, function)
-        return stage_run(host, deployment, **options)
+        return stage_run(host, deployment, options)
 
     run.__qualname__ = run.__name__ = f"{module}.{function}"
     return run
@@ -77,11 +81,11 @@ def _on_cluster(module: str, function: str = "run") -> ClusterFunction:
     """The cluster module's function (a deployment served across its hosts), imported on the
     first call, like :func:`_per_host`."""
 
-    def run(hosts: Sequence[RemoteHost], deployment: Any, **options: Any) -> dict[str, Report]:
+    def run(hosts: Sequence[RemoteHost], deployment: Any, options: Any) -> dict[str, Report]:
         call: ClusterFunction = getattr(
             importlib.import_module(f"opsbook.stages.{module}"), function
         )
-        return call(hosts, deployment, **options)
+        return call(hosts, deployment, options)
 
     run.__qualname__ = run.__name__ = f"{module}.{function}"
     return run
@@ -94,30 +98,31 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _stage(
+    name: str,
+    notebook: str,
+    changes_host: bool,
+    module: str,
+    cluster: ClusterFunction | None = None,
+    function: str = "run",
+) -> Stage:
+    """A stage whose per-host function and options are those of ``opsbook.stages.<module>``."""
+    return Stage(name, notebook, changes_host, _per_host(module, function), cluster, module)
+
+
 STAGES = (
-    Stage(
-        "preflight", "00_preflight", False, _per_host("preflight"), _on_cluster("cluster_preflight")
+    _stage("preflight", "00_preflight", False, "preflight", _on_cluster("cluster_preflight")),
+    _stage(
+        "download", "01_download_check", False, "download_check", _on_cluster("cluster_download")
     ),
-    Stage(
-        "download",
-        "01_download_check",
-        False,
-        _per_host("download_check"),
-        _on_cluster("cluster_download"),
-    ),
-    Stage("config-patch", "02_config_patch", True, _per_host("config_patch")),
-    Stage("launch-script", "03_launch_script", True, _per_host("launch_script")),
-    Stage("launch", "04_launch", True, _per_host("launch_server"), _on_cluster("cluster_launch")),
-    Stage(
-        "diagnose",
-        "05_diagnose",
-        False,
-        _per_host("diagnose"),
-        _on_cluster("cluster_launch", "diagnose"),
-    ),
+    _stage("config-patch", "02_config_patch", True, "config_patch"),
+    _stage("launch-script", "03_launch_script", True, "launch_script"),
+    _stage("launch", "04_launch", True, "launch_server", _on_cluster("cluster_launch")),
+    _stage("diagnose", "05_diagnose", False, "diagnose", _on_cluster("cluster_launch", "diagnose")),
 )
-# Not a stage of the runbook: 04_launch's "Stop" button, run over the hosts like one.
-STOP = Stage("stop", "04_launch", True, _per_host("launch_server", "stop"))
+# Not a stage of the runbook: 04_launch's "Stop" button, run over the hosts like one (with the
+# launch's options: the button uses its stop_grace).
+STOP = _stage("stop", "04_launch", True, "launch_server", function="stop")
 # The stages a deploy runs in order; diagnose follows on every host.
 DEPLOY = tuple(s for s in STAGES if s.name != "diagnose")
 DIAGNOSE = STAGES[-1]
@@ -148,11 +153,14 @@ __all__ = [
     "STOP",
     "HostHeading",
     "Note",
+    "Parameter",
     "Report",
     "Stage",
     "StageRun",
+    "Targets",
     "for_notebook",
     "get",
     "import_runbook",
+    "parameters_of",
     "run_stage",
 ]

@@ -2,7 +2,12 @@
 typed per-host results it ends with.
 
 A stage module (``preflight``, ``download``...) wraps the library functions of its step in one
-function ``run(host, deployment, **options) -> Report`` for one host. :func:`run_stage` runs it on
+function ``run(host, deployment, options) -> Report`` for one host, where ``options`` is the
+module's ``Options``: a frozen dataclass whose fields, with their types and defaults, are the
+stage's options. Its notebook's ``parameters`` cell declares them (with ``deployment``, ``hosts``
+and ``forks``, :class:`Targets`), the notebook's form shows them, and ``opsbook run -p`` values are
+typed by them (:func:`parameters_of`); a field made with :func:`hook` is set by a caller in its
+own process (a callback) and is none of those. :func:`run_stage` runs it on
 every host of a deployment, ``forks`` at a time; each host's
 :class:`~opsbook.core.results.HostResult`
 is recorded the moment it is done (:func:`opsbook.core.channel.record_host`), so ``opsbook run``
@@ -11,16 +16,18 @@ prints it as it happens. An unreachable host is a result, not an exception.
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import importlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
-from opsbook.core.exceptions import HostUnreachable, OpsbookError
+from opsbook.core.exceptions import HostUnreachable, OpsbookError, RunError
 from opsbook.core.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
 from opsbook.remote.hosts import DEFAULT_FORKS, HostGroup
 from opsbook.remote.protocol import RemoteHost
@@ -48,10 +55,43 @@ class Report:
     detail: Any = None
 
 
-StageFunction = Callable[..., Report]
-# A stage over a whole cluster (a deployment with a ``cluster`` section): the group's hosts
-# and the whole deployment in, one report per host name out.
-ClusterFunction = Callable[..., dict[str, Report]]
+# One host, its deployment and the stage's options in, the host's report out.
+StageFunction = Callable[[Any, Deployment, Any], Report]
+# A stage over a whole cluster (a deployment with a ``cluster`` section): the group's hosts,
+# the whole deployment and the stage's options in, one report per host name out.
+ClusterFunction = Callable[[Sequence[Any], Deployment, Any], dict[str, Report]]
+# The metadata key that marks a field of a stage's options as a hook (see hook()).
+HOOK = "opsbook.hook"
+
+
+def hook(default: Any = None) -> Any:
+    """A field of a stage's options that the caller sets in its own process (a callback, the
+    scheduled check's mode): not a parameter of the notebook, nor of ``opsbook run -p``."""
+    return field(default=default, compare=False, metadata={HOOK: True})
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a stage that has no module of its own (a test's stage)."""
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The parameters of every stage notebook before its stage's options (``deployment``, the
+    file, is the runner's own: ``opsbook run -f``)."""
+
+    # Names of the hosts to run on (user@address:port); empty: all of them.
+    hosts: list[str] = field(default_factory=list)
+    forks: int = DEFAULT_FORKS  # hosts worked on at once
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A parameter of a stage's notebook: its name and default (whose type is the parameter's:
+    ``opsbook run -p`` values are converted to it)."""
+
+    name: str
+    default: Any
 
 
 @dataclass(frozen=True)
@@ -65,6 +105,8 @@ class Stage:
         run_host: the per-host function.
         run_cluster: what the stage does instead on a deployment served across its hosts
             (``cluster:``), where the hosts depend on each other; None: per host as usual.
+        module: the stage's module under :mod:`opsbook.stages`, whose ``Options`` are the
+            stage's options (imported when they are first asked for); "": none.
     """
 
     name: str
@@ -72,6 +114,48 @@ class Stage:
     changes_host: bool
     run_host: StageFunction
     run_cluster: ClusterFunction | None = None
+    module: str = ""
+
+    @property
+    def options_type(self) -> type[Any]:
+        """The class of the stage's options."""
+        if not self.module:
+            return NoOptions
+        options: type[Any] = importlib.import_module(f"opsbook.stages.{self.module}").Options
+        return options
+
+    def options(self, given: Mapping[str, Any]) -> Any:
+        """The stage's options, with the values ``given`` by name.
+
+        Raises:
+            RunError: a name is not one of the stage's options.
+        """
+        kind = self.options_type
+        known = [f.name for f in dataclasses.fields(kind)]
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise RunError(
+                f"the {self.name} stage has no option(s) {', '.join(unknown)}",
+                remedy=f"its options are: {', '.join(known) or 'none'}",
+            )
+        return kind(**given)
+
+
+def parameters_of(stage: Stage) -> list[Parameter]:
+    """The parameters of the stage's notebook after ``deployment``, in the order its
+    ``parameters`` cell declares them: :class:`Targets`', then the stage's options (hooks
+    aside)."""
+    fields = [
+        *dataclasses.fields(Targets),
+        *(f for f in dataclasses.fields(stage.options_type) if not f.metadata.get(HOOK)),
+    ]
+    return [Parameter(f.name, _default(f)) for f in fields]
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 class Note(str):
@@ -216,19 +300,22 @@ def run_stage(
         forks: how many hosts are worked on at once.
         group: the hosts to use instead of new connections (tests pass test doubles here).
         on_result: called with each host's result as it finishes (default: print its line).
-        options: the stage's own options (``apply``, ``ready_timeout``...).
+        options: the stage's own options (``apply``, ``ready_timeout``...), fields of its
+            options class.
 
     Raises:
-        RunError: a name in ``hosts`` is not a host of the deployment.
+        RunError: a name in ``hosts`` is not a host of the deployment, or a name in
+            ``options`` is not an option of the stage.
     """
+    chosen = stage.options(options)
     group = group or HostGroup.from_deployment(deployment, forks, known_hosts(deployment, hosts))
     if deployment.cluster is not None and stage.run_cluster is not None:
-        return _run_cluster(stage, deployment, group, on_result, options)
+        return _run_cluster(stage, deployment, group, on_result, chosen)
     reports: dict[str, Report] = {}
 
     def one(host: RemoteHost) -> HostResult:
         started = time.monotonic()
-        report = _run_one(stage, host, deployment, options)
+        report = _run_one(stage, host, deployment, chosen)
         reports[host.name] = report
         return _host_result(stage, host.name, report, time.monotonic() - started)
 
@@ -250,13 +337,13 @@ def _run_cluster(
     deployment: Deployment,
     group: HostGroup,
     on_result: Callable[[HostResult], None] | None,
-    options: dict[str, Any],
+    options: Any,
 ) -> StageRun:
     """The stage's cluster function over the group: the hosts act together, one result each."""
     assert stage.run_cluster is not None
     started = time.monotonic()
     try:
-        reports = stage.run_cluster(group.hosts, deployment, **options)
+        reports = stage.run_cluster(group.hosts, deployment, options)
     except OpsbookError as e:
         verdict = Result(False, e.message, findings=[Finding("error", deployment.name, e.message)])
         reports = {h.name: Report(State.FAILED, verdict, [], TOOL_FAILED) for h in group.hosts}
@@ -278,11 +365,9 @@ def _run_cluster(
     return StageRun(stage, results, dict(reports), group)
 
 
-def _run_one(
-    stage: Stage, host: RemoteHost, deployment: Deployment, options: dict[str, Any]
-) -> Report:
+def _run_one(stage: Stage, host: RemoteHost, deployment: Deployment, options: Any) -> Report:
     try:
-        return stage.run_host(host, deployment.for_host(host.spec), **options)
+        return stage.run_host(host, deployment.for_host(host.spec), options)
     except HostUnreachable as e:
         return Report(State.UNREACHABLE, Result(False, e.message, findings=[_finding(host, e)]))
     except OpsbookError as e:
@@ -331,8 +416,6 @@ def known_hosts(deployment: Deployment, names: Sequence[str]) -> list[str]:
     Raises:
         RunError: a name is not one of its hosts.
     """
-    from opsbook.core.exceptions import RunError
-
     known = [h.name for h in deployment.hosts]
     unknown = [n for n in names if n not in known]
     if unknown:

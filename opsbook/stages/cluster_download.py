@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Finding, Result, State
@@ -22,9 +21,11 @@ from opsbook.stages.base import Report
 FINGERPRINT_FIELDS = ("file", "size", "header_len", "tensors")
 
 
-def run(hosts: Sequence[RemoteHost], deployment: Deployment, **options: Any) -> dict[str, Report]:
+def run(
+    hosts: Sequence[RemoteHost], deployment: Deployment, options: download_check.Options
+) -> dict[str, Report]:
     """The download check on each node, then the fingerprints compared."""
-    reports = {h.name: download_check.run(h, deployment.for_host(h.spec), **options) for h in hosts}
+    reports = {h.name: download_check.run(h, deployment.for_host(h.spec), options) for h in hosts}
     prints = {
         name: fingerprint(r.detail) for name, r in reports.items() if isinstance(r.detail, Result)
     }

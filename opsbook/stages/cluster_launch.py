@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import Finding, Result, State
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Report
-from opsbook.stages.launch_server import _phases
+from opsbook.stages.launch_server import Options, _phases
 from opsbook.steps import cluster, plots, script, server
+
+if TYPE_CHECKING:
+    from opsbook.stages import diagnose as single
 
 # How often the cluster's nodes are counted while the model loads.
 WATCH_EVERY = 3.0
@@ -35,22 +39,16 @@ class NodeLost(OpsbookError):
     """A node of the cluster left while the server was starting."""
 
 
-def run(
-    hosts: Sequence[RemoteHost],
-    deployment: Deployment,
-    *,
-    apply: bool = False,
-    ready_timeout: float = 900.0,
-    stop_grace: float = 10.0,
-) -> dict[str, Report]:
+def run(hosts: Sequence[RemoteHost], deployment: Deployment, options: Options) -> dict[str, Report]:
     """The launch stage on a cluster: one report per host (head and workers)."""
+    stop_grace = options.stop_grace
     nodes = cluster.nodes_of(deployment)
     by_name = {h.name: h for h in hosts}
     head = nodes[0]
     if head.host.name not in by_name:
         verdict = Result(False, f"the cluster's head {head.host.name} is not in this run")
         return {h.name: Report(State.FAILED, verdict) for h in hosts}
-    if not apply:
+    if not options.apply:
         return _dry_run(by_name, deployment)
     head_host = by_name[head.host.name]
     view = cluster.with_cluster_settings(deployment.for_host(head.host))
@@ -58,12 +56,12 @@ def run(
     stopped = server.stop_previous(head_host, paths, grace=stop_grace)
     if not stopped.ok:
         return _all(hosts, head.host.name, Report(State.FAILED, stopped, [stopped]))
-    options = {n.host.name: _node_options(by_name.get(n.host.name), n) for n in nodes}
-    joined = _start_cluster(hosts, deployment, options)
+    node_options = {n.host.name: _node_options(by_name.get(n.host.name), n) for n in nodes}
+    joined = _start_cluster(hosts, deployment, node_options)
     if not joined.ok:
         cluster.stop_cluster(hosts, deployment)
         return _all(hosts, head.host.name, Report(State.FAILED, joined, [joined], RAY_RESOURCES))
-    report = _launch_on_head(head_host, hosts, deployment, view, paths, ready_timeout)
+    report = _launch_on_head(head_host, hosts, deployment, view, paths, options.ready_timeout)
     if report.state is State.FAILED:
         server.stop_server(head_host, paths, grace=stop_grace)
         cluster.stop_cluster(hosts, deployment)
@@ -238,7 +236,9 @@ def stop_serving(
 __all__ = ["run", "stop_serving"]
 
 
-def diagnose(hosts: Sequence[RemoteHost], deployment: Deployment) -> dict[str, Report]:
+def diagnose(
+    hosts: Sequence[RemoteHost], deployment: Deployment, options: single.Options
+) -> dict[str, Report]:
     """Diagnose on a cluster: the head's server as on one host; each worker by its place in
     the Ray cluster (a worker runs no server of its own)."""
     from opsbook.stages import diagnose as single
@@ -251,7 +251,7 @@ def diagnose(hosts: Sequence[RemoteHost], deployment: Deployment) -> dict[str, R
     if head.host.name in by_name:
         head_host = by_name[head.host.name]
         view = cluster.with_cluster_settings(deployment.for_host(head.host))
-        reports[head.host.name] = single.run(head_host, view)
+        reports[head.host.name] = single.run(head_host, view, options)
         alive = cluster.cluster_nodes(head_host, head, cluster.head_address(deployment)).alive()
     for node in nodes[1:]:
         if node.host.name not in by_name:

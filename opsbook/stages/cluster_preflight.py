@@ -38,11 +38,13 @@ class Libraries:
     nccl: str | None = None
 
 
-def run(hosts: Sequence[RemoteHost], deployment: Deployment) -> dict[str, Report]:
+def run(
+    hosts: Sequence[RemoteHost], deployment: Deployment, options: preflight.Options
+) -> dict[str, Report]:
     """Preflight each node, then compare them; one report per host."""
     spec = cluster.cluster_of(deployment)
     nodes = {n.host.name: n for n in cluster.nodes_of(deployment)}
-    reports = {h.name: preflight.run(h, deployment.for_host(h.spec)) for h in hosts}
+    reports = {h.name: preflight.run(h, deployment.for_host(h.spec), options) for h in hosts}
     found = {name: r.detail for name, r in reports.items() if isinstance(r.detail, HostFacts)}
     rays = {h.name: ray_version(h, nodes[h.name].python) for h in hosts if h.name in nodes}
     by_name = {h.name: h for h in hosts}

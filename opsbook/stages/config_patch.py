@@ -3,6 +3,8 @@ the config (backup, atomic write, re-check) with ``apply=True``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
 from opsbook.knowledge import compat
@@ -12,15 +14,25 @@ from opsbook.steps import host_facts, patch
 from opsbook.steps.shard_check import format_bytes
 
 
-def run(
-    host: RemoteHost,
-    deployment: Deployment,
-    *,
-    apply: bool = False,
-    restore: bool = False,
-    vllm_version: str = "",
-    gpu_memory_utilization: float = 0.9,
-) -> Report:
+@dataclass(frozen=True)
+class Options:
+    """The config patch's options.
+
+    Args:
+        apply: write the patch (a dry run otherwise).
+        restore: put the original config back.
+        vllm_version: the vLLM to predict for (empty: the version installed in the
+            deployment's interpreter).
+        gpu_memory_utilization: the share of GPU memory vLLM may use (the KV-cache budget).
+    """
+
+    apply: bool = False
+    restore: bool = False
+    vllm_version: str = ""
+    gpu_memory_utilization: float = 0.9
+
+
+def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     """Predict what vLLM will do with the checkpoint here, plan the edits, and apply them when
     ``apply`` (or put the originals back when ``restore``).
 
@@ -37,7 +49,8 @@ def run(
         lambda: _model_and_backends(host, deployment),
     )
     texts = checkpoint.texts
-    version = vllm_version or found.vllm_version
+    version = options.vllm_version or found.vllm_version
+    gpu_memory_utilization = options.gpu_memory_utilization
     capabilities = list(dict.fromkeys(filter(None, map(compat.compute_capability, found.gpus))))
     before = compat.check_compat(
         model, found.gpus, version, deployment.serve_args, probed_backends=probed
@@ -61,7 +74,7 @@ def run(
         ),
         compat.kv_tradeoff_table(budget, model),
     ]
-    if restore:
+    if options.restore:
         restored = patch.restore_patch(host, deployment.model_path)
         if not restored.ok:
             return Report(State.FAILED, failed_restore(restored), shows)
@@ -76,7 +89,7 @@ def run(
     if plan.already_applied:
         return Report(State.OK if before.ok else State.FAILED, before, shows, detail=plan)
     shows.append(Note(plan.diff))
-    if not apply:
+    if not options.apply:
         dry = patch.apply_patch(host, deployment.model_path, plan, apply=False)
         predicted = "" if before.ok else f"predicted: {before.message}; "
         verdict = Result(dry.ok, predicted + dry.message, findings=before.findings)

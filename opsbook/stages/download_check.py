@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from opsbook.core.deployment import Deployment
@@ -12,42 +13,44 @@ from opsbook.stages.base import Report
 from opsbook.steps import shard_check
 
 
-def run(
-    host: RemoteHost,
-    deployment: Deployment,
-    *,
-    model_path: str = "",
-    full_hash: bool = False,
-    manifest: str = "",
-    hash_cache: str = "",
-    watch: bool = False,
-    watch_timeout: float = 600.0,
-) -> Report:
-    """Check the checkpoint's shards, sizes and headers (and with ``full_hash`` their sha256);
-    changes nothing.
+@dataclass(frozen=True)
+class Options:
+    """The download check's options.
 
     Args:
-        host: the host.
-        deployment: its deployment.
-        model_path: the checkpoint (default: the deployment's ``model.path``).
+        model_path: the checkpoint (empty: the deployment's ``model.path``).
         full_hash: also hash every shard on the host.
-        manifest: a local JSON file ``{"shard": "sha256"}`` to compare the hashes with.
+        manifest: a local JSON file ``{"shard file name": "sha256"}`` to compare the hashes with.
         hash_cache: a file on the host remembering hashes by size and mtime.
         watch: follow a download in progress until it completes (or ``watch_timeout``).
         watch_timeout: seconds to follow it.
     """
-    path = model_path or deployment.model_path
+
+    model_path: str = ""
+    full_hash: bool = False
+    manifest: str = ""
+    hash_cache: str = ""
+    watch: bool = False
+    watch_timeout: int = 600
+
+
+def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
+    """Check the checkpoint's shards, sizes and headers (and with ``full_hash`` their sha256);
+    changes nothing."""
+    path = options.model_path or deployment.model_path
     check = shard_check.check_download(host, path)
     # The host's heading shows the check's message and problems; the rest is counted there.
     shows: list[object] = []
     verdict = check
-    if watch and not check.ok:
-        verdict = shard_check.watch_download(host, path, timeout=watch_timeout)
+    if options.watch and not check.ok:
+        verdict = shard_check.watch_download(host, path, timeout=options.watch_timeout)
         check = shard_check.check_download(host, path)
         shows = [verdict, check]
-    if full_hash and check.ok:
+    if options.full_hash and check.ok:
+        manifest = options.manifest
         known = json.loads(Path(manifest).read_text()) if manifest else None
-        verdict = shard_check.hash_shards(host, path, manifest=known, cache_path=hash_cache or None)
+        cache = options.hash_cache or None
+        verdict = shard_check.hash_shards(host, path, manifest=known, cache_path=cache)
         shows.append(verdict)
     state = State.OK if verdict.ok else State.FAILED
     failure = failure_id(check) if state is State.FAILED else ""

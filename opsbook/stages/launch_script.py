@@ -4,6 +4,7 @@ over SFTP and check it with ``bash -n``."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import TransferError
@@ -17,12 +18,24 @@ def script_sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def run(
-    host: RemoteHost, deployment: Deployment, *, apply: bool = False, entrypoint: str = "serve"
-) -> Report:
+@dataclass(frozen=True)
+class Options:
+    """The launch script's options.
+
+    Args:
+        entrypoint: ``"serve"`` (``vllm serve MODEL``) or ``"module"`` (``python -m
+            vllm.entrypoints...``).
+        apply: upload the script (a dry run otherwise).
+    """
+
+    entrypoint: str = "serve"
+    apply: bool = False
+
+
+def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     """Render the script; ok when the host already has it, would change (dry run) or changed
     (uploaded and accepted by ``bash -n``) when it differs, failed when bash rejects it."""
-    text = script.render_script(deployment, entrypoint=entrypoint)
+    text = script.render_script(deployment, entrypoint=options.entrypoint)
     digest = script_sha256(text)
     path = script.resolve_remote_path(host, deployment.script_path)
     previous = _current(host, path)
@@ -33,7 +46,7 @@ def run(
     shows: list[object] = [Note(f"script {path}, sha256 {digest[:12]}")]
     if previous != text:
         shows.append(script.diff_html(diff))
-    if not apply:
+    if not options.apply:
         if previous == text:
             return Report(State.OK, Result(True, f"{path} is up to date"), shows, "", digest)
         verdict = Result(True, f"would write {path} (sha256 {digest[:12]}); apply=True to upload")

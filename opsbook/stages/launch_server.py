@@ -4,30 +4,40 @@ started, follow it to ready and smoke-test it; record which script the server ru
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import Report, concurrently
+from opsbook.stages.base import Report, concurrently, hook
 from opsbook.steps import host_facts, plots, script, server, triage
 
 
-def run(
-    host: RemoteHost,
-    deployment: Deployment,
-    *,
-    apply: bool = False,
-    ready_timeout: float = 900.0,
-    stop_grace: float = 10.0,
-    on_progress: Callable[[str, server.Progress], None] | None = None,
-) -> Report:
+@dataclass(frozen=True)
+class Options:
+    """The launch's options (and its "Stop" button's: :func:`stop`).
+
+    Args:
+        apply: stop, start and follow the server (a dry run otherwise).
+        ready_timeout: seconds the server may take to answer ``/health``.
+        stop_grace: seconds a stopped server is given after SIGTERM, before SIGKILL.
+        on_progress: told the host's name and each look at the starting server (a notebook
+            shows the phase and the log's last lines as they come).
+    """
+
+    apply: bool = False
+    ready_timeout: int = 900
+    stop_grace: int = 10
+    on_progress: Callable[[str, server.Progress], None] | None = hook()
+
+
+def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     """With ``apply``: stop, start, follow to ready, smoke test (changed, or failed at the
-    step that failed). Without: ok when the server runs and is ready, else would change.
-    ``on_progress`` is told the host's name and each look at the starting server (a notebook
-    shows the phase and the log's last lines as they come)."""
+    step that failed). Without: ok when the server runs and is ready, else would change."""
     paths = server.resolve_paths(host, deployment)
-    if not apply:
+    stop_grace = options.stop_grace
+    if not options.apply:
         return _dry_run(host, deployment, paths)
     # Who holds the GPUs and the port is read alongside the stop; read again only when the
     # stop signalled a process, since only then can the answer have changed.
@@ -49,8 +59,8 @@ def run(
     if not started.ok:
         return Report(State.FAILED, started, shows, _failure_of(started))
     ready = server.wait_until_ready(
-        host, paths, deployment.server_port, timeout=ready_timeout,
-        on_progress=_phases(host, on_progress),
+        host, paths, deployment.server_port, timeout=options.ready_timeout,
+        on_progress=_phases(host, options.on_progress),
     )  # fmt: skip
     shows.append(ready)
     digest = server.record_running_script(host, paths)
@@ -66,12 +76,12 @@ def run(
     return Report(State.CHANGED if smoke.ok else State.FAILED, smoke, shows, "", digest)
 
 
-def stop(host: RemoteHost, deployment: Deployment, *, stop_grace: float = 10.0) -> Report:
+def stop(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     """Stop the server opsbook started on the host (by its recorded process group) and clean
     its stale shared memory: changed when one was stopped, ok when none ran."""
     paths = server.resolve_paths(host, deployment)
     before = triage.server_state(host, paths, deployment.server_port)
-    stopped = server.stop_previous(host, paths, grace=stop_grace)
+    stopped = server.stop_previous(host, paths, grace=options.stop_grace)
     if not stopped.ok:
         return Report(State.FAILED, stopped, [stopped])
     state = State.CHANGED if before.processes else State.OK

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import State
 from opsbook.remote.protocol import RemoteHost
@@ -9,7 +11,12 @@ from opsbook.stages.base import Note, Report
 from opsbook.steps import host_facts, plots
 
 
-def run(host: RemoteHost, deployment: Deployment) -> Report:
+@dataclass(frozen=True)
+class Options:
+    """Preflight's options: none of its own (it reads the host and changes nothing)."""
+
+
+def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     """Gather the host's facts (GPUs, processes, driver, interconnect, python, vLLM, disk,
     ports, servers) and judge them; changes nothing."""
     found = host_facts.gather_facts(host, deployment)

@@ -498,7 +498,7 @@ def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]])
     from opsbook.stages import preflight
     from opsbook.stages.base import Report
 
-    def single_host(host: Any, view: Any) -> Report:
+    def single_host(host: Any, view: Any, options: Any) -> Report:
         return Report(State.OK, Result(True, "ready"), detail=facts("0.15.1"))
 
     monkeypatch.setattr(preflight, "run", single_host)
@@ -516,7 +516,7 @@ def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]])
         )
         host.spec, host.name = spec, spec.name
         hosts.append(host)
-    return cluster_preflight.run(hosts, deployment)
+    return cluster_preflight.run(hosts, deployment, preflight.Options())
 
 
 def test_the_cluster_preflight_fails_every_node_when_torch_differs(monkeypatch) -> None:

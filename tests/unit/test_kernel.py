@@ -71,7 +71,7 @@ def test_the_kernel_talks_over_ipc_in_a_private_folder(km: Any) -> None:
 def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
     tmp_path: Path,
 ) -> None:
-    from opsbook.runner.run import SharedKernel
+    from opsbook.runner.shared_kernel import SharedKernel
 
     notebooks = Path(__file__).parents[2] / "notebooks"
     for attempt in range(3):  # the warm-up's client and the next ones must not cross
@@ -90,7 +90,7 @@ def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
 
 def test_a_shared_kernel_opens_the_first_stages_connections_ahead(tmp_path: Path) -> None:
     from opsbook.core.deployment import HostSpec
-    from opsbook.runner.run import SharedKernel
+    from opsbook.runner.shared_kernel import SharedKernel
 
     # Nothing listens on port 1 of this machine: the opening fails at once, left for a stage.
     refused = HostSpec("127.0.0.1", port=1, user="nobody", connect_timeout=2.0)

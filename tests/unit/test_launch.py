@@ -630,7 +630,7 @@ def test_the_launch_stage_reads_the_gpus_and_port_again_only_after_a_stop_signal
     facts = {"user": "ops", "nvidia_smi": {"path": None}, "listening": [], "ports": [8000]}
     host = FakeHost("a", user="ops", probes={"launch": launch_probe, "facts": facts})
     dep = parse_deployment({"hosts": ["a"], "model": {"path": "/m"}, "server": {"port": 8000}})
-    report = launch_stage.run(host, dep, apply=True)
+    report = launch_stage.run(host, dep, launch_stage.Options(apply=True))
     assert "does not exist: upload it" in report.verdict.message  # it went on to the start
     asked = [name for name, _ in host.probe_args]
     assert asked.count("facts") == facts_read

@@ -2,6 +2,7 @@ import io
 
 import pytest
 
+from opsbook.core import channel
 from opsbook.runner import progress
 from opsbook.runner.progress import LineReporter, WidgetReporter
 
@@ -67,7 +68,7 @@ def test_slow_ticks_each_show() -> None:
 
 @pytest.mark.parametrize("value", ["1", "yes"])
 def test_headless_never_has_a_frontend(value: str) -> None:
-    assert not progress.has_frontend({progress.HEADLESS_ENV: value})
+    assert not progress.has_frontend({channel.HEADLESS_ENV: value})
 
 
 def test_plain_python_has_no_frontend() -> None:

@@ -86,9 +86,9 @@ def test_a_closed_run_folder_is_read_only(tmp_path) -> None:
 
 
 def test_a_run_folder_is_private_while_it_is_written(tmp_path) -> None:
-    from opsbook.runner import run
+    from opsbook.runner import execution
 
-    folder = run.new_run_folder(tmp_path / "runs", "deploy", "gpu-01")
+    folder = execution.new_run_folder(tmp_path / "runs", "deploy", "gpu-01")
     with records.private_files():
         (folder / "journal.jsonl").write_text("{}")
     assert os.stat(folder).st_mode & 0o777 == 0o700

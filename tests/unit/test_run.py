@@ -1,9 +1,11 @@
+from pathlib import Path
+
 import nbformat
 import pytest
 
 from opsbook.core.exceptions import RunError
-from opsbook.core.results import HostResult, State
-from opsbook.runner import run
+from opsbook.core.results import EXIT_TOOL_FAILED, EXIT_UNREACHABLE, HostResult, State
+from opsbook.runner import deploy, execution, parameters
 
 
 @pytest.fixture
@@ -23,42 +25,42 @@ def notebook(tmp_path):
 
 
 def test_unknown_parameters_are_refused(notebook) -> None:
-    run.check_parameters(notebook, {"deployment": "d.yml", "port": 1})
+    parameters.check_parameters(notebook, {"deployment": "d.yml", "port": 1})
     with pytest.raises(RunError, match="no parameter") as e:
-        run.check_parameters(notebook, {"prot": 1})
+        parameters.check_parameters(notebook, {"prot": 1})
     assert "deployment, port" in (e.value.remedy or "")
 
 
 def test_run_folders_are_never_reused(tmp_path, notebook) -> None:
-    first = run.new_run_folder(tmp_path / "runs", notebook.stem, "gpu-01")
-    second = run.new_run_folder(tmp_path / "runs", notebook.stem, "gpu-01")
+    first = execution.new_run_folder(tmp_path / "runs", notebook.stem, "gpu-01")
+    second = execution.new_run_folder(tmp_path / "runs", notebook.stem, "gpu-01")
     assert first != second and first.is_dir() and second.is_dir()
     assert first.name.endswith("-00_check-gpu-01")
 
 
 def test_notebooks_are_found_by_stage_name() -> None:
-    assert run.find_notebook("00_preflight").name == "00_preflight.ipynb"
-    assert run.find_notebook("preflight").name == "00_preflight.ipynb"
+    assert parameters.find_notebook("00_preflight").name == "00_preflight.ipynb"
+    assert parameters.find_notebook("preflight").name == "00_preflight.ipynb"
     with pytest.raises(RunError, match="no notebook named"):
-        run.find_notebook("nope")
+        parameters.find_notebook("nope")
 
 
 @pytest.mark.parametrize(
     "ename, code",
     [
-        ("ConnectionRefused", run.EXIT_UNREACHABLE),
-        ("UnknownHostName", run.EXIT_UNREACHABLE),
-        ("ProbeError", run.EXIT_TOOL_FAILED),
-        ("ZeroDivisionError", run.EXIT_TOOL_FAILED),
+        ("ConnectionRefused", EXIT_UNREACHABLE),
+        ("UnknownHostName", EXIT_UNREACHABLE),
+        ("ProbeError", EXIT_TOOL_FAILED),
+        ("ZeroDivisionError", EXIT_TOOL_FAILED),
     ],
 )
 def test_exit_codes_follow_the_exception(ename: str, code: int) -> None:
-    assert run.exit_code_for(ename) == code
+    assert execution.exit_code_for(ename) == code
 
 
 def test_run_folders_are_absolute(tmp_path, notebook, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    folder = run.new_run_folder(run.Path("runs"), "deploy", "gpu-01")
+    folder = execution.new_run_folder(Path("runs"), "deploy", "gpu-01")
     assert folder.is_absolute() and folder.parent == tmp_path / "runs"
 
 
@@ -75,14 +77,14 @@ def test_run_folders_are_absolute(tmp_path, notebook, monkeypatch) -> None:
 )
 def test_a_rolling_run_goes_in_batches(serial, sizes) -> None:
     hosts = list("abcde")
-    batches = run.plan_batches(hosts, serial)
+    batches = deploy.plan_batches(hosts, serial)
     assert [len(b) for b in batches] == sizes and sum(batches, []) == hosts
 
 
 @pytest.mark.parametrize("serial", [-1, "x", "0%"])
 def test_a_bad_batch_size_is_refused(serial) -> None:
     with pytest.raises(RunError, match="serial"):
-        run.plan_batches(["a"], serial)
+        deploy.plan_batches(["a"], serial)
 
 
 def test_the_run_stops_when_more_than_the_percentage_failed() -> None:
@@ -92,9 +94,9 @@ def test_the_run_stops_when_more_than_the_percentage_failed() -> None:
         HostResult("b", "preflight", State.UNREACHABLE, ""),
         HostResult("c", "preflight", State.OK, ""),
     ]
-    assert not run.too_many_failed(results, 4, None)
-    assert not run.too_many_failed(results, 4, 50)
-    assert run.too_many_failed(results, 4, 49)
+    assert not deploy.too_many_failed(results, 4, None)
+    assert not deploy.too_many_failed(results, 4, 50)
+    assert deploy.too_many_failed(results, 4, 49)
 
 
 def test_every_host_and_stage_of_a_run_has_a_result_saying_why_it_was_skipped() -> None:
@@ -103,7 +105,7 @@ def test_every_host_and_stage_of_a_run_has_a_result_saying_why_it_was_skipped() 
         HostResult("a", "download", State.FAILED, "truncated"),
         HostResult("b", "preflight", State.OK, ""),
     ]
-    filled = run._with_skipped(results, ["a", "b"], "batch 1 failed")
+    filled = deploy._with_skipped(results, ["a", "b"], "batch 1 failed")
     assert len(filled) == 12
     skipped = {(r.host, r.stage): r.message for r in filled if r.state is State.SKIPPED}
     assert skipped[("a", "launch")] == "not run: failed at download"
@@ -123,7 +125,7 @@ def test_a_record_with_a_secret_is_rewritten_masked(tmp_path) -> None:
     from opsbook.core.redact import Redactor
 
     path = _notebook_printing(tmp_path / "s.ipynb", "vllm serve --api-key s3cr3t-value\n")
-    run.redact_notebook(path, Redactor(["s3cr3t-value"]))
+    execution.redact_notebook(path, Redactor(["s3cr3t-value"]))
     assert "s3cr3t-value" not in path.read_text()
     assert "--api-key ***" in nbformat.read(path, as_version=4).cells[0].outputs[0]["text"]
 
@@ -134,5 +136,5 @@ def test_a_record_without_secrets_is_left_as_written(tmp_path) -> None:
     path = _notebook_printing(tmp_path / "clean.ipynb", "8 GPUs, all idle\n")
     path.write_text(path.read_text() + "\n")  # bytes nbformat would not write back
     written = path.read_bytes()
-    run.redact_notebook(path, Redactor(["s3cr3t-value"]))
+    execution.redact_notebook(path, Redactor(["s3cr3t-value"]))
     assert path.read_bytes() == written

@@ -314,7 +314,7 @@ def test_the_launch_script_stage_reads_the_hosts_script_once(tmp_path: Path) -> 
     upload_script(host, dep, render_script(dep))
     changed = deployment(server__args={"tensor-parallel-size": 4})
     host.calls.clear()
-    report = launch_script.run(host, changed, apply=True)
+    report = launch_script.run(host, changed, launch_script.Options(apply=True))
     reads = [what for kind, what in host.calls if kind == "read"]
     assert report.state is State.CHANGED and reads == [f"{tmp_path}/opsbook/launch.sh"]
     assert "--tensor-parallel-size 4" in (tmp_path / "opsbook" / "launch.sh").read_text()

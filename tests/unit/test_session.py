@@ -12,9 +12,10 @@ import pytest
 
 from opsbook import widgets
 from opsbook.core import channel
+from opsbook.core.channel import JOURNAL_ENV
 from opsbook.core.deployment import load_deployment
 from opsbook.core.results import HostResult, Result, State
-from opsbook.remote.journal import JOURNAL_ENV, Journal
+from opsbook.remote.journal import Journal
 from opsbook.runner import session
 
 KEY = "sk-" + "a1B2" * 8

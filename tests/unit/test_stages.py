@@ -1,20 +1,25 @@
 """A stage over a set of hosts: bounded fan-out, per-host results, live recording."""
 
+import ast
+import dataclasses
+import json
 import os
 import threading
 import time
+import typing
 from collections.abc import Callable
 
 import pytest
 
-from opsbook import stages
+from opsbook import stages, widgets
 from opsbook.core import channel
 from opsbook.core.deployment import parse_deployment
 from opsbook.core.exceptions import HostUnreachable, ProbeError, RunError
 from opsbook.core.results import TOOL_FAILED, Result, State
 from opsbook.remote.hosts import HostGroup
 from opsbook.remote.testing import Answer, FakeHost
-from opsbook.stages.base import Report, Stage, concurrently, run_stage
+from opsbook.runner.parameters import NOTEBOOKS_DIR
+from opsbook.stages.base import HOOK, Report, Stage, concurrently, run_stage
 from opsbook.steps.shard_check import format_bytes
 
 DOC = {"model": {"path": "/models/m"}, "server": {"port": 8000}}
@@ -32,7 +37,7 @@ def deployment(*addresses: str, **vars_by_address):
     return parse_deployment({**DOC, "hosts": hosts})
 
 
-def probe_stage(host, dep) -> Report:
+def probe_stage(host, dep, options) -> Report:
     answer = host.probe("check", {"path": dep.model_path})
     return Report(State.OK if answer["ok"] else State.FAILED, Result(answer["ok"], answer["msg"]))
 
@@ -149,11 +154,11 @@ def test_the_launch_script_stage_knows_ok_would_change_and_changed() -> None:
     dep = deployment("a")
     path = "/home/ops/opsbook/launch.sh"
     host = FakeHost("a", commands={r"^bash -n": Answer(), r"^mkdir -p": Answer()})
-    dry = stages.launch_script.run(host, dep, apply=False)
+    dry = stages.launch_script.run(host, dep, stages.launch_script.Options(apply=False))
     assert dry.state is State.WOULD_CHANGE and len(dry.script_sha256) == 64
-    done = stages.launch_script.run(host, dep, apply=True)
+    done = stages.launch_script.run(host, dep, stages.launch_script.Options(apply=True))
     assert done.state is State.CHANGED and path in host.files
-    again = stages.launch_script.run(host, dep, apply=False)
+    again = stages.launch_script.run(host, dep, stages.launch_script.Options(apply=False))
     assert again.state is State.OK and again.script_sha256 == dry.script_sha256
 
 
@@ -165,13 +170,16 @@ def test_the_download_stage_names_the_failure_vllm_would_meet(tmp_path) -> None:
     make_checkpoint(model)
     dep = parse_deployment({"hosts": ["a"], "model": {"path": str(model)}})
     host = FakeHost("a", probes={"download": local_probe("download")})
-    assert stages.download_check.run(host, dep).state is State.OK
+    assert stages.download_check.run(host, dep, stages.download_check.Options()).state is State.OK
     shard = sorted(model.glob("*.safetensors"))[0]
     os.truncate(shard, shard.stat().st_size - 4096)
-    report = stages.download_check.run(host, dep)
+    report = stages.download_check.run(host, dep, stages.download_check.Options())
     assert report.state is State.FAILED and report.failure_id == "safetensors-corrupt"
     shard.unlink()
-    assert stages.download_check.run(host, dep).failure_id == "weights-missing"
+    assert (
+        stages.download_check.run(host, dep, stages.download_check.Options()).failure_id
+        == "weights-missing"
+    )
 
 
 def test_the_hosts_of_a_group_share_one_journal() -> None:
@@ -220,7 +228,7 @@ def test_the_launch_script_stage_refuses_a_file_it_did_not_write_and_shows_none_
     host = FakeHost("a", commands={r"^bash -n": Answer(), r"^mkdir -p": Answer()})
     host.files[path] = mine
     for apply in (False, True):
-        report = stages.launch_script.run(host, dep, apply=apply)
+        report = stages.launch_script.run(host, dep, stages.launch_script.Options(apply=apply))
         assert report.state is State.FAILED and "left as it is" in report.verdict.message
         assert report.shows == []
         assert host.files[path] == mine
@@ -251,10 +259,84 @@ def test_the_config_patch_stage_reads_only_what_its_prediction_needs(tmp_path) -
     env = probe_env(smi, XDG_CACHE_HOME=str(tmp_path / "cache"))
     answers = {name: local_probe(name, env=env) for name in ("facts", "configs", "backends")}
     host = FakeHost("a", probes=answers)
-    report = stages.config_patch.run(host, parse_deployment(doc))
+    report = stages.config_patch.run(host, parse_deployment(doc), stages.config_patch.Options())
     asked = dict(host.probe_args)
     assert sorted(asked) == ["backends", "configs", "facts"]
     assert asked["facts"]["parts"] == ["nvidia_smi", "python"]
     weights = sum(p.stat().st_size for p in model.glob("*.safetensors"))
     [budget] = [s for s in report.shows if str(s).startswith("KV-cache budget")]
     assert f"the 3 shard(s)' {format_bytes(weights)} on disk" in budget
+
+
+def parameters_cell(notebook: str) -> list[ast.Assign]:
+    """The assignments of the notebook's ``parameters`` cell, in order."""
+    nb = json.loads((NOTEBOOKS_DIR / f"{notebook}.ipynb").read_text())
+    (cell,) = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
+    tree = ast.parse("".join(cell["source"]))
+    return [node for node in tree.body if isinstance(node, ast.Assign)]
+
+
+@pytest.mark.parametrize("stage", [*stages.STAGES, stages.STOP], ids=lambda s: s.name)
+def test_a_stage_notebooks_parameters_cell_declares_its_options_with_their_defaults(stage) -> None:
+    assigned = parameters_cell(stage.notebook)
+    names = [node.targets[0].id for node in assigned]  # type: ignore[attr-defined]
+    expected = stages.parameters_of(stage)
+    assert names == ["deployment", *(p.name for p in expected)]
+    deployment, *values = assigned
+    # The runner sets it; in JupyterLab it comes from the variable opsbook.core.channel names.
+    assert channel.DEPLOYMENT_ENV in ast.unparse(deployment.value)
+    for node, parameter in zip(values, expected, strict=True):
+        literal = ast.literal_eval(node.value)  # papermill needs plain literals
+        assert (literal, type(literal)) == (parameter.default, type(parameter.default)), (
+            parameter.name
+        )
+
+
+@pytest.mark.parametrize("stage", stages.STAGES, ids=lambda s: s.name)
+def test_each_option_has_a_default_of_its_declared_type(stage) -> None:
+    kind = stage.options_type
+    assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen
+    hints = typing.get_type_hints(kind)
+    for f in dataclasses.fields(kind):
+        if f.metadata.get(HOOK):
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        assert isinstance(default, typing.get_origin(hints[f.name]) or hints[f.name]), f.name
+
+
+def test_the_form_shows_a_stage_notebooks_parameters_from_its_namespace() -> None:
+    namespace = {"deployment": "d.yml", "hosts": ["ops@a"], "forks": 3, "apply": True}
+    namespace |= {"ready_timeout": 60, "stop_grace": 5, "other": "not a parameter"}
+    form = widgets.DeploymentForm("d.yml", [], notebook="04_launch", namespace=namespace)
+    assert form.parameters == {
+        "hosts": ["ops@a"],
+        "forks": 3,
+        "apply": True,
+        "ready_timeout": 60,
+        "stop_grace": 5,
+    }
+
+
+def test_an_option_the_stage_does_not_have_is_refused_before_any_host_is_touched() -> None:
+    host = FakeHost("a")
+    with pytest.raises(RunError, match="the launch stage has no option.s. ready_timout") as e:
+        run_stage(stages.get("launch"), deployment("a"), group=HostGroup([host]), ready_timout=5)
+    assert "apply, ready_timeout, stop_grace, on_progress" in (e.value.remedy or "")
+    assert host.calls == []
+
+
+def test_the_options_run_stage_is_given_reach_the_stage_as_its_options_class() -> None:
+    seen = []
+
+    def record(host, dep, options) -> Report:
+        seen.append(options)
+        return Report(State.OK, Result(True, "fine"))
+
+    script_like = Stage("check", "99_check", False, record, module="launch_script")
+    run_stage(
+        script_like, deployment("a"), group=HostGroup([FakeHost("a")]), on_result=None, apply=True
+    )
+    assert seen == [stages.launch_script.Options(entrypoint="serve", apply=True)]
+    with pytest.raises(RunError, match="the check stage has no option.s. apply"):
+        run_stage(CHECK, deployment("a"), group=HostGroup([FakeHost("a")]), apply=True)
+    assert stages.STOP.options_type is stages.launch_server.Options

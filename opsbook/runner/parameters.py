@@ -1,0 +1,144 @@
+"""A notebook's parameters: which notebook a name means, and the ``-p NAME VALUE`` pairs of
+``opsbook run`` as the values it declares.
+
+A stage notebook's parameters are its stage's (:func:`opsbook.stages.base.parameters_of`): the
+deployment, the hosts and forks, and the fields of the stage's options class, each with its
+type and default. Any other notebook's are read from its ``parameters`` cell by papermill.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from opsbook.core.exceptions import RunError
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+# Parameters the runner sets itself; `-p` may not give them (the deployment comes from -f).
+DEPLOYMENT_PARAMETER = "deployment"
+RUNNER_PARAMETERS = {DEPLOYMENT_PARAMETER: "-f FILE"}
+
+
+def find_notebook(name: str) -> Path:
+    """A notebook by path, or by stage name (``00_preflight``, ``preflight``) in notebooks/.
+
+    Raises:
+        RunError: no such notebook.
+    """
+    path = Path(name)
+    if path.is_file():
+        return path
+    candidates = sorted(NOTEBOOKS_DIR.glob("*.ipynb")) + sorted(Path("notebooks").glob("*.ipynb"))
+    stem = path.stem
+    for nb in candidates:
+        if nb.stem == stem or nb.stem.split("_", 1)[-1] == stem:
+            return nb
+    known = ", ".join(sorted({nb.stem for nb in candidates})) or "none found"
+    raise RunError(f"no notebook named {name!r}", remedy=f"use a path or one of: {known}")
+
+
+def declared_parameters(notebook: Path) -> dict[str, Any]:
+    """The parameters the notebook declares, with their defaults (None where a default is an
+    expression): a stage notebook's are its stage's (the options class the ``parameters`` cell
+    is held to by a test), any other notebook's are read from its cell by papermill."""
+    from opsbook import stages
+
+    stage = stages.for_notebook(notebook.stem)
+    if stage is not None:
+        own = {p.name: p.default for p in stages.parameters_of(stage)}
+        return {DEPLOYMENT_PARAMETER: None, **own}
+    import papermill
+
+    declared = papermill.inspect_notebook(str(notebook))
+    return {name: _declared_default(parameter) for name, parameter in declared.items()}
+
+
+def check_parameters(notebook: Path, parameters: Mapping[str, Any]) -> None:
+    """Refuse parameter names the notebook does not declare (papermill only warns).
+
+    Raises:
+        RunError: a name is unknown.
+    """
+    declared = set(declared_parameters(notebook))
+    unknown = sorted(set(parameters) - declared)
+    if unknown:
+        raise RunError(
+            f"{notebook.name} has no parameter(s) {', '.join(unknown)}",
+            remedy=f"its parameters are: {', '.join(sorted(declared)) or 'none'}",
+        )
+
+
+TRUE_WORDS = ("true",)
+FALSE_WORDS = ("false",)
+INTEGER = re.compile(r"[+-]?[0-9]+")
+NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def typed_parameters(notebook: Path, raw: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """``-p NAME VALUE`` pairs as the values the notebook declares: each VALUE is converted to
+    the type of the parameter's default (:func:`declared_parameters`: bool, int, float, str, or
+    a list of strings given comma-separated), never parsed as YAML or Python.
+
+    Raises:
+        RunError: a name is unknown or set by the runner, or a value does not fit its type.
+    """
+    declared = declared_parameters(notebook)
+    values = {}
+    for name, text in raw:
+        if name in RUNNER_PARAMETERS:
+            raise RunError(
+                f"the parameter {name} is set by opsbook run itself",
+                remedy=f"give it as {RUNNER_PARAMETERS[name]}, not -p {name}",
+            )
+        if name not in declared:
+            check_parameters(notebook, {name: text})
+        values[name] = plain_value(name, text, declared[name])
+    return values
+
+
+def _declared_default(parameter: Mapping[str, Any]) -> Any:
+    """The default a parameters cell gives (a Python literal), or None when it is an
+    expression."""
+    try:
+        return ast.literal_eval(str(parameter.get("default", "")))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def plain_value(name: str, text: str, default: Any) -> Any:
+    """``text`` as a value of the type of ``default``: ``true``/``false`` (any case) for a bool,
+    a whole number for an int, a number for a float, the text itself for a str, the
+    comma-separated items for a list.
+
+    Raises:
+        RunError: the text does not fit, or the parameter has no literal default.
+    """
+    if isinstance(default, bool):
+        word = text.strip().lower()
+        if word in TRUE_WORDS or word in FALSE_WORDS:
+            return word in TRUE_WORDS
+        raise _misfit(name, text, "true or false", f"-p {name} true")
+    if isinstance(default, int):
+        if INTEGER.fullmatch(text.strip()):
+            return int(text)
+        raise _misfit(name, text, "a whole number", f"-p {name} {default}")
+    if isinstance(default, float):
+        if NUMBER.fullmatch(text.strip()):
+            return float(text)
+        raise _misfit(name, text, "a number", f"-p {name} {default}")
+    if isinstance(default, str):
+        return text
+    if isinstance(default, list):
+        return [item.strip() for item in text.split(",") if item.strip()]
+    raise RunError(
+        f"the parameter {name} cannot be given on the command line",
+        remedy="set it in the deployment file or the notebook",
+    )
+
+
+def _misfit(name: str, text: str, expected: str, example: str) -> RunError:
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return RunError(f"-p {name} {shown!r}: expected {expected}", remedy=f"write e.g. {example}")
