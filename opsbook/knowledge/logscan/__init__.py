@@ -28,6 +28,7 @@ from opsbook.knowledge.logscan.catalogue import (
     KINDS,
     CatalogueEntry,
     Hit,
+    failure_for,
     load_catalogue,
 )
 from opsbook.knowledge.logscan.decision import classify_kernel_log, parse_backend_reasons
@@ -95,6 +96,7 @@ __all__ = [
     "classify_kernel_log",
     "diagnose_log",
     "diagnose_stream",
+    "failure_for",
     "find_version",
     "load_catalogue",
     "logical_lines",

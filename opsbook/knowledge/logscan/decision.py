@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from opsbook.knowledge.logscan.catalogue import CatalogueEntry, Hit, _entry_by_id
+from opsbook.knowledge.logscan.catalogue import CatalogueEntry, Hit, entry_with, signals
 from opsbook.knowledge.logscan.details import _last_error_detail, _logged_message
 from opsbook.knowledge.logscan.diagnosis import (
     FAILED,
@@ -29,11 +28,10 @@ from opsbook.knowledge.logscan.filters import (
     _teardown_dropped,
     _tool_parser_dropped,
 )
+from opsbook.knowledge.logscan.line_grammar import gib_of_text, number_of_text
 from opsbook.knowledge.logscan.log_lines import LineMemo, LogLine, _number_of, read_log_lines
 from opsbook.knowledge.logscan.matching import match_catalogue
 from opsbook.knowledge.logscan.readiness import (
-    _ACCESS,
-    _REQUEST_TAKEN,
     _error_before_shutdown,
     _killed_by_signal,
     _ready_line,
@@ -41,7 +39,6 @@ from opsbook.knowledge.logscan.readiness import (
     _stats_line,
 )
 from opsbook.knowledge.logscan.root_cause import (
-    _WRAPPER_CAUSES,
     _chained_cause,
     _engine_loop_death,
     _engine_loop_root,
@@ -56,16 +53,13 @@ from opsbook.knowledge.logscan.root_cause import (
 from opsbook.knowledge.logscan.startup_phases import (
     _first_phases,
     _furthest_phase,
-    _oom_stage,
     _phase_events,
     find_version,
+    stage_at,
 )
 
-_NCCL_INIT = re.compile(r"vLLM is using nccl==|\bNCCL INFO \S|Found nccl from")
-
-_SIZE = re.compile(r"^([\d.]+) ?(bytes|[KMGT]?i?B)$")
-_SIZE_POWERS = {"bytes": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 _PERSISTENT_STALLS = 3
+_SIGNALS = signals()
 
 
 def parse_backend_reasons(text: str) -> dict[str, list[str]]:
@@ -77,19 +71,19 @@ def parse_backend_reasons(text: str) -> dict[str, list[str]]:
     Returns:
         Backend name to its reasons.
     """
-    start = text.find("Reasons: {")
-    if start < 0:
+    opening = _SIGNALS.reasons_opening.search(text)
+    if opening is None:
         return {}
     reasons: dict[str, list[str]] = {}
-    for name, body in re.findall(r"(\w+): \[((?:[^\[\]]|\[[^\[\]]*\])*)\]", text[start + 10 :]):
-        reasons[name] = _split_reasons(body)
+    for found in _SIGNALS.reasons_item.finditer(text[opening.end() :]):
+        reasons[found["backend"]] = _split_reasons(found["reasons"])
     return reasons
 
 
 def _split_reasons(body: str) -> list[str]:
     # Reasons are joined with ", " but may hold a bracketed list and a ", but got N" clause.
     parts: list[str] = []
-    for part in re.split(r",\s*(?![^\[]*\])", body):
+    for part in _SIGNALS.reasons_separator.split(body):
         part = part.strip()
         if parts and part.startswith("but "):
             parts[-1] += ", " + part
@@ -107,7 +101,7 @@ def classify_kernel_log(dmesg_text: str) -> list[OomKill]:
     Returns:
         One ``OomKill`` per ``Out of memory: Killed process N (name)`` line, in order.
     """
-    entry = _entry_by_id("host-oom-killer")
+    entry = entry_with("killed_from_outside")
     kills = []
     for hit in match_catalogue(read_log_lines(dmesg_text), [entry]):
         values = _parse_values(entry, [hit.line])
@@ -167,7 +161,7 @@ def _diagnose_body(
         if _engine_loop_death([failure], None) is not None:
             failure = Hit(failure.entry, _chained_cause(failure.line, lines), failure.pattern_index)
         diagnosis = _failed(FAILED, failure, hits, events, base)
-        if failure.entry.kind == "wrapper" or failure.entry.id in _WRAPPER_CAUSES:
+        if failure.entry.kind == "wrapper" or failure.entry.walks_back:
             start = _walk_back_start(failure, hits)
             root = (
                 _own_record_root(lines, hits, start)
@@ -190,17 +184,17 @@ def _diagnose_body(
         # not ready: the shell's job line or the runtime's exit status ends the log.
         killed = _killed_by_signal(lines) if not running else None
         if killed is not None and killed.number > ready_at:
-            entry = _entry_by_id("host-oom-killer")
+            entry = entry_with("killed_from_outside")
             return _failed(FAILED, Hit(entry, killed, 0), [], events, base)
         loop_death = _engine_loop_death(hits, ready_at) if stopped is None else None
         if loop_death is not None:
-            entry = _entry_by_id("unrecognised-error")
+            entry = entry_with("fallback")
             diagnosis = _failed(FAILED, Hit(entry, loop_death, 0), [], events, base)
             _report_root_cause(diagnosis, RootCause(_chained_cause(loop_death, lines), None))
             return diagnosis
         bind_error = _error_before_shutdown(lines, ready_at) if stopped is None else None
         if bind_error is not None:
-            entry = _entry_by_id("unrecognised-error")
+            entry = entry_with("fallback")
             return _failed(FAILED, Hit(entry, bind_error, 0), [], events, base)
         if stats is not None:
             return _ready(lines, stats.number, base, serving_stats=True, stopped=stopped)
@@ -210,7 +204,7 @@ def _diagnose_body(
         return _killed(kills[-1], kernel_log or "", base)
     signalled = _killed_by_signal(lines)
     if signalled is not None and not running:
-        entry = _entry_by_id("host-oom-killer")
+        entry = entry_with("killed_from_outside")
         return _failed(FAILED, Hit(entry, signalled, 0), [], events, base)
     serving = _serving_line(lines, events) if running is None else None
     if serving is not None:
@@ -223,7 +217,7 @@ def _diagnose_body(
     # A process known to be alive is still starting, whatever it logged.
     logged = _error_after_progress(lines, events) if not running else None
     if logged is not None:
-        return _failed(FAILED, Hit(_entry_by_id("unrecognised-error"), logged, 0), [], events, base)
+        return _failed(FAILED, Hit(entry_with("fallback"), logged, 0), [], events, base)
     return _unfinished(lines, events, running, base)
 
 
@@ -237,18 +231,19 @@ def _failed(
     entry = chosen.entry
     same = [chosen.line] + [h.line for h in hits if h.entry is entry and h.line is not chosen.line]
     numbers = _parse_values(entry, same)
-    if entry.id == "oom":
-        stage = _oom_stage(events, chosen.line.number)
+    if entry.stage_numbers is not None:
+        stage = stage_at(entry.stage_numbers, events, chosen.line.number)
         if stage:
-            numbers["phase"] = stage
-    if entry.id in ("no-backend", "fp8kv-mla") and "Reasons: {" in chosen.line.text:
+            numbers[entry.stage_numbers.field] = stage
+    if entry.parse_reasons and _SIGNALS.reasons_opening.search(chosen.line.text):
         numbers["reasons"] = parse_backend_reasons(chosen.line.text)
     wrappers = [h.line for h in hits if h.entry.kind == "wrapper"]
     wrapper = wrappers[-1] if wrappers and entry.kind != "wrapper" else None
-    if entry.id == "nccl-timeout" and "rank" not in numbers:
-        rank = re.fullmatch(r"rank(\d+)", chosen.line.process or "")
-        if rank:
-            numbers["rank"] = int(rank.group(1))
+    for pattern in entry.process_numbers:
+        found = pattern.fullmatch(chosen.line.process or "")
+        for key, value in found.groupdict().items() if found else ():
+            if value is not None and key not in numbers:
+                numbers[key] = number_of_text(value)
     return LogDiagnosis(
         state=state,
         failure=entry.failure,
@@ -279,7 +274,9 @@ def _ready(
         "uvicorn uvicorn/lifespan/on.py ('Application startup complete.'); vLLM "
         "vllm/entrypoints/openai/api_server.py serves with uvicorn"
     )
-    if serving_stats and (_REQUEST_TAKEN.match(line.text) or _ACCESS.match(line.text)):
+    if serving_stats and (
+        _SIGNALS.request_taken.match(line.text) or _SIGNALS.access.match(line.text)
+    ):
         title = "the server logs the requests it takes: it is serving"
         source = (
             "vLLM 0.10.2-0.33.0 vllm/entrypoints/logger.py ('Received request %s: ...'), "
@@ -314,7 +311,7 @@ def _ready(
 
 
 def _killed(kill: OomKill, kernel_log: str, base: dict[str, Any]) -> LogDiagnosis:
-    entry = _entry_by_id("host-oom-killer")
+    entry = entry_with("killed_from_outside")
     line = next(line for line in read_log_lines(kernel_log) if line.number == kill.line_no)
     numbers = {"pid": kill.pid, "process": kill.process}
     if kill.anon_rss_kb is not None:
@@ -365,7 +362,7 @@ def _unfinished(
         )
     if _stops_after_nccl_init(lines, events):
         return _hung_in_nccl_setup(lines, events, line, base)
-    suspect = _entry_by_id("host-oom-killer")
+    suspect = entry_with("killed_from_outside")
     return LogDiagnosis(
         state=NO_CONCLUSION,
         failure=None,
@@ -398,8 +395,11 @@ def _hung_in_nccl_setup(
     all-reduce to warm up), where a peer that cannot connect (P2P, shared memory, a network
     interface) makes every rank wait with nothing logged."""
     progress_at = max((line.number for line, _ in events), default=0)
-    nccl = [line for line in lines if line.number > progress_at and _NCCL_INIT.search(line.text)]
-    entry = _entry_by_id("nccl")
+    entry = entry_with("silent_hang_after")
+    setup = entry.silent_hang_after
+    nccl = [
+        line for line in lines if line.number > progress_at and setup and setup.search(line.text)
+    ]
     return LogDiagnosis(
         state=HUNG,
         failure=entry.id,
@@ -458,17 +458,8 @@ def _first_of_each(hits: list[Hit]) -> list[Hit]:
     return list(seen.values())
 
 
-_STATUS_ONLY = re.compile(r"\b\d{3} (?:Client|Server) Error\b")
-
-
 def _bare_message_line(line: LogLine) -> bool:
     return not (line.exception or line.level or line.timestamp or line.process)
-
-
-# vLLM's own message over the error it caught, quoting it before re-raising it (vLLM
-# 0.13.0-0.21.0+ vllm/v1/worker/gpu_model_runner.py load_model: logger.error(f"{msg} (original
-# error: {e})") with msg "Failed to load model - not enough GPU memory. ...", then raise e).
-_QUOTES_ORIGINAL = re.compile(r"\(original error: ")
 
 
 def _pick_line(hits: list[Hit]) -> Hit:
@@ -479,13 +470,15 @@ def _pick_line(hits: list[Hit]) -> Hit:
     # for url ..." under transformers' "OSError: You are trying to access a gated repo.").
     # An exception line that only states an HTTP status (huggingface_hub's "404 Client
     # Error. (Request ID: ...)", requests' HTTPError) leaves the cause to the lines under it.
-    raised = any(hit.line.exception and not _STATUS_ONLY.search(hit.line.text) for hit in hits)
+    raised = any(
+        hit.line.exception and not _SIGNALS.status_only.search(hit.line.text) for hit in hits
+    )
     return min(
         hits,
         key=lambda hit: (
             raised and _bare_message_line(hit.line),
             hit.pattern_index,
-            bool(_QUOTES_ORIGINAL.search(hit.line.text)),
+            bool(_SIGNALS.quotes_original.search(hit.line.text)),
             hit.line.number,
         ),
     )
@@ -533,7 +526,8 @@ def _only_quoted(
 
 def _stops_after_nccl_init(lines: list[LogLine], events: list[tuple[LogLine, str]]) -> bool:
     progress_at = max((line.number for line, _ in events), default=0)
-    return any(_NCCL_INIT.search(line.text) for line in lines if line.number > progress_at)
+    setup = entry_with("silent_hang_after").silent_hang_after
+    return any(setup and setup.search(line.text) for line in lines if line.number > progress_at)
 
 
 def _parse_values(entry: CatalogueEntry, lines: Sequence[LogLine]) -> dict[str, Any]:
@@ -545,8 +539,8 @@ def _parse_values(entry: CatalogueEntry, lines: Sequence[LogLine]) -> dict[str, 
                 continue
             for key, value in found.groupdict().items():
                 if value is not None and key not in values:
-                    values[key] = _number(value)
-                    gib = _gib(value)
+                    values[key] = number_of_text(value)
+                    gib = gib_of_text(value)
                     if gib is not None:
                         values[f"{key}_gib"] = gib
     return values
@@ -559,20 +553,3 @@ def _remedy(entry: CatalogueEntry, numbers: dict[str, Any]) -> str:
         except KeyError:
             pass
     return entry.remedy
-
-
-def _number(value: str) -> Any:
-    if re.fullmatch(r"\d+", value):
-        return int(value)
-    if re.fullmatch(r"\d+\.\d+", value):
-        return float(value)
-    return value.strip()
-
-
-def _gib(value: str) -> float | None:
-    found = _SIZE.match(value.strip())
-    if not found:
-        return None
-    unit = found.group(2)
-    power = _SIZE_POWERS["bytes" if unit == "bytes" else unit[0]]
-    return round(float(found.group(1)) * 1024.0 ** (power - 3), 6)

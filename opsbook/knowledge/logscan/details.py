@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
-from opsbook.knowledge.logscan.catalogue import Hit, _catalogue
+from opsbook.knowledge.logscan.catalogue import Hit, _catalogue, signals
 from opsbook.knowledge.logscan.line_grammar import _NOT_A_CAUSE, _TRACEBACK
 from opsbook.knowledge.logscan.log_lines import LogLine, _position
 from opsbook.knowledge.logscan.matching import _first_matching
+
+_SIGNALS = signals()
 
 
 def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
@@ -34,19 +35,6 @@ def _logged_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     return chosen
 
 
-_LAST_ERROR = re.compile(r"^Last error:\s*$")
-# Ascend CANN's header of an inner error (six-character code: E, the module, four digits).
-_CANN_INNER_ERROR = re.compile(r"^E[0-9A-Z]\d{4}: Inner Error!?\s*$")
-
-
-# torch_npu's error for a failed operator call (its message names the place,
-# "InnerRunOpApi:torch_npu/csrc/framework/OpParamMaker.cpp:N OPS function error: HcclAllreduce,
-# error code is 6", as vllm-ascend logs show it), after which torch_npu prints CANN's error
-# message: a coded line (CANN error codes: E, the module, four digits; HCCL's are EI0001-EI0010,
-# e.g. EI0006 "Getting socket times out. Reason: %s", hiascend.com CANN error code reference
-# "HCCL Errors"). The coded line names the cause; the operator error only its call.
-_NPU_OPS_ERROR = re.compile(r"\bOPS function error: \w+, error code is \d+")
-_CANN_CODED = re.compile(r"^E[0-9A-Z]\d{4}: \S")
 _CANN_DETAIL_LINES = 4
 
 
@@ -55,9 +43,13 @@ def _cann_coded_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
     for line in lines[index + 1 : index + 1 + _CANN_DETAIL_LINES]:
         if line.process != chosen.line.process or line.is_code:
             continue
-        if _CANN_CODED.match(line.text):
+        if _SIGNALS.cann_coded.match(line.text):
             coded = replace(chosen, line=line)
-            return _last_error_detail(coded, lines) if _CANN_INNER_ERROR.match(line.text) else coded
+            return (
+                _last_error_detail(coded, lines)
+                if _SIGNALS.cann_inner_error.match(line.text)
+                else coded
+            )
     return chosen
 
 
@@ -70,36 +62,35 @@ def _last_error_detail(chosen: Hit, lines: list[LogLine]) -> Hit:
 
     Likewise for Ascend CANN's inner error (ReportInnerErrMsg: the code's header "EZ9999: Inner
     Error!", its message on the indented line under it): the header says nothing of its own."""
-    if _CANN_INNER_ERROR.match(chosen.line.text):
+    if _SIGNALS.cann_inner_error.match(chosen.line.text):
         index = _position(lines, chosen.line)
         detail = next((line for line in lines[index + 1 : index + 3] if line.text), None)
-        if detail is not None and not detail.is_code and not _CANN_INNER_ERROR.match(detail.text):
+        if (
+            detail is not None
+            and not detail.is_code
+            and not _SIGNALS.cann_inner_error.match(detail.text)
+        ):
             return replace(chosen, line=detail)
         return chosen
-    if _NPU_OPS_ERROR.search(chosen.line.text):
+    if _SIGNALS.npu_ops_error.search(chosen.line.text):
         return _cann_coded_detail(chosen, lines)
-    if chosen.entry.failure != "nccl":
+    under = chosen.entry.detail_under
+    if under is None:
         return chosen
     index = _position(lines, chosen.line)
-    after = [line for line in lines[index + 1 : index + 4] if line.text]
-    if len(after) >= 2 and _LAST_ERROR.match(after[0].text) and not after[1].is_code:
+    after = [line for line in lines[index + 1 : index + 1 + under.within] if line.text]
+    if len(after) >= 2 and under.marker.match(after[0].text) and not after[1].is_code:
         return replace(chosen, line=after[1])
     return chosen
 
 
-# pydantic-core's ValidationError text (src/errors/validation_exception.rs: "{count} validation
-# error{s} for {title}", then per error its location line when it has one and the indented
-# message "{msg} [type={type}, input_value=..., input_type=...]"; vLLM's config classes are
-# pydantic dataclasses from 0.10 on, so a refused config raises it).
-_VALIDATION_HEADER = re.compile(r"\b\d+ validation errors? for \S")
-_VALIDATION_DETAIL = re.compile(r"\S.* \[type=\w+")
 _VALIDATION_DETAIL_LINES = 3
 
 
 def _validation_detail(line: LogLine, lines: list[LogLine]) -> LogLine | None:
     """For pydantic's header of a validation error, its first error's message line: the header
     only counts the errors, the message under it states the cause."""
-    if not _VALIDATION_HEADER.search(line.text):
+    if not _SIGNALS.validation_header.search(line.text):
         return None
     index = _position(lines, line)
     below = [
@@ -108,7 +99,7 @@ def _validation_detail(line: LogLine, lines: list[LogLine]) -> LogLine | None:
         if each.process == line.process
     ]
     for each in below[:_VALIDATION_DETAIL_LINES]:
-        if not each.is_code and _VALIDATION_DETAIL.match(each.text):
+        if not each.is_code and _SIGNALS.validation_detail.match(each.text):
             return each
     return None
 
@@ -156,12 +147,9 @@ def _record_message(chosen: Hit, lines: list[LogLine]) -> Hit:
     if (
         not message.is_code
         and not message.exception
-        and _NAMES_A_VALUE.search(message.text)
+        and _SIGNALS.names_a_value.search(message.text)
         and not _NOT_A_CAUSE.match(message.text)
         and not any(_first_matching(entry, message.text) is not None for entry in wrappers)
     ):
         return replace(chosen, line=message)
     return chosen
-
-
-_NAMES_A_VALUE = re.compile(r"'[^']+'|\"[^\"]+\"|: \S")

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left
 from itertools import accumulate
 
-from opsbook.knowledge.logscan.catalogue import Hit
+from opsbook.knowledge.logscan.catalogue import Hit, signals
 from opsbook.knowledge.logscan.line_grammar import _NOT_A_CAUSE
 from opsbook.knowledge.logscan.log_lines import LogLine
 from opsbook.knowledge.logscan.startup_phases import PHASE_NAMES
 
-# The server-stopped note's patterns that are uvicorn's (Server.serve logs them only after
-# its startup succeeded and its main loop ended): the server had served.
-_SERVED_STOP_PATTERNS = (0, 1)
-# uvicorn's default log format ("%(levelprefix)s %(message)s": "INFO:     Shutting down"),
-# not another program's line of the same words.
-_UVICORN_RECORD = re.compile(r"\bINFO:\s+(?:Shutting down|Finished server process)")
-_STOPPED = "server-stopped"
+_SIGNALS = signals()
 
 
 def _stop_requested(hits: list[Hit], ready_at: int | None) -> Hit | None:
@@ -25,7 +18,7 @@ def _stop_requested(hits: list[Hit], ready_at: int | None) -> Hit | None:
     if ready_at is None:
         return None
     return next(
-        (hit for hit in hits if hit.entry.id == _STOPPED and hit.line.number > ready_at), None
+        (hit for hit in hits if hit.entry.stop_request and hit.line.number > ready_at), None
     )
 
 
@@ -46,17 +39,13 @@ def _served_then_stopped(hits: list[Hit]) -> Hit | None:
         (
             hit
             for hit in hits
-            if hit.entry.id == _STOPPED
-            and hit.pattern_index in _SERVED_STOP_PATTERNS
-            and _UVICORN_RECORD.search(hit.line.raw)
+            if hit.entry.stop_request
+            and hit.pattern_index in hit.entry.served_patterns
+            and hit.entry.served_record is not None
+            and hit.entry.served_record.search(hit.line.raw)
         ),
         None,
     )
-
-
-# vLLM's API server states its version first thing (vllm/entrypoints/openai/api_server.py
-# run_server, vLLM 0.10.2-0.34.0: logger.info("vLLM API server version %s", ...)).
-_SERVER_START = re.compile(r"^vLLM API server version ")
 
 
 def _after_launch(hits: list[Hit], lines: list[LogLine]) -> list[Hit]:
@@ -67,7 +56,9 @@ def _after_launch(hits: list[Hit], lines: list[LogLine]) -> list[Hit]:
     launcher's lines). Only stamped lines that carry neither a level opsbook reads nor a
     process prefix are taken for the launcher's: a line of vLLM's logger, or an error quoted
     above the log, is kept wherever it is."""
-    start = next((line.number for line in reversed(lines) if _SERVER_START.match(line.text)), None)
+    start = next(
+        (line.number for line in reversed(lines) if _SIGNALS.server_start.match(line.text)), None
+    )
     if start is None:
         return hits
     return [
@@ -91,34 +82,20 @@ def _debug_dropped(hits: list[Hit]) -> list[Hit]:
     return [hit for hit in hits if hit.line.level != "DEBUG" or hit.entry.kind in ("stall", "note")]
 
 
-# The record of a vLLM tool-call parser (vllm/entrypoints/openai/tool_parsers/*_tool_parser.py,
-# its logger's location "[hermes_tool_parser.py:110]"): the parsers catch what fails while
-# parsing a model's answer and log it, e.g. vLLM 0.8.3 hermes_tool_parser.py extract_tool_calls:
-# logger.exception("Error in extracting tool call from response.") then return the answer as
-# plain content; the request is answered, the server goes on.
-_TOOL_PARSER_RECORD = re.compile(r"\[\w+_tool_parser\.py:\d+\]")
-
-
 def _tool_parser_dropped(hits: list[Hit]) -> list[Hit]:
     """The hits without uncatalogued errors a tool-call parser logged: a request's handled
     error, not the server's failure."""
     return [
         hit
         for hit in hits
-        if hit.entry.kind != "generic" or not _TOOL_PARSER_RECORD.search(hit.line.raw)
+        if hit.entry.kind != "generic" or not _SIGNALS.handled_error_record.search(hit.line.raw)
     ]
-
-
-# The dynamic loader's refusal of DeepGEMM's extension: vLLM imports deep_gemm as an option
-# and goes on without it (vLLM 0.33.0 vllm/utils/deep_gemm.py _import_deep_gemm: "except
-# ImportError", which Python raises for a .so the loader refuses; then the vendored copy).
-_OPTIONAL_EXTENSION = re.compile(r"/deep_gemm/[\w.-]+\.so(?:\.\d+)*: undefined symbol: ")
 
 
 def _optional_import_dropped(hits: list[Hit]) -> list[Hit]:
     """The hits without an optional extension's failed import, when another error is in the
     log: vLLM went on without the extension, so the other error stopped it."""
-    optional = {id(hit.line) for hit in hits if _OPTIONAL_EXTENSION.search(hit.line.text)}
+    optional = {id(hit.line) for hit in hits if _SIGNALS.optional_extension.search(hit.line.text)}
     errors = ("cause", "wrapper", "generic")
     if not any(id(hit.line) not in optional and hit.entry.kind in errors for hit in hits):
         return hits
@@ -177,14 +154,3 @@ def _error_after_progress(
         ):
             return line
     return None
-
-
-# What a shell, a container runtime or a service manager prints when the server got SIGKILL
-# (exit status 137): the process wrote nothing itself, and the kernel's OOM killer is the
-# usual sender. GNU bash jobs.c (notify_of_job_status: an interactive shell's job line
-# "[N]+  Killed  cmd"; a script's "NAME: line N: " then pretty_print_job's "PID Killed  cmd",
-# strsignal(SIGKILL)); zsh Src/jobs.c (printjob: "zsh: killed  cmd", its lower-case sigmsg);
-# a BSD/macOS shell's "Killed: 9"; docker compose ("exited with code 137") and docker ps
-# ("Exited (137)"); systemd src/core/unit.c and service.c ("A process of this unit has been
-# killed by the OOM killer.", "Failed with result 'oom-kill'.", "Main process exited,
-# code=killed, status=9/KILL"); Kubernetes' container state reason "OOMKilled".

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import io
-import re
 from collections import Counter, deque
 from dataclasses import replace
 from typing import BinaryIO
 
+from opsbook.knowledge.logscan.catalogue import signals
 from opsbook.knowledge.logscan.decision import _diagnose_lines
 from opsbook.knowledge.logscan.diagnosis import EarlierStartup, LogDiagnosis
 from opsbook.knowledge.logscan.line_grammar import _ANSI, _COMMENT
 from opsbook.knowledge.logscan.log_lines import LineMemo, logical_lines
 from opsbook.knowledge.logscan.stream import LineScreen, screened_lines
+
+_SIGNALS = signals()
 
 
 def diagnose_log(
@@ -126,21 +128,6 @@ class LogFollower:
         return diagnosis
 
 
-# Where a startup begins: vLLM's banner (or argparse's usage line), the API server's version
-# line, its arguments line (vllm/entrypoints/openai/api_server.py, vllm/entrypoints/utils.py).
-# A marker that the current startup has already passed, or a new API-server PID, begins the
-# next one.
-_STARTUP_MARKERS = (
-    re.compile(r"^usage: vllm |[█▄▀]\s+version v?\d"),
-    re.compile(r"vLLM API server version "),
-    re.compile(r"\bnon-default args: |\bargs: Namespace\("),
-)
-_API_SERVER_PID = re.compile(r"\(APIServer pid=(\d+)\)")
-# A run that has failed prints no startup marker: one after its error begins the next run
-# (a reporter's second attempt pasted below the first, whose own start the excerpt cut).
-_RUN_ERROR = re.compile(
-    r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception)\b: |^\S+: error: "
-)
 # Bounds on what one startup keeps: its first and its last lines of interest.
 STARTUP_HEAD_LINES = 10_000
 STARTUP_TAIL_LINES = 10_000
@@ -186,8 +173,8 @@ class _StartupSplitter:
 
     def add(self, number: int, text: str) -> None:
         plain = _ANSI.sub("", text) if "[" in text else text
-        marker = next((i for i, p in enumerate(_STARTUP_MARKERS) if p.search(plain)), None)
-        pid_found = _API_SERVER_PID.search(plain)
+        marker = next((i for i, p in enumerate(_SIGNALS.startup_markers) if p.search(plain)), None)
+        pid_found = _SIGNALS.api_server_pid.search(plain)
         pid = pid_found.group(1) if pid_found else None
         current = self.current
         restarted = marker is not None and (current.marker >= marker or current.errored)
@@ -203,7 +190,7 @@ class _StartupSplitter:
             not current.errored
             and _may_be_error(plain)
             and not _COMMENT.match(plain)
-            and _RUN_ERROR.search(plain)
+            and _SIGNALS.run_error.search(plain)
         ):
             current.errored = True
         current.add(number, text)

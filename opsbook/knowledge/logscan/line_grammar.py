@@ -8,6 +8,7 @@ import html
 import json
 import re
 from datetime import datetime
+from typing import Any
 
 # vLLM's V1/V0 prefix has no year: year 2000 stands in (a leap year, so 02-29 parses) unless
 # a line with a full date (Python logging format) says which year it is.
@@ -428,3 +429,33 @@ def _bare_prefix(line: str) -> bool:
 
 def _starts_mid_word(line: str) -> bool:
     return line[0].islower() or line[0].isdigit()
+
+
+_SIZE = re.compile(r"^([\d.]+) ?(bytes|[KMGT]?i?B)$")
+
+
+_SIZE_POWERS = {"bytes": 0, "B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+
+
+# A parsed value: an integer, a decimal, a size with its unit ("2.5 GiB", "512 bytes").
+_INTEGER = re.compile(r"\d+")
+_DECIMAL = re.compile(r"\d+\.\d+")
+
+
+def number_of_text(value: str) -> Any:
+    """A parsed value as a number when it is one, else its text stripped."""
+    if _INTEGER.fullmatch(value):
+        return int(value)
+    if _DECIMAL.fullmatch(value):
+        return float(value)
+    return value.strip()
+
+
+def gib_of_text(value: str) -> float | None:
+    """A size's value in GiB, None when the text is no size."""
+    found = _SIZE.match(value.strip())
+    if not found:
+        return None
+    unit = found.group(2)
+    power = _SIZE_POWERS["bytes" if unit == "bytes" else unit[0]]
+    return round(float(found.group(1)) * 1024.0 ** (power - 3), 6)

@@ -6,32 +6,19 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
-from opsbook.knowledge.logscan.catalogue import CatalogueEntry, Hit, _entry_by_id
-from opsbook.knowledge.logscan.details import _NAMES_A_VALUE, _detail_line
-from opsbook.knowledge.logscan.diagnosis import LogDiagnosis, RootCause
-from opsbook.knowledge.logscan.filters import _OPTIONAL_EXTENSION
-from opsbook.knowledge.logscan.line_grammar import (
-    _EXCEPTION_LINE,
-    _FRAME,
-    _NOT_A_CAUSE,
-    _TRACEBACK,
-    EXCEPTION_NAME,
+from opsbook.knowledge.logscan.catalogue import (
+    CatalogueEntry,
+    Hit,
+    entry_by_id,
+    entry_with,
+    signals,
 )
+from opsbook.knowledge.logscan.details import _detail_line
+from opsbook.knowledge.logscan.diagnosis import LogDiagnosis, RootCause
+from opsbook.knowledge.logscan.line_grammar import _EXCEPTION_LINE, _FRAME, _NOT_A_CAUSE, _TRACEBACK
 from opsbook.knowledge.logscan.log_lines import LogLine, _number_of, _position
 
-# Catalogue classes that only say a process died: the cause is that process's first error.
-_WRAPPER_CAUSES = ("ray-node-died",)
-
-_API_SERVER = re.compile(r"^(?:APIServer|ApiServer)")
-# The engine core's dump of its state when it dies, logged at ERROR above its own record of
-# the death (vLLM 0.10.2-0.34.0 vllm/logging_utils/dump_input.py _dump_engine_exception:
-# "Dumping input data for V1 LLM engine (v%s) with config: %s, ", "Dumping scheduler output
-# for model execution: %s", "Dumping scheduler stats: %s"; "Error preparing object to dump"
-# when the dump itself fails): the inputs of the failed step, never its error.
-_STATE_DUMP = re.compile(
-    r"^(?:Dumping input data for V1 LLM engine|Dumping scheduler output for model execution"
-    r"|Dumping scheduler stats|Error preparing object to dump)"
-)
+_SIGNALS = signals()
 
 
 def _root_cause(
@@ -48,7 +35,7 @@ def _root_cause(
     died).
     """
     wrapper_lines = {h.line.number for h in hits if h.entry.kind == "wrapper"}
-    wrapper_lines |= {h.line.number for h in hits if h.entry.id in _WRAPPER_CAUSES}
+    wrapper_lines |= {h.line.number for h in hits if h.entry.walks_back}
     # A line the catalogue names as a cause or an error is one whatever its form (a
     # linker's "ld: cannot find -lcuda", NCCL's and the kernel's lines).
     named = {h.line.number for h in hits if h.entry.kind in ("cause", "generic")}
@@ -61,16 +48,18 @@ def _root_cause(
         and line.number not in own
         and not line.is_code
         and not _NOT_A_CAUSE.match(line.text)
-        and not _STATE_DUMP.match(line.text)
+        and not _SIGNALS.state_dump.match(line.text)
         and (line.number in named or _is_error_line(line))
     ]
     candidates = _not_gone_past(candidates, events, wrapper)
     # An optional extension's refused import was gone past (vLLM imports it as an option).
-    required = [line for line in candidates if not _OPTIONAL_EXTENSION.search(line.text)]
+    required = [line for line in candidates if not _SIGNALS.optional_extension.search(line.text)]
     candidates = required or candidates
     if not candidates:
         return None
-    others = [line for line in candidates if not _API_SERVER.match(line.process or "")]
+    others = [
+        line for line in candidates if not _SIGNALS.api_server_process.match(line.process or "")
+    ]
     first = (others or candidates)[0]
     best = _best_cause(hits, first)
     exception = _exception_of_record(first, lines)
@@ -105,7 +94,7 @@ def _exception_of_record(message: LogLine, lines: list[LogLine]) -> LogLine | No
     same level, time and process) that names nothing ("EngineCore encountered a fatal error.",
     vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py), the record's first exception line: the error
     itself, the message being only where it was caught."""
-    if message.exception or message.level is None or _NAMES_A_VALUE.search(message.text):
+    if message.exception or message.level is None or _SIGNALS.names_a_value.search(message.text):
         return None
     key = (message.level, message.timestamp, message.process)
     index = _position(lines, message)
@@ -160,24 +149,6 @@ def _wrapper_record(lines: list[LogLine], wrapper: LogLine) -> set[int]:
     return own
 
 
-# The wrappers of a failed startup: vLLM 0.10.2-0.34.0 vllm/v1/engine/utils.py ("Engine core
-# initialization failed. See root cause above."), vllm/v1/engine/core.py ("EngineCore failed
-# to start."), vllm/v1/executor/multiproc_executor.py ("WorkerProc initialization failed due
-# to an exception in a background process", "WorkerProc failed to start."); V0's
-# vllm/entrypoints/openai/api_server.py 0.10.2 ("Engine process failed to start.").
-_STARTUP_WRAPPER = re.compile(
-    r"Engine core initialization failed|EngineCore failed to start"
-    r"|WorkerProc initialization failed|WorkerProc failed to start|Engine process failed to start"
-    r"|" + r"error raised in its creation task"
-)
-# Ray's wrapper of an actor whose constructor raised (ray python/ray/exceptions.py
-# ActorDiedError, ray 2.58.0: "The actor died because of an error raised in its creation task,
-# {cause}", the cause being the RayTaskError's text: "ray::Actor.__init__() ...", the
-# traceback, the exception): the actor's own error follows it and is the failure; no node or
-# process was lost.
-_CREATION_TASK = re.compile(r"error raised in its creation task")
-
-
 def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -> RootCause | None:
     """With no error of the failed process above a startup wrapper, the first exception below
     it: the failed process writes its traceback to the same terminal as the API server, and
@@ -185,17 +156,17 @@ def _root_cause_below(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
     under the wrapper's). Only below a wrapper of the startup, when no request is in flight
     (below a dead engine's wrapper while serving, the requests' cancellations follow), and
     only an exception line (ERROR lines below a wrapper are the shutdown's)."""
-    if not _STARTUP_WRAPPER.search(wrapper.text):
+    if not _SIGNALS.startup_wrapper.search(wrapper.text):
         return None
     wrapper_lines = {h.line.number for h in hits if h.entry.kind == "wrapper"}
-    wrapper_lines |= {h.line.number for h in hits if h.entry.id in _WRAPPER_CAUSES}
+    wrapper_lines |= {h.line.number for h in hits if h.entry.walks_back}
     for line in lines:
         if (
             line.number > wrapper.number
             and line.number not in wrapper_lines
             and not line.is_code
             and bool(_EXCEPTION_LINE.match(line.text))
-            and not _API_SERVER.match(line.process or "")
+            and not _SIGNALS.api_server_process.match(line.process or "")
         ):
             best = _best_cause(hits, line)
             return RootCause(line, best)
@@ -228,17 +199,10 @@ def _record_lines(record: LogLine, lines: list[LogLine]) -> Iterator[LogLine]:
         yield line
 
 
-# Ray's exception for a task that raised (ray python/ray/exceptions.py, ray 2.60.0:
-# as_instanceof_cause names the class f"RayTaskError({cause_cls.__name__})"; __str__ puts
-# f"{self.proctitle}() (pid={self.pid}, ip={self.ip}" in place of the traceback's first line,
-# the task's traceback and its exception line following): the header names the class only.
-_RAY_TASK_HEADER = re.compile(r"RayTaskError\((?P<cause>\w+)\): ray::\S*\(\) \(pid=\d+")
-
-
 def _ray_task_cause(failure: Hit, hits: list[Hit]) -> Hit:
     """For Ray's RayTaskError(X) header, the exception line X of the task's traceback under
     it (the first such line hit after it), which states the error."""
-    header = _RAY_TASK_HEADER.search(failure.line.text)
+    header = _SIGNALS.ray_task_header.search(failure.line.text)
     if header is None:
         return failure
     cause = re.compile(r"^(?:[\w.]+\.)?" + re.escape(header["cause"]) + r": \S")
@@ -255,17 +219,6 @@ def _ray_task_cause(failure: Hit, hits: list[Hit]) -> Hit:
     return failure if line is None else Hit(failure.entry, line, failure.pattern_index)
 
 
-# V0's multiprocessing engine's record of the error that ended its loop (vLLM 0.10.2
-# vllm/engine/multiprocessing/engine.py MQLLMEngine.start: except Exception as e:
-# logger.exception(repr(e)), then the loop is over): the exception's repr as the message of an
-# ERROR record of engine.py. Every request after it gets MQEngineDeadError("Engine loop is not
-# running. Inspect the stacktrace to find the original error: ...") (vllm/engine/
-# multiprocessing/__init__.py ENGINE_DEAD_ERROR): the server no longer serves. A request's own
-# error (a 400, a refused prompt) is logged by the API server, not as this record.
-_ENGINE_LOOP_DEATH = re.compile(r"\bengine\.py:\d+\]\s+" + EXCEPTION_NAME + r"\([\"']")
-_ENGINE_LOOP_DEAD = re.compile(r"Engine loop is not running")
-
-
 def _engine_loop_death(hits: list[Hit], after: int | None) -> LogLine | None:
     """The first record of V0's engine loop ending on an error, after line ``after``: among
     the exception lines already hit, an ERROR record of engine.py whose message is a repr."""
@@ -276,7 +229,7 @@ def _engine_loop_death(hits: list[Hit], after: int | None) -> LogLine | None:
             if hit.line.exception
             and hit.line.level in ("ERROR", "CRITICAL")
             and (after is None or hit.line.number > after)
-            and _ENGINE_LOOP_DEATH.search(hit.line.raw)
+            and _SIGNALS.engine_loop_death.search(hit.line.raw)
         ),
         None,
     )
@@ -286,7 +239,7 @@ def _engine_loop_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
     """Under V0's MQEngineDeadError, the engine loop's own record of its error, wherever it
     is: the API server's wrapper and the engine's record are two processes' output and
     interleave (the wrapper often comes first)."""
-    if not _ENGINE_LOOP_DEAD.search(wrapper.text):
+    if not _SIGNALS.engine_loop_dead.search(wrapper.text):
         return None
     death = _engine_loop_death(hits, None)
     if death is None:
@@ -294,25 +247,6 @@ def _engine_loop_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) -
     line = _chained_cause(death, lines)
     best = _best_cause(hits, line)
     return RootCause(line, best)
-
-
-# The engine core's record of its own death, its traceback logged under the same prefix
-# (vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core: logger.exception("EngineCore
-# encountered a fatal error."); V1 before 0.8.5: logger.error("EngineCore hit an exception:
-# %s", traceback), the traceback starting on the message's line); V0's background loop's
-# (vLLM 0.10.2 vllm/engine/async_llm_engine.py: logger.error("Engine background task failed",
-# exc_info=e)); a worker's and a failed start's (0.10.2-0.34.0 logger.exception:
-# vllm/v1/executor/multiproc_executor.py "WorkerProc hit an exception." and "WorkerProc failed
-# to start.", "WorkerProc failed.", vllm/v1/engine/core.py "EngineCore failed to start.",
-# vllm/worker/worker_base.py (0.10.2) and vllm/v1/worker/worker_base.py "Error executing
-# method %r. ..."), and V0's multiprocessing worker's (0.10.2
-# vllm/executor/multiproc_worker_utils.py "Exception in worker %s while processing method %s.").
-_DEATH_RECORD = re.compile(
-    r"EngineCore encountered a fatal error|EngineCore hit an exception"
-    r"|Engine background task failed|WorkerProc hit an exception|WorkerProc failed to start"
-    r"|EngineCore failed to start|Error executing method|WorkerProc failed\."
-    r"|Exception in worker \S+ while processing method"
-)
 
 
 def _best_cause(hits: list[Hit], line: LogLine) -> CatalogueEntry | None:
@@ -326,7 +260,7 @@ def _own_record_root(lines: list[LogLine], hits: list[Hit], wrapper: LogLine) ->
     lines after it with its level, time and process (other processes' lines interleaved with
     them skipped: several workers' tracebacks often are). Nothing when an excerpt cuts the
     record before its exception (the wrapper is then all the log shows)."""
-    if not _DEATH_RECORD.search(wrapper.text) or wrapper.level is None:
+    if not _SIGNALS.death_record.search(wrapper.text) or wrapper.level is None:
         return None
     record = list(_record_lines(wrapper, lines)) or _unprefixed_traceback(wrapper, lines)
     for line in record:
@@ -357,7 +291,7 @@ def _unprefixed_traceback(record: LogLine, lines: list[LogLine]) -> list[LogLine
 
 
 def _walk_back_start(failure: Hit, hits: list[Hit]) -> LogLine:
-    if failure.entry.id in _WRAPPER_CAUSES:
+    if failure.entry.walks_back:
         # Ray's message runs over several lines: walk back from its first one.
         return min((h.line for h in hits if h.entry is failure.entry), key=_number_of)
     # From the last wrapper line: vLLM's engine core logs "EngineCore failed to start." above
@@ -392,7 +326,7 @@ def _is_error_line(line: LogLine) -> bool:
 
 def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     wrapper = diagnosis.line
-    if root is None and wrapper is not None and _DEATH_RECORD.search(wrapper.text):
+    if root is None and wrapper is not None and _SIGNALS.death_record.search(wrapper.text):
         # The line is the failed process's own record of its exception: it was not killed
         # from outside, the excerpt only stops before the exception.
         diagnosis.remedy = (
@@ -411,11 +345,9 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
     diagnosis.wrapper = wrapper
     diagnosis.line = root.line
     diagnosis.root_cause = root.line
-    raised_in_constructor = bool(_CREATION_TASK.search(wrapper.text)) if wrapper else False
+    raised_in_constructor = bool(_SIGNALS.creation_task.search(wrapper.text)) if wrapper else False
     if root.entry is not None:
-        if raised_in_constructor or not (
-            root.entry.family and diagnosis.failure in _WRAPPER_CAUSES
-        ):
+        if raised_in_constructor or not (root.entry.family and _walks_back(diagnosis.failure)):
             # A known class outside the shared ids counts as an uncatalogued error: under a
             # Ray death the node or actor loss keeps its class (as below).
             diagnosis.failure = root.entry.failure
@@ -425,15 +357,20 @@ def _report_root_cause(diagnosis: LogDiagnosis, root: RootCause | None) -> None:
         diagnosis.source = root.entry.source
         return
     if diagnosis.failure and (
-        _entry_by_id(diagnosis.failure).kind == "wrapper" or raised_in_constructor
+        entry_by_id(diagnosis.failure).kind == "wrapper" or raised_in_constructor
     ):
         # The log shows the root error and the catalogue does not know it: an unrecognised
         # error (engine-dead is a wrapper with no error of the failed process above it). A
         # Ray death keeps its class: the node or actor loss is itself the finding.
-        diagnosis.failure = _entry_by_id("unrecognised-error").id
+        diagnosis.failure = entry_with("fallback").id
     diagnosis.title = f"the process died; its first error ({where}): {root.line.text}"
     diagnosis.remedy = (
         f"The root cause is the first error of the failed process ({where}): "
         f"{root.line.text!r}. It is not in opsbook's catalogue: read its traceback and search "
         "the vLLM issues for it."
     )
+
+
+def _walks_back(failure: str | None) -> bool:
+    """Whether the failure's class only says a process died (its ``walks_back``)."""
+    return failure is not None and entry_by_id(failure).walks_back

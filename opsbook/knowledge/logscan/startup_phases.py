@@ -7,66 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from opsbook.knowledge.logscan.catalogue import StageNumbers, signals
 from opsbook.knowledge.logscan.log_lines import LineMemo, LogLine, read_log_lines
 
-PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (name, re.compile(pattern))
-    for name, pattern in (
-        ("args", r"non-default args: |args: Namespace\(|vLLM API server version "),
-        ("engine-config", r"Initializing an? (?:V1 )?LLM engine"),
-        ("backend", r"\bUsing [\w. ]*?backend\b|Valid backends: "),
-        (
-            "weights",
-            r"Starting to load model|Loading (?:safetensors|pt) checkpoint shards"
-            r"|Loading weights took|Model loading took|Loading model weights took",
-        ),
-        (
-            "compile",
-            r"torch\.compile takes|Dynamo bytecode transform time|Compiling a graph for"
-            r"|Directly load the compiled graph|torch_compile_cache",
-        ),
-        (
-            "kv-cache",
-            r"Available KV cache memory|GPU KV cache size|Maximum concurrency for"
-            r"|# (?:GPU|gpu) blocks: |Memory profiling (?:results|takes)",
-        ),
-        (
-            "graphs",
-            r"Capturing (?:CUDA ?graphs?|cudagraphs?|the model for CUDA graphs)"
-            r"|Graph capturing finished",
-        ),
-        (
-            "engine-ready",
-            r"init engine \(profile, create kv cache, warmup model\) took"
-            r"|Core engine process \d+ ready",
-        ),
-        (
-            "http",
-            r"Starting vLLM (?:API )?server|Starting \S+ (?:API )?server(?: \d+)? on "
-            r"|Available routes are|Route: /|Started server process",
-        ),
-        # uvicorn's lines; vLLM 0.14.1-0.34.0's gRPC server (entrypoints/grpc_server.py,
-        # launchers/grpc_server.py), logged once server.start() has bound the port.
-        (
-            "ready",
-            r"Application startup complete|Uvicorn running on"
-            r"|vLLM gRPC server started on|Server is ready to accept requests",
-        ),
-    )
-)
-
+# The phases in startup order (failures.yaml, signals.phases).
+PHASE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = signals().phases
 PHASE_NAMES = tuple(name for name, _ in PHASE_PATTERNS)
 
 
-_VERSION_PATTERNS = (
-    re.compile(r"vLLM API server version v?(\d[\w.+-]*)"),
-    re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d[\w.+-]*)\)"),
-    re.compile(r"[█▄▀]\s+version v?(\d+\.\d+[\w.+-]*)"),
-    re.compile(r"\b[vV][lL][lL][mM]\b[^\n]{0,20}?\bversion:? v?(\d+\.\d+[\w.+-]*)"),
-    re.compile(r"\bvllm==(\d+\.\d+[\w.+-]*)"),
-)
-
-_WEIGHTS_DONE = re.compile(r"Loading weights took|Model loading took|Loading model weights took")
+_VERSION_PATTERNS = signals().versions
 
 
 @dataclass(frozen=True)
@@ -110,19 +59,17 @@ def find_version(lines: Sequence[LogLine]) -> str | None:
     return None
 
 
-def _oom_stage(events: list[tuple[LogLine, str]], at: int) -> str | None:
+def stage_at(stages: StageNumbers, events: list[tuple[LogLine, str]], at: int) -> str | None:
+    """The startup stage line ``at`` fell in, as ``stages`` names the phases (None before any)."""
     before = [(line, name) for line, name in events if line.number < at]
     furthest = _furthest_phase(before)
     if furthest is None:
         return None
-    if furthest in ("args", "engine-config", "backend"):
-        return "loading"
-    if furthest == "weights":
-        done = any(_WEIGHTS_DONE.search(line.text) for line, _ in before)
-        return "profiling" if done else "loading"
-    if furthest in ("compile", "kv-cache"):
-        return "profiling"
-    return "graph capture" if furthest == "graphs" else "serving"
+    if furthest == stages.after_phase and any(
+        stages.after_pattern.search(line.text) for line, _ in before
+    ):
+        return stages.after_stage
+    return stages.stage_of(furthest)
 
 
 def _phase_events(
