@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from opsbook.core.exceptions import LogError
-from opsbook.knowledge.logscan import stream as logread
 from opsbook.knowledge.logscan import FAILED, READY, diagnose_log, diagnose_stream, load_catalogue
+from opsbook.knowledge.logscan import stream as logread
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 

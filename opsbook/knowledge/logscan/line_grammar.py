@@ -211,12 +211,12 @@ _PREFIXES = (
     _LOCATION,
     _SERVE_LOCATION,
 )
-# Group names repeat across the prefixes: the combined gates drop them.
-_PREFIX_GROUP = re.compile(r"\(\?P<\w+>")
+# A named group of a pattern, made plain to combine patterns whose group names repeat.
+NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 _ANY_CARRIER = re.compile(
-    "|".join(f"(?:{_PREFIX_GROUP.sub('(?:', p.pattern)})" for p in _CARRIER_PREFIXES)
+    "|".join(f"(?:{NAMED_GROUP.sub('(?:', p.pattern)})" for p in _CARRIER_PREFIXES)
 )
-_ANY_PREFIX = re.compile("|".join(f"(?:{_PREFIX_GROUP.sub('(?:', p.pattern)})" for p in _PREFIXES))
+_ANY_PREFIX = re.compile("|".join(f"(?:{NAMED_GROUP.sub('(?:', p.pattern)})" for p in _PREFIXES))
 _FULL_DATE = re.compile(r"\b(20\d\d)-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
 
 # Lines that start something new, so a terminal wrap never produced them.
@@ -459,3 +459,13 @@ def gib_of_text(value: str) -> float | None:
     unit = found.group(2)
     power = _SIZE_POWERS["bytes" if unit == "bytes" else unit[0]]
     return round(float(found.group(1)) * 1024.0 ** (power - 3), 6)
+
+
+# A traceback's source line that raises with a literal message: ``raise RuntimeError("...``
+# or an f-string, whose text up to its first placeholder is the message's fixed stem.
+RAISE_LITERAL = re.compile(r"^raise (?P<name>[\w.]+)\(\s*[fr]?(?P<q>[\"'])(?P<literal>[^\"'{]*)")
+
+
+def exception_line_of(name: str) -> re.Pattern[str]:
+    """The line of an exception named ``name`` (qualified or not) with its message."""
+    return re.compile(r"^(?:[\w.]+\.)?" + re.escape(name) + r": \S")

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache, partial
 
 from opsbook.knowledge.logscan.catalogue import CONTEXT_WINDOW, CatalogueEntry, Hit, _catalogue
-from opsbook.knowledge.logscan.line_grammar import _FRAME, _NOT_A_CAUSE
+from opsbook.knowledge.logscan.line_grammar import _FRAME, _NOT_A_CAUSE, NAMED_GROUP, RAISE_LITERAL
 from opsbook.knowledge.logscan.log_lines import LineMemo, LogLine
 
 
@@ -79,11 +79,6 @@ def _with_continuation(lines: Sequence[LogLine], index: int, text: str) -> str:
     return f"{text} {following.text}"
 
 
-# A traceback's source line that raises with a literal message: ``raise RuntimeError("...``
-# or an f-string, whose text up to its first placeholder is the message's fixed stem.
-_RAISE_LITERAL = re.compile(r"^raise (?P<name>[\w.]+)\(\s*[fr]?(?P<q>[\"'])(?P<literal>[^\"'{]*)")
-
-
 def _completed_from_raise(lines: Sequence[LogLine], index: int) -> str:
     """An exception line that an excerpt cut short ("RuntimeError: Engine core ini") reads as
     the message of the ``raise`` statement just above it, when that statement's literal
@@ -94,7 +89,7 @@ def _completed_from_raise(lines: Sequence[LogLine], index: int) -> str:
     before = next((other for other in above if other.text), None)
     if before is None or not before.is_code or len(message) < 3:
         return line.text
-    found = _RAISE_LITERAL.match(before.text.strip())
+    found = RAISE_LITERAL.match(before.text.strip())
     if found is None or found.group("name").rsplit(".", 1)[-1] != name.rsplit(".", 1)[-1]:
         return line.text
     literal = found.group("literal").rstrip()
@@ -142,11 +137,8 @@ def _caseless_patterns(entry: CatalogueEntry) -> tuple[re.Pattern[str], ...]:
 @lru_cache(maxsize=8)
 def _screen(entries: tuple[CatalogueEntry, ...]) -> re.Pattern[str]:
     # One pass of all patterns at once: most lines of a long log match none of them.
-    alternatives = (_NAMED_GROUP.sub("(?:", p.pattern) for e in entries for p in e.patterns)
+    alternatives = (NAMED_GROUP.sub("(?:", p.pattern) for e in entries for p in e.patterns)
     return re.compile("|".join(f"(?:{alternative})" for alternative in alternatives))
-
-
-_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
 
 
 def _first_matching(entry: CatalogueEntry, text: str, recent: Sequence[str] = ()) -> int | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
@@ -15,7 +14,13 @@ from opsbook.knowledge.logscan.catalogue import (
 )
 from opsbook.knowledge.logscan.details import _detail_line
 from opsbook.knowledge.logscan.diagnosis import LogDiagnosis, RootCause
-from opsbook.knowledge.logscan.line_grammar import _EXCEPTION_LINE, _FRAME, _NOT_A_CAUSE, _TRACEBACK
+from opsbook.knowledge.logscan.line_grammar import (
+    _EXCEPTION_LINE,
+    _FRAME,
+    _NOT_A_CAUSE,
+    _TRACEBACK,
+    exception_line_of,
+)
 from opsbook.knowledge.logscan.log_lines import LogLine, _number_of, _position
 
 _SIGNALS = signals()
@@ -205,7 +210,7 @@ def _ray_task_cause(failure: Hit, hits: list[Hit]) -> Hit:
     header = _SIGNALS.ray_task_header.search(failure.line.text)
     if header is None:
         return failure
-    cause = re.compile(r"^(?:[\w.]+\.)?" + re.escape(header["cause"]) + r": \S")
+    cause = exception_line_of(header["cause"])
     line = next(
         (
             hit.line
