@@ -538,7 +538,7 @@ def _has_text(template: str) -> bool:
 
 def catalogue_stems(path: Path = CATALOGUE) -> dict[str, list[str]]:
     """Each entry's ``stems``: literal texts that select its format strings."""
-    entries = yaml.safe_load(path.read_text(encoding="utf-8"))
+    entries = yaml.safe_load(path.read_text(encoding="utf-8"))["failures"]
     return {e["id"]: list(e.get("stems", [])) for e in entries if e.get("stems")}
 
 

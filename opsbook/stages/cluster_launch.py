@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import Finding, Result, State
+from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Report
 from opsbook.stages.launch_server import Options, _phases
@@ -31,8 +32,9 @@ WATCH_EVERY = 3.0
 # size its Ray node: the rehearsal hosts share one machine.
 NUM_CPUS_VAR = "OPSBOOK_RAY_NUM_CPUS"
 OBJECT_STORE_VAR = "OPSBOOK_RAY_OBJECT_STORE_BYTES"
-RAY_NODE_DIED = "ray-node-died"
-RAY_RESOURCES = "ray-resources"
+# The failure ids of the catalogue's entries raised by these findings (their raised_by).
+RAY_NODE_DIED = failure_for("ray-node-lost")
+RAY_RESOURCES = failure_for("ray-resources-short")
 
 
 class NodeLost(OpsbookError):

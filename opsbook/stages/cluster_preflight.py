@@ -21,6 +21,7 @@ from typing import Any
 
 from opsbook.core.deployment import ClusterSpec, Deployment
 from opsbook.core.results import Finding, Result, State
+from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import preflight
 from opsbook.stages.base import Report
@@ -66,7 +67,7 @@ def run(
     for name, report in reports.items():
         verdict = Result(False, f"the nodes differ: {problem}", findings=findings)
         ray_differs = any(f.subject == "Ray" for f in findings)
-        failure = "ray-version-mismatch" if ray_differs else ""
+        failure = failure_for("ray-versions-differ") if ray_differs else ""
         reports[name] = Report(State.FAILED, verdict, [verdict, *report.shows], failure)
     return reports
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
+from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Report
 from opsbook.steps import shard_check
@@ -62,7 +63,7 @@ def failure_id(check: Result) -> str:
     opsbook/knowledge/data/failures.yaml)."""
     counts = shard_check.shard_counts(check)
     if counts.missing:
-        return "weights-missing"
+        return failure_for("shards-missing")
     if counts.truncated or counts.corrupt:
-        return "safetensors-corrupt"
+        return failure_for("shards-damaged")
     return ""

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from opsbook.core.exceptions import LogError
-from opsbook.knowledge import logread
 from opsbook.knowledge.logscan import FAILED, READY, diagnose_log, diagnose_stream, load_catalogue
+from opsbook.knowledge.logscan import stream as logread
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 
@@ -444,15 +444,16 @@ def test_a_look_that_brought_nothing_new_is_answered_without_diagnosing_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from opsbook.knowledge import logscan
+    from opsbook.knowledge.logscan import follower as follower_module
 
     raw = (LOGS / "ready-4.log").read_bytes()
     follower = logscan.LogFollower()
     follower.feed(raw[: len(raw) // 2])
     first = follower.diagnose(running=True)
     calls: list[int] = []
-    diagnose_lines = logscan._diagnose_lines
+    diagnose_lines = follower_module._diagnose_lines
     monkeypatch.setattr(
-        logscan, "_diagnose_lines", lambda *a: calls.append(1) or diagnose_lines(*a)
+        follower_module, "_diagnose_lines", lambda *a: calls.append(1) or diagnose_lines(*a)
     )
 
     again = follower.diagnose(running=True)
@@ -492,15 +493,17 @@ def test_a_look_reads_only_the_texts_it_has_not_read_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from opsbook.knowledge import logscan
+    from opsbook.knowledge.logscan import log_lines
+    from opsbook.knowledge.logscan import matching as matching_module
 
     reads: list[str] = []
     matched: list[str] = []
-    read_message, matching = logscan._read_message, logscan._matching_patterns
+    read_message, matching = log_lines._read_message, matching_module._matching_patterns
     monkeypatch.setattr(
-        logscan, "_read_message", lambda key: reads.append(key[0]) or read_message(key)
+        log_lines, "_read_message", lambda key: reads.append(key[0]) or read_message(key)
     )
     monkeypatch.setattr(
-        logscan,
+        matching_module,
         "_matching_patterns",
         lambda e, s, text: matched.append(text) or matching(e, s, text),
     )

@@ -1,0 +1,223 @@
+"""Logs read as streams: several startups in one file, and a growing log followed look by look."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter, deque
+from dataclasses import replace
+from typing import BinaryIO
+
+from opsbook.knowledge.logscan.catalogue import signals
+from opsbook.knowledge.logscan.decision import _diagnose_lines
+from opsbook.knowledge.logscan.diagnosis import EarlierStartup, LogDiagnosis
+from opsbook.knowledge.logscan.line_grammar import _ANSI, _COMMENT
+from opsbook.knowledge.logscan.log_lines import LineMemo, logical_lines
+from opsbook.knowledge.logscan.stream import LineScreen, screened_lines
+
+_SIGNALS = signals()
+
+
+def diagnose_log(
+    text: str, *, running: bool | None = None, kernel_log: str | None = None
+) -> LogDiagnosis:
+    """Say what state a vLLM log shows, the failure class and what to do.
+
+    Args:
+        text: the log, of any vLLM version, possibly mangled by pasting.
+        running: whether the server process is known to be alive; a log that stops without
+            an error is ``loading`` when True, ``no-conclusion`` otherwise.
+        kernel_log: ``dmesg`` text of the host, to recognise an OOM kill.
+
+    Returns:
+        The diagnosis of the last startup in the text (see :func:`diagnose_stream`).
+    """
+    stream = io.BytesIO(text.encode("utf-8", "surrogateescape"))
+    return diagnose_stream(stream, running=running, kernel_log=kernel_log)
+
+
+def diagnose_stream(
+    stream: BinaryIO, *, running: bool | None = None, kernel_log: str | None = None
+) -> LogDiagnosis:
+    """Diagnose a log read as a stream, in bounded memory whatever its size.
+
+    A file that several launches appended to (``>> vllm.log``) holds several startups: the
+    diagnosis is about the last one; the earlier ones are counted with their verdicts.
+
+    Args:
+        stream: the log, opened in binary mode.
+        running: as for :func:`diagnose_log`.
+        kernel_log: as for :func:`diagnose_log`.
+
+    Returns:
+        The diagnosis.
+
+    Raises:
+        LogError: when the stream is not a text log or cannot be read.
+    """
+    splitter = _StartupSplitter()
+    for number, text in screened_lines(stream):
+        splitter.add(number, text)
+    last = splitter.finish()
+    diagnosis = _diagnose_lines(logical_lines(last.lines()), running, kernel_log)
+    diagnosis.first_line = last.first_line
+    diagnosis.skipped_lines = last.skipped
+    diagnosis.earlier = splitter.earlier
+    diagnosis.earlier_counts = dict(splitter.earlier_counts)
+    return diagnosis
+
+
+class LogFollower:
+    """A growing log diagnosed look after look, as a watcher sees it: each look pushes only
+    the bytes written since the last (:meth:`feed`); they are screened once and the lines of
+    interest kept per startup, and each text is read once (:class:`LineMemo`), so a look costs
+    about the same whether the log holds 10 kB or 1 GB of routine lines, early in the startup
+    or late.
+    """
+
+    def __init__(self) -> None:
+        self._screen = LineScreen()
+        self._splitter = _StartupSplitter()
+        self.size = 0
+        self._last: tuple[tuple[object, ...], LogDiagnosis] | None = None
+        self._memo = LineMemo()
+
+    def feed(self, data: bytes) -> None:
+        """Take the bytes the log grew by.
+
+        Raises:
+            LogError: the log runs over ``MAX_RUN_WITHOUT_NEWLINE`` bytes without a line break.
+        """
+        self.size += len(data)
+        for number, text in self._screen.feed(data):
+            self._splitter.add(number, text)
+
+    def diagnose(
+        self, *, running: bool | None = None, kernel_log: str | None = None
+    ) -> LogDiagnosis:
+        """The diagnosis of the last startup so far (as :func:`diagnose_stream` of the log).
+
+        A look that brought no line of interest (a serving server's routine lines only) gets
+        the last answer again: it is the same lines' diagnosis.
+        """
+        last = self._splitter.current
+        pending = self._screen.pending()
+        key = (
+            id(last), last.last_line, len(last.head), len(last.tail), last.skipped,
+            tuple(pending), len(self._splitter.earlier), running, kernel_log,
+        )  # fmt: skip
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._diagnosed(last, pending, running, kernel_log))
+        kept = self._last[1]
+        # The caller's own copy: the kept one answers the next quiet look.
+        return replace(kept, earlier=list(kept.earlier), earlier_counts=dict(kept.earlier_counts))
+
+    def _diagnosed(
+        self,
+        startup: _Startup,
+        pending: list[tuple[int, str]],
+        running: bool | None,
+        kernel_log: str | None,
+    ) -> LogDiagnosis:
+        lines = logical_lines(startup.lines() + pending, self._memo)
+        diagnosis = _diagnose_lines(lines, running, kernel_log, self._memo)
+        self._memo.turn()
+        diagnosis.first_line = startup.first_line
+        diagnosis.skipped_lines = startup.skipped
+        diagnosis.earlier = list(self._splitter.earlier)
+        diagnosis.earlier_counts = dict(self._splitter.earlier_counts)
+        return diagnosis
+
+
+# Bounds on what one startup keeps: its first and its last lines of interest.
+STARTUP_HEAD_LINES = 10_000
+STARTUP_TAIL_LINES = 10_000
+EARLIER_LISTED = 1_000
+
+
+class _Startup:
+    """The lines of interest of one startup: the first ones and, bounded, the last ones."""
+
+    def __init__(self, first_line: int) -> None:
+        self.first_line = first_line
+        self.last_line = first_line
+        self.head: list[tuple[int, str]] = []
+        self.tail: deque[tuple[int, str]] = deque(maxlen=STARTUP_TAIL_LINES)
+        self.skipped = 0
+        self.marker = -1
+        self.api_pid: str | None = None
+        self.errored = False
+
+    def add(self, number: int, text: str) -> None:
+        self.last_line = number
+        if len(self.head) < STARTUP_HEAD_LINES:
+            self.head.append((number, text))
+            return
+        if len(self.tail) == self.tail.maxlen:
+            self.skipped += 1
+        self.tail.append((number, text))
+
+    def lines(self) -> list[tuple[int, str]]:
+        return self.head + list(self.tail)
+
+
+def _may_be_error(text: str) -> bool:
+    # Substring tests first: the splitter sees every screened line of a long log.
+    return "rror" in text or "xception" in text or "Traceback" in text
+
+
+class _StartupSplitter:
+    def __init__(self) -> None:
+        self.current = _Startup(1)
+        self.earlier: list[EarlierStartup] = []
+        self.earlier_counts: Counter[str] = Counter()
+
+    def add(self, number: int, text: str) -> None:
+        plain = _ANSI.sub("", text) if "[" in text else text
+        marker = next((i for i, p in enumerate(_SIGNALS.startup_markers) if p.search(plain)), None)
+        pid_found = _SIGNALS.api_server_pid.search(plain)
+        pid = pid_found.group(1) if pid_found else None
+        current = self.current
+        restarted = marker is not None and (current.marker >= marker or current.errored)
+        if restarted or self._new_api_server(pid):
+            self._close(number)
+            current = self.current
+        if marker is not None:
+            current.marker = max(current.marker, marker)
+        if pid and current.api_pid is None:
+            current.api_pid = pid
+        # A comment pasted with the log (a shell's, a provenance note) is not a run's error.
+        if (
+            not current.errored
+            and _may_be_error(plain)
+            and not _COMMENT.match(plain)
+            and _SIGNALS.run_error.search(plain)
+        ):
+            current.errored = True
+        current.add(number, text)
+
+    def _new_api_server(self, pid: str | None) -> bool:
+        # One run's lines all carry the API server's PID prefix or none do: a PID prefix after
+        # a started run without one, or another PID, is the next run.
+        current = self.current
+        if pid is None:
+            return False
+        return pid != current.api_pid if current.api_pid else current.marker >= 0
+
+    def finish(self) -> _Startup:
+        return self.current
+
+    def _close(self, next_first: int) -> None:
+        startup = self.current
+        verdict = _diagnose_lines(logical_lines(startup.lines()), False, None)
+        self.earlier_counts[verdict.state] += 1
+        self.earlier.append(
+            EarlierStartup(
+                startup.first_line,
+                startup.last_line,
+                verdict.state,
+                verdict.failure,
+                verdict.line.number if verdict.line else None,
+            )
+        )
+        del self.earlier[:-EARLIER_LISTED]
+        self.current = _Startup(next_first)
