@@ -29,8 +29,6 @@ from opsbook.core.yaml_bounds import MAX_DEPTH
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9_][a-z0-9_-]*)*$")
 RESERVED_FLAGS = {"model": "model.path", "port": "server.port"}
-
-
 INVALID = "opsbook_invalid"
 
 
@@ -143,8 +141,6 @@ def host_entry(entry: Any) -> Any:
 # or an ~/.ssh/config alias of the same characters. A leading '-' would read as an option to
 # an ssh command line (CVE-2017-1000117); a shell character has no place in either.
 HOST_ADDRESS = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*")
-
-
 # POSIX login names, with the '@' and '\\' of directory accounts and Samba's trailing '$'.
 LOGIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@\\-]*\$?")
 

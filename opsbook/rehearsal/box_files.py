@@ -24,17 +24,9 @@ from opsbook.rehearsal.sim import simgpu
 from opsbook.rehearsal.sim.vllm_install import install_vllm
 
 SSHD = Path("/usr/sbin/sshd")
-
-
 SSH_KEYGEN = Path("/usr/bin/ssh-keygen")
-
-
 SYSTEM_PYTHON = Path("/usr/bin/python3")
-
-
 READY_TIMEOUT = 10.0
-
-
 SIM_SOURCES = Path(__file__).resolve().parent / "sim"
 
 

@@ -15,8 +15,6 @@ from typing import Any
 from opsbook.core.exceptions import SandboxError
 
 MODEL_NAME = "Kimi-K2.5-NVFP4"
-
-
 STATE_FILE = "state.json"
 
 

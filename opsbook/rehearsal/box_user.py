@@ -16,8 +16,6 @@ from opsbook.core.exceptions import SandboxError
 from opsbook.rehearsal.box_state import BoxPaths
 
 SHELLS = {"zsh": Path("/usr/bin/zsh"), "bash": Path("/bin/bash")}
-
-
 SHELL_PACKAGES = {"zsh": "zsh", "bash": "bash"}
 
 

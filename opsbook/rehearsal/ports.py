@@ -11,14 +11,8 @@ from opsbook.rehearsal.box_state import BoxState
 # Ports are chosen free at every address (see free_port); the ones handed out stay reserved
 # for this process.
 ANY_ADDRESS = "0.0.0.0"
-
-
 PORT_TRIES = 1000
-
-
 _HANDED_OUT: set[int] = set()
-
-
 _HANDING_OUT = threading.Lock()
 
 

@@ -89,20 +89,12 @@ from opsbook.rehearsal.sim.vllm_install import DEFAULT_VERSION, install_vllm
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 VLLM_TIERS = ("sim", "real")
-
-
 # Marks a folder as a sandbox's, so that a later `up` may use it again.
 FOLDER_MARKER = ".opsbook-sandbox"
-
-
 # Where POSIX shared memory lives: the simulated vLLM leaves files there when SIGKILLed.
 SHM_DIR = Path("/dev/shm")
-
-
 # `--gpus` names of the simulated GPU profiles.
 GPU_CHOICES = {"rtx-pro-6000": "rtxpro6000", "b200": "b200", "h200": "h200"}
-
-
 # Characters that sshd_config, SetEnv and the dotfiles could not carry in a path unquoted.
 UNSAFE_PATH_CHARS = set(" \t\n\"'%$`\\")
 
