@@ -30,6 +30,7 @@ import yaml
 from opsbook.core.exceptions import SandboxError, SandboxRequestRefused
 from opsbook.core.results import Finding, Result
 from opsbook.rehearsal import ray_tier, sandbox
+from opsbook.rehearsal.ports import free_port
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.rehearsal.sim.vllm_install import DEFAULT_VERSION, SETTINGS_NAME
 
@@ -120,7 +121,7 @@ def up(
     tier = ray_tier.ensure_tier()
     for box in boxes:
         ray_tier.link_into(tier, box.venv)
-    port = ray_port or sandbox._free_port(addresses[0])
+    port = ray_port or free_port(addresses[0])
     path = write_multinode_deployment(boxes, folder / DEPLOYMENT, ray_port=port)
     return Fleet(folder, boxes, path)
 

@@ -22,7 +22,8 @@ from opsbook import stages
 from opsbook.core.deployment import load_deployment
 from opsbook.core.results import State
 from opsbook.rehearsal import fleet as fleets
-from opsbook.rehearsal import ray_tier, sandbox
+from opsbook.rehearsal import ray_tier
+from opsbook.rehearsal.box_user import account, chown_tree
 from opsbook.rehearsal.fleet import Fleet
 from opsbook.rehearsal.sim.vllm_install import SETTINGS_NAME, install_vllm
 from opsbook.remote.hosts import HostGroup
@@ -193,13 +194,13 @@ def test_a_worker_without_ray_is_named_within_seconds_and_nothing_is_left(pair: 
 def test_a_different_vllm_on_the_worker_is_refused_before_anything_starts(pair: Fleet) -> None:
     worker = pair.hosts[1]
     install_vllm(worker.venv, version="0.14.1")
-    sandbox._chown_tree(worker.venv, sandbox._account(worker.user))
+    chown_tree(worker.venv, account(worker.user))
     deployment = load_deployment(pair.deployment_path)
     try:
         result = stages.run_stage(stages.get("preflight"), deployment, on_result=None)
     finally:
         install_vllm(worker.venv)
-        sandbox._chown_tree(worker.venv, sandbox._account(worker.user))
+        chown_tree(worker.venv, account(worker.user))
 
     assert all(r.state is State.FAILED for r in result.results)
     message = result.results[0].message

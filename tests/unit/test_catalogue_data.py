@@ -25,7 +25,7 @@ OTHER_VOCABULARIES = {
     ("opsbook/rehearsal/sim/vllm/_simengine.py", "nccl-timeout"),
     ("opsbook/rehearsal/fleet.py", "oom"),
     # A vLLM flag of the sandbox's example deployment.
-    ("opsbook/rehearsal/sandbox.py", "trust-remote-code"),
+    ("opsbook/rehearsal/box_files.py", "trust-remote-code"),
     # Keys of a probe's answer: the NCCL library found, /dev/shm's state.
     ("opsbook/remote/probes/cluster_node.py", "nccl"),
     ("opsbook/stages/cluster_preflight.py", "nccl"),

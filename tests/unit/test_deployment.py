@@ -359,7 +359,7 @@ def test_a_cluster_section_is_parsed_with_its_defaults() -> None:
 def test_the_readme_reference_table_is_the_schema() -> None:
     from pathlib import Path
 
-    from opsbook.core.deployment import reference_table
+    from opsbook.core.deployment_text import reference_table
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert reference_table() in readme

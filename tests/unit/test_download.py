@@ -669,7 +669,7 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_the_quick_layout_check_says_what_the_full_one_says(name: str) -> None:
-    from opsbook.remote.probes import download as probe
+    from opsbook.remote.probes import shard_read as probe
 
     header = LAYOUTS[name]
     quick = probe.sound_layout(header)
@@ -684,7 +684,7 @@ def test_the_quick_layout_check_says_what_the_full_one_says(name: str) -> None:
 @pytest.mark.parametrize("tensors", [1, 50, 3000])
 def test_a_header_is_read_whole_whatever_its_length(tmp_path: Path, tensors: int) -> None:
     # Shorter and longer than the first read, and one whose last byte ends the first read.
-    from opsbook.remote.probes import download as probe
+    from opsbook.remote.probes import shard_read as probe
 
     header = {f"t{i}": tensor("U8", [4], 4 * i, 4 * i + 4) for i in range(tensors)}
     text = json.dumps(header).encode()

@@ -146,3 +146,62 @@ def test_the_launcher_runs_a_probe_as_python_dash_would(tmp_path) -> None:
     ]
     decoded = [probes.decode("configs", out, "", 0) for out in answers]
     assert decoded[0] == decoded[1] and decoded[0]["exists"] is True
+
+
+# --- a probe split in parts ---------------------------------------------------------------
+
+
+def test_a_probe_in_parts_goes_as_one_program_holding_each_part_once(tmp_path: Path) -> None:
+    body, key = probes.probe_body("download")
+    assert "from ." not in body and body.count("from __future__ import annotations") == 1
+    assert body.startswith(probes.source("download").split("\n", 1)[0])
+    for function in ("def check(", "def read_header(", "def find_partials(", "def hash_op("):
+        assert body.count(function) == 1, function
+    # run as the host runs it (relative imports would fail there: no package), and kept
+    answer = probes.run_local(
+        "download",
+        {"op": "progress", "path": "/nonexistent"},
+        env={"XDG_CACHE_HOME": str(tmp_path)},
+    )
+    assert "does not exist" in answer["findings"][0]["message"]
+    assert [p.name.split(".")[0] for p in (tmp_path / "opsbook" / "probes").iterdir()] == [
+        f"download-{key}"
+    ]
+
+
+def parts(monkeypatch: pytest.MonkeyPatch, texts: dict[str, str]) -> None:
+    monkeypatch.setattr(probes, "source", lambda name: texts[name])
+
+
+def test_parts_are_joined_once_each_in_the_order_first_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parts(
+        monkeypatch,
+        {
+            "p": "from __future__ import annotations\nfrom .q import f\nfrom .r import g\n"
+            "TYPE_CHECKING = False\ndef main(args): return f() + g()\n",
+            "q": "from __future__ import annotations\nfrom .r import g\nTYPE_CHECKING = False\n"
+            "def f(): return g() * 10\n",
+            "r": "from __future__ import annotations\n\ndef g(): return 1\n",
+        },
+    )
+    program = probes.joined("p")
+    assert program.count("from __future__") == 1 and "from ." not in program
+    assert program.index("def main") < program.index("def f") < program.index("def g")
+    namespace: dict[str, object] = {}
+    exec(compile(program, "p", "exec"), namespace)
+    assert namespace["main"]({}) == 11  # type: ignore[operator]
+
+
+def test_two_parts_binding_one_name_otherwise_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    parts(monkeypatch, {"p": "from .q import f\nLIMIT = 1\ndef main(args): return f()\n",
+                        "q": "LIMIT = 2\ndef f(): return LIMIT\n"})  # fmt: skip
+    with pytest.raises(ProbeError, match="'p' and 'q' both define 'LIMIT'"):
+        probes.joined("p")
+
+
+def test_a_part_from_outside_the_probes_folder_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    parts(monkeypatch, {"p": "from ..hosts import Host\ndef main(args): return 1\n"})
+    with pytest.raises(ProbeError, match="imports ..hosts"):
+        probes.joined("p")

@@ -14,6 +14,8 @@ import pytest
 
 from opsbook.core.deployment import load_deployment
 from opsbook.rehearsal import real_vllm, sandbox
+from opsbook.rehearsal.box_files import write_deployment
+from opsbook.rehearsal.box_state import BoxPaths, BoxState
 
 
 def fake_install(cache: Path, *, marker: bool, models: bool) -> Path:
@@ -63,10 +65,10 @@ def test_the_rehearsal_deployment_serves_a_tiny_model_with_the_tier_s_python(
     tmp_path: Path,
 ) -> None:
     tier = real_vllm.RealTier(tmp_path / "tier", "0.32.0+cpu", 81.0, tmp_path / "models-x")
-    paths = sandbox._Paths(tmp_path)
+    paths = BoxPaths(tmp_path)
     fields = real_vllm.deployment_fields(tier, paths.models, paths.workdir, 8123)
-    state = {"address": "127.0.0.20", "port": 40022, "user": "u", "server_port": 8123}
-    sandbox._write_deployment(paths, state, fields)
+    state = BoxState(address="127.0.0.20", port=40022, user="u", server_port=8123)
+    write_deployment(paths, state, fields)
     dep = load_deployment(paths.deployment)
     assert dep.python == str(tier.python)
     assert dep.model_path == str(tmp_path / "models" / "tiny-llama")
@@ -84,11 +86,12 @@ def test_the_rehearsal_deployment_serves_a_tiny_model_with_the_tier_s_python(
 
 
 def test_a_running_sandbox_of_the_other_tier_is_not_reused() -> None:
-    state = {"address": "127.0.0.1", "port": 40022, "shell": "zsh", "vllm": "real"}
+    record = {"address": "127.0.0.1", "port": 40022, "shell": "zsh", "vllm": "real"}
+    state = BoxState.from_record(record)
     assert sandbox._compatible(state, "127.0.0.1", 0, "zsh", "real")
     assert not sandbox._compatible(state, "127.0.0.1", 0, "zsh", "sim")
     # A state written before the tiers existed is the simulated one.
-    legacy = {k: v for k, v in state.items() if k != "vllm"}
+    legacy = BoxState.from_record({k: v for k, v in record.items() if k != "vllm"})
     assert sandbox._compatible(legacy, "127.0.0.1", 0, "zsh")
 
 

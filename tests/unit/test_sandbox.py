@@ -1,6 +1,7 @@
 """The rehearsal host's pure parts: its sshd config, deployment file, checks and bookkeeping."""
 
 import contextlib
+import json
 import os
 import socket
 import stat
@@ -11,17 +12,18 @@ import pytest
 
 from opsbook.core.deployment import load_deployment
 from opsbook.core.exceptions import SandboxError, SandboxFolderRefused, SandboxRequestRefused
-from opsbook.rehearsal import sandbox
+from opsbook.rehearsal import box_files, box_state, box_user, host_procs, ports, sandbox
+from opsbook.rehearsal.box_state import BoxState
 
 
-def paths_in(tmp_path: Path) -> sandbox._Paths:
-    return sandbox._Paths(tmp_path)
+def paths_in(tmp_path: Path) -> box_state.BoxPaths:
+    return box_state.BoxPaths(tmp_path)
 
 
 def test_sshd_config_is_key_only_loopback_with_the_simulated_path(tmp_path) -> None:
     paths = paths_in(tmp_path)
-    owner = sandbox._account("root")
-    sandbox._write_sshd_config(paths, "127.0.0.2", 2222, owner)
+    owner = box_user.account("root")
+    box_files.write_sshd_config(paths, "127.0.0.2", 2222, owner)
     lines = paths.config.read_text().splitlines()
     for expected in (
         "ListenAddress 127.0.0.2",
@@ -41,8 +43,8 @@ def test_sshd_config_is_key_only_loopback_with_the_simulated_path(tmp_path) -> N
 
 def test_deployment_file_loads_and_points_into_the_folder(tmp_path) -> None:
     paths = paths_in(tmp_path)
-    state = {"address": "127.0.0.1", "port": 40022, "user": "opsbook-12345678", "server_port": 8123}
-    sandbox._write_deployment(paths, state)
+    state = BoxState(address="127.0.0.1", port=40022, user="opsbook-12345678", server_port=8123)
+    box_files.write_deployment(paths, state)
     dep = load_deployment(paths.deployment)
     assert dep.name == "rehearsal"
     assert dep.host.name == "opsbook-12345678@127.0.0.1:40022"
@@ -62,7 +64,7 @@ def test_deployment_file_loads_and_points_into_the_folder(tmp_path) -> None:
 
 
 def test_path_snippet_is_idempotent_in_bash_and_zsh(tmp_path) -> None:
-    snippet = sandbox._path_snippet(paths_in(tmp_path))
+    snippet = box_files.path_snippet(paths_in(tmp_path))
     for shell in ("/bin/bash", "/usr/bin/zsh"):
         if not os.access(shell, os.X_OK):
             continue
@@ -76,10 +78,10 @@ def test_path_snippet_is_idempotent_in_bash_and_zsh(tmp_path) -> None:
 def test_login_user_name_is_short_and_stable(tmp_path) -> None:
     if os.geteuid() != 0:
         pytest.skip("as a plain user the login user is the current one")
-    name = sandbox._login_name(paths_in(tmp_path), "zsh")
-    assert name == sandbox._login_name(paths_in(tmp_path), "bash")
+    name = box_user.login_name(paths_in(tmp_path), "zsh")
+    assert name == box_user.login_name(paths_in(tmp_path), "bash")
     assert name.startswith("opsbook-") and len(name) <= 32
-    assert name != sandbox._login_name(paths_in(tmp_path / "other"), "zsh")
+    assert name != box_user.login_name(paths_in(tmp_path / "other"), "zsh")
 
 
 @pytest.mark.parametrize(
@@ -113,7 +115,7 @@ def test_parents_closed_to_other_users_are_named_with_the_remedy(tmp_path) -> No
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
     with pytest.raises(SandboxError, match="cannot reach") as caught:
-        sandbox._check_traversable(closed / "box")
+        box_user.check_traversable(closed / "box")
     assert str(closed) in caught.value.message
     assert f"chmod o+x {closed}" in (caught.value.remedy or "")
 
@@ -124,10 +126,10 @@ def test_taken_port_is_refused_and_zero_prefers_the_previous_port() -> None:
         busy.listen()
         taken = busy.getsockname()[1]
         with pytest.raises(SandboxError, match=f"port {taken} on 127.0.0.1 is taken"):
-            sandbox._choose_port("127.0.0.1", taken)
-        assert sandbox._choose_port("127.0.0.1", 0, previous=taken) != taken
-    free = sandbox._free_port("127.0.0.1")
-    assert sandbox._choose_port("127.0.0.1", 0, previous=free) == free
+            ports.choose_port("127.0.0.1", taken)
+        assert ports.choose_port("127.0.0.1", 0, previous=taken) != taken
+    free = ports.free_port("127.0.0.1")
+    assert ports.choose_port("127.0.0.1", 0, previous=free) == free
 
 
 def test_a_port_is_chosen_free_at_every_address_and_handed_out_once() -> None:
@@ -140,13 +142,13 @@ def test_a_port_is_chosen_free_at_every_address_and_handed_out_once() -> None:
             holder.bind(("127.0.6.60", 0))
             holder.listen()
             held.add(holder.getsockname()[1])
-        chosen = [sandbox._free_port("127.0.6.61") for _ in range(200)]
+        chosen = [ports.free_port("127.0.6.61") for _ in range(200)]
     assert not held & set(chosen)
     assert len(set(chosen)) == len(chosen)
 
 
 def test_a_running_sandbox_is_reused_only_for_a_compatible_request() -> None:
-    state = {"address": "127.0.0.1", "port": 40022, "shell": "zsh"}
+    state = BoxState(address="127.0.0.1", port=40022, shell="zsh")
     assert sandbox._compatible(state, "127.0.0.1", 0, "zsh")
     assert sandbox._compatible(state, "127.0.0.1", 40022, "zsh")
     assert not sandbox._compatible(state, "127.0.0.1", 40023, "zsh")
@@ -154,11 +156,32 @@ def test_a_running_sandbox_is_reused_only_for_a_compatible_request() -> None:
     assert not sandbox._compatible(state, "127.0.0.1", 0, "bash")
 
 
+def test_the_state_file_reads_back_as_written_and_an_older_one_as_the_simulator(
+    tmp_path,
+) -> None:
+    paths = paths_in(tmp_path)
+    assert box_state.read_state(paths) is None
+    state = BoxState("up", str(tmp_path), "127.0.0.1", 40022, "zsh", "u", True, 4242, 8123, 8,
+                     "b200", "0.15.1", "real")  # fmt: skip
+    box_state.write_state(paths, state)
+    assert box_state.read_state(paths) == state
+    assert list(json.loads(paths.state.read_text())) == [
+        "status", "dir", "address", "port", "shell", "user", "created_user", "sshd_pid",
+        "server_port", "gpus", "gpu_profile", "vllm_version", "vllm",
+    ]  # fmt: skip
+    older = {"status": "down", "address": "127.0.0.1", "port": 40022, "sshd_pid": None}
+    paths.state.write_text(json.dumps(older))
+    assert box_state.read_state(paths) == BoxState(status="down", address="127.0.0.1", port=40022)
+    paths.state.write_text("[]")
+    with pytest.raises(SandboxError, match="not a JSON object"):
+        box_state.read_state(paths)
+
+
 def test_only_an_sshd_of_this_folder_counts_as_ours(tmp_path) -> None:
     paths = paths_in(tmp_path)
-    assert not sandbox._is_our_sshd(os.getpid(), paths)
-    assert not sandbox._is_our_sshd(0, paths)
-    assert not sandbox._is_our_sshd(2**22 + 1, paths)
+    assert not host_procs.is_our_sshd(os.getpid(), paths)
+    assert not host_procs.is_our_sshd(0, paths)
+    assert not host_procs.is_our_sshd(2**22 + 1, paths)
 
 
 def test_down_and_status_of_an_empty_folder(tmp_path) -> None:
@@ -175,7 +198,7 @@ def test_a_corrupt_state_file_is_an_error_with_a_remedy(tmp_path) -> None:
 
 
 def test_process_ancestry_spares_the_caller() -> None:
-    chain = sandbox._ancestors(os.getpid())
+    chain = host_procs.ancestors(os.getpid())
     assert os.getpid() in chain and os.getppid() in chain
 
 

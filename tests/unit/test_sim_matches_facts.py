@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from opsbook.knowledge import compat, vllm_facts
-from opsbook.rehearsal.sim.vllm import _simmodel, _simrelease, _simserver
+from opsbook.rehearsal.sim.vllm import _simcli, _simmodel, _simrelease
 from opsbook.rehearsal.sim.vllm_install import write_facts_sheets
 
 RELEASES = vllm_facts.releases()
@@ -59,7 +59,7 @@ def parser_of(
 ) -> argparse.ArgumentParser:
     monkeypatch.setattr(_simrelease, "load", lambda version, folder=None: release)
     parser = argparse.ArgumentParser(prog="vllm serve")
-    _simserver.add_server_arguments(parser, release.version)
+    _simcli.add_server_arguments(parser, release.version)
     return parser
 
 

@@ -7,6 +7,7 @@ facts from a host costs one round trip. The same program runs locally in unit te
 
 from __future__ import annotations
 
+import ast
 import base64
 import functools
 import hashlib
@@ -146,12 +147,80 @@ def assemble(name: str, args: dict[str, Any] | None = None) -> str:
 
 @functools.cache
 def probe_body(name: str) -> tuple[str, str]:
-    """Probe ``name``'s source with the modules it includes, and a digest naming that text."""
-    text = source(name)
+    """Probe ``name``'s source joined with its parts, with the modules it includes, and a
+    digest naming that text."""
+    text = joined(name)
     carried = {dep: source(dep) for dep in includes(text)}
     if carried:
         text += f"\n\nINCLUDED_SOURCES.update({carried!r})\n"
     return text, hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# A probe too long for one module is split by job into parts: stdlib-only modules of this folder
+# that it imports relatively (``from .shard_read import locate``), so that each is a module
+# mypy and the unit tests see. The host gets one program: the probe's text, then each part's,
+# once, in the order first imported, with the relative imports and the parts' own
+# ``from __future__`` lines (allowed only at a program's top) cut out. All share one namespace
+# there, so two of them may not bind one name differently.
+
+
+def joined(name: str) -> str:
+    """Probe ``name``'s source followed by the parts it imports, as one program."""
+    texts: dict[str, str] = {}
+    bound: dict[str, tuple[str, str]] = {}
+    waiting = [name]
+    while waiting:
+        module = waiting.pop(0)
+        if module in texts:
+            continue
+        texts[module], parts = _unlinked(module, source(module), part=module != name)
+        _bind_once(module, texts[module], bound)
+        waiting += parts
+    return "\n\n".join(texts.values())
+
+
+def _unlinked(module: str, text: str, *, part: bool) -> tuple[str, list[str]]:
+    """``text`` without its imports of parts (nor, for a part, its ``__future__`` line), and
+    the parts it imports."""
+    lines = text.split("\n")
+    parts: list[str] = []
+    for node in ast.parse(text).body:
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level == 1 and node.module and "." not in node.module:
+            parts.append(node.module)
+        elif node.level:
+            raise ProbeError(
+                f"probe module {module!r} imports {'.' * node.level}{node.module or ''}: a probe"
+                " joins only its folder's modules, imported as `from .name import ...`"
+            )
+        elif not (part and node.module == "__future__"):
+            continue
+        end = node.end_lineno or node.lineno
+        lines[node.lineno - 1 : end] = [""] * (end - node.lineno + 1)
+    return "\n".join(lines), parts
+
+
+def _bind_once(module: str, text: str, bound: dict[str, tuple[str, str]]) -> None:
+    """Note the top-level names ``text`` binds; raise if another joined module binds one of
+    them otherwise (the same statement in both, ``TYPE_CHECKING = False``, is no conflict)."""
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names = [node.target.id]
+        else:
+            continue
+        statement = ast.get_source_segment(text, node) or ""
+        for bound_name in names:
+            earlier = bound.setdefault(bound_name, (module, statement))
+            if earlier[1] != statement:
+                raise ProbeError(
+                    f"probe modules {earlier[0]!r} and {module!r} both define {bound_name!r},"
+                    " and share one namespace on the host: rename one"
+                )
 
 
 def is_framed(stdout: str) -> bool:

@@ -11,19 +11,18 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import signal
 import socket
 import sys
 import threading
 import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from . import _simconfig, _simrelease
 from . import _simmodel as model
+from ._simcli import build_parser, non_default_args, normalise_flags
+from ._simhttp import ROUTES, Handler, HTTPServer
 from ._simlog import Frame, Log, source
 from ._simprocs import ShmFile, is_alive, python_executable, spawn
 
@@ -32,24 +31,6 @@ NEW_SERVER_LINE_SINCE = "0.16"
 BANNER_SINCE = "0.18"
 ENGINE_STOP_TIMEOUT = 5.0
 API_SHARE = 0.05
-ROUTES = [
-    ("/openapi.json", "GET, HEAD"),
-    ("/docs", "GET, HEAD"),
-    ("/docs/oauth2-redirect", "GET, HEAD"),
-    ("/redoc", "GET, HEAD"),
-    ("/health", "GET"),
-    ("/load", "GET"),
-    ("/ping", "GET"),
-    ("/ping", "POST"),
-    ("/tokenize", "POST"),
-    ("/detokenize", "POST"),
-    ("/v1/models", "GET"),
-    ("/version", "GET"),
-    ("/v1/responses", "POST"),
-    ("/v1/chat/completions", "POST"),
-    ("/v1/completions", "POST"),
-    ("/metrics", "GET"),
-]
 WORDS = (
     "The rehearsal server answers with a short and stable reply from the simulated model "
     "so every check can compare it"
@@ -57,174 +38,6 @@ WORDS = (
 
 
 # Command line.
-
-
-def human_int(text: str) -> int:
-    """vLLM's human_readable_int (vllm/engine/arg_utils.py): ``32768``, ``25.6k`` (x1000),
-    ``32K`` (x1024, no decimals), with k/m/g/t and K/M/G/T."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text.strip())
-    if not match:
-        return int(text)
-    number, suffix = match.groups()
-    if suffix.islower():
-        return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
-    try:
-        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
-            f"{number}{suffix.lower()} instead?"
-        ) from None
-
-
-def json_arg(text: str) -> Any:
-    """A JSON-valued flag (``--attention-config '{"backend": "X"}'``), as vLLM parses it."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
-    """The flags this simulation knows, in the order vLLM lists non-default args.
-
-    Which flags exist follows the release played (``_simrelease``): with its facts sheet (the
-    serve flags read from that release's source, frontend flags included wherever the release
-    defines ``FrontendArgs``), exactly the sheet's flags -- the ones below with their types, the
-    rest accepted without effect -- so a flag the release lacks fails as vLLM's own parser
-    fails it (``unrecognized arguments``, exit code 2).
-    """
-    release = _simrelease.load(version)
-    flags = release.serve_flags
-
-    def add(*names: str, **kwargs: Any) -> None:
-        if flags is not None and names[0] not in flags:
-            return  # not a flag of this release (its facts sheet, from its source)
-        parser.add_argument(*names, **kwargs)
-
-    add("--enable-auto-tool-choice", action="store_true", default=False)
-    add("--tool-call-parser", default=None)
-    add("--host", default=None)
-    add("--port", type=int, default=8000)
-    add("--uvicorn-log-level", default="info")
-    add("--api-key", default=None)
-    add("--chat-template", default=None)
-    if release.has_disable_log_requests:
-        add("--disable-log-requests", action="store_true", default=False)
-    add("--enable-log-requests", action="store_true", default=False)
-    add("--model", default=None)
-    add("--tokenizer", default=None)
-    add("--trust-remote-code", action="store_true", default=False)
-    add("--dtype", default="auto")
-    add("--seed", type=int, default=None)
-    add("--max-model-len", type=human_int, default=None)
-    add("--quantization", "-q", default=None)
-    add("--enforce-eager", action="store_true", default=False)
-    add("--served-model-name", nargs="+", default=None)
-    add("--generation-config", default="auto")
-    add("--load-format", default="auto")
-    add("--download-dir", default=None)
-    add("--hf-token", type=str, nargs="?", const=True, default=None)
-    if release.has_attention_backend_flag:
-        add("--attention-backend", default=None)
-    add("--reasoning-parser", default=None)
-    add("--distributed-executor-backend", default=None)
-    add("--pipeline-parallel-size", "-pp", type=int, default=1)
-    add("--tensor-parallel-size", "-tp", type=int, default=1)
-    add("--enable-expert-parallel", action="store_true", default=False)
-    add("--disable-custom-all-reduce", action="store_true", default=False)
-    add("--block-size", type=int, default=None)
-    add("--gpu-memory-utilization", type=float, default=0.9)
-    add("--kv-cache-memory-bytes", type=human_int, default=None)
-    if release.kv_dtype_checked_after_load:
-        add("--kv-cache-dtype", default="auto")
-    else:
-        add("--kv-cache-dtype", choices=release.kv_cache_dtypes, default="auto")
-    add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    add("--max-num-batched-tokens", type=human_int, default=None)
-    add("--max-num-seqs", type=int, default=None)
-    add("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-    add("--mm-encoder-tp-mode", default="weights")
-    add("--limit-mm-per-prompt", default=None)
-    add("--compilation-config", "-cc", type=json_arg, default=None)
-    if release.has_attention_backend_flag:
-        add("--attention-config", "-ac", type=json_arg, default=None)
-    # The rest of the release's flags: accepted, and without effect on the simulation.
-    taken = set(parser._option_string_actions)
-    for name in sorted((flags or set()) - taken):
-        if name.startswith("-") and name != "--model-tag":
-            parser.add_argument(name, nargs="?", const=True, default=None)
-
-
-def build_parser(
-    form: str, version: str
-) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """The top-level parser and the one holding the server flags.
-
-    Args:
-        form: ``serve`` for ``vllm serve`` (model positional), ``api_server`` for the module.
-        version: the simulated version (flags come and go by version).
-    """
-    if form == "api_server":
-        parser = argparse.ArgumentParser(
-            prog="api_server.py", description="vLLM OpenAI-Compatible RESTful API server."
-        )
-        add_server_arguments(parser, version)
-        return parser, parser
-    parser = argparse.ArgumentParser(prog="vllm", description="vLLM CLI")
-    parser.add_argument("-v", "--version", action="version", version=version)
-    commands = parser.add_subparsers(
-        dest="subparser", metavar="{chat,complete,serve,bench,collect-env,run-batch}"
-    )
-    serve = commands.add_parser(
-        "serve",
-        help="Launch a local OpenAI-compatible API server to serve LLM completions via HTTP.",
-        usage="vllm serve [model_tag] [options]",
-    )
-    serve.add_argument("model_tag", nargs="?", default=None)
-    add_server_arguments(serve, version)
-    for name in ("chat", "complete", "bench", "collect-env", "run-batch"):
-        commands.add_parser(name)
-    return parser, serve
-
-
-def normalise_flags(argv: list[str]) -> list[str]:
-    """As vLLM's FlexibleArgumentParser: ``--max_model_len`` is ``--max-model-len``, and dotted
-    flags (``--attention-config.backend X``) are gathered into one JSON value per flag
-    (vllm/utils/argparse_utils.py)."""
-    out: list[str] = []
-    dotted: dict[str, dict[str, Any]] = {}
-    items = list(argv)
-    while items:
-        item = items.pop(0)
-        if item.startswith("--"):
-            name, sep, value = item.partition("=")
-            item = name.replace("_", "-") + sep + value
-        if item.startswith("-") and "." in item.partition("=")[0]:
-            name, sep, value = item.partition("=")
-            if not sep:
-                value = items.pop(0) if items else ""
-            key, *keys = name.split(".")
-            _set_nested(dotted.setdefault(key, {}), keys, json_arg(value))
-            continue
-        out.append(item)
-    for key, value in dotted.items():
-        out += [key, json.dumps(value)]
-    return out
-
-
-def _set_nested(target: dict[str, Any], keys: list[str], value: Any) -> None:
-    for key in keys[:-1]:
-        target = target.setdefault(key, {})
-    target[keys[-1]] = value
-
-
-def non_default_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    return {
-        key: value
-        for key, value in vars(args).items()
-        if key not in ("subparser",) and value != parser.get_default(key)
-    }
 
 
 # The server process.
@@ -606,7 +419,7 @@ class ApiServer:
         for path, methods in ROUTES:
             log.info("launcher.py:46", f"Route: {path}, Methods: {methods}")
         assert self.sock is not None
-        server = _HTTPServer(self.sock, _Handler, self)
+        server = HTTPServer(self.sock, Handler, self)
         log.uvicorn("INFO", f"Started server process [{os.getpid()}]")
         log.uvicorn("INFO", "Waiting for application startup.")
         log.uvicorn("INFO", "Application startup complete.")
@@ -809,228 +622,6 @@ class ApiServer:
                 for name in self.served
             ],
         }
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, sock: socket.socket, handler: Any, app: ApiServer):
-        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
-        self.socket.close()
-        self.socket = sock
-        self.app = app
-        self.server_activate()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "uvicorn"
-    sys_version = ""
-
-    @property
-    def app(self) -> ApiServer:
-        return self.server.app  # type: ignore[attr-defined,no-any-return]
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
-    def _send(self, status: int, body: bytes = b"", content_type: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-        self._access(status)
-
-    def _access(self, status: int) -> None:
-        client = f"{self.client_address[0]}:{self.client_address[1]}"
-        self.app.log.access(client, self.requestline, f"{status} {HTTPStatus(status).phrase}")
-
-    def _json(self, status: int, document: Any) -> None:
-        self._send(status, json.dumps(document).encode())
-
-    def _authorised(self) -> bool:
-        key = self.app.args.api_key or os.environ.get("VLLM_API_KEY")
-        if not key or not self.path.startswith("/v1"):
-            return True
-        if self.headers.get("Authorization") == f"Bearer {key}":
-            return True
-        self._json(401, {"error": "Unauthorized"})
-        return False
-
-    def do_GET(self) -> None:
-        app = self.app
-        path = self.path.split("?")[0]
-        if not self._authorised():
-            return
-        if path == "/health":
-            self._send(503 if app.engine_gone.is_set() else 200)
-        elif path == "/v1/models":
-            self._json(200, app.models())
-        elif path == "/version":
-            self._json(200, {"version": app.version})
-        elif path == "/metrics":
-            self._send(200, app.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
-        elif path == "/load":
-            self._json(200, {"server_load": 0})
-        elif path == "/ping":
-            self._send(503 if app.engine_gone.is_set() else 200, b"{}")
-        elif path in ("/v1/completions", "/v1/chat/completions"):
-            self._json(405, {"detail": "Method Not Allowed"})
-        else:
-            self._json(404, {"detail": "Not Found"})
-
-    do_HEAD = do_GET
-
-    def do_POST(self) -> None:
-        path = self.path.split("?")[0]
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if not self._authorised():
-            return
-        if path not in ("/v1/completions", "/v1/chat/completions"):
-            if path == "/ping":
-                self._send(200, b"{}")
-            else:
-                self._json(404 if path not in dict(ROUTES) else 405, {"detail": "Not Found"})
-            return
-        try:
-            body = json.loads(raw or b"{}")
-            if not isinstance(body, dict):
-                raise ValueError("body must be an object")
-        except ValueError as error:
-            self._error(400, f"Invalid JSON body: {error}", "BadRequestError")
-            return
-        app = self.app
-        if app.engine_gone.is_set():
-            self._error(
-                500,
-                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                "InternalServerError",
-            )
-            return
-        name = body.get("model") or app.served[0]
-        if name not in app.served:
-            self._error(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
-            return
-        if path == "/v1/completions":
-            self._completion(body, name)
-        else:
-            self._chat(body, name)
-
-    def _error(self, status: int, message: str, kind: str, param: str | None = None) -> None:
-        self._json(
-            status, {"error": {"message": message, "type": kind, "param": param, "code": status}}
-        )
-
-    def _completion(self, body: dict[str, Any], name: str) -> None:
-        prompt = body.get("prompt", "")
-        if isinstance(prompt, list):
-            prompt = " ".join(str(p) for p in prompt)
-        max_tokens = int(body.get("max_tokens") or 16)
-        text, prompt_tokens, count, finish = self.app.answer(str(prompt), max_tokens)
-        ident = "cmpl-" + hashlib.sha256(f"{time.time()}{prompt}".encode()).hexdigest()[:32]
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish,
-            "stop_reason": None,
-            "prompt_logprobs": None,
-        }
-        document = {
-            "id": ident,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": name,
-            "choices": [choice],
-            "usage": _usage(prompt_tokens, count),
-        }
-        if body.get("stream"):
-            self._stream(document, "text_completion", {"text": text})
-        else:
-            self._json(200, document)
-
-    def _chat(self, body: dict[str, Any], name: str) -> None:
-        messages = body.get("messages") or []
-        prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 64)
-        text, prompt_tokens, count, finish = self.app.answer(prompt, max_tokens)
-        reasoning = "The request is simple." if self.app.args.reasoning_parser else None
-        message = {
-            "role": "assistant",
-            "content": text.strip(),
-            "refusal": None,
-            "annotations": None,
-            "audio": None,
-            "function_call": None,
-            "tool_calls": [],
-            "reasoning_content": reasoning,
-        }
-        ident = "chatcmpl-" + hashlib.sha256(f"{time.time()}{prompt}".encode()).hexdigest()[:32]
-        document = {
-            "id": ident,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                }
-            ],
-            "usage": _usage(prompt_tokens, count),
-        }
-        if body.get("stream"):
-            self._stream(
-                document,
-                "chat.completion.chunk",
-                {"delta": {"role": "assistant", "content": text.strip()}},
-            )
-        else:
-            self._json(200, document)
-
-    def _stream(self, document: dict[str, Any], kind: str, payload: dict[str, Any]) -> None:
-        """Server-sent events: one chunk with the text, one with the finish reason, [DONE]."""
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("connection", "close")
-        self.end_headers()
-        base = {
-            "id": document["id"],
-            "object": kind,
-            "created": document["created"],
-            "model": document["model"],
-        }
-        first = {
-            **base,
-            "choices": [{"index": 0, **payload, "logprobs": None, "finish_reason": None}],
-        }
-        finish = document["choices"][0]["finish_reason"]
-        empty = {"delta": {}} if kind.startswith("chat") else {"text": ""}
-        last = {
-            **base,
-            "choices": [{"index": 0, **empty, "logprobs": None, "finish_reason": finish}],
-        }
-        for event in (first, last):
-            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
-        self.close_connection = True
-        self._access(200)
-
-
-def _usage(prompt_tokens: int, count: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + count,
-        "completion_tokens": count,
-        "prompt_tokens_details": None,
-    }
 
 
 def _frames(*rows: tuple[str, int, str, str]) -> list[Frame]:
