@@ -24,7 +24,7 @@ import json
 import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opsbook.core.exceptions import OpsbookError
@@ -32,6 +32,7 @@ from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge.compat import (
     CONFIG_FILES,
     ModelFacts,
+    Prediction,
     check_compat,
     facts_from_texts,
     parse_json,
@@ -42,6 +43,16 @@ from opsbook.remote.probes import Prober
 BACKUP_SUFFIX = ".opsbook-orig"
 PATCHABLE_FILES = ("config.json", "hf_quant_config.json")
 ACTIONS = ("delete", "set")
+# Codes of the findings of applying and restoring (opsbook.core.results.Finding.code).
+SYMLINKED = "config-symlinked"
+CHANGED_SINCE_PLAN = "config-changed-since-plan"
+NOT_WRITTEN = "config-not-written"
+EARLIER_BACKUP_KEPT = "earlier-backup-kept"
+NOT_AS_PLANNED = "config-not-as-planned"
+OWNER_CHANGED = "config-owner-changed"
+NOT_RESTORED = "config-not-restored"
+NO_BACKUP = "config-no-backup"
+DIFFERS_FROM_BACKUP = "config-differs-from-backup"
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,7 @@ class Plan:
         files: file name to its planned change.
         edits: the edits asked for.
         reason: why these edits, or why none (set by :func:`plan_for_prediction`).
-        avoids: the predicted problems (finding subjects) the edits avoid.
+        avoids: the codes of the predicted problems (the rules' ids) the edits avoid.
     """
 
     files: dict[str, FilePlan] = field(default_factory=dict)
@@ -328,7 +339,7 @@ def fp8_kv_cache_edits(files: Mapping[str, str | None]) -> list[Edit]:
 
 def plan_for_prediction(
     files: Mapping[str, str],
-    prediction: Result,
+    prediction: Prediction,
     gpus: Sequence[Any],
     vllm_version: str | None,
     serve_args: Mapping[str, Any],
@@ -364,28 +375,24 @@ def plan_for_prediction(
     candidate = plan_patch(files, edits)
     patched = {**files, **{name: fp.new for name, fp in candidate.files.items()}}
     after = check_compat(facts_from_texts(patched), gpus, vllm_version, serve_args, probed_backends)
-    remaining = {f.subject for f in after.findings if f.severity == "error"}
-    avoided = tuple(
-        f.subject
-        for f in prediction.findings
-        if f.severity == "error" and f.subject not in remaining
-    )
+    remaining = {f.code for f in after.findings if f.severity == "error"}
+    avoided = [f for f in prediction.findings if f.severity == "error" and f.code not in remaining]
     facts = facts_from_texts(files)
-    kv_dtype = str(prediction.data.get("kv_cache_dtype", facts.kv_cache_dtype))
+    kv_dtype = prediction.evidence.kv_cache_dtype
     sizes = _token_counts(facts, kv_dtype, kv_budget_bytes)
     if avoided:
         cost = f": {sizes[1]:,} tokens per GPU instead of {sizes[0]:,}" if sizes else ""
         reason = (
-            f"predicted: {'; '.join(avoided)}. Removing the checkpoint's {kv_dtype} KV-cache "
-            f"request avoids it; the KV cache becomes bfloat16{cost}"
+            f"predicted: {'; '.join(f.subject for f in avoided)}. Removing the checkpoint's "
+            f"{kv_dtype} KV-cache request avoids it; the KV cache becomes bfloat16{cost}"
         )
-        return Plan(candidate.files, candidate.edits, reason, avoided)
+        return Plan(candidate.files, candidate.edits, reason, tuple(f.code for f in avoided))
     keeps = f": {sizes[0]:,} tokens per GPU ({sizes[1]:,} with bfloat16)" if sizes else ""
     return Plan(reason=_keep_reason(prediction, after, kv_dtype, vllm_version, keeps))
 
 
 def _keep_reason(
-    prediction: Result, after: Result, kv_dtype: str, vllm_version: str | None, keeps: str
+    prediction: Prediction, after: Prediction, kv_dtype: str, vllm_version: str | None, keeps: str
 ) -> str:
     """Why the checkpoint's KV cache is kept: what vLLM will use, or what the patch won't fix."""
     errors = [f.subject for f in prediction.findings if f.severity == "error"]
@@ -395,11 +402,11 @@ def _keep_reason(
             f"({'; '.join(errors)}); the checkpoint is left as it is"
         )
     uses = _backends_text(prediction)
+    still_unsure = {g.code for g in after.findings if g.severity == "warning"}
     unsure = [
         f.subject
         for f in prediction.findings
-        if f.severity == "warning"
-        and f.subject not in {g.subject for g in after.findings if g.severity == "warning"}
+        if f.severity == "warning" and f.code not in still_unsure
     ]
     doubt = (
         f". The vLLM version is unknown, and some releases stop here ({'; '.join(unsure)}): "
@@ -418,12 +425,11 @@ def _keep_reason(
     )
 
 
-def _backends_text(prediction: Result) -> str:
-    backends = prediction.data.get("backends") or {}
+def _backends_text(prediction: Prediction) -> str:
     named = [
-        f"{choice['name']} on compute capability {cc}"
-        for cc, choice in backends.items()
-        if choice.get("name")
+        f"{choice.name} on compute capability {cc}"
+        for cc, choice in prediction.evidence.backends.items()
+        if choice.name
     ]
     return f" uses {', '.join(named)}" if named else ""
 
@@ -515,6 +521,71 @@ def read_configs(host: Prober, model_dir: str) -> dict[str, str]:
     return _texts(read_config_state(host, model_dir))
 
 
+@dataclass(frozen=True)
+class Backup:
+    """The backup of one patched file.
+
+    Attributes:
+        path: ``<file>.opsbook-orig`` on the host.
+        sha256: its content's hash.
+        created: whether this patch made it (False: an earlier one was kept).
+        second: where the file as it was before this patch was kept, when it differs from
+            the earlier backup (the operator edited it since); None otherwise.
+    """
+
+    path: str
+    sha256: str | None
+    created: bool
+    second: str | None = None
+
+
+@dataclass(frozen=True)
+class ApplyEvidence:
+    """What :func:`apply_patch` did.
+
+    Attributes:
+        dry_run: nothing was to be written.
+        already_applied: the host's files were already as planned.
+        changed: the files written.
+        unchanged: the planned files that were already as planned.
+        backups: file name to its backup, for the files written.
+        diff: the diff of the files to write.
+        recheck: the prediction on the files as written (when GPUs were given).
+    """
+
+    dry_run: bool
+    already_applied: bool
+    changed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    backups: dict[str, Backup] = field(default_factory=dict)
+    diff: str = ""
+    recheck: Prediction | None = None
+
+
+@dataclass
+class Applied(Result):
+    """:func:`apply_patch`'s verdict, with what it did as evidence."""
+
+    evidence: ApplyEvidence = field(kw_only=True)
+
+
+@dataclass(frozen=True)
+class RestoreEvidence:
+    """What :func:`restore_patch` did: the files put back, those already the originals, and
+    those without a backup (left alone)."""
+
+    restored: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    no_backup: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Restored(Result):
+    """:func:`restore_patch`'s verdict, with what it did as evidence."""
+
+    evidence: RestoreEvidence = field(kw_only=True)
+
+
 def apply_patch(
     host: Prober,
     model_dir: str,
@@ -525,7 +596,7 @@ def apply_patch(
     vllm_version: str | None = None,
     serve_args: Mapping[str, Any] | None = None,
     probed_backends: Mapping[str, Sequence[str]] | None = None,
-) -> Result:
+) -> Applied:
     """Apply a plan on the host: a dry run unless ``apply`` is True.
 
     Each changed file is first backed up to ``<file>.opsbook-orig`` (an existing backup is kept:
@@ -545,88 +616,78 @@ def apply_patch(
         probed_backends: probed backend KV dtypes, for that re-check.
 
     Returns:
-        A :class:`Result`; ``data`` holds ``dry_run``, ``already_applied``, ``changed``,
-        ``backups`` (name to path, sha256, whether created now), ``diff`` and ``recheck``.
+        An :class:`Applied` whose evidence (:class:`ApplyEvidence`) says what was written,
+        the backups, the diff and the re-check.
     """
     if plan.nothing_planned:
         # Nothing to write: the host is not touched, and the plan says why.
-        return Result(
-            True,
-            plan.reason or "nothing planned: nothing to change",
-            _apply_data(apply, pending=[], done=[], diff=""),
-        )
+        nothing = ApplyEvidence(dry_run=not apply, already_applied=True)
+        return Applied(True, plan.reason or "nothing planned: nothing to change", evidence=nothing)
     state = read_config_state(host, model_dir)
     current = _texts(state)
     pending, done, conflicts = _compare_with_host(plan, current)
-    data = _apply_data(apply, pending, done, "".join(plan.files[n].diff for n in pending))
+    evidence = ApplyEvidence(
+        dry_run=not apply,
+        already_applied=not pending,
+        unchanged=list(done),
+        diff="".join(plan.files[n].diff for n in pending),
+    )
     if conflicts:
-        return Result(
+        return Applied(
             False,
             "the files changed since the plan was made: nothing was written",
-            data,
-            [_conflict_finding(name) for name in conflicts],
+            findings=[_conflict_finding(name) for name in conflicts],
+            evidence=evidence,
         )
     if not pending:
-        return Result(True, "already applied: nothing to change", data)
+        return Applied(True, "already applied: nothing to change", evidence=evidence)
     if not apply:
-        backups = ", ".join(n + BACKUP_SUFFIX for n in pending)
-        return Result(
+        names = ", ".join(n + BACKUP_SUFFIX for n in pending)
+        return Applied(
             True,
-            f"dry run: would change {', '.join(pending)} (backups: {backups}); "
+            f"dry run: would change {', '.join(pending)} (backups: {names}); "
             "run with apply=True to write",
-            data,
+            evidence=evidence,
         )
     writes = {
         n: {"expect_sha256": state["files"][n]["sha256"], "text": plan.files[n].new}
         for n in pending
     }
     answer = host.probe("configs", {"action": "apply", "dir": model_dir, "writes": writes})
-    data["changed"] = [n for n, a in answer["actions"].items() if a.get("written")]
+    evidence = replace(
+        evidence, changed=[n for n, a in answer["actions"].items() if a.get("written")]
+    )
     if answer.get("symlinks"):
-        return Result(
+        return Applied(
             False,
             "a config file is a symbolic link: nothing was written",
-            data,
-            [_symlink_finding(n, t, model_dir) for n, t in answer["symlinks"].items()],
+            findings=[_symlink_finding(n, t, model_dir) for n, t in answer["symlinks"].items()],
+            evidence=evidence,
         )
     if answer.get("conflicts"):
-        return Result(
+        return Applied(
             False,
             "the files changed while patching: nothing was written",
-            data,
-            [_conflict_finding(name) for name in answer["conflicts"]],
+            findings=[_conflict_finding(name) for name in answer["conflicts"]],
+            evidence=evidence,
         )
-    findings = _apply_findings(answer, state, plan, pending, data)
+    findings, backups = _apply_findings(answer, state, plan, pending)
     recheck = _recheck(
         _texts(read_config_state(host, model_dir)), gpus, vllm_version, serve_args, probed_backends
     )
+    evidence = replace(evidence, backups=backups, recheck=recheck)
     if recheck is not None:
-        data["recheck"] = recheck
         findings += [f for f in recheck.findings if f.severity in ("error", "warning")]
     ok = answer.get("ok", False) and not any(f.severity == "error" for f in findings)
     message = (
-        f"patched {', '.join(data['changed'])}; backups kept"
+        f"patched {', '.join(evidence.changed)}; backups kept"
         if ok
         else "the patch did not fully apply: see the findings"
     )
-    return Result(ok, message, data, findings)
+    return Applied(ok, message, findings=findings, evidence=evidence)
 
 
-def _apply_data(
-    apply: bool, pending: Sequence[str], done: Sequence[str], diff: str
-) -> dict[str, Any]:
-    return {
-        "dry_run": not apply,
-        "already_applied": not pending,
-        "changed": [],
-        "unchanged": list(done),
-        "backups": {},
-        "diff": diff,
-        "recheck": None,
-    }
-
-
-def restore_patch(host: Prober, model_dir: str, files: Sequence[str] = PATCHABLE_FILES) -> Result:
+def restore_patch(host: Prober, model_dir: str, files: Sequence[str] = PATCHABLE_FILES) -> Restored:
     """Put the originals saved by :func:`apply_patch` back, byte for byte.
 
     The backups stay where they are. A file without a backup is left alone.
@@ -637,7 +698,8 @@ def restore_patch(host: Prober, model_dir: str, files: Sequence[str] = PATCHABLE
         files: the file names to restore.
 
     Returns:
-        A :class:`Result`; ``data["restored"]``, ``data["already"]``, ``data["no_backup"]``.
+        A :class:`Restored` whose evidence (:class:`RestoreEvidence`) lists the files
+        restored, those already the originals and those without a backup.
     """
     answer = host.probe("configs", {"action": "restore", "dir": model_dir, "files": list(files)})
     if not answer["state"].get("exists"):
@@ -657,10 +719,11 @@ def restore_patch(host: Prober, model_dir: str, files: Sequence[str] = PATCHABLE
                     name,
                     f"could not restore: {action['error']}",
                     remedy="check the folder's permissions and free space",
+                    code=NOT_RESTORED,
                 )
             )
         elif action["status"] == "no-backup":
-            findings.append(Finding("info", name, "no backup: left as it is"))
+            findings.append(Finding("info", name, "no backup: left as it is", code=NO_BACKUP))
     state = answer["state"]
     for name in by_status.get("restored", []) + by_status.get("already", []):
         if state["files"][name].get("sha256") != state["backups"][name].get("sha256"):
@@ -670,6 +733,7 @@ def restore_patch(host: Prober, model_dir: str, files: Sequence[str] = PATCHABLE
                     name,
                     "after restoring, the file still differs from its backup",
                     remedy="compare the two files by hand",
+                    code=DIFFERS_FROM_BACKUP,
                 )
             )
     ok = not any(f.severity == "error" for f in findings)
@@ -679,12 +743,13 @@ def restore_patch(host: Prober, model_dir: str, files: Sequence[str] = PATCHABLE
         if restored
         else "nothing to restore: the files are the originals"
     )
-    data = {
-        "restored": restored,
-        "already": by_status.get("already", []),
-        "no_backup": by_status.get("no-backup", []),
-    }
-    return Result(ok, message if ok else "restore failed: see the findings", data, findings)
+    evidence = RestoreEvidence(
+        restored=restored,
+        already=by_status.get("already", []),
+        no_backup=by_status.get("no-backup", []),
+    )
+    verdict = message if ok else "restore failed: see the findings"
+    return Restored(ok, verdict, findings=findings, evidence=evidence)
 
 
 def _texts(state: Mapping[str, Any]) -> dict[str, str]:
@@ -719,6 +784,7 @@ def _symlink_finding(name: str, target: str, model_dir: str) -> Finding:
         "replaces it",
         remedy=f"replace the link by a copy of its target (cp --remove-destination "
         f'"$(readlink -f {shlex.quote(path)})" {shlex.quote(path)}), then patch again',
+        code=SYMLINKED,
     )
 
 
@@ -728,6 +794,7 @@ def _conflict_finding(name: str) -> Finding:
         name,
         "the file on the host is neither the planned original nor the planned result",
         remedy="read the configs again (read_configs) and make a new plan",
+        code=CHANGED_SINCE_PLAN,
     )
 
 
@@ -736,10 +803,11 @@ def _apply_findings(
     before: Mapping[str, Any],
     plan: Plan,
     pending: Sequence[str],
-    data: dict[str, Any],
-) -> list[Finding]:
-    """Check what the apply step reports against what was planned."""
+) -> tuple[list[Finding], dict[str, Backup]]:
+    """Check what the apply step reports against what was planned; the findings, and the
+    backups of the files written."""
     findings = []
+    backups: dict[str, Backup] = {}
     after = answer["state"]
     for name in pending:
         action = answer["actions"].get(name, {})
@@ -750,19 +818,17 @@ def _apply_findings(
                     name,
                     f"not written: {action.get('error', 'skipped')}",
                     remedy="check the folder's permissions and free space",
+                    code=NOT_WRITTEN,
                 )
             )
             continue
         backup = after["backups"][name]
-        data["backups"][name] = {
-            "path": backup["path"],
-            "sha256": backup.get("sha256"),
-            "created": action.get("backup") == "created",
-        }
+        kept = Backup(backup["path"], backup.get("sha256"), action.get("backup") == "created")
+        backups[name] = kept
         earlier = backup.get("sha256") != before["files"][name]["sha256"]
         if action.get("backup") == "kept" and earlier:
             second = action.get("second_backup") or "(not kept)"
-            data["backups"][name]["second"] = action.get("second_backup")
+            backups[name] = replace(kept, second=action.get("second_backup"))
             findings.append(
                 Finding(
                     "info",
@@ -770,6 +836,7 @@ def _apply_findings(
                     f"an earlier backup {backup['path']} was kept (it is the first "
                     "original; it differs from the file as it was before this patch, which is "
                     f"kept as {second})",
+                    code=EARLIER_BACKUP_KEPT,
                 )
             )
         if after["files"][name].get("sha256") != _sha256(plan.files[name].new):
@@ -779,6 +846,7 @@ def _apply_findings(
                     name,
                     "after writing, the file is not the planned text",
                     remedy="restore_patch, then plan again",
+                    code=NOT_AS_PLANNED,
                 )
             )
         old, new = before["files"][name], after["files"][name]
@@ -790,9 +858,10 @@ def _apply_findings(
                     f"mode/owner changed from {old['mode']:o} {old['uid']}:"
                     f"{old['gid']} to {new['mode']:o} {new['uid']}:{new['gid']}",
                     remedy="patch as the file's owner (or root) to keep its owner",
+                    code=OWNER_CHANGED,
                 )
             )
-    return findings
+    return findings, backups
 
 
 def _recheck(
@@ -801,7 +870,7 @@ def _recheck(
     vllm_version: str | None,
     serve_args: Mapping[str, Any] | None,
     probed_backends: Mapping[str, Sequence[str]] | None,
-) -> Result | None:
+) -> Prediction | None:
     if gpus is None:
         return None
     return check_compat(
@@ -824,22 +893,23 @@ def _sha256(text: str) -> str:
 
 def patch_verdict(
     before: Result,
-    applied: Result | None,
+    applied: Applied | None,
     *,
     restored: bool = False,
     plan: Plan | None = None,
 ) -> Result:
     """The config-patch stage's verdict: the prediction when nothing was applied (or the
     originals were put back), with the plan's reason when it planned nothing; else the patch
-    and its re-check, naming what was predicted."""
+    and its re-check, naming what was predicted. The verdict keeps the evidence of the
+    result it is made from (the prediction's, or the patch's)."""
     if plan is not None and plan.nothing_planned and plan.reason and not restored:
-        return Result(before.ok, f"{before.message}; {plan.reason}", before.data, before.findings)
+        return replace(before, message=f"{before.message}; {plan.reason}")
     if applied is None or restored:
         return before
-    recheck = applied.data.get("recheck")
+    recheck = applied.evidence.recheck
     ok = applied.ok and (recheck is None or recheck.ok)
     parts = [] if before.ok else [f"predicted: {before.message}"]
     parts.append(applied.message)
     if recheck is not None:
         parts.append(f"re-check: {recheck.message}")
-    return Result(ok, "; ".join(parts), applied.data, applied.findings)
+    return replace(applied, ok=ok, message="; ".join(parts))
