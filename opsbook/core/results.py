@@ -30,6 +30,9 @@ class Finding:
         message: what was found.
         remedy: what to do, when something should be done.
         source: where the fact behind it comes from.
+        code: a stable machine id of what was found (``kv-cache-dtype-unknown``,
+            ``pattern-kill``), for code that acts on a kind of finding; the texts are for
+            people and may change.
     """
 
     severity: str
@@ -37,6 +40,7 @@ class Finding:
     message: str
     remedy: str = ""
     source: str = ""
+    code: str = ""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

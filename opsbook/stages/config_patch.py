@@ -3,7 +3,7 @@ the config (backup, atomic write, re-check) with ``apply=True``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
@@ -124,7 +124,7 @@ def _predict_restored(
     found: host_facts.HostFacts,
     version: str | None,
     capabilities: list[str],
-) -> Result:
+) -> compat.Prediction:
     """The prediction for the config as it is after a restore (read again from the host, and
     the installed vLLM asked again: the restored file may ask for another KV-cache dtype)."""
     model = compat.facts_from_texts(patch.read_configs(host, deployment.model_path))
@@ -134,19 +134,23 @@ def _predict_restored(
     )
 
 
-def restore_verdict(restored: Result, after: Result) -> Result:
+def restore_verdict(restored: patch.Restored, after: Result) -> patch.Restored:
     """A restore's verdict: what was put back, and what the prediction says of the config now
     on the host (a restore brings back the original's failure too)."""
     if after.ok:
         message = f"{restored.message}; the restored config: {after.message}"
-        return Result(True, message, restored.data, [*restored.findings, *after.findings])
+        return replace(
+            restored, ok=True, message=message, findings=[*restored.findings, *after.findings]
+        )
     message = f"{restored.message}; the restored config is predicted to fail: {after.message}"
-    return Result(False, message, restored.data, [*after.findings, *restored.findings])
+    return replace(
+        restored, ok=False, message=message, findings=[*after.findings, *restored.findings]
+    )
 
 
-def failed_restore(restored: Result) -> Result:
+def failed_restore(restored: patch.Restored) -> patch.Restored:
     """A failed restore's verdict names each file that was not put back and why (a full disk,
     a read-only folder), not only "see the findings"."""
     errors = [f"{f.subject}: {f.message}" for f in restored.findings if f.severity == "error"]
     message = "restore failed: " + ("; ".join(errors) or restored.message)
-    return Result(False, message, restored.data, restored.findings)
+    return replace(restored, ok=False, message=message)

@@ -54,14 +54,14 @@ def test_fp8_kv_patch_round_trip_on_the_rehearsal_host(sandbox: Any) -> None:
             assert "config.json" in plan.changed_files
 
             dry = apply_patch(host, model_dir, plan, apply=False)
-            assert dry.ok and dry.data["dry_run"]
+            assert dry.ok and dry.evidence.dry_run
             assert {n: host.read_bytes(f"{model_dir}/{n}") for n in present} == originals
 
             done = apply_patch(
                 host, model_dir, plan, apply=True, gpus=SM120, vllm_version=VLLM, serve_args=ARGS
             )
             assert done.ok, str(done)
-            assert done.data["recheck"].ok
+            assert done.evidence.recheck is not None and done.evidence.recheck.ok
             after = read_config_state(host, model_dir)
             for name in plan.changed_files:
                 assert after["files"][name]["text"] == plan.files[name].new
@@ -72,7 +72,7 @@ def test_fp8_kv_patch_round_trip_on_the_rehearsal_host(sandbox: Any) -> None:
                     assert backup == originals[name]
 
             again = apply_patch(host, model_dir, plan, apply=True)
-            assert again.ok and again.data["already_applied"]
+            assert again.ok and again.evidence.already_applied
             assert read_config_state(host, model_dir)["files"] == after["files"]
             replanned = read_configs(host, model_dir)
             assert plan_patch(replanned, fp8_kv_cache_edits(replanned)).already_applied

@@ -14,6 +14,7 @@ from opsbook.core.results import SEVERITIES
 from opsbook.knowledge.compat import (
     CONDITIONS,
     FINDING_COLUMNS,
+    NO_GPU_FACTS,
     ModelFacts,
     capability_int,
     check_compat,
@@ -29,6 +30,7 @@ from opsbook.knowledge.compat import (
     tokens_that_fit,
     version_in,
 )
+from opsbook.knowledge.compat.rules_table import When, parse_rules
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "checkpoints"
 SM120 = [{"index": i, "compute_cap": "12.0"} for i in range(8)]
@@ -56,9 +58,8 @@ def kimi25() -> ModelFacts:
 
 
 def rule_ids(result: Any) -> list[str]:
-    table = load_rules()
-    titles = {r["title"]: r["id"] for r in table["rules"]}
-    return [titles[f.subject] for f in result.findings if f.subject in titles]
+    ids = {r.id for r in load_rules().rules}
+    return [f.code for f in result.findings if f.code in ids]
 
 
 # --- model facts ---------------------------------------------------------------------------
@@ -180,16 +181,18 @@ def test_facts_from_texts_needs_config_json() -> None:
 
 def test_rules_table_is_complete_and_consistent() -> None:
     table = load_rules()
-    names = set(table["backends"])
-    for priority in table["priorities"]:
+    names = set(table.backends)
+    for priority in table.priorities:
         for kind in ("mla", "sparse_mla", "non_mla"):
-            assert set(priority[kind]) <= names
-    required = {"id", "severity", "title", "when", "what", "why", "remedy", "source"}
-    for rule in table["rules"]:
-        assert required <= set(rule), rule["id"]
-        assert rule["severity"] in SEVERITIES
-        assert set(rule["when"]) <= set(CONDITIONS)
-    assert {r["id"] for r in table["rules"]} >= {
+            assert set(getattr(priority, kind)) <= names
+    # Every condition the schema admits is evaluated by a function, and no other.
+    assert set(CONDITIONS) == set(When.model_fields)
+    for rule in table.rules:
+        assert all((rule.id, rule.title, rule.what, rule.why, rule.remedy, rule.source)), rule.id
+        assert rule.severity in SEVERITIES
+        assert dict(rule.when.given()), rule.id
+    assert len({r.id for r in table.rules}) == len(table.rules)
+    assert {r.id for r in table.rules} >= {
         "fp8-kv-mla-triton",
         "fp8-kv-flash-attn-mla",
         "quant-below-min-capability",
@@ -200,10 +203,25 @@ def test_rules_table_is_complete_and_consistent() -> None:
     }
 
 
+def test_a_malformed_rule_is_named_with_its_field() -> None:
+    table = load_rules().model_dump(by_alias=True)
+    table["rules"][1]["when"]["mla_typo"] = True
+    with pytest.raises(OpsbookError, match=r"rule 'fp8-kv-mla-triton', field when\.mla_typo"):
+        parse_rules(table)
+    table = load_rules().model_dump(by_alias=True)
+    table["rules"][0]["severity"] = "fatal"
+    with pytest.raises(OpsbookError, match=r"rule 'kv-cache-dtype-unknown', field severity"):
+        parse_rules(table)
+    table = load_rules().model_dump(by_alias=True)
+    del table["backends"]["TRITON_MLA"]["mla"]
+    with pytest.raises(OpsbookError, match=r"backends 'TRITON_MLA', field mla"):
+        parse_rules(table)
+
+
 def test_every_finding_text_is_filled(kimi25: ModelFacts) -> None:
     args = {"tool-call-parser": "kimi_k2", "disable-log-requests": True}
     result = check_compat(kimi25, SM120, "0.15.1", args)
-    for row in result.data["findings_table"].rows:
+    for row in result.evidence.findings_table.rows:
         assert not re.search(r"\{[a-z_:\-]+\}", " ".join(row)), row
 
 
@@ -304,15 +322,15 @@ def test_incident_fp8_kv_mla_on_sm120_with_015_is_an_error(kimi25: ModelFacts) -
     assert "TritonMLA V1 with FP8 KV cache not yet supported" in error.message
     assert "config.json:quantization_config.kv_cache_scheme" in error.message
     assert "kv_cache_scheme" in error.remedy
-    assert result.data["kv_cache_dtype"] == "fp8_e4m3"
-    assert result.data["findings_table"].columns == FINDING_COLUMNS
-    assert result.data["findings_table"].rows[0][0] == "error"
+    assert result.evidence.kv_cache_dtype == "fp8_e4m3"
+    assert result.evidence.findings_table.columns == FINDING_COLUMNS
+    assert result.evidence.findings_table.rows[0][0] == "error"
 
 
 def test_fp8_kv_mla_on_sm120_with_018_is_fine(kimi25: ModelFacts) -> None:
     result = check_compat(kimi25, SM120, "0.18.0", KIMI_ARGS)
     assert result.ok, str(result)
-    assert result.data["backends"]["12.0"]["name"] == "TRITON_MLA"
+    assert result.evidence.backends["12.0"].name == "TRITON_MLA"
 
 
 def test_fp8_kv_mla_on_sm120_with_probed_fp8_support_is_fine(kimi25: ModelFacts) -> None:
@@ -323,7 +341,7 @@ def test_fp8_kv_mla_on_sm120_with_probed_fp8_support_is_fine(kimi25: ModelFacts)
 def test_unknown_vllm_version_gives_a_warning_not_an_error(kimi25: ModelFacts) -> None:
     result = check_compat(kimi25, SM120, None, KIMI_ARGS)
     assert result.ok
-    assert [f.severity for f in result.findings if f.subject.startswith("FP8")] == ["warning"]
+    assert [f.severity for f in result.findings if f.code == "fp8-kv-mla-triton"] == ["warning"]
     assert "version is unknown" in result.findings[0].message
 
 
@@ -342,7 +360,7 @@ def test_fp8_dense_mla_on_h200_uses_flashmla() -> None:
     args = {"kv-cache-dtype": "fp8", "trust-remote-code": True}
     result = check_compat(facts, H200, "0.15.1", args)
     assert result.ok, str(result)
-    assert result.data["backends"]["9.0"]["name"] == "FLASHMLA"
+    assert result.evidence.backends["9.0"].name == "FLASHMLA"
     assert any(f.severity == "ok" and "FLASHMLA" in f.message for f in result.findings)
 
 
@@ -355,7 +373,7 @@ def test_nvfp4_on_h200_is_fine_its_minimum_is_75(kimi25: ModelFacts) -> None:
 def test_nvfp4_on_a_turing_gpu_before_0_14_is_a_capability_error(kimi25: ModelFacts) -> None:
     result = check_compat(kimi25, [{"compute_cap": "7.5"}], "0.13.0", KIMI_ARGS)
     assert "quant-below-min-capability" in rule_ids(result)
-    finding = next(f for f in result.findings if "newer GPU" in f.subject)
+    finding = next(f for f in result.findings if f.code == "quant-below-min-capability")
     assert "Minimum capability: 80. Current capability: 75" in finding.message
     assert "quant-below-min-capability" not in rule_ids(
         check_compat(kimi25, [{"compute_cap": "7.5"}], "0.14.1", KIMI_ARGS)
@@ -365,7 +383,7 @@ def test_nvfp4_on_a_turing_gpu_before_0_14_is_a_capability_error(kimi25: ModelFa
 def test_nvfp4_on_b200_is_fine(kimi25: ModelFacts) -> None:
     result = check_compat(kimi25, B200, "0.15.1", KIMI_ARGS)
     assert result.ok, str(result)
-    assert result.data["backends"]["10.0"]["name"] == "FLASHINFER_MLA"
+    assert result.evidence.backends["10.0"].name == "FLASHINFER_MLA"
 
 
 def test_forced_flash_attn_mla_with_fp8_kv_on_h200() -> None:
@@ -454,6 +472,7 @@ def test_no_gpus_means_capability_rules_are_not_checked(kimi25: ModelFacts) -> N
     result = check_compat(kimi25, [], "0.15.1", KIMI_ARGS)
     assert result.ok
     assert result.findings[-1].subject == "GPUs"
+    assert result.findings[-1].code == NO_GPU_FACTS
 
 
 def test_serve_arg_spellings_resolve_the_same(kimi25: ModelFacts) -> None:
@@ -510,9 +529,9 @@ def test_kv_budget_is_the_memory_left_after_the_weights_slice() -> None:
 def test_the_verdict_names_the_source_of_its_prediction(kimi25: ModelFacts) -> None:
     from_source = check_compat(kimi25, SM120, "0.15.1", KIMI_ARGS)
     assert from_source.message.endswith("(vLLM's 0.15.1 source, opsbook table)")
-    assert from_source.data["prediction_source"] == "vLLM's 0.15.1 source, opsbook table"
+    assert from_source.evidence.source == "vLLM's 0.15.1 source, opsbook table"
     older = check_compat(kimi25, SM120, "0.9.2", KIMI_ARGS)
-    assert older.data["prediction_source"] == "opsbook table compat_rules.yaml"
+    assert older.evidence.source == "opsbook table compat_rules.yaml"
 
 
 def test_a_kv_cache_dtype_the_release_does_not_know_is_an_error(kimi25: ModelFacts) -> None:
@@ -524,7 +543,8 @@ def test_a_kv_cache_dtype_the_release_does_not_know_is_an_error(kimi25: ModelFac
     assert "kv-cache-dtype-unknown" not in rule_ids(check_compat(kimi25, B200, "0.33.0", args))
     unknown_version = check_compat(kimi25, B200, None, args)
     assert any(
-        f.severity == "warning" and "does not know" in f.subject for f in unknown_version.findings
+        f.severity == "warning" and f.code == "kv-cache-dtype-unknown"
+        for f in unknown_version.findings
     )
     bogus = check_compat(kimi25, B200, None, dict(KIMI_ARGS, **{"kv-cache-dtype": "fp3"}))
     assert "kv-cache-dtype-unknown" in rule_ids(bogus) and not bogus.ok

@@ -87,7 +87,8 @@ def test_the_incident_one_liner_shows_every_hazard() -> None:
     assert "SIGTERM first" in by_rule[SIGKILL_FIRST].remedy
     assert "tail --pid=PID" in by_rule[SLEEP_WAIT].remedy
     result = lint_result(INCIDENT)
-    assert not result.ok and result.data["rules"] == sorted(by_rule)
+    assert not result.ok and result.evidence.rules == sorted(by_rule)
+    assert result.evidence.command == INCIDENT
 
 
 @pytest.mark.parametrize("command", SAFE)

@@ -18,6 +18,7 @@ from opsbook.remote.probes import run_local
 from opsbook.remote.testing import FakeHost, LocalHost
 from opsbook.steps.patch import (
     BACKUP_SUFFIX,
+    Backup,
     Edit,
     apply_edits,
     apply_patch,
@@ -227,7 +228,7 @@ def test_dry_run_changes_nothing(model_dir: Path) -> None:
     result = apply_patch(
         host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=False
     )
-    assert result.ok and result.data["dry_run"]
+    assert result.ok and result.evidence.dry_run
     assert result.message.startswith("dry run: would change config.json, hf_quant_config.json")
     assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
 
@@ -248,23 +249,23 @@ def test_apply_backs_up_writes_verifies_and_is_idempotent(model_dir: Path) -> No
         serve_args=KIMI_ARGS,
     )
     assert result.ok, str(result)
-    assert result.data["changed"] == ["config.json", "hf_quant_config.json"]
-    assert result.data["recheck"].ok
+    assert result.evidence.changed == ["config.json", "hf_quant_config.json"]
+    assert result.evidence.recheck is not None and result.evidence.recheck.ok
     for name in ("config.json", "hf_quant_config.json"):
         assert (model_dir / name).read_text() == plan.files[name].new
         backup = model_dir / (name + BACKUP_SUFFIX)
         assert backup.read_bytes() == originals[name]
-        assert result.data["backups"][name] == {
-            "path": str(backup),
-            "sha256": hashlib.sha256(originals[name]).hexdigest(),
-            "created": True,
-        }
+        assert result.evidence.backups[name] == Backup(
+            path=str(backup),
+            sha256=hashlib.sha256(originals[name]).hexdigest(),
+            created=True,
+        )
     assert (model_dir / "config.json").stat().st_mode & 0o7777 == 0o640
     assert (model_dir / "config.json.opsbook-orig").stat().st_mode & 0o7777 == 0o640
     assert not [p for p in model_dir.iterdir() if "opsbook-tmp" in p.name]
 
     again = apply_patch(host, str(model_dir), plan, apply=True)
-    assert again.ok and again.data["already_applied"] and again.data["changed"] == []
+    assert again.ok and again.evidence.already_applied and again.evidence.changed == []
     replanned = plan_patch(read_configs(host, str(model_dir)), fp8_kv_cache_edits(files))
     assert replanned.already_applied
 
@@ -277,20 +278,20 @@ def test_restore_puts_the_originals_back_byte_for_byte(model_dir: Path) -> None:
 
     result = restore_patch(host, str(model_dir))
     assert result.ok, str(result)
-    assert result.data["restored"] == ["config.json", "hf_quant_config.json"]
+    assert result.evidence.restored == ["config.json", "hf_quant_config.json"]
     assert {n: (model_dir / n).read_bytes() for n in originals} == originals
     assert (model_dir / "config.json").stat().st_mode & 0o7777 == 0o640
     assert (model_dir / ("config.json" + BACKUP_SUFFIX)).exists()
 
     again = restore_patch(host, str(model_dir))
-    assert again.ok and again.data["restored"] == []
-    assert again.data["already"] == ["config.json", "hf_quant_config.json"]
+    assert again.ok and again.evidence.restored == []
+    assert again.evidence.already == ["config.json", "hf_quant_config.json"]
 
 
 def test_restore_without_backup_leaves_files_alone(model_dir: Path) -> None:
     result = restore_patch(LocalHost(), str(model_dir))
     assert result.ok
-    assert result.data["no_backup"] == ["config.json", "hf_quant_config.json"]
+    assert result.evidence.no_backup == ["config.json", "hf_quant_config.json"]
 
 
 def test_the_first_backup_is_never_overwritten(model_dir: Path) -> None:
@@ -308,7 +309,7 @@ def test_the_first_backup_is_never_overwritten(model_dir: Path) -> None:
         host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True
     )
     assert result.ok, str(result)
-    assert result.data["backups"]["config.json"]["created"] is False
+    assert result.evidence.backups["config.json"].created is False
     assert (model_dir / ("config.json" + BACKUP_SUFFIX)).read_bytes() == first
     assert any("earlier backup" in f.message for f in result.findings)
 
@@ -350,11 +351,17 @@ def test_owner_is_kept_when_root(model_dir: Path) -> None:
 
 def test_patch_verdict_names_the_prediction_and_the_recheck() -> None:
     from opsbook.core.results import Result
-    from opsbook.steps.patch import patch_verdict
+    from opsbook.knowledge.compat import Prediction, PredictionEvidence
+    from opsbook.steps.patch import Applied, ApplyEvidence, patch_verdict
 
+    def applied_with(message: str, recheck: Prediction) -> Applied:
+        done = ApplyEvidence(dry_run=False, already_applied=False, recheck=recheck)
+        return Applied(True, message, evidence=done)
+
+    evidence = PredictionEvidence(kv_cache_dtype="auto", kv_origin="")
     before = Result(False, "1 problem(s) will stop vLLM: FP8 KV cache with MLA")
-    recheck = Result(True, "no known incompatibility")
-    applied = Result(True, "patched config.json; backups kept", {"recheck": recheck})
+    recheck = Prediction(True, "no known incompatibility", evidence=evidence)
+    applied = applied_with("patched config.json; backups kept", recheck)
     verdict = patch_verdict(before, applied)
     assert verdict.ok
     assert verdict.message == (
@@ -363,7 +370,7 @@ def test_patch_verdict_names_the_prediction_and_the_recheck() -> None:
     )
     assert patch_verdict(before, None) is before
     assert patch_verdict(before, applied, restored=True) is before
-    failed = Result(True, "patched", {"recheck": Result(False, "still broken")})
+    failed = applied_with("patched", Prediction(False, "still broken", evidence=evidence))
     assert not patch_verdict(before, failed).ok
 
 
@@ -373,6 +380,7 @@ SM100 = [{"compute_cap": "10.0", "memory_total_mib": 183359}] * 8
 SM120_MEM = [{"compute_cap": "12.0", "memory_total_mib": 97887}] * 8
 WEIGHTS = 540 * 10**9
 FP8_SUBJECT = "FP8 KV cache with MLA on compute capability 12.x"
+FP8_CODE = "fp8-kv-mla-triton"
 
 
 def predicted_plan(
@@ -398,7 +406,8 @@ def tokens(budget: int, dtype: str) -> str:
 def test_incident_release_on_sm120_plans_the_patch_for_the_predicted_failure() -> None:
     before, plan, budget = predicted_plan(SM120_MEM, "0.15.1")
     assert not before.ok
-    assert plan.avoids == (FP8_SUBJECT,)
+    assert plan.avoids == (FP8_CODE,)
+    assert f"predicted: {FP8_SUBJECT}." in plan.reason
     assert plan.changed_files == ["config.json", "hf_quant_config.json"]
     assert plan.edits == tuple(fp8_kv_cache_edits(kimi_files()))
     assert f"{tokens(budget, 'bfloat16')} tokens per GPU instead of" in plan.reason
@@ -443,7 +452,8 @@ def test_only_the_failures_the_patch_avoids_are_named() -> None:
     args = {**KIMI_ARGS, "tool-call-parser": None}
     before, plan, _ = predicted_plan(SM120_MEM, "0.15.1", args)
     assert len([f for f in before.findings if f.severity == "error"]) == 2
-    assert plan.avoids == (FP8_SUBJECT,)
+    assert plan.avoids == (FP8_CODE,)
+    assert plan.reason.startswith(f"predicted: {FP8_SUBJECT}. Removing")
 
 
 def test_a_checkpoint_without_kv_quantization_plans_nothing() -> None:
@@ -477,7 +487,7 @@ def test_applying_an_empty_plan_touches_nothing_and_says_why() -> None:
     assert untouchable.calls == []
     assert result.ok
     assert result.message == plan.reason
-    assert result.data["already_applied"] and result.data["changed"] == []
+    assert result.evidence.already_applied and result.evidence.changed == []
 
 
 def test_verdict_carries_the_reason_nothing_was_planned() -> None:
@@ -505,7 +515,8 @@ def test_apply_then_restore_keeps_the_operators_current_config(model_dir: Path) 
         host, str(model_dir), plan_patch(files, fp8_kv_cache_edits(files)), apply=True
     )
     assert result.ok, str(result)
-    second = result.data["backups"]["config.json"]["second"]
+    second = result.evidence.backups["config.json"].second
+    assert second is not None
     digest = hashlib.sha256(current).hexdigest()[:12]
     assert second == f"{model_dir}/config.json{BACKUP_SUFFIX}.{digest}"
     restore_patch(host, str(model_dir))

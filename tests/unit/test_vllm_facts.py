@@ -10,6 +10,7 @@ import pytest
 
 from opsbook.core.exceptions import OpsbookError
 from opsbook.knowledge import compat, vllm_facts
+from opsbook.knowledge.compat import backend_select, rules_table
 from tests.unit.conftest import vllm_facts_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -251,20 +252,21 @@ def disagreements(release: vllm_facts.ReleaseFacts) -> list[str]:
             out.append(f"{v} model type {model_type}: opsbook says not MLA")
     # The incident's rule: FP8 KV + MLA on 12.x fails exactly when no backend takes it.
     result = compat.check_compat(_mla_facts(), [{"compute_cap": "12.0"}], v, {})
-    fired = any(f.subject.startswith("FP8 KV cache with MLA") for f in result.findings)
+    fired = any(f.code == "fp8-kv-mla-triton" for f in result.findings)
     if release.priorities:
         fails = _expected_choice(release, "12.0", True, "fp8_e4m3") is None
         if fired != fails:
             out.append(f"{v} 12.0 FP8 MLA: rule fired={fired}, vLLM fails={fails}")
     for kv in (*release.cache_dtypes[-1:], "no_such_dtype"):
         findings = compat.check_compat(_mla_facts(), [], v, {"kv-cache-dtype": kv}).findings
-        refused = any("does not know" in f.subject for f in findings)
+        refused = any(f.code == "kv-cache-dtype-unknown" for f in findings)
         if refused != (kv not in release.cache_dtypes):
             out.append(f"{v} --kv-cache-dtype {kv}: refused={refused}")
     flag_gone = "--disable-log-requests" not in release.serve_flags
     args = {"disable-log-requests": True}
     flagged = any(
-        "removed it" in f.subject for f in compat.check_compat(_mla_facts(), [], v, args).findings
+        f.code == "disable-log-requests-removed"
+        for f in compat.check_compat(_mla_facts(), [], v, args).findings
     )
     if flag_gone != flagged:
         out.append(f"{v} --disable-log-requests: flagged={flagged}, vLLM lacks it={flag_gone}")
@@ -286,18 +288,21 @@ def test_the_contract_fails_when_the_selection_ignores_a_kv_dtype(monkeypatch):
             if r != "kv_cache_dtype not supported"
         ]
 
-    monkeypatch.setattr(compat, "fact_reasons", lax)
+    monkeypatch.setattr(backend_select, "fact_reasons", lax)
     found = disagreements(vllm_facts.load("0.15.1"))
     assert any("12.0 mla=True kv=fp8_e4m3: opsbook TRITON_MLA, vLLM None" in d for d in found)
 
 
 def test_the_contract_fails_when_a_rule_range_is_wrong(monkeypatch):
     table = compat.load_rules()
-    rules = [dict(r) for r in table["rules"]]
-    for rule in rules:
-        if rule["id"] == "disable-log-requests-removed":
-            rule["when"] = dict(rule["when"], vllm_version=">=0.11")
-    monkeypatch.setattr(compat, "load_rules", lambda: dict(table, rules=rules))
+    rules = [
+        r.model_copy(update={"when": r.when.model_copy(update={"vllm_version": ">=0.11"})})
+        if r.id == "disable-log-requests-removed"
+        else r
+        for r in table.rules
+    ]
+    wrong = table.model_copy(update={"rules": tuple(rules)})
+    monkeypatch.setattr(rules_table, "load_rules", lambda: wrong)
     assert any("--disable-log-requests" in d for d in disagreements(vllm_facts.load("0.15.1")))
 
 
@@ -313,21 +318,21 @@ def test_the_fallback_table_agrees_with_the_oldest_release_read():
     """compat_rules.yaml states 0.10.2's facts for releases without a priority function."""
     oldest = vllm_facts.load("0.10.2")
     table = compat.load_rules()
-    for method, spec in table["quantization_methods"].items():
-        assert spec["min_capability"] == oldest.quant_methods[method].min_capability, method
+    for method, spec in table.quantization_methods.items():
+        assert spec.min_capability == oldest.quant_methods[method].min_capability, method
     refusals = {
         name.removesuffix("_VLLM_V1"): bool(b.fp8_refusal) for name, b in oldest.backends.items()
     }
     for name in ("TRITON_MLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "CUTLASS_MLA", "FLASHMLA"):
         dtypes, _, _ = compat.backend_kv_dtypes(name, "0.10.2")
         assert ("fp8_e4m3" not in dtypes) == refusals[name], name
-    for name, spec in table["backends"].items():
-        if "available" not in spec:
+    for name, spec in table.backends.items():
+        if spec.available is None:
             continue
         first = next(r for r in vllm_facts.releases() if name in vllm_facts.load(r).backends)
-        assert compat.version_in(compat.parse_version(first), spec["available"]), name
+        assert compat.version_in(compat.parse_version(first), spec.available), name
         before = vllm_facts.releases()[vllm_facts.releases().index(first) - 1]
-        assert not compat.version_in(compat.parse_version(before), spec["available"]), name
+        assert not compat.version_in(compat.parse_version(before), spec.available), name
 
 
 def test_nvfp4_kv_cache_is_sized_as_vllm_packs_it():
