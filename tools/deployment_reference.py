@@ -1,7 +1,7 @@
 """Write the README's deployment file reference from the schema (``opsbook.core.deployment``).
 
 The table between the ``deployment-reference`` markers of README.md is replaced by
-:func:`opsbook.core.deployment.reference_table`; ``tests/unit/test_deployment.py`` checks that the
+:func:`opsbook.core.deployment_text.reference_table`; ``tests/unit/test_deployment.py`` checks that the
 README holds exactly that table.
 
 Usage::
@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from opsbook.core.deployment import reference_table
+from opsbook.core.deployment_text import reference_table
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START = "<!-- deployment-reference:start (tools/deployment_reference.py) -->\n"
