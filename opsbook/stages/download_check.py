@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from opsbook.core.deployment import Deployment
@@ -10,6 +11,14 @@ from opsbook.core.results import Result, State
 from opsbook.remote.probes import Prober
 from opsbook.stages.base import Report
 from opsbook.steps import shard_check
+
+
+@dataclass(kw_only=True)
+class DownloadReport(Report):
+    """The download check's report, with the check of the checkpoint as it stands (a cluster
+    compares its nodes' checkpoints by it)."""
+
+    check: shard_check.CheckResult
 
 
 def run(
@@ -40,7 +49,7 @@ def run(
     check = shard_check.check_download(host, path)
     # The host's heading shows the check's message and problems; the rest is counted there.
     shows: list[object] = []
-    verdict = check
+    verdict: Result = check
     if watch and not check.ok:
         verdict = shard_check.watch_download(host, path, timeout=watch_timeout)
         check = shard_check.check_download(host, path)
@@ -51,10 +60,10 @@ def run(
         shows.append(verdict)
     state = State.OK if verdict.ok else State.FAILED
     failure = failure_id(check) if state is State.FAILED else ""
-    return Report(state, verdict, shows, failure, detail=check)
+    return DownloadReport(state, verdict, shows, failure, check=check)
 
 
-def failure_id(check: Result) -> str:
+def failure_id(check: shard_check.CheckResult) -> str:
     """The failure vLLM would meet on this checkpoint (ids of
     opsbook/knowledge/data/failures.yaml)."""
     counts = shard_check.shard_counts(check)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import State
 from opsbook.remote.probes import Prober
 from opsbook.stages.base import Note, Report
 from opsbook.steps import host_facts, plots
+
+
+@dataclass(kw_only=True)
+class PreflightReport(Report):
+    """Preflight's report, with the host's facts (a cluster's preflight compares its nodes')."""
+
+    facts: host_facts.HostFacts
 
 
 def run(host: Prober, deployment: Deployment) -> Report:
@@ -22,4 +31,4 @@ def run(host: Prober, deployment: Deployment) -> Report:
         host_facts.process_table(found),
         host_facts.server_table(found),
     ]
-    return Report(State.OK if verdict.ok else State.FAILED, verdict, shows, detail=found)
+    return PreflightReport(State.OK if verdict.ok else State.FAILED, verdict, shows, facts=found)

@@ -193,22 +193,20 @@ def test_a_port_whose_last_connection_waits_in_time_wait_is_free() -> None:
 
 
 def shards_check(*rows: tuple[str, int]) -> Any:
-    from opsbook.core.results import Result, Table
-    from opsbook.steps.shard_check import SHARD_COLUMNS
+    from opsbook.core.results import Table
+    from opsbook.steps.shard_check import CheckResult, CheckSummary, ShardRow, Where
 
-    records = [
-        {
-            "file": f,
-            "status": "ok",
-            "size": s,
-            "expected_size": s,
-            "header_len": 800,
-            "tensors": 12,
-            "detail": "",
-        }
-        for f, s in rows
-    ]
-    return Result(True, "ok", {"shards": Table.from_records(records, SHARD_COLUMNS)})
+    shards = [ShardRow(f, "ok", s, s, 800, 12, "") for f, s in rows]
+    return CheckResult(
+        True,
+        "ok",
+        where=Where(input="/m", model_dir="/m"),
+        index=None,
+        summary=CheckSummary(shards=len(shards), ok=len(shards)),
+        shards=shards,
+        files=Table(["file", "status", "detail"], []),
+        partials=[],
+    )
 
 
 def test_the_checkpoint_fingerprint_follows_the_shards_not_the_order_or_path() -> None:
@@ -496,13 +494,11 @@ def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]])
     from opsbook.core.results import Result, State
     from opsbook.remote.testing import FakeHost, local_probe
     from opsbook.stages import preflight
-    from opsbook.stages.base import Report
 
-    def single_host(host: Any, view: Any) -> Report:
-        return Report(State.OK, Result(True, "ready"), detail=facts("0.15.1"))
+    def single_host(host: Any, view: Any) -> preflight.PreflightReport:
+        return preflight.PreflightReport(State.OK, Result(True, "ready"), facts=facts("0.15.1"))
 
     monkeypatch.setattr(preflight, "run", single_host)
-    monkeypatch.setattr(cluster_preflight, "HostFacts", SimpleNamespace)
     hosts = []
     for spec in deployment.hosts:
 
