@@ -22,7 +22,6 @@ from typing import Any
 from opsbook.core.deployment import ClusterSpec, Deployment
 from opsbook.core.results import Finding, Result, State
 from opsbook.stages import preflight
-from opsbook.stages.preflight import PreflightReport
 from opsbook.stages.base import Report
 from opsbook.steps import cluster
 from opsbook.steps.host_facts import HostFacts
@@ -43,7 +42,9 @@ def run(hosts: Sequence[Any], deployment: Deployment) -> dict[str, Report]:
     spec = cluster.cluster_of(deployment)
     nodes = {n.host.name: n for n in cluster.nodes_of(deployment)}
     reports = {h.name: preflight.run(h, deployment.for_host(h.spec)) for h in hosts}
-    found = {name: r.facts for name, r in reports.items() if isinstance(r, PreflightReport)}
+    found = {
+        name: r.facts for name, r in reports.items() if isinstance(r, preflight.PreflightReport)
+    }
     rays = {h.name: ray_version(h, nodes[h.name].python) for h in hosts if h.name in nodes}
     by_name = {h.name: h for h in hosts}
     # Head first, so that "the head's" version is the first one named.
