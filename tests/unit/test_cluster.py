@@ -132,9 +132,9 @@ def test_the_node_probe_finds_and_stops_only_the_processes_naming_its_folder(tmp
     )
     try:
         time.sleep(0.3)
-        found = probes.run_local("ray_node", {"temp_dir": folder})
-        assert [p["pid"] for p in found["processes"]] == [ours.pid]
-        assert found["pgids"] == [ours.pid]
+        found = cluster.RayNodeAnswer.parse(probes.run_local("ray_node", {"temp_dir": folder}))
+        assert [p.pid for p in found.processes] == [ours.pid]
+        assert found.pgids == [ours.pid]
         probes.run_local("ray_node", {"temp_dir": folder, "signal": "TERM"})
         assert ours.wait(5) == -signal.SIGTERM
         assert other.poll() is None
@@ -276,7 +276,7 @@ def test_the_head_starts_first_then_the_worker_once_the_head_is_in_the_cluster()
     result = cluster.start_cluster([worker, head], two_node_deployment())
     assert result.ok, result
     assert order == ["gpu-01", "gpu-02"]
-    assert result.data["nodes"] == {"gpu-01": 8.0, "gpu-02": 8.0}
+    assert result.nodes == {"gpu-01": 8.0, "gpu-02": 8.0}
     head_start = next(c for k, c in head.calls if k == "run" and "ray start" in c)
     assert "--head" in head_start and "--port=6380" in head_start
     worker_start = next(c for k, c in worker.calls if k == "run" and "ray start" in c)
