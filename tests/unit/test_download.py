@@ -496,6 +496,7 @@ def test_shard_table_is_displayable(local: Path) -> None:
     assert result.ok
     assert result.message == "all 5 shards complete and readable (500.0 kB of 500.0 kB)"
     assert "<table>" in result.shards_table()._repr_html_()
+    assert repr(result) == str(result) == f"OK: {result.message}"
     assert stat.S_ISDIR(os.stat(result.where.model_dir).st_mode)
 
 

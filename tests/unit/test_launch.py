@@ -314,6 +314,8 @@ def until_cmdline(pid: int, expected: str, timeout: float = 10.0) -> None:
 def test_stop_without_a_record_has_nothing_to_stop(paths: launch.LaunchPaths) -> None:
     stopped = launch.stop_server(LocalHost(), paths)  # type: ignore[arg-type]
     assert stopped.answer.reason == "no-record" and not stopped.stopped.rows
+    # A typed result shows as any result does: its message, not its fields.
+    assert repr(stopped) == str(stopped) and "StopAnswer" not in repr(stopped)
 
 
 def _alive(pid: int) -> bool:
