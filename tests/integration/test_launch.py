@@ -469,7 +469,7 @@ def test_stale_shm_files_are_removed_under_a_zsh_login_shell(rig: Rig) -> None:
         assert Path(f"/dev/shm/{stale}").exists()
 
         cleaned = server.clean_stale_shm(rig.host)
-        assert cleaned.ok and stale in [r["file"] for r in cleaned.answer.removed]
+        assert cleaned.ok and stale in [r.file for r in cleaned.answer.removed]
         kept = {k.file: k.why for k in cleaned.answer.kept}
         assert kept[held] == f"open in process {holder.pid}"
         assert kept[foreign] == "belongs to uid 0"
