@@ -94,7 +94,7 @@ T = TypeVar("T")
 
 def one_probe(host: Host, model_dir: str) -> int:
     """The opsbook way: one probe run checks every shard; returns the shards found ok."""
-    ok: int = shard_check.check_download(host, model_dir).data["summary"]["ok"]
+    ok: int = shard_check.check_download(host, model_dir).summary.ok
     return ok
 
 

@@ -43,8 +43,10 @@ class Report:
         shows: what the notebook displays in the host's section (tables, charts, results).
         failure_id: the catalogue id of the failure, when one is known.
         script_sha256: the launch script's hash, when the stage knows which one runs.
-        detail: the stage's own typed findings on the host (preflight's ``HostFacts``, the
-            download check's ``Result``...), for checks that compare hosts with each other.
+
+    A stage whose evidence other code reads (a cluster's check that compares its nodes, a
+    notebook's button that picks hosts) returns a subclass of its own with that evidence as a
+    typed field (``preflight.PreflightReport.facts``...), found by ``isinstance``.
     """
 
     state: State
@@ -52,7 +54,6 @@ class Report:
     shows: list[Any] = field(default_factory=list)
     failure_id: str = ""
     script_sha256: str = ""
-    detail: Any = None
 
 
 # One host, its deployment and the stage's options in, the host's report out.

@@ -17,8 +17,7 @@ from opsbook.core.results import Finding, Result, State
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import download_check
 from opsbook.stages.base import Report
-
-FINGERPRINT_FIELDS = ("file", "size", "header_len", "tensors")
+from opsbook.steps import shard_check
 
 
 def run(
@@ -27,7 +26,9 @@ def run(
     """The download check on each node, then the fingerprints compared."""
     reports = {h.name: download_check.run(h, deployment.for_host(h.spec), options) for h in hosts}
     prints = {
-        name: fingerprint(r.detail) for name, r in reports.items() if isinstance(r.detail, Result)
+        name: fingerprint(r.check)
+        for name, r in reports.items()
+        if isinstance(r, download_check.DownloadReport)
     }
     if len(set(prints.values())) <= 1:
         return reports
@@ -42,11 +43,11 @@ def run(
     return {name: Report(State.FAILED, verdict, [verdict, *r.shows]) for name, r in reports.items()}
 
 
-def fingerprint(check: Result) -> str:
+def fingerprint(check: shard_check.CheckResult) -> str:
     """sha256 of the shards' names, sizes, header lengths and tensor counts."""
-    shards = check.data.get("shards")
-    records = shards.records() if shards is not None else []
-    rows = sorted([str(r.get(f)) for f in FINGERPRINT_FIELDS] for r in records)
+    rows = sorted(
+        [str(s.file), str(s.size), str(s.header_len), str(s.tensors)] for s in check.shards
+    )
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 

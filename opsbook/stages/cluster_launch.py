@@ -90,7 +90,7 @@ def _node_options(host: RemoteHost | None, node: cluster.Node) -> cluster.NodeOp
 
 def _start_cluster(
     hosts: Sequence[RemoteHost], deployment: Deployment, options: dict[str, cluster.NodeOptions]
-) -> Result:
+) -> cluster.JoinResult:
     return cluster.start_cluster(hosts, deployment, options=options)
 
 
@@ -192,10 +192,13 @@ def _all(hosts: Sequence[RemoteHost], head: str, report: Report) -> dict[str, Re
 
 
 def _per_node(
-    hosts: Sequence[RemoteHost], deployment: Deployment, head_report: Report, joined: Result
+    hosts: Sequence[RemoteHost],
+    deployment: Deployment,
+    head_report: Report,
+    joined: cluster.JoinResult,
 ) -> dict[str, Report]:
     nodes = cluster.nodes_of(deployment)
-    members = joined.data.get("nodes", {})
+    members = joined.nodes
     reports = {nodes[0].host.name: head_report}
     for node in nodes[1:]:
         gpus = members.get(node.address, 0)
@@ -232,7 +235,7 @@ def stop_serving(
     rays = cluster.stop_cluster(hosts, deployment)
     findings += rays.findings
     ok = not any(f.is_problem for f in findings)
-    return Result(ok, f"server and Ray stopped on {len(hosts)} node(s)", {}, findings)
+    return Result(ok, f"server and Ray stopped on {len(hosts)} node(s)", findings=findings)
 
 
 __all__ = ["run", "stop_serving"]

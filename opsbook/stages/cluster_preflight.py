@@ -45,8 +45,12 @@ def run(
     """Preflight each node, then compare them; one report per host."""
     spec = cluster.cluster_of(deployment)
     nodes = {n.host.name: n for n in cluster.nodes_of(deployment)}
-    reports = {h.name: preflight.run(h, deployment.for_host(h.spec), options) for h in hosts}
-    found = {name: r.detail for name, r in reports.items() if isinstance(r.detail, HostFacts)}
+    reports: dict[str, Report] = {
+        h.name: preflight.run(h, deployment.for_host(h.spec), options) for h in hosts
+    }
+    found = {
+        name: r.facts for name, r in reports.items() if isinstance(r, preflight.PreflightReport)
+    }
     rays = {h.name: ray_version(h, nodes[h.name].python) for h in hosts if h.name in nodes}
     by_name = {h.name: h for h in hosts}
     # Head first, so that "the head's" version is the first one named.

@@ -9,7 +9,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
 from opsbook.knowledge import compat
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import Note, Report, concurrently
+from opsbook.stages.base import Note, Report, StageRun, concurrently
 from opsbook.steps import host_facts, patch
 from opsbook.steps.shard_check import format_bytes
 
@@ -30,6 +30,23 @@ class Options:
     restore: bool = False
     vllm_version: str = ""
     gpu_memory_utilization: float = 0.9
+
+
+@dataclass(kw_only=True)
+class ConfigPatchReport(Report):
+    """Config patch's report when it planned: the plan (the notebook's restore button looks
+    for hosts whose config already carries the patch)."""
+
+    plan: patch.Plan
+
+
+def patched_hosts(run: StageRun) -> list[str]:
+    """The hosts of a run whose config carries opsbook's patch (the originals kept as backups)."""
+    return [
+        name
+        for name, report in run.reports.items()
+        if isinstance(report, ConfigPatchReport) and report.plan.already_applied
+    ]
 
 
 def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
@@ -85,15 +102,17 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         )
     if plan.nothing_planned:
         verdict = patch.patch_verdict(before, None, plan=plan)
-        return Report(State.OK if before.ok else State.FAILED, verdict, shows, detail=plan)
+        return ConfigPatchReport(State.OK if before.ok else State.FAILED, verdict, shows, plan=plan)
     if plan.already_applied:
-        return Report(State.OK if before.ok else State.FAILED, before, shows, detail=plan)
+        return ConfigPatchReport(State.OK if before.ok else State.FAILED, before, shows, plan=plan)
     shows.append(Note(plan.diff))
     if not options.apply:
         dry = patch.apply_patch(host, deployment.model_path, plan, apply=False)
         predicted = "" if before.ok else f"predicted: {before.message}; "
         verdict = Result(dry.ok, predicted + dry.message, findings=before.findings)
-        return Report(State.WOULD_CHANGE if dry.ok else State.FAILED, verdict, shows, detail=plan)
+        return ConfigPatchReport(
+            State.WOULD_CHANGE if dry.ok else State.FAILED, verdict, shows, plan=plan
+        )
     applied = patch.apply_patch(
         host,
         deployment.model_path,

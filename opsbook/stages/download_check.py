@@ -14,6 +14,14 @@ from opsbook.stages.base import Report
 from opsbook.steps import shard_check
 
 
+@dataclass(kw_only=True)
+class DownloadReport(Report):
+    """The download check's report, with the check of the checkpoint as it stands (a cluster
+    compares its nodes' checkpoints by it)."""
+
+    check: shard_check.CheckResult
+
+
 @dataclass(frozen=True)
 class Options:
     """The download check's options.
@@ -42,7 +50,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     check = shard_check.check_download(host, path)
     # The host's heading shows the check's message and problems; the rest is counted there.
     shows: list[object] = []
-    verdict = check
+    verdict: Result = check
     if options.watch and not check.ok:
         verdict = shard_check.watch_download(host, path, timeout=options.watch_timeout)
         check = shard_check.check_download(host, path)
@@ -55,10 +63,10 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         shows.append(verdict)
     state = State.OK if verdict.ok else State.FAILED
     failure = failure_id(check) if state is State.FAILED else ""
-    return Report(state, verdict, shows, failure, detail=check)
+    return DownloadReport(state, verdict, shows, failure, check=check)
 
 
-def failure_id(check: Result) -> str:
+def failure_id(check: shard_check.CheckResult) -> str:
     """The failure vLLM would meet on this checkpoint (ids of
     opsbook/knowledge/data/failures.yaml)."""
     counts = shard_check.shard_counts(check)

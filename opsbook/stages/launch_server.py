@@ -10,7 +10,7 @@ from opsbook.core import channel
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import Report, concurrently, hook
+from opsbook.stages.base import Report, StageRun, concurrently, hook
 from opsbook.steps import host_facts, plots, script, server, triage
 
 
@@ -30,6 +30,23 @@ class Options:
     ready_timeout: int = 900
     stop_grace: int = 10
     on_progress: Callable[[str, server.Progress], None] | None = hook()
+
+
+@dataclass(kw_only=True)
+class LaunchReport(Report):
+    """A dry run's report, with the server's state as found (the notebook's stop button looks
+    for hosts where a server opsbook started still has processes)."""
+
+    server: triage.ServerState
+
+
+def hosts_with_server(run: StageRun) -> list[str]:
+    """The hosts of a dry run where a server opsbook started still has processes."""
+    return [
+        name
+        for name, report in run.reports.items()
+        if isinstance(report, LaunchReport) and report.server.processes
+    ]
 
 
 def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
@@ -113,9 +130,10 @@ def _dry_run(host: RemoteHost, deployment: Deployment, paths: server.LaunchPaths
     digest = server.noted_running_script(host, paths, state.notes)
     if state.state == "ready":
         verdict = Result(True, f"already running and ready: {state.message}")
-        return Report(State.OK, verdict, [state.processes_table()], "", digest, state)
+        return LaunchReport(State.OK, verdict, [state.processes_table()], "", digest, server=state)
     verdict = Result(True, f"would (re)start the server (now {state.state}); apply=True does it")
-    return Report(State.WOULD_CHANGE, verdict, [state.processes_table()], "", digest, state)
+    shows = [state.processes_table()]
+    return LaunchReport(State.WOULD_CHANGE, verdict, shows, "", digest, server=state)
 
 
 def _failure_of(result: Result) -> str:

@@ -16,7 +16,14 @@ class Options:
     """Preflight's options: none of its own (it reads the host and changes nothing)."""
 
 
-def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
+@dataclass(kw_only=True)
+class PreflightReport(Report):
+    """Preflight's report, with the host's facts (a cluster's preflight compares its nodes')."""
+
+    facts: host_facts.HostFacts
+
+
+def run(host: RemoteHost, deployment: Deployment, options: Options) -> PreflightReport:
     """Gather the host's facts (GPUs, processes, driver, interconnect, python, vLLM, disk,
     ports, servers) and judge them; changes nothing."""
     found = host_facts.gather_facts(host, deployment)
@@ -29,4 +36,4 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         host_facts.process_table(found),
         host_facts.server_table(found),
     ]
-    return Report(State.OK if verdict.ok else State.FAILED, verdict, shows, detail=found)
+    return PreflightReport(State.OK if verdict.ok else State.FAILED, verdict, shows, facts=found)

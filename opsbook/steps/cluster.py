@@ -25,7 +25,7 @@ import json
 import posixpath
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +161,61 @@ def _host_part(name: str) -> str:
     return name.split("@")[-1].rsplit(":", 1)[0] if ":" in name.split("@")[-1] else name
 
 
+@dataclass(frozen=True)
+class RayProcess:
+    """A Ray process of a node, as the ``ray_node`` probe found it."""
+
+    pid: int
+    pgid: int
+    uid: int | None = None
+    ppid: int | None = None
+    cmd: str = ""
+
+
+@dataclass(frozen=True)
+class RayNodeAnswer:
+    """The ``ray_node`` probe's answer (opsbook/remote/probes/ray_node.py): the node's Ray
+    processes that opsbook started, their process groups, and the groups it signalled."""
+
+    processes: list[RayProcess]
+    pgids: list[int] = field(default_factory=list)
+    signalled: list[int] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any]) -> RayNodeAnswer:
+        found = [
+            RayProcess(
+                pid=int(p["pid"]),
+                pgid=int(p["pgid"]),
+                uid=p.get("uid"),
+                ppid=p.get("ppid"),
+                cmd=str(p.get("cmd") or ""),
+            )
+            for p in answer.get("processes") or []
+        ]
+        pgids = [int(g) for g in answer.get("pgids") or []]
+        return cls(found, pgids, [int(g) for g in answer.get("signalled") or []])
+
+
+def _ray_node(host: Any, args: dict[str, Any]) -> RayNodeAnswer:
+    return RayNodeAnswer.parse(host.probe("ray_node", args))
+
+
+@dataclass(kw_only=True, repr=False)
+class JoinResult(Result):
+    """The cluster's alive nodes (address: GPUs), and the head's address when it was started."""
+
+    nodes: dict[str, float] = field(default_factory=dict)
+    address: str = ""
+
+
+@dataclass(kw_only=True, repr=False)
+class NodeStopResult(Result):
+    """A node's Ray stopped: the PIDs signalled."""
+
+    stopped: list[int] = field(default_factory=list)
+
+
 # Starting.
 
 
@@ -170,7 +225,7 @@ def start_cluster(
     *,
     options: dict[str, NodeOptions] | None = None,
     join_timeout: float = JOIN_TIMEOUT,
-) -> Result:
+) -> JoinResult:
     """Start the head, then each worker in turn, each proven joined before the next.
 
     Args:
@@ -191,7 +246,7 @@ def start_cluster(
     if missing:
         absent = [Finding("error", m, "not in this run (a stage before failed?)") for m in missing]
         message = f"the cluster needs every node; not in this run: {', '.join(missing)}"
-        return Result(False, message, findings=absent)
+        return JoinResult(False, message, findings=absent)
     address = head_address(deployment)
     findings: list[Finding] = []
     expected: dict[str, float] = {}
@@ -204,16 +259,16 @@ def start_cluster(
             sizing = (options or {}).get(node.host.name) or NodeOptions()
             started = start_node(host, node, cluster, address, sizing)
             if not started.ok:
-                return Result(False, started.message, findings=findings + started.findings)
+                return JoinResult(False, started.message, findings=findings + started.findings)
         expected[node.address] = 0
         joined = wait_joined(by_name[nodes[0].host.name], nodes[0], address, expected, join_timeout)
         if not joined.ok:
-            return Result(False, joined.message, findings=findings + joined.findings)
-        gpus = joined.data["nodes"].get(node.address, 0)
+            return JoinResult(False, joined.message, findings=findings + joined.findings)
+        gpus = joined.nodes.get(node.address, 0)
         findings.append(Finding("ok", node.host.name, f"joined as {node.address}: {gpus:g} GPU(s)"))
-    total = sum(joined.data["nodes"].values())
+    total = sum(joined.nodes.values())
     message = f"Ray cluster at {address}: {len(nodes)} node(s), {total:g} GPU(s)"
-    return Result(True, message, {"nodes": joined.data["nodes"], "address": address}, findings)
+    return JoinResult(True, message, findings=findings, nodes=joined.nodes, address=address)
 
 
 def start_node(
@@ -247,30 +302,30 @@ def start_node(
             f"`ray start` failed on {node.host.name} ({role}, {node.address}): {detail}",
             findings=[Finding("error", node.host.name, detail, remedy=_start_remedy(detail))],
         )
-    found = host.probe("ray_node", {"temp_dir": temp_dir})
+    found = _ray_node(host, {"temp_dir": temp_dir})
     record = {
         "address": node.address,
         "port": cluster.ray_port,
         "temp_dir": temp_dir,
         "role": role,
-        "pgids": found["pgids"],
-        "pids": [p["pid"] for p in found["processes"]],
+        "pgids": found.pgids,
+        "pids": [p.pid for p in found.processes],
     }
     _write_record(host, node, record)
-    return Result(True, f"Ray {role} started on {node.address}", record)
+    return Result(True, f"Ray {role} started on {node.address}")
 
 
 def _clear_stale_session(host: RemoteHost, temp_dir: str) -> None:
     """Remove the node's own temp folder when no process uses it: a node that died (SIGKILL,
     a reboot) leaves sockets and a session there that a new ``ray start`` trips over."""
-    if host.probe("ray_node", {"temp_dir": temp_dir})["processes"]:
+    if _ray_node(host, {"temp_dir": temp_dir}).processes:
         return
     host.run(f"rm -rf -- {shlex.quote(temp_dir)}", label=f"remove the stale Ray folder {temp_dir}")
 
 
 def wait_joined(
     head_host: RemoteHost, head: Node, address: str, expected: dict[str, float], timeout: float
-) -> Result:
+) -> JoinResult:
     """Poll the cluster's state API until every expected node address is alive in it."""
     deadline = time.monotonic() + timeout
     state = ClusterNodes(())
@@ -279,17 +334,19 @@ def wait_joined(
         alive = state.alive()
         absent = [a for a in expected if a not in alive]
         if not absent:
-            return Result(True, f"{len(alive)} node(s) in the cluster", {"nodes": alive})
+            return JoinResult(True, f"{len(alive)} node(s) in the cluster", nodes=alive)
         if time.monotonic() >= deadline:
             break
         time.sleep(JOIN_POLL)
     why = state.error or f"the cluster has {', '.join(sorted(state.alive())) or 'no node'}"
-    return Result(
+    return JoinResult(
         False,
         f"node {', '.join(absent)} did not join the Ray cluster at {address} within "
         f"{timeout:g} s ({why})",
-        {"nodes": state.alive()},
-        [Finding("error", a, "not in the Ray cluster", remedy=_join_remedy(a)) for a in absent],
+        findings=[
+            Finding("error", a, "not in the Ray cluster", remedy=_join_remedy(a)) for a in absent
+        ],
+        nodes=state.alive(),
     )
 
 
@@ -329,7 +386,7 @@ def status(head_host: RemoteHost, deployment: Deployment) -> Result:
     ok = all(n.address in alive for n in nodes)
     why = f" ({state.error})" if state.error else ""
     message = f"Ray cluster at {address}: {len(alive)} of {len(nodes)} node(s) alive{why}"
-    return Result(ok, message, {"nodes": alive}, findings)
+    return JoinResult(ok, message, findings=findings, nodes=alive)
 
 
 # Stopping.
@@ -351,48 +408,48 @@ def stop_cluster(hosts: Sequence[RemoteHost], deployment: Deployment) -> Result:
         except OpsbookError as e:
             findings.append(Finding("error", node.host.name, e.message, e.remedy or ""))
             continue
-        stopped += len(done.data.get("stopped", []))
+        stopped += len(done.stopped)
         findings += done.findings or [Finding("ok", node.host.name, done.message)]
     ok = not any(f.is_problem for f in findings)
-    return Result(ok, f"Ray stopped on the cluster's nodes: {stopped} process(es)", {}, findings)
+    message = f"Ray stopped on the cluster's nodes: {stopped} process(es)"
+    return Result(ok, message, findings=findings)
 
 
 def stop_node(
     host: RemoteHost, node: Node, cluster: ClusterSpec, grace: float = STOP_GRACE
-) -> Result:
+) -> NodeStopResult:
     """SIGTERM the node's recorded process groups, wait, SIGKILL what is left."""
     record = _read_record(host, node)
     temp_dir = str(record.get("temp_dir") or node.temp_dir(cluster.ray_port))
     args = {"temp_dir": temp_dir, "pgids": record.get("pgids") or []}
-    first = host.probe("ray_node", {**args, "signal": "TERM"})
-    pids = [p["pid"] for p in first["processes"]]
+    first = _ray_node(host, {**args, "signal": "TERM"})
+    pids = [p.pid for p in first.processes]
     args["pids"] = pids
     deadline = time.monotonic() + grace
     left = first
-    while left["processes"] and time.monotonic() < deadline:
+    while left.processes and time.monotonic() < deadline:
         time.sleep(0.25)
-        left = host.probe("ray_node", args)
-    if left["processes"]:
-        host.probe("ray_node", {**args, "signal": "KILL"})
+        left = _ray_node(host, args)
+    if left.processes:
+        _ray_node(host, {**args, "signal": "KILL"})
         time.sleep(0.25)
-        left = host.probe("ray_node", args)
+        left = _ray_node(host, args)
     findings = []
-    if left["processes"]:
-        still = ", ".join(str(p["pid"]) for p in left["processes"])
+    if left.processes:
+        still = ", ".join(str(p.pid) for p in left.processes)
         findings.append(Finding("error", node.host.name, f"Ray processes still running: {still}"))
     else:
         # The node's own folder (sessions, sockets, logs) goes with it.
         host.run(f"rm -rf -- {shlex.quote(temp_dir)}", label=f"remove the Ray folder {temp_dir}")
     message = f"{len(pids)} Ray process(es) stopped on {node.address}"
-    return Result(not findings, message, {"stopped": pids}, findings)
+    return NodeStopResult(not findings, message, findings=findings, stopped=pids)
 
 
-def node_processes(host: RemoteHost, node: Node, cluster: ClusterSpec) -> list[dict[str, Any]]:
+def node_processes(host: RemoteHost, node: Node, cluster: ClusterSpec) -> list[RayProcess]:
     """The Ray processes opsbook started on a node that still run."""
     record = _read_record(host, node)
     temp_dir = str(record.get("temp_dir") or node.temp_dir(cluster.ray_port))
-    answer = host.probe("ray_node", {"temp_dir": temp_dir, "pgids": record.get("pgids") or []})
-    return list(answer["processes"])
+    return _ray_node(host, {"temp_dir": temp_dir, "pgids": record.get("pgids") or []}).processes
 
 
 # Records on the node.

@@ -417,7 +417,7 @@ def upload_script(
     syntax_ok = check.exit_code == 0
     delivered: list[str] = []
     if syntax_ok and has_secrets:
-        delivered = upload_secrets(host, deployment, environ).data["names"]
+        delivered = upload_secrets(host, deployment, environ).names
     data = {
         "path": path,
         "diff": script_diff(previous, text, path),
@@ -442,9 +442,17 @@ def upload_script(
     return Result(True, message, data)
 
 
+@dataclass(kw_only=True, repr=False)
+class SecretsResult(Result):
+    """The secrets file written: its path and the variables in it (never their values)."""
+
+    path: str
+    names: list[str]
+
+
 def upload_secrets(
     host: RemoteHost, deployment: Deployment, environ: Mapping[str, str] | None = None
-) -> Result:
+) -> SecretsResult:
     """Write the script's secrets file (mode 0600) from the local environment.
 
     Values of the secret variables come from ``environ`` (default: ``os.environ``), else from
@@ -454,7 +462,8 @@ def upload_secrets(
     created under ``umask 077`` before being renamed into place.
 
     Returns:
-        ``ok`` with data ``path`` and ``names`` (the variables written; never their values).
+        ``ok`` with the file's ``path`` and ``names`` (the variables written; never their
+        values).
 
     Raises:
         HostError: the file could not be written.
@@ -473,11 +482,8 @@ def upload_secrets(
         label=f"write secrets file {path} ({', '.join(present) or 'empty'})",
     )
     names = sorted(present)
-    return Result(
-        True,
-        f"secrets file {path} written with {len(names)} variable(s)",
-        {"path": path, "names": names},
-    )
+    message = f"secrets file {path} written with {len(names)} variable(s)"
+    return SecretsResult(True, message, path=path, names=names)
 
 
 def _secret_values(

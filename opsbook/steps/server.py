@@ -8,6 +8,7 @@ process is still the one it started. Everything else it finds is reported, with 
 
 from __future__ import annotations
 
+import functools
 import json
 import posixpath
 import shlex
@@ -22,6 +23,17 @@ from opsbook.core.exceptions import HostUnreachable
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
+from opsbook.steps.launch_answers import (
+    HttpAnswer,
+    LaunchRecord,
+    ProcessInfo,
+    ShmAnswer,
+    SmokeAnswer,
+    StartAnswer,
+    StartProof,
+    StatusAnswer,
+    StopAnswer,
+)
 
 if TYPE_CHECKING:
     from opsbook.steps.host_facts import HostFacts
@@ -69,7 +81,30 @@ def resolve_paths(host: RemoteHost, deployment: Deployment) -> LaunchPaths:
 # -- stop -------------------------------------------------------------------------------------
 
 
-def stop_server(host: RemoteHost, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
+@dataclass(kw_only=True, repr=False)
+class ShmResult(Result):
+    """A clean of stale shared memory: what was (or would be) removed, and what was kept."""
+
+    answer: ShmAnswer
+
+
+@dataclass(kw_only=True, repr=False)
+class StopResult(Result):
+    """A stop: the processes signalled (a table), the probe's answer, and with
+    :func:`stop_previous` the clean of shared memory that followed it."""
+
+    stopped: Table
+    answer: StopAnswer
+    shm: ShmResult | None = None
+
+    @property
+    def signalled_any(self) -> bool:
+        """Whether the stop sent a signal (a process may have let go of GPUs or a port),
+        rather than finding nothing of opsbook's to stop."""
+        return self.answer.reason not in ("no-record", "not-running")
+
+
+def stop_server(host: RemoteHost, paths: LaunchPaths, *, grace: float = 10.0) -> StopResult:
     """Stop the server opsbook launched: SIGTERM to its process group, then SIGKILL.
 
     Processes opsbook did not start (another user's server, a server started by hand, a PID
@@ -83,79 +118,89 @@ def stop_server(host: RemoteHost, paths: LaunchPaths, *, grace: float = 10.0) ->
     Returns:
         ``ok`` when the recorded launch is stopped or there was none, and no vLLM process of
         this user that opsbook did not start runs (another user's only gives ``info``
-        findings). Data: ``stopped`` (a table of the processes signalled) and ``answer``.
+        findings). With ``stopped`` (a table of the processes signalled) and ``answer``.
     """
     answer = host.probe(
         PROBE, paths.probe_args(op="stop", grace=grace), timeout=grace + PROBE_SLACK
     )
-    return _stop_result(answer)
+    return _stop_result(StopAnswer.parse(answer))
 
 
-def _stop_result(answer: dict[str, Any]) -> Result:
-    reason = answer.get("reason")
-    findings = [_not_ours(p, answer.get("uid")) for p in answer.get("refused", [])]
-    stopped = answer.get("stopped", [])
-    data = {"stopped": Table.from_records(stopped, PROCESS_COLUMNS), "answer": answer}
+def _stop_result(answer: StopAnswer) -> StopResult:
+    reason = answer.reason
+    findings = [_not_ours(p, answer.uid) for p in answer.refused]
+    stopped = answer.stopped
+    table = process_table(stopped)
+
+    def result(ok: bool, message: str) -> StopResult:
+        return StopResult(ok, message, findings=findings, stopped=table, answer=answer)
+
     if reason == "stopped":
-        signals = "+".join(answer.get("signals", []))
-        return Result(True, f"stopped {len(stopped)} process(es) with SIG{signals}", data, findings)
+        signals = "+".join(answer.signals)
+        return result(True, f"stopped {len(stopped)} process(es) with SIG{signals}")
     if reason in ("no-record", "not-running"):
         what = "no launch by opsbook is recorded" if reason == "no-record" else "nothing to stop"
         # A server of this user that opsbook did not start is likely the previous one, started
         # by hand: the user must deal with it. Another user's is only worth knowing about.
         ok = not any(f.severity == "warning" for f in findings)
         message = what if ok else f"{what}, but other vLLM processes of yours run: see the findings"
-        return Result(ok, message, data, findings)
+        return result(ok, message)
     problems = {
         "pid-reused": "the recorded PID now belongs to another process: nothing was signalled",
         "own-session": "the recorded group holds this SSH session: nothing was signalled",
         "other-user": "the recorded group has processes of another user: nothing was signalled",
         "survived": "processes survived SIGKILL (uninterruptible sleep?)",
     }
-    return Result(False, problems.get(str(reason), f"stop failed: {reason}"), data, findings)
+    return result(False, problems.get(reason, f"stop failed: {reason}"))
 
 
 # What stops a server opsbook started: the notebook's button, or a run that restarts it.
 STOP_REMEDY = "stop it first: 04_launch's Stop button, or `opsbook run 04_launch -p apply true`"
 
 
-def stop_previous(host: RemoteHost, paths: LaunchPaths, *, grace: float = 10.0) -> Result:
+def stop_previous(host: RemoteHost, paths: LaunchPaths, *, grace: float = 10.0) -> StopResult:
     """:func:`stop_server`, then :func:`clean_stale_shm`: the step before a start, in one
     probe."""
     asked = paths.probe_args(op="stop", grace=grace, clean_shm=True)
-    answer = host.probe(PROBE, asked, timeout=grace + PROBE_SLACK)
+    answer = StopAnswer.parse(host.probe(PROBE, asked, timeout=grace + PROBE_SLACK))
     stopped = _stop_result(answer)
     if not stopped.ok:
         return stopped
-    cleaned = _shm_result(answer["shm"], apply=True)
-    data = {**stopped.data, "shm": cleaned.data}
-    message = f"{stopped.message}; {cleaned.message}"
-    return Result(cleaned.ok, message, data, stopped.findings + cleaned.findings)
+    cleaned = _shm_result(answer.shm or ShmAnswer(), apply=True)
+    return StopResult(
+        cleaned.ok,
+        f"{stopped.message}; {cleaned.message}",
+        findings=stopped.findings + cleaned.findings,
+        stopped=stopped.stopped,
+        answer=answer,
+        shm=cleaned,
+    )
 
 
-def signalled_any(stopped: Result) -> bool:
+def signalled_any(stopped: StopResult) -> bool:
     """Whether a :func:`stop_previous` sent a signal (a process may have let go of GPUs or a
     port), rather than finding nothing of opsbook's to stop."""
-    answer = stopped.data.get("answer") or {}
-    return answer.get("reason") not in ("no-record", "not-running")
+    return stopped.signalled_any
 
 
-def clean_stale_shm(host: RemoteHost, *, apply: bool = True) -> Result:
+def clean_stale_shm(host: RemoteHost, *, apply: bool = True) -> ShmResult:
     """Remove ``/dev/shm/psm_*`` and ``sem.mp-*`` files of this user that no live process
     holds (a server killed with SIGKILL leaves them behind). Done by a probe: no shell glob,
     which zsh would abort on when nothing matches."""
-    return _shm_result(host.probe(PROBE, {"op": "clean_shm", "apply": apply}), apply=apply)
+    answer = host.probe(PROBE, {"op": "clean_shm", "apply": apply})
+    return _shm_result(ShmAnswer.parse(answer), apply=apply)
 
 
-def _shm_result(answer: dict[str, Any], *, apply: bool) -> Result:
-    if answer.get("error"):
-        return Result(False, answer["error"], answer)
-    removed, kept = answer["removed"], answer["kept"]
-    freed = sum(r["bytes"] for r in removed)
+def _shm_result(answer: ShmAnswer, *, apply: bool) -> ShmResult:
+    if answer.error:
+        return ShmResult(False, answer.error, answer=answer)
+    freed = sum(r.bytes for r in answer.removed)
     verb = "would remove" if not apply else "removed"
-    in_use = [k for k in kept if k.get("mine")]
-    message = f"{verb} {len(removed)} stale file(s) ({freed} bytes); {len(in_use)} in use kept"
-    return Result(True, message, answer)
+    in_use = [k for k in answer.kept if k.mine]
+    message = (
+        f"{verb} {len(answer.removed)} stale file(s) ({freed} bytes); {len(in_use)} in use kept"
+    )
+    return ShmResult(True, message, answer=answer)
 
 
 # -- start ------------------------------------------------------------------------------------
@@ -204,49 +249,65 @@ def check_can_start(facts: HostFacts, server_port: int) -> Result:
             )
         )
     ok = not findings
-    return Result(ok, "port free and GPUs idle" if ok else "cannot start yet", {}, findings)
+    return Result(ok, "port free and GPUs idle" if ok else "cannot start yet", findings=findings)
 
 
-def start_server(host: RemoteHost, paths: LaunchPaths, server_port: int) -> Result:
+@dataclass(kw_only=True, repr=False)
+class StartResult(Result):
+    """A start: the launch record and the proof of its first seconds when it started, what
+    the log said when it did not live, and the probe's answer."""
+
+    answer: StartAnswer
+    record: LaunchRecord | None = None
+    proof: StartProof | None = None
+    diagnosis: logscan.LogDiagnosis | None = None
+
+
+def start_server(host: RemoteHost, paths: LaunchPaths, server_port: int) -> StartResult:
     """Start the launch script detached, in a session of its own, logging to the log file,
     and prove within about two seconds that it started (alive and logging) or say why not."""
-    answer = host.probe(PROBE, paths.probe_args(op="start", port=server_port), timeout=60)
-    if not answer.get("started"):
+    asked = paths.probe_args(op="start", port=server_port)
+    answer = StartAnswer.parse(host.probe(PROBE, asked, timeout=60))
+    record, proof = answer.record, answer.proof
+    if not answer.started or record is None or proof is None:
         return _not_started(answer, paths, server_port)
-    record, proof = answer["record"], answer["proof"]
-    data = {"record": record, "proof": proof}
-    if proof["alive"] and proof["log_bytes"] > 0:
-        message = f"started: PID {record['pid']} (group {record['pgid']}), logging to {paths.log}"
-        return Result(True, message, data)
-    if proof["alive"]:
-        return Result(True, f"started: PID {record['pid']} is alive but has not logged yet", data)
-    diagnosis = logscan.diagnose_log(proof["tail"], running=False)
-    data["diagnosis"] = diagnosis
-    code = proof["exit_code"]
+
+    def result(ok: bool, message: str, **more: Any) -> StartResult:
+        return StartResult(ok, message, answer=answer, record=record, proof=proof, **more)
+
+    if proof.alive and proof.log_bytes > 0:
+        message = f"started: PID {record.pid} (group {record.pgid}), logging to {paths.log}"
+        return result(True, message)
+    if proof.alive:
+        return result(True, f"started: PID {record.pid} is alive but has not logged yet")
+    diagnosis = logscan.diagnose_log(proof.tail, running=False)
+    code = proof.exit_code
     if diagnosis.state == "failed":
         message = f"crashed within seconds (exit code {code}): {diagnosis.title}"
-    elif proof["log_bytes"]:
-        message = f"exited at once with code {code}: {_last_line(proof['tail'])}"
+    elif proof.log_bytes:
+        message = f"exited at once with code {code}: {_last_line(proof.tail)}"
     else:
         message = f"never started: exited with code {code} and logged nothing"
-    return Result(False, message, data, diagnosis.to_result().findings)
+    findings = diagnosis.to_result().findings
+    return result(False, message, findings=findings, diagnosis=diagnosis)
 
 
 def diagnosis_of(result: Result) -> logscan.LogDiagnosis | None:
     """What the log said, for a result of :func:`start_server` or :func:`wait_until_ready`."""
-    diagnosis = result.data.get("diagnosis")
-    return diagnosis if isinstance(diagnosis, logscan.LogDiagnosis) else None
+    if isinstance(result, StartResult | ReadyResult):
+        return result.diagnosis
+    return None
 
 
-def _not_started(answer: dict[str, Any], paths: LaunchPaths, port: int) -> Result:
-    reason = answer.get("reason")
+def _not_started(answer: StartAnswer, paths: LaunchPaths, port: int) -> StartResult:
+    reason = answer.reason
     if reason == "running":
-        pid = answer["record"]["pid"]
-        return Result(
+        pid = answer.record.pid if answer.record is not None else None
+        return StartResult(
             False,
             f"a server launched by opsbook is still running (PID {pid})",
-            answer,
-            [
+            answer=answer,
+            findings=[
                 Finding(
                     "error",
                     "server",
@@ -256,19 +317,22 @@ def _not_started(answer: dict[str, Any], paths: LaunchPaths, port: int) -> Resul
             ],
         )
     if reason == "port-taken":
-        holders = ", ".join(_holder(h) for h in answer.get("holders", [])) or "an unseen process"
+        holders = ", ".join(_holder(h) for h in answer.holders) or "an unseen process"
         message = f"not started: port {port} is already taken by {holders}"
         remedy = (
             "stop that server first (04_launch's Stop button stops only what opsbook started), "
             "or set server.port to a free port"
         )
-        return Result(False, message, answer, [Finding("error", f"port {port}", message, remedy)])
+        findings = [Finding("error", f"port {port}", message, remedy)]
+        return StartResult(False, message, answer=answer, findings=findings)
     remedies = {
         "no-script": f"{paths.script} does not exist: upload it with notebook 03_launch_script",
         "not-executable": f"{paths.script} is not executable: upload it again (mode 0755)",
     }
     message = remedies.get(str(reason), f"not started: {reason}")
-    return Result(False, message, answer, [Finding("error", "launch script", message)])
+    return StartResult(
+        False, message, answer=answer, findings=[Finding("error", "launch script", message)]
+    )
 
 
 # -- readiness --------------------------------------------------------------------------------
@@ -306,7 +370,7 @@ def wait_until_ready(
     interval: float = 1.0,
     on_progress: Callable[[Progress], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
-) -> Result:
+) -> ReadyResult:
     """Follow the log until the server answers ``/health``, fails, dies or ``timeout`` passes.
 
     Stops early on a known failure signature. An SSH connection that drops while waiting is
@@ -323,40 +387,57 @@ def wait_until_ready(
     tail, offset, wait = "", None, 0.0
     while True:
         status = _watch_with_retry(host, paths, server_port, offset, wait)
-        log = status["log"]
-        if log.get("exists"):
-            follower.feed(log["text"].encode("utf-8", "surrogateescape"))
-            tail, offset = (tail + log["text"])[-TAIL:], log["end"]
-        running = bool(status["running"])
+        log = status.log
+        if log.exists:
+            follower.feed(log.text.encode("utf-8", "surrogateescape"))
+            tail, offset = (tail + log.text)[-TAIL:], log.end
+        running = status.running
         diagnosis = follower.diagnose(running=running)
         elapsed = time.monotonic() - started
         if on_progress:
             on_progress(Progress(elapsed, diagnosis.phase, diagnosis.state, follower.size, tail))
-        data = {"diagnosis": diagnosis, "status": status, "seconds": round(elapsed, 1)}
+        # Every ending carries what was seen at this look.
+        result = functools.partial(
+            ReadyResult, diagnosis=diagnosis, status=status, seconds=round(elapsed, 1)
+        )
         if diagnosis.state == "failed":
-            return Result(False, f"failed: {diagnosis.title}", data, diagnosis.to_result().findings)
-        if not running:
-            return Result(
-                False, f"the server exited ({diagnosis.summary})", data, _exit_findings(diagnosis)
+            return result(
+                False, f"failed: {diagnosis.title}", findings=diagnosis.to_result().findings
             )
-        if status["port_open"]:
-            health = status.get("health") or _probe_with_retry(host, _health_args(server_port))
-            if health.get("status") == 200:
-                return Result(True, f"ready after {elapsed:.0f} s", data)
+        if not running:
+            message = f"the server exited ({diagnosis.summary})"
+            return result(False, message, findings=_exit_findings(diagnosis))
+        if status.port_open:
+            health = status.health or _http_with_retry(host, _health_args(server_port))
+            if health.status == 200:
+                return result(True, f"ready after {elapsed:.0f} s")
         if elapsed > timeout:
             message = f"not ready after {timeout:g} s (state {diagnosis.state}, {diagnosis.phase})"
-            return Result(False, message, data, [_timeout_finding(diagnosis, timeout)])
-        if status.get("watched_steps") is None:
+            return result(False, message, findings=[_timeout_finding(diagnosis, timeout)])
+        if status.watched_steps is None:
             sleep(interval)  # a host whose answer did not wait (a test double's)
         wait = min(interval, max(0.0, timeout - elapsed) + 0.1)
 
 
+@dataclass(kw_only=True, repr=False)
+class ReadyResult(Result):
+    """The wait for readiness: what the log said, the last status seen, and the seconds."""
+
+    diagnosis: logscan.LogDiagnosis
+    status: StatusAnswer
+    seconds: float
+
+
 def _watch_with_retry(
     host: RemoteHost, paths: LaunchPaths, port: int, offset: int | None, wait: float
-) -> dict[str, Any]:
+) -> StatusAnswer:
     args = paths.probe_args(op="watch", port=port, offset=offset, wait=wait)
     args["health_timeout"] = HEALTH_TIMEOUT
-    return _probe_with_retry(host, args)
+    return StatusAnswer.parse(_probe_with_retry(host, args))
+
+
+def _http_with_retry(host: RemoteHost, args: dict[str, Any]) -> HttpAnswer:
+    return HttpAnswer.parse(_probe_with_retry(host, args))
 
 
 def _probe_with_retry(host: RemoteHost, args: dict[str, Any]) -> dict[str, Any]:
@@ -403,7 +484,7 @@ def http_get(
     timeout: float = 10.0,
     api_key: str | None = None,
     json_body: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> HttpAnswer:
     """GET ``path`` on the server (POST with ``json_body``), from the host itself, so the
     port need not be exposed.
 
@@ -423,13 +504,20 @@ def http_get(
         args["bearer"] = api_key
     if json_body is not None:
         args["json"] = json_body
-    answer: dict[str, Any] = host.probe(PROBE, args, timeout=timeout + PROBE_SLACK)
-    return answer
+    return HttpAnswer.parse(host.probe(PROBE, args, timeout=timeout + PROBE_SLACK))
+
+
+@dataclass(kw_only=True, repr=False)
+class SmokeResult(Result):
+    """The smoke test: the model the server names and the text of its completion."""
+
+    model: str | None
+    completion: str
 
 
 def smoke_test(
     host: RemoteHost, port: int, *, prompt: str = "Hello, my name is", api_key: str | None = None
-) -> Result:
+) -> SmokeResult:
     """``/health``, ``/v1/models`` and one small completion, each a finding.
 
     Args:
@@ -443,32 +531,30 @@ def smoke_test(
     if api_key:
         args["bearer"] = api_key
     # One round trip: the completion needs the model id /v1/models names, so the host asks.
-    answer = host.probe(PROBE, args, timeout=3 * SMOKE_TIMEOUT + PROBE_SLACK)
-    findings = [
-        _http_finding("/health", answer["health"]),
-        _http_finding("/v1/models", answer["models"]),
-    ]
-    model_id = answer["model"]
-    completion: dict[str, Any] = answer["completion"] or {}
+    answer = SmokeAnswer.parse(host.probe(PROBE, args, timeout=3 * SMOKE_TIMEOUT + PROBE_SLACK))
+    findings = [_http_finding("/health", answer.health), _http_finding("/v1/models", answer.models)]
+    model_id = answer.model
+    completion = answer.completion or HttpAnswer(None)
     if model_id:
         findings.append(_http_finding("/v1/completions", completion))
     ok = all(f.severity == "ok" for f in findings) and bool(model_id)
     text = _completion_text(completion)
     message = f"smoke test passed: {model_id} answered {text!r}" if ok else "smoke test failed"
-    return Result(ok, message, {"model": model_id, "completion": text}, findings)
+    return SmokeResult(ok, message, findings=findings, model=model_id, completion=text)
 
 
-def _http_finding(path: str, answer: dict[str, Any]) -> Finding:
-    status = answer.get("status")
+def _http_finding(path: str, answer: HttpAnswer) -> Finding:
+    status = answer.status
     if status == 200:
-        return Finding("ok", path, f"200 in {answer.get('seconds', 0):.2f} s")
-    detail = answer.get("error") or f"HTTP {status}: {str(answer.get('body', ''))[:200]}"
+        return Finding("ok", path, f"200 in {answer.seconds:.2f} s")
+    detail = answer.error or f"HTTP {status}: {answer.body[:200]}"
     return Finding("error", path, detail, "run 05_diagnose")
 
 
-def _completion_text(answer: dict[str, Any]) -> str:
+def _completion_text(answer: HttpAnswer) -> str:
+    # The completion's JSON is vLLM's OpenAI-compatible answer, not opsbook's: read as found.
     try:
-        return str(json.loads(answer["body"])["choices"][0]["text"])
+        return str(json.loads(answer.body)["choices"][0]["text"])
     except (KeyError, IndexError, TypeError, ValueError):
         return ""
 
@@ -500,29 +586,34 @@ def _seconds(when: datetime | None, origin: datetime | None) -> float:
 PROCESS_COLUMNS = ["pid", "ppid", "pgid", "uid", "cmdline"]
 
 
-def _not_ours(process: dict[str, Any], my_uid: int | None = None) -> Finding:
-    uid = process.get("uid")
+def process_table(found: Sequence[ProcessInfo]) -> Table:
+    """Processes as a table of :data:`PROCESS_COLUMNS`."""
+    return Table(PROCESS_COLUMNS, [[p.pid, p.ppid, p.pgid, p.uid, p.cmdline] for p in found])
+
+
+def _not_ours(process: ProcessInfo, my_uid: int | None = None) -> Finding:
+    uid = process.uid
     if my_uid is not None and uid is not None and uid != my_uid:
         return Finding(
             "info",
-            f"PID {process['pid']}",
-            f"belongs to another user (uid {uid}), left alone: {process.get('cmdline')}",
+            f"PID {process.pid}",
+            f"belongs to another user (uid {uid}), left alone: {process.cmdline}",
             "ask its owner or an administrator to stop it if it holds the port or GPU memory; "
             "opsbook never signals another user's processes",
         )
     return Finding(
         "warning",
-        f"PID {process['pid']}",
-        f"not started by this opsbook launch, left alone: {process.get('cmdline')}",
+        f"PID {process.pid}",
+        f"not started by this opsbook launch, left alone: {process.cmdline}",
         "if it is a leftover server of yours, stop it by its PID or process group "
-        f"(kill -TERM -- -{process.get('pgid')}); never by a name pattern",
+        f"(kill -TERM -- -{process.pgid}); never by a name pattern",
     )
 
 
-def _holder(process: dict[str, Any]) -> str:
-    if process.get("pid"):
-        return f"PID {process['pid']} (uid {process.get('uid')}: {process.get('cmdline')})"
-    return f"a process of uid {process.get('uid')} (its PID is not visible to this user)"
+def _holder(process: ProcessInfo) -> str:
+    if process.pid:
+        return f"PID {process.pid} (uid {process.uid}: {process.cmdline})"
+    return f"a process of uid {process.uid} (its PID is not visible to this user)"
 
 
 def _last_line(text: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opsbook.core.results import Finding, Result, Table
@@ -89,7 +89,9 @@ class DownloadProgress:
 # --- check --------------------------------------------------------------------------------
 
 
-def check_download(host: RemoteHost, model_path: str, *, timeout: float = CHECK_TIMEOUT) -> Result:
+def check_download(
+    host: RemoteHost, model_path: str, *, timeout: float = CHECK_TIMEOUT
+) -> CheckResult:
     """Check a model directory or hub cache snapshot on ``host`` in one round trip.
 
     Args:
@@ -99,8 +101,8 @@ def check_download(host: RemoteHost, model_path: str, *, timeout: float = CHECK_
         timeout: seconds for the probe.
 
     Returns:
-        A Result whose data holds ``summary``, ``shards`` (a Table), ``files`` (a Table),
-        ``partials``, ``index`` and ``where``; each problem is a finding naming its file.
+        The check's result, with its ``summary``, ``shards``, ``files``, ``partials``,
+        ``index`` and ``where``; each problem is a finding naming its file.
 
     Raises:
         ProbeError: the probe could not run on the host.
@@ -109,26 +111,171 @@ def check_download(host: RemoteHost, model_path: str, *, timeout: float = CHECK_
     return check_result(answer)
 
 
-def check_result(answer: Mapping[str, Any]) -> Result:
+# The download probe's ``check`` answer (opsbook/remote/probes/download.py ``check``), parsed
+# once here, where it is read: the step and the tests that run the probe read these types.
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the checkpoint is: the path asked, the model folder found, and its layout."""
+
+    input: str
+    model_dir: str
+    layout: str | None = None
+    repo_dir: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any]) -> Where:
+        return cls(
+            input=str(answer["input"]),
+            model_dir=str(answer["model_dir"]),
+            layout=answer.get("layout"),
+            repo_dir=answer.get("repo_dir"),
+            error=answer.get("error"),
+        )
+
+
+@dataclass(frozen=True)
+class IndexFacts:
+    """What the checkpoint's index says (its ``total_size`` is reported, never trusted)."""
+
+    present: bool
+    total_size: int | None
+    tensors: int
+    shards: int
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any] | None) -> IndexFacts | None:
+        if answer is None:
+            return None
+        return cls(
+            present=bool(answer["present"]),
+            total_size=answer.get("total_size"),
+            tensors=int(answer["tensors"]),
+            shards=int(answer["shards"]),
+        )
+
+
+@dataclass(frozen=True)
+class ShardRow:
+    """One shard as the check read it: its status, sizes and safetensors header."""
+
+    file: str
+    status: str
+    size: int | None
+    expected_size: int | None
+    header_len: int | None
+    tensors: int | None
+    detail: str | None
+
+    @classmethod
+    def parse(cls, row: Mapping[str, Any]) -> ShardRow:
+        return cls(
+            file=str(row["file"]),
+            status=str(row["status"]),
+            size=row.get("size"),
+            expected_size=row.get("expected_size"),
+            header_len=row.get("header_len"),
+            tensors=row.get("tensors"),
+            detail=row.get("detail"),
+        )
+
+    def cells(self) -> list[Any]:
+        return [getattr(self, column) for column in SHARD_COLUMNS]
+
+
+@dataclass(frozen=True)
+class CheckSummary:
+    """The shards counted by status (each problem status lists its files) and the bytes."""
+
+    shards: int
+    ok: int
+    missing: list[str] = field(default_factory=list)
+    truncated: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    bytes_present: int = 0
+    bytes_expected: int = 0
+    expected_estimated: bool = False
+    index_total_size: int | None = None
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any]) -> CheckSummary:
+        lists = ("missing", "truncated", "corrupt", "unreadable", "unexpected")
+        return cls(
+            shards=int(answer["shards"]),
+            ok=int(answer["ok"]),
+            **{key: list(answer.get(key) or []) for key in lists},
+            bytes_present=int(answer["bytes_present"]),
+            bytes_expected=int(answer["bytes_expected"]),
+            expected_estimated=bool(answer.get("expected_estimated")),
+            index_total_size=answer.get("index_total_size"),
+        )
+
+
+@dataclass(frozen=True)
+class CheckAnswer:
+    """The download probe's whole ``check`` answer."""
+
+    where: Where
+    index: IndexFacts | None
+    summary: CheckSummary
+    shards: list[ShardRow]
+    files: list[dict[str, Any]]
+    partials: list[dict[str, Any]]
+    findings: list[Finding]
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any]) -> CheckAnswer:
+        columns = answer["shards"]["columns"]
+        rows = [dict(zip(columns, row, strict=True)) for row in answer["shards"]["rows"]]
+        return cls(
+            where=Where.parse(answer["where"]),
+            index=IndexFacts.parse(answer["index"]),
+            summary=CheckSummary.parse(answer["summary"]),
+            shards=[ShardRow.parse(row) for row in rows],
+            files=list(answer["files"]),
+            partials=list(answer["partials"]),
+            findings=[to_finding(item) for item in answer["findings"]],
+        )
+
+
+@dataclass(kw_only=True, repr=False)
+class CheckResult(Result):
+    """The download check's result, with what the probe found."""
+
+    where: Where
+    index: IndexFacts | None
+    summary: CheckSummary
+    shards: list[ShardRow]
+    files: Table
+    partials: list[dict[str, Any]]
+
+    def shards_table(self) -> Table:
+        return Table(SHARD_COLUMNS, [row.cells() for row in self.shards])
+
+
+def check_result(answer: Mapping[str, Any]) -> CheckResult:
     """Turn the probe's ``check`` answer into a Result."""
-    findings = [to_finding(item) for item in answer["findings"]]
-    summary = answer["summary"]
-    ok = not any(f.is_problem for f in findings)
-    data = {
-        "where": answer["where"],
-        "index": answer["index"],
-        "summary": summary,
-        "shards": Table(answer["shards"]["columns"], answer["shards"]["rows"]),
-        "files": Table.from_records(answer["files"], ("file", "status", "detail")),
-        "partials": answer["partials"],
-    }
-    return Result(ok, check_message(summary, ok), data, findings)
+    return result_of(CheckAnswer.parse(answer))
 
 
-def shard_records(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The probe's ``check`` answer's shards (columns and rows) as one dict per shard."""
-    columns = answer["shards"]["columns"]
-    return [dict(zip(columns, row, strict=True)) for row in answer["shards"]["rows"]]
+def result_of(parsed: CheckAnswer) -> CheckResult:
+    """The check's Result, from its parsed answer."""
+    ok = not any(f.is_problem for f in parsed.findings)
+    return CheckResult(
+        ok,
+        check_message(parsed.summary, ok),
+        findings=parsed.findings,
+        where=parsed.where,
+        index=parsed.index,
+        summary=parsed.summary,
+        shards=parsed.shards,
+        files=Table.from_records(parsed.files, ("file", "status", "detail")),
+        partials=parsed.partials,
+    )
 
 
 @dataclass(frozen=True)
@@ -144,36 +291,41 @@ class ShardCounts:
     bytes_expected: int
 
 
-def shard_counts(check: Result) -> ShardCounts:
+def shard_counts(check: CheckResult) -> ShardCounts:
     """The counts of a :func:`check_download` result."""
-    summary = check.data["summary"]
+    summary = check.summary
     return ShardCounts(
-        shards=int(summary["shards"]),
-        ok=int(summary["ok"]),
-        missing=len(summary["missing"]),
-        truncated=len(summary["truncated"]),
-        corrupt=len(summary["corrupt"]),
-        unreadable=len(summary["unreadable"]),
-        bytes_expected=int(summary["bytes_expected"]),
+        shards=summary.shards,
+        ok=summary.ok,
+        missing=len(summary.missing),
+        truncated=len(summary.truncated),
+        corrupt=len(summary.corrupt),
+        unreadable=len(summary.unreadable),
+        bytes_expected=summary.bytes_expected,
     )
 
 
-def check_message(summary: Mapping[str, Any], ok: bool) -> str:
+def check_message(summary: CheckSummary, ok: bool) -> str:
     """One sentence on the state of the shards and the bytes present."""
-    total = summary["shards"]
-    sizes = f"{format_bytes(summary['bytes_present'])} of {format_bytes(summary['bytes_expected'])}"
+    total = summary.shards
+    sizes = f"{format_bytes(summary.bytes_present)} of {format_bytes(summary.bytes_expected)}"
     if total == 0:
         return "no checkpoint shards found"
-    if ok and summary["ok"] == total:
+    if ok and summary.ok == total:
         return f"all {total} shards complete and readable ({sizes})"
     problems = [
-        f"{len(summary[key])} {key}"
-        for key in ("missing", "truncated", "corrupt", "unreadable")
-        if summary[key]
+        f"{len(files)} {key}"
+        for key, files in (
+            ("missing", summary.missing),
+            ("truncated", summary.truncated),
+            ("corrupt", summary.corrupt),
+            ("unreadable", summary.unreadable),
+        )
+        if files
     ]
     if not problems:
-        return f"{summary['ok']} of {total} shards ok ({sizes}); see the findings"
-    return f"{summary['ok']} of {total} shards ok; {', '.join(problems)} ({sizes} present)"
+        return f"{summary.ok} of {total} shards ok ({sizes}); see the findings"
+    return f"{summary.ok} of {total} shards ok; {', '.join(problems)} ({sizes} present)"
 
 
 def to_finding(item: Mapping[str, Any]) -> Finding:
@@ -196,7 +348,7 @@ def hash_shards(
     batch_size: int = 8,
     workers: int | None = None,
     clock: Callable[[], float] = time.monotonic,
-) -> Result:
+) -> HashResult | CheckResult:
     """sha256 every shard on the host and compare with the known hashes.
 
     References, in order: ``manifest``, the hub cache blob name (the sha256 of LFS files),
@@ -215,17 +367,18 @@ def hash_shards(
         clock: time source (for tests).
 
     Returns:
-        A Result whose data holds ``files`` (a Table), ``rows`` and ``counts``.
+        The hashes (``files``, a Table, ``rows`` and ``counts``), or the check's result when
+        the path holds no checkpoint.
 
     Raises:
         ProbeError: the probe could not run on the host.
     """
-    listing = host.probe(PROBE, {"op": "check", "path": model_path}, timeout=CHECK_TIMEOUT)
-    if listing["where"]["error"]:
-        return check_result(listing)
-    shards = shard_records(listing)
-    names = [row["file"] for row in shards if row["status"] != "unexpected"]
-    sizes = {row["file"]: row["size"] or 0 for row in shards}
+    answer = host.probe(PROBE, {"op": "check", "path": model_path}, timeout=CHECK_TIMEOUT)
+    listing = CheckAnswer.parse(answer)
+    if listing.where.error:
+        return result_of(listing)
+    names = [row.file for row in listing.shards if row.status != "unexpected"]
+    sizes = {row.file: row.size or 0 for row in listing.shards}
     rows: list[dict[str, Any]] = []
     started = clock()
     for batch in batched(names, batch_size):
@@ -244,19 +397,27 @@ def hash_shards(
     return hash_result(rows)
 
 
-def hash_result(rows: Sequence[Mapping[str, Any]]) -> Result:
+@dataclass(kw_only=True, repr=False)
+class HashResult(Result):
+    """The shards' hashes: a row per shard (the download probe's ``hash`` rows), a table of
+    them, and how many are in each status."""
+
+    files: Table
+    rows: list[dict[str, Any]]
+    counts: dict[str, int]
+
+
+def hash_result(rows: Sequence[Mapping[str, Any]]) -> HashResult:
     """Turn hash rows into a Result: errors for mismatches, a note for files without reference."""
     counts = count_by(rows, "status")
     findings = [hash_finding(row) for row in rows if row["status"] != "match"]
     ok = not any(f.is_problem for f in findings) and bool(rows)
     parts = [f"{n} {status}" for status, n in sorted(counts.items())]
     message = f"{len(rows)} shards hashed: {', '.join(parts)}" if rows else "no shards to hash"
-    data = {
-        "files": Table.from_records(list(rows), HASH_COLUMNS),
-        "rows": list(rows),
-        "counts": counts,
-    }
-    return Result(ok, message, data, findings)
+    files = Table.from_records(list(rows), HASH_COLUMNS)
+    return HashResult(
+        ok, message, findings=findings, files=files, rows=[dict(r) for r in rows], counts=counts
+    )
 
 
 def hash_finding(row: Mapping[str, Any]) -> Finding:
@@ -299,7 +460,7 @@ def watch_download(
     on_update: Callable[[DownloadProgress], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-) -> Result:
+) -> WatchResult:
     """Follow a download until every shard is complete or ``timeout`` passes.
 
     Args:
@@ -312,9 +473,8 @@ def watch_download(
         clock: time source (for tests).
 
     Returns:
-        A Result, ok when the download is complete; data holds ``samples`` (a list of
-        ``(seconds, bytes present)`` for plotting), ``progress`` (the last look) and
-        ``shards`` (a Table).
+        ok when the download is complete, with the ``samples`` (``(seconds, bytes present)``
+        for plotting), the last look (``progress``) and the ``shards`` (a Table).
 
     Raises:
         ProbeError: the probe could not run on the host.
@@ -334,9 +494,18 @@ def watch_download(
     return watch_result(snapshot, update, samples)
 
 
+@dataclass(kw_only=True, repr=False)
+class WatchResult(Result):
+    """A watched download: bytes present over time, the last look, and each shard's state."""
+
+    samples: list[tuple[float, int]]
+    progress: DownloadProgress
+    shards: Table
+
+
 def watch_result(
     snapshot: Mapping[str, Any], update: DownloadProgress, samples: list[tuple[float, int]]
-) -> Result:
+) -> WatchResult:
     """The Result of a watch: complete or not, with a stall warning when bytes stopped."""
     findings = [to_finding(item) for item in snapshot["findings"]]
     if not update.complete and update.stalled_for >= STALL_AFTER:
@@ -353,12 +522,10 @@ def watch_result(
         message = f"download complete: {update.line()}"
     else:
         message = f"download not complete after {format_duration(update.elapsed)}: {update.line()}"
-    data = {
-        "samples": samples,
-        "progress": update,
-        "shards": Table.from_records(snapshot["shards"], PROGRESS_COLUMNS),
-    }
-    return Result(update.complete, message, data, findings)
+    shards = Table.from_records(snapshot["shards"], PROGRESS_COLUMNS)
+    return WatchResult(
+        update.complete, message, findings=findings, samples=samples, progress=update, shards=shards
+    )
 
 
 def progress_from(

@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
+from opsbook.steps.launch_answers import ProcessInfo, StatusAnswer
 from opsbook.steps.server import HEALTH_TIMEOUT, PROBE, LaunchPaths, http_get
 
 # A live server whose log has been silent this long, with its port closed, is called hung.
@@ -37,8 +37,8 @@ class ServerState:
     state: str
     message: str
     diagnosis: logscan.LogDiagnosis | None
-    processes: list[dict[str, Any]] = field(default_factory=list)
-    others: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[ProcessInfo] = field(default_factory=list)
+    others: list[ProcessInfo] = field(default_factory=list)
     port_open: bool | None = None
     log_age: float | None = None
     notes: dict[str, str | None] = field(default_factory=dict)
@@ -49,17 +49,18 @@ class ServerState:
         return self.state in ("ready", "loading")
 
     def processes_table(self) -> Table:
-        rows = [dict(p, role="this launch") for p in self.processes]
-        rows += [dict(p, role="not started by opsbook") for p in self.others]
-        return Table.from_records(rows, ["pid", "ppid", "pgid", "role", "cmdline"])
+        roles = [(p, "this launch") for p in self.processes]
+        roles += [(p, "not started by opsbook") for p in self.others]
+        rows = [[p.pid, p.ppid, p.pgid, role, p.cmdline] for p, role in roles]
+        return Table(["pid", "ppid", "pgid", "role", "cmdline"], rows)
 
     def to_result(self) -> Result:
         findings = self.diagnosis.to_result().findings if self.diagnosis else []
         findings += [
             Finding(
                 "warning",
-                f"PID {p['pid']}",
-                f"a vLLM process not started by this launch: {p['cmdline']}",
+                f"PID {p.pid}",
+                f"a vLLM process not started by this launch: {p.cmdline}",
                 "if it is a leftover, stop it by PID or process group; it may hold GPU memory",
             )
             for p in self.others
@@ -75,8 +76,7 @@ class ServerState:
                     "server's process group: stop it by PID (see the processes table)",
                 )
             )
-        data = {"state": self.state, "port_open": self.port_open, "log_age": self.log_age}
-        return Result(self.ok, f"{self.state}: {self.message}", data, findings)
+        return Result(self.ok, f"{self.state}: {self.message}", findings=findings)
 
 
 def server_state(
@@ -106,55 +106,56 @@ def server_state(
         asked["log_when_healthy"] = False
     if notes:
         asked["notes"] = list(notes)
-    status = host.probe(PROBE, asked)
-    log = status["log"]
-    text = log.get("text", "") if log.get("exists") else ""
-    record_error = status.get("record_error")
+    status = StatusAnswer.parse(host.probe(PROBE, asked))
+    log = status.log
+    text = log.text if log.exists else ""
+    record_error = status.record_error
     # Without a readable record, a vLLM process of the login user stands for the server.
-    running = bool(status["running"]) or bool(record_error and status["others"])
+    running = status.running or bool(record_error and status.others)
     stop = _stop_of(status) if not running else None
     if stop is not None:
         # What the processes logged while the stop's signal killed them is not a crash.
-        text = status.get("log_before_stop") or ""
+        text = status.log_before_stop or ""
     diagnosis = logscan.diagnose_log(text, running=running, kernel_log=kernel_log) if text else None
-    evidence = {
-        "processes": status["group"],
-        "others": status["others"],
-        "port_open": status["port_open"],
-        "log_age": log.get("age"),
-        "notes": dict(status.get("notes") or {}),
-        "record_error": record_error,
-    }
-    healthy = _healthy(host, server_port, status) if status["port_open"] else False
+    healthy = _healthy(host, server_port, status) if status.port_open else False
     unresponsive = False
     was_ready = diagnosis is not None and diagnosis.state == logscan.READY
-    if running and status["port_open"] and not healthy and was_ready:
-        healthy, unresponsive = _watch_unresponsive(host, paths, server_port, log.get("size"))
+    if running and status.port_open and not healthy and was_ready:
+        healthy, unresponsive = _watch_unresponsive(host, paths, server_port, log.size)
     state, message = classify(
-        record=status["record"] is not None or bool(record_error),
+        record=status.record is not None or bool(record_error),
         running=running,
-        log_exists=bool(log.get("exists")),
-        log_age=log.get("age"),
-        port_open=status["port_open"],
+        log_exists=log.exists,
+        log_age=log.age,
+        port_open=status.port_open,
         healthy=healthy,
         diagnosis=diagnosis,
         silent_after=silent_after,
-        orphans=0 if running else len(status["group"]),
+        orphans=0 if running else len(status.group),
         stopped_at=stop,
         unresponsive=unresponsive,
     )
     if record_error:
         message = f"{message}; launch state: {record_error}"
-    return ServerState(state, message, diagnosis, **evidence)
+    return ServerState(
+        state,
+        message,
+        diagnosis,
+        processes=status.group,
+        others=status.others,
+        port_open=status.port_open,
+        log_age=log.age,
+        notes=status.notes,
+        record_error=record_error,
+    )
 
 
-def _stop_of(status: dict[str, Any]) -> float | None:
+def _stop_of(status: StatusAnswer) -> float | None:
     """When opsbook stopped this launch (the record's stop), or None."""
-    record = status.get("record") or {}
-    stop = record.get("stop") or {}
-    if stop.get("log_size") is None or status.get("log_before_stop") is None:
+    stop = status.record.stop if status.record is not None else None
+    if stop is None or stop.log_size is None or status.log_before_stop is None:
         return None
-    return float(stop.get("at") or 0.0)
+    return stop.at
 
 
 def _watch_unresponsive(
@@ -165,10 +166,10 @@ def _watch_unresponsive(
     deadline = time.monotonic() + UNRESPONSIVE_SECONDS
     while time.monotonic() < deadline:
         time.sleep(RECHECK_SECONDS)
-        if _healthy(host, port, {}):
+        if _healthy(host, port, None):
             return True, False
-    later = host.probe(PROBE, paths.probe_args(op="status", port=port))
-    return False, later["log"].get("size") == log_size
+    later = StatusAnswer.parse(host.probe(PROBE, paths.probe_args(op="status", port=port)))
+    return False, later.log.size == log_size
 
 
 def classify(
@@ -257,7 +258,8 @@ def _classify_gone(
     return "exited", f"the process is gone and its log shows no error (last phase {phase})"
 
 
-def _healthy(host: RemoteHost, port: int, status: dict[str, Any]) -> bool:
+def _healthy(host: RemoteHost, port: int, status: StatusAnswer | None) -> bool:
     # A host whose probe predates the health answer in the status is asked separately.
-    answer = status.get("health") or http_get(host, port, "/health", timeout=HEALTH_TIMEOUT)
-    return bool(answer.get("status") == 200)
+    answer = status.health if status is not None else None
+    answer = answer or http_get(host, port, "/health", timeout=HEALTH_TIMEOUT)
+    return answer.status == 200

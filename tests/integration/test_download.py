@@ -115,8 +115,8 @@ def test_default_119_shards_check_ok_in_one_round_trip(
     assert len(host.journal) == before + 1
     assert result.ok, result
     assert result.message.startswith("all 119 shards complete and readable")
-    assert result.data["summary"]["ok"] == 119
-    assert result.data["summary"]["bytes_present"] > 500e9
+    assert result.summary.ok == 119
+    assert result.summary.bytes_present > 500e9
 
 
 @pytest.mark.parametrize("layout", ["local-dir", "hf-cache"])
@@ -126,10 +126,10 @@ def test_both_layouts_and_damaged_shards_named(
     model = make(sandbox, place, layout=layout, shards=5, shard_bytes=100_000)
     good = shard_check.check_download(host, str(model))
     assert good.ok, good
-    assert good.data["where"]["layout"] == layout
+    assert good.where.layout == layout
     if layout == "hf-cache":
         repo = model.parent.parent
-        assert shard_check.check_download(host, str(repo)).data["where"]["model_dir"] == str(model)
+        assert shard_check.check_download(host, str(repo)).where.model_dir == str(model)
     checkpoint.truncate_shard(model, 2, 60_000)
     checkpoint.corrupt_header(model, 4, "not-json")
     before = listing(place)
@@ -149,9 +149,9 @@ def test_folder_with_spaces_and_quotes(sandbox: Sandbox, host: Host, place: Path
     model = make(sandbox, odd, **SMALL)
     result = shard_check.check_download(host, str(model))
     assert result.ok, result
-    assert result.data["where"]["model_dir"] == str(model)
+    assert result.where.model_dir == str(model)
     hashed = shard_check.hash_shards(host, str(model))
-    assert hashed.ok and hashed.data["counts"] == {"match": 3}
+    assert hashed.ok and hashed.counts == {"match": 3}
 
 
 def write_gap(model: Path, index: int) -> None:
@@ -275,7 +275,7 @@ def test_full_hash_flipped_byte_and_resumable_cache(
     seen: list[HashProgress] = []
     first = shard_check.hash_shards(host, str(model), progress=seen.append, batch_size=2)
     assert first.ok, first
-    assert first.data["counts"] == {"match": 4}
+    assert first.counts == {"match": 4}
     assert len(host.journal) == calls + 3  # the listing, then two batches
     assert [(p.files_done, p.files_total) for p in seen] == [(2, 4), (4, 4)]
     assert seen[-1].bytes_done == seen[-1].bytes_total >= 8_000_000
@@ -283,7 +283,7 @@ def test_full_hash_flipped_byte_and_resumable_cache(
 
     cache = f"{sandbox.home}/{place.name}-hashes.json"
     warm = shard_check.hash_shards(host, str(model), cache_path=cache)
-    assert warm.ok and not any(row["cached"] for row in warm.data["rows"])
+    assert warm.ok and not any(row["cached"] for row in warm.rows)
 
     flipped = checkpoint.shard_path(model, 3)
     with open(flipped, "r+b") as handle:
@@ -297,7 +297,7 @@ def test_full_hash_flipped_byte_and_resumable_cache(
     assert not again.ok
     assert set(problems(again)) == {shard(3, 4)}
     assert "differs from" in problems(again)[shard(3, 4)]
-    cached = {row["file"]: row["cached"] for row in again.data["rows"]}
+    cached = {row["file"]: row["cached"] for row in again.rows}
     assert cached == {shard(1, 4): True, shard(2, 4): True, shard(3, 4): False, shard(4, 4): True}
     Path(cache).unlink()
 
@@ -310,7 +310,7 @@ def test_watch_a_download_in_progress_until_complete(
     sandbox: Sandbox, host: Host, place: Path, layout: str
 ) -> None:
     model = make(sandbox, place, layout=layout, shards=4, shard_bytes=300_000)
-    total = shard_check.check_download(host, str(model)).data["summary"]["bytes_expected"]
+    total = shard_check.check_download(host, str(model)).summary.bytes_expected
     # The writer runs as root here; the files it makes must stay readable by the login user.
     umask = os.umask(0o022)
     try:
@@ -331,7 +331,7 @@ def test_watch_a_download_in_progress_until_complete(
     assert shard_check.check_download(host, str(model)).ok
     assert result.ok, result
     assert result.message.startswith("download complete: 4/4 shards done")
-    samples = result.data["samples"]
+    samples = result.samples
     present = [b for _, b in samples]
     assert present == sorted(present) and present[0] < present[-1] == total
     assert len(samples) >= 3

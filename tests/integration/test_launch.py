@@ -36,6 +36,7 @@ from opsbook.remote import probes
 from opsbook.remote.hosts import Host
 from opsbook.steps import host_facts as preflight
 from opsbook.steps import patch, server, triage
+from opsbook.steps.launch_answers import StopAnswer
 from opsbook.steps.script import render_script, upload_script
 
 pytestmark = [
@@ -149,7 +150,7 @@ def rig(box: Sandbox) -> Iterator[Rig]:
     finally:
         stopped = server.stop_server(host, rig.paths, grace=2)
         host.close()
-    assert not stopped.data["answer"].get("remaining"), str(stopped)
+    assert not stopped.answer.remaining, str(stopped)
 
 
 @pytest.fixture
@@ -269,7 +270,7 @@ def test_default_checkpoint_fails_at_launch_and_the_diagnosis_points_to_the_patc
     started = rig.start()
     assert not started.ok
     assert started.message.startswith("crashed within seconds (exit code 1)")
-    diagnosis = started.data["diagnosis"]
+    diagnosis = started.diagnosis
     assert diagnosis.failure == "fp8kv-mla"
     assert "kv_cache_dtype=fp8_e4m3" in diagnosis.line.raw
     assert "TRITON_MLA" in rig.host.read_text(rig.paths.log)
@@ -291,12 +292,13 @@ def test_after_the_patch_the_server_is_ready_and_answers_the_smoke_test(
     proof_seconds = time.monotonic() - began
     assert started.ok, str(started)
     assert proof_seconds < 4.0
-    record, proof = started.data["record"], started.data["proof"]
-    assert proof["alive"] and proof["log_exists"] and proof["log_bytes"] > 0
-    pid = record["pid"]
+    record, proof = started.record, started.proof
+    assert record is not None and proof is not None
+    assert proof.alive and proof.log_exists and proof.log_bytes > 0
+    pid = record.pid
     # Detached in a session and process group of its own, logging to the deployment's log.
-    assert record["pgid"] == pid == int(stat_fields(pid)[3])
-    assert record["log"] == rig.paths.log
+    assert record.pgid == pid == int(stat_fields(pid)[3])
+    assert record.log == rig.paths.log
     assert "vllm serve" in json.loads(rig.record_file.read_text())["cmdline"]
 
     seen: list[server.Progress] = []
@@ -307,9 +309,9 @@ def test_after_the_patch_the_server_is_ready_and_answers_the_smoke_test(
     smoke = server.smoke_test(rig.host, rig.port)
     assert smoke.ok, str(smoke)
     assert [f.subject for f in smoke.findings] == ["/health", "/v1/models", "/v1/completions"]
-    assert smoke.data["model"] == rig.dep.model_path and smoke.data["completion"]
+    assert smoke.model == rig.dep.model_path and smoke.completion
 
-    table = server.timeline(ready.data["diagnosis"].phases)
+    table = server.timeline(ready.diagnosis.phases)
     names = [row[0] for row in table.rows]
     assert names[0] == "args" and names[-1] == "ready" and "weights" in names
     assert table.rows[0][1] == 0.0 and table.rows[-1][2] is None
@@ -329,7 +331,7 @@ def test_after_the_patch_the_server_is_ready_and_answers_the_smoke_test(
 
 def test_a_stop_takes_the_orphans_of_its_launch_and_nothing_else(rig: Rig, patched: None) -> None:
     started, _ = rig.start_ready()
-    pid = started.data["record"]["pid"]
+    pid = started.record.pid
     orphans = set(group(pid)) - {pid}
     assert len(orphans) == 9
     os.kill(pid, signal.SIGKILL)
@@ -342,11 +344,11 @@ def test_a_stop_takes_the_orphans_of_its_launch_and_nothing_else(rig: Rig, patch
         state = rig.state()
         assert state.state == "exited"
         assert "9 of its processes still run (orphans" in state.message
-        assert {p["pid"] for p in state.others} >= {p.pid for p in lookalikes}
+        assert {p.pid for p in state.others} >= {p.pid for p in lookalikes}
 
         stopped = server.stop_server(rig.host, rig.paths, grace=5)
         assert stopped.ok, str(stopped)
-        assert {row["pid"] for row in stopped.data["stopped"].records()} == orphans
+        assert {row["pid"] for row in stopped.stopped.records()} == orphans
         assert set(group(pid)) == set()
         for proc in lookalikes:
             assert alive(proc.pid)
@@ -359,7 +361,7 @@ def test_a_stop_takes_the_orphans_of_its_launch_and_nothing_else(rig: Rig, patch
         uid = pwd.getpwnam(rig.box.user).pw_uid
         assert shm_files(uid)
         cleaned = server.clean_stale_shm(rig.host)
-        assert cleaned.ok and cleaned.data["removed"]
+        assert cleaned.ok and cleaned.answer.removed
         assert shm_files(uid) == set()
     finally:
         for proc in lookalikes:
@@ -369,10 +371,10 @@ def test_a_stop_takes_the_orphans_of_its_launch_and_nothing_else(rig: Rig, patch
 def test_a_server_that_ignores_sigterm_gets_sigkill(rig: Rig, patched: None) -> None:
     rig.deploy(OPSBOOK_SIM_FAULT="ignore-sigterm")
     started, _ = rig.start_ready()
-    pid = started.data["record"]["pid"]
+    pid = started.record.pid
     stopped = server.stop_server(rig.host, rig.paths, grace=1)
     assert stopped.ok, str(stopped)
-    assert stopped.data["answer"]["signals"] == ["TERM", "KILL"]
+    assert stopped.answer.signals == ["TERM", "KILL"]
     assert "SIGTERM+KILL" in stopped.message
     assert group(pid) == []
 
@@ -433,7 +435,8 @@ def test_a_stop_never_signals_its_own_session(rig: Rig) -> None:
             stdin=program,
         )
         answer = probes.decode("launch", done.stdout, done.stderr, done.exit_code)
-        assert answer["reason"] == "own-session" and not answer["stopped"]
+        stop = StopAnswer.parse(answer)
+        assert stop.reason == "own-session" and not stop.stopped
         assert rig.host.run("echo still here").stdout == "still here\n"
 
 
@@ -462,12 +465,12 @@ def test_stale_shm_files_are_removed_under_a_zsh_login_shell(rig: Rig) -> None:
     try:
         until(lambda: Path(f"/dev/shm/{held}").exists(), "the held file")
         dry = server.clean_stale_shm(rig.host, apply=False)
-        assert dry.ok and stale in [r["file"] for r in dry.data["removed"]]
+        assert dry.ok and stale in [r.file for r in dry.answer.removed]
         assert Path(f"/dev/shm/{stale}").exists()
 
         cleaned = server.clean_stale_shm(rig.host)
-        assert cleaned.ok and stale in [r["file"] for r in cleaned.data["removed"]]
-        kept = {k["file"]: k["why"] for k in cleaned.data["kept"]}
+        assert cleaned.ok and stale in [r.file for r in cleaned.answer.removed]
+        kept = {k.file: k.why for k in cleaned.answer.kept}
         assert kept[held] == f"open in process {holder.pid}"
         assert kept[foreign] == "belongs to uid 0"
         assert not Path(f"/dev/shm/{stale}").exists()
@@ -514,8 +517,8 @@ def test_a_server_that_dies_one_second_after_starting(rig: Rig, patched: None) -
     started = rig.start()
     assert not started.ok
     assert started.message.startswith("crashed within seconds (exit code 1)"), started.message
-    assert started.data["diagnosis"].failure is not None
-    pgid = started.data["record"]["pgid"]
+    assert started.diagnosis.failure is not None
+    pgid = started.record.pgid
     until(lambda: group(pgid) == [], "the whole launch gone")
     verdict = rig.wait()
     assert not verdict.ok and verdict.message.startswith("failed: ")
@@ -543,7 +546,7 @@ def test_bad_input_reaches_the_server_literally(rig: Rig, patched: None) -> None
         rig.upload(dep)
         rig.start_ready()
         smoke = server.smoke_test(rig.host, rig.port)
-        assert smoke.ok and smoke.data["model"] == name, str(smoke)
+        assert smoke.ok and smoke.model == name, str(smoke)
         assert str(link) in json.loads(rig.record_file.read_text())["cmdline"]
         assert not marker.exists()
     finally:
@@ -557,7 +560,7 @@ def test_the_wait_survives_a_dropped_ssh_connection_and_reattaches_by_pid(
     rig.deploy(OPSBOOK_SIM_STARTUP_SECONDS="6")
     started = rig.start()
     assert started.ok, str(started)
-    pid = started.data["record"]["pid"]
+    pid = started.record.pid
     cuts: list[float] = []
 
     def cut_the_connection() -> None:
@@ -580,11 +583,11 @@ def test_the_wait_survives_a_dropped_ssh_connection_and_reattaches_by_pid(
         cutter.join()
     assert len(cuts) >= 3, "the connection was hardly cut"
     assert ready.ok, str(ready)
-    assert ready.data["status"]["record"]["pid"] == pid
+    assert ready.status.record.pid == pid
     cut_mid_probe = [e for e in rig.host.journal.entries if e.note.startswith("connection dropped")]
     assert cut_mid_probe, "no cut landed while a probe ran"
 
     # A new session later finds the same server by its recorded PID.
     with Host.from_deployment(rig.dep) as again:
         state = triage.server_state(again, rig.paths, rig.port)
-    assert state.state == "ready" and state.processes[0]["pid"] == pid
+    assert state.state == "ready" and state.processes[0].pid == pid

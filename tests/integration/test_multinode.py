@@ -91,7 +91,7 @@ def opsbook_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-def ray_processes(fleet: Fleet) -> dict[str, list[dict]]:
+def ray_processes(fleet: Fleet) -> dict[str, list[cluster.RayProcess]]:
     """Per host, the Ray processes opsbook started there that still run."""
     deployment = load_deployment(fleet.deployment_path)
     group = HostGroup.from_deployment(deployment)

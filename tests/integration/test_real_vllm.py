@@ -140,9 +140,9 @@ def rig(box: Sandbox) -> Iterator[Rig]:
     finally:
         stopped = server.stop_server(host, rig.paths, grace=10)
         host.close()
-    if stopped.data["stopped"].rows:
+    if stopped.stopped.rows:
         print(f"[real vLLM] after the test: {stopped.message}")
-    assert not stopped.data["answer"].get("remaining"), str(stopped)
+    assert not stopped.answer.remaining, str(stopped)
     assert server_processes(box.user) == [], "a vLLM process outlived its test"
 
 
@@ -263,7 +263,7 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     began = time.monotonic()
     started = rig.start()
     assert started.ok, str(started)
-    pid = started.data["record"]["pid"]
+    pid = started.record.pid
     ready = rig.wait()
     assert ready.ok, str(ready)
     ready_seconds = time.monotonic() - began
@@ -271,7 +271,7 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
 
     smoke = server.smoke_test(rig.host, rig.dep.server_port)
     assert smoke.ok, str(smoke)
-    assert smoke.data["model"] == rig.dep.model_path and smoke.data["completion"]
+    assert smoke.model == rig.dep.model_path and smoke.completion
     completion = next(f for f in smoke.findings if f.subject == "/v1/completions")
     assert completion.severity == "ok"
 
@@ -283,7 +283,7 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     stopped = server.stop_server(rig.host, rig.paths, grace=10)
     stop_seconds = time.monotonic() - stop_began
     print(f"[real vLLM] stopped in {stop_seconds:.1f} s: {stopped.message}")
-    assert stopped.ok and stopped.data["answer"]["signals"] == ["TERM"], str(stopped)
+    assert stopped.ok and stopped.answer.signals == ["TERM"], str(stopped)
     assert group(pid) == []
     assert server_processes(rig.box.user) == []
     after = rig.state()

@@ -100,8 +100,8 @@ def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
             "ignore_eos": True,
         }
         answer = server.http_get(host, dep.server_port, "/v1/completions", json_body=body)
-        assert answer["status"] == 200, answer
+        assert answer.status == 200, answer
         # Random weights may pick tokens that decode to nothing: count them instead.
-        assert json.loads(answer["body"])["usage"]["completion_tokens"] == 4
+        assert json.loads(answer.body)["usage"]["completion_tokens"] == 4
         version = server.http_get(host, dep.server_port, "/version")
-        assert json.loads(version["body"])["version"] == "0.32.0"
+        assert json.loads(version.body)["version"] == "0.32.0"

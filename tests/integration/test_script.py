@@ -74,8 +74,8 @@ def test_secrets_file_is_private_and_stays_out_of_the_journal(
     secret = f"hf_{uuid.uuid4().hex} $(touch /tmp/opsbook-pwned)"
     upload_script(host, deployment, render_script(deployment))
     written = upload_secrets(host, deployment, environ={"HF_TOKEN": secret})
-    path = written.data["path"]
-    assert written.ok and written.data["names"] == ["HF_TOKEN"]
+    path = written.path
+    assert written.ok and written.names == ["HF_TOKEN"]
     assert host.run(f"stat -c %a -- {shlex.quote(path)}", check=True).stdout.strip() == "600"
     sourced = host.run(f'source {shlex.quote(path)} && printf %s "$HF_TOKEN"', check=True)
     assert sourced.stdout == secret

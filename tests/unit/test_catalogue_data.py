@@ -32,7 +32,7 @@ OTHER_VOCABULARIES = {
     ("opsbook/remote/probes/facts.py", "shm"),
     ("opsbook/remote/probes/launch.py", "shm"),
     ("opsbook/steps/host_facts.py", "shm"),
-    ("opsbook/steps/server.py", "shm"),
+    ("opsbook/steps/launch_answers.py", "shm"),
 }
 
 

@@ -132,9 +132,9 @@ def test_the_node_probe_finds_and_stops_only_the_processes_naming_its_folder(tmp
     )
     try:
         time.sleep(0.3)
-        found = probes.run_local("ray_node", {"temp_dir": folder})
-        assert [p["pid"] for p in found["processes"]] == [ours.pid]
-        assert found["pgids"] == [ours.pid]
+        found = cluster.RayNodeAnswer.parse(probes.run_local("ray_node", {"temp_dir": folder}))
+        assert [p.pid for p in found.processes] == [ours.pid]
+        assert found.pgids == [ours.pid]
         probes.run_local("ray_node", {"temp_dir": folder, "signal": "TERM"})
         assert ours.wait(5) == -signal.SIGTERM
         assert other.poll() is None
@@ -193,22 +193,20 @@ def test_a_port_whose_last_connection_waits_in_time_wait_is_free() -> None:
 
 
 def shards_check(*rows: tuple[str, int]) -> Any:
-    from opsbook.core.results import Result, Table
-    from opsbook.steps.shard_check import SHARD_COLUMNS
+    from opsbook.core.results import Table
+    from opsbook.steps.shard_check import CheckResult, CheckSummary, ShardRow, Where
 
-    records = [
-        {
-            "file": f,
-            "status": "ok",
-            "size": s,
-            "expected_size": s,
-            "header_len": 800,
-            "tensors": 12,
-            "detail": "",
-        }
-        for f, s in rows
-    ]
-    return Result(True, "ok", {"shards": Table.from_records(records, SHARD_COLUMNS)})
+    shards = [ShardRow(f, "ok", s, s, 800, 12, "") for f, s in rows]
+    return CheckResult(
+        True,
+        "ok",
+        where=Where(input="/m", model_dir="/m"),
+        index=None,
+        summary=CheckSummary(shards=len(shards), ok=len(shards)),
+        shards=shards,
+        files=Table(["file", "status", "detail"], []),
+        partials=[],
+    )
 
 
 def test_the_checkpoint_fingerprint_follows_the_shards_not_the_order_or_path() -> None:
@@ -278,7 +276,7 @@ def test_the_head_starts_first_then_the_worker_once_the_head_is_in_the_cluster()
     result = cluster.start_cluster([worker, head], two_node_deployment())
     assert result.ok, result
     assert order == ["gpu-01", "gpu-02"]
-    assert result.data["nodes"] == {"gpu-01": 8.0, "gpu-02": 8.0}
+    assert result.nodes == {"gpu-01": 8.0, "gpu-02": 8.0}
     head_start = next(c for k, c in head.calls if k == "run" and "ray start" in c)
     assert "--head" in head_start and "--port=6380" in head_start
     worker_start = next(c for k, c in worker.calls if k == "run" and "ray start" in c)
@@ -496,13 +494,11 @@ def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]])
     from opsbook.core.results import Result, State
     from opsbook.remote.testing import FakeHost, local_probe
     from opsbook.stages import preflight
-    from opsbook.stages.base import Report
 
-    def single_host(host: Any, view: Any, options: Any) -> Report:
-        return Report(State.OK, Result(True, "ready"), detail=facts("0.15.1"))
+    def single_host(host: Any, view: Any, options: Any) -> preflight.PreflightReport:
+        return preflight.PreflightReport(State.OK, Result(True, "ready"), facts=facts("0.15.1"))
 
     monkeypatch.setattr(preflight, "run", single_host)
-    monkeypatch.setattr(cluster_preflight, "HostFacts", SimpleNamespace)
     hosts = []
     for spec in deployment.hosts:
 

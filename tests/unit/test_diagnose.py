@@ -11,6 +11,7 @@ import pytest
 
 from opsbook.knowledge import logscan
 from opsbook.steps import triage
+from opsbook.steps.launch_answers import ProcessInfo
 from opsbook.steps.triage import STATES, ServerState, classify
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
@@ -186,8 +187,8 @@ def test_only_ready_and_loading_are_ok(verdict: str, ok: bool) -> None:
 
 
 def test_the_result_lists_the_log_findings_and_the_processes_not_started_by_opsbook() -> None:
-    other = {"pid": 99, "ppid": 1, "pgid": 99, "cmdline": "VLLM::EngineCore"}
-    mine = {"pid": 10, "ppid": 1, "pgid": 10, "cmdline": "vllm serve /models/kimi"}
+    other = ProcessInfo(pid=99, ppid=1, pgid=99, cmdline="VLLM::EngineCore")
+    mine = ProcessInfo(pid=10, ppid=1, pgid=10, cmdline="vllm serve /models/kimi")
     found = ServerState("crashed", "FP8", diagnosis(FP8_LOG, running=False), [mine], [other])
     result = found.to_result()
     assert not result.ok and result.message == "crashed: FP8"

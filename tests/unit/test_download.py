@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
+from opsbook.core.results import Finding
 from opsbook.rehearsal import checkpoint
 from opsbook.rehearsal.checkpoint import make_checkpoint
 from opsbook.remote import probes
 from opsbook.remote.testing import FakeHost, local_probe
 from opsbook.steps import shard_check
-from opsbook.steps.shard_check import DownloadProgress, HashProgress
+from opsbook.steps.shard_check import CheckAnswer, DownloadProgress, HashProgress
 
 INDEX = "model.safetensors.index.json"
 
@@ -25,21 +26,16 @@ def LocalProber() -> FakeHost:
     return FakeHost(probes={"download": local_probe("download")})
 
 
-def check(path: Path | str) -> dict[str, Any]:
-    answer: dict[str, Any] = probes.run_local("download", {"op": "check", "path": str(path)})
-    return answer
+def check(path: Path | str) -> CheckAnswer:
+    return CheckAnswer.parse(probes.run_local("download", {"op": "check", "path": str(path)}))
 
 
-def errors(answer: dict[str, Any]) -> list[dict[str, str]]:
-    return [f for f in answer["findings"] if f["severity"] == "error"]
+def errors(answer: CheckAnswer) -> list[Finding]:
+    return [f for f in answer.findings if f.severity == "error"]
 
 
-def shard_rows(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    return shard_check.shard_records(answer)
-
-
-def status_of(answer: dict[str, Any], name: str) -> str:
-    return next(row["status"] for row in shard_rows(answer) if row["file"] == name)
+def status_of(answer: CheckAnswer, name: str) -> str:
+    return next(row.status for row in answer.shards if row.file == name)
 
 
 def shard(n: int, total: int = 5) -> str:
@@ -70,20 +66,20 @@ def cached(tmp_path: Path) -> Path:
 
 def test_good_local_dir(local: Path) -> None:
     answer = check(local)
-    assert answer["findings"] == []
-    assert answer["where"]["layout"] == "local-dir"
-    assert answer["summary"]["ok"] == 5
-    assert answer["summary"]["bytes_present"] == answer["summary"]["bytes_expected"] == 500_000
+    assert answer.findings == []
+    assert answer.where.layout == "local-dir"
+    assert answer.summary.ok == 5
+    assert answer.summary.bytes_present == answer.summary.bytes_expected == 500_000
 
 
 @pytest.mark.parametrize("which", ["snapshot", "repo"])
 def test_good_hf_cache(cached: Path, which: str) -> None:
     path = cached if which == "snapshot" else cached.parent.parent
     answer = check(path)
-    assert answer["findings"] == []
-    assert answer["where"]["layout"] == "hf-cache"
-    assert answer["where"]["model_dir"] == str(cached)
-    assert answer["summary"]["ok"] == 5
+    assert answer.findings == []
+    assert answer.where.layout == "hf-cache"
+    assert answer.where.model_dir == str(cached)
+    assert answer.summary.ok == 5
 
 
 def test_default_119_shards_in_one_quick_probe(tmp_path: Path) -> None:
@@ -91,9 +87,9 @@ def test_default_119_shards_in_one_quick_probe(tmp_path: Path) -> None:
     started = time.monotonic()
     answer = check(model_dir)
     assert time.monotonic() - started < 5.0
-    assert answer["findings"] == []
-    assert answer["summary"]["ok"] == 119
-    assert answer["summary"]["bytes_present"] > 500e9
+    assert answer.findings == []
+    assert answer.summary.ok == 119
+    assert answer.summary.bytes_present > 500e9
 
 
 def test_total_size_is_reported_never_failed_on(local: Path) -> None:
@@ -101,38 +97,38 @@ def test_total_size_is_reported_never_failed_on(local: Path) -> None:
     index["metadata"]["total_size"] = 123
     (local / INDEX).write_text(json.dumps(index))
     answer = check(local)
-    assert answer["findings"] == []
-    assert answer["summary"]["index_total_size"] == 123
+    assert answer.findings == []
+    assert answer.summary.index_total_size == 123
 
 
 def test_missing_path(tmp_path: Path) -> None:
     answer = check(tmp_path / "nope")
-    assert "does not exist" in errors(answer)[0]["message"]
+    assert "does not exist" in errors(answer)[0].message
 
 
 def test_not_a_directory(local: Path) -> None:
     answer = check(local / "config.json")
-    assert "not a directory" in errors(answer)[0]["message"]
+    assert "not a directory" in errors(answer)[0].message
 
 
 def test_no_index_and_no_shards(tmp_path: Path) -> None:
     answer = check(tmp_path)
-    assert "no model.safetensors.index.json and no *.safetensors" in errors(answer)[0]["message"]
+    assert "no model.safetensors.index.json and no *.safetensors" in errors(answer)[0].message
 
 
 def test_index_not_json_falls_back_to_shards_on_disk(local: Path) -> None:
     (local / INDEX).write_text("{not json")
     answer = check(local)
-    assert errors(answer)[0]["subject"] == INDEX
-    assert answer["summary"]["ok"] == 5
+    assert errors(answer)[0].subject == INDEX
+    assert answer.summary.ok == 5
 
 
 def test_index_not_utf8_is_not_valid_json_and_falls_back_to_shards_on_disk(local: Path) -> None:
     (local / INDEX).write_bytes(b'{"weight_map": {"a": "\xff\xfe"}}')
     answer = check(local)
-    assert errors(answer)[0]["subject"] == INDEX
-    assert "not valid JSON" in errors(answer)[0]["message"]
-    assert answer["summary"]["ok"] == 5
+    assert errors(answer)[0].subject == INDEX
+    assert "not valid JSON" in errors(answer)[0].message
+    assert answer.summary.ok == 5
 
 
 def test_without_an_index_a_missing_shard_of_a_numbered_series_is_missing(tmp_path) -> None:
@@ -141,10 +137,10 @@ def test_without_an_index_a_missing_shard_of_a_numbered_series_is_missing(tmp_pa
     (model_dir / INDEX).unlink()
     (model_dir / shard(50, 119)).unlink()
     answer = check(model_dir)
-    assert answer["summary"]["missing"] == [shard(50, 119)]
-    assert (answer["summary"]["shards"], answer["summary"]["ok"]) == (119, 118)
-    assert any(f["subject"] == shard(50, 119) for f in errors(answer))
-    result = shard_check.check_result(answer)
+    assert answer.summary.missing == [shard(50, 119)]
+    assert (answer.summary.shards, answer.summary.ok) == (119, 118)
+    assert any(f.subject == shard(50, 119) for f in errors(answer))
+    result = shard_check.result_of(answer)
     assert not result.ok
     assert result.message.startswith("118 of 119 shards ok; 1 missing"), result.message
 
@@ -154,30 +150,30 @@ def test_a_series_name_claiming_a_huge_count_is_not_believed(tmp_path) -> None:
     (model_dir / INDEX).unlink()
     (model_dir / "model-00001-of-99999999.safetensors").write_bytes(b"")
     answer = check(model_dir)
-    assert answer["summary"]["shards"] == 3
+    assert answer.summary.shards == 3
 
 
 def test_missing_shard(local: Path) -> None:
     (local / shard(3)).unlink()
     answer = check(local)
-    assert answer["summary"]["missing"] == [shard(3)]
-    assert answer["summary"]["expected_estimated"] is True
-    assert any(f["subject"] == shard(3) for f in errors(answer))
+    assert answer.summary.missing == [shard(3)]
+    assert answer.summary.expected_estimated is True
+    assert any(f.subject == shard(3) for f in errors(answer))
 
 
 def test_truncated_shard(local: Path) -> None:
     checkpoint.truncate_shard(local, 2, 60_000)
     answer = check(local)
-    assert answer["summary"]["truncated"] == [shard(2)]
-    row = shard_rows(answer)[1]
-    assert row["size"] == 60_000 and row["expected_size"] == 100_000
+    assert answer.summary.truncated == [shard(2)]
+    row = answer.shards[1]
+    assert row.size == 60_000 and row.expected_size == 100_000
 
 
 def test_header_length_beyond_file_size(local: Path) -> None:
     checkpoint.corrupt_header(local, 4, "length")
     answer = check(local)
     assert status_of(answer, shard(4)) == "truncated"
-    assert "beyond the file" in errors(answer)[0]["message"]
+    assert "beyond the file" in errors(answer)[0].message
 
 
 def test_huge_header_length_is_corrupt(local: Path) -> None:
@@ -190,15 +186,15 @@ def test_huge_header_length_is_corrupt(local: Path) -> None:
 def test_header_not_json(local: Path) -> None:
     checkpoint.corrupt_header(local, 1, "not-json")
     answer = check(local)
-    assert answer["summary"]["corrupt"] == [shard(1)]
-    assert "not valid JSON" in errors(answer)[0]["message"]
+    assert answer.summary.corrupt == [shard(1)]
+    assert "not valid JSON" in errors(answer)[0].message
 
 
 def test_overlapping_offsets(local: Path) -> None:
     checkpoint.corrupt_header(local, 5, "overlap")
     answer = check(local)
-    assert answer["summary"]["corrupt"] == [shard(5)]
-    assert "overlaps" in errors(answer)[0]["message"]
+    assert answer.summary.corrupt == [shard(5)]
+    assert "overlaps" in errors(answer)[0].message
 
 
 def test_tensor_in_index_but_not_in_header(local: Path) -> None:
@@ -206,15 +202,15 @@ def test_tensor_in_index_but_not_in_header(local: Path) -> None:
     index["weight_map"]["language_model.model.layers.7.mlp.experts.9.up_proj.weight"] = shard(2)
     (local / INDEX).write_text(json.dumps(index))
     answer = check(local)
-    assert answer["summary"]["corrupt"] == [shard(2)]
-    assert "experts.9.up_proj.weight" in errors(answer)[0]["message"]
+    assert answer.summary.corrupt == [shard(2)]
+    assert "experts.9.up_proj.weight" in errors(answer)[0].message
 
 
 def test_unexpected_shard(local: Path) -> None:
     shutil.copy(local / shard(1), local / "model-00006-of-00006.safetensors")
     answer = check(local)
-    assert answer["summary"]["unexpected"] == ["model-00006-of-00006.safetensors"]
-    assert answer["summary"]["shards"] == 5
+    assert answer.summary.unexpected == ["model-00006-of-00006.safetensors"]
+    assert answer.summary.shards == 5
     assert not errors(answer)
 
 
@@ -241,38 +237,39 @@ def test_unreadable_shard(world_readable_dir: Path, tmp_path: Path) -> None:
         )
         wrapper.chmod(0o755)
         python = str(wrapper)
-    answer = probes.run_local("download", {"op": "check", "path": str(model_dir)}, python=python)
-    assert answer["summary"]["unreadable"] == [shard(2, 3)]
-    assert "permission denied" in errors(answer)[0]["message"]
+    asked = {"op": "check", "path": str(model_dir)}
+    answer = CheckAnswer.parse(probes.run_local("download", asked, python=python))
+    assert answer.summary.unreadable == [shard(2, 3)]
+    assert "permission denied" in errors(answer)[0].message
 
 
 def test_path_with_spaces_and_quotes(tmp_path: Path) -> None:
     model_dir = make_checkpoint(tmp_path / 'it\'s a "model" dir', shards=2, shard_bytes=50_000)
     answer = check(model_dir)
-    assert answer["findings"] == []
-    assert answer["where"]["model_dir"] == str(model_dir)
+    assert answer.findings == []
+    assert answer.where.model_dir == str(model_dir)
 
 
 def test_symlink_loop_as_path(tmp_path: Path) -> None:
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
-    assert "symlink loop" in errors(check(tmp_path / "a"))[0]["message"]
+    assert "symlink loop" in errors(check(tmp_path / "a"))[0].message
 
 
 def test_symlink_loop_as_shard(local: Path) -> None:
     (local / shard(2)).unlink()
     (local / shard(2)).symlink_to(shard(2))
     answer = check(local)
-    assert answer["summary"]["unreadable"] == [shard(2)]
-    assert "symlink loop" in errors(answer)[0]["message"]
+    assert answer.summary.unreadable == [shard(2)]
+    assert "symlink loop" in errors(answer)[0].message
 
 
 def test_broken_snapshot_links(cached: Path) -> None:
     os.unlink(checkpoint.shard_path(cached, 3))
     os.unlink((cached / "tokenizer_config.json").resolve())
     answer = check(cached)
-    assert answer["summary"]["missing"] == [shard(3)]
-    subjects = {f["subject"] for f in errors(answer)}
+    assert answer.summary.missing == [shard(3)]
+    subjects = {f.subject for f in errors(answer)}
     assert {shard(3), "tokenizer_config.json"} <= subjects
 
 
@@ -284,11 +281,11 @@ def test_partial_downloads_are_found_in_both_layouts(tmp_path: Path, layout: str
         answer = check(model_dir)
     finally:
         checkpoint.stop_download_simulation(pid)
-    assert answer["summary"]["missing"] == [shard(4)]
-    kinds = sorted(p["kind"] for p in answer["partials"])
+    assert answer.summary.missing == [shard(4)]
+    kinds = sorted(p["kind"] for p in answer.partials)
     assert kinds == ["incomplete", "lock"]
-    assert all(p["shard"] == shard(4) for p in answer["partials"])
-    assert any("partial download of " + shard(4) in f["message"] for f in errors(answer))
+    assert all(p["shard"] == shard(4) for p in answer.partials)
+    assert any("partial download of " + shard(4) in f.message for f in errors(answer))
 
 
 def test_config_and_tokenizer_files(local: Path) -> None:
@@ -296,16 +293,16 @@ def test_config_and_tokenizer_files(local: Path) -> None:
     (local / "tokenizer_config.json").unlink()
     (local / "tiktoken.model").unlink()
     answer = check(local)
-    assert [f["subject"] for f in errors(answer)] == ["config.json"]
-    warnings = {f["subject"] for f in answer["findings"] if f["severity"] == "warning"}
+    assert [f.subject for f in errors(answer)] == ["config.json"]
+    warnings = {f.subject for f in answer.findings if f.severity == "warning"}
     assert {"tokenizer_config.json", "tokenizer"} <= warnings
 
 
 def test_missing_remote_code_module_is_a_warning(local: Path) -> None:
     (local / "tokenization_kimi.py").unlink()
     answer = check(local)
-    assert [f["subject"] for f in answer["findings"]] == ["tokenization_kimi.py"]
-    assert answer["findings"][0]["severity"] == "warning"
+    assert [f.subject for f in answer.findings] == ["tokenization_kimi.py"]
+    assert answer.findings[0].severity == "warning"
 
 
 def test_probe_writes_nothing(local: Path, cached: Path, tmp_path: Path) -> None:
@@ -324,8 +321,8 @@ def test_hashes_match_known_references(tmp_path: Path, layout: str) -> None:
     model_dir = make_checkpoint(tmp_path / "m", shards=5, shard_bytes=100_000, layout=layout)
     result = shard_check.hash_shards(LocalProber(), str(model_dir))
     assert result.ok, result
-    assert result.data["counts"] == {"match": 5}
-    sources = {row["source"] for row in result.data["rows"]}
+    assert result.counts == {"match": 5}
+    sources = {row["source"] for row in result.rows}
     assert sources == {"hf-cache blob name" if layout == "hf-cache" else "local-dir metadata etag"}
 
 
@@ -341,7 +338,7 @@ def test_changed_byte_is_a_mismatch(local: Path) -> None:
 
 def test_manifest_takes_precedence(local: Path) -> None:
     result = shard_check.hash_shards(LocalProber(), str(local), manifest={shard(1): "0" * 64})
-    rows = {row["file"]: row for row in result.data["rows"]}
+    rows = {row["file"]: row for row in result.rows}
     assert rows[shard(1)]["source"] == "manifest"
     assert rows[shard(1)]["status"] == "mismatch"
 
@@ -368,10 +365,10 @@ def test_progress_between_batches_and_resumable_cache(local: Path, tmp_path: Pat
     assert len(host.probe_args) == 4  # one listing, three batches
     assert len(json.loads(cache.read_text())) == 5
     again = shard_check.hash_shards(host, str(local), cache_path=str(cache))
-    assert all(row["cached"] for row in again.data["rows"])
+    assert all(row["cached"] for row in again.rows)
     os.utime(local / shard(3), ns=(0, 0))
     third = shard_check.hash_shards(host, str(local), cache_path=str(cache))
-    assert [row["file"] for row in third.data["rows"] if not row["cached"]] == [shard(3)]
+    assert [row["file"] for row in third.rows if not row["cached"]] == [shard(3)]
 
 
 def test_hash_of_missing_path_is_a_finding(tmp_path: Path) -> None:
@@ -388,7 +385,7 @@ def test_check_download_result(local: Path) -> None:
     result = shard_check.check_download(LocalProber(), str(local))
     assert not result.ok
     assert result.message.startswith("4 of 5 shards ok; 1 truncated")
-    assert len(result.data["shards"]) == 5
+    assert len(result.shards) == 5
     assert result.findings[0].subject == shard(2)
     good = shard_check.check_download(LocalProber(), str(local.parent / "absent"))
     assert good.message == "no checkpoint shards found"
@@ -406,7 +403,7 @@ def test_watch_download_follows_a_simulated_download(local: Path) -> None:
     finally:
         checkpoint.stop_download_simulation(pid)
     assert result.ok, result
-    samples = result.data["samples"]
+    samples = result.samples
     assert samples[-1][1] == 500_000
     assert [b for _, b in samples] == sorted(b for _, b in samples)
     assert updates[0].done < 5 and updates[-1].complete
@@ -421,7 +418,7 @@ def test_watch_download_gives_up_at_timeout(local: Path) -> None:
     assert not result.ok
     assert "not complete after" in result.message
     assert [f.subject for f in result.findings] == ["download"]
-    assert len(result.data["samples"]) == 3
+    assert len(result.samples) == 3
 
 
 # --- pure helpers --------------------------------------------------------------------------
@@ -479,16 +476,16 @@ def test_progress_line() -> None:
 
 
 def test_check_message_lists_problems() -> None:
-    summary = {
-        "shards": 119,
-        "ok": 117,
-        "missing": ["a"],
-        "truncated": [],
-        "corrupt": ["b"],
-        "unreadable": [],
-        "bytes_present": 10,
-        "bytes_expected": 20,
-    }
+    summary = shard_check.CheckSummary(
+        shards=119,
+        ok=117,
+        missing=["a"],
+        truncated=[],
+        corrupt=["b"],
+        unreadable=[],
+        bytes_present=10,
+        bytes_expected=20,
+    )
     assert shard_check.check_message(summary, ok=False) == (
         "117 of 119 shards ok; 1 missing, 1 corrupt (10 B of 20 B present)"
     )
@@ -498,17 +495,22 @@ def test_shard_table_is_displayable(local: Path) -> None:
     result = shard_check.check_download(LocalProber(), str(local))
     assert result.ok
     assert result.message == "all 5 shards complete and readable (500.0 kB of 500.0 kB)"
-    assert "<table>" in result.data["shards"]._repr_html_()
-    assert stat.S_ISDIR(os.stat(result.data["where"]["model_dir"]).st_mode)
+    assert "<table>" in result.shards_table()._repr_html_()
+    assert repr(result) == str(result) == f"OK: {result.message}"
+    assert stat.S_ISDIR(os.stat(result.where.model_dir).st_mode)
 
 
 # --- shards inspected by forked workers --------------------------------------------------
 
 
-def check_with(path: Path, workers: int) -> dict[str, Any]:
+def raw_check_with(path: Path, workers: int) -> dict[str, Any]:
     args = {"op": "check", "path": str(path), "workers": workers}
     answer: dict[str, Any] = probes.run_local("download", args)
     return answer
+
+
+def check_with(path: Path, workers: int) -> CheckAnswer:
+    return CheckAnswer.parse(raw_check_with(path, workers))
 
 
 @pytest.fixture
@@ -558,23 +560,24 @@ def test_workers_answer_exactly_as_one_process_does(
     # the workers read every shard on disk; this process looks for the missing one, and reads
     # again the two whose names differ from the index's
     assert parent_reads == [shard(3, 9), shard(6, 9), shard(7, 9)]
-    assert forked == check_with(model, 1)
+    assert forked == raw_check_with(model, 1)
 
 
 def test_forked_workers_answer_exactly_as_one_process_does(tmp_path: Path) -> None:
     model = faulty_checkpoint(tmp_path)
-    alone, forked = check_with(model, 1), check_with(model, 3)
+    raw_alone, raw_forked = raw_check_with(model, 1), raw_check_with(model, 3)
+    alone = CheckAnswer.parse(raw_alone)
 
-    assert forked == alone
-    summary = alone["summary"]
-    assert summary["missing"] == [shard(3, 9)]
-    assert summary["truncated"] == [shard(2, 9)]
-    assert summary["corrupt"] == [shard(4, 9), shard(5, 9), shard(6, 9)]
+    assert raw_forked == raw_alone
+    summary = alone.summary
+    assert summary.missing == [shard(3, 9)]
+    assert summary.truncated == [shard(2, 9)]
+    assert summary.corrupt == [shard(4, 9), shard(5, 9), shard(6, 9)]
     # shard 7 holds a tensor the index does not name: more than the index asks is not a fault
     assert status_of(alone, shard(7, 9)) == "ok"
-    assert summary["unexpected"] == ["model-00010-of-00010.safetensors"]
-    assert forked["shards"]["columns"] == list(shard_check.SHARD_COLUMNS)
-    assert all(len(row) == len(shard_check.SHARD_COLUMNS) for row in forked["shards"]["rows"])
+    assert summary.unexpected == ["model-00010-of-00010.safetensors"]
+    assert raw_forked["shards"]["columns"] == list(shard_check.SHARD_COLUMNS)
+    assert all(len(row) == len(shard_check.SHARD_COLUMNS) for row in raw_forked["shards"]["rows"])
 
 
 def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
@@ -589,12 +592,12 @@ def test_a_worker_that_fails_leaves_its_shards_to_the_parent(
         raise RuntimeError("a worker that dies")  # runs in the forked child only
 
     monkeypatch.setattr(probe, "inspect_share", broken)
-    answer = probe.check({"path": str(model), "workers": 3})
+    answer = CheckAnswer.parse(probe.check({"path": str(model), "workers": 3}))
 
-    assert [row["file"] for row in shard_rows(answer)] == [shard(n, 6) for n in range(1, 7)]
+    assert [row.file for row in answer.shards] == [shard(n, 6) for n in range(1, 7)]
     assert sorted(parent_reads) == [shard(n, 6) for n in range(1, 7)]
-    assert answer["summary"]["truncated"] == [shard(2, 6)]
-    assert len(answer["summary"]["truncated"]) + answer["summary"]["ok"] == 6
+    assert answer.summary.truncated == [shard(2, 6)]
+    assert len(answer.summary.truncated) + answer.summary.ok == 6
 
 
 def test_only_the_shards_whose_names_differ_from_the_index_are_read_again(
@@ -608,13 +611,13 @@ def test_only_the_shards_whose_names_differ_from_the_index_are_read_again(
     del index["weight_map"][next(t for t, f in index["weight_map"].items() if f == shard(5, 6))]
     (model / INDEX).write_text(json.dumps(index))
 
-    answer = probe.check({"path": str(model), "workers": 3})
+    answer = CheckAnswer.parse(probe.check({"path": str(model), "workers": 3}))
 
     # the workers read every shard; this process reads again the two whose names differ
     assert sorted(parent_reads) == [shard(4, 6), shard(5, 6)]
-    assert answer == probe.check({"path": str(model), "workers": 1})
-    assert answer["summary"]["corrupt"] == [shard(4, 6)]
-    assert "1 tensor(s) named in the index are not in the header" in shard_rows(answer)[3]["detail"]
+    assert answer == CheckAnswer.parse(probe.check({"path": str(model), "workers": 1}))
+    assert answer.summary.corrupt == [shard(4, 6)]
+    assert "1 tensor(s) named in the index are not in the header" in answer.shards[3].detail
     assert status_of(answer, shard(5, 6)) == "ok"
 
 
@@ -630,10 +633,8 @@ def test_tensors_swapped_between_two_shards_are_found(tmp_path: Path) -> None:
 
     for workers in (1, 3):
         answer = check_with(model, workers)
-        assert answer["summary"]["corrupt"] == [shard(2, 4), shard(3, 4)], workers
-        assert (
-            second in shard_rows(answer)[1]["detail"] and first in shard_rows(answer)[2]["detail"]
-        )
+        assert answer.summary.corrupt == [shard(2, 4), shard(3, 4)], workers
+        assert second in answer.shards[1].detail and first in answer.shards[2].detail
 
 
 def tensor(dtype: str, shape: list[Any], begin: Any, end: Any) -> dict[str, Any]:
@@ -715,6 +716,6 @@ def test_without_an_index_each_shard_is_read_once(
         return inspect(model_dir, name)
 
     monkeypatch.setattr(probe, "inspect_shard", noting)
-    answer = probe.check({"path": str(model), "workers": 1})
-    assert answer["summary"]["ok"] == 6
+    answer = CheckAnswer.parse(probe.check({"path": str(model), "workers": 1}))
+    assert answer.summary.ok == 6
     assert sorted(reads) == [shard(n, 6) for n in range(1, 7)]

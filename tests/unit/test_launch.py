@@ -27,6 +27,7 @@ from opsbook.remote.testing import FakeHost, LocalHost, local_probe
 from opsbook.steps import server as launch
 from opsbook.steps import triage
 from opsbook.steps.host_facts import GpuProcess, HostFacts, facts_from_probe
+from opsbook.steps.launch_answers import StatusAnswer, StopAnswer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
 T0 = datetime(2000, 6, 10, 6, 16, 19)
@@ -199,7 +200,7 @@ def test_an_exit_with_words_says_them(paths: launch.LaunchPaths) -> None:
     script(paths, "echo 'zsh: command not found: python3' >&2\nexit 127\n")
     result = start(paths)
     assert result.message == "exited at once with code 127: zsh: command not found: python3"
-    assert result.data["proof"]["exit_code"] == 127
+    assert result.proof.exit_code == 127
 
 
 def test_a_known_failure_in_the_first_seconds_is_a_crash(paths: launch.LaunchPaths) -> None:
@@ -208,7 +209,7 @@ def test_a_known_failure_in_the_first_seconds_is_a_crash(paths: launch.LaunchPat
     script(paths, 'cat "$(dirname "$0")/crash.log"\nexit 1\n')
     result = start(paths)
     assert result.message.startswith("crashed within seconds (exit code 1): FP8 KV cache")
-    assert result.data["diagnosis"].failure == "fp8kv-mla"
+    assert result.diagnosis.failure == "fp8kv-mla"
     assert "02_config_patch" in result.findings[0].remedy
 
 
@@ -229,21 +230,21 @@ def test_start_records_its_group_and_stop_ends_it_with_sigkill_when_ignored(
     # A server that ignores SIGTERM, with a child in its group.
     script(paths, "trap '' TERM\necho starting\nsleep 60 &\nwhile true; do sleep 0.1; done\n")
     started = start(paths)
-    record = started.data["record"]
+    record = started.record
     try:
-        assert started.ok and started.message.startswith(f"started: PID {record['pid']}")
-        assert record["pgid"] == record["pid"] != os.getpgid(0)
+        assert started.ok and started.message.startswith(f"started: PID {record.pid}")
+        assert record.pgid == record.pid != os.getpgid(0)
         saved = json.loads(Path(paths.state_dir, "launch.json").read_text())
-        assert saved["cmdline"].startswith("/bin/bash") and saved["start"] == record["start"]
+        assert saved["cmdline"].startswith("/bin/bash") and saved["start"] == record.start
         again = start(paths)
         assert not again.ok and "still running" in again.message
 
         stopped = launch.stop_server(LocalHost(), paths, grace=0.5)
         assert stopped.ok and "with SIGTERM+KILL" in stopped.message
-        assert len(stopped.data["stopped"].rows) >= 2
-        assert not _alive(record["pid"])
+        assert len(stopped.stopped.rows) >= 2
+        assert not _alive(record.pid)
     finally:
-        _kill_group(record["pgid"])
+        _kill_group(record.pgid)
 
 
 def test_stop_refuses_a_recorded_pid_now_used_by_another_process(
@@ -257,23 +258,23 @@ def test_stop_refuses_a_recorded_pid_now_used_by_another_process(
     stopped = launch.stop_server(LocalHost(), paths)
     assert not stopped.ok
     assert stopped.message.startswith("the recorded PID now belongs to another process")
-    assert stopped.data["answer"]["reason"] == "pid-reused"
+    assert stopped.answer.reason == "pid-reused"
 
 
 def test_a_script_that_execs_late_is_still_the_recorded_launch(paths: launch.LaunchPaths) -> None:
     # Recorded while still the script (before its exec), then it becomes the "server".
     script(paths, "echo preparing\nsleep 2.5\nexec sleep 60\n")
     started = start(paths)
-    record = started.data["record"]
+    record = started.record
     try:
-        assert started.ok and "launch.sh" in record["cmdline"]
-        until_cmdline(record["pid"], "sleep 60")
+        assert started.ok and "launch.sh" in (record.cmdline or "")
+        until_cmdline(record.pid, "sleep 60")
         found = triage.server_state(LocalHost(), paths, free_port())
-        assert found.state == "loading" and found.processes[0]["pid"] == record["pid"]
+        assert found.state == "loading" and found.processes[0].pid == record.pid
         stopped = launch.stop_server(LocalHost(), paths, grace=2)
         assert stopped.ok and stopped.message == "stopped 1 process(es) with SIGTERM"
     finally:
-        _kill_group(record["pgid"])
+        _kill_group(record.pgid)
 
 
 def test_stop_refuses_a_recorded_pid_now_running_another_program(
@@ -292,7 +293,7 @@ def test_stop_refuses_a_recorded_pid_now_running_another_program(
     }
     Path(paths.state_dir, "launch.json").write_text(json.dumps(record))
     stopped = launch.stop_server(LocalHost(), paths)
-    assert stopped.data["answer"]["reason"] == "pid-reused" and not stopped.data["stopped"].rows
+    assert stopped.answer.reason == "pid-reused" and not stopped.stopped.rows
 
 
 def until_cmdline(pid: int, expected: str, timeout: float = 10.0) -> None:
@@ -306,7 +307,9 @@ def until_cmdline(pid: int, expected: str, timeout: float = 10.0) -> None:
 
 def test_stop_without_a_record_has_nothing_to_stop(paths: launch.LaunchPaths) -> None:
     stopped = launch.stop_server(LocalHost(), paths)
-    assert stopped.data["answer"]["reason"] == "no-record" and not stopped.data["stopped"].rows
+    assert stopped.answer.reason == "no-record" and not stopped.stopped.rows
+    # A typed result shows as any result does: its message, not its fields.
+    assert repr(stopped) == str(stopped) and "StopAnswer" not in repr(stopped)
 
 
 def _alive(pid: int) -> bool:
@@ -347,13 +350,13 @@ def test_status_asks_health_when_the_port_is_open_and_reads_the_notes(
     try:
         args = paths.probe_args(op="status", port=server.server_port, health="/health")
         args["notes"] = ["running-script.sha256", "missing", "../launch.sh"]
-        answer = probes.run_local("launch", args)
+        answer = StatusAnswer.parse(probes.run_local("launch", args))
     finally:
         server.shutdown()
         server.server_close()
-    assert answer["port_open"] is True
-    assert answer["health"]["status"] == 200
-    assert answer["notes"] == {
+    assert answer.port_open is True
+    assert answer.health is not None and answer.health.status == 200
+    assert answer.notes == {
         "running-script.sha256": "abc123\n",
         "missing": None,
         "../launch.sh": None,
@@ -362,8 +365,10 @@ def test_status_asks_health_when_the_port_is_open_and_reads_the_notes(
 
 def test_status_asks_no_health_when_the_port_is_closed(paths: launch.LaunchPaths) -> None:
     args = paths.probe_args(op="status", port=free_port(), health="/health")
-    answer = probes.run_local("launch", args)
-    assert answer["port_open"] is False and "health" not in answer and "notes" not in answer
+    raw = probes.run_local("launch", args)
+    answer = StatusAnswer.parse(raw)
+    assert answer.port_open is False and answer.health is None
+    assert "health" not in raw and "notes" not in raw
 
 
 class _Unwell(_Health):
@@ -383,12 +388,12 @@ def test_the_health_answer_is_read_over_a_bare_socket(paths: launch.LaunchPaths)
     server = _serving(_Unwell)
     try:
         args = paths.probe_args(op="status", port=server.server_port, health="/health")
-        answer = probes.run_local("launch", args)
+        answer = StatusAnswer.parse(probes.run_local("launch", args))
     finally:
         server.shutdown()
         server.server_close()
-    assert answer["health"]["status"] == 503
-    assert answer["health"]["body"] == "engine dead"
+    assert answer.health is not None and answer.health.status == 503
+    assert answer.health.body == "engine dead"
 
 
 def test_a_port_that_does_not_speak_http_is_no_health_answer(paths: launch.LaunchPaths) -> None:
@@ -411,9 +416,9 @@ def test_a_port_that_does_not_speak_http_is_no_health_answer(paths: launch.Launc
         threading.Thread(target=greet, daemon=True).start()
         port = listener.getsockname()[1]
         asked = paths.probe_args(op="status", port=port, health="/h", health_timeout=5)
-        answer = probes.run_local("launch", asked)
-    assert answer["health"]["status"] is None
-    assert answer["health"]["error"].startswith("not an HTTP answer: b'SSH-2.0")
+        answer = StatusAnswer.parse(probes.run_local("launch", asked))
+    assert answer.health is not None and answer.health.status is None
+    assert (answer.health.error or "").startswith("not an HTTP answer: b'SSH-2.0")
 
 
 def test_a_running_healthy_server_s_log_stays_on_the_host_when_the_check_asks(
@@ -424,15 +429,15 @@ def test_a_running_healthy_server_s_log_stays_on_the_host_when_the_check_asks(
     started = start(paths)
     try:
         args = paths.probe_args(op="status", port=server.server_port, health="/health")
-        brief = probes.run_local("launch", dict(args, log_when_healthy=False))
-        full = probes.run_local("launch", args)
+        brief = StatusAnswer.parse(probes.run_local("launch", dict(args, log_when_healthy=False)))
+        full = StatusAnswer.parse(probes.run_local("launch", args))
     finally:
         launch.stop_server(LocalHost(), paths, grace=0.5)
         server.shutdown()
         server.server_close()
-    assert started.ok and brief["running"] and brief["health"]["status"] == 200
-    assert brief["log"]["text"] == "" and brief["log"]["size"] > 0
-    assert "Application startup complete" in full["log"]["text"]
+    assert started.ok and brief.running and brief.health and brief.health.status == 200
+    assert brief.log.text == "" and (brief.log.size or 0) > 0
+    assert "Application startup complete" in full.log.text
 
 
 def test_an_unhealthy_server_s_log_is_read_even_when_the_check_asks_not_to(
@@ -443,13 +448,13 @@ def test_an_unhealthy_server_s_log_is_read_even_when_the_check_asks_not_to(
     start(paths)
     try:
         args = paths.probe_args(op="status", port=server.server_port, health="/health")
-        answer = probes.run_local("launch", dict(args, log_when_healthy=False))
+        answer = StatusAnswer.parse(probes.run_local("launch", dict(args, log_when_healthy=False)))
     finally:
         launch.stop_server(LocalHost(), paths, grace=0.5)
         server.shutdown()
         server.server_close()
-    assert answer["running"] and answer["health"]["status"] == 503
-    assert "engine core died" in answer["log"]["text"]
+    assert answer.running and answer.health is not None and answer.health.status == 503
+    assert "engine core died" in answer.log.text
 
 
 # -- the readiness wait: one waiting look at a time, each new byte read once -------------------
@@ -532,7 +537,7 @@ def test_the_stop_cleans_shared_memory_only_when_launch_would_go_on(
 
     answer = {"reason": reason, "refused": refused, "uid": 1000}
     assert launch_probe.stop_allows_start(answer) is allowed
-    stopped = launch._stop_result(dict(answer, stopped=[], signals=["TERM"]))
+    stopped = launch._stop_result(StopAnswer.parse(dict(answer, stopped=[], signals=["TERM"])))
     assert stopped.ok is allowed  # the probe and the library judge alike
 
 

@@ -346,7 +346,7 @@ def test_upload_secrets_writes_a_private_env_file_the_script_reads(tmp_path: Pat
     secret = "hf_$(touch pwned) 'x'"
     written = upload_secrets(host, dep, environ={"HF_TOKEN": secret, "OTHER": "not a secret"})
     env_file = tmp_path / "opsbook" / "launch.sh.env"
-    assert written.ok and written.data == {"path": str(env_file), "names": ["HF_TOKEN"]}
+    assert written.ok and (written.path, written.names) == (str(env_file), ["HF_TOKEN"])
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     assert not any(secret in command for command in commands(host))
 
