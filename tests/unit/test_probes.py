@@ -205,3 +205,18 @@ def test_a_part_from_outside_the_probes_folder_is_refused(monkeypatch: pytest.Mo
     parts(monkeypatch, {"p": "from ..hosts import Host\ndef main(args): return 1\n"})
     with pytest.raises(ProbeError, match="imports ..hosts"):
         probes.joined("p")
+
+
+def test_probes_assembled_in_many_threads_at_once_all_come_out_whole() -> None:
+    # A fleet's hosts assemble their probes in threads at once (ast.parse is not thread-safe
+    # in CPython 3.11: python/cpython issue 106905).
+    from concurrent.futures import ThreadPoolExecutor
+
+    probes._assembled.cache_clear()
+    with ThreadPoolExecutor(16) as pool:
+        bodies = list(pool.map(probes.probe_body, ["download", "facts", "launch", "configs"] * 8))
+    assert len({body for body in bodies}) == 4
+    assert all(
+        key == probes.probe_body(name)[1]
+        for (_, key), name in zip(bodies, ["download", "facts", "launch", "configs"] * 8)
+    )

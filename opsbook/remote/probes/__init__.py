@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import subprocess
+import threading
 import zlib
 from importlib import resources
 from typing import Any
@@ -145,10 +146,21 @@ def assemble(name: str, args: dict[str, Any] | None = None) -> str:
     )
 
 
-@functools.cache
+# A stage's hosts assemble their probes in threads at once, and CPython 3.11's ast.parse is not
+# safe in concurrent threads ("SystemError: AST constructor recursion depth mismatch",
+# python/cpython issue 106905, seen on a 4-host fleet's preflight): one assembly at a time.
+_ASSEMBLY = threading.Lock()
+
+
 def probe_body(name: str) -> tuple[str, str]:
     """Probe ``name``'s source joined with its parts, with the modules it includes, and a
     digest naming that text."""
+    with _ASSEMBLY:
+        return _assembled(name)
+
+
+@functools.cache
+def _assembled(name: str) -> tuple[str, str]:
     text = joined(name)
     carried = {dep: source(dep) for dep in includes(text)}
     if carried:
