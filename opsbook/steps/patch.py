@@ -186,7 +186,7 @@ class ApplyEvidence:
     recheck: Prediction | None = None
 
 
-@dataclass
+@dataclass(repr=False)
 class Applied(Result):
     """:func:`apply_patch`'s verdict, with what it did as evidence."""
 
@@ -203,7 +203,7 @@ class RestoreEvidence:
     no_backup: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(repr=False)
 class Restored(Result):
     """:func:`restore_patch`'s verdict, with what it did as evidence."""
 

@@ -9,6 +9,7 @@ from opsbook.core.results import (
     EXIT_UNREACHABLE,
     TOOL_FAILED,
     HostResult,
+    Result,
     State,
     recap,
     worst_exit_code,
@@ -77,3 +78,24 @@ def test_a_run_exits_with_its_worst_hosts_code() -> None:
         result("c", "s", State.FAILED),
     ]
     assert worst_exit_code(mixed) == EXIT_UNREACHABLE
+
+
+def test_every_result_with_evidence_shows_as_its_verdict() -> None:
+    # A typed result (a Result subclass with evidence) must not take the dataclass repr: a
+    # notebook shows a result by its repr, and its stored outputs show the verdict.
+    import importlib
+    import pkgutil
+
+    import opsbook
+
+    for module in pkgutil.walk_packages(opsbook.__path__, "opsbook."):
+        if not module.name.endswith("__main__") and ".sim." not in module.name:
+            importlib.import_module(module.name)
+
+    def subclasses(cls: type) -> list[type]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
+
+    typed = subclasses(Result)
+    assert len(typed) >= 15
+    for cls in typed:
+        assert cls.__repr__ is Result.__repr__, f"{cls.__qualname__} needs @dataclass(repr=False)"

@@ -57,7 +57,7 @@ class PredictionEvidence:
     source: str = ""
 
 
-@dataclass
+@dataclass(repr=False)
 class Prediction(Result):
     """:func:`check_compat`'s verdict: ok, message and findings, with its evidence."""
 

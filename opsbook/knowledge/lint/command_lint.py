@@ -35,7 +35,7 @@ class LintEvidence:
     rules: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(repr=False)
 class LintResult(Result):
     """:func:`lint_result`'s verdict, with its :class:`LintEvidence`."""
 
