@@ -23,6 +23,7 @@ from opsbook.core.exceptions import (
     HostLocked,
     HostUnreachable,
     OpsbookError,
+    RunbookCopyRefused,
     RunError,
     SandboxFolderRefused,
     SandboxRequestRefused,
@@ -61,7 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInterrupted as e:
         print(f"opsbook: {e} before the run began: nothing was filed", file=sys.stderr)
         return e.exit_code
-    except (DeploymentError, RunError, SandboxFolderRefused, SandboxRequestRefused) as e:
+    except (
+        DeploymentError,
+        RunError,
+        RunbookCopyRefused,
+        SandboxFolderRefused,
+        SandboxRequestRefused,
+    ) as e:
         print(f"opsbook: {e}", file=sys.stderr)
         return runner.EXIT_USAGE
     except HostUnreachable as e:
@@ -207,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--forks", type=_positive, default=10, help="hosts checked at once (default: 10)"
     )
     check.set_defaults(handler=cmd_check)
+
+    book = sub.add_parser(
+        "runbook", help="the runbook's notebooks: copy them into a folder for JupyterLab"
+    )
+    book.add_argument("action", choices=["copy", "path"])
+    book.add_argument("folder", nargs="?", help="copy: the folder to copy into (made if missing)")
+    book.add_argument(
+        "--force", action="store_true", help="copy: replace notebooks you changed in the folder"
+    )
+    book.set_defaults(handler=cmd_runbook)
 
     diag = sub.add_parser("diagnose", help="classify a vLLM log: state, failure, remedy")
     diag.add_argument("--log", required=True, help="a vLLM log file ('-' for standard input)")
@@ -431,6 +448,29 @@ def cmd_records(args: argparse.Namespace) -> int:
         print(json.dumps(records.show_run(folder), indent=2))
     else:
         print(records.describe_run(folder))
+    return runner.EXIT_OK
+
+
+def cmd_runbook(args: argparse.Namespace) -> int:
+    """Exit 0 when the folder holds the runbook's notebooks; 2 when it holds changed copies
+    (without --force) or is no folder, nothing copied; 3 when a copy could not be written."""
+    from opsbook.runner import runbook
+
+    if args.action == "path":
+        print(runbook.notebooks_dir())
+        return runner.EXIT_OK
+    if not args.folder:
+        raise RunError("runbook copy needs a folder", remedy="e.g. `opsbook runbook copy runbook`")
+    done = runbook.copy_runbook(Path(args.folder), force=args.force)
+    verbs = {name: "copied" for name in done.copied}
+    verbs.update({name: "replaced" for name in done.replaced})
+    verbs.update({name: "unchanged" for name in done.unchanged})
+    for name in sorted(verbs):
+        print(f"{verbs[name]:<9} {done.folder / name}")
+    print(
+        f"{len(done.copied)} copied, {len(done.replaced)} replaced, "
+        f"{len(done.unchanged)} unchanged; step through them with: jupyter lab {done.folder}"
+    )
     return runner.EXIT_OK
 
 

@@ -21,6 +21,8 @@ Every error says what was wrong, where, and what to do about it. Third-party err
     ├── SandboxError             the rehearsal host could not be started or stopped
     │   └── SandboxFolderRefused the folder given is not one the sandbox may use (exit 2)
     ├── RunError                 a notebook run could not be carried out
+    ├── RunbookError             the runbook's notebooks could not be found or copied
+    │   └── RunbookCopyRefused   the folder holds changed copies of them, or is no folder (exit 2)
     └── LogError                 a log given to diagnose is not a readable text log
 """
 
@@ -171,6 +173,15 @@ class SandboxRequestRefused(SandboxError):
 
 class RunError(OpsbookError):
     """A notebook run could not be carried out."""
+
+
+class RunbookError(OpsbookError):
+    """The runbook's notebooks could not be found in the package, or copied out of it."""
+
+
+class RunbookCopyRefused(RunbookError):
+    """The folder given to ``runbook copy`` holds notebooks changed from the runbook's, or is
+    not a folder: bad input, nothing was copied."""
 
 
 class LogError(OpsbookError):
