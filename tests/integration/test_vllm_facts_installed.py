@@ -13,7 +13,7 @@ import pytest
 
 from opsbook.rehearsal import real_vllm
 from opsbook.remote.probes.vllm_source import FolderSource
-from tests.unit.conftest import vllm_facts_tool
+from tests.conftest import vllm_facts_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
 

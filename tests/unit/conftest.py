@@ -1,11 +1,8 @@
-"""Fixtures shared by the unit tests of the simulated vLLM, stand-in programs that note
-when they ran, and the vLLM facts tool loaded as a module."""
+"""Fixtures shared by the unit tests of the simulated vLLM, and stand-in programs that note
+when they ran."""
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -44,16 +41,3 @@ def spans(log: Path) -> list[tuple[float, float]]:
     starts = sorted(float(t) for kind, t in marks if kind == "start")
     ends = sorted(float(t) for kind, t in marks if kind == "end")
     return list(zip(starts, ends, strict=True))
-
-
-def vllm_facts_tool() -> ModuleType:
-    """tools/vllm_facts.py as a module (a script of the repository, not of the package)."""
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location(
-        "vllm_facts_tool", root / "tools" / "vllm_facts.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_facts_tool"] = module
-    spec.loader.exec_module(module)
-    return module

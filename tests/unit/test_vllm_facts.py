@@ -11,7 +11,7 @@ import pytest
 from opsbook.core.exceptions import OpsbookError
 from opsbook.knowledge import compat, vllm_facts
 from opsbook.knowledge.compat import backend_select, rules_table
-from tests.unit.conftest import vllm_facts_tool
+from tests.conftest import vllm_facts_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "opsbook" / "knowledge" / "data" / "vllm_facts"
