@@ -1,8 +1,13 @@
-"""Rehearsal hosts shared by the integration tests: a real sshd on loopback, started once."""
+"""What the integration tests share: rehearsal hosts (a real sshd on loopback), the
+``opsbook`` command run as a program, the model server's answer, and the process table."""
 
 import contextlib
 import shutil
+import subprocess
+import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +29,7 @@ def sandbox_folder(label: str) -> Path:
 @contextlib.contextmanager
 def rehearsal_host(label: str, **options: Any) -> Iterator[Sandbox]:
     """A rehearsal host of its own in a fresh folder (``opsbook.rehearsal.sandbox.up`` options),
-    stopped
-    and removed afterwards."""
+    stopped and removed afterwards."""
     folder = sandbox_folder(label)
     try:
         yield sandboxes.up(folder, **options)
@@ -46,3 +50,53 @@ def bash_sandbox() -> Iterator[Sandbox]:
     """A second rehearsal host at the same time, on another address, with a bash login shell."""
     with rehearsal_host("bash", address="127.0.0.3", shell="bash", checkpoint=False) as box:
         yield box
+
+
+@pytest.fixture(scope="module")
+def box(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    """A rehearsal host of the test module's own, on the loopback address its ``ADDRESS``
+    names (each module has its own, so that modules' hosts never meet), so that what the
+    module does to it disturbs no other test. A module needing other options defines its own
+    ``box``."""
+    label = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").split("_")[0]
+    with rehearsal_host(label, address=request.module.ADDRESS) as rehearsal:
+        yield rehearsal
+
+
+# `python -m opsbook`: the package on the tests' own path, as the user's shell would run it.
+OPSBOOK = [sys.executable, "-m", "opsbook"]
+
+
+def opsbook(
+    *args: str, timeout: float = 600, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``opsbook ARGS`` to its end, its output captured as text."""
+    return subprocess.run(
+        [*OPSBOOK, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+
+
+def models_status(port: int, key: str | None) -> int:
+    """The HTTP status of GET /v1/models (the rehearsal server listens on loopback)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+def stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state first)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2 :].split()
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line, words joined by spaces ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""

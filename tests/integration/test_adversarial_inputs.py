@@ -13,8 +13,6 @@ import shutil
 import stat
 import string
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,7 @@ from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote.hosts import Host
 from opsbook.runner.run import EXIT_OK, EXIT_USAGE, RunRecord, run_deploy
 from opsbook.steps import server
-from tests.integration.conftest import rehearsal_host
+from tests.integration.conftest import models_status
 
 pytestmark = pytest.mark.integration
 
@@ -41,29 +39,12 @@ def random_key() -> str:
     return "".join(secrets.choice(ALPHANUMERIC) for _ in range(40))
 
 
-@pytest.fixture(scope="module")
-def box() -> Iterator[Sandbox]:
-    with rehearsal_host("adversarial", address=ADDRESS) as box:
-        yield box
-
-
 def deployment_with(box: Sandbox, folder: Path, name: str, **env: str) -> Path:
     doc: dict[str, Any] = yaml.safe_load(box.deployment_path.read_text())
     doc["server"]["env"] = {**doc["server"]["env"], **env}
     path = folder / f"{name}.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-def models_status(port: int, key: str | None) -> int:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
 
 
 def server_pid(deployment: Path) -> int:

@@ -6,7 +6,6 @@ without a run folder unless ``--record`` asks for one.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,10 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.runner import run
-from tests.integration.conftest import sandbox_folder
+from tests.integration.conftest import rehearsal_host
 
 pytestmark = pytest.mark.integration
 
@@ -27,13 +25,8 @@ ADDRESS = "127.0.4.30"
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
-    folder = sandbox_folder("check")
-    box = sandboxes.up(folder, address=ADDRESS, port=44130, server_port=44181)
-    try:
+    with rehearsal_host("check", address=ADDRESS, port=44130, server_port=44181) as box:
         yield box
-    finally:
-        sandboxes.down(folder)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def check(deployment: Path, *extra: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote.hosts import Host
 from opsbook.steps import server, triage
 from opsbook.steps.patch import apply_patch, fp8_kv_cache_edits, plan_patch, read_configs
+from tests.integration.conftest import OPSBOOK, opsbook
 
 pytestmark = pytest.mark.integration
 
@@ -52,15 +52,9 @@ def new_folder(label: str) -> Path:
     return parent / "box"
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "opsbook", *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
 def start_cli(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "opsbook", *args],
+        [*OPSBOOK, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -188,7 +182,7 @@ def test_sandbox_up_refuses_a_folder_holding_the_operators_files(tmp_path: Path)
     mine.chmod(0o700)
     (mine / "notes.txt").write_text("keep me")
     before = mine.stat()
-    done = cli("sandbox", "up", "--dir", str(mine), "--address", "127.0.3.3")
+    done = opsbook("sandbox", "up", "--dir", str(mine), "--address", "127.0.3.3", timeout=300)
     assert done.returncode == 2, done.stderr
     assert "already holds files that opsbook did not make" in done.stderr
     assert "remedy:" in done.stderr
@@ -207,7 +201,7 @@ def test_sandbox_up_on_a_shared_sticky_folder_keeps_it_1777(tmp_path: Path) -> N
     shared.mkdir()
     shared.chmod(0o1777)
     (shared / "someone-elses.sock").write_text("")
-    done = cli("sandbox", "up", "--dir", str(shared), "--address", "127.0.3.3")
+    done = opsbook("sandbox", "up", "--dir", str(shared), "--address", "127.0.3.3", timeout=300)
     assert done.returncode == 2, done.stderr
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
     assert [p.name for p in shared.iterdir()] == ["someone-elses.sock"]
@@ -267,7 +261,7 @@ def test_a_second_deploy_on_a_held_host_says_who_holds_it(box: Sandbox, runs: Pa
     try:
         wait_for(lambda: lock_file(box).exists(), 60, "the first deploy to take the lock")
         holder = json.loads(lock_file(box).read_text())
-        second = cli(*deploy_args(box, runs / "second"))
+        second = opsbook(*deploy_args(box, runs / "second"), timeout=300)
         assert second.returncode == 5, second.stderr
         for part in (
             "another deploy holds the host",
@@ -281,7 +275,9 @@ def test_a_second_deploy_on_a_held_host_says_who_holds_it(box: Sandbox, runs: Pa
         assert "Traceback" not in second.stderr
         assert not (runs / "second").exists() or runs_of(runs / "second") == []
         # A single stage that changes the host waits its turn too.
-        relaunch = cli("run", "04_launch", "-f", str(box.deployment_path), "--runs-dir", str(runs))
+        relaunch = opsbook(
+            "run", "04_launch", "-f", str(box.deployment_path), "--runs-dir", str(runs), timeout=300
+        )
         assert relaunch.returncode == 5, relaunch.stdout + relaunch.stderr
         assert f"PID {first.pid}" in relaunch.stderr
         out, err = first.communicate(timeout=300)
@@ -309,7 +305,7 @@ def test_a_stale_lock_of_a_gone_process_is_taken_over_with_a_note(box: Sandbox, 
     path = shlex.quote(str(lock_file(box)))
     make = f"mkdir -p $(dirname {path}) && printf '%s\\n' {line} > {path}"
     subprocess.run(box.ssh_command(make), check=True, timeout=60)
-    done = cli(*deploy_args(box, runs))
+    done = opsbook(*deploy_args(box, runs), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "took over a stale deploy lock" in done.stdout
     assert f"PID {gone.pid}" in done.stdout
@@ -342,7 +338,7 @@ def test_sigterm_seals_the_record_as_interrupted_and_frees_the_host(
     assert "interrupted by SIGTERM" in str(record["message"])
     assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
     assert not stat.S_IMODE(folder.stat().st_mode) & stat.S_IWUSR  # sealed read-only
-    assert "interrupted" in cli("records", "list", "--runs-dir", str(runs)).stdout
+    assert "interrupted" in opsbook("records", "list", "--runs-dir", str(runs), timeout=300).stdout
     assert not lock_file(box).exists()
 
 
@@ -409,7 +405,15 @@ def test_a_banner_printed_by_the_login_shell_breaks_no_probe(box: Sandbox, runs:
         with Host(box.host_spec()) as host:
             answer = host.probe("configs", {"dir": str(box.model_path)})
         assert answer["exists"] is True
-        done = cli("run", "00_preflight", "-f", str(box.deployment_path), "--runs-dir", str(runs))
+        done = opsbook(
+            "run",
+            "00_preflight",
+            "-f",
+            str(box.deployment_path),
+            "--runs-dir",
+            str(runs),
+            timeout=300,
+        )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -483,7 +487,7 @@ def test_a_full_remote_disk_during_upload_says_no_space_left(box: Sandbox) -> No
 def served(box: Sandbox) -> Sandbox:
     """The box with its server launched and ready."""
     with tempfile.TemporaryDirectory() as runs:
-        done = cli(*deploy_args(box, Path(runs)))
+        done = opsbook(*deploy_args(box, Path(runs)), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return box
 

@@ -7,8 +7,6 @@ release its simulated server plays.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,16 +16,11 @@ import pytest
 from opsbook.core.deployment import load_deployment
 from opsbook.remote.hosts import Host
 from opsbook.steps import host_facts
+from tests.integration.conftest import opsbook
 
 pytestmark = pytest.mark.integration
 
 ADDRESS = "127.0.8.21"
-
-
-def opsbook(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "opsbook", *args], capture_output=True, text=True, timeout=600
-    )
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +31,13 @@ def fleet_dir() -> Iterator[Path]:
     try:
         up = opsbook(
             "sandbox", "up", "--dir", str(folder), "--hosts", "2", "--address", ADDRESS,
-            "--gpus", "b200", "--vllm-version", "0.33.0",
+            "--gpus", "b200", "--vllm-version", "0.33.0", timeout=600,
         )  # fmt: skip
         assert up.returncode == 0, up.stderr
         assert "vLLM 0.33.0" in up.stdout and "b200" in up.stdout
         yield folder
     finally:
-        down = opsbook("sandbox", "down", "--dir", str(folder))
+        down = opsbook("sandbox", "down", "--dir", str(folder), timeout=600)
         assert down.returncode == 0, down.stdout + down.stderr
 
 

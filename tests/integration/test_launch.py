@@ -15,10 +15,8 @@ import json
 import os
 import pwd
 import shlex
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +28,6 @@ import pytest
 
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import Result
-from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote import probes
 from opsbook.remote.hosts import Host
@@ -38,6 +35,7 @@ from opsbook.steps import host_facts as preflight
 from opsbook.steps import patch, server, triage
 from opsbook.steps.launch_answers import StopAnswer
 from opsbook.steps.script import render_script, upload_script
+from tests.integration.conftest import cmdline, rehearsal_host, stat_fields
 
 pytestmark = [
     pytest.mark.integration,
@@ -124,19 +122,14 @@ class Rig:
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
     """A rehearsal host of this module's own, so launches here disturb no other test."""
-    folder = Path(tempfile.mkdtemp(prefix="opsbook-launch-", dir="/tmp"))
-    # The test's own folder: the sandbox keeps an existing folder's mode.
-    folder.chmod(0o755)
-    rehearsal = sandboxes.up(folder, address=ADDRESS)
-    settings = rehearsal.venv / "opsbook-vllm-sim.json"
-    stored = json.loads(settings.read_text()) if settings.exists() else {}
-    settings.write_text(json.dumps({**stored, "startup_seconds": STARTUP_SECONDS, "fault": None}))
-    settings.chmod(0o644)
-    try:
+    with rehearsal_host("launch", address=ADDRESS) as rehearsal:
+        settings = rehearsal.venv / "opsbook-vllm-sim.json"
+        stored = json.loads(settings.read_text()) if settings.exists() else {}
+        settings.write_text(
+            json.dumps({**stored, "startup_seconds": STARTUP_SECONDS, "fault": None})
+        )
+        settings.chmod(0o644)
         yield rehearsal
-    finally:
-        sandboxes.down(folder)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -195,18 +188,6 @@ def end(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait(10)
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
-
-
-def stat_fields(pid: int) -> list[str]:
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rindex(")") + 2 :].split()
 
 
 def alive(pid: int) -> bool:

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,6 +29,7 @@ from opsbook.remote.hosts import HostGroup
 from opsbook.runner import run
 from opsbook.stages import cluster_launch
 from opsbook.steps import cluster
+from tests.integration.conftest import opsbook
 
 pytestmark = pytest.mark.integration
 
@@ -84,11 +84,6 @@ def left_running(fleet: Fleet) -> list[str]:
         if any(word in cmd for word in ("ray", "vllm", "VLLM")):
             found.append(f"{entry.name}: {cmd[:120]}")
     return found
-
-
-def opsbook_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "opsbook", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def ray_processes(fleet: Fleet) -> dict[str, list[cluster.RayProcess]]:
@@ -159,16 +154,16 @@ def test_the_pair_serves_one_model_and_stops_only_its_own_ray(
     ).stdout
     assert smi.count("ray::RayWorkerWrapper") == 8
 
-    status = opsbook_cli("cluster", "status", "-f", str(pair.deployment_path))
+    status = opsbook("cluster", "status", "-f", str(pair.deployment_path), timeout=120)
     assert status.returncode == 0, status.stdout
     assert f"{worker.address}: 8 GPU(s)" in status.stdout
-    stopped = opsbook_cli("cluster", "stop", "-f", str(pair.deployment_path))
+    stopped = opsbook("cluster", "stop", "-f", str(pair.deployment_path), timeout=120)
     assert stopped.returncode == 0, stopped.stdout
 
     assert ray_processes(pair) == {h: [] for h in ray_processes(pair)}
     assert left_running(pair) == []
     assert someone_elses_ray.poll() is None, "another user's Ray was stopped"
-    after = opsbook_cli("cluster", "status", "-f", str(pair.deployment_path))
+    after = opsbook("cluster", "status", "-f", str(pair.deployment_path), timeout=120)
     assert after.returncode == 1 and "no Ray head answers" in after.stdout
 
 

@@ -16,8 +16,6 @@ import hashlib
 import json
 import shlex
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from opsbook.core.results import HostResult, State
 from opsbook.remote.hosts import Host
 from opsbook.steps import server
 from opsbook.steps.patch import BACKUP_SUFFIX, PATCHABLE_FILES
+from tests.integration.conftest import opsbook
 
 pytestmark = pytest.mark.integration
 
@@ -66,15 +65,6 @@ class Deployed:
     output: str
     summary: dict[str, object]
     server_log: str
-
-
-def opsbook(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "opsbook", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def digests(model: Path) -> dict[str, str]:

@@ -16,9 +16,7 @@ import json
 import os
 import pwd
 import shlex
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,12 +28,12 @@ import pytest
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import Result
 from opsbook.rehearsal import real_vllm
-from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote.hosts import Host
 from opsbook.steps import host_facts as preflight
 from opsbook.steps import server, triage
 from opsbook.steps.script import render_script, upload_script
+from tests.integration.conftest import cmdline, rehearsal_host, stat_fields
 
 pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
 
@@ -118,15 +116,8 @@ class Outcome:
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
     real_vllm.ensure_tier()
-    folder = Path(tempfile.mkdtemp(prefix="opsbook-realvllm-", dir="/tmp"))
-    # The test's own folder: the sandbox keeps an existing folder's mode.
-    folder.chmod(0o755)
-    rehearsal = sandboxes.up(folder, address=ADDRESS, vllm="real", checkpoint=False)
-    try:
+    with rehearsal_host("realvllm", address=ADDRESS, vllm="real", checkpoint=False) as rehearsal:
         yield rehearsal
-    finally:
-        sandboxes.down(folder)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -147,18 +138,6 @@ def rig(box: Sandbox) -> Iterator[Rig]:
 
 
 # -- the process tree, read from /proc ---------------------------------------------------------
-
-
-def stat_fields(pid: int) -> list[str]:
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rindex(")") + 2 :].split()
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
 
 
 def live_pids() -> list[int]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,15 +19,11 @@ from opsbook.rehearsal import real_vllm
 from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.remote.hosts import Host
 from opsbook.steps import server
+from tests.integration.conftest import opsbook
 
 pytestmark = [pytest.mark.integration, pytest.mark.realvllm]
 
 ADDRESS = "127.0.0.21"
-OPSBOOK = [sys.executable, "-m", "opsbook"]
-
-
-def opsbook(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*OPSBOOK, *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

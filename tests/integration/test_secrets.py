@@ -9,7 +9,6 @@ import base64
 import json
 import secrets
 import string
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote.hosts import Host
 from opsbook.runner.run import RunRecord, run_deploy
 from opsbook.steps import server
-from tests.integration.conftest import rehearsal_host
+from tests.integration.conftest import models_status
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +45,6 @@ class Planted:
     @property
     def values(self) -> dict[str, str]:
         return {"HF_TOKEN": self.hf_token, "MY_API_KEY": self.api_key}
-
-
-@pytest.fixture(scope="module")
-def box() -> Iterator[Sandbox]:
-    """A rehearsal host of this module's own: the run patches its checkpoint and starts a server."""
-    with rehearsal_host("secrets", address=ADDRESS) as box:
-        yield box
 
 
 @pytest.fixture(scope="module")
@@ -140,15 +132,3 @@ def test_the_server_still_received_both_secrets(planted: Planted, deployed: RunR
     assert planted.api_key.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
     assert models_status(dep.server_port, None) == 401
     assert models_status(dep.server_port, planted.api_key) == 200
-
-
-def models_status(port: int, key: str | None) -> int:
-    """The HTTP status of GET /v1/models (the rehearsal server listens on loopback)."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)

@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +17,11 @@ import pytest
 import yaml
 
 from opsbook.rehearsal.sandbox import Sandbox
-from tests.integration.conftest import rehearsal_host
+from tests.integration.conftest import OPSBOOK
 
 pytestmark = pytest.mark.integration
 
 ADDRESS = "127.0.5.20"
-OPSBOOK = [sys.executable, "-m", "opsbook"]
 STAGES = ("preflight", "download", "config-patch", "launch-script", "launch", "diagnose")
 
 
@@ -63,12 +60,6 @@ def say(*args: str) -> Said:
     lines = [(time.monotonic() - started, line.rstrip("\n")) for line in proc.stdout]
     code = proc.wait(timeout=300)
     return Said(code, lines, time.monotonic() - started)
-
-
-@pytest.fixture(scope="module")
-def box() -> Iterator[Sandbox]:
-    with rehearsal_host("terminal", address=ADDRESS) as box:
-        yield box
 
 
 @pytest.fixture(scope="module")
