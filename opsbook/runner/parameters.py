@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from opsbook.core.exceptions import RunError
+from opsbook.runner.runbook import notebooks_dir
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+# The runbook: the checkout's notebooks/, or the copy an installed wheel carries.
+NOTEBOOKS_DIR = notebooks_dir()
 # Parameters the runner sets itself; `-p` may not give them (the deployment comes from -f).
 DEPLOYMENT_PARAMETER = "deployment"
 RUNNER_PARAMETERS = {DEPLOYMENT_PARAMETER: "-f FILE"}
