@@ -1,5 +1,5 @@
-"""Small result objects shared by every stage: ``ok``, a message, the data, and tables; and the
-one vocabulary of per-host states a stage ends in.
+"""Small result objects shared by every stage: ``ok``, a message, findings, and tables; and
+the one vocabulary of per-host states a stage ends in.
 
 Raising is for failures of the tool; a problem found on the host being checked is a
 ``Finding`` inside a ``Result`` whose ``ok`` is False. A stage run on a set of hosts ends with
@@ -53,11 +53,14 @@ class Finding:
 
 @dataclass
 class Result:
-    """The outcome of one check or action: ``ok``, a human message, the data and findings."""
+    """The outcome of one check or action: ``ok``, a human message and findings.
+
+    What a check or action found beyond that (its evidence) lives on a subclass with typed
+    fields, declared ``@dataclass(kw_only=True, repr=False)`` so that it shows as this verdict.
+    """
 
     ok: bool
     message: str
-    data: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -75,7 +78,7 @@ class Result:
         return head + (self.findings_table()._repr_html_() if self.findings else "")
 
     def __repr__(self) -> str:
-        # The data can be large (whole fact sheets); the repr stays the human summary.
+        # A subclass's evidence can be large (whole fact sheets); the repr stays the verdict.
         return str(self)
 
     def __str__(self) -> str:

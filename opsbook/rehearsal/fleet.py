@@ -134,7 +134,7 @@ def down(dir: Path) -> Result:
     findings = [f for r in results for f in r.findings]
     findings += [Finding("ok", n, r.message) for n, r in zip(names, results, strict=True) if r.ok]
     ok = all(r.ok for r in results)
-    return Result(ok, f"{len(results)} rehearsal host(s) in {folder} stopped", {}, findings)
+    return Result(ok, f"{len(results)} rehearsal host(s) in {folder} stopped", findings=findings)
 
 
 def status(dir: Path) -> Result:
@@ -147,7 +147,7 @@ def status(dir: Path) -> Result:
         for name, r in zip(_host_names(folder), results, strict=True)
     ]
     message = f"{up_count} of {len(results)} rehearsal host(s) in {folder} answer SSH"
-    return Result(up_count == len(results), message, {}, findings)
+    return Result(up_count == len(results), message, findings=findings)
 
 
 def consecutive(first: str, count: int) -> list[str]:

@@ -32,7 +32,7 @@ import shutil
 import signal
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +210,29 @@ def up(
         return _start(paths, state, address, port, shell, gpus, gpu_profile, checkpoint)
 
 
-def down(dir: Path) -> Result:
+@dataclass(kw_only=True, repr=False)
+class BoxStopped(Result):
+    """What :func:`down` did: the sshd the state recorded (0: none), the login user's
+    processes it stopped, whether it removed the user, and that user's ``/dev/shm`` files it
+    removed."""
+
+    sshd_pid: int = 0
+    processes_stopped: list[int] = field(default_factory=list)
+    user_removed: bool = False
+    shm_removed: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True, repr=False)
+class BoxStatus(Result):
+    """What :func:`status` saw: the recorded state (None: no start was ever recorded), and
+    whether its sshd runs and answers SSH."""
+
+    state: BoxState | None
+    sshd_running: bool = False
+    answers_ssh: bool = False
+
+
+def down(dir: Path) -> BoxStopped:
     """Stop the rehearsal host in ``dir``: only the sshd and the user that ``up`` started.
 
     A user the sandbox created is removed with its processes and its ``/dev/shm`` files, and
@@ -226,41 +248,41 @@ def down(dir: Path) -> Result:
     """
     paths = BoxPaths(_absolute_folder(dir))
     if not paths.state.exists():
-        return Result(True, f"no rehearsal host was started in {paths.dir}")
+        return BoxStopped(True, f"no rehearsal host was started in {paths.dir}")
     with locked(paths):
         state = read_state(paths) or BoxState()
         if not state.running:
-            return Result(
-                True, f"the rehearsal host in {paths.dir} is already down", state.record()
-            )
+            return BoxStopped(True, f"the rehearsal host in {paths.dir} is already down")
         return _stop(paths, state)
 
 
-def status(dir: Path) -> Result:
+def status(dir: Path) -> BoxStatus:
     """Say whether the rehearsal host in ``dir`` runs and answers SSH.
 
     Args:
         dir: the sandbox folder.
 
     Returns:
-        ``ok`` when its sshd runs and answers with an SSH banner; the data holds the state.
+        ``ok`` when its sshd runs and answers with an SSH banner; with the recorded state.
     """
     paths = BoxPaths(_absolute_folder(dir))
     state = read_state(paths)
     if state is None or state.status != "up":
-        return Result(
+        return BoxStatus(
             False,
             f"no rehearsal host runs in {paths.dir}",
-            state.record() if state else {},
-            [Finding("info", str(paths.dir), "not started", remedy="run `opsbook sandbox up`")],
+            findings=[
+                Finding("info", str(paths.dir), "not started", remedy="run `opsbook sandbox up`")
+            ],
+            state=state,
         )
     pid = state.sshd_pid or 0
     ours = is_our_sshd(pid, paths)
     answers = ours and answers_ssh(state.address, state.port, timeout=2.0)
-    data = {**state.record(), "sshd_running": ours, "answers_ssh": answers}
     where = f"{state.user}@{state.address} port {state.port}"
     if answers:
-        return Result(True, f"rehearsal host up: {where} (sshd PID {pid})", data)
+        message = f"rehearsal host up: {where} (sshd PID {pid})"
+        return BoxStatus(True, message, state=state, sshd_running=ours, answers_ssh=answers)
     problem = "its sshd is not running" if not ours else "its sshd does not answer SSH"
     finding = Finding(
         "error",
@@ -268,7 +290,10 @@ def status(dir: Path) -> Result:
         problem,
         remedy=f"run `opsbook sandbox up --dir {paths.dir}` to restart it; see {paths.log}",
     )
-    return Result(False, f"rehearsal host {where} is down: {problem}", data, [finding])
+    message = f"rehearsal host {where} is down: {problem}"
+    return BoxStatus(
+        False, message, findings=[finding], state=state, sshd_running=ours, answers_ssh=answers
+    )
 
 
 def running(dir: Path) -> Sandbox:
@@ -508,7 +533,7 @@ def _is_healthy(paths: BoxPaths, state: BoxState) -> bool:
     return is_our_sshd(pid, paths) and answers_ssh(state.address, state.port, 2.0)
 
 
-def _stop(paths: BoxPaths, state: BoxState) -> Result:
+def _stop(paths: BoxPaths, state: BoxState) -> BoxStopped:
     findings: list[Finding] = []
     pid = state.sshd_pid or 0
     stopped_sshd = False
@@ -543,14 +568,15 @@ def _stop(paths: BoxPaths, state: BoxState) -> Result:
         parts.append(f"{len(shm_removed)} /dev/shm file(s) of {user} removed")
     if removed:
         parts.append(f"user {user} removed")
-    data = {
-        "sshd_pid": pid,
-        "processes_stopped": killed,
-        "user_removed": removed,
-        "shm_removed": shm_removed,
-    }
-    ok = not any(f.is_problem for f in findings)
-    return Result(ok, f"rehearsal host in {paths.dir}: " + ", ".join(parts), data, findings)
+    return BoxStopped(
+        not any(f.is_problem for f in findings),
+        f"rehearsal host in {paths.dir}: " + ", ".join(parts),
+        findings=findings,
+        sshd_pid=pid,
+        processes_stopped=killed,
+        user_removed=removed,
+        shm_removed=shm_removed,
+    )
 
 
 def _stop_user_processes(paths: BoxPaths, user: str, created_user: bool) -> list[int]:

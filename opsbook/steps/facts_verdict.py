@@ -5,7 +5,8 @@ running, disk), and the result that is ok unless one is an error.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from opsbook.core.results import Finding, Result
 from opsbook.steps.facts_tables import gib, gpu_summary, mib, short, summary_table, when
@@ -18,15 +19,27 @@ LOW_SHM_BYTES = 1 << 30
 IDLE_GPU_MIB = 1024
 
 
-def check_facts(facts: HostFacts) -> Result:
+@dataclass(kw_only=True, repr=False)
+class FactsVerdict(Result):
+    """Preflight's verdict with the facts it was given."""
+
+    facts: HostFacts
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The host at a glance, fact name -> value (the rows of :func:`summary_table`)."""
+        return {row[0]: row[1] for row in summary_table(self.facts).rows}
+
+
+def check_facts(facts: HostFacts) -> FactsVerdict:
     """Preflight's verdict: ok unless a finding is an error.
 
     Args:
         facts: from :func:`gather_facts`.
 
     Returns:
-        A :class:`Result` whose findings are :meth:`HostFacts.findings` and whose data holds
-        the facts (``data["facts"]``) and the summary (``data["summary"]``).
+        A :class:`FactsVerdict` whose findings are :meth:`HostFacts.findings`, with the
+        ``facts`` and their ``summary``.
     """
     findings = facts.findings()
     errors = [f for f in findings if f.severity == "error"]
@@ -37,13 +50,7 @@ def check_facts(facts: HostFacts) -> Result:
         message = (
             f"{facts.host}: {gpu_summary(facts)}; vLLM {facts.vllm_version or 'not installed'}"
         )
-    summary = {row[0]: row[1] for row in summary_table(facts).rows}
-    return Result(
-        ok=not errors,
-        message=message,
-        data={"facts": facts, "summary": summary},
-        findings=findings,
-    )
+    return FactsVerdict(not errors, message, findings=findings, facts=facts)
 
 
 def findings_of(facts: HostFacts) -> list[Finding]:

@@ -50,7 +50,7 @@ import posixpath
 import re
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opsbook.core.deployment import ENV_NAME, Deployment, check_flag_name
@@ -234,7 +234,31 @@ def written_by_opsbook(text: str) -> bool:
     return len(lines) > 1 and lines[1].startswith(HEADER_START) and HEADER_MARK in lines[1]
 
 
-def not_ours(path: str) -> Result:
+@dataclass(kw_only=True, repr=False)
+class UploadResult(Result):
+    """The launch script's upload.
+
+    Args:
+        path: where the script is, absolute.
+        diff: the unified diff against the script that was there, ``"new file"``, or ``""``
+            when unchanged.
+        syntax_ok: ``bash -n`` accepts the script (False too when it was not checked: a file
+            opsbook did not write is left as it is).
+        unchanged: the file already held the script.
+        written: the file was written (its text or its mode differed).
+        secrets: the variable names written to the secrets file; empty when it was not
+            written.
+    """
+
+    path: str
+    diff: str = ""
+    syntax_ok: bool = False
+    unchanged: bool = False
+    written: bool = False
+    secrets: list[str] = field(default_factory=list)
+
+
+def not_ours(path: str) -> UploadResult:
     """The refusal to replace a file at the script's path that opsbook did not write."""
     finding = Finding(
         "error",
@@ -244,7 +268,8 @@ def not_ours(path: str) -> Result:
         remedy="set paths.script in the deployment to a file of opsbook's own, or move that "
         "file away",
     )
-    return Result(False, f"{path} is not opsbook's launch script: left as it is", {}, [finding])
+    message = f"{path} is not opsbook's launch script: left as it is"
+    return UploadResult(False, message, findings=[finding], path=path)
 
 
 def _header(deployment: Deployment) -> str:
@@ -366,7 +391,7 @@ def upload_script(
     *,
     environ: Mapping[str, str] | None = None,
     previous: str | None | _NotRead = NOT_READ,
-) -> Result:
+) -> UploadResult:
     """Write the launch script to ``deployment.script_path`` on the host and check its syntax;
     write its secrets file too when there is a secret to deliver.
 
@@ -390,10 +415,7 @@ def upload_script(
     is, and so is a secrets file beside it: the answer is then not ok, naming it.
 
     Returns:
-        ``ok`` when bash accepts the syntax. Data: ``path`` (absolute), ``diff`` (unified diff
-        against the script that was there, ``"new file"``, or ``""`` when unchanged),
-        ``syntax_ok``, ``unchanged``, ``written``, ``secrets`` (the variable names written to
-        the secrets file; empty when it was not written).
+        An :class:`UploadResult`, ``ok`` when bash accepts the syntax.
 
     Raises:
         HostError: the folder could not be created or the host could not be reached.
@@ -418,28 +440,36 @@ def upload_script(
     delivered: list[str] = []
     if syntax_ok and has_secrets:
         delivered = upload_secrets(host, deployment, environ).names
-    data = {
-        "path": path,
-        "diff": script_diff(previous, text, path),
-        "syntax_ok": syntax_ok,
-        "unchanged": unchanged,
-        "written": written,
-        "secrets": delivered,
-    }
-    if not syntax_ok:
-        finding = Finding(
-            "error",
-            path,
-            f"bash -n rejects the script: {check.stderr.strip()}",
-            remedy="re-render the script with render_script; do not edit it by hand",
-            source="bash -n",
+    findings: list[Finding] = []
+    if syntax_ok:
+        done = (
+            "unchanged" if unchanged else ("written (new file)" if previous is None else "updated")
         )
-        return Result(False, f"launch script {path} has a syntax error", data, [finding])
-    state = "unchanged" if unchanged else ("written (new file)" if previous is None else "updated")
-    message = f"launch script {path} {state}; bash -n: syntax OK"
-    if delivered:
-        message += f"; secrets file written ({', '.join(delivered)})"
-    return Result(True, message, data)
+        message = f"launch script {path} {done}; bash -n: syntax OK"
+        if delivered:
+            message += f"; secrets file written ({', '.join(delivered)})"
+    else:
+        message = f"launch script {path} has a syntax error"
+        findings.append(
+            Finding(
+                "error",
+                path,
+                f"bash -n rejects the script: {check.stderr.strip()}",
+                remedy="re-render the script with render_script; do not edit it by hand",
+                source="bash -n",
+            )
+        )
+    return UploadResult(
+        syntax_ok,
+        message,
+        findings=findings,
+        path=path,
+        diff=script_diff(previous, text, path),
+        syntax_ok=syntax_ok,
+        unchanged=unchanged,
+        written=written,
+        secrets=delivered,
+    )
 
 
 @dataclass(kw_only=True, repr=False)

@@ -222,7 +222,7 @@ def test_down_removes_the_users_shm_files_and_leaves_nothing_to_its_uid() -> Non
         assert len(left) == 2
         result = sandboxes.down(folder)
         assert result.ok, str(result)
-        assert sorted(result.data["shm_removed"]) == sorted(str(p) for p in left)
+        assert sorted(result.shm_removed) == sorted(str(p) for p in left)
         assert not any(p.exists() for p in left)
         assert others.read_bytes() == b"x" * 4096
         owned = [p for p in folder.rglob("*") if p.lstat().st_uid == uid and not p.is_symlink()]

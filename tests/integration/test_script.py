@@ -41,29 +41,29 @@ def test_upload_check_reupload_and_diff(place: tuple[Host, Deployment, str]) -> 
 
     first = upload_script(host, deployment, text)
     assert first.ok, str(first)
-    assert first.data["path"] == f"{home}/{folder}/launch.sh"
-    assert first.data["diff"] == NEW_FILE and first.data["syntax_ok"]
-    assert host.read_text(first.data["path"]) == text
-    mode = host.run(f"stat -c %a -- {shlex.quote(first.data['path'])}", check=True)
+    assert first.path == f"{home}/{folder}/launch.sh"
+    assert first.diff == NEW_FILE and first.syntax_ok
+    assert host.read_text(first.path) == text
+    mode = host.run(f"stat -c %a -- {shlex.quote(first.path)}", check=True)
     assert mode.stdout.strip() == "755"
 
     again = upload_script(host, deployment, render_script(deployment))
-    assert again.ok and again.data["unchanged"] and again.data["diff"] == ""
-    assert not again.data["written"]
+    assert again.ok and again.unchanged and again.diff == ""
+    assert not again.written
 
     args = {**deployment.serve_args, "max-model-len": 4096}
     changed = dataclasses.replace(deployment, serve_args=args)
     third = upload_script(host, changed, render_script(changed))
-    assert third.ok and not third.data["unchanged"]
-    assert "-  --max-model-len 32768 \\\n" in third.data["diff"]
-    assert "+  --max-model-len 4096 \\\n" in third.data["diff"]
-    assert host.read_text(third.data["path"]) == render_script(changed)
+    assert third.ok and not third.unchanged
+    assert "-  --max-model-len 32768 \\\n" in third.diff
+    assert "+  --max-model-len 4096 \\\n" in third.diff
+    assert host.read_text(third.path) == render_script(changed)
 
 
 def test_a_broken_script_is_reported_by_bash_n(place: tuple[Host, Deployment, str]) -> None:
     host, deployment, _ = place
     result = upload_script(host, deployment, "#!/bin/bash\nif then fi\n")
-    assert not result.ok and not result.data["syntax_ok"]
+    assert not result.ok and not result.syntax_ok
     assert "syntax error" in result.findings[0].message
 
 

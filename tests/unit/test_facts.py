@@ -601,8 +601,8 @@ def test_healthy_host_is_ok() -> None:
     assert result.message == (
         "gpu-01: 1 × NVIDIA H200 (compute capability 9.0, 143771 MiB); vLLM 0.11.0"
     )
-    assert result.data["summary"]["vllm"] == "0.11.0"
-    assert isinstance(result.data["facts"], HostFacts)
+    assert result.summary["vllm"] == "0.11.0"
+    assert isinstance(result.facts, HostFacts)
 
 
 def test_low_shm_and_leftovers() -> None:

@@ -292,20 +292,20 @@ def test_upload_reports_new_unchanged_and_changed(tmp_path: Path) -> None:
     dep = deployment(paths={"script": 'it\'s a "dir"/launch.sh'})
     first = upload_script(host, dep, render_script(dep))
     path = tmp_path / 'it\'s a "dir"' / "launch.sh"
-    assert first.ok and first.data["path"] == str(path)
-    assert first.data["diff"] == NEW_FILE and first.data["written"]
+    assert first.ok and first.path == str(path)
+    assert first.diff == NEW_FILE and first.written
     assert stat.S_IMODE(path.stat().st_mode) == 0o755
 
     second = upload_script(host, dep, render_script(dep))
-    assert second.data["unchanged"] and second.data["diff"] == "" and not second.data["written"]
+    assert second.unchanged and second.diff == "" and not second.written
 
     changed = deployment(
         paths={"script": 'it\'s a "dir"/launch.sh'}, server__args={"tensor-parallel-size": 4}
     )
     third = upload_script(host, changed, render_script(changed))
-    assert third.ok and not third.data["unchanged"]
-    assert "-  --tensor-parallel-size 8 \\\n" in third.data["diff"]
-    assert "+  --tensor-parallel-size 4 \\\n" in third.data["diff"]
+    assert third.ok and not third.unchanged
+    assert "-  --tensor-parallel-size 8 \\\n" in third.diff
+    assert "+  --tensor-parallel-size 4 \\\n" in third.diff
 
 
 def test_the_launch_script_stage_reads_the_hosts_script_once(tmp_path: Path) -> None:
@@ -336,7 +336,7 @@ def test_upload_reads_the_script_itself_when_the_callers_copy_is_of_no_file(
 def test_upload_reports_a_syntax_error_as_a_finding(tmp_path: Path) -> None:
     host = LocalHost(home=tmp_path)
     result = upload_script(host, deployment(), "#!/bin/bash\nif then\n")
-    assert not result.ok and not result.data["syntax_ok"]
+    assert not result.ok and not result.syntax_ok
     assert result.findings[0].severity == "error" and "syntax error" in result.findings[0].message
 
 
@@ -382,7 +382,7 @@ def test_secret_serve_args_stay_out_of_the_script_and_reach_the_server(tmp_path:
     ]
 
     written = upload_script(host, dep, text, environ={})
-    assert written.data["secrets"] == [
+    assert written.secrets == [
         "OPSBOOK_SECRET_DB_PASSWORD_1",
         "OPSBOOK_SECRET_DB_PASSWORD_2",
         "VLLM_API_KEY",
@@ -411,11 +411,11 @@ def test_upload_script_writes_the_secrets_file_only_when_there_is_a_secret(tmp_p
     host = LocalHost(home=tmp_path)
     dep = deployment(paths={"script": "launch.sh"})
     plain = upload_script(host, dep, render_script(dep), environ={})
-    assert plain.data["secrets"] == [] and not (tmp_path / "launch.sh.env").exists()
+    assert plain.secrets == [] and not (tmp_path / "launch.sh.env").exists()
 
     token = "hf_" + "x" * 34
     delivered = upload_script(host, dep, render_script(dep), environ={"HF_TOKEN": token})
-    assert delivered.data["secrets"] == ["HF_TOKEN"]
+    assert delivered.secrets == ["HF_TOKEN"]
     env_file = tmp_path / "launch.sh.env"
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     assert not any(token in command for command in commands(host))

@@ -161,7 +161,7 @@ class LogDiagnosis:
                     f"{self.first_line})",
                 )
             )
-        return Result(self.ok, self.summary, self.to_dict(), findings)
+        return Result(self.ok, self.summary, findings=findings)
 
     def __str__(self) -> str:
         rows = [f"state:   {self.state}" + (f" (phase: {self.phase})" if self.phase else "")]
