@@ -239,7 +239,7 @@ def test_the_config_patch_stage_reads_only_what_its_prediction_needs(tmp_path) -
     # check is its own stage's work, and no /proc walk or disk look is needed to predict.
     from opsbook.rehearsal.checkpoint import make_checkpoint
     from opsbook.remote.testing import local_probe
-    from tests.unit.test_facts import (
+    from tests.unit.test_host_facts import (
         RTX,
         RTX_COMPUTE_APPS,
         RTX_QUERY_GPU,
