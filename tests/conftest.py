@@ -12,13 +12,15 @@ import pytest
 
 # Settings of the test run itself, not of what is tested: where the real-vLLM and Ray tiers
 # are installed (`make real-vllm` puts them there before pytest starts), which real vLLM the
-# probes are checked against, and where the real-vLLM tests keep their logs.
+# probes are checked against, where the real-vLLM tests keep their logs, and which MLA backend
+# they ask the real vLLM for (to try the non-AMX path on an AMX machine).
 TEST_RUN_SETTINGS = frozenset(
     {
         "OPSBOOK_CACHE_DIR",
         "OPSBOOK_REAL_VLLM_PYTHON",
         "OPSBOOK_REAL_VLLM_VENV",
         "OPSBOOK_SAVE_REAL_LOGS",
+        "OPSBOOK_REAL_MLA_BACKEND",
     }
 )
 
