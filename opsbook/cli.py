@@ -244,6 +244,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             forks=args.forks,
             max_fail_percentage=args.max_fail_percentage,
             serial=params.get("serial"),
+            restart=str(params.get("restart", "changed")),
             on_result=_print_result,
             on_progress=_print_progress,
         )
@@ -527,12 +528,15 @@ def _positive(text: str) -> int:
 
 
 def _deploy_parameters(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """``-p apply true|false`` and ``-p serial N|N%`` of a deploy, as plain values."""
-    unknown = sorted({name for name, _ in pairs} - {"apply", "serial"})
+    """``-p apply true|false``, ``-p serial N|N%`` and ``-p restart changed|always`` of a
+    deploy, as plain values."""
+    unknown = sorted({name for name, _ in pairs} - {"apply", "serial", "restart"})
     if unknown:
         raise RunError(
-            f"deploy takes only the parameters apply and serial, not {', '.join(unknown)}",
-            remedy="e.g. -p apply false, or -p serial 1 for one host at a time",
+            "deploy takes only the parameters apply, serial and restart, not "
+            f"{', '.join(unknown)}",
+            remedy="e.g. -p apply false, -p serial 1 for one host at a time, or -p restart "
+            "always to restart servers that are ready and unchanged",
         )
     params: dict[str, Any] = {}
     for name, text in pairs:

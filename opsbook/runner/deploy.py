@@ -105,6 +105,7 @@ class _DeployRun:
     limits: tuple[float | None, float | None]
     on_result: OnResult | None
     on_progress: OnProgress | None
+    restart: str = "changed"
     results: list[HostResult] = field(default_factory=list)
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
@@ -129,6 +130,7 @@ def run_deploy(
     serial: int | str | None = None,
     on_result: OnResult | None = None,
     on_progress: OnProgress | None = None,
+    restart: str = "changed",
 ) -> RunRecord:
     """The whole runbook on every host of a deployment, into one run folder: the stages 00 to
     04 in order, a host dropped from the later stages once it fails, then 05_diagnose on every
@@ -149,15 +151,19 @@ def run_deploy(
             a host fails, and the hosts of later batches are left untouched.
         on_result: called with each host's result of each stage as it finishes.
         on_progress: called with the steps long stages reach on each host.
+        restart: the launch's ``restart`` option: "changed" restarts only a server that is not
+            ready or whose script, env, configs or engine changed; "always" every server.
 
     Raises:
         DeploymentError: the deployment file is unusable.
-        RunError: ``serial`` is not a count or a percentage.
+        RunError: ``serial`` is not a count or a percentage, or ``restart`` not an allowed
+            value.
         HostLocked: another deploy run holds a host (``opsbook.runner.lock``); nothing was done.
     """
     deployment_path = Path(deployment).resolve()
     from opsbook.core.deployment import load_deployment
 
+    _stages().get("launch").options({"restart": restart})  # a bad value, before any host
     dep = load_deployment(deployment_path)
     names = [h.name for h in dep.hosts]
     batches = plan_batches(names, serial)
@@ -173,6 +179,7 @@ def run_deploy(
         (timeout, stage_timeout),
         on_result,
         on_progress,
+        restart,
     )
     # The kernel boots (and imports the stages) while the locks are taken and papermill is
     # imported; the notebooks of a deploy are preflight's neighbours.
@@ -264,8 +271,11 @@ def _run_stage(
 ) -> list[HostResult]:
     nb_path = find_notebook(stage.notebook)
     params: dict[str, Any] = {"deployment": str(run.deployment), "hosts": hosts, "forks": run.forks}
-    if any(p.name == "apply" for p in _stages().parameters_of(stage)):
+    declared = {p.name for p in _stages().parameters_of(stage)}
+    if "apply" in declared:
         params["apply"] = run.apply
+    if "restart" in declared:
+        params["restart"] = run.restart
     journal = run.folder / "journal.jsonl"
     record = execute_stage(
         nb_path,

@@ -59,10 +59,11 @@ def declared_parameters(notebook: Path) -> dict[str, Any]:
 
 
 def check_parameters(notebook: Path, parameters: Mapping[str, Any]) -> None:
-    """Refuse parameter names the notebook does not declare (papermill only warns).
+    """Refuse parameter names the notebook does not declare (papermill only warns), and
+    values its stage's options refuse.
 
     Raises:
-        RunError: a name is unknown.
+        RunError: a name is unknown, or a value not allowed.
     """
     declared = set(declared_parameters(notebook))
     unknown = sorted(set(parameters) - declared)
@@ -71,6 +72,7 @@ def check_parameters(notebook: Path, parameters: Mapping[str, Any]) -> None:
             f"{notebook.name} has no parameter(s) {', '.join(unknown)}",
             remedy=f"its parameters are: {', '.join(sorted(declared)) or 'none'}",
         )
+    check_option_values(notebook, parameters)
 
 
 TRUE_WORDS = ("true",)
@@ -98,7 +100,26 @@ def typed_parameters(notebook: Path, raw: Sequence[tuple[str, str]]) -> dict[str
         if name not in declared:
             check_parameters(notebook, {name: text})
         values[name] = plain_value(name, text, declared[name])
+    check_option_values(notebook, values)
     return values
+
+
+def check_option_values(notebook: Path, values: Mapping[str, Any]) -> None:
+    """Hold a stage notebook's values to its options class (a value outside the allowed
+    ones, such as ``-p restart sometimes``), before anything touches a host.
+
+    Raises:
+        RunError: a value is refused by the stage's options.
+    """
+    import dataclasses
+
+    from opsbook import stages
+
+    stage = stages.for_notebook(notebook.stem)
+    if stage is None:
+        return
+    names = {f.name for f in dataclasses.fields(stage.options_type)}
+    stage.options({name: value for name, value in values.items() if name in names})
 
 
 def _declared_default(parameter: Mapping[str, Any]) -> Any:

@@ -1,17 +1,23 @@
 """Launch on one host: stop the server opsbook started, start the script detached, prove it
-started, follow it to ready and smoke-test it; record which script the server runs."""
+started, follow it to ready and smoke-test it; record which script the server runs.
+
+A server that is ready and runs what it started with (script, env, patched configs, engine:
+:mod:`opsbook.steps.restart_rule`) is left alone unless ``restart="always"``; the dry run
+decides the same way."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
+from opsbook.core.exceptions import RunError
 from opsbook.core.results import Result, State
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Report, StageRun, concurrently, hook
-from opsbook.steps import host_facts, plots, script, server, triage
+from opsbook.steps import host_facts, plots, restart_rule, script, server, triage
 
 
 @dataclass(frozen=True)
@@ -24,18 +30,31 @@ class Options:
         stop_grace: seconds a stopped server is given after SIGTERM, before SIGKILL.
         on_progress: told the host's name and each look at the starting server (a notebook
             shows the phase and the log's last lines as they come).
+        restart: "changed" restarts a ready server only when its script, env file, patched
+            configs or engine changed since it started; "always" restarts it on every apply.
     """
 
     apply: bool = False
     ready_timeout: int = 900
     stop_grace: int = 10
     on_progress: Callable[[str, server.Progress], None] | None = hook()
+    restart: str = "changed"
+
+    def __post_init__(self) -> None:
+        if self.restart not in restart_rule.RESTART_WHEN:
+            allowed = " or ".join(restart_rule.RESTART_WHEN)
+            raise RunError(
+                f"restart {self.restart!r} is not one of the allowed values: {allowed}",
+                remedy="-p restart changed (the default: only a server that is not ready or "
+                "whose script, env, configs or engine changed) or -p restart always",
+            )
 
 
 @dataclass(kw_only=True)
 class LaunchReport(Report):
-    """A dry run's report, with the server's state as found (the notebook's stop button looks
-    for hosts where a server opsbook started still has processes)."""
+    """The report of a launch that did not restart (a dry run, or a server left alone), with
+    the server's state as found (the notebook's stop button looks for hosts where a server
+    opsbook started still has processes)."""
 
     server: triage.ServerState
 
@@ -50,12 +69,18 @@ def hosts_with_server(run: StageRun) -> list[str]:
 
 
 def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
-    """With ``apply``: stop, start, follow to ready, smoke test (changed, or failed at the
-    step that failed). Without: ok when the server runs and is ready, else would change."""
+    """When the server is not ready, or what it runs changed, or ``restart="always"``: with
+    ``apply`` stop, start, follow to ready, smoke test (changed, or failed at the step that
+    failed); without, would change. Otherwise ok, the server left alone."""
     paths = server.resolve_paths(host, deployment)
     stop_grace = options.stop_grace
-    if not options.apply:
-        return _dry_run(host, deployment, paths)
+    inputs = restart_rule.run_inputs(deployment, paths)
+    state = triage.server_state(
+        host, paths, deployment.server_port, notes=(server.RUNNING_SCRIPT,), inputs=inputs
+    )
+    decision = restart_rule.decide(state, options.restart)
+    if not options.apply or not decision.restart:
+        return _as_found(host, paths, state, decision)
     # Who holds the GPUs and the port is read alongside the stop; read again only when the
     # stop signalled a process, since only then can the answer have changed.
     stopped, started_facts = concurrently(
@@ -71,7 +96,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     shows.append(can_start)
     if not can_start.ok:
         return Report(State.FAILED, can_start, shows)
-    started = server.start_server(host, paths, deployment.server_port)
+    started = server.start_server(host, paths, deployment.server_port, inputs=inputs)
     shows.append(started)
     if not started.ok:
         return Report(State.FAILED, started, shows, _failure_of(started))
@@ -90,7 +115,8 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         timeline = server.timeline(diagnosis.phases)
         shows += [timeline, plots.startup_timeline(timeline)]
     shows.append(smoke)
-    return Report(State.CHANGED if smoke.ok else State.FAILED, smoke, shows, "", digest)
+    verdict = dataclasses.replace(smoke, message=decision.applied_message(smoke.message))
+    return Report(State.CHANGED if smoke.ok else State.FAILED, verdict, shows, "", digest)
 
 
 def stop(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
@@ -125,15 +151,19 @@ def _phases(
     return note
 
 
-def _dry_run(host: RemoteHost, deployment: Deployment, paths: server.LaunchPaths) -> Report:
-    state = triage.server_state(host, paths, deployment.server_port, notes=(server.RUNNING_SCRIPT,))
+def _as_found(
+    host: RemoteHost,
+    paths: server.LaunchPaths,
+    state: triage.ServerState,
+    decision: restart_rule.RestartDecision,
+) -> Report:
+    """A dry run's report (would change when an apply would restart), or an apply's that left
+    the server alone (ok): the same words for the same decision."""
     digest = server.noted_running_script(host, paths, state.notes)
-    if state.state == "ready":
-        verdict = Result(True, f"already running and ready: {state.message}")
-        return LaunchReport(State.OK, verdict, [state.processes_table()], "", digest, server=state)
-    verdict = Result(True, f"would (re)start the server (now {state.state}); apply=True does it")
+    verdict = Result(True, decision.dry_run_message())
+    found = State.WOULD_CHANGE if decision.restart else State.OK
     shows = [state.processes_table()]
-    return LaunchReport(State.WOULD_CHANGE, verdict, shows, "", digest, server=state)
+    return LaunchReport(found, verdict, shows, "", digest, server=state)
 
 
 def _failure_of(result: Result) -> str:

@@ -264,6 +264,9 @@ class StatusAnswer:
     health: HttpAnswer | None = None
     notes: dict[str, str | None] = field(default_factory=dict)
     watched_steps: int | None = None
+    # For each input asked about (what the server runs): "same", "changed" or "unrecorded"
+    # since the running launch started; empty when none was asked or nothing runs.
+    inputs: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, answer: Answer) -> StatusAnswer:
@@ -281,6 +284,7 @@ class StatusAnswer:
             health=HttpAnswer.parse(health) if health else None,
             notes=dict(answer.get("notes") or {}),
             watched_steps=answer.get("watched_steps"),
+            inputs={str(k): str(v) for k, v in (answer.get("inputs") or {}).items()},
         )
 
 

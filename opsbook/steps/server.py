@@ -13,7 +13,7 @@ import json
 import posixpath
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -263,10 +263,20 @@ class StartResult(Result):
     diagnosis: logscan.LogDiagnosis | None = None
 
 
-def start_server(host: RemoteHost, paths: LaunchPaths, server_port: int) -> StartResult:
+def start_server(
+    host: RemoteHost,
+    paths: LaunchPaths,
+    server_port: int,
+    *,
+    inputs: Mapping[str, Any] | None = None,
+) -> StartResult:
     """Start the launch script detached, in a session of its own, logging to the log file,
-    and prove within about two seconds that it started (alive and logging) or say why not."""
+    and prove within about two seconds that it started (alive and logging) or say why not.
+    With ``inputs`` (:func:`opsbook.steps.restart_rule.run_inputs`) the launch record notes a
+    digest of each, taken just before the start: the next deploy compares them."""
     asked = paths.probe_args(op="start", port=server_port)
+    if inputs:
+        asked["inputs"] = dict(inputs)
     answer = StartAnswer.parse(host.probe(PROBE, asked, timeout=60))
     record, proof = answer.record, answer.proof
     if not answer.started or record is None or proof is None:

@@ -7,8 +7,9 @@ GPU memory) and what the log says (:mod:`opsbook.knowledge.logscan`, the failure
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import logscan
@@ -43,6 +44,10 @@ class ServerState:
     log_age: float | None = None
     notes: dict[str, str | None] = field(default_factory=dict)
     record_error: str | None = None
+    # What the server runs, compared with its start (``server_state(inputs=...)``), and when
+    # that start was (seconds since the epoch, from the launch record).
+    inputs: dict[str, str] = field(default_factory=dict)
+    started_at: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -88,6 +93,7 @@ def server_state(
     silent_after: float = SILENT_SECONDS,
     notes: Sequence[str] = (),
     log_when_ready: bool = True,
+    inputs: Mapping[str, Any] | None = None,
 ) -> ServerState:
     """Classify the server the deployment launched, from one status probe that also asks
     ``/health`` when the port is open (one round trip).
@@ -98,6 +104,8 @@ def server_state(
         log_when_ready: read and diagnose the log even when the server runs and answers
             ``/health`` (the startup timeline of a record); without it a ready server's log
             stays on the host and ``diagnosis`` is None.
+        inputs: what the server runs (:func:`opsbook.steps.restart_rule.run_inputs`), each
+            compared on the host with its digest noted at the start (``ServerState.inputs``).
     """
     asked = paths.probe_args(
         op="status", port=server_port, health="/health", health_timeout=HEALTH_TIMEOUT
@@ -106,6 +114,8 @@ def server_state(
         asked["log_when_healthy"] = False
     if notes:
         asked["notes"] = list(notes)
+    if inputs:
+        asked["inputs"] = dict(inputs)
     status = StatusAnswer.parse(host.probe(PROBE, asked))
     log = status.log
     text = log.text if log.exists else ""
@@ -147,6 +157,8 @@ def server_state(
         log_age=log.age,
         notes=status.notes,
         record_error=record_error,
+        inputs=status.inputs,
+        started_at=status.record.started_at if status.record is not None else None,
     )
 
 

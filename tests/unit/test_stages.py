@@ -306,7 +306,8 @@ def test_each_option_has_a_default_of_its_declared_type(stage) -> None:
 
 def test_the_form_shows_a_stage_notebooks_parameters_from_its_namespace() -> None:
     namespace = {"deployment": "d.yml", "hosts": ["ops@a"], "forks": 3, "apply": True}
-    namespace |= {"ready_timeout": 60, "stop_grace": 5, "other": "not a parameter"}
+    namespace |= {"ready_timeout": 60, "stop_grace": 5, "restart": "always"}
+    namespace |= {"other": "not a parameter"}
     form = widgets.DeploymentForm("d.yml", [], notebook="04_launch", namespace=namespace)
     assert form.parameters == {
         "hosts": ["ops@a"],
@@ -314,6 +315,7 @@ def test_the_form_shows_a_stage_notebooks_parameters_from_its_namespace() -> Non
         "apply": True,
         "ready_timeout": 60,
         "stop_grace": 5,
+        "restart": "always",
     }
 
 

@@ -4,14 +4,16 @@ Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
 
 - ``start``: refuse if the recorded launch still runs or the port is taken (naming who holds
   it); start the script detached in a session of its own with its output to the log; record
-  PID, process group, start time and command line; then watch about two seconds for proof
-  that it started (alive, log created and growing).
+  PID, process group, start time and command line, and with ``inputs`` (name: ``{"files":
+  [paths]}`` or ``{"python": interpreter}``) a digest of each, what the server runs; then watch
+  about two seconds for proof that it started (alive, log created and growing).
 - ``status``: the recorded launch (alive, still the same process), its group, other vLLM
   processes of the user, the log (size, age, the tail from an offset), and whether the port
   answers; with ``health`` (a URL path) also the server's answer to it when the port is open,
   and with ``notes`` (file names) the text of those files of the state folder: a health check
   in one round trip. With ``log_when_healthy`` false, a server that runs and answers ``/health``
-  200 is reported without its log's text (the scheduled check needs no more).
+  200 is reported without its log's text (the scheduled check needs no more). With ``inputs``
+  (as ``start`` takes them), whether each is the same as when the running launch started.
 - ``stop``: SIGTERM to the recorded process group, wait, then SIGKILL; only after checking the
   process is still the one recorded (start time and command line) and is not an ancestor of
   this probe; other processes are reported, never signalled.
@@ -26,6 +28,7 @@ Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
   readiness within a step plus one round trip, and its cost does not grow with the log.
 """
 
+import hashlib
 import json
 import os
 import signal
@@ -46,6 +49,22 @@ WATCH_TAIL_LIMIT = 8 << 20
 # starts of error lines and tracebacks (the watcher's diagnosis tells which failure).
 PROOF_MARKERS = (b"Application startup complete", b"Uvicorn running on")
 ERROR_MARKERS = (b"Traceback (most recent call last)", b"ERROR ", b"Error: ")
+ENGINE_TIMEOUT = 30.0
+# Run by the deployment's interpreter: which Python and which vLLM install it is, without
+# importing vLLM (seconds of torch). A dist's RECORD lists every installed file with its hash,
+# so a reinstall of the same version with other files shows too.
+ENGINE_SCRIPT = r"""
+import hashlib, json, os, sys
+out = {"executable": os.path.realpath(sys.executable), "version": sys.version, "vllm": None}
+try:
+    import importlib.metadata as m
+    dist = m.distribution("vllm")
+    out["vllm"] = dist.version
+    out["record"] = hashlib.sha256((dist.read_text("RECORD") or "").encode()).hexdigest()
+except Exception:
+    pass
+print(json.dumps(out, sort_keys=True))
+"""
 
 
 def main(args):
@@ -229,6 +248,7 @@ def start(args):
         return {"started": False, "reason": "not-executable", "script": script}
     if port_open(args.get("port")):
         return {"started": False, "reason": "port-taken", "holders": port_holders(args["port"])}
+    inputs = fingerprint(args["inputs"]) if args.get("inputs") else None
     os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
     with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
         offset = out.tell()
@@ -253,6 +273,8 @@ def start(args):
         "port": args.get("port"),
         "started_at": time.time(),
     }
+    if inputs is not None:
+        record["inputs"] = inputs
     write_record(args, record)
     proof = prove_started(proc, record)
     # After the proof the script has exec'd the server: its command line identifies it.
@@ -318,7 +340,71 @@ def status(args):
     answer["others"] = [p for p in vllm_processes(uid) if p["pid"] not in group_pids]
     if args.get("notes"):
         answer["notes"] = {name: read_note(args["state_dir"], name) for name in args["notes"]}
+    if args.get("inputs") and answer["running"]:
+        answer["inputs"] = compare_inputs((record or {}).get("inputs"), args["inputs"])
     return answer
+
+
+# -- what a server runs -----------------------------------------------------------------------
+
+
+def fingerprint(inputs):
+    """A digest of each input a server runs: ``{"files": [paths]}`` or ``{"python": path}``."""
+    return {name: input_digest(spec) for name, spec in sorted(inputs.items())}
+
+
+def compare_inputs(recorded, inputs):
+    """Each input: "same" or "changed" since the launch started, "unrecorded" when the launch
+    did not note it (started by an older opsbook). Only the verdict leaves the host: a digest
+    of the secrets file is not worth carrying around."""
+    now = fingerprint(inputs)
+    recorded = recorded if isinstance(recorded, dict) else {}
+    verdicts = {}
+    for name, digest in now.items():
+        if name not in recorded:
+            verdicts[name] = "unrecorded"
+        else:
+            verdicts[name] = "same" if recorded[name] == digest else "changed"
+    return verdicts
+
+
+def input_digest(spec):
+    if "python" in spec:
+        return engine_digest(str(spec["python"]))
+    total = hashlib.sha256()
+    for path in spec.get("files") or []:
+        total.update(f"{path}\0{file_digest(path)}\n".encode())
+    return total.hexdigest()
+
+
+def file_digest(path):
+    """The sha256 of a file; "absent" or "unreadable: why" otherwise (a file that appears,
+    goes, or becomes readable is a change too)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return "absent"
+    except OSError as e:
+        return f"unreadable: {e.strerror}"
+    return digest.hexdigest()
+
+
+def engine_digest(python):
+    """A digest of the interpreter and the vLLM it imports (what ``ENGINE_SCRIPT`` says)."""
+    try:
+        done = subprocess.run(
+            [python, "-c", ENGINE_SCRIPT],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=ENGINE_TIMEOUT,
+        )
+        said = done.stdout if done.returncode == 0 else b"exit %d" % done.returncode
+    except (OSError, subprocess.TimeoutExpired) as e:
+        said = f"not run: {type(e).__name__}".encode()
+    return hashlib.sha256(said).hexdigest()
 
 
 def watch(args):
