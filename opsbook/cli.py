@@ -533,8 +533,7 @@ def _deploy_parameters(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
     unknown = sorted({name for name, _ in pairs} - {"apply", "serial", "restart"})
     if unknown:
         raise RunError(
-            "deploy takes only the parameters apply, serial and restart, not "
-            f"{', '.join(unknown)}",
+            f"deploy takes only the parameters apply, serial and restart, not {', '.join(unknown)}",
             remedy="e.g. -p apply false, -p serial 1 for one host at a time, or -p restart "
             "always to restart servers that are ready and unchanged",
         )

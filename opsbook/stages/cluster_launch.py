@@ -6,6 +6,12 @@ the server opsbook started on the head, start the Ray head and then each worker 
 ``--distributed-executor-backend ray`` and the parallel sizes), follow it to ready while
 watching the cluster, and smoke-test it. A node that is missing or leaves while the model loads
 ends the launch within seconds, naming the node; whatever opsbook started for it is stopped.
+
+Unlike the launch on one host, a cluster's apply restarts the head's server and Ray on every
+node each time (``restart`` is not read): leaving a ready server alone would also need every
+node's place in the Ray cluster in the decision (a worker that left must restart it), and its
+dry run reports that place, not the head's server. The head's launch record notes what the
+server runs all the same (:func:`opsbook.steps.restart_rule.run_inputs`), for that rule.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Report
 from opsbook.stages.launch_server import Options, _phases
-from opsbook.steps import cluster, plots, script, server
+from opsbook.steps import cluster, plots, restart_rule, script, server
 
 if TYPE_CHECKING:
     from opsbook.stages import diagnose as single
@@ -102,7 +108,8 @@ def _launch_on_head(
     paths: server.LaunchPaths,
     ready_timeout: float,
 ) -> Report:
-    started = server.start_server(head_host, paths, view.server_port)
+    inputs = restart_rule.run_inputs(view, paths)
+    started = server.start_server(head_host, paths, view.server_port, inputs=inputs)
     shows: list[object] = [started]
     if not started.ok:
         return Report(State.FAILED, started, shows, _failure_of(started))

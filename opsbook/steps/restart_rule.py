@@ -98,10 +98,7 @@ def decide(state: ServerState, restart: str = "changed") -> RestartDecision:
             "opsbook started it), so whether they changed is unknown"
         )
         return RestartDecision(True, reason, state.state)
-    reason = (
-        "already running and ready; script, env, configs and engine unchanged since "
-        f"{since}"
-    )
+    reason = f"already running and ready; script, env, configs and engine unchanged since {since}"
     return RestartDecision(False, reason, state.state)
 
 

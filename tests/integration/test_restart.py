@@ -1,0 +1,139 @@
+"""A deploy restarts only what changed (issue 29): `opsbook run deploy -p apply True` twice on
+one rehearsal host leaves the server of the first alone the second time (its PID and log
+untouched, launch ok), as the dry run between them said; a changed ``server.args`` value
+restarts it, saying why."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from opsbook.rehearsal.sandbox import Sandbox
+from tests.integration.conftest import rehearsal_host
+
+pytestmark = pytest.mark.integration
+
+ADDRESS = "127.0.9.29"
+
+
+@dataclass
+class Deployed:
+    """One `opsbook run deploy`: its exit code, the launch stage's line, and the server's PID
+    and log as they were when it ended."""
+
+    code: int
+    text: str
+    launch: str
+    pid: int
+    log: bytes
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[Sandbox]:
+    with rehearsal_host("restart", address=ADDRESS) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+def deploy(box: Sandbox, runs: Path, deployment: Path, apply: str) -> Deployed:
+    argv = ["run", "deploy", "-f", str(deployment), "--runs-dir", str(runs), "-p", "apply", apply]
+    done = subprocess.run(
+        [sys.executable, "-m", "opsbook", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    text = done.stdout + done.stderr
+    lines = [line for line in text.splitlines() if line.split()[:1] == ["launch"]]
+    # The launch stage also prints its startup phases ("..."); its result is the last line.
+    finished = [line for line in lines if line.split()[2:3] != ["..."]]
+    assert finished, text
+    paths = yaml.safe_load(deployment.read_text())["paths"]
+    record = json.loads((Path(paths["state"]) / "launch.json").read_text())
+    return Deployed(
+        done.returncode, text, finished[-1], record["pid"], Path(paths["log"]).read_bytes()
+    )
+
+
+def assert_only_requests_logged(before: bytes, after: bytes) -> None:
+    """The log kept as it was: the same bytes, then only the access lines of the requests the
+    checks made (uvicorn logs each, as vLLM's server does): no stop, no start, no reload."""
+    assert after.startswith(before)
+    added = after[len(before) :].decode().splitlines()
+    assert added, "the checks' /health requests are logged: the log is this launch's"
+    others = [line for line in added if ' - "GET /health HTTP' not in line]
+    assert others == [], others
+
+
+@pytest.fixture(scope="module")
+def first(box: Sandbox, runs: Path) -> Deployed:
+    return deploy(box, runs, box.deployment_path, "True")
+
+
+@pytest.fixture(scope="module")
+def dry(first: Deployed, box: Sandbox, runs: Path) -> Deployed:
+    return deploy(box, runs, box.deployment_path, "false")
+
+
+@pytest.fixture(scope="module")
+def second(dry: Deployed, box: Sandbox, runs: Path) -> Deployed:
+    return deploy(box, runs, box.deployment_path, "True")
+
+
+@pytest.fixture(scope="module")
+def changed(second: Deployed, box: Sandbox, runs: Path) -> Deployed:
+    doc = yaml.safe_load(box.deployment_path.read_text())
+    doc["server"]["args"]["max-model-len"] = doc["server"]["args"].get("max-model-len", 0) // 2
+    changed_file = box.dir / "changed-args.yml"
+    changed_file.write_text(yaml.safe_dump(doc))
+    return deploy(box, runs, changed_file, "True")
+
+
+def test_the_first_deploy_starts_the_server(first: Deployed) -> None:
+    assert first.code == 0, first.text
+    assert first.launch.split()[2] == "changed", first.launch
+    assert "smoke test passed" in first.launch
+
+
+def test_the_dry_run_of_a_ready_unchanged_server_says_it_is_left_alone(
+    first: Deployed, dry: Deployed
+) -> None:
+    assert dry.code == 0, dry.text
+    assert dry.launch.split()[2] == "ok", dry.launch
+    assert "already running and ready; script, env, configs and engine unchanged since" in (
+        dry.launch
+    )
+    assert dry.pid == first.pid
+    assert_only_requests_logged(first.log, dry.log)
+
+
+def test_the_second_deploy_leaves_the_server_alone_as_the_dry_run_said(
+    first: Deployed, dry: Deployed, second: Deployed
+) -> None:
+    assert second.code == 0, second.text
+    assert second.launch.split()[2] == "ok", second.launch
+    said = dry.launch.split("already running and ready", 1)[1]
+    assert second.launch.split("already running and ready", 1)[1] == said
+    assert second.pid == first.pid
+    assert_only_requests_logged(first.log, second.log)
+
+
+def test_a_changed_serve_argument_restarts_the_server_naming_why(
+    second: Deployed, changed: Deployed
+) -> None:
+    assert changed.code == 0, changed.text
+    assert changed.launch.split()[2] == "changed", changed.launch
+    assert "smoke test passed" in changed.launch
+    assert "restarted: launch script changed since" in changed.launch
+    assert changed.pid != second.pid
