@@ -16,7 +16,7 @@ every node that takes part: one model is served by all of them or by none.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opsbook.core.deployment import ClusterSpec, Deployment
@@ -33,10 +33,68 @@ RAY_VERSION_COMMAND = "import ray; print(ray.__version__)"
 
 @dataclasses.dataclass(frozen=True)
 class Libraries:
-    """The torch and NCCL a node's deployment python has (None: not installed)."""
+    """The torch and NCCL a node's deployment python has (None: not installed), or why they
+    could not be read."""
 
     torch: str | None = None
     nccl: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any] | None) -> Libraries:
+        found = answer or {}
+        return cls(found.get("torch"), found.get("nccl"), found.get("error"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TakenPort:
+    """A port this node must listen on that something else holds."""
+
+    address: str
+    port: int
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Unreached:
+    """A peer address a TCP connection from this node did not reach; ``refused``: something
+    answered (a closed port, a rejecting firewall), rather than nothing (a timeout)."""
+
+    address: str
+    port: int
+    error: str
+    refused: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeAnswer:
+    """The ``cluster_node`` probe's answer (opsbook/remote/probes/cluster_node.py), parsed once
+    here where it is read; the tests that run the probe read it through this type too."""
+
+    host_ip_error: str | None = None
+    interfaces: list[str] = dataclasses.field(default_factory=list)
+    bad_interfaces: dict[str, str] = dataclasses.field(default_factory=dict)
+    taken_ports: list[TakenPort] = dataclasses.field(default_factory=list)
+    unreached: list[Unreached] = dataclasses.field(default_factory=list)
+    libraries: Libraries = Libraries()
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any]) -> NodeAnswer:
+        return cls(
+            host_ip_error=answer.get("host_ip_error"),
+            interfaces=[str(n) for n in answer.get("interfaces") or []],
+            bad_interfaces={
+                str(k): str(v) for k, v in (answer.get("bad_interfaces") or {}).items()
+            },
+            taken_ports=[
+                TakenPort(str(a), int(p), str(e)) for a, p, e in answer.get("taken_ports") or []
+            ],
+            unreached=[
+                Unreached(str(a), int(p), str(e), bool(r))
+                for a, p, e, r in answer.get("unreached") or []
+            ],
+            libraries=Libraries.parse(answer.get("libraries")),
+        )
 
 
 def run(
@@ -59,7 +117,7 @@ def run(
         for name, node in nodes.items()
         if name in by_name
     }
-    libraries = {name: libraries_of(answer) for name, answer in answers.items()}
+    libraries = {name: answer.libraries for name, answer in answers.items()}
     findings = compare(found, rays, spec.world_size, libraries)
     for name, answer in answers.items():
         findings += node_findings(name, nodes[name], answer, list(nodes.values()))
@@ -90,7 +148,7 @@ INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 def node_probe(
     host: RemoteHost, node: cluster.Node, spec: ClusterSpec, nodes: Sequence[cluster.Node]
-) -> dict[str, Any]:
+) -> NodeAnswer:
     """Probe ``cluster_node`` on one node: its address, interfaces and (on the head) Ray port,
     the other nodes' addresses reached from it, its deployment python's torch and NCCL."""
     interfaces = {v: node.env.get(v) or spec.interface for v in INTERFACE_VARIABLES}
@@ -98,7 +156,7 @@ def node_probe(
     if node.head and not cluster.node_processes(host, node, spec):
         ports.append([node.address, spec.ray_port])
     reach = [[peer.address, peer.host.port] for peer in nodes if peer.host != node.host]
-    answer: dict[str, Any] = host.probe(
+    answer = host.probe(
         "cluster_node",
         {
             "host_ip": node.address,
@@ -108,57 +166,51 @@ def node_probe(
             "python": node.python,
         },
     )
-    return answer
-
-
-def libraries_of(answer: dict[str, Any]) -> Libraries:
-    """The torch and NCCL versions in a ``cluster_node`` answer."""
-    found = answer.get("libraries") or {}
-    return Libraries(found.get("torch"), found.get("nccl"))
+    return NodeAnswer.parse(answer)
 
 
 def node_findings(
-    name: str, node: cluster.Node, answer: dict[str, Any], nodes: Sequence[cluster.Node] = ()
+    name: str, node: cluster.Node, answer: NodeAnswer, nodes: Sequence[cluster.Node] = ()
 ) -> list[Finding]:
     """From a node's ``cluster_node`` answer: its address for Ray and vLLM exists there, its
     NCCL/Gloo interfaces exist, the other nodes' addresses answer from it, and (on the head)
     the Ray port is free unless opsbook's own Ray holds it."""
     findings = []
-    if answer.get("host_ip_error"):
+    if answer.host_ip_error:
         findings.append(
             Finding(
                 "error",
                 name,
                 f"{node.address}, this node's address for Ray and vLLM (VLLM_HOST_IP), is not an "
-                f"address of this node ({answer['host_ip_error']})",
+                f"address of this node ({answer.host_ip_error})",
                 remedy="set VLLM_HOST_IP in this host's vars to an address the node has, one the "
                 "other nodes reach",
             )
         )
-    for variable, value in (answer.get("bad_interfaces") or {}).items():
+    for variable, value in answer.bad_interfaces.items():
         findings.append(
             Finding(
                 "error",
                 name,
                 f"{variable}={value} names no interface of this node "
-                f"(it has {', '.join(answer.get('interfaces') or [])})",
+                f"(it has {', '.join(answer.interfaces)})",
                 remedy="name the interface the nodes reach each other over (cluster.interface)",
             )
         )
-    for address, port, error in answer.get("taken_ports") or []:
+    for taken in answer.taken_ports:
         findings.append(
             Finding(
                 "error",
                 name,
-                f"the Ray port {address}:{port} is taken ({error})",
+                f"the Ray port {taken.address}:{taken.port} is taken ({taken.error})",
                 remedy="stop what holds it, or choose another cluster.ray_port",
             )
         )
     peers = {peer.address: peer for peer in nodes}
-    for address, port, error, refused in answer.get("unreached") or []:
-        peer = peers.get(address)
+    for miss in answer.unreached:
+        peer = peers.get(miss.address)
         if peer is not None:
-            findings.append(reach_finding(name, peer, port, error, refused))
+            findings.append(reach_finding(name, peer, miss.port, miss.error, miss.refused))
     return findings
 
 
@@ -282,4 +334,13 @@ def library_finding(what: str, versions: dict[str, str | None]) -> Finding | Non
     )
 
 
-__all__ = ["Libraries", "compare", "library_finding", "reach_finding", "run"]
+__all__ = [
+    "Libraries",
+    "NodeAnswer",
+    "TakenPort",
+    "Unreached",
+    "compare",
+    "library_finding",
+    "reach_finding",
+    "run",
+]

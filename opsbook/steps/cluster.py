@@ -74,6 +74,16 @@ class ClusterNodes:
     ray_version: str = ""
     error: str = ""
 
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any]) -> ClusterNodes:
+        """The ``ray_cluster`` probe's answer (opsbook/remote/probes/ray_cluster.py)."""
+        if answer.get("error"):
+            return cls((), error=str(answer["error"]))
+        nodes = tuple(
+            (str(n["address"]), bool(n["alive"]), float(n["gpus"])) for n in answer.get("nodes", [])
+        )
+        return cls(nodes, str(answer.get("ray_version") or ""))
+
     def alive(self) -> dict[str, float]:
         return {address: gpus for address, alive, gpus in self.nodes if alive}
 
@@ -355,12 +365,7 @@ def cluster_nodes(head_host: RemoteHost, head: Node, address: str) -> ClusterNod
     answer = head_host.probe(
         "ray_cluster", {"address": address, "node_ip": head.address}, python=head.python
     )
-    if answer.get("error"):
-        return ClusterNodes((), error=str(answer["error"]))
-    nodes = tuple(
-        (str(n["address"]), bool(n["alive"]), float(n["gpus"])) for n in answer.get("nodes", [])
-    )
-    return ClusterNodes(nodes, str(answer.get("ray_version") or ""))
+    return ClusterNodes.parse(answer)
 
 
 def missing_nodes(head_host: RemoteHost, deployment: Deployment) -> list[Node]:

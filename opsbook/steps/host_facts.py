@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -126,6 +126,8 @@ class HostFacts:
     servers: list[ServerProcess]
     nvidia_smi_path: str | None = None
     nvidia_smi_error: str | None = None
+    # The topology and banner are asked once per boot and driver; the probe keeps them.
+    nvidia_smi_cached: bool = False
     cpu_count: int | None = None
     memory_total: int | None = None
     memory_available: int | None = None
@@ -136,7 +138,6 @@ class HostFacts:
     shm_leftover_bytes: int = 0
     server_port: int | None = None
     own_server: OwnServer | None = None
-    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def is_own(self, pid: int | None) -> bool:
         """Whether ``pid`` belongs to the server opsbook launched here."""
@@ -238,6 +239,7 @@ def facts_from_probe(
         servers=[_server_from(s) for s in answer.get("servers") or []],
         nvidia_smi_path=smi.get("path"),
         nvidia_smi_error=smi_error,
+        nvidia_smi_cached=bool(smi.get("static_cached")),
         cpu_count=(answer.get("cpu_count") or {}).get("usable")
         or (answer.get("cpu_count") or {}).get("total"),
         memory_total=memory.get("total_bytes"),
@@ -249,7 +251,6 @@ def facts_from_probe(
         shm_leftover_bytes=int(shm.get("leftover_bytes") or 0),
         server_port=server_port if server_port is not None else (ports[0] if ports else None),
         own_server=_own_server_from(answer.get("own_launch")),
-        raw=answer,
     )
 
 

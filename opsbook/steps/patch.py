@@ -20,6 +20,7 @@ from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import Finding, Result
 from opsbook.knowledge.compat import CONFIG_FILES, Prediction, check_compat, facts_from_texts
 from opsbook.remote.protocol import RemoteHost
+from opsbook.steps.config_answers import ApplyAnswer, ConfigState, RestoreAnswer, WeightsOnDisk
 from opsbook.steps.patch_plan import (
     ACTIONS,
     Edit,
@@ -76,7 +77,7 @@ NO_BACKUP = "config-no-backup"
 DIFFERS_FROM_BACKUP = "config-differs-from-backup"
 
 
-def read_config_state(host: RemoteHost, model_dir: str, *, weights: bool = False) -> dict[str, Any]:
+def read_config_state(host: RemoteHost, model_dir: str, *, weights: bool = False) -> ConfigState:
     """Texts and status (mode, uid, gid, sha256) of the config files and their backups.
 
     Args:
@@ -85,8 +86,7 @@ def read_config_state(host: RemoteHost, model_dir: str, *, weights: bool = False
         weights: also the ``*.safetensors`` files' count and bytes (``"weights"``).
 
     Returns:
-        The ``configs`` probe's answer: ``{"dir", "exists", "files": {name: status},
-        "backups": {name: status}}``.
+        The ``configs`` probe's answer: the files' and their backups' status by name.
 
     Raises:
         OpsbookError: the directory does not exist on the host.
@@ -94,8 +94,8 @@ def read_config_state(host: RemoteHost, model_dir: str, *, weights: bool = False
     args: dict[str, Any] = {"action": "read", "dir": model_dir, "files": list(CONFIG_FILES)}
     if weights:
         args["weights"] = True
-    state: dict[str, Any] = host.probe("configs", args)
-    if not state.get("exists"):
+    state = ConfigState.parse(host.probe("configs", args))
+    if not state.exists:
         raise OpsbookError(
             f"the model directory {model_dir} does not exist on the host",
             remedy="check model.path in the deployment file",
@@ -126,8 +126,8 @@ def read_checkpoint(host: RemoteHost, model_dir: str) -> Checkpoint:
         OpsbookError: the directory does not exist on the host.
     """
     state = read_config_state(host, model_dir, weights=True)
-    weights = state.get("weights") or {}
-    return Checkpoint(_texts(state), int(weights.get("shards", 0)), int(weights.get("bytes", 0)))
+    weights = state.weights or WeightsOnDisk()
+    return Checkpoint(state.texts(), weights.shards, weights.bytes)
 
 
 def read_configs(host: RemoteHost, model_dir: str) -> dict[str, str]:
@@ -142,7 +142,7 @@ def read_configs(host: RemoteHost, model_dir: str) -> dict[str, str]:
     Returns:
         File name to text.
     """
-    return _texts(read_config_state(host, model_dir))
+    return read_config_state(host, model_dir).texts()
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ def apply_patch(
         nothing = ApplyEvidence(dry_run=not apply, already_applied=True)
         return Applied(True, plan.reason or "nothing planned: nothing to change", evidence=nothing)
     state = read_config_state(host, model_dir)
-    current = _texts(state)
+    current = state.texts()
     pending, done, conflicts = _compare_with_host(plan, current)
     evidence = ApplyEvidence(
         dry_run=not apply,
@@ -274,35 +274,34 @@ def apply_patch(
             evidence=evidence,
         )
     writes = {
-        n: {"expect_sha256": state["files"][n]["sha256"], "text": plan.files[n].new}
-        for n in pending
+        n: {"expect_sha256": state.files[n].sha256, "text": plan.files[n].new} for n in pending
     }
-    answer = host.probe("configs", {"action": "apply", "dir": model_dir, "writes": writes})
-    evidence = replace(
-        evidence, changed=[n for n, a in answer["actions"].items() if a.get("written")]
+    answer = ApplyAnswer.parse(
+        host.probe("configs", {"action": "apply", "dir": model_dir, "writes": writes})
     )
-    if answer.get("symlinks"):
+    evidence = replace(evidence, changed=[n for n, a in answer.actions.items() if a.written])
+    if answer.symlinks:
         return Applied(
             False,
             "a config file is a symbolic link: nothing was written",
-            findings=[_symlink_finding(n, t, model_dir) for n, t in answer["symlinks"].items()],
+            findings=[_symlink_finding(n, t, model_dir) for n, t in answer.symlinks.items()],
             evidence=evidence,
         )
-    if answer.get("conflicts"):
+    if answer.conflicts:
         return Applied(
             False,
             "the files changed while patching: nothing was written",
-            findings=[_conflict_finding(name) for name in answer["conflicts"]],
+            findings=[_conflict_finding(name) for name in answer.conflicts],
             evidence=evidence,
         )
     findings, backups = _apply_findings(answer, state, plan, pending)
     recheck = _recheck(
-        _texts(read_config_state(host, model_dir)), gpus, vllm_version, serve_args, probed_backends
+        read_config_state(host, model_dir).texts(), gpus, vllm_version, serve_args, probed_backends
     )
     evidence = replace(evidence, backups=backups, recheck=recheck)
     if recheck is not None:
         findings += [f for f in recheck.findings if f.severity in ("error", "warning")]
-    ok = answer.get("ok", False) and not any(f.severity == "error" for f in findings)
+    ok = answer.ok and not any(f.severity == "error" for f in findings)
     message = (
         f"patched {', '.join(evidence.changed)}; backups kept"
         if ok
@@ -327,32 +326,34 @@ def restore_patch(
         A :class:`Restored` whose evidence (:class:`RestoreEvidence`) lists the files
         restored, those already the originals and those without a backup.
     """
-    answer = host.probe("configs", {"action": "restore", "dir": model_dir, "files": list(files)})
-    if not answer["state"].get("exists"):
+    answer = RestoreAnswer.parse(
+        host.probe("configs", {"action": "restore", "dir": model_dir, "files": list(files)})
+    )
+    if not answer.state.exists:
         raise OpsbookError(
             f"the model directory {model_dir} does not exist on the host",
             remedy="check model.path in the deployment file",
         )
     by_status: dict[str, list[str]] = {}
-    for name, action in answer["actions"].items():
-        by_status.setdefault(action["status"], []).append(name)
+    for name, action in answer.actions.items():
+        by_status.setdefault(action.status, []).append(name)
     findings = []
-    for name, action in answer["actions"].items():
-        if action["status"] == "failed":
+    for name, action in answer.actions.items():
+        if action.status == "failed":
             findings.append(
                 Finding(
                     "error",
                     name,
-                    f"could not restore: {action['error']}",
+                    f"could not restore: {action.error}",
                     remedy="check the folder's permissions and free space",
                     code=NOT_RESTORED,
                 )
             )
-        elif action["status"] == "no-backup":
+        elif action.status == "no-backup":
             findings.append(Finding("info", name, "no backup: left as it is", code=NO_BACKUP))
-    state = answer["state"]
+    state = answer.state
     for name in by_status.get("restored", []) + by_status.get("already", []):
-        if state["files"][name].get("sha256") != state["backups"][name].get("sha256"):
+        if state.files[name].sha256 != state.backups[name].sha256:
             findings.append(
                 Finding(
                     "error",
@@ -376,10 +377,6 @@ def restore_patch(
     )
     verdict = message if ok else "restore failed: see the findings"
     return Restored(ok, verdict, findings=findings, evidence=evidence)
-
-
-def _texts(state: Mapping[str, Any]) -> dict[str, str]:
-    return {name: s["text"] for name, s in state["files"].items() if s.get("text") is not None}
 
 
 def _compare_with_host(
@@ -425,8 +422,8 @@ def _conflict_finding(name: str) -> Finding:
 
 
 def _apply_findings(
-    answer: Mapping[str, Any],
-    before: Mapping[str, Any],
+    answer: ApplyAnswer,
+    before: ConfigState,
     plan: Plan,
     pending: Sequence[str],
 ) -> tuple[list[Finding], dict[str, Backup]]:
@@ -434,38 +431,38 @@ def _apply_findings(
     backups of the files written."""
     findings = []
     backups: dict[str, Backup] = {}
-    after = answer["state"]
+    after = answer.state
     for name in pending:
-        action = answer["actions"].get(name, {})
-        if not action.get("written"):
+        action = answer.action(name)
+        if not action.written:
             findings.append(
                 Finding(
                     "error",
                     name,
-                    f"not written: {action.get('error', 'skipped')}",
+                    f"not written: {'skipped' if action.error is None else action.error}",
                     remedy="check the folder's permissions and free space",
                     code=NOT_WRITTEN,
                 )
             )
             continue
-        backup = after["backups"][name]
-        kept = Backup(backup["path"], backup.get("sha256"), action.get("backup") == "created")
+        backup = after.backups[name]
+        kept = Backup(backup.path, backup.sha256, action.backup == "created")
         backups[name] = kept
-        earlier = backup.get("sha256") != before["files"][name]["sha256"]
-        if action.get("backup") == "kept" and earlier:
-            second = action.get("second_backup") or "(not kept)"
-            backups[name] = replace(kept, second=action.get("second_backup"))
+        earlier = backup.sha256 != before.files[name].sha256
+        if action.backup == "kept" and earlier:
+            second = action.second_backup or "(not kept)"
+            backups[name] = replace(kept, second=action.second_backup)
             findings.append(
                 Finding(
                     "info",
                     name,
-                    f"an earlier backup {backup['path']} was kept (it is the first "
+                    f"an earlier backup {backup.path} was kept (it is the first "
                     "original; it differs from the file as it was before this patch, which is "
                     f"kept as {second})",
                     code=EARLIER_BACKUP_KEPT,
                 )
             )
-        if after["files"][name].get("sha256") != _sha256(plan.files[name].new):
+        if after.files[name].sha256 != _sha256(plan.files[name].new):
             findings.append(
                 Finding(
                     "error",
@@ -475,14 +472,14 @@ def _apply_findings(
                     code=NOT_AS_PLANNED,
                 )
             )
-        old, new = before["files"][name], after["files"][name]
-        if (old["mode"], old["uid"], old["gid"]) != (new["mode"], new["uid"], new["gid"]):
+        old, new = before.files[name], after.files[name]
+        if (old.mode, old.uid, old.gid) != (new.mode, new.uid, new.gid):
             findings.append(
                 Finding(
                     "warning",
                     name,
-                    f"mode/owner changed from {old['mode']:o} {old['uid']}:"
-                    f"{old['gid']} to {new['mode']:o} {new['uid']}:{new['gid']}",
+                    f"mode/owner changed from {old.mode:o} {old.uid}:"
+                    f"{old.gid} to {new.mode:o} {new.uid}:{new.gid}",
                     remedy="patch as the file's owner (or root) to keep its owner",
                     code=OWNER_CHANGED,
                 )

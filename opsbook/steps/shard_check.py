@@ -338,6 +338,43 @@ def to_finding(item: Mapping[str, Any]) -> Finding:
 # --- hash ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HashRow:
+    """One shard's hash (the download probe's ``hash`` answer, opsbook/remote/probes/
+    shard_hash.py): its status (``match``, ``mismatch``, ``no-reference``, ``unreadable``),
+    the reference it was compared with and where that came from."""
+
+    file: str
+    status: str
+    sha256: str | None = None
+    expected: str | None = None
+    source: str | None = None
+    cached: bool = False
+    bytes: int = 0
+    error: str = ""
+
+    @classmethod
+    def parse(cls, row: Mapping[str, Any]) -> HashRow:
+        return cls(
+            file=str(row["file"]),
+            status=str(row["status"]),
+            sha256=row.get("sha256"),
+            expected=row.get("expected"),
+            source=row.get("source"),
+            cached=bool(row.get("cached")),
+            bytes=int(row.get("bytes") or 0),
+            error=str(row.get("error") or ""),
+        )
+
+    def cells(self) -> list[Any]:
+        return [getattr(self, column) for column in HASH_COLUMNS]
+
+
+def hash_rows(answer: Mapping[str, Any]) -> list[HashRow]:
+    """The rows of one ``hash`` answer."""
+    return [HashRow.parse(row) for row in answer["files"]]
+
+
 def hash_shards(
     host: RemoteHost,
     model_path: str,
@@ -379,7 +416,7 @@ def hash_shards(
         return result_of(listing)
     names = [row.file for row in listing.shards if row.status != "unexpected"]
     sizes = {row.file: row.size or 0 for row in listing.shards}
-    rows: list[dict[str, Any]] = []
+    rows: list[HashRow] = []
     started = clock()
     for batch in batched(names, batch_size):
         args: dict[str, Any] = {"op": "hash", "path": model_path, "files": batch}
@@ -388,9 +425,9 @@ def hash_shards(
             args["cache_path"] = cache_path
         if workers:
             args["workers"] = workers
-        rows += host.probe(PROBE, args, timeout=HASH_BATCH_TIMEOUT)["files"]
+        rows += hash_rows(host.probe(PROBE, args, timeout=HASH_BATCH_TIMEOUT))
         if progress is not None:
-            done = sum(sizes.get(row["file"], 0) for row in rows)
+            done = sum(sizes.get(row.file, 0) for row in rows)
             progress(
                 HashProgress(len(rows), len(names), done, sum(sizes.values()), clock() - started)
             )
@@ -403,52 +440,114 @@ class HashResult(Result):
     them, and how many are in each status."""
 
     files: Table
-    rows: list[dict[str, Any]]
+    rows: list[HashRow]
     counts: dict[str, int]
 
 
-def hash_result(rows: Sequence[Mapping[str, Any]]) -> HashResult:
+def hash_result(rows: Sequence[HashRow]) -> HashResult:
     """Turn hash rows into a Result: errors for mismatches, a note for files without reference."""
-    counts = count_by(rows, "status")
-    findings = [hash_finding(row) for row in rows if row["status"] != "match"]
+    counts = count_by([row.status for row in rows])
+    findings = [hash_finding(row) for row in rows if row.status != "match"]
     ok = not any(f.is_problem for f in findings) and bool(rows)
     parts = [f"{n} {status}" for status, n in sorted(counts.items())]
     message = f"{len(rows)} shards hashed: {', '.join(parts)}" if rows else "no shards to hash"
-    files = Table.from_records(list(rows), HASH_COLUMNS)
-    return HashResult(
-        ok, message, findings=findings, files=files, rows=[dict(r) for r in rows], counts=counts
-    )
+    files = Table(HASH_COLUMNS, [row.cells() for row in rows])
+    return HashResult(ok, message, findings=findings, files=files, rows=list(rows), counts=counts)
 
 
-def hash_finding(row: Mapping[str, Any]) -> Finding:
+def hash_finding(row: HashRow) -> Finding:
     """A finding for a shard whose hash does not match, or cannot be checked."""
-    name = row["file"]
-    if row["status"] == "mismatch":
+    name = row.file
+    if row.status == "mismatch":
         return Finding(
             "error",
             name,
-            f"sha256 {row['sha256']} differs from {row['expected']} ({row['source']})",
+            f"sha256 {row.sha256} differs from {row.expected} ({row.source})",
             "delete this shard and download it again",
             SOURCE,
         )
-    if row["status"] == "unreadable":
+    if row.status == "unreadable":
         return Finding(
             "error",
             name,
-            f"cannot hash: {row['error']}",
+            f"cannot hash: {row.error}",
             "check the file exists and is readable",
             SOURCE,
         )
     return Finding(
         "info",
         name,
-        f"sha256 {row['sha256']}: no reference hash to compare with",
+        f"sha256 {row.sha256}: no reference hash to compare with",
         "pass a manifest of known hashes to compare",
         SOURCE,
     )
 
 
 # --- watch --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProgressTotals:
+    """Shards per state, and bytes present against bytes expected (estimated for the shards
+    whose header is not there yet when ``expected_estimated``)."""
+
+    shards: int
+    done: int
+    partial: int
+    missing: int
+    bytes_present: int
+    bytes_expected: int
+    expected_estimated: bool
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any]) -> ProgressTotals:
+        return cls(
+            shards=int(answer["shards"]),
+            done=int(answer["done"]),
+            partial=int(answer["partial"]),
+            missing=int(answer["missing"]),
+            bytes_present=int(answer["bytes_present"]),
+            bytes_expected=int(answer["bytes_expected"]),
+            expected_estimated=bool(answer["expected_estimated"]),
+        )
+
+
+@dataclass(frozen=True)
+class ProgressRow:
+    """One shard's state in a download: ``done``, ``partial`` or ``missing``; ``expected`` is
+    its full size once its header is there."""
+
+    file: str
+    state: str
+    bytes: int
+    expected: int | None
+
+    @classmethod
+    def parse(cls, row: Mapping[str, Any]) -> ProgressRow:
+        return cls(str(row["file"]), str(row["state"]), int(row["bytes"]), row.get("expected"))
+
+    def cells(self) -> list[Any]:
+        return [getattr(self, column) for column in PROGRESS_COLUMNS]
+
+
+@dataclass(frozen=True)
+class ProgressAnswer:
+    """The download probe's ``progress`` answer (opsbook/remote/probes/download.py): each
+    shard's state and the totals."""
+
+    where: Where
+    shards: list[ProgressRow]
+    totals: ProgressTotals
+    findings: list[Finding]
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any]) -> ProgressAnswer:
+        return cls(
+            where=Where.parse(answer["where"]),
+            shards=[ProgressRow.parse(row) for row in answer["shards"]],
+            totals=ProgressTotals.parse(answer["totals"]),
+            findings=[to_finding(item) for item in answer["findings"]],
+        )
 
 
 def watch_download(
@@ -483,12 +582,12 @@ def watch_download(
     started = clock()
     while True:
         args = {"op": "progress", "path": model_path}
-        snapshot = host.probe(PROBE, args, timeout=CHECK_TIMEOUT)
-        samples.append((clock() - started, snapshot["totals"]["bytes_present"]))
-        update = progress_from(snapshot["totals"], samples)
+        snapshot = ProgressAnswer.parse(host.probe(PROBE, args, timeout=CHECK_TIMEOUT))
+        samples.append((clock() - started, snapshot.totals.bytes_present))
+        update = progress_from(snapshot.totals, samples)
         if on_update is not None:
             on_update(update)
-        if update.complete or snapshot["where"]["error"] or samples[-1][0] >= timeout:
+        if update.complete or snapshot.where.error or samples[-1][0] >= timeout:
             break
         sleep(interval)
     return watch_result(snapshot, update, samples)
@@ -504,10 +603,10 @@ class WatchResult(Result):
 
 
 def watch_result(
-    snapshot: Mapping[str, Any], update: DownloadProgress, samples: list[tuple[float, int]]
+    snapshot: ProgressAnswer, update: DownloadProgress, samples: list[tuple[float, int]]
 ) -> WatchResult:
     """The Result of a watch: complete or not, with a stall warning when bytes stopped."""
-    findings = [to_finding(item) for item in snapshot["findings"]]
+    findings = list(snapshot.findings)
     if not update.complete and update.stalled_for >= STALL_AFTER:
         findings.append(
             Finding(
@@ -522,28 +621,26 @@ def watch_result(
         message = f"download complete: {update.line()}"
     else:
         message = f"download not complete after {format_duration(update.elapsed)}: {update.line()}"
-    shards = Table.from_records(snapshot["shards"], PROGRESS_COLUMNS)
+    shards = Table(PROGRESS_COLUMNS, [row.cells() for row in snapshot.shards])
     return WatchResult(
         update.complete, message, findings=findings, samples=samples, progress=update, shards=shards
     )
 
 
-def progress_from(
-    totals: Mapping[str, Any], samples: Sequence[tuple[float, int]]
-) -> DownloadProgress:
+def progress_from(totals: ProgressTotals, samples: Sequence[tuple[float, int]]) -> DownloadProgress:
     """A :class:`DownloadProgress` from the probe's totals and the samples so far."""
     rate = transfer_rate(samples)
     return DownloadProgress(
         elapsed=samples[-1][0] if samples else 0.0,
-        bytes_present=totals["bytes_present"],
-        bytes_expected=totals["bytes_expected"],
-        expected_estimated=totals["expected_estimated"],
-        shards=totals["shards"],
-        done=totals["done"],
-        partial=totals["partial"],
-        missing=totals["missing"],
+        bytes_present=totals.bytes_present,
+        bytes_expected=totals.bytes_expected,
+        expected_estimated=totals.expected_estimated,
+        shards=totals.shards,
+        done=totals.done,
+        partial=totals.partial,
+        missing=totals.missing,
         rate=rate,
-        eta=eta_seconds(totals["bytes_present"], totals["bytes_expected"], rate),
+        eta=eta_seconds(totals.bytes_present, totals.bytes_expected, rate),
         stalled_for=stalled_for(samples),
     )
 
@@ -593,11 +690,11 @@ def batched(items: Sequence[str], size: int) -> list[list[str]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
-def count_by(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, int]:
-    """How many rows have each value of ``key``."""
+def count_by(values: Sequence[str]) -> dict[str, int]:
+    """How many times each value occurs."""
     counts: dict[str, int] = {}
-    for row in rows:
-        counts[row[key]] = counts.get(row[key], 0) + 1
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
     return counts
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from opsbook.knowledge.compat import BackendsAnswer
 from opsbook.remote import probes
 from opsbook.remote.probes.vllm_source import STATIC_REASONS
 
@@ -40,7 +41,7 @@ needs_real_vllm = pytest.mark.skipif(
 )
 
 
-def ask(tmp_path: Path, model: dict[str, Any], kv: list[str], read: str) -> dict[str, Any]:
+def ask(tmp_path: Path, model: dict[str, Any], kv: list[str], read: str) -> BackendsAnswer:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / read)}
     args = {
         "python": str(PYTHON),
@@ -50,7 +51,7 @@ def ask(tmp_path: Path, model: dict[str, Any], kv: list[str], read: str) -> dict
         "read": read,
         "cache": False,
     }
-    return probes.run_local("backends", args, env=env, timeout=600)
+    return BackendsAnswer.parse(probes.run_local("backends", args, env=env, timeout=600))
 
 
 def static(reasons: list[str]) -> list[str]:
@@ -63,44 +64,45 @@ def test_the_source_read_answer_equals_the_imported_answer(tmp_path, model, kv):
     started = time.monotonic()
     source = ask(tmp_path, model, kv, "source")
     cold = time.monotonic() - started
-    assert source["error"] is None and source["read_from"] == "source", source
+    assert source.error is None and source.read_from == "source", source
     assert cold < 3.0, f"cold source read took {cold:.2f} s"
     imported = ask(tmp_path, model, kv, "import")
-    assert imported["error"] is None and imported["read_from"] == "import", imported
+    assert imported.error is None and imported.read_from == "import", imported
 
-    assert source["selections"].keys() == imported["selections"].keys()
+    assert source.selections.keys() == imported.selections.keys()
     compared = 0
-    for key, ours in source["selections"].items():
-        theirs = imported["selections"][key]
-        assert ours["order"] == theirs["order"], key
-        tried = set(ours["reasons"]) | {ours["chosen"]}
-        for name in tried & (set(theirs["reasons"]) | {theirs["chosen"]}):
-            if name is None or name in imported["import_errors"]:
+    for key, ours in source.selections.items():
+        theirs = imported.selections[key]
+        assert ours.order == theirs.order, key
+        tried = set(ours.reasons) | {ours.chosen}
+        for name in tried & (set(theirs.reasons) | {theirs.chosen}):
+            if name is None or name in imported.import_errors:
                 continue
             # A backend both readers judged: the same verdict from its declarations.
-            assert static(ours["reasons"].get(name, [])) == static(
-                theirs["reasons"].get(name, [])
-            ), (key, name)
+            assert static(ours.reasons.get(name, [])) == static(theirs.reasons.get(name, [])), (
+                key,
+                name,
+            )
             compared += 1
-        if ours["chosen"] != theirs["chosen"]:
+        if ours.chosen != theirs.chosen:
             # Only what the source cannot see may part them: vLLM rejected the source's choice
             # for a machine-dependent reason (a compiled kernel or CUDA torch missing here).
-            rejected = theirs["reasons"][ours["chosen"]]
+            rejected = theirs.reasons[ours.chosen]
             assert rejected and not static(rejected), (key, rejected)
-    assert compared >= len(source["selections"])
+    assert compared >= len(source.selections)
     # A package a backend's module imports and that is missing: the same error both ways.
-    for name, error in source["import_errors"].items():
+    for name, error in source.import_errors.items():
         if "No module named" in error:
-            assert imported["import_errors"][name].endswith(error), name
-    for name, dtypes in source["backends"].items():
-        if name in imported["backends"]:
-            assert dtypes == imported["backends"][name], name
+            assert imported.import_errors[name].endswith(error), name
+    for name, dtypes in source.backends.items():
+        if name in imported.backends:
+            assert dtypes == imported.backends[name], name
 
 
 @needs_real_vllm
 def test_what_the_source_cannot_settle_is_asked_of_vllm_and_says_why(tmp_path):
     answer = ask(tmp_path, MHA, ["fp8_e4m3"], "source")
-    assert answer["error"] is None and answer["read_from"] == "import"
-    assert "FLASH_ATTN" in answer["why_not_source"]
-    assert "flash_attn_supports_kv_cache_dtype" in answer["why_not_source"]
-    assert answer["selections"]["12.0|False|fp8_e4m3"]["order"][0] == "FLASH_ATTN"
+    assert answer.error is None and answer.read_from == "import"
+    assert "FLASH_ATTN" in answer.why_not_source
+    assert "flash_attn_supports_kv_cache_dtype" in answer.why_not_source
+    assert answer.selections["12.0|False|fp8_e4m3"].order[0] == "FLASH_ATTN"

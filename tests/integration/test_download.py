@@ -283,7 +283,7 @@ def test_full_hash_flipped_byte_and_resumable_cache(
 
     cache = f"{sandbox.home}/{place.name}-hashes.json"
     warm = shard_check.hash_shards(host, str(model), cache_path=cache)
-    assert warm.ok and not any(row["cached"] for row in warm.rows)
+    assert warm.ok and not any(row.cached for row in warm.rows)
 
     flipped = checkpoint.shard_path(model, 3)
     with open(flipped, "r+b") as handle:
@@ -297,7 +297,7 @@ def test_full_hash_flipped_byte_and_resumable_cache(
     assert not again.ok
     assert set(problems(again)) == {shard(3, 4)}
     assert "differs from" in problems(again)[shard(3, 4)]
-    cached = {row["file"]: row["cached"] for row in again.rows}
+    cached = {row.file: row.cached for row in again.rows}
     assert cached == {shard(1, 4): True, shard(2, 4): True, shard(3, 4): False, shard(4, 4): True}
     Path(cache).unlink()
 

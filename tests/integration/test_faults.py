@@ -30,6 +30,7 @@ from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote.hosts import Host
 from opsbook.steps import server, triage
+from opsbook.steps.config_answers import ConfigState
 from opsbook.steps.patch import apply_patch, fp8_kv_cache_edits, plan_patch, read_configs
 from tests.integration.conftest import OPSBOOK, opsbook
 
@@ -403,8 +404,8 @@ def test_a_banner_printed_by_the_login_shell_breaks_no_probe(box: Sandbox, runs:
         banner = subprocess.run(box.ssh_command("true"), capture_output=True, text=True)
         assert "Welcome to gpu-01" in banner.stdout
         with Host(box.host_spec()) as host:
-            answer = host.probe("configs", {"dir": str(box.model_path)})
-        assert answer["exists"] is True
+            answer = ConfigState.parse(host.probe("configs", {"dir": str(box.model_path)}))
+        assert answer.exists is True
         done = opsbook(
             "run",
             "00_preflight",

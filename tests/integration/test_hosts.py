@@ -25,6 +25,7 @@ from opsbook.core.exceptions import (
 )
 from opsbook.remote import hosts
 from opsbook.remote.hosts import Host, close_kept_connections, open_ahead
+from opsbook.steps.host_facts import facts_from_probe
 
 pytestmark = pytest.mark.integration
 
@@ -248,7 +249,7 @@ def test_a_group_answers_per_host_and_one_failure_does_not_stop_the_others(
         group.close()
     assert [answers[h.name].stdout.strip() for h in good] == [sandbox.user, bash_sandbox.user]
     assert isinstance(answers[closed.name], ConnectionRefused)
-    assert all(len(facts[h.name]["nvidia_smi"]) > 0 for h in good)
+    assert all(facts_from_probe(facts[h.name]).nvidia_smi_path for h in good)
     assert isinstance(facts[closed.name], ConnectionRefused)
 
 

@@ -43,8 +43,8 @@ def test_fp8_kv_patch_round_trip_on_the_rehearsal_host(sandbox: Any) -> None:
     model_dir = deployment.model_path
     with Host.from_deployment(deployment) as host:
         before = read_config_state(host, model_dir)
-        present = [n for n in PATCHABLE_FILES if before["files"][n]["exists"]]
-        had_backup = {n: before["backups"][n]["exists"] for n in present}
+        present = [n for n in PATCHABLE_FILES if before.files[n].exists]
+        had_backup = {n: before.backups[n].exists for n in present}
         originals = {n: host.read_bytes(f"{model_dir}/{n}") for n in present}
         try:
             files = read_configs(host, model_dir)
@@ -64,16 +64,16 @@ def test_fp8_kv_patch_round_trip_on_the_rehearsal_host(sandbox: Any) -> None:
             assert done.evidence.recheck is not None and done.evidence.recheck.ok
             after = read_config_state(host, model_dir)
             for name in plan.changed_files:
-                assert after["files"][name]["text"] == plan.files[name].new
-                for key in ("mode", "uid", "gid"):
-                    assert after["files"][name][key] == before["files"][name][key]
+                assert after.files[name].text == plan.files[name].new
+                old, new = before.files[name], after.files[name]
+                assert (new.mode, new.uid, new.gid) == (old.mode, old.uid, old.gid)
                 if not had_backup[name]:
                     backup = host.read_bytes(f"{model_dir}/{name}{BACKUP_SUFFIX}")
                     assert backup == originals[name]
 
             again = apply_patch(host, model_dir, plan, apply=True)
             assert again.ok and again.evidence.already_applied
-            assert read_config_state(host, model_dir)["files"] == after["files"]
+            assert read_config_state(host, model_dir).files == after.files
             replanned = read_configs(host, model_dir)
             assert plan_patch(replanned, fp8_kv_cache_edits(replanned)).already_applied
         finally:

@@ -15,6 +15,7 @@ from opsbook.core.deployment import ClusterSpec, parse_deployment
 from opsbook.core.exceptions import DeploymentError
 from opsbook.remote import probes
 from opsbook.stages import cluster_preflight
+from opsbook.stages.cluster_preflight import Libraries, NodeAnswer
 from opsbook.steps import cluster
 
 
@@ -145,21 +146,22 @@ def test_the_node_probe_finds_and_stops_only_the_processes_naming_its_folder(tmp
                 process.wait()
 
 
+def node_answer(args: dict[str, Any]) -> NodeAnswer:
+    return NodeAnswer.parse(probes.run_local("cluster_node", args))
+
+
 def test_the_node_probe_tells_an_address_the_node_lacks_and_an_unknown_interface() -> None:
     # Binding to an address the machine lacks fails at once: nothing is sent.
-    answer = probes.run_local(
-        "cluster_node",
+    answer = node_answer(
         {
             "host_ip": "10.255.255.1",
             "interfaces": {"NCCL_SOCKET_IFNAME": "nosuch0", "GLOO_SOCKET_IFNAME": "lo"},
-        },
+        }
     )
-    assert "assign" in answer["host_ip_error"]
-    assert answer["bad_interfaces"] == {"NCCL_SOCKET_IFNAME": "nosuch0"}
-    fine = probes.run_local(
-        "cluster_node", {"host_ip": "127.0.0.1", "interfaces": {"NCCL_SOCKET_IFNAME": "^docker"}}
-    )
-    assert fine["host_ip_error"] is None and fine["bad_interfaces"] == {}
+    assert answer.host_ip_error is not None and "assign" in answer.host_ip_error
+    assert answer.bad_interfaces == {"NCCL_SOCKET_IFNAME": "nosuch0"}
+    fine = node_answer({"host_ip": "127.0.0.1", "interfaces": {"NCCL_SOCKET_IFNAME": "^docker"}})
+    assert fine.host_ip_error is None and fine.bad_interfaces == {}
 
 
 def test_the_node_probe_tells_a_taken_port() -> None:
@@ -169,8 +171,8 @@ def test_the_node_probe_tells_a_taken_port() -> None:
         holder.bind(("127.0.6.50", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        answer = probes.run_local("cluster_node", {"ports": [["127.0.6.50", port]]})
-    assert [entry[:2] for entry in answer["taken_ports"]] == [["127.0.6.50", port]]
+        answer = node_answer({"ports": [["127.0.6.50", port]]})
+    assert [(t.address, t.port) for t in answer.taken_ports] == [("127.0.6.50", port)]
 
 
 def test_a_port_whose_last_connection_waits_in_time_wait_is_free() -> None:
@@ -188,8 +190,8 @@ def test_a_port_whose_last_connection_waits_in_time_wait_is_free() -> None:
         accepted, _ = server.accept()
         accepted.close()  # the server side closes first: its end waits in TIME_WAIT
         client.close()
-    answer = probes.run_local("cluster_node", {"ports": [["127.0.6.55", port]]})
-    assert answer["taken_ports"] == []
+    answer = node_answer({"ports": [["127.0.6.55", port]]})
+    assert answer.taken_ports == []
 
 
 def shards_check(*rows: tuple[str, int]) -> Any:
@@ -363,11 +365,7 @@ def test_the_node_probe_reads_torch_and_nccl_from_the_deployment_pythons_package
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     [site] = venv.glob("lib/python*/site-packages")
     python = str(venv / "bin" / "python")
-    assert probes.run_local("cluster_node", {"python": python})["libraries"] == {
-        "torch": None,
-        "nccl": None,
-        "error": None,
-    }
+    assert node_answer({"python": python}).libraries == Libraries(None, None, None)
     # torch/__init__.py raises: the probe must not import torch (it takes seconds on a node).
     install_distribution(
         site,
@@ -376,12 +374,8 @@ def test_the_node_probe_reads_torch_and_nccl_from_the_deployment_pythons_package
         {"torch/__init__.py": "raise SystemExit(7)\n", "torch/version.py": TORCH_VERSION_PY},
     )
     install_distribution(site, "nvidia-nccl-cu13", "2.30.7", {"nvidia/nccl/__init__.py": ""})
-    answer = probes.run_local("cluster_node", {"python": python})
-    assert answer["libraries"] == {
-        "torch": "2.14.1+cu130",
-        "nccl": "2.30.7 (nvidia-nccl-cu13)",
-        "error": None,
-    }
+    answer = node_answer({"python": python})
+    assert answer.libraries == Libraries("2.14.1+cu130", "2.30.7 (nvidia-nccl-cu13)", None)
 
 
 def test_the_node_probe_tells_which_peer_addresses_answer() -> None:
@@ -393,10 +387,10 @@ def test_the_node_probe_tells_which_peer_addresses_answer() -> None:
         closed.bind(("127.0.6.52", 0))  # bound, not listening: a connection is refused
         open_port, closed_port = listening.getsockname()[1], closed.getsockname()[1]
         reach = [["127.0.6.51", open_port], ["127.0.6.52", closed_port]]
-        answer = probes.run_local("cluster_node", {"reach": reach})
-    [(address, port, error, refused)] = answer["unreached"]
-    assert (address, port, refused) == ("127.0.6.52", closed_port, True)
-    assert "refused" in error.lower()
+        answer = node_answer({"reach": reach})
+    [miss] = answer.unreached
+    assert (miss.address, miss.port, miss.refused) == ("127.0.6.52", closed_port, True)
+    assert "refused" in miss.error.lower()
 
 
 def pair_deployment(head_port: int, worker_port: int, worker_ip: str | None = None) -> Any:

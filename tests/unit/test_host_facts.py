@@ -739,10 +739,11 @@ def _fake_smi_host(tmp_path):
     return env, log, gpus, smi
 
 
-def _preflight_probe(env):
+def _preflight_probe(env: dict[str, str]) -> HostFacts:
     from opsbook.remote import probes
 
-    return probes.run_local("facts", {"python": "python3", "ports": []}, env=env)
+    answer = probes.run_local("facts", {"python": "python3", "ports": []}, env=env)
+    return facts_from_probe(answer, host="gpu-01")
 
 
 def test_topology_and_banner_are_asked_once_per_boot_and_driver(tmp_path):
@@ -754,17 +755,15 @@ def test_topology_and_banner_are_asked_once_per_boot_and_driver(tmp_path):
     calls = log.read_text().splitlines()
     assert sum(c.startswith("topo") for c in calls) == 1
     assert len(calls) == 6  # 4 the first time, the 2 live queries the second
-    assert not first["nvidia_smi"]["static_cached"] and second["nvidia_smi"]["static_cached"]
-    assert second["nvidia_smi"]["topo"]["stdout"] == first["nvidia_smi"]["topo"]["stdout"]
-    from opsbook.steps.host_facts import facts_from_probe
-
-    assert facts_from_probe(second, host="gpu-01").cuda == "13.0"
+    assert not first.nvidia_smi_cached and second.nvidia_smi_cached
+    assert second.topology == first.topology and second.topology.gpus
+    assert second.cuda == "13.0"
     # Other GPUs, or a new nvidia-smi (a driver update), and the static outputs are asked again.
     gpus.write_text("0, NVIDIA H200, 9.0, 143771, 0, 143771, 580.95.05, GPU-bbbb\n")
-    assert not _preflight_probe(env)["nvidia_smi"]["static_cached"]
-    assert _preflight_probe(env)["nvidia_smi"]["static_cached"]
+    assert not _preflight_probe(env).nvidia_smi_cached
+    assert _preflight_probe(env).nvidia_smi_cached
     os.utime(smi, ns=(1, 1))
-    assert not _preflight_probe(env)["nvidia_smi"]["static_cached"]
+    assert not _preflight_probe(env).nvidia_smi_cached
 
 
 def test_opsbooks_own_server_is_one_info_not_a_warning_per_gpu_and_port() -> None:

@@ -16,6 +16,7 @@ from opsbook.core.exceptions import OpsbookError
 from opsbook.knowledge.compat import facts_from_texts
 from opsbook.remote.probes import run_local
 from opsbook.remote.testing import FakeHost, LocalHost
+from opsbook.steps.config_answers import ApplyAnswer
 from opsbook.steps.patch import (
     BACKUP_SUFFIX,
     Backup,
@@ -199,9 +200,9 @@ def test_edit_action_is_checked() -> None:
 def test_read_configs_in_one_probe(model_dir: Path) -> None:
     assert read_configs(LocalHost(), str(model_dir)) == kimi_files()
     state = read_config_state(LocalHost(), str(model_dir))
-    assert state["files"]["config.json"]["mode"] == 0o640
-    assert state["files"]["config.json"]["sha256"] == sha(model_dir / "config.json")
-    assert not state["backups"]["config.json"]["exists"]
+    assert state.files["config.json"].mode == 0o640
+    assert state.files["config.json"].sha256 == sha(model_dir / "config.json")
+    assert not state.backups["config.json"].exists
 
 
 def test_read_checkpoint_adds_up_the_weights_on_disk_in_the_same_probe(model_dir: Path) -> None:
@@ -328,8 +329,10 @@ def test_a_file_changed_since_the_plan_is_not_written(model_dir: Path) -> None:
 
 def test_probe_refuses_to_write_over_a_concurrent_change(model_dir: Path) -> None:
     writes = {"config.json": {"expect_sha256": "0" * 64, "text": "{}"}}
-    answer = run_local("configs", {"action": "apply", "dir": str(model_dir), "writes": writes})
-    assert answer["ok"] is False and answer["conflicts"] == ["config.json"]
+    answer = ApplyAnswer.parse(
+        run_local("configs", {"action": "apply", "dir": str(model_dir), "writes": writes})
+    )
+    assert answer.ok is False and answer.conflicts == ["config.json"]
     assert (model_dir / "config.json").read_text() == kimi_files()["config.json"]
 
 

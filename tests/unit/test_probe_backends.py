@@ -107,8 +107,9 @@ def stand_in_vllm(root: Path, imports_log: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(root), "XDG_CACHE_HOME": str(root / "cache")}
 
 
-def ask(env: dict[str, str], python: str = "/usr/bin/python3", **args):
-    return probes.run_local("backends", {"python": python, **args}, env=env, timeout=300)
+def ask(env: dict[str, str], python: str = "/usr/bin/python3", **args) -> compat.BackendsAnswer:
+    answer = probes.run_local("backends", {"python": python, **args}, env=env, timeout=300)
+    return compat.BackendsAnswer.parse(answer)
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,17 +119,17 @@ def ask(env: dict[str, str], python: str = "/usr/bin/python3", **args):
 def test_the_probe_calls_the_releases_priority_function_and_each_backends_validation(tmp_path):
     env = stand_in_vllm(tmp_path, tmp_path / "imports.log")
     answer = ask(env, capabilities=["12.0", "9.0"], kv_cache_dtypes=["fp8_e4m3"])
-    assert answer["error"] is None and answer["vllm_version"] == "9.9.9"
-    assert "compiled from source" in answer["priorities_from"]
-    assert "_C_missing_extension" in answer["priorities_from"]
-    sm120 = answer["selections"]["12.0|True|fp8_e4m3"]
-    assert sm120["order"] == ["GONE_MLA", "TRITON_MLA"]
-    assert sm120["chosen"] is None
-    assert sm120["reasons"]["TRITON_MLA"] == ["kv_cache_dtype not supported"]
+    assert answer.error is None and answer.vllm_version == "9.9.9"
+    assert "compiled from source" in answer.priorities_from
+    assert "_C_missing_extension" in answer.priorities_from
+    sm120 = answer.selections["12.0|True|fp8_e4m3"]
+    assert sm120.order == ["GONE_MLA", "TRITON_MLA"]
+    assert sm120.chosen is None
+    assert sm120.reasons["TRITON_MLA"] == ["kv_cache_dtype not supported"]
     # A backend that does not import is reported, not dropped.
-    assert sm120["reasons"]["GONE_MLA"][0].startswith("not importable: ModuleNotFoundError")
-    assert "GONE_MLA" in answer["import_errors"]
-    assert answer["selections"]["9.0|True|fp8_e4m3"]["chosen"] == "FLASHMLA"
+    assert sm120.reasons["GONE_MLA"][0].startswith("not importable: ModuleNotFoundError")
+    assert "GONE_MLA" in answer.import_errors
+    assert answer.selections["9.0|True|fp8_e4m3"].chosen == "FLASHMLA"
 
 
 def test_the_answer_is_cached_on_the_host_and_vllm_is_not_started_again(tmp_path):
@@ -136,16 +137,16 @@ def test_the_answer_is_cached_on_the_host_and_vllm_is_not_started_again(tmp_path
     env = stand_in_vllm(tmp_path, log)
     first = ask(env, capabilities=["12.0"])
     second = ask(env, capabilities=["12.0"])
-    assert not first["cached"] and second["cached"]
-    assert second["selections"] == first["selections"]
+    assert not first.cached and second.cached
+    assert second.selections == first.selections
     assert log.read_text().count("imported") == 1
     other = ask(env, capabilities=["9.0"])
-    assert not other["cached"]
+    assert not other.cached
     assert log.read_text().count("imported") == 2
     # A reinstall (same version, new files) is asked again.
     init = tmp_path / "vllm" / "__init__.py"
     os.utime(init, ns=(time.time_ns(), time.time_ns() + 10**9))
-    assert not ask(env, capabilities=["12.0"])["cached"]
+    assert not ask(env, capabilities=["12.0"]).cached
 
 
 def test_the_probe_reads_the_hosts_gpus_when_no_capability_is_given(tmp_path):
@@ -157,7 +158,7 @@ def test_the_probe_reads_the_hosts_gpus_when_no_capability_is_given(tmp_path):
     smi.chmod(0o755)
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     answer = ask(env)
-    assert set(answer["selections"]) == {"12.0|True|auto", "12.0|True|fp8_e4m3"}
+    assert set(answer.selections) == {"12.0|True|auto", "12.0|True|fp8_e4m3"}
 
 
 def test_the_interpreter_and_nvidia_smi_are_waited_for_side_by_side(tmp_path):
@@ -168,7 +169,7 @@ def test_the_interpreter_and_nvidia_smi_are_waited_for_side_by_side(tmp_path):
     python = timed_stand_in(tmp_path / "python", '/usr/bin/python3 "$@"')
     env["PATH"] = f"{bins}:{env['PATH']}"
     answer = ask(env, python=str(python))
-    assert set(answer["selections"]) == {"12.0|True|auto", "12.0|True|fp8_e4m3"}
+    assert set(answer.selections) == {"12.0|True|auto", "12.0|True|fp8_e4m3"}
     [gpus] = spans(smi.with_suffix(".log"))
     version = spans(python.with_suffix(".log"))[0]  # the first: the version's read
     assert max(gpus[0], version[0]) < min(gpus[1], version[1])
@@ -184,9 +185,9 @@ def test_an_older_vllm_without_a_registry_gets_the_kv_dtypes_only(tmp_path):
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "c")}
     answer = ask(env, capabilities=["12.0"])
-    assert answer["backends"] == {"TRITON_MLA": ["auto", "bfloat16", "fp8"]}
-    assert "no DeviceCapability" in answer["note"]
-    assert "FLASHMLA" in answer["import_errors"]
+    assert answer.backends == {"TRITON_MLA": ["auto", "bfloat16", "fp8"]}
+    assert "no DeviceCapability" in answer.note
+    assert "FLASHMLA" in answer.import_errors
     probed = compat.installed_vllm(answer)
     assert probed is not None and dict(probed) == {"TRITON_MLA": ("auto", "bfloat16", "fp8")}
 
@@ -215,9 +216,9 @@ def test_an_older_vllms_answer_is_kept_on_the_host_like_a_newer_ones(tmp_path):
     log = tmp_path / "imports.log"
     env = older_vllm(tmp_path, log)
     first, second = ask(env, capabilities=["12.0"]), ask(env, capabilities=["12.0"])
-    assert "No module named 'vllm.platforms'" in first["note"]
-    assert not first["cached"] and second["cached"]
-    assert second["backends"] == first["backends"] == {"TRITON_MLA": ["auto", "bfloat16"]}
+    assert "No module named 'vllm.platforms'" in first.note
+    assert not first.cached and second.cached
+    assert second.backends == first.backends == {"TRITON_MLA": ["auto", "bfloat16"]}
     assert log.read_text().count("imported") == 1
 
 
@@ -226,13 +227,15 @@ def test_an_answer_that_a_missing_package_decided_is_asked_again(tmp_path):
     log = tmp_path / "imports.log"
     env = older_vllm(tmp_path, log, first_line="import opsbook_test_missing_package")
     first, second = ask(env, capabilities=["12.0"]), ask(env, capabilities=["12.0"])
-    assert "opsbook_test_missing_package" in first["note"]
-    assert not first["cached"] and not second["cached"]
+    assert "opsbook_test_missing_package" in first.note
+    assert not first.cached and not second.cached
 
 
 def test_a_missing_interpreter_is_an_error_not_an_answer():
-    missing = probes.run_local("backends", {"python": "/no/such/python"})
-    assert missing["backends"] is None and "No such file" in missing["error"]
+    missing = compat.BackendsAnswer.parse(
+        probes.run_local("backends", {"python": "/no/such/python"})
+    )
+    assert missing.backends is None and "No such file" in missing.error
     assert compat.installed_vllm(missing) is None
 
 
@@ -263,24 +266,24 @@ def test_the_probe_asks_a_real_vllm_and_answers_fast_from_its_cache(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     caps = ["12.0", "10.0", "9.0"]
     cold = ask(env, python=str(REAL_PYTHON), capabilities=caps)
-    assert cold["error"] is None and not cold["cached"], cold
-    version = cold["vllm_version"]
+    assert cold.error is None and not cold.cached, cold
+    version = cold.vllm_version
     assert version.startswith("0.")
     release = vllm_facts.for_version(version)
     for cc in caps:
         for kv in ("auto", "fp8_e4m3"):
-            selection = cold["selections"][f"{cc}|True|{kv}"]
+            selection = cold.selections[f"{cc}|True|{kv}"]
             # The installed vLLM's own order is the one read from its release's source.
-            assert tuple(selection["order"]) == release.priority(cc, True, kv, head_size=576)
-            for name in selection["order"][: selection["order"].index(selection["chosen"])]:
-                assert selection["reasons"][name], name
-    assert cold["selections"]["12.0|True|fp8_e4m3"]["chosen"] == "TRITON_MLA"
+            assert tuple(selection.order) == release.priority(cc, True, kv, head_size=576)
+            for name in selection.order[: selection.order.index(selection.chosen)]:
+                assert selection.reasons[name], name
+    assert cold.selections["12.0|True|fp8_e4m3"].chosen == "TRITON_MLA"
     # The CPU build lacks the CUDA-only backends: they are reported with their error.
-    assert "FLASHINFER_MLA" in cold["import_errors"]
+    assert "FLASHINFER_MLA" in cold.import_errors
     started = time.monotonic()
     warm = ask(env, python=str(REAL_PYTHON), capabilities=caps)
     elapsed = time.monotonic() - started
-    assert warm["cached"] and warm["selections"] == cold["selections"]
+    assert warm.cached and warm.selections == cold.selections
     assert elapsed < 3.0, f"warm probe took {elapsed:.2f} s"
     probed = compat.installed_vllm(warm)
     assert probed is not None

@@ -7,6 +7,7 @@ import pytest
 
 from opsbook.core.exceptions import ProbeError
 from opsbook.remote import probes
+from opsbook.steps.config_answers import ConfigState
 
 
 def test_decode_failure_carries_stderr() -> None:
@@ -39,8 +40,8 @@ def test_a_login_banner_around_the_answer_does_not_break_the_probe() -> None:
         check=True,
     )
     assert proc.stdout.startswith("Welcome to gpu-01\n")
-    answer = probes.decode("configs", proc.stdout, proc.stderr, proc.returncode)
-    assert answer["exists"] is False
+    answer = ConfigState.parse(probes.decode("configs", proc.stdout, proc.stderr, proc.returncode))
+    assert answer.exists is False
 
 
 def test_an_unframed_answer_is_refused() -> None:
@@ -97,7 +98,7 @@ def kept_files(cache: Path) -> list[Path]:
 
 
 def test_a_probe_is_compiled_once_and_its_code_kept_for_the_next_run(tmp_path: Path) -> None:
-    assert run_configs(tmp_path)["exists"] is False
+    assert ConfigState.parse(run_configs(tmp_path)).exists is False
     folder = tmp_path / "opsbook" / "probes"
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     [kept] = kept_files(tmp_path)
@@ -113,7 +114,7 @@ def test_a_damaged_or_older_kept_probe_is_replaced(tmp_path: Path) -> None:
     older = kept.with_name("configs-0000000000000000" + kept.name[len("configs-") + 16 :])
     older.write_bytes(b"old")
     kept.write_bytes(b"\x00 not marshal data")
-    assert run_configs(tmp_path)["exists"] is False
+    assert ConfigState.parse(run_configs(tmp_path)).exists is False
     assert kept_files(tmp_path) == [kept] and kept.read_bytes() != b"\x00 not marshal data"
 
 
@@ -126,14 +127,14 @@ def test_a_cache_folder_others_may_write_to_is_neither_read_nor_written(tmp_path
     ).stdout.strip()
     planted = folder / f"configs-{probes.probe_body('configs')[1]}.{tag}.bin"
     planted.write_bytes(marshal.dumps(compile("def main(args): return {}", "x", "exec")))
-    assert run_configs(tmp_path)["exists"] is False  # the planted code was not run
+    assert ConfigState.parse(run_configs(tmp_path)).exists is False  # the planted code was not run
     assert list(folder.iterdir()) == [planted]
 
 
 def test_a_probe_runs_when_no_cache_folder_can_be_made(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert run_configs(blocker)["exists"] is False
+    assert ConfigState.parse(run_configs(blocker)).exists is False
 
 
 def test_the_launcher_runs_a_probe_as_python_dash_would(tmp_path) -> None:
@@ -144,8 +145,8 @@ def test_the_launcher_runs_a_probe_as_python_dash_would(tmp_path) -> None:
         subprocess.run(argv, input=program, capture_output=True, text=True, check=True).stdout
         for argv in (probes.interpreter_argv("python3"), ["python3", "-"])
     ]
-    decoded = [probes.decode("configs", out, "", 0) for out in answers]
-    assert decoded[0] == decoded[1] and decoded[0]["exists"] is True
+    decoded = [ConfigState.parse(probes.decode("configs", out, "", 0)) for out in answers]
+    assert decoded[0] == decoded[1] and decoded[0].exists is True
 
 
 # --- a probe split in parts ---------------------------------------------------------------

@@ -322,7 +322,7 @@ def test_hashes_match_known_references(tmp_path: Path, layout: str) -> None:
     result = shard_check.hash_shards(LocalProber(), str(model_dir))
     assert result.ok, result
     assert result.counts == {"match": 5}
-    sources = {row["source"] for row in result.rows}
+    sources = {row.source for row in result.rows}
     assert sources == {"hf-cache blob name" if layout == "hf-cache" else "local-dir metadata etag"}
 
 
@@ -338,9 +338,9 @@ def test_changed_byte_is_a_mismatch(local: Path) -> None:
 
 def test_manifest_takes_precedence(local: Path) -> None:
     result = shard_check.hash_shards(LocalProber(), str(local), manifest={shard(1): "0" * 64})
-    rows = {row["file"]: row for row in result.rows}
-    assert rows[shard(1)]["source"] == "manifest"
-    assert rows[shard(1)]["status"] == "mismatch"
+    rows = {row.file: row for row in result.rows}
+    assert rows[shard(1)].source == "manifest"
+    assert rows[shard(1)].status == "mismatch"
 
 
 def test_no_reference_is_information(tmp_path: Path) -> None:
@@ -365,10 +365,10 @@ def test_progress_between_batches_and_resumable_cache(local: Path, tmp_path: Pat
     assert len(host.probe_args) == 4  # one listing, three batches
     assert len(json.loads(cache.read_text())) == 5
     again = shard_check.hash_shards(host, str(local), cache_path=str(cache))
-    assert all(row["cached"] for row in again.rows)
+    assert all(row.cached for row in again.rows)
     os.utime(local / shard(3), ns=(0, 0))
     third = shard_check.hash_shards(host, str(local), cache_path=str(cache))
-    assert [row["file"] for row in third.rows if not row["cached"]] == [shard(3)]
+    assert [row.file for row in third.rows if not row.cached] == [shard(3)]
 
 
 def test_hash_of_missing_path_is_a_finding(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from opsbook.knowledge.compat.backend_answers import BackendsAnswer, SourceReading
 from opsbook.remote import probes
 from opsbook.remote.probes import vllm_source
 from opsbook.remote.probes.vllm_source import FolderSource, select
@@ -114,33 +115,35 @@ def cases(*caps: str) -> dict[str, object]:
 
 def test_the_selection_follows_the_priority_function_and_the_declarations(tmp_path):
     stand_in(tmp_path, tmp_path / "imports.log")
-    answer = select(FolderSource(tmp_path), cases("12.0", "9.0", "8.0"))
-    assert answer["note"] is None and answer["unresolved"] == {}
-    sm120 = answer["selections"]["12.0|True|fp8_e4m3"]
-    assert sm120["order"] == ["EXTRA_MLA", "TRITON_MLA"]
-    assert sm120["chosen"] is None
+    answer = SourceReading.parse(select(FolderSource(tmp_path), cases("12.0", "9.0", "8.0")))
+    assert answer.note is None and answer.unresolved == {}
+    sm120 = answer.selections["12.0|True|fp8_e4m3"]
+    assert sm120.order == ["EXTRA_MLA", "TRITON_MLA"]
+    assert sm120.chosen is None
     # A package the backend's module imports is missing: reported as vLLM would.
-    assert sm120["reasons"]["EXTRA_MLA"] == [
+    assert sm120.reasons["EXTRA_MLA"] == [
         "not importable: ModuleNotFoundError: No module named 'opsbook_no_such_package_here'"
     ]
-    assert sm120["reasons"]["TRITON_MLA"] == ["kv_cache_dtype not supported"]
-    assert answer["selections"]["12.0|True|auto"]["chosen"] == "TRITON_MLA"
-    assert answer["selections"]["9.0|True|fp8_e4m3"]["chosen"] == "FLASHMLA"
-    assert answer["selections"]["8.0|True|auto"]["reasons"]["FLASHMLA"] == [
+    assert sm120.reasons["TRITON_MLA"] == ["kv_cache_dtype not supported"]
+    assert answer.selections["12.0|True|auto"].chosen == "TRITON_MLA"
+    assert answer.selections["9.0|True|fp8_e4m3"].chosen == "FLASHMLA"
+    assert answer.selections["8.0|True|auto"].reasons["FLASHMLA"] == [
         "compute capability not supported"
     ]
-    assert answer["kv_dtypes"]["FLASHMLA"] == ["auto", "bfloat16", "fp8_e4m3"]
+    assert answer.kv_dtypes["FLASHMLA"] == ["auto", "bfloat16", "fp8_e4m3"]
     assert not (tmp_path / "imports.log").exists()
 
 
 def test_the_probe_reads_the_source_and_never_imports_vllm(tmp_path):
     log = tmp_path / "imports.log"
     env = stand_in(tmp_path, log)
-    answer = probes.run_local(
-        "backends", {"python": "/usr/bin/python3", "capabilities": ["9.0"]}, env=env
+    answer = BackendsAnswer.parse(
+        probes.run_local(
+            "backends", {"python": "/usr/bin/python3", "capabilities": ["9.0"]}, env=env
+        )
     )
-    assert answer["read_from"] == "source" and answer["why_not_source"] is None
-    assert answer["selections"]["9.0|True|fp8_e4m3"]["chosen"] == "FLASHMLA"
+    assert answer.read_from == "source" and answer.why_not_source is None
+    assert answer.selections["9.0|True|fp8_e4m3"].chosen == "FLASHMLA"
     assert not log.exists()
 
 
@@ -150,13 +153,15 @@ def test_a_check_the_source_cannot_settle_asks_vllm_itself_and_says_why(tmp_path
         "return capability.major in [9, 10]", "return kernels_built() and capability.major == 9"
     )
     env = stand_in(tmp_path, log, flashmla=runtime)
-    unresolved = select(FolderSource(tmp_path), cases("9.0"))["unresolved"]
+    unresolved = SourceReading.parse(select(FolderSource(tmp_path), cases("9.0"))).unresolved
     assert "kernels_built" in unresolved["FLASHMLA"][0]
-    answer = probes.run_local(
-        "backends", {"python": "/usr/bin/python3", "capabilities": ["9.0"]}, env=env
+    answer = BackendsAnswer.parse(
+        probes.run_local(
+            "backends", {"python": "/usr/bin/python3", "capabilities": ["9.0"]}, env=env
+        )
     )
-    assert answer["read_from"] == "import"
-    assert "FLASHMLA" in answer["why_not_source"]
+    assert answer.read_from == "import"
+    assert "FLASHMLA" in answer.why_not_source
     assert log.exists()
 
 

@@ -7,7 +7,8 @@ One module per job:
   selector sees, the quantization and the KV-cache dtype resolved as vLLM resolves it, whether
   remote code is needed, the layer count.
 - :mod:`.backend_probe` asks the installed vLLM on the host which backend it chooses
-  (:func:`probe_backends`, answering :class:`InstalledVllm`).
+  (:func:`probe_backends`, answering :class:`InstalledVllm`); :mod:`.backend_answers` types
+  the probe's answer (:class:`BackendsAnswer`).
 - :mod:`.backend_select` chooses an attention backend the way vLLM's selector does
   (:func:`select_backend`): the installed vLLM's answer, else the release's own priority list
   and backend declarations (``opsbook/knowledge/data/vllm_facts``), else the fallback table.
@@ -18,6 +19,7 @@ One module per job:
 - :mod:`.kv_sizing` sizes the KV cache, to show what a BF16 KV cache costs against FP8.
 """
 
+from opsbook.knowledge.compat.backend_answers import BackendsAnswer
 from opsbook.knowledge.compat.backend_probe import (
     InstalledVllm,
     ProbedSelection,
@@ -90,6 +92,7 @@ __all__ = [
     "RULES_FILE",
     "TABLE_SOURCE",
     "BackendChoice",
+    "BackendsAnswer",
     "InstalledVllm",
     "ModelFacts",
     "Prediction",

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opsbook.knowledge.compat.backend_answers import BackendsAnswer
 from opsbook.knowledge.compat.model_config import ModelFacts
 from opsbook.remote.protocol import RemoteHost
 
@@ -118,42 +119,33 @@ def probe_backends(
         args["capabilities"] = list(dict.fromkeys(capabilities))
     if kv_cache_dtypes:
         args["kv_cache_dtypes"] = list(dict.fromkeys(kv_cache_dtypes))
-    return installed_vllm(host.probe("backends", args, timeout=240))
+    return installed_vllm(BackendsAnswer.parse(host.probe("backends", args, timeout=240)))
 
 
-def installed_vllm(answer: Mapping[str, Any]) -> InstalledVllm | None:
-    """The probe's JSON answer as a typed :class:`InstalledVllm` (None: vLLM not there)."""
-    backends = answer.get("backends")
-    if not backends and not answer.get("selections"):
+def installed_vllm(answer: BackendsAnswer) -> InstalledVllm | None:
+    """The probe's answer as the installed vLLM's own selection (None: vLLM not there)."""
+    if not answer.backends and not answer.selections:
         return None
-    cases = {
-        "|".join([c["compute_capability"], str(c["use_mla"]), c["kv_cache_dtype"]]): c
-        for c in answer.get("cases") or []
-    }
-    selections = []
-    for key, raw in (answer.get("selections") or {}).items():
-        case = cases.get(key)
-        if case is None:
-            continue
-        selections.append(
-            ProbedSelection(
-                compute_capability=str(case["compute_capability"]),
-                use_mla=bool(case["use_mla"]),
-                kv_cache_dtype=str(case["kv_cache_dtype"]),
-                chosen=raw.get("chosen"),
-                order=tuple(raw.get("order") or ()),
-                reasons={
-                    str(k): [str(r) for r in v] for k, v in (raw.get("reasons") or {}).items()
-                },
-            )
+    cases = {case.key: case for case in answer.cases}
+    selections = [
+        ProbedSelection(
+            compute_capability=case.compute_capability,
+            use_mla=case.use_mla,
+            kv_cache_dtype=case.kv_cache_dtype,
+            chosen=raw.chosen,
+            order=tuple(raw.order),
+            reasons={k: list(v) for k, v in raw.reasons.items()},
         )
+        for key, raw in answer.selections.items()
+        if (case := cases.get(key)) is not None
+    ]
     return InstalledVllm(
-        version=answer.get("vllm_version"),
-        kv_dtypes={str(k): tuple(str(d) for d in v) for k, v in (backends or {}).items()},
+        version=answer.vllm_version,
+        kv_dtypes={k: tuple(v) for k, v in (answer.backends or {}).items()},
         selections=tuple(selections),
-        import_errors={str(k): str(v) for k, v in (answer.get("import_errors") or {}).items()},
-        priorities_from=answer.get("priorities_from"),
-        note=answer.get("note"),
-        cached=bool(answer.get("cached")),
-        seconds=answer.get("seconds"),
+        import_errors=dict(answer.import_errors),
+        priorities_from=answer.priorities_from,
+        note=answer.note,
+        cached=answer.cached,
+        seconds=answer.seconds,
     )
