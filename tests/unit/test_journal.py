@@ -85,3 +85,20 @@ def test_an_entry_recorded_without_its_start_time_began_its_duration_ago() -> No
     journal.record(host="h", kind="upload", command="sftp put /x", exit_code=0, duration=30.0)
     started = datetime.fromisoformat(journal.entries[0].started)
     assert before - timedelta(seconds=31) < started < before - timedelta(seconds=29)
+
+
+def test_a_probe_is_journalled_with_every_argument_whole_but_file_texts_and_secrets() -> None:
+    from opsbook.remote.hosts import TEXT_ARG_CHARS, _short
+
+    paths = [f"/models/checkpoint-{n}/config.json" for n in range(12)]
+    args = {
+        "action": "apply",
+        "files": paths,
+        "writes": {"config.json": {"expect_sha256": "ab" * 32, "text": "{" + "x" * 5000 + "}"}},
+        "headers": {"token": "hf_abcdefghijklmnop"},
+    }
+    label = _short(args)
+    assert all(repr(path) in label for path in paths)  # nothing cut from the end
+    assert f"'expect_sha256': '{'ab' * 32}'" in label and "'text': '<5002 characters>'" in label
+    assert "'token': '***'" in label and "hf_" not in label
+    assert len(label) < 1000 and TEXT_ARG_CHARS >= 100
