@@ -197,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("run", nargs="?", help="a run folder (for show)")
     rec.add_argument("--runs-dir", default="runs", help="where run folders are (default: runs)")
     rec.add_argument("--json", action="store_true", help="show: the whole record as JSON")
+    rec.add_argument("--diff", action="store_true", help="show: the diffs the stages recorded")
     rec.set_defaults(handler=cmd_records)
 
     check = sub.add_parser(
@@ -447,6 +448,8 @@ def cmd_records(args: argparse.Namespace) -> int:
         folder = Path(args.runs_dir) / args.run
     if args.json:
         print(json.dumps(records.show_run(folder), indent=2))
+    elif args.diff:
+        print(records.describe_diffs(folder, colour=sys.stdout.isatty()))
     else:
         print(records.describe_run(folder))
     return runner.EXIT_OK

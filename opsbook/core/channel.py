@@ -2,11 +2,11 @@
 
 This module owns both directions of the one format between the kernel and ``opsbook run``:
 a stage writes each host's :class:`~opsbook.core.results.HostResult` as one JSON line the moment the
-host is done (:func:`record_host`), and a long stage the steps it reaches on the way
-(:func:`record_progress`), into the file that ``OPSBOOK_OUTCOME`` names; the runner
-follows that file while the notebook runs (:class:`Follower`), so it prints a line per host as it
-happens, and reads it back typed (:func:`read`). Stepping through in JupyterLab, nothing is
-written.
+host is done (:func:`record_host`), a long stage the steps it reaches on the way
+(:func:`record_progress`), and the changes a stage showed as diffs (:func:`record_diff`),
+into the file that ``OPSBOOK_OUTCOME`` names; the runner follows that file while the notebook
+runs (:class:`Follower`), so it prints a line per host as it happens, and reads it back typed
+(:func:`read`, :func:`read_diffs`). Stepping through in JupyterLab, nothing is written.
 
 The variables through which ``opsbook run`` and the notebook's kernel speak are all named here,
 once; each module that reads or sets one imports its name from this module.
@@ -38,6 +38,7 @@ RUNS_DIR_ENV = "OPSBOOK_RUNS_DIR"
 # notebook's cell spells the name itself, and a test holds it to this one).
 DEPLOYMENT_ENV = "OPSBOOK_DEPLOYMENT"
 PROGRESS = "progress"
+DIFF = "diff"
 _lock = threading.Lock()
 
 
@@ -65,6 +66,32 @@ def record_progress(progress: StageProgress) -> StageProgress:
     return progress
 
 
+@dataclass(frozen=True)
+class StageDiff:
+    """A change a stage showed on one host as a diff (the config patch's plan, the launch
+    script it uploads), kept in the run record for ``opsbook records show --diff``."""
+
+    host: str
+    stage: str
+    title: str
+    text: str
+
+
+def record_diff(diff: StageDiff) -> StageDiff:
+    """Append ``diff`` to the outcome file of this run, if there is one (what looks like a
+    secret masked)."""
+    _append(json.dumps({"kind": DIFF, **asdict(replace(diff, text=shown(diff.text)))}))
+    return diff
+
+
+def read_diffs(path: Path) -> list[StageDiff]:
+    """The diffs a run recorded, in order (none when the file is missing)."""
+    if not path.exists():
+        return []
+    records = [_decode_any(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if isinstance(r, StageDiff)]
+
+
 def encode(result: HostResult) -> str:
     """One JSON line for ``result``."""
     doc = {
@@ -87,7 +114,7 @@ def decode(line: str) -> HostResult:
         ValueError: the line is not such a record.
     """
     doc = json.loads(line)
-    if not isinstance(doc, dict) or doc.get("kind") == PROGRESS:
+    if not isinstance(doc, dict) or doc.get("kind") in (PROGRESS, DIFF):
         raise ValueError(f"not a host result: {line[:80]!r}")
     return HostResult(
         host=str(doc["host"]),
@@ -157,7 +184,7 @@ class Follower:
         self._offset = 0
         self._partial = ""
 
-    def new(self) -> list[HostResult | StageProgress]:
+    def new(self) -> list[HostResult | StageProgress | StageDiff]:
         """The complete lines written since the last call, decoded."""
         try:
             with self.path.open() as f:
@@ -171,8 +198,10 @@ class Follower:
         return [_decode_any(line) for line in lines if line.strip()]
 
 
-def _decode_any(line: str) -> HostResult | StageProgress:
+def _decode_any(line: str) -> HostResult | StageProgress | StageDiff:
     doc = json.loads(line)
+    if isinstance(doc, dict) and doc.get("kind") == DIFF:
+        return StageDiff(str(doc["host"]), str(doc["stage"]), str(doc["title"]), str(doc["text"]))
     if isinstance(doc, dict) and doc.get("kind") == PROGRESS:
         return StageProgress(
             str(doc["host"]), str(doc["stage"]), float(doc["seconds"]), str(doc["text"])

@@ -837,12 +837,26 @@ def _remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
         pass
 
 
-# Probe arguments that carry a secret: masked before the label is cut to length, since a cut
-# secret would no longer match the value the redactor knows.
+# Probe arguments that carry a secret: masked by name, at any depth.
 SECRET_PROBE_ARGS = frozenset({"bearer", "api_key", "token", "password"})
+# A text argument longer than this (a config file a probe writes) is journalled as its length:
+# the run record keeps such a change as a diff; every other argument is journalled whole.
+TEXT_ARG_CHARS = 200
 
 
 def _short(args: dict[str, Any] | None) -> str:
-    shown = {k: ("***" if k in SECRET_PROBE_ARGS and v else v) for k, v in (args or {}).items()}
-    text = repr(shown)
-    return text if len(text) <= 160 else text[:157] + "..."
+    return repr({k: _shown_arg(k, v) for k, v in (args or {}).items()})
+
+
+def _shown_arg(key: str, value: Any) -> Any:
+    if key in SECRET_PROBE_ARGS and value:
+        return "***"
+    if isinstance(value, str) and len(value) > TEXT_ARG_CHARS:
+        return f"<{len(value)} characters>"
+    if isinstance(value, dict):
+        return {k: _shown_arg(str(k), v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shown_arg("", v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_shown_arg("", v) for v in value)
+    return value

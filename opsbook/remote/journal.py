@@ -13,7 +13,7 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from opsbook.core.channel import JOURNAL_ENV
@@ -67,8 +67,15 @@ class Journal:
         started: datetime | None = None,
         note: str = "",
     ) -> JournalEntry:
-        """Redact and add one entry; returns it."""
+        """Redact and add one entry; returns it.
+
+        Args:
+            started: when the action began (default: ``duration`` seconds ago, as an entry is
+                recorded when its action ends).
+        """
         clean = self.redactor.redact
+        if started is None:
+            started = datetime.now(timezone.utc) - timedelta(seconds=max(duration, 0.0))
         entry = JournalEntry(
             host=host,
             kind=kind,
@@ -77,7 +84,7 @@ class Journal:
             duration=round(duration, 3),
             stdout_tail=clean(_tail(probes.readable(stdout))),
             stderr_tail=clean(_tail(stderr)),
-            started=(started or datetime.now(timezone.utc)).isoformat(timespec="milliseconds"),
+            started=started.isoformat(timespec="milliseconds"),
             note=clean(note),
         )
         line = json.dumps(asdict(entry)) + "\n"
@@ -151,27 +158,47 @@ def _argument(args: str, key: str) -> str:
     return found.group(1) if found else ""
 
 
+def in_time_order(entries: Sequence[JournalEntry]) -> list[JournalEntry]:
+    """The entries by the time their action began.
+
+    An entry is written when its action ends, and the hosts of a stage (and the stages of a
+    deploy) write from their own threads: the file's order is the order of the endings.
+    Entries that began together keep the file's order.
+    """
+    return sorted(entries, key=lambda e: _instant(e.started))
+
+
+def _instant(started: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(started)
+    except ValueError:  # an entry of an older format: first, as it cannot be placed
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
 def journal_page(entries: Sequence[JournalEntry], title: str = "journal") -> str:
-    """The journal as a self-contained HTML page: one row per operation (what, read or write,
-    UTC time, seconds, exit, host), the full command and output tails on demand."""
+    """The journal as a self-contained HTML page, in time order: one row per operation (what,
+    read or write, UTC time, seconds, exit, host) with its whole command under it, the output
+    tails on demand."""
     esc = html.escape
+    entries = in_time_order(entries)
     rows = []
     for e in entries:
         op = operation(e)
         failed = e.exit_code not in (0, None)
-        details = (
-            f"<details><summary>command</summary><pre>{esc(e.command)}</pre>"
-            + (f"<pre>{esc(e.stdout_tail)}</pre>" if e.stdout_tail else "")
+        outputs = (
+            (f"<pre>{esc(e.stdout_tail)}</pre>" if e.stdout_tail else "")
             + (f"<pre style='color:#cf222e'>{esc(e.stderr_tail)}</pre>" if e.stderr_tail else "")
             + (f"<p>{esc(e.note)}</p>" if e.note else "")
-            + "</details>"
         )
+        details = f"<details><summary>output</summary>{outputs}</details>" if outputs else ""
         rows.append(
             f"<tr{' style=background:#ffebe9' if failed else ''}>"
             f"<td>{esc(op.what)}</td><td>{'write' if op.writes else 'read'}</td>"
             f"<td>{esc(e.started[11:19])}</td><td>{e.duration:.2f} s</td>"
-            f"<td>{'' if e.exit_code is None else e.exit_code}</td><td>{esc(e.host)}</td>"
-            f"<td>{details}</td></tr>"
+            f"<td>{'' if e.exit_code is None else e.exit_code}</td><td>{esc(e.host)}</td></tr>"
+            f"<tr class='command'><td colspan='6'><pre class='command'>{esc(e.command)}</pre>"
+            f"{details}</td></tr>"
         )
     day = entries[0].started[:10] if entries else ""
     writes = sum(operation(e).writes for e in entries)
@@ -180,12 +207,30 @@ def journal_page(entries: Sequence[JournalEntry], title: str = "journal") -> str
         f"<title>{esc(title)}</title>"
         "<style>body{font-family:sans-serif}td,th{padding:3px 8px;text-align:left;"
         "vertical-align:top;border-bottom:1px solid #ddd}pre{white-space:pre-wrap;margin:2px}"
-        "</style>"
+        "tr.command td{border-bottom:2px solid #bbb;padding-left:24px}"
+        "pre.command{font-family:monospace;overflow-wrap:anywhere}</style>"
         f"<h1>{esc(title)}</h1><p>{len(entries)} operation(s), {writes} of them writing to a "
         f"host; times are UTC, {esc(day)}</p>"
         "<table><tr><th>operation</th><th>read/write</th><th>UTC</th><th>took</th>"
-        "<th>exit</th><th>host</th><th></th></tr>" + "".join(rows) + "</table>"
+        "<th>exit</th><th>host</th></tr>" + "".join(rows) + "</table>"
     )
+
+
+def journal_lines(entries: Sequence[JournalEntry]) -> list[str]:
+    """The journal for a terminal, in time order: a line per operation (UTC time, host, read
+    or write, exit, seconds, what), then its whole command, indented."""
+    lines = []
+    for e in in_time_order(entries):
+        op = operation(e)
+        code = "-" if e.exit_code is None else str(e.exit_code)
+        lines.append(
+            f"{e.started[11:23]}  {e.host}  {'write' if op.writes else 'read '}  exit {code}"
+            f"  {e.duration:.2f} s  {op.what}"
+        )
+        lines += ["    " + line for line in e.command.splitlines() or [""]]
+        if e.note:
+            lines.append(f"    ({e.note})")
+    return lines
 
 
 def read_journal(path: Path) -> list[JournalEntry]:

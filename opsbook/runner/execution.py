@@ -388,7 +388,7 @@ def _following(
                 results.append(record)
                 if on_result is not None:
                     on_result(record)
-            elif on_progress is not None:
+            elif isinstance(record, channel.StageProgress) and on_progress is not None:
                 on_progress(record)
 
     def loop() -> None:

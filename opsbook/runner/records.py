@@ -9,6 +9,7 @@ import contextlib
 import html
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -79,22 +80,62 @@ class RunSummary:
 
 
 def export_html(notebook: Path, exporter: Any = None) -> Path | None:
-    """An HTML copy next to the executed notebook (widget state included when saved).
+    """An HTML copy next to the executed notebook, as a ticket takes it (:func:`for_the_record`;
+    widget state included when saved).
 
     Args:
         exporter: an ``nbconvert.HTMLExporter`` to reuse (it keeps its compiled templates).
     """
+    import nbformat
+
     if exporter is None:
         from nbconvert import HTMLExporter
 
         exporter = HTMLExporter()
     target = notebook.with_suffix(".html")
     try:  # a run folder deleted during the run takes its notebooks with it
-        body, _ = exporter.from_filename(str(notebook))
+        nb = nbformat.reads(notebook.read_text(encoding="utf-8"), as_version=4)
+        body, _ = exporter.from_notebook_node(for_the_record(nb))
         target.write_text(body)
     except FileNotFoundError:
         return None
     return target
+
+
+# The code cells whose code a record keeps: the parameters, as written and as the run gave them.
+KEPT_CODE_TAGS = frozenset({"parameters", "injected-parameters"})
+# Tags an author may put on a cell (Jupyter Book's and nbconvert's TagRemovePreprocessor's).
+REMOVE_CELL, REMOVE_INPUT = "remove-cell", "remove-input"
+# The notebooks' note that their stored outputs are examples from the rehearsal host: true of
+# the runbook as shipped, false of an executed copy.
+_EXAMPLE_BANNER = re.compile(r"^\s*>?\s*\*\*Example output\b", re.IGNORECASE)
+
+
+def for_the_record(nb: Any) -> Any:
+    """An executed notebook as an incident record shows it (changed in place, and returned):
+    the parameters' code and every output, but not the code that draws the form and the
+    buttons or runs the stage, nor the example banner.
+
+    Args:
+        nb: an ``nbformat`` notebook node.
+    """
+    kept = []
+    for cell in nb.cells:
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if REMOVE_CELL in tags or is_example_banner(cell):
+            continue
+        if REMOVE_INPUT in tags or (cell.cell_type == "code" and not tags & KEPT_CODE_TAGS):
+            # nbconvert's templates leave out the source of a cell so marked (as its
+            # TagRemovePreprocessor does), and keep its outputs.
+            cell.metadata.setdefault("transient", {})["remove_source"] = True
+        kept.append(cell)
+    nb.cells = kept
+    return nb
+
+
+def is_example_banner(cell: Any) -> bool:
+    """Whether a cell is the note that the notebook's outputs are stored examples."""
+    return cell.cell_type == "markdown" and bool(_EXAMPLE_BANNER.match(cell.source))
 
 
 # The exporter process reads one notebook path a line and answers one line: the HTML copy's
@@ -409,6 +450,7 @@ def describe_run(folder: Path) -> str:
         lines += ["", str(table), "", "RECAP"]
         width = max(len(r.host) for r in results)
         lines += [line.line(width) for line in recap(results)]
+    lines += _journal_section(folder)
     files = [name for name in (INDEX, JOURNAL_PAGE, "journal.jsonl") if (folder / name).exists()]
     files += [n["notebook"] for n in doc.get("notebooks", [])]
     if not doc.get("notebooks") and doc.get("notebook"):
@@ -416,6 +458,58 @@ def describe_run(folder: Path) -> str:
     if files:
         lines += ["", "files: " + ", ".join(files)]
     return "\n".join(lines)
+
+
+def _journal_section(folder: Path) -> list[str]:
+    """Every remote command of the run, whole and in time order (times UTC)."""
+    from opsbook.remote.journal import journal_lines, read_journal
+
+    source = folder / "journal.jsonl"
+    entries = read_journal(source) if source.is_file() else []
+    if not entries:
+        return []
+    return ["", f"JOURNAL ({len(entries)} operation(s), in time order, UTC)"] + journal_lines(
+        entries
+    )
+
+
+def recorded_diffs(folder: Path) -> list[Any]:
+    """The diffs a run's stages recorded (``opsbook.core.channel.StageDiff``), stage by stage
+    (batch by batch in a deploy run in batches).
+
+    Raises:
+        RunError: it is not a run folder.
+    """
+    from opsbook.core import channel
+
+    show_run(folder)
+    return [
+        diff
+        for path in sorted(folder.rglob("*.results.jsonl"))
+        for diff in channel.read_diffs(path)
+    ]
+
+
+def describe_diffs(folder: Path, colour: bool = False) -> str:
+    """The diffs a run's stages recorded, for a terminal: per host and stage, what it changes
+    and the diff (coloured when ``colour``).
+
+    Raises:
+        RunError: it is not a run folder.
+    """
+    from opsbook.core.diffs import diff_terminal
+
+    diffs = recorded_diffs(folder)
+    if not diffs:
+        return f"run {folder.name} recorded no diff (no stage planned or made a change)"
+    blocks = [
+        f"{d.stage} on {d.host}"
+        + (f": {d.title}" if d.title else "")
+        + "\n"
+        + diff_terminal(d.text, colour)
+        for d in diffs
+    ]
+    return "\n\n".join(blocks)
 
 
 def _read_record(folder: Path) -> dict[str, Any] | None:

@@ -27,7 +27,9 @@ from typing import Any
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
+from opsbook.core.diffs import Diff
 from opsbook.core.exceptions import HostUnreachable, OpsbookError, RunError
+from opsbook.core.redact import Redactor
 from opsbook.core.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
 from opsbook.remote.hosts import DEFAULT_FORKS, HostGroup
 from opsbook.remote.protocol import RemoteHost
@@ -318,6 +320,7 @@ def run_stage(
         started = time.monotonic()
         report = _run_one(stage, host, deployment, chosen)
         reports[host.name] = report
+        _record_diffs(stage, host.name, report, deployment)
         return _host_result(stage, host.name, report, time.monotonic() - started)
 
     def done(name: str, answer: Any) -> None:
@@ -379,6 +382,17 @@ def _run_one(stage: Stage, host: RemoteHost, deployment: Deployment, options: An
         return Report(State.FAILED, Result(False, message), [], TOOL_FAILED)
     finally:
         host.close()
+
+
+def _record_diffs(stage: Stage, host: str, report: Report, deployment: Deployment) -> None:
+    """Keep the diffs the host's section shows in the run record (the deployment's secrets
+    masked): a ticket reads the changes without the notebook."""
+    diffs = [item for item in report.shows if isinstance(item, Diff)]
+    if not diffs:
+        return
+    mask = Redactor(deployment.secret_values()).redact
+    for diff in diffs:
+        channel.record_diff(channel.StageDiff(host, stage.name, diff.title, mask(diff.text)))
 
 
 def _finding(host: RemoteHost, e: OpsbookError) -> Finding:

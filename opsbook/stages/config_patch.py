@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from opsbook.core.deployment import Deployment
+from opsbook.core.diffs import Diff
 from opsbook.core.results import Result, State
 from opsbook.knowledge import compat
 from opsbook.remote.protocol import RemoteHost
@@ -105,7 +106,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         return ConfigPatchReport(State.OK if before.ok else State.FAILED, verdict, shows, plan=plan)
     if plan.already_applied:
         return ConfigPatchReport(State.OK if before.ok else State.FAILED, before, shows, plan=plan)
-    shows.append(Note(plan.diff))
+    shows.append(Diff(plan.diff, f"config patch of {deployment.model_path}"))
     if not options.apply:
         dry = patch.apply_patch(host, deployment.model_path, plan, apply=False)
         predicted = "" if before.ok else f"predicted: {before.message}; "

@@ -45,7 +45,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     diff = script.script_diff(previous, text, path)
     shows: list[object] = [Note(f"script {path}, sha256 {digest[:12]}")]
     if previous != text:
-        shows.append(script.diff_html(diff))
+        shows.append(script.diff_html(diff, path))
     if not options.apply:
         if previous == text:
             return Report(State.OK, Result(True, f"{path} is up to date"), shows, "", digest)

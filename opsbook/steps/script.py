@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opsbook.core.deployment import ENV_NAME, Deployment, check_flag_name
+from opsbook.core.diffs import Diff
 from opsbook.core.exceptions import DeploymentError
 from opsbook.core.redact import Redactor
 from opsbook.core.results import Finding, Result
@@ -597,12 +598,13 @@ def highlight(text: str, secrets: Iterable[str] = ()) -> Html:
     return Html(_pygmentize(shown, "bash"), shown)
 
 
-def diff_html(diff: str) -> Html:
-    """A unified diff highlighted for a notebook; ``"new file"`` and ``""`` shown as words."""
+def diff_html(diff: str, path: str = "") -> Html | Diff:
+    """A unified diff coloured for a notebook (and kept in the run record); ``"new file"`` and
+    ``""`` shown as words."""
     if diff in ("", NEW_FILE):
         words = "no change" if diff == "" else "new file (nothing to compare with)"
         return Html(f"<p><i>{words}</i></p>", words)
-    return Html(_pygmentize(diff, "diff"), diff)
+    return Diff(diff, f"launch script {path}".rstrip())
 
 
 def _pygmentize(text: str, language: str) -> str:

@@ -45,7 +45,10 @@ def test_the_journal_page_names_each_operation_first_read_or_write() -> None:
     ]
     page = journal_page([stop, health, put, check], title="journal of run")
     assert "4 operation(s), 2 of them writing" in page and "<td>01:02:03</td>" in page
-    assert "<details><summary>command</summary><pre>probe launch" in page
+    assert (
+        "<pre class='command'>probe launch (python3 -) args={&#x27;op&#x27;: &#x27;stop&#x27;"
+        in page
+    )
     assert "background:#ffebe9" in page  # the failed bash -n stands out
 
 
@@ -59,3 +62,43 @@ def test_a_compressed_probe_answer_is_journalled_readable_with_the_secret_masked
 
     tail = journal.entries[0].stdout_tail
     assert "token *** at the end" in tail and "topsecret1" not in tail
+
+
+def test_the_journal_page_shows_every_command_whole_in_time_order() -> None:
+    from opsbook.remote.journal import JournalEntry, journal_page
+
+    long_command = "bash -lc " + " ".join(f"--flag-{n}=value-{n}" for n in range(40))
+    # As the file holds them: each written when its command ended, from two hosts' threads.
+    late = JournalEntry("b", "run", long_command, 0, 2.5, "out", "", "2026-12-03T01:02:05.000")
+    early = JournalEntry("a", "run", "echo first", 0, 0.1, "", "", "2026-12-03T01:02:03.000")
+    page = journal_page([late, early])
+    assert page.index("echo first") < page.index("--flag-0=")
+    assert f"<pre class='command'>{long_command}</pre>" in page  # whole, shown without a click
+    assert "<details><summary>output</summary><pre>out</pre>" in page
+
+
+def test_an_entry_recorded_without_its_start_time_began_its_duration_ago() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    journal = Journal()
+    before = datetime.now(timezone.utc)
+    journal.record(host="h", kind="upload", command="sftp put /x", exit_code=0, duration=30.0)
+    started = datetime.fromisoformat(journal.entries[0].started)
+    assert before - timedelta(seconds=31) < started < before - timedelta(seconds=29)
+
+
+def test_a_probe_is_journalled_with_every_argument_whole_but_file_texts_and_secrets() -> None:
+    from opsbook.remote.hosts import TEXT_ARG_CHARS, _short
+
+    paths = [f"/models/checkpoint-{n}/config.json" for n in range(12)]
+    args = {
+        "action": "apply",
+        "files": paths,
+        "writes": {"config.json": {"expect_sha256": "ab" * 32, "text": "{" + "x" * 5000 + "}"}},
+        "headers": {"token": "hf_abcdefghijklmnop"},
+    }
+    label = _short(args)
+    assert all(repr(path) in label for path in paths)  # nothing cut from the end
+    assert f"'expect_sha256': '{'ab' * 32}'" in label and "'text': '<5002 characters>'" in label
+    assert "'token': '***'" in label and "hf_" not in label
+    assert len(label) < 1000 and TEXT_ARG_CHARS >= 100

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 
@@ -187,3 +188,183 @@ def test_a_path_the_helper_cannot_take_is_exported_in_process(tmp_path) -> None:
     finally:
         exports.close()
     assert notebook.with_suffix(".html").exists()
+
+
+# -- what a ticket takes: diffs, the notebooks' HTML, the journal ----------------------------
+
+PLAN = (
+    "--- a/config.json\n"
+    "+++ b/config.json\n"
+    "@@ -1,4 +1,3 @@\n"
+    ' {\n-  "kv_cache_scheme": "fp8",\n'
+    "-- a removed line that reads like a file header\n"
+    '+  "kv_cache_scheme": null\n'
+    " }\n"
+    "\\ No newline at end of file\n"
+)
+
+
+def test_a_diff_is_shown_monospace_with_added_removed_and_hunk_lines_coloured() -> None:
+    from opsbook.core.diffs import Diff, line_kinds
+
+    kinds = [kind for kind, _ in line_kinds(PLAN)]
+    assert kinds == [
+        "file", "file", "hunk", "context", "removed", "removed", "added", "context", "other"
+    ]  # fmt: skip
+    diff = Diff(PLAN, "config patch of /models/m")
+    page = diff._repr_html_()
+    assert page.startswith('<pre class="opsbook-diff"') and "monospace" in page
+    lines = page.split("</span>")
+    assert "color:#0550ae" in lines[2] and "@@ -1,4 +1,3 @@" in lines[2]
+    assert "color:#82071e" in lines[4] and "&quot;kv_cache_scheme&quot;: &quot;fp8" in lines[4]
+    assert "color:#82071e" in lines[5]  # "-- a removed line" is no file header
+    assert "color:#116329" in lines[6] and "null" in lines[6]
+    # What the notebook's text/plain output (compared by nbval) and the record hold: the diff.
+    assert repr(diff) == str(diff) == PLAN
+
+
+def test_a_diff_in_the_terminal_is_coloured_only_when_asked() -> None:
+    from opsbook.core.diffs import diff_terminal
+
+    assert diff_terminal(PLAN) == PLAN.rstrip("\n")
+    coloured = diff_terminal(PLAN, colour=True).splitlines()
+    assert coloured[2] == "\033[36m@@ -1,4 +1,3 @@\033[0m"
+    assert coloured[4].startswith("\033[31m-") and coloured[6].startswith("\033[32m+")
+    assert coloured[3] == " {"  # context as it is
+
+
+def test_the_diffs_a_stage_shows_are_kept_in_its_results_with_secrets_masked(
+    tmp_path, monkeypatch
+) -> None:
+    from opsbook.core import channel
+    from opsbook.core.deployment import parse_deployment
+    from opsbook.core.diffs import Diff
+    from opsbook.core.results import Result
+    from opsbook.remote.hosts import HostGroup
+    from opsbook.remote.testing import FakeHost
+    from opsbook.stages.base import Note, Report, Stage, run_stage
+
+    secret = "Zq8secretvalue0123456789"
+    dep = parse_deployment(
+        {
+            "model": {"path": "/models/m"},
+            "server": {"port": 8000, "env": {"VLLM_API_KEY": secret}},
+            "hosts": [{"address": "a", "user": "ops"}],
+        }
+    )
+
+    def planned(host, dep, options) -> Report:
+        shown = [Note("a plan"), Diff(f"+key={secret}\n", "the plan"), Diff("-x\n+y\n")]
+        return Report(State.WOULD_CHANGE, Result(True, "would change"), shown)
+
+    results = tmp_path / "02_x.results.jsonl"
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(results))
+    stage = Stage("plan", "02_x", True, planned)
+    run = run_stage(stage, dep, group=HostGroup([FakeHost("a")]), on_result=None)
+    assert [r.state for r in run.results] == [State.WOULD_CHANGE]
+    diffs = channel.read_diffs(results)
+    where = [(d.host, d.stage, d.title) for d in diffs]
+    assert where == [("ops@a", "plan", "the plan"), ("ops@a", "plan", "")]
+    assert diffs[0].text == "+key=***\n" and secret not in results.read_text()
+    # The results still read as before, diff lines aside, and a follower passes them on typed.
+    assert [r.host for r in channel.read(results)] == ["ops@a"]
+    kinds = {type(r).__name__ for r in channel.Follower(results).new()}
+    assert kinds == {"HostResult", "StageDiff"}
+
+
+def test_records_show_diff_prints_each_stage_s_diffs_and_says_when_there_are_none(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from opsbook import cli
+    from opsbook.core import channel
+
+    folder = tmp_path / "20260101T000000Z-deploy-x"
+    (folder / "batch-01").mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"status": "ok", "exit_code": 0}))
+    for name, stage, title in (
+        ("02_config_patch", "config-patch", "config patch of /models/m"),
+        ("03_launch_script", "launch-script", "launch script /h/launch.sh"),
+    ):
+        results = folder / "batch-01" / f"{name}.results.jsonl"
+        monkeypatch.setenv(channel.OUTCOME_ENV, str(results))
+        channel.record_diff(channel.StageDiff("ops@a", stage, title, PLAN))
+    shown = records.describe_diffs(folder)
+    assert shown.startswith("config-patch on ops@a: config patch of /models/m\n--- a/config")
+    assert "\n\nlaunch-script on ops@a: launch script /h/launch.sh\n--- a/config" in shown
+    assert "\033[" not in shown and "\033[32m+" in records.describe_diffs(folder, colour=True)
+
+    assert cli.main(["records", "show", str(folder), "--diff"]) == 0
+    assert capsys.readouterr().out == shown + "\n"
+    empty = tmp_path / "20260101T000001Z-00_preflight-a"
+    empty.mkdir()
+    (empty / "run.json").write_text(json.dumps({"status": "ok", "exit_code": 0}))
+    assert "recorded no diff" in records.describe_diffs(empty)
+    with pytest.raises(RunError):
+        records.describe_diffs(tmp_path / "nothing")
+
+
+def executed_notebook(path) -> None:
+    """A stage notebook as papermill leaves it: the banner, the parameters (as written and as
+    injected), the form's and the buttons' code with their outputs."""
+    import nbformat
+
+    v4 = nbformat.v4
+    banner = v4.new_markdown_cell(
+        "> **Example output from the rehearsal host** (`make notebooks`), not from your host."
+    )
+    params = v4.new_code_cell("deployment = 'default.yml'", metadata={"tags": ["parameters"]})
+    injected = v4.new_code_cell(
+        "deployment = 'prod.yml'\napply = True", metadata={"tags": ["injected-parameters"]}
+    )
+    form = v4.new_code_cell("form = widgets.DeploymentForm(deployment)")
+    buttons = v4.new_code_cell("restart = widgets.Button(description='Restart')\ndisplay(restart)")
+    buttons.outputs = [v4.new_output("display_data", {"text/html": "<b>launch on 1 host: ok</b>"})]
+    hidden = v4.new_code_cell("print('x')", metadata={"tags": ["remove-cell"]})
+    title = v4.new_markdown_cell("# 04 · Launch")
+    nb = v4.new_notebook(cells=[title, banner, params, injected, form, buttons, hidden])
+    nbformat.write(nb, path)
+
+
+def test_the_html_copy_keeps_parameters_and_outputs_without_button_code_or_banner(
+    tmp_path,
+) -> None:
+    notebook = tmp_path / "04_launch.ipynb"
+    executed_notebook(notebook)
+    before = notebook.read_bytes()
+    page = records.export_html(notebook)
+    assert page is not None
+    text = page.read_text()
+    assert "04 · Launch" in text and "launch on 1 host: ok" in text
+    assert "default.yml" in text and "prod.yml" in text  # the parameters' code
+    for gone in ("DeploymentForm", "Restart", "Example output", "print("):
+        assert gone not in text, gone
+    assert notebook.read_bytes() == before  # the executed notebook is the record: untouched
+
+
+def test_records_show_lists_the_journal_whole_and_in_time_order(tmp_path) -> None:
+    from opsbook.remote.journal import JournalEntry
+
+    folder = tmp_path / "20260101T000000Z-04_launch-a"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"status": "ok", "exit_code": 0}))
+    long_command = "bash -lc " + " ".join(f"--flag-{n}=value-{n}" for n in range(40))
+
+    def entry(host: str, kind: str, command: str, code: int, took: float, at: str):
+        return JournalEntry(host, kind, command, code, took, "", "", f"2026-01-01T00:00:{at}+00:00")
+
+    entries = [  # as written: each when its command ended, from two hosts' threads
+        entry("b", "run", long_command, 0, 2.5, "01.000"),
+        entry("a", "run", "line one\nline two", 1, 0.2, "00.500"),
+        entry("a", "upload", "sftp put /h/x (3 bytes, mode 644)", 0, 0.1, "03.000"),
+    ]
+    (folder / "journal.jsonl").write_text(
+        "".join(json.dumps(dataclasses.asdict(e)) + "\n" for e in entries)
+    )
+    lines = records.describe_run(folder).splitlines()
+    start = lines.index("JOURNAL (3 operation(s), in time order, UTC)")
+    journal = lines[start + 1 : start + 7]
+    assert journal[0].startswith("00:00:00.500  a  read   exit 1  0.20 s  line one")
+    assert journal[1:3] == ["    line one", "    line two"]
+    assert journal[3].startswith("00:00:01.000  b  read   exit 0  2.50 s")
+    assert journal[4] == "    " + long_command  # whole, not cut
+    assert journal[5].startswith("00:00:03.000  a  write  exit 0  0.10 s  sftp put /h/x")
