@@ -259,7 +259,9 @@ def test_pkill_pattern_self_match_is_real(template: str) -> None:
     matches that shell (the line's own text); the bracketed one does not; and the linter says
     the same."""
     marker = f"xyz-marker-{uuid.uuid4().hex[:12]}"
-    assert len(pgrep_pids(template.format(p=marker))) == 1  # the bash -c running the line
+    # The bash -c running the line, and for a pipeline possibly its forked side that has not
+    # yet exec'd `cat` (seen under load): at least one.
+    assert len(pgrep_pids(template.format(p=marker))) >= 1
     assert pgrep_pids(template.format(p=bracketed(marker))) == []
     as_pkill = template.replace("pgrep", "pkill")
     assert severities(as_pkill.format(p=marker)) == ["error"]
