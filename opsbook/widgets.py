@@ -23,6 +23,7 @@ from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import Result, shown
 from opsbook.runner import session as session_records
 from opsbook.runner.progress import has_frontend
+from opsbook.stages.base import HostChoice, while_busy
 
 DEPLOYMENT_FOLDERS = ("../deployments", "../.sandbox")
 # How many lines of a starting server's log a button shows while it follows the start.
@@ -303,6 +304,7 @@ class Gate:
     def click(self) -> Click:
         """What a click does: run the step, record it, refresh the page, re-check the button."""
         label = self.label  # as it read when clicked; the step changes what it counts
+        hosts = self._starting()
         started = datetime.now(timezone.utc)
         clock = time.monotonic()
         self._following = {}
@@ -311,8 +313,10 @@ class Gate:
             result = self.run()
         except Exception as e:  # the page says what went wrong; the kernel stays usable
             result = Result(False, f"{type(e).__name__}: {e}")
+        finally:
+            self._finished()
         took = time.monotonic() - clock
-        entry = Click(label, started, took, session_records.user_name(), result)
+        entry = Click(label, started, took, session_records.user_name(), result, hosts)
         self.history.append(entry)
         if SESSION is not None:
             SESSION.note_click(entry)
@@ -324,6 +328,13 @@ class Gate:
         for gate in [self, *(g for g in GATES if g is not self)]:
             gate._refresh_button()
         return entry
+
+    def _starting(self) -> tuple[str, ...]:
+        """Before the step runs: the hosts it acts on (none named here)."""
+        return ()
+
+    def _finished(self) -> None:
+        """After the step ran, before the page is drawn again."""
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -342,15 +353,16 @@ class Gate:
             description=self.label, button_style="warning", icon="check", layout={"width": "auto"}
         )
 
-        def clicked(_: Any) -> None:
-            button.disabled = True
-            button.description = f"{self.label} (running)"
-            self.click()
-
-        button.on_click(clicked)
+        button.on_click(lambda _: self._pressed())
         self._button = button
         self._refresh_button()
         return button
+
+    def _pressed(self) -> None:
+        """The button was clicked: run the step."""
+        self._button.disabled = True
+        self._button.description = f"{self.label} (running)"
+        self.click()
 
     def _refresh_button(self) -> None:
         if self._button is None:
@@ -374,19 +386,26 @@ class Click:
     seconds: float
     user: str
     result: Result
+    hosts: tuple[str, ...] = ()
+
+    @property
+    def on_hosts(self) -> str:
+        """The hosts the click acted on, as a phrase ("" when the step names none)."""
+        return f" on {', '.join(self.hosts)}" if self.hosts else ""
 
     def line(self) -> str:
         mark = "done" if self.result.ok else "FAILED"
         return (
-            f"{self.started:%Y-%m-%d %H:%M:%S} UTC  {self.user} clicked '{self.label}': "
-            f"{mark} in {self.seconds:.1f} s: {shown(self.result.message)}"
+            f"{self.started:%Y-%m-%d %H:%M:%S} UTC  {self.user} clicked '{self.label}'"
+            f"{self.on_hosts}: {mark} in {self.seconds:.1f} s: {shown(self.result.message)}"
         )
 
     def _repr_html_(self) -> str:
         colour = "#1a7f37" if self.result.ok else "#cf222e"
         head = (
             f'<p style="margin:2px 0"><code>{self.started:%Y-%m-%d %H:%M:%S} UTC</code> '
-            f"<b>{html.escape(self.user)}</b> clicked <i>{html.escape(self.label)}</i> "
+            f"<b>{html.escape(self.user)}</b> clicked <i>{html.escape(self.label)}</i>"
+            f"{html.escape(self.on_hosts)} "
             f'({self.seconds:.1f} s): <span style="color:{colour}">'
             f"{html.escape(shown(self.result.message))}</span></p>"
         )
@@ -448,6 +467,202 @@ def confirm(
     return gate
 
 
+class FleetGate(Gate):
+    """A step on the hosts the operator chooses, run once confirmed by their names.
+
+    Above the button, a checkbox per host that ``choice`` offers (with its state as last
+    seen), ticked for the hosts that need the step (``choice().default``); a host that does
+    not, a healthy serving one, is acted on only when ticked. A click on the button asks
+    "Confirm: restart the server on host-02, host-03" and runs nothing; the confirming click
+    runs the step on exactly those hosts. While it runs, each of them is marked with
+    ``doing`` ("restarting") in every live output (:func:`refresh`); after it, the ticks go
+    back to what the new state needs.
+
+    Args:
+        name: what the step does, e.g. "Restart the server"; or a function giving it.
+        action: the step, given the chosen hosts' names.
+        choice: the hosts offered and those chosen by default, as of now.
+        doing: what a host is doing while the step runs ("restarting").
+        unavailable: why there is nothing to do now, whatever is ticked ("" when there is).
+        after: run after each click (refresh what depends on the step).
+    """
+
+    def __init__(
+        self,
+        name: str | Callable[[], str],
+        action: Callable[[list[str]], Result],
+        *,
+        choice: Callable[[], HostChoice],
+        doing: str | Callable[[], str],
+        unavailable: Callable[[], str] | None = None,
+        after: Callable[[], None] | None = None,
+    ):
+        super().__init__(
+            lambda: f"{self.name} on {len(self.acting_on())} host(s)",
+            lambda: action(list(self.acting_on())),
+            unavailable=self._why_not,
+            after=after,
+        )
+        self._name = name
+        self._choice = choice
+        self._doing = doing
+        self._reason = unavailable or (lambda: "")
+        self.offered: dict[str, str] = {}
+        self.ticked: list[str] = []
+        self.pending: tuple[str, ...] | None = None
+        self._running: tuple[str, ...] = ()
+        self._boxes: Any = None
+        self._confirm: Any = None
+        self._cancel: Any = None
+        self.reset()
+
+    @property
+    def name(self) -> str:
+        return self._name() if callable(self._name) else self._name
+
+    @property
+    def doing(self) -> str:
+        return self._doing() if callable(self._doing) else self._doing
+
+    def reset(self) -> None:
+        """Offer the hosts as they are now and tick the ones that need the step."""
+        found = self._choice()
+        self.offered = dict(found.offered)
+        self.ticked = list(found.default)
+
+    def choose(self, names: Iterable[str]) -> None:
+        """Tick exactly ``names`` (those offered), as the operator's clicks on the boxes do."""
+        wanted = set(names)
+        self.ticked = [name for name in self.offered if name in wanted]
+        if self._boxes is not None:
+            for box in self._boxes.children:
+                box.value = box.description in wanted
+        self._sync()
+
+    def acting_on(self) -> tuple[str, ...]:
+        """The hosts the step runs on: those confirmed, else those ticked now."""
+        return self.pending if self.pending is not None else tuple(self.ticked)
+
+    def ask(self) -> str:
+        """The first click: hold the ticked hosts and say what the confirming click does."""
+        self.pending = tuple(self.ticked)
+        return self.confirmation(self.pending)
+
+    def cancel(self) -> None:
+        self.pending = None
+        self._sync()
+
+    def confirmation(self, names: Iterable[str]) -> str:
+        """The confirming button's words, naming each host: "Confirm: restart the server on
+        host-02, host-03"."""
+        name = self.name
+        return f"Confirm: {name[:1].lower()}{name[1:]} on {', '.join(names)}"
+
+    def _why_not(self) -> str:
+        reason = self._reason()
+        if reason or self.ticked or self.pending:
+            return reason
+        return "no host chosen: tick the hosts to act on above"
+
+    def follow(self, host: str, progress: Any) -> None:
+        """As :meth:`Gate.follow`, and the host's sections say how far it got."""
+        before = BUSY.get(host)
+        BUSY[host] = f"{self.doing}: {progress.state} {progress.phase or ''}".strip()
+        if BUSY[host] != before:
+            refresh()
+        super().follow(host, progress)
+
+    def _pressed(self) -> None:
+        """The first click only asks: the confirming button runs the step."""
+        self.ask()
+        self._sync()
+
+    def _starting(self) -> tuple[str, ...]:
+        self._running = self.acting_on()
+        BUSY.update(dict.fromkeys(self._running, self.doing))
+        refresh()
+        return self._running
+
+    def _finished(self) -> None:
+        for name in self._running:
+            BUSY.pop(name, None)
+        self._running = ()
+        self.pending = None
+
+    def _make_button(self) -> Any:
+        import ipywidgets as w
+
+        button = super()._make_button()
+        self._boxes = w.VBox([])
+        self._confirm = w.Button(button_style="danger", icon="check", layout={"width": "auto"})
+        self._cancel = w.Button(description="Cancel", layout={"width": "auto"})
+
+        def confirmed(_: Any) -> None:
+            self._confirm.disabled = self._cancel.disabled = True
+            self._confirm.description = f"{self._confirm.description} (running)"
+            self.click()
+
+        self._confirm.on_click(confirmed)
+        self._cancel.on_click(lambda _: self.cancel())
+        self._refresh_button()
+        return w.VBox([self._boxes, w.HBox([button, self._confirm, self._cancel])])
+
+    def _refresh_button(self) -> None:
+        if self._boxes is None:
+            return
+        import ipywidgets as w
+
+        self.reset()
+        boxes = []
+        for name, state in self.offered.items():
+            box = w.Checkbox(
+                value=name in self.ticked, description=name, indent=False,
+                tooltip=state, layout={"width": "auto"},
+            )  # fmt: skip
+            box.observe(lambda _: self._ticks_changed(), names="value")
+            boxes.append(w.HBox([box, w.HTML(f"<i>{html.escape(shown(state))[:160]}</i>")]))
+        self._boxes.children = boxes
+        self._sync()
+
+    def _ticks_changed(self) -> None:
+        rows = self._boxes.children
+        ticked = {row.children[0].description for row in rows if row.children[0].value}
+        self.ticked = [name for name in self.offered if name in ticked]
+        self._sync()
+
+    def _sync(self) -> None:
+        """Draw the button, the boxes and the confirmation as the ticks and the step stand."""
+        if self._boxes is None:
+            return
+        asking = self.pending is not None
+        for row in self._boxes.children:
+            row.children[0].disabled = asking
+        super()._refresh_button()
+        self._button.layout.display = "none" if asking else None
+        self._confirm.layout.display = self._cancel.layout.display = None if asking else "none"
+        self._confirm.disabled = self._cancel.disabled = False
+        if asking:
+            self._confirm.description = self.confirmation(self.pending or ())
+
+
+def confirm_on_hosts(
+    name: str | Callable[[], str],
+    action: Callable[[list[str]], Result],
+    *,
+    choice: Callable[[], HostChoice],
+    doing: str | Callable[[], str],
+    apply: bool,
+    unavailable: Callable[[], str] | None = None,
+    after: Callable[[], None] | None = None,
+) -> FleetGate:
+    """A :class:`FleetGate` before ``action``: host boxes, a button and its confirmation in
+    JupyterLab; headless, run now on the default hosts only when ``apply`` is True."""
+    gate = FleetGate(name, action, choice=choice, doing=doing, unavailable=unavailable, after=after)
+    if apply and not has_frontend():
+        gate.run()
+    return gate
+
+
 class Live:
     """An output drawn again, in place, when a button's step changes what it shows.
 
@@ -463,7 +678,7 @@ class Live:
 
     def refresh(self) -> None:
         if self._handle is not None:
-            self._handle.update(Combined(self.render()))
+            self._handle.update(Combined(while_busy(self.render(), BUSY)))
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -479,11 +694,19 @@ class Live:
 LIVE: dict[str, Live] = {}
 # The buttons shown in this kernel, so that each click re-checks them all.
 GATES: list[Gate] = []
+# The hosts a button's step is acting on right now, and what it is doing there.
+BUSY: dict[str, str] = {}
 
 
 def live(name: str, render: Callable[[], Any]) -> Live:
     """A :class:`Live` output named ``name`` (a cell run again replaces its earlier one)."""
     return Live(name, render)
+
+
+def live_result(name: str, render: Callable[[], Any]) -> Any:
+    """In JupyterLab a :class:`Live` output; headless what ``render`` gives, to be the cell's
+    result as a bare name at the end of a cell shows it (the stored outputs stay as they were)."""
+    return Live(name, render) if has_frontend() else render()
 
 
 def refresh(*names: str) -> None:

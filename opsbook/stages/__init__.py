@@ -22,6 +22,7 @@ from opsbook.core.exceptions import RunError
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import (
     ClusterFunction,
+    HostChoice,
     HostHeading,
     Note,
     Parameter,
@@ -151,6 +152,7 @@ __all__ = [
     "DIAGNOSE",
     "STAGES",
     "STOP",
+    "HostChoice",
     "HostHeading",
     "Note",
     "Parameter",

@@ -192,6 +192,17 @@ class StageRun:
     def hosts_in(self, state: State) -> list[str]:
         return [r.host for r in self.results if r.state is state]
 
+    def choice(self, default: Sequence[str], offered: Sequence[str] | None = None) -> HostChoice:
+        """The hosts a notebook's button may act on (``offered``; by default the reachable
+        ones), each with its state in this run, and those of ``default`` among them."""
+        names = (
+            [r.host for r in self.results if r.state is not State.UNREACHABLE]
+            if offered is None
+            else list(offered)
+        )
+        notes = {r.host: f"{r.state.value}: {r.message}" for r in self.results if r.host in names}
+        return HostChoice(notes, tuple(name for name in notes if name in default))
+
     def as_result(self) -> Result:
         """The whole run as one :class:`Result`: ok when every host is, a finding per host
         that is not."""
@@ -255,6 +266,20 @@ class StageRun:
 
 
 @dataclass(frozen=True)
+class HostChoice:
+    """The hosts a notebook's button may act on, and those it acts on unless the operator
+    chooses otherwise: the ones that need the action.
+
+    Args:
+        offered: each host's name and its state as last seen ("ok: already running...").
+        default: the hosts chosen at first, in the deployment's order.
+    """
+
+    offered: dict[str, str]
+    default: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class HostHeading:
     """The heading of a host's section: its name, state and message, and its problems."""
 
@@ -273,6 +298,82 @@ class HostHeading:
             if f.severity in ("warning", "error")
         ]
         return "\n".join(lines)
+
+
+def while_busy(shown_now: Any, busy: Mapping[str, str]) -> Any:
+    """What a live output shows while a step acts on the ``busy`` hosts: in a stage's table
+    their rows say what is being done, and each of their sections is only its heading saying
+    so (what it showed before, a server's old PIDs, is no longer true)."""
+    if not busy:
+        return shown_now
+    if isinstance(shown_now, StageRun):
+        return BusyRun(shown_now, dict(busy))
+    if not isinstance(shown_now, (list, tuple)):
+        return shown_now
+    items: list[Any] = []
+    skipping = False
+    for item in shown_now:
+        if isinstance(item, HostHeading):
+            skipping = item.result.host in busy
+            if skipping:
+                items.append(BusyHost(item.result.host, busy[item.result.host]))
+                continue
+        if not skipping:
+            items.append(while_busy(item, busy))
+    return items
+
+
+@dataclass(frozen=True)
+class BusyHost:
+    """A host's section while a button's step acts on it."""
+
+    host: str
+    doing: str
+
+    def _repr_html_(self) -> str:
+        anchor = host_anchor(self.host)
+        return (
+            f'<h3 id="{anchor}">{html.escape(self.host)}</h3>'
+            f"<p><b>{html.escape(self.doing)}</b> (drawn again when the step is done)</p>"
+        )
+
+    def __repr__(self) -> str:
+        return f"### {self.host}\n{self.doing} (drawn again when the step is done)"
+
+
+@dataclass(frozen=True)
+class BusyRun:
+    """A stage's table while a button's step acts on some of its hosts: their rows say what
+    is being done instead of the state found before."""
+
+    run: StageRun
+    busy: dict[str, str]
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        return [
+            (r.host, "busy", self.busy[r.host])
+            if r.host in self.busy
+            else (r.host, r.state.value, r.message)
+            for r in self.run.results
+        ]
+
+    def _repr_html_(self) -> str:
+        def state_cell(state: str) -> str:
+            colour = "#0969da" if state == "busy" else State(state).colour
+            return f'<td style="background:{colour};color:white">{html.escape(state)}</td>'
+
+        rows = "".join(
+            f"<tr><td>{html.escape(host)}</td>{state_cell(state)}<td>{html.escape(text)}</td></tr>"
+            for host, state, text in self.rows()
+        )
+        return (
+            f"<p><b>{html.escape(self.run.stage.name)}</b> on {len(self.run.results)} host(s)"
+            "</p><table><tr><th>host</th><th>state</th><th>message</th></tr>"
+            f"{rows}</table>"
+        )
+
+    def __repr__(self) -> str:
+        return "\n".join(f"{host}  {state}  {text}" for host, state, text in self.rows())
 
 
 def concurrently(*reads: Callable[[], Any]) -> list[Any]:

@@ -7,10 +7,10 @@ from dataclasses import dataclass, replace
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.diffs import Diff
-from opsbook.core.results import Result, State
+from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge import compat
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import Note, Report, StageRun, concurrently
+from opsbook.stages.base import HostChoice, Note, Report, StageRun, concurrently
 from opsbook.steps import host_facts, patch
 from opsbook.steps.shard_check import format_bytes
 
@@ -41,6 +41,15 @@ class ConfigPatchReport(Report):
     plan: patch.Plan
 
 
+@dataclass(kw_only=True)
+class RestoreReport(Report):
+    """A restore's report: what was put back, and the prediction for the config as it is now
+    (none when the restore failed), each shown on its own in the notebook."""
+
+    restored: patch.Restored
+    prediction: Result | None = None
+
+
 def patched_hosts(run: StageRun) -> list[str]:
     """The hosts of a run whose config carries opsbook's patch (the originals kept as backups)."""
     return [
@@ -48,6 +57,47 @@ def patched_hosts(run: StageRun) -> list[str]:
         for name, report in run.reports.items()
         if isinstance(report, ConfigPatchReport) and report.plan.already_applied
     ]
+
+
+def apply_choice(run: StageRun) -> HostChoice:
+    """The hosts of a dry run that the notebook's apply button may act on (the reachable
+    ones), chosen by default when the dry run would change them."""
+    return run.choice(run.hosts_in(State.WOULD_CHANGE))
+
+
+def restore_choice(run: StageRun) -> HostChoice:
+    """The hosts whose config carries opsbook's patch (what the restore button may act on),
+    all chosen by default: the confirmation names them before anything is put back."""
+    patched = patched_hosts(run)
+    return run.choice(patched, offered=patched)
+
+
+def restore_outcome(run: StageRun) -> Result:
+    """A restore over hosts as the notebook's button tells it: ok when every host's originals
+    were put back (a restored config that is predicted to fail is still a restore that
+    worked), each host's prediction for its restored config a line of its own."""
+    findings: list[Finding] = []
+    put_back = 0
+    for result in run.results:
+        report = run.reports.get(result.host)
+        if not isinstance(report, RestoreReport) or not report.restored.ok:
+            failed = f"{result.state.value}: {result.message}"
+            findings.append(Finding("error", result.host, failed))
+            continue
+        put_back += 1
+        findings.append(Finding("ok", result.host, report.restored.message))
+        if report.prediction is not None:
+            findings.append(_restored_prediction(result.host, report.prediction))
+    message = f"restored the original config on {put_back} of {len(run.results)} host(s)"
+    return Result(put_back == len(run.results), message, findings=findings)
+
+
+def _restored_prediction(host: str, prediction: Result) -> Finding:
+    if prediction.ok:
+        return Finding("ok", host, f"the restored config: {prediction.message}")
+    return Finding(
+        "warning", host, f"the restored config is predicted to fail: {prediction.message}"
+    )
 
 
 def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
@@ -95,12 +145,12 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     if options.restore:
         restored = patch.restore_patch(host, deployment.model_path)
         if not restored.ok:
-            return Report(State.FAILED, failed_restore(restored), shows)
+            return RestoreReport(State.FAILED, failed_restore(restored), shows, restored=restored)
         after = _predict_restored(host, deployment, found, version, capabilities)
         shows.append(after)
-        return Report(
-            State.CHANGED if after.ok else State.FAILED, restore_verdict(restored, after), shows
-        )
+        state = State.CHANGED if after.ok else State.FAILED
+        told = restore_verdict(restored, after)
+        return RestoreReport(state, told, shows, restored=restored, prediction=after)
     if plan.nothing_planned:
         verdict = patch.patch_verdict(before, None, plan=plan)
         return ConfigPatchReport(State.OK if before.ok else State.FAILED, verdict, shows, plan=plan)

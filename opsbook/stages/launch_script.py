@@ -10,7 +10,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import TransferError
 from opsbook.core.results import Result, State
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import Note, Report
+from opsbook.stages.base import HostChoice, Note, Report, StageRun
 from opsbook.steps import script
 
 
@@ -30,6 +30,12 @@ class Options:
 
     entrypoint: str = "serve"
     apply: bool = False
+
+
+def upload_choice(run: StageRun) -> HostChoice:
+    """The hosts of a dry run that the notebook's upload button may act on (the reachable
+    ones), chosen by default when their script differs from the rendered one."""
+    return run.choice(run.hosts_in(State.WOULD_CHANGE))
 
 
 def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:

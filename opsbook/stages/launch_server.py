@@ -16,7 +16,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import RunError
 from opsbook.core.results import Result, State
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import Report, StageRun, concurrently, hook
+from opsbook.stages.base import HostChoice, Report, StageRun, concurrently, hook
 from opsbook.steps import host_facts, plots, restart_rule, script, server, triage
 
 
@@ -66,6 +66,22 @@ def hosts_with_server(run: StageRun) -> list[str]:
         for name, report in run.reports.items()
         if isinstance(report, LaunchReport) and report.server.processes
     ]
+
+
+def restart_choice(run: StageRun) -> HostChoice:
+    """The hosts of a dry run that the notebook's start button may act on (the reachable ones),
+    chosen by default when an apply would restart them (not ready, or what the server runs
+    changed since it started); a ready, unchanged server only when the operator chooses it."""
+    return run.choice(run.hosts_in(State.WOULD_CHANGE))
+
+
+def stop_choice(run: StageRun) -> HostChoice:
+    """The hosts of a dry run where a server opsbook started still has processes (what the
+    stop button may act on), chosen by default when the server is not ready or runs what
+    changed since; a ready, unchanged server only when the operator chooses it."""
+    running = hosts_with_server(run)
+    broken = set(run.hosts_in(State.WOULD_CHANGE))
+    return run.choice([name for name in running if name in broken], offered=running)
 
 
 def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
