@@ -535,8 +535,8 @@ class FleetGate(Gate):
         wanted = set(names)
         self.ticked = [name for name in self.offered if name in wanted]
         if self._boxes is not None:
-            for box in self._boxes.children:
-                box.value = box.description in wanted
+            for row in self._boxes.children:
+                row.children[0].value = row.children[0].description in wanted
         self._sync()
 
     def acting_on(self) -> tuple[str, ...]:
@@ -641,8 +641,7 @@ class FleetGate(Gate):
         self._button.layout.display = "none" if asking else None
         self._confirm.layout.display = self._cancel.layout.display = None if asking else "none"
         self._confirm.disabled = self._cancel.disabled = False
-        if asking:
-            self._confirm.description = self.confirmation(self.pending or ())
+        self._confirm.description = self.confirmation(self.pending or ()) if asking else ""
 
 
 def confirm_on_hosts(

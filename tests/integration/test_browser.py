@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import string
 import subprocess
@@ -33,7 +34,7 @@ from playwright.sync_api import BrowserContext, Locator, Page, Playwright, sync_
 from opsbook.core.deployment import load_deployment
 from opsbook.rehearsal import fleet as fleets
 from opsbook.rehearsal.sandbox import Sandbox
-from tests.integration.conftest import rehearsal_host
+from tests.integration.conftest import rehearsal_host, stat_fields
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -420,6 +421,7 @@ class ClickSession:
     root: Path
     page: Page
     context: BrowserContext
+    confirmation: str = ""
 
     def open(self, notebook: str) -> None:
         """Open ``notebook`` in a tab of its own and run all its cells afresh."""
@@ -434,15 +436,27 @@ class ClickSession:
         wait_for_all_cells_executed(self.page, RUN_ALL_MS)
         wait_for_idle_kernel(self.page, RUN_ALL_MS)
 
-    def click(self, button: str, then: str) -> str:
-        """Click the button whose label starts with ``button``; wait until the page shows
-        ``then`` under it (the click is recorded after the step and the redraw)."""
+    def click(self, button: str, then: str, during: str = "", *, confirm: bool = True) -> str:
+        """Click the button whose label starts with ``button``, then the confirmation it asks
+        for (kept in ``confirmation``) when it asks; wait until the page shows ``during``
+        (while the step runs) and ``then`` under it (the click is recorded after the step and
+        the redraw)."""
         target = self._button(button)
         target.wait_for(state="visible")
         assert target.is_enabled(), f"{button!r} is disabled"
         count = "text => document.querySelector('.jp-Notebook').innerText.split(text).length - 1"
         before = self.page.evaluate(count, then)
+        while_running = self.page.evaluate(count, during) if during else 0
         target.click()
+        if confirm:
+            asked = self.page.locator("button.jupyter-button", has_text=re.compile("^Confirm: "))
+            asked.last.wait_for(state="visible")
+            self.confirmation = asked.last.inner_text()
+            asked.last.click()
+        if during:
+            self.page.wait_for_function(
+                f"text => ({count})(text) > {while_running}", arg=during, timeout=CLICK_MS
+            )
         # The step is recorded under the button once done, then what depends on it redrawn.
         self.page.wait_for_function(
             f"text => ({count})(text) > {before}", arg=then, timeout=CLICK_MS
@@ -462,8 +476,31 @@ class ClickSession:
         found.wait_for(state="visible")
         return found.is_enabled(), found.inner_text()
 
+    def tick(self, button: str, hosts: list[str]) -> None:
+        """Tick exactly ``hosts`` among the boxes above the button whose label starts with
+        ``button``."""
+        gate = self.page.locator(".widget-vbox", has=self._button(button)).last
+        boxes = gate.get_by_role("checkbox")
+        for index in range(boxes.count()):
+            box = boxes.nth(index)
+            box.set_checked(self.box_host(box) in hosts)
+
+    def ticked(self, button: str) -> list[str]:
+        """The hosts ticked above the button whose label starts with ``button``."""
+        gate = self.page.locator(".widget-vbox", has=self._button(button)).last
+        boxes = gate.get_by_role("checkbox")
+        return [self.box_host(b) for b in boxes.all() if b.is_checked()]
+
+    @staticmethod
+    def box_host(box: Locator) -> str:
+        return box.locator("xpath=..").inner_text().strip()
+
     def _button(self, label: str) -> Locator:
-        return self.page.locator("button.jupyter-button", has_text=label).last
+        # By the start of its label: a confirmation ("Confirm: restore the original config")
+        # names the step too.
+        return self.page.locator(
+            "button.jupyter-button", has_text=re.compile("^" + re.escape(label))
+        ).last
 
     def save(self, notebook: str, shot: str) -> dict:
         path = self.root / notebook
@@ -538,6 +575,10 @@ def is_patched(click_box: Sandbox) -> bool:
     return "kv_cache_scheme" not in (model_dir(click_box) / "config.json").read_text()
 
 
+def name_of(box: Sandbox) -> str:
+    return f"{box.user}@{box.address}:{box.port}"
+
+
 def health(port: int) -> int | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3) as reply:
@@ -568,6 +609,7 @@ def test_02_apply_then_restore_shows_what_the_host_has(
     assert "no host has a patched config to restore" in session.page.inner_text(".jp-Notebook")
 
     record = session.click("Apply the patch on 1 host(s)", "clicked Apply the patch")
+    assert session.confirmation == f"Confirm: apply the patch on {name_of(click_box)}"
     assert is_patched(click_box)
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\s+root\s+clicked", record), record
     verdict = cell_output(session.page, 'widgets.live("verdict"').inner_text()
@@ -575,8 +617,12 @@ def test_02_apply_then_restore_shows_what_the_host_has(
     assert not session.button("Apply the patch")[0]  # nothing left to apply
     assert session.button("Restore the original config on 1 host(s)")[0]
 
-    session.click("Restore the original config", "clicked Restore the original config")
+    record = session.click("Restore the original config", "clicked Restore the original config")
+    assert session.confirmation == f"Confirm: restore the original config on {name_of(click_box)}"
     assert not is_patched(click_box)
+    # The originals are back: done, not FAILED, whatever the prediction says of them.
+    assert "restored the original config on 1 of 1 host(s)" in record, record
+    assert "FAILED" not in record, record
     original = (model_dir(click_box) / "config.json.opsbook-orig").read_bytes()
     assert (model_dir(click_box) / "config.json").read_bytes() == original
     verdict = cell_output(session.page, 'widgets.live("verdict"').inner_text()
@@ -606,10 +652,16 @@ def test_04_stop_and_start_follow_the_host(session: ClickSession, click_box: San
     record = session.click("Start the server on 1 host(s)", "clicked Start the server")
     assert "smoke test passed" in record or "changed" in record, record
     assert health(port) == 200
+    assert session.confirmation == f"Confirm: start the server on {name_of(click_box)}"
     verdict = cell_output(session.page, 'widgets.live("verdict"').inner_text()
     assert "already running and ready" in verdict, verdict
-    assert session.button("Stop the server on 1 host(s)")[0]
+    # A healthy serving host is acted on only when ticked.
+    assert not session.button("Restart the server on 0 host(s)")[0]
+    assert not session.button("Stop the server on 0 host(s)")[0]
+    session.tick("Restart the server", [name_of(click_box)])
     assert session.button("Restart the server on 1 host(s)")[0]
+    session.tick("Stop the server", [name_of(click_box)])
+    assert session.button("Stop the server on 1 host(s)")[0]
 
     session.click("Stop the server on 1 host(s)", "clicked Stop the server")
     assert health(port) is None
@@ -635,7 +687,7 @@ def test_each_session_files_a_run_folder_with_a_journal(session: ClickSession) -
         assert {c["label"].split(" ")[0] for c in clicks} >= {"Stop", "Start"} or {
             c["label"].split(" ")[0] for c in clicks
         } >= {"Apply", "Restore"}
-    session.click("File this run", "clicked File this run")
+    session.click("File this run", "clicked File this run", confirm=False)
     folder = session.runs("04_launch")[-1]
     assert (folder / "summary.json").exists() and (folder / "index.html").exists()
     assert not (folder.stat().st_mode & 0o222)
@@ -678,25 +730,72 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[fleets.Fleet]:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-clicks-fleet-", dir="/tmp"))
     folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
     try:
-        yield fleets.up(folder, hosts=2, address=FLEET_ADDRESS)
+        yield fleets.up(folder, hosts=3, address=FLEET_ADDRESS)
     finally:
         fleets.down(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_the_buttons_act_on_both_hosts_of_a_fleet(
+def server_pids(deployment: Path) -> dict[str, list[int]]:
+    """Each host's processes of the server opsbook started, as the launch's dry run sees them."""
+    from opsbook import stages
+    from opsbook.stages import launch_server
+
+    run = stages.run_stage(stages.get("launch"), load_deployment(deployment), on_result=None)
+    return {
+        name: [p.pid for p in report.server.processes if p.pid is not None]
+        for name, report in run.reports.items()
+        if isinstance(report, launch_server.LaunchReport)
+    }
+
+
+def start_healthy_and_crashed(deployment: Path, healthy: str, crashed: str) -> None:
+    """A fleet with one healthy serving host, one whose server crashed (killed, as the OOM
+    killer does) and one never started."""
+    from opsbook import stages
+
+    dep = load_deployment(deployment)
+    run = stages.run_stage(
+        stages.get("launch"), dep, hosts=[healthy, crashed], apply=True, on_result=None
+    )
+    assert run.ok, run.table()
+    for pid in server_pids(deployment)[crashed]:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_fleet_restart_acts_on_the_broken_hosts_only(
     fleet: fleets.Fleet, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     dep = load_deployment(fleet.deployment_path)
     patch_and_upload(fleet.deployment_path)
+    names = [h.name for h in dep.hosts]
+    healthy, never, crashed = names
     ports = [dep.for_host(h).server_port for h in dep.hosts]
+    start_healthy_and_crashed(fleet.deployment_path, healthy, crashed)
+    serving = server_pids(fleet.deployment_path)[healthy]
+    assert serving and [health(p) for p in ports] == [200, None, None]
+    started = {pid: stat_fields(pid)[19] for pid in serving}  # start time, in clock ticks
     for clicks in lab_session(fleet.deployment_path, tmp_path_factory.mktemp("fleet"), driver):
         clicks.open("04_launch.ipynb")
-        clicks.click("Start the server on 2 host(s)", "clicked Start the server on 2 host(s)")
-        assert [health(p) for p in ports] == [200, 200]
+        # The default: the hosts the dry run would restart; the serving one only when ticked.
+        assert clicks.ticked("Restart the server") == [never, crashed]
+        assert clicks.ticked("Stop the server") == []
+        clicks.click(
+            "Restart the server on 2 host(s)",
+            "clicked Restart the server on 2 host(s)",
+            during="restarting",
+        )
+        assert clicks.confirmation == f"Confirm: restart the server on {never}, {crashed}"
+        assert [health(p) for p in ports] == [200, 200, 200]
+        assert server_pids(fleet.deployment_path)[healthy] == serving
+        assert {pid: stat_fields(pid)[19] for pid in serving} == started
         verdict = cell_output(clicks.page, 'widgets.live("verdict"').inner_text()
-        assert verdict.count("already running and ready") == 2, verdict
-        clicks.click("Stop the server on 2 host(s)", "clicked Stop the server on 2 host(s)")
-        assert [health(p) for p in ports] == [None, None]
+        assert verdict.count("already running and ready") == 3, verdict
+        # Nothing needs stopping: the operator ticks every host, and the stop acts on all.
+        assert clicks.ticked("Stop the server") == []
+        clicks.tick("Stop the server", names)
+        clicks.click("Stop the server on 3 host(s)", "clicked Stop the server on 3 host(s)")
+        assert clicks.confirmation == f"Confirm: stop the server on {', '.join(names)}"
+        assert [health(p) for p in ports] == [None, None, None]
         verdict = cell_output(clicks.page, 'widgets.live("verdict"').inner_text()
-        assert verdict.count("would (re)start the server") == 2, verdict
+        assert verdict.count("would (re)start the server") == 3, verdict
