@@ -13,10 +13,11 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from opsbook import __version__
 from opsbook.core.channel import StageProgress
 from opsbook.core.exceptions import (
     DeploymentError,
@@ -32,8 +33,13 @@ from opsbook.core.optional_imports import skip_slow_optional_imports, without_py
 from opsbook.core.results import EXIT_LOCKED, HostResult, recap
 from opsbook.runner import run as runner
 from opsbook.runner.interrupt import RunInterrupted, raising_on_signals
+from opsbook.terminal import Terminal
 
 DEFAULT_SANDBOX_DIR = ".sandbox/demo"
+# What a run prints as it goes: plain off a terminal, fitted and coloured on one.
+TERMINAL = Terminal()
+# `opsbook records show last`: the newest run folder `records list` shows.
+LAST_RUN = "last"
 
 
 def console() -> int:
@@ -93,11 +99,43 @@ def _detach_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: its options may come before or after its positionals
+    (``opsbook run -f d.yml deploy``, ``opsbook records show --json last``), and its help may
+    end with text made only when it is asked for (``more_help``)."""
+
+    more_help: Callable[[], str] | None = None
+    _intermixing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # parse_known_intermixed_args parses with parse_known_args itself, twice.
+        if self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+    def format_help(self) -> str:
+        if self.more_help is not None:
+            self.epilog = self.more_help()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opsbook", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
 
-    run = sub.add_parser("run", help="execute a runbook notebook headless into a run folder")
+    run = sub.add_parser(
+        "run",
+        help="execute a runbook notebook headless into a run folder",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.more_help = _stages_help
     run.add_argument(
         "notebook", help="a path, a stage name such as 00_preflight, or 'deploy' for all stages"
     )
@@ -194,7 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rec = sub.add_parser("records", help="list the run folders, or show one")
     rec.add_argument("action", choices=["list", "show"])
-    rec.add_argument("run", nargs="?", help="a run folder (for show)")
+    rec.add_argument(
+        "run", nargs="?", help=f"show: a run folder, or {LAST_RUN!r} for the newest one listed"
+    )
     rec.add_argument("--runs-dir", default="runs", help="where run folders are (default: runs)")
     rec.add_argument("--json", action="store_true", help="show: the whole record as JSON")
     rec.add_argument("--diff", action="store_true", help="show: the diffs the stages recorded")
@@ -229,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     diag = sub.add_parser("diagnose", help="classify a vLLM log: state, failure, remedy")
     diag.add_argument("--log", required=True, help="a vLLM log file ('-' for standard input)")
     diag.add_argument("--json", action="store_true", help="answer in JSON")
+    diag.add_argument(
+        "-v", "--verbose", action="store_true", help="every source of the diagnosis, not the first"
+    )
     diag.set_defaults(handler=cmd_diagnose)
     return parser
 
@@ -291,23 +334,38 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _print_result(result: HostResult) -> None:
-    print(result.line(), flush=True)
-    if result.remedy and not result.ok:
-        print(f"{'':<15}remedy: {result.remedy}", flush=True)
+    TERMINAL.result(result)
 
 
 def _print_progress(progress: StageProgress) -> None:
-    print(progress.line(), flush=True)
+    TERMINAL.progress(progress)
 
 
 def _print_recap(record: runner.RunRecord | runner.CheckRecord) -> None:
-    lines = recap(record.results)
-    if lines:
-        width = max(len(line.host) for line in lines)
-        print("RECAP")
-        for line in lines:
-            print(line.line(width))
-    print(f"{record.status}: {record.message}")
+    TERMINAL.recap(recap(record.results), record.status, record.message, record.exit_code == 0)
+
+
+def _stages_help() -> str:
+    """The stages `opsbook run` takes and each one's parameters (``-p NAME VALUE``), as
+    papermill's ``--help-notebook`` shows a notebook's."""
+    from opsbook.runner.parameters import runbook_parameters
+
+    lines = [
+        "NOTEBOOK is one of these stages (or a path to a notebook), with the parameters -p sets:"
+    ]
+    for notebook in runbook_parameters():
+        lines.append(f"  {notebook.name}: {notebook.title}")
+        for p in notebook.parameters:
+            said = f" - {p.comment}" if p.comment else ""
+            lines.append(f"      {p.name}: {p.type_name} (default {p.default!r}){said}")
+    lines += [
+        "  deploy: every stage above in order, on every host",
+        "      apply: bool (default True) - false for a dry run that changes nothing",
+        "      serial: str (default all hosts at once) - N or N% of the hosts per batch",
+        "      restart: str (default 'changed') - or 'always': restart a server even when it "
+        "is ready and unchanged",
+    ]
+    return "\n".join(lines)
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
@@ -331,7 +389,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         print(
             f"rehearsal host up: {box.user}@{box.address} port {box.port} (login shell {box.shell})"
         )
-        print(f"simulated: 8 x {args.gpus} GPUs, vLLM {args.vllm_version}")
+        print(*_served(args, box.deployment_path), sep="\n")
         print(f"deployment file: {box.deployment_path}")
         return runner.EXIT_OK
     if args.action == "prepare":
@@ -339,6 +397,23 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     result = sandbox.down(folder) if args.action == "down" else sandbox.status(folder)
     print(result)
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
+
+
+def _served(args: argparse.Namespace, deployment_path: Path, where: str = "") -> list[str]:
+    """What a rehearsal host serves: the simulated GPUs and vLLM, or the real vLLM (which
+    release, which tiny model, from where) beside the simulated GPUs its preflight sees."""
+    if args.vllm != "real":
+        return [f"simulated{where}: 8 x {args.gpus} GPUs, vLLM {args.vllm_version}"]
+    from opsbook.core.deployment import load_deployment
+    from opsbook.rehearsal import real_vllm
+
+    tier = real_vllm.ensure_tier()  # installed by `up` already: this only reads it
+    model = Path(load_deployment(deployment_path).model_path)
+    return [
+        f"real vLLM {tier.version} ({real_vllm.PACKAGE}, on the CPU){where}: "
+        f"the tiny model {model.name} at {model}",
+        f"simulated{where}: 8 x {args.gpus} GPUs (nvidia-smi only: vLLM runs on the CPU)",
+    ]
 
 
 def _prepare_sandbox(vllm: str) -> int:
@@ -387,7 +462,7 @@ def _cmd_fleet(args: argparse.Namespace, folder: Path) -> int:
         )
         for box in fleet.hosts:
             print(f"rehearsal host up: {box.user}@{box.address} port {box.port}")
-        print(f"simulated on each: 8 x {args.gpus} GPUs, vLLM {args.vllm_version}")
+        print(*_served(args, fleet.deployment_path, " on each"), sep="\n")
         print(f"deployment file: {fleet.deployment_path}")
         return runner.EXIT_OK
     result = fleets.down(folder) if args.action == "down" else fleets.status(folder)
@@ -443,9 +518,7 @@ def cmd_records(args: argparse.Namespace) -> int:
         return runner.EXIT_OK
     if not args.run:
         raise RunError("records show needs a run folder", remedy="see `opsbook records list`")
-    folder = Path(args.run)
-    if not folder.is_dir():
-        folder = Path(args.runs_dir) / args.run
+    folder = _run_folder(args.run, Path(args.runs_dir))
     if args.json:
         print(json.dumps(records.show_run(folder), indent=2))
     elif args.diff:
@@ -453,6 +526,17 @@ def cmd_records(args: argparse.Namespace) -> int:
     else:
         print(records.describe_run(folder))
     return runner.EXIT_OK
+
+
+def _run_folder(name: str, runs_dir: Path) -> Path:
+    """The run folder ``records show NAME`` means: a path, a folder under ``runs_dir``, or the
+    newest one listed (``last``)."""
+    from opsbook.runner import records
+
+    if name == LAST_RUN and not Path(name).is_dir():
+        return records.newest_run(runs_dir)
+    folder = Path(name)
+    return folder if folder.is_dir() else runs_dir / name
 
 
 def cmd_runbook(args: argparse.Namespace) -> int:
@@ -498,7 +582,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(diagnosis.to_dict(), indent=2))
     else:
-        print(diagnosis)
+        print(diagnosis.describe(every_source=args.verbose))
     return runner.EXIT_OK if diagnosis.ok else runner.EXIT_PROBLEM
 
 

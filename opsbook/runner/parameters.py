@@ -11,10 +11,12 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from opsbook.core.exceptions import RunError
+from opsbook.runner import runbook
 from opsbook.runner.runbook import notebooks_dir
 
 # The runbook: the checkout's notebooks/, or the copy an installed wheel carries.
@@ -165,3 +167,71 @@ def plain_value(name: str, text: str, default: Any) -> Any:
 def _misfit(name: str, text: str, expected: str, example: str) -> RunError:
     shown = text if len(text) <= 60 else text[:57] + "..."
     return RunError(f"-p {name} {shown!r}: expected {expected}", remedy=f"write e.g. {example}")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A parameter as a stage notebook's ``parameters`` cell declares it: its name, default
+    (whose type is the parameter's) and the comment beside it."""
+
+    name: str
+    default: Any
+    comment: str = ""
+
+    @property
+    def type_name(self) -> str:
+        """Its type as the stage's options class spells it (every list is of text)."""
+        kind = type(self.default)
+        return "list[str]" if kind is list else kind.__name__
+
+
+@dataclass(frozen=True)
+class StageNotebook:
+    """A notebook of the runbook: its name, the title its first cell gives, and the parameters
+    ``opsbook run -p`` may set (``deployment`` is ``-f``)."""
+
+    name: str
+    title: str
+    parameters: list[Declared]
+
+
+def runbook_parameters() -> list[StageNotebook]:
+    """The runbook's notebooks in order, each with its parameters as its ``parameters`` cell
+    declares them (a test holds each cell to its stage's options class,
+    :func:`opsbook.stages.parameters_of`): read from the notebooks' JSON, so that ``opsbook run
+    --help`` imports no stage and starts no kernel."""
+    import json
+
+    found = []
+    for path in runbook.notebooks():
+        cells = json.loads(path.read_text())["cells"]
+        heading = "".join(cells[0]["source"]).splitlines()[0] if cells else ""
+        title = heading.lstrip("#").split("·", 1)[-1].strip()
+        tagged = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+        declared = _declared_in("".join(tagged[0]["source"])) if tagged else []
+        found.append(StageNotebook(path.stem, title, declared))
+    return found
+
+
+def _declared_in(cell: str) -> list[Declared]:
+    """The literal assignments of a parameters cell, after the runner's own, with the comment
+    on the same line."""
+    lines = cell.splitlines()
+    declared = []
+    for node in ast.parse(cell).body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.targets[0], ast.Name):
+            continue
+        name = node.targets[0].id
+        if name in RUNNER_PARAMETERS:
+            continue
+        after = lines[node.lineno - 1][node.end_col_offset or 0 :].strip()
+        comment = after[1:].strip() if after.startswith("#") else ""
+        declared.append(Declared(name, _literal(node.value), comment))
+    return declared
+
+
+def _literal(value: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return None

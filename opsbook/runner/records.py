@@ -522,3 +522,17 @@ def _read_record(folder: Path) -> dict[str, Any] | None:
             except json.JSONDecodeError:
                 return None
     return None
+
+
+def newest_run(runs_dir: Path) -> Path:
+    """The newest run folder :func:`list_runs` shows (its first row), whatever it lists.
+
+    Raises:
+        RunError: it shows none.
+    """
+    shown = list_runs(runs_dir).records()
+    if not shown:
+        raise RunError(
+            f"no run folder in {runs_dir}", remedy="give --runs-dir the folder your runs go to"
+        )
+    return runs_dir / str(shown[0]["run"])

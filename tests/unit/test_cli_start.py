@@ -22,6 +22,7 @@ HEAVY = (
     "yaml",
     "pydantic",
     "matplotlib",
+    "rich",  # only a run's lines on a terminal need it (opsbook.terminal)
 )
 
 PROBE = """

@@ -164,6 +164,11 @@ class LogDiagnosis:
         return Result(self.ok, self.summary, findings=findings)
 
     def __str__(self) -> str:
+        return self.describe()
+
+    def describe(self, *, every_source: bool = True) -> str:
+        """The diagnosis for people, a row per fact; without ``every_source``, a long source
+        list shortened to its first entries and how many more there are."""
         rows = [f"state:   {self.state}" + (f" (phase: {self.phase})" if self.phase else "")]
         if self.failure:
             known = f" ({self.error_class})" if self.error_class else ""
@@ -180,7 +185,7 @@ class LogDiagnosis:
         if self.numbers:
             rows.append("numbers: " + ", ".join(f"{k}={v}" for k, v in self.numbers.items()))
         rows.append(f"remedy:  {self.remedy}")
-        rows.append(f"source:  {self.source}")
+        rows.append(f"source:  {self.source if every_source else first_sources(self.source)}")
         if self.version:
             rows.append(f"vLLM:    {self.version}")
         if self.earlier_summary:
@@ -204,6 +209,44 @@ class LogDiagnosis:
         rows += [[f"note (line {n.line.number})", n.entry.title] for n in self.notes]
         table = Table(["", ""], [row for row in rows if row[1] not in (None, "")])
         return head + table._repr_html_()
+
+
+# A shortened source list keeps its entries while they fit in this many characters (the
+# first always: a catalogue source names the vLLM release first).
+SHORT_SOURCES = 200
+
+
+def first_sources(source: str, budget: int = SHORT_SOURCES) -> str:
+    """``source``'s first entries (``;``-separated, outside brackets and quotes) that fit in
+    ``budget`` characters, then how many were left out."""
+    entries = source_entries(source)
+    kept = entries[:1]
+    for entry in entries[1:]:
+        if len("; ".join([*kept, entry])) > budget:
+            break
+        kept.append(entry)
+    left = len(entries) - len(kept)
+    if not left:
+        return source
+    return "; ".join(kept) + f"; and {left} more (-v shows them)"
+
+
+def source_entries(source: str) -> list[str]:
+    """The entries of a source list: split at ``;`` outside brackets and double quotes
+    (a quoted log message may hold one)."""
+    entries, depth, quoted, start = [], 0, False, 0
+    for i, char in enumerate(source):
+        if char == '"':
+            quoted = not quoted
+        elif not quoted and char in "([":
+            depth += 1
+        elif not quoted and char in ")]":
+            depth = max(0, depth - 1)
+        elif char == ";" and not quoted and depth == 0:
+            entries.append(source[start:i].strip())
+            start = i + 1
+    entries.append(source[start:].strip())
+    return [e for e in entries if e]
 
 
 @dataclass(frozen=True)

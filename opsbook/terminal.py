@@ -1,0 +1,145 @@
+"""What the command prints as a run goes: each host's result, live lines, the recap.
+
+Where standard output is not a terminal (CI, cron, a pipe, a file) the lines are plain and
+byte for byte what the command always printed: scripts and tests parse them. On a terminal
+they are fitted to its width and coloured by rich, imported only then, so that a command that
+prints nothing of this (``opsbook --help``) does not pay for it. rich honours ``NO_COLOR`` and
+``TERM=dumb``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from opsbook.core.channel import StageProgress
+from opsbook.core.results import HostRecap, HostResult, State
+
+# Columns of a result line before its message (results.HostResult.line): stage, host, state,
+# time; a message that does not fit beside them goes under them, indented as the remedy is.
+INDENT = 15
+STATE_STYLES = {
+    State.OK: "green",
+    State.CHANGED: "yellow",
+    State.WOULD_CHANGE: "magenta",
+    State.SKIPPED: "dim",
+    State.FAILED: "bold red",
+    State.UNREACHABLE: "bold red",
+}
+RECAP_STYLES = {
+    r"\bok=[1-9]\d*": "green",
+    r"\bchanged=[1-9]\d*": "yellow",
+    r"\b(failed|unreachable)=[1-9]\d*": "bold red",
+    r"\(\S+ at \S+:.*\)$": "red",
+}
+
+
+class Terminal:
+    """Prints the lines of a run to ``stream`` (standard output at the time of each call by
+    default): plain unless it is a terminal.
+
+    Args:
+        stream: where lines go.
+        tty: whether it is a terminal (default: ``stream.isatty()``).
+        width: its width in columns (default: what the terminal says).
+    """
+
+    def __init__(
+        self, stream: TextIO | None = None, *, tty: bool | None = None, width: int | None = None
+    ):
+        self.stream = stream
+        self.tty = tty
+        self.width = width
+        self._console: Any = None
+
+    @property
+    def out(self) -> TextIO:
+        return self.stream or sys.stdout
+
+    def is_tty(self) -> bool:
+        if self.tty is not None:
+            return self.tty
+        try:
+            return self.out.isatty()
+        except (AttributeError, ValueError):  # a closed or file-less stream
+            return False
+
+    def console(self) -> Any:
+        """The rich console over the stream (made on first use: rich is imported here)."""
+        if self._console is None or self._console.file is not self.out:
+            from rich.console import Console
+
+            self._console = Console(
+                file=self.out, force_terminal=True, width=self.width, highlight=False
+            )
+        return self._console
+
+    def result(self, result: HostResult) -> None:
+        """A host's result as its stage ends, with its remedy when it did not end well."""
+        remedy = result.remedy if result.remedy and not result.ok else ""
+        if not self.is_tty():
+            self.plain(result.line())
+            if remedy:
+                self.plain(f"{'':<{INDENT}}remedy: {remedy}")
+            return
+        from rich.padding import Padding
+        from rich.text import Text
+
+        console = self.console()
+        head = Text.assemble(
+            f"{result.stage:<14} {result.host:<32} ",
+            (f"{result.state.value:<12}", STATE_STYLES[result.state]),
+            f" {result.duration:6.1f} s",
+        )
+        message = Text(result.message)
+        if head.cell_len + 2 + message.cell_len <= console.width:
+            console.print(Text.assemble(head, "  ", message), no_wrap=True)
+        else:
+            console.print(head, no_wrap=True, overflow="ellipsis")
+            if result.message:
+                console.print(Padding(message, (0, 0, 0, INDENT), expand=False))
+        if remedy:
+            said = Text.assemble(("remedy: ", "bold"), remedy)
+            console.print(Padding(said, (0, 0, 0, INDENT), expand=False))
+        self.out.flush()
+
+    def progress(self, progress: StageProgress) -> None:
+        """A live line of a long stage: on a terminal dimmed, its host not padded (the log's
+        words come sooner) and cut to one line."""
+        if not self.is_tty():
+            self.plain(progress.line())
+            return
+        from rich.text import Text
+
+        p = progress
+        line = Text(f"{p.stage:<14} {p.host} ... {p.seconds:5.0f} s  {p.text}", style="dim")
+        self.console().print(line, no_wrap=True, overflow="ellipsis")
+        self.out.flush()
+
+    def recap(self, lines: Sequence[HostRecap], status: str, message: str, ok: bool) -> None:
+        """The recap, a line per host, then the run's status and message."""
+        width = max((len(line.host) for line in lines), default=0)
+        shown = [line.line(width) for line in lines]
+        ending = f"{status}: {message}"
+        if not self.is_tty():
+            if shown:
+                self.plain("RECAP", *shown)
+            self.plain(ending)
+            return
+        from rich.text import Text
+
+        console = self.console()
+        if shown:
+            console.print(Text("RECAP", style="bold"))
+        for line in shown:
+            text = Text(line)
+            for pattern, style in RECAP_STYLES.items():
+                text.highlight_regex(pattern, style)
+            console.print(text)
+        console.print(Text(ending, style="bold green" if ok else "bold red"))
+        self.out.flush()
+
+    def plain(self, *lines: str) -> None:
+        for line in lines:
+            print(line, file=self.out, flush=True)
