@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from opsbook import __version__
-from opsbook.core.channel import JOURNAL_ENV
+from opsbook.core.channel import DEPLOYMENT_ENV, JOURNAL_ENV
 from opsbook.core.deployment import Deployment, load_deployment
+from opsbook.core.exceptions import DeploymentError
 from opsbook.core.results import Result, shown
+from opsbook.runner import first_contact
 from opsbook.runner import session as session_records
 from opsbook.runner.progress import has_frontend
 from opsbook.stages.base import HostChoice, while_busy
@@ -37,7 +39,12 @@ class DeploymentForm:
     again. Headless it shows the values it was given. Above the form comes the session's
     header (UTC time, user, machine, deployment, parameters, opsbook version, where the record
     goes); in JupyterLab, showing the form starts the session's run folder
-    (:mod:`opsbook.runner.session`) and offers "File this run".
+    (:mod:`opsbook.runner.session`) and offers "File this run"; a note in the form says the
+    outputs below are the runbook's example until their cells run. In JupyterLab a relative
+    ``OPSBOOK_DEPLOYMENT`` is looked for where JupyterLab was started
+    (:mod:`opsbook.runner.first_contact`); what is wrong with the choice (no file, an override
+    that is no deployment key, a file that does not load) is said at the form, never as a
+    traceback, and the session starts once a deployment loads.
 
     Args:
         deployment: the notebook's ``deployment`` parameter.
@@ -57,10 +64,21 @@ class DeploymentForm:
         parameters: dict[str, Any] | None = None,
         namespace: Mapping[str, Any] | None = None,
     ):
+        # Headless the path is read as given, as it always was; in JupyterLab a relative
+        # OPSBOOK_DEPLOYMENT is looked for where JupyterLab was started.
+        self.located: first_contact.Located | None = None
+        if has_frontend():
+            self.located = locate(deployment)
+            if self.located.from_env and self.located.found:
+                deployment = self.located.found  # the notebook's own path reads as it did
         self.choices = list(dict.fromkeys([deployment, *find_deployments(folders)]))
+        if self.located is not None and self.located.missing:
+            self.choices.remove(deployment)
         self._path = deployment
         self._overrides = ""
         self._widget: Any = None
+        self._note: Any = None
+        self._session_waits = False
         self.notebook = notebook
         if namespace is not None:
             parameters = stage_parameters(notebook, namespace)
@@ -68,7 +86,9 @@ class DeploymentForm:
 
     @property
     def path(self) -> str:
-        return str(self._widget.children[0].value) if self._widget is not None else self._path
+        if self._widget is None or self._widget.children[0].value is None:
+            return self._path
+        return str(self._widget.children[0].value)
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -76,8 +96,35 @@ class DeploymentForm:
         return parse_overrides(text)
 
     def load(self) -> Deployment:
-        """The chosen deployment with the overrides applied."""
-        return load_deployment(self.path, self.overrides)
+        """The chosen deployment with the overrides applied. In JupyterLab, when the form was
+        first drawn without one, the session starts here (its header shown in this cell)."""
+        chosen = load_deployment(self.path, self.overrides)
+        if self._session_waits:
+            from IPython.display import display
+
+            self._session_waits = False
+            session = self._session(chosen)
+            display(SessionHeader.of(session))
+            display(file_gate(session))
+        return chosen
+
+    def problem(self) -> str:
+        """What is wrong with the choice as it stands, said at the form ("" when nothing):
+        no deployment file, an override that is no deployment key, a file that does not load."""
+        if self.located is not None and self.located.missing and self.path == self._path:
+            return first_contact.what_to_do(self.located)
+        try:
+            overrides = self.overrides
+        except ValueError as e:
+            return f"overrides: {e}"
+        unknown = [first_contact.unknown_override(key) for key in overrides]
+        if any(unknown):
+            return "overrides: " + "; ".join(filter(None, unknown))
+        try:
+            load_deployment(self.path, overrides)
+        except DeploymentError as e:
+            return str(e)
+        return ""
 
     def _ipython_display_(self) -> None:
         from IPython.display import HTML, display
@@ -86,12 +133,23 @@ class DeploymentForm:
             display(SessionHeader.headless(self.notebook, self.path, self.parameters))
             display(HTML(f"<p>deployment: <code>{html.escape(self.path)}</code></p>"))
             return
+        form = _widget_bundle(self._form(), f"[form: deployment {self.path}]")
+        if self.problem():
+            # Nothing to record yet: the session starts once a deployment loads (load()).
+            self._session_waits = True
+            display(form, raw=True)
+            return
+        session = self._session(self.load())
+        display(SessionHeader.of(session))
+        display(form, raw=True)
+        display(file_gate(session))
+
+    def _session(self, deployment: Deployment) -> session_records.Session:
+        """This kernel's session, started anew for another notebook or after filing."""
         global SESSION
         if SESSION is None or SESSION.filed or SESSION.notebook != self.notebook:
-            SESSION = session_records.start(self.notebook, self.load(), self.path, self.parameters)
-        display(SessionHeader.of(SESSION))
-        display(_widget_bundle(self._form(), f"[form: deployment {self.path}]"), raw=True)
-        display(file_gate(SESSION))
+            SESSION = session_records.start(self.notebook, deployment, self.path, self.parameters)
+        return SESSION
 
     def _form(self) -> Any:
         import ipywidgets as w
@@ -99,7 +157,10 @@ class DeploymentForm:
         if self._widget is None:
             wide = {"width": "95%"}
             picker = w.Dropdown(
-                options=self.choices, value=self._path, description="deployment", layout=wide
+                options=self.choices,
+                value=self._path if self._path in self.choices else None,
+                description="deployment",
+                layout=wide,
             )
             overrides = w.Text(
                 value=self._overrides,
@@ -107,8 +168,50 @@ class DeploymentForm:
                 placeholder="server.port=8001, model.path=/data/other",
                 layout=wide,
             )
-            self._widget = w.VBox([picker, overrides])
+            self._note = w.HTML(layout=wide)
+            # Said at the field as it is typed: no cell runs again, no button is drawn again.
+            picker.observe(lambda _: self._show_problem(), names="value")
+            overrides.observe(lambda _: self._show_problem(), names="value")
+            example = w.HTML(example_note_html(), layout=wide)
+            self._widget = w.VBox([picker, overrides, self._note, example])
+            self._show_problem()
         return self._widget
+
+    def _show_problem(self) -> None:
+        problem = self.problem()
+        self._note.value = (
+            f"<pre class='opsbook-form-problem' style='color:#cf222e;white-space:pre-wrap'>"
+            f"{html.escape(problem, quote=False)}</pre>"
+            if problem
+            else ""
+        )
+
+
+def locate(deployment: str) -> first_contact.Located:
+    """Where ``deployment`` is, as the kernel of a notebook open in JupyterLab finds it."""
+    return first_contact.locate_deployment(
+        deployment,
+        from_env=bool(deployment) and deployment == os.environ.get(DEPLOYMENT_ENV),
+        start_dirs=first_contact.server_start_dirs(),
+        notebook_dir=Path.cwd(),
+    )
+
+
+# Said under the form in JupyterLab. A widget, so that the saved notebook and its record keep
+# only the form's text stand-in, not this note about outputs they no longer hold.
+EXAMPLE_NOTE = (
+    "Until a cell below runs in this session, its output is the EXAMPLE stored with the "
+    "runbook, from the rehearsal host (simulated GPUs on 127.0.0.x), not from this "
+    "deployment's hosts. Run > Run Selected Cell and All Below replaces it."
+)
+
+
+def example_note_html() -> str:
+    return (
+        "<div class='opsbook-example-note' style='border:2px solid #bf8700;"
+        "background:#fff8c5;color:#000;padding:4px 8px;margin:4px 0'>"
+        f"<b>Example output below</b>: {html.escape(EXAMPLE_NOTE)}</div>"
+    )
 
 
 def stage_parameters(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,3 +1,4 @@
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -5,6 +6,7 @@ import pytest
 from opsbook import stages, widgets
 from opsbook.core.results import HostResult, Result, State
 from opsbook.remote.hosts import HostGroup
+from opsbook.runner import first_contact
 from opsbook.stages import config_patch, launch_server
 from opsbook.stages.base import Note, StageRun, while_busy
 from opsbook.steps import patch
@@ -47,6 +49,149 @@ def test_the_form_loads_the_deployment_with_its_overrides(tmp_path) -> None:
     assert form.load().server_port == 8000
     form._overrides = "server.port=8001"
     assert form.load().server_port == 8001
+
+
+# -- first contact: no deployment, a relative OPSBOOK_DEPLOYMENT, a typo, the example outputs -----
+
+DEPLOYMENT_YAML = "hosts: [gpu-01]\nmodel: {path: /m}\nserver: {port: 8000}\n"
+
+
+@pytest.fixture
+def lab(monkeypatch, tmp_path) -> list[Any]:
+    """A kernel as JupyterLab runs it, no deployment named, its displays collected."""
+    import IPython.display
+
+    shown_now: list[Any] = []
+    monkeypatch.setattr(widgets, "has_frontend", lambda: True)
+    monkeypatch.setattr(widgets, "SESSION", None)
+    monkeypatch.setattr(widgets, "GATES", [])
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **_: shown_now.append(obj))
+    for name in ("OPSBOOK_DEPLOYMENT", "JPY_PARENT_PID", "PWD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPSBOOK_RUNS_DIR", str(tmp_path / "runs"))
+    # A session points the process's journal and results at its folder: undone after the test.
+    monkeypatch.setenv("OPSBOOK_JOURNAL", str(tmp_path / "journal.jsonl"))
+    monkeypatch.setenv("OPSBOOK_OUTCOME", str(tmp_path / "results.json"))
+    return shown_now
+
+
+def kinds(shown_now: list[Any]) -> list[str]:
+    return ["form" if isinstance(o, dict) else type(o).__name__.lstrip("_") for o in shown_now]
+
+
+def test_without_a_deployment_the_form_shows_its_picker_and_says_what_to_do(lab, tmp_path):
+    (tmp_path / "d.yml").write_text(DEPLOYMENT_YAML)
+    form = widgets.DeploymentForm("", folders=[str(tmp_path)], notebook="04_launch")
+    form._ipython_display_()
+    assert kinds(lab) == ["form"]  # no traceback, no session yet
+    picker, _, note, _ = form._widget.children
+    assert picker.options == (str(tmp_path / "d.yml"),) and picker.value is None
+    problem = form.problem()
+    assert problem.startswith("No deployment file found (no deployment given)")
+    assert "OPSBOOK_DEPLOYMENT=deployments/fleet-example.yml" in problem
+    assert "-p deployment deployments/fleet-example.yml" in problem
+    assert "No deployment file found" in note.value
+    picker.value = str(tmp_path / "d.yml")  # the operator picks one
+    assert note.value == "" and form.problem() == ""
+    assert form.load().server_port == 8000  # the next cell: the session starts there
+    assert kinds(lab) == ["form", "SessionHeader", "Gate"] and widgets.SESSION is not None
+
+
+def test_a_deployment_path_that_does_not_exist_names_where_it_was_looked_for(
+    lab, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    form = widgets.DeploymentForm("missing.yml", folders=[], notebook="04_launch")
+    form._ipython_display_()
+    assert kinds(lab) == ["form"]
+    looked = f"looked for\n  {tmp_path}/missing.yml\n"
+    assert form.problem().startswith(
+        f"No deployment file found (deployment='missing.yml'): {looked}"
+    )
+
+
+def test_a_relative_opsbook_deployment_is_read_from_where_jupyterlab_was_started(
+    lab, tmp_path, monkeypatch
+):
+    started = tmp_path / "ops"
+    (started / "deployments").mkdir(parents=True)
+    (started / "notebooks").mkdir()
+    (started / "deployments" / "x.yml").write_text(DEPLOYMENT_YAML)
+    monkeypatch.chdir(started / "notebooks")  # JupyterLab starts the kernel in this folder
+    monkeypatch.setenv("PWD", str(started))
+    monkeypatch.setenv("OPSBOOK_DEPLOYMENT", "deployments/x.yml")
+    form = widgets.DeploymentForm("deployments/x.yml", folders=[], notebook="04_launch")
+    assert form.path == str(started / "deployments" / "x.yml")
+    assert form.located is not None and form.located.tried == (form.path,)
+    form._ipython_display_()
+    assert kinds(lab) == ["SessionHeader", "form", "Gate"]
+
+    monkeypatch.setenv("OPSBOOK_DEPLOYMENT", "deployments/y.yml")
+    lost = widgets.DeploymentForm("deployments/y.yml", folders=[], notebook="04_launch")
+    problem = lost.problem()
+    assert problem.startswith("No deployment file found (OPSBOOK_DEPLOYMENT=deployments/y.yml)")
+    for base in (started, started / "notebooks", tmp_path):
+        assert f"\n  {base}/deployments/y.yml\n" in problem
+
+
+def test_the_folder_jupyterlab_was_started_from_is_the_server_process_s_then_pwd() -> None:
+    env = {"JPY_PARENT_PID": "4242", "PWD": "/home/op"}
+    assert first_contact.server_start_dirs(env, lambda pid: f"/srv/{pid}") == [
+        Path("/srv/4242"),
+        Path("/home/op"),
+    ]
+
+    def gone(pid: str) -> str:
+        raise FileNotFoundError(pid)
+
+    assert first_contact.server_start_dirs(env, gone) == [Path("/home/op")]
+    assert first_contact.server_start_dirs({}, gone) == []
+
+
+def test_headless_the_form_reads_the_path_as_given(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(widgets, "has_frontend", lambda: False)
+    monkeypatch.setenv("OPSBOOK_DEPLOYMENT", "deployments/x.yml")
+    form = widgets.DeploymentForm("deployments/x.yml", folders=[])
+    assert form.path == "deployments/x.yml" and form.located is None
+
+
+def test_a_typo_in_the_overrides_is_shown_at_the_field_and_keeps_the_buttons(lab, tmp_path):
+    path = tmp_path / "d.yml"
+    path.write_text(DEPLOYMENT_YAML)
+    form = widgets.DeploymentForm(str(path), folders=[], notebook="04_launch")
+    form._ipython_display_()
+    gate = widgets.confirm("Apply the patch", lambda: Result(True, "patched"), apply=False)
+    gate._ipython_display_()
+    gate.click()
+    button, history, drawn = gate._button, list(gate.history), form._widget
+    _, overrides, note, _ = form._widget.children
+    overrides.value = "servr.port=8001"
+    assert "'servr.port' is not a deployment key; did you mean 'server.port'?" in note.value
+    overrides.value = "server.prot=8001, server.args.max-model-len=4096"
+    assert "did you mean 'server.port'?" in note.value and "max-model-len" not in note.value
+    overrides.value = "server.port"
+    assert "not KEY=VALUE" in note.value
+    overrides.value = "server.port=8001, server.env.HF_HOME=/data/hf"
+    assert note.value == "" and form.load().server_port == 8001
+    assert gate._button is button and gate.history == history and form._widget is drawn
+    assert widgets.GATES == [gate]
+
+
+def test_the_example_note_is_in_the_form_in_jupyterlab_only(lab, tmp_path, monkeypatch) -> None:
+    path = tmp_path / "d.yml"
+    path.write_text(DEPLOYMENT_YAML)
+    form = widgets.DeploymentForm(str(path), folders=[], notebook="04_launch")
+    form._ipython_display_()
+    note = form._widget.children[3].value
+    assert "<b>Example output below</b>" in note
+    assert "EXAMPLE stored with the runbook, from the rehearsal host" in note
+    # The saved notebook keeps the widget's stand-in only, not the note.
+    assert lab[1]["text/plain"] == f"[form: deployment {path}]"
+    lab.clear()
+    monkeypatch.setattr(widgets, "has_frontend", lambda: False)
+    headless = widgets.DeploymentForm(str(path), folders=[], notebook="04_launch")
+    headless._ipython_display_()
+    assert kinds(lab) == ["SessionHeader", "HTML"] and headless._widget is None
 
 
 # -- fleet buttons: hosts chosen, confirmed by name, acted on exactly ----------------------------
