@@ -108,6 +108,9 @@ def test_a_deployment_path_that_does_not_exist_names_where_it_was_looked_for(
     assert form.problem().startswith(
         f"No deployment file found (deployment='missing.yml'): {looked}"
     )
+    (tmp_path / "here.yml").write_text(DEPLOYMENT_YAML)
+    found = widgets.DeploymentForm("here.yml", folders=[], notebook="04_launch")
+    assert found.path == "here.yml" and found.problem() == ""  # spelled as the notebook has it
 
 
 def test_a_relative_opsbook_deployment_is_read_from_where_jupyterlab_was_started(
