@@ -39,7 +39,8 @@ class DeploymentForm:
     again. Headless it shows the values it was given. Above the form comes the session's
     header (UTC time, user, machine, deployment, parameters, opsbook version, where the record
     goes); in JupyterLab, showing the form starts the session's run folder
-    (:mod:`opsbook.runner.session`) and offers "File this run"; a note in the form says the
+    (:mod:`opsbook.runner.session`), which records every cell run from then on and every
+    deployment loaded, and offers "File this run"; a note in the form says the
     outputs below are the runbook's example until their cells run. In JupyterLab a relative
     ``OPSBOOK_DEPLOYMENT`` is looked for where JupyterLab was started
     (:mod:`opsbook.runner.first_contact`); what is wrong with the choice (no file, an override
@@ -99,6 +100,8 @@ class DeploymentForm:
         """The chosen deployment with the overrides applied. In JupyterLab, when the form was
         first drawn without one, the session starts here (its header shown in this cell)."""
         chosen = load_deployment(self.path, self.overrides)
+        if SESSION is not None and SESSION.notebook == self.notebook and has_frontend():
+            SESSION.touch(chosen, self.path)  # a deployment switched to joins the record
         if self._session_waits:
             from IPython.display import display
 
@@ -148,7 +151,10 @@ class DeploymentForm:
         """This kernel's session, started anew for another notebook or after filing."""
         global SESSION
         if SESSION is None or SESSION.filed or SESSION.notebook != self.notebook:
+            if SESSION is not None:
+                SESSION.stop_recording_cells()
             SESSION = session_records.start(self.notebook, deployment, self.path, self.parameters)
+            record_cells(SESSION)
         return SESSION
 
     def _form(self) -> Any:
@@ -185,6 +191,16 @@ class DeploymentForm:
             if problem
             else ""
         )
+
+
+def record_cells(session: session_records.Session) -> None:
+    """Have ``session`` write every cell this kernel runs from now on (in JupyterLab only: the
+    form starts a session only there; headless the executed notebook is the record)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:
+        session.record_cells(shell)
 
 
 def locate(deployment: str) -> first_contact.Located:

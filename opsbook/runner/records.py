@@ -392,7 +392,9 @@ def _seal(path: Path, mode: int) -> None:
 
 
 def list_runs(runs_dir: Path) -> Table:
-    """Every run folder under ``runs_dir``, newest first."""
+    """Every run folder under ``runs_dir``, newest first: headless runs and interactive
+    sessions (filed or not), with who ran it, on which deployment(s), how long, whether it was
+    a dry run, and how it ended."""
     rows = []
     for folder in sorted(runs_dir.glob("*"), reverse=True):
         doc = _read_record(folder)
@@ -401,12 +403,62 @@ def list_runs(runs_dir: Path) -> Table:
         rows.append(
             [
                 folder.name,
+                run_kind(doc),
+                doc.get("user") or folder_owner(folder),
+                ", ".join(_short(d) for d in deployments_of(doc)),
+                f"{float(doc.get('duration') or 0):.0f} s",
                 doc.get("status", "?"),
                 doc.get("exit_code", ""),
                 doc.get("message", "")[:100],
             ]
         )
-    return Table(["run", "status", "exit", "message"], rows)
+    columns = ["run", "kind", "user", "deployment", "took", "status", "exit", "message"]
+    return Table(columns, rows)
+
+
+def run_kind(doc: dict[str, Any]) -> str:
+    """ "interactive" (a JupyterLab session, "not filed" until it is) or "headless", and
+    "dry run" when a run that could change hosts was told not to."""
+    if doc.get("interactive"):
+        return "interactive" + ("" if doc.get("filed", True) else ", not filed")
+    return "headless, dry run" if is_dry_run(doc) else "headless"
+
+
+def is_dry_run(doc: dict[str, Any]) -> bool:
+    """Whether a headless run changed nothing by design: ``apply`` false, given or (for a
+    stage that changes hosts) left at its notebook's default, False."""
+    from opsbook import stages
+
+    params = doc.get("parameters") or {}
+    if "apply" in params:
+        return str(params["apply"]).strip().lower() in ("false", "0", "no")
+    stage = stages.for_notebook(Path(str(doc.get("notebook", ""))).stem)
+    return stage is not None and stage.changes_host
+
+
+def deployments_of(doc: dict[str, Any]) -> list[str]:
+    """The deployment files a run used (a session: every one it touched)."""
+    found = doc.get("deployments") or [
+        doc.get("deployment") or (doc.get("parameters") or {}).get("deployment") or ""
+    ]
+    return [str(d) for d in found if d]
+
+
+def _short(path: str) -> str:
+    """A deployment file as a list shows it: its name, and its folder's for the rehearsal
+    hosts' ``<name>/deployment.yml``."""
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" if p.name == "deployment.yml" else p.name
+
+
+def folder_owner(folder: Path) -> str:
+    """Who made a run folder (a headless run records no user: the folder is its operator's)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(folder.stat().st_uid).pw_name
+    except (KeyError, OSError):
+        return "?"
 
 
 def show_run(folder: Path) -> dict[str, Any]:
@@ -434,10 +486,16 @@ def describe_run(folder: Path) -> str:
     results = [channel.decode(json.dumps(r)) for r in doc.get("results", [])]
     params = doc.get("parameters") or {}
     took = f"{float(doc.get('duration') or 0):.1f} s"
+    kind = run_kind(doc)
     lines = [
-        f"run {folder.name}: {doc.get('status', '?')} (exit {doc.get('exit_code', '?')}), {took}",
+        f"run {folder.name}: {doc.get('status', '?')} (exit {doc.get('exit_code', '?')}), {took}"
+        f", {kind}" + (" (status as of its last activity)" if not doc.get("filed", True) else ""),
         f"  {doc.get('message', '')}",
     ]
+    if doc.get("interactive"):
+        lines.append(f"  user {doc.get('user', '?')}; deployment(s): "
+                     + ", ".join(deployments_of(doc))
+                     + f"; host(s): {', '.join(doc.get('hosts') or [])}")  # fmt: skip
     if doc.get("started"):
         lines.append(f"  started {doc['started']}")
     if params:
@@ -451,9 +509,10 @@ def describe_run(folder: Path) -> str:
         width = max(len(r.host) for r in results)
         lines += [line.line(width) for line in recap(results)]
     lines += _journal_section(folder)
-    files = [name for name in (INDEX, JOURNAL_PAGE, "journal.jsonl") if (folder / name).exists()]
+    names = (INDEX, JOURNAL_PAGE, "journal.jsonl", "session.ipynb", "cells.jsonl", "clicks.jsonl")
+    files = [name for name in names if (folder / name).exists()]
     files += [n["notebook"] for n in doc.get("notebooks", [])]
-    if not doc.get("notebooks") and doc.get("notebook"):
+    if not doc.get("notebooks") and doc.get("notebook") and not doc.get("interactive"):
         files.append(str(doc["notebook"]))
     if files:
         lines += ["", "files: " + ", ".join(files)]
@@ -513,15 +572,21 @@ def describe_diffs(folder: Path, colour: bool = False) -> str:
 
 
 def _read_record(folder: Path) -> dict[str, Any] | None:
+    from opsbook.runner import session
+
+    header = session.read_header(folder)
     for name in (SUMMARY, "run.json"):
         path = folder / name
         if path.is_file():
             try:
                 loaded: dict[str, Any] = json.loads(path.read_text())
-                return loaded
             except json.JSONDecodeError:
                 return None
-    return None
+            if header is not None:  # a filed session
+                keep = ("user", "deployments")
+                loaded.update({k: header[k] for k in keep if k in header}, interactive=True)
+            return loaded
+    return session.session_doc(folder) if header is not None else None
 
 
 def newest_run(runs_dir: Path) -> Path:

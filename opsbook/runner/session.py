@@ -3,10 +3,13 @@
 Opening a notebook's deployment form in JupyterLab starts a session: a run folder
 ``runs/<UTC>-session-<notebook>-<host>`` like the one ``opsbook run`` makes, with the journal of
 every remote command (the kernel's hosts write to it, redacted, as they do headless), the
-per-host results of every stage run, ``session.json`` (who, where, when, which deployment and
-parameters, which opsbook) and ``clicks.jsonl`` (every button: label, UTC time, user, seconds,
-result). :meth:`Session.file` writes ``summary.json`` and ``index.html`` and makes the folder
-read-only, as a deploy run's is.
+per-host results of every stage run, ``session.json`` (who, where, when, every deployment and
+host the session touched, parameters, which opsbook), ``clicks.jsonl`` (every button: label,
+hosts, UTC time, user, seconds, result) and every executed cell from the form's first draw on
+(``cells.jsonl`` and ``session.ipynb``, :mod:`opsbook.runner.cells`), all written as the session
+goes. It is a record from then on, filed or not: its status is the state at the end
+(:func:`outcome`). :meth:`Session.file` writes ``summary.json`` and ``index.html`` and makes the
+folder read-only, as a deploy run's is.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from opsbook.core import channel
 from opsbook.core.channel import JOURNAL_ENV, OUTCOME_ENV, RUNS_DIR_ENV
 from opsbook.core.deployment import Deployment
 from opsbook.core.redact import Redactor
-from opsbook.core.results import Result, worst_exit_code
+from opsbook.core.results import EXIT_OK, EXIT_PROBLEM, HostResult, Result, worst_exit_code
 from opsbook.runner import records
+from opsbook.runner.cells import CellRecorder, write_notebook
 
 # The notebooks live in notebooks/; their records go to the checkout's runs/, as `make demo`'s.
 DEFAULT_RUNS_DIR = "../runs"
@@ -49,6 +53,8 @@ class Clicked(Protocol):
     def user(self) -> str: ...
     @property
     def result(self) -> Result: ...
+    @property
+    def hosts(self) -> tuple[str, ...]: ...
 
 
 @dataclass
@@ -68,7 +74,12 @@ class Session:
     version: str = __version__
     clicks: int = 0
     filed: bool = False
+    deployments: list[str] = field(default_factory=list)
+    recorder: CellRecorder | None = None
     _clock: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.deployments = self.deployments or [self.deployment]
 
     @property
     def journal(self) -> Path:
@@ -86,9 +97,41 @@ class Session:
             "machine": self.machine,
             "opsbook": self.version,
             "deployment": self.deployment,
+            "deployments": self.deployments,
             "hosts": self.hosts,
             "parameters": self.parameters,
         }
+
+    def write_header(self) -> None:
+        (self.folder / HEADER).write_text(json.dumps(self.header(), indent=2) + "\n")
+
+    def touch(self, deployment: Deployment, deployment_path: str) -> None:
+        """The session now works with ``deployment``: it and its hosts join those on record
+        (a switch in the form adds, never replaces)."""
+        path = str(Path(deployment_path).resolve())
+        hosts = [h.name for h in deployment.hosts]
+        if self.filed or (path in self.deployments and set(hosts) <= set(self.hosts)):
+            return
+        self.deployments = list(dict.fromkeys([*self.deployments, path]))
+        self.hosts = list(dict.fromkeys([*self.hosts, *hosts]))
+        self.secrets(deployment)
+        self.write_header()
+
+    def secrets(self, deployment: Deployment) -> None:
+        """Mask ``deployment``'s secrets too, in everything recorded from now on."""
+        for value in deployment.secret_values():
+            self.redactor.add(value)
+
+    def record_cells(self, shell: Any) -> None:
+        """Write every cell ``shell`` runs from now on (:mod:`opsbook.runner.cells`)."""
+        if self.recorder is None and not self.filed:
+            self.recorder = CellRecorder(self.folder, self.redactor.redact)
+            self.recorder.attach(shell)
+
+    def stop_recording_cells(self) -> None:
+        if self.recorder is not None:
+            self.recorder.detach()
+            self.recorder = None
 
     def note_click(self, click: Clicked) -> None:
         """Append a click to ``clicks.jsonl`` (nothing once filed)."""
@@ -97,6 +140,7 @@ class Session:
         self.clicks += 1
         doc = {
             "label": click.label,
+            "hosts": list(click.hosts),
             "started": click.started.isoformat(timespec="seconds"),
             "seconds": round(click.seconds, 2),
             "user": click.user,
@@ -105,20 +149,19 @@ class Session:
         }
         with (self.folder / CLICKS).open("a") as f:
             f.write(json.dumps(doc) + "\n")
+        write_notebook(self.folder)  # the click's record under its button, redrawn
 
     def file(self) -> Result:
         """Write the summary and index page, stop recording, make the folder read-only."""
         if self.filed:
             return Result(True, f"already filed: {self.folder}")
+        self.stop_recording_cells()
+        write_notebook(self.folder)
         results = channel.read(self.results_file) if self.results_file.exists() else []
-        code = worst_exit_code(results)
-        message = (
-            f"interactive session of {self.notebook} by {self.user}: "
-            f"{self.clicks} click(s), {len(results)} host result(s)"
-        )
+        code, message = outcome(self.folder, self.notebook, self.user)
         summary = records.RunSummary(
             name=self.name,
-            deployment=self.deployment,
+            deployment=", ".join(self.deployments),
             started=self.started.isoformat(timespec="seconds"),
             status="ok" if code == 0 else "problem found",
             exit_code=code,
@@ -162,10 +205,78 @@ def start(
         machine=socket.gethostname(),
         redactor=redactor,
     )
-    (folder / HEADER).write_text(json.dumps(session.header(), indent=2) + "\n")
+    session.write_header()
     os.environ[JOURNAL_ENV] = str(session.journal)
     os.environ[OUTCOME_ENV] = str(session.results_file)
     return session
+
+
+def outcome(folder: Path, notebook: str, user: str) -> tuple[int, str]:
+    """A session's exit code and message: the state at its end. The last result recorded per
+    host (its last look), and the last click's result: both ok is ok (0), else 1 (or worse, as
+    the host results say)."""
+    results_file = folder / f"{notebook}.results.jsonl"
+    results = channel.read(results_file) if results_file.exists() else []
+    last: dict[str, HostResult] = {r.host: r for r in results}
+    clicks = read_clicks(folder)
+    code = worst_exit_code(list(last.values()))
+    if code == EXIT_OK and clicks and not clicks[-1].get("ok"):
+        code = EXIT_PROBLEM
+    message = (
+        f"interactive session of {notebook} by {user}: "
+        f"{len(clicks)} click(s), {len(results)} host result(s)"
+    )
+    if clicks:
+        end = clicks[-1]
+        mark = "done" if end.get("ok") else "FAILED"
+        message += f"; last click '{end.get('label')}' {mark}"
+    return code, message
+
+
+def read_clicks(folder: Path) -> list[dict[str, Any]]:
+    source = folder / CLICKS
+    if not source.is_file():
+        return []
+    found = []
+    for line in source.read_text().splitlines():
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a dying kernel
+            continue
+    return found
+
+
+def read_header(folder: Path) -> dict[str, Any] | None:
+    """A session folder's ``session.json`` (None when ``folder`` is no session's)."""
+    try:
+        loaded: dict[str, Any] = json.loads((folder / HEADER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return loaded
+
+
+def session_doc(folder: Path) -> dict[str, Any] | None:
+    """What an unfiled session's folder records, shaped as a filed run's summary (status as of
+    now, "filed": False); None when ``folder`` holds no session."""
+    header = read_header(folder)
+    if header is None:
+        return None
+    code, message = outcome(folder, str(header.get("notebook")), str(header.get("user")))
+    results_file = folder / f"{header.get('notebook')}.results.jsonl"
+    results = channel.read(results_file) if results_file.exists() else []
+    started = datetime.fromisoformat(str(header.get("started")))
+    newest = max(p.stat().st_mtime for p in [folder, *folder.iterdir()])
+    return {
+        **header,
+        "name": folder.name,
+        "status": "ok" if code == 0 else "problem found",
+        "exit_code": code,
+        "message": message,
+        "duration": round(max(0.0, newest - started.timestamp()), 2),
+        "results": [channel.to_dict(r) for r in results],
+        "interactive": True,
+        "filed": False,
+    }
 
 
 def _stop_recording(session: Session) -> None:

@@ -94,3 +94,113 @@ def test_library_displays_mask_a_foreign_api_key() -> None:
     table = Table(["pid", "command line"], [[1, f"vllm serve m --api-key {KEY}"]])
     assert KEY not in str(table) and KEY not in table._repr_html_()
     assert "--api-key ***" in str(table)
+
+
+# -- a session is a record from its first cell ------------------------------------------------
+
+
+@pytest.fixture
+def shell(started: session.Session):
+    """A real IPython shell whose cells the session records (as the form has it do)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    found = InteractiveShell.instance()
+    started.record_cells(found)
+    yield found
+    started.stop_recording_cells()
+    InteractiveShell.clear_instance()
+
+
+def test_every_cell_is_written_as_it_runs_with_its_outputs_redacted(
+    started: session.Session, shell
+) -> None:
+    from opsbook.runner import cells
+
+    shell.run_cell(f"print('key {KEY}')", store_history=True)
+    shell.run_cell("from IPython.display import display, HTML\n"
+                   "h = display(HTML('<b>before</b>'), display_id=True)\n1 + 1",
+                   store_history=True)  # fmt: skip
+    shell.run_cell("raise ValueError('no route')", store_history=True)
+    # A button's record, drawn again after a click.
+    shell.run_cell("h.update(HTML('<b>after</b>'))", store_history=True)
+    written = cells.read_cells(started.folder)
+    assert [c["execution_count"] for c in written] == [1, 2, 3, 4]
+    first, second, third, _ = written
+    assert first["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "key ***\n"}]
+    assert KEY not in (started.folder / cells.CELLS).read_text()
+    assert second["outputs"][0]["data"]["text/html"] == "<b>after</b>"
+    assert second["outputs"][1]["data"]["text/plain"] == "2"
+    assert not third["ok"] and third["outputs"][0]["ename"] == "ValueError"
+    import nbformat
+
+    nb = nbformat.read(started.folder / cells.NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    assert [c.source for c in nb.cells][0] == "print('key ***')"
+    assert nb.cells[1].outputs[0]["data"]["text/html"] == "<b>after</b>"
+
+
+def test_a_dead_kernel_leaves_the_cells_run_so_far(started: session.Session, shell) -> None:
+    shell.run_cell("x = 41", store_history=True)
+    shell.run_cell("x + 1", store_history=True)
+    # No filing, no shutdown: what is on disk is the record.
+    header = session.session_doc(started.folder)
+    assert header is not None and header["filed"] is False
+    text = (started.folder / "session.ipynb").read_text()
+    assert '"x + 1"' in text and '"42"' in text
+
+
+def test_filing_stops_recording_and_puts_the_shell_back(started: session.Session, shell) -> None:
+    from opsbook.runner import cells
+
+    shell.run_cell("1", store_history=True)
+    recorder = started.recorder
+    assert recorder is not None
+    started.file()
+    assert recorder.post_run_cell not in shell.events.callbacks["post_run_cell"]
+    assert "publish" not in vars(shell.display_pub) and "_showtraceback" not in vars(shell)
+    assert "write_format_data" not in vars(shell.displayhook)
+    # Nothing written into the sealed folder, nothing raised.
+    shell.run_cell("2", store_history=True)
+    assert len(cells.read_cells(started.folder)) == 1
+
+
+def test_a_switched_deployment_and_its_hosts_join_the_record(
+    started: session.Session, tmp_path: Path
+) -> None:
+    other = tmp_path / "fleet.yml"
+    other.write_text("hosts: [gpu-02, gpu-03]\nmodel: {path: /m}\nserver: {port: 8000}\n")
+    started.touch(load_deployment(other), str(other))
+    header = json.loads((started.folder / session.HEADER).read_text())
+    assert header["deployments"] == [str(tmp_path / "d.yml"), str(other)]
+    assert header["hosts"] == ["gpu-01", "gpu-02", "gpu-03"]
+    assert header["deployment"] == str(tmp_path / "d.yml")  # the first, as the folder's name
+
+
+def test_a_click_records_its_hosts(started: session.Session) -> None:
+    now = datetime.now(timezone.utc)
+    started.note_click(widgets.Click("Restart", now, 2.0, "ops", Result(True, "ok"), ("gpu-01",)))
+    assert json.loads((started.folder / session.CLICKS).read_text())["hosts"] == ["gpu-01"]
+
+
+def test_the_status_is_the_state_at_the_end_not_the_first_look(started: session.Session) -> None:
+    now = datetime.now(timezone.utc)
+    channel.record_host(HostResult("gpu-01", "launch", State.FAILED, "not running"))
+    started.note_click(widgets.Click("Start", now, 9.0, "ops", Result(True, "started")))
+    channel.record_host(HostResult("gpu-01", "launch", State.OK, "ready"))
+    assert session.outcome(started.folder, started.notebook, "ops")[0] == 0
+    started.file()
+    summary = json.loads((started.folder / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["exit_code"] == 0
+
+
+def test_a_failed_last_click_or_a_broken_host_at_the_end_is_a_problem(
+    started: session.Session,
+) -> None:
+    now = datetime.now(timezone.utc)
+    channel.record_host(HostResult("gpu-01", "launch", State.OK, "ready"))
+    started.note_click(widgets.Click("Restart", now, 9.0, "ops", Result(False, "timed out")))
+    code, message = session.outcome(started.folder, started.notebook, "ops")
+    assert code == 1 and "last click 'Restart' FAILED" in message
+    started.note_click(widgets.Click("Restart", now, 9.0, "ops", Result(True, "ok")))
+    channel.record_host(HostResult("gpu-01", "launch", State.FAILED, "crashed"))
+    assert session.outcome(started.folder, started.notebook, "ops")[0] == 1

@@ -197,6 +197,39 @@ def test_the_example_note_is_in_the_form_in_jupyterlab_only(lab, tmp_path, monke
     assert kinds(lab) == ["SessionHeader", "HTML"] and headless._widget is None
 
 
+def test_the_form_has_the_session_record_every_cell_and_deployment_in_jupyterlab_only(
+    lab, tmp_path, monkeypatch
+) -> None:
+    import IPython
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    first, second = tmp_path / "d.yml", tmp_path / "fleet.yml"
+    first.write_text(DEPLOYMENT_YAML)
+    second.write_text(DEPLOYMENT_YAML.replace("[gpu-01]", "[gpu-02, gpu-03]"))
+    try:
+        headless = widgets.DeploymentForm(str(first), folders=[], notebook="04_launch")
+        monkeypatch.setattr(widgets, "has_frontend", lambda: False)
+        headless._ipython_display_()
+        headless.load()
+        assert widgets.SESSION is None and shell.events.callbacks["post_run_cell"] == []
+        monkeypatch.setattr(widgets, "has_frontend", lambda: True)
+        form = widgets.DeploymentForm(str(first), folders=[str(tmp_path)], notebook="04_launch")
+        form._ipython_display_()
+        session = widgets.SESSION
+        assert session is not None and session.recorder is not None
+        assert session.recorder.post_run_cell in shell.events.callbacks["post_run_cell"]
+        form._widget.children[0].value = str(second)  # the operator switches deployment
+        assert [h.name for h in form.load().hosts] == ["gpu-02", "gpu-03"]
+        assert session.deployments == [str(first), str(second)]
+        assert session.hosts == ["gpu-01", "gpu-02", "gpu-03"]
+    finally:
+        if widgets.SESSION is not None:
+            widgets.SESSION.stop_recording_cells()
+        InteractiveShell.clear_instance()
+
+
 # -- fleet buttons: hosts chosen, confirmed by name, acted on exactly ----------------------------
 
 READY, CRASHED, NEVER, GONE = (
