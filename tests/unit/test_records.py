@@ -368,3 +368,51 @@ def test_records_show_lists_the_journal_whole_and_in_time_order(tmp_path) -> Non
     assert journal[3].startswith("00:00:01.000  b  read   exit 0  2.50 s")
     assert journal[4] == "    " + long_command  # whole, not cut
     assert journal[5].startswith("00:00:03.000  a  write  exit 0  0.10 s  sftp put /h/x")
+
+
+def test_sessions_filed_or_not_and_headless_runs_are_listed_with_kind_user_and_deployments(
+    tmp_path, monkeypatch
+) -> None:
+    from datetime import datetime, timezone
+
+    from opsbook import widgets
+    from opsbook.core import channel
+    from opsbook.core.deployment import load_deployment
+    from opsbook.core.results import HostResult, Result, State
+    from opsbook.runner import session
+
+    for name in (channel.JOURNAL_ENV, channel.OUTCOME_ENV):
+        monkeypatch.delenv(name, raising=False)
+    runs = tmp_path / "runs"
+    dry, applied = runs / "20260101T000000Z-02_config_patch-h", runs / "20260101T000001Z-deploy-h"
+    for folder, doc in [
+        (dry, {"notebook": "02_config_patch.ipynb", "status": "problem found", "exit_code": 1,
+               "parameters": {"deployment": "/d/prod.yml"}}),
+        (applied, {"notebook": "deploy", "status": "ok", "exit_code": 0, "duration": 61.0,
+                   "parameters": {"deployment": "/d/prod.yml", "apply": "True"}}),
+    ]:  # fmt: skip
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps(doc))
+    path = tmp_path / "lab.yml"
+    path.write_text("hosts: [gpu-01]\nmodel: {path: /m}\nserver: {port: 8000}\n")
+    open_one = session.start("04_launch", load_deployment(path), str(path), {}, str(runs))
+    channel.record_host(HostResult("gpu-01", "launch", State.FAILED, "not running"))
+    now = datetime.now(timezone.utc)
+    click = widgets.Click("Start", now, 3.0, "ops", Result(True, "started"), ("gpu-01",))
+    open_one.note_click(click)
+    channel.record_host(HostResult("gpu-01", "launch", State.OK, "ready"))
+    rows = {r["run"]: r for r in records.list_runs(runs).records()}
+    assert rows[dry.name]["kind"] == "headless, dry run"  # 02's apply left at False
+    assert rows[applied.name]["kind"] == "headless" and rows[applied.name]["took"] == "61 s"
+    assert rows[applied.name]["deployment"] == "prod.yml"
+    mine = rows[open_one.folder.name]
+    assert mine["kind"] == "interactive, not filed" and mine["status"] == "ok"
+    assert mine["user"] == open_one.user and mine["deployment"] == "lab.yml"
+    shown = records.describe_run(open_one.folder)
+    assert "interactive, not filed" in shown.splitlines()[0]
+    assert "host(s): gpu-01" in shown and "last click 'Start' done" in shown
+    assert records.show_run(open_one.folder)["filed"] is False
+    open_one.file()
+    filed = records.list_runs(runs).records()[0]
+    assert filed["run"] == open_one.folder.name and filed["kind"] == "interactive"
+    assert filed["status"] == "ok" and filed["user"] == open_one.user
