@@ -446,6 +446,8 @@ class Gate:
         # Every button of the page: this step may have given another one something to do.
         for gate in [self, *(g for g in GATES if g is not self)]:
             gate._refresh_button()
+        if SESSION is not None:
+            SESSION.save_notebook()  # the click's record under its button, and the redraw
         return entry
 
     def _starting(self) -> tuple[str, ...]:

@@ -149,7 +149,11 @@ class Session:
         }
         with (self.folder / CLICKS).open("a") as f:
             f.write(json.dumps(doc) + "\n")
-        write_notebook(self.folder)  # the click's record under its button, redrawn
+
+    def save_notebook(self) -> None:
+        """``session.ipynb`` as the page now stands (after a click and the redraw it made)."""
+        if not self.filed:
+            write_notebook(self.folder)
 
     def file(self) -> Result:
         """Write the summary and index page, stop recording, make the folder read-only."""

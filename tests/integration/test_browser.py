@@ -799,3 +799,87 @@ def test_a_fleet_restart_acts_on_the_broken_hosts_only(
         assert [health(p) for p in ports] == [None, None, None]
         verdict = cell_output(clicks.page, 'widgets.live("verdict"').inner_text()
         assert verdict.count("would (re)start the server") == 3, verdict
+
+
+# -- a session is a record without a click on "File this run" -----------------------------------
+
+SWITCH_ADDRESS = "127.0.5.50"
+
+
+def switch_deployment(clicks: ClickSession, path: str) -> None:
+    """Pick ``path`` in the form, then run the cells below it, as the README says."""
+    form = cell_output(clicks.page, "widgets.DeploymentForm(")
+    form.locator("select").first.select_option(label=path)
+    below = clicks.page.locator(".jp-CodeCell", has=clicks.page.locator(
+        ".cm-content", has_text="dep = form.load()"))  # fmt: skip
+    below.locator(".jp-InputArea-prompt").first.click()
+    choose_from_menu(clicks.page, "Run", "Run Selected Cell and All Below")
+    clicks.page.wait_for_function(
+        "() => document.querySelector('.jp-Notebook-ExecutionIndicator').dataset.status === 'busy'",
+        timeout=PAGE_LOAD_MS,
+    )
+    wait_for_idle_kernel(clicks.page, RUN_ALL_MS)
+
+
+def test_a_session_is_on_record_without_filing_after_its_tab_closes(
+    click_box: Sandbox, driver: Playwright, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from opsbook.runner import records
+
+    work = tmp_path_factory.mktemp("unfiled")
+    with rehearsal_host("switch", address=SWITCH_ADDRESS) as other:
+        for box in (click_box, other):
+            patch_and_upload(box.deployment_path)
+        (work / "deployments").mkdir()
+        (work / "deployments" / "other.yml").symlink_to(other.deployment_path)
+        first, second = name_of(click_box), name_of(other)
+        for clicks in lab_session(click_box.deployment_path, work, driver):
+            clicks.open("04_launch.ipynb")
+            clicks.click("Start the server on 1 host(s)", "clicked Start the server")
+            assert clicks.confirmation == f"Confirm: start the server on {first}"
+            switch_deployment(clicks, "../deployments/other.yml")
+            clicks.click("Start the server on 1 host(s)", "clicked Start the server")
+            assert clicks.confirmation == f"Confirm: start the server on {second}"
+            clicks.tick("Restart the server", [second])
+            clicks.click("Restart the server on 1 host(s)", "clicked Restart the server")
+            clicks.page.close()  # the tab, closed without "File this run"
+            clicks.page = clicks.context.new_page()
+            folders = clicks.runs("04_launch")
+            assert len(folders) == 1, folders
+            folder = folders[0]
+            header = json.loads((folder / "session.json").read_text())
+            assert header["deployments"] == [
+                str(click_box.deployment_path.resolve()),
+                str(other.deployment_path.resolve()),
+            ]
+            assert set(header["hosts"]) == {first, second}
+            clicked = [
+                json.loads(line) for line in (folder / "clicks.jsonl").read_text().splitlines()
+            ]
+            assert clicked[-1]["hosts"] == [second] and clicked[-1]["ok"]
+            notebook = json.loads((folder / "session.ipynb").read_text())
+            sources = [("".join(c["source"])) for c in notebook["cells"]]
+            assert any("dep = form.load()" in s for s in sources)
+            assert "clicked 'Restart the server on 1 host(s)'" in json.dumps(notebook)
+            listed = opsbook_records(clicks.root.parent / "runs")
+            row = next(line for line in listed.splitlines() if folder.name in line)
+            assert "interactive, not filed" in row and " ok " in row, listed
+            assert records.show_run(folder)["status"] == "ok"
+        for box in (click_box, other):
+            stop_servers(box.deployment_path)
+
+
+def opsbook_records(runs: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "opsbook", "records", "list", "--runs-dir", str(runs)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+def stop_servers(deployment: Path) -> None:
+    from opsbook import stages
+
+    dep = load_deployment(deployment)
+    run = stages.run_stage(stages.STOP, dep, on_result=None)
+    assert run.ok, run.table()

@@ -204,3 +204,22 @@ def test_a_failed_last_click_or_a_broken_host_at_the_end_is_a_problem(
     started.note_click(widgets.Click("Restart", now, 9.0, "ops", Result(True, "ok")))
     channel.record_host(HostResult("gpu-01", "launch", State.FAILED, "crashed"))
     assert session.outcome(started.folder, started.notebook, "ops")[0] == 1
+
+
+def test_a_redraw_outside_any_cell_reaches_the_notebook_once_the_click_is_done(
+    started: session.Session, shell
+) -> None:
+    from IPython.display import HTML
+
+    shell.run_cell(
+        "from IPython.display import display, HTML\n"
+        "record = display(HTML('not clicked yet'), display_id=True)",
+        store_history=True,
+    )
+    # A button's callback runs in no cell: it redraws the record under the button.
+    shell.user_ns["record"].update(HTML("clicked <i>Start</i>"))
+    started.save_notebook()
+    import nbformat
+
+    nb = nbformat.read(started.folder / "session.ipynb", as_version=4)
+    assert nb.cells[0].outputs[0]["data"]["text/html"] == "clicked <i>Start</i>"
