@@ -269,7 +269,7 @@ class SessionHeader:
             session.version,
             session.deployment,
             session.parameters,
-            f"{session.folder} (journal.jsonl; file it when done)",
+            f"{session.folder} (written as the session goes; 'File this run' seals it)",
         )
 
     @classmethod

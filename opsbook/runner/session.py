@@ -167,7 +167,7 @@ class Session:
             name=self.name,
             deployment=", ".join(self.deployments),
             started=self.started.isoformat(timespec="seconds"),
-            status="ok" if code == 0 else "problem found",
+            status=status_of(code),
             exit_code=code,
             message=message,
             duration=round(time.monotonic() - self._clock, 2),
@@ -268,19 +268,33 @@ def session_doc(folder: Path) -> dict[str, Any] | None:
     code, message = outcome(folder, str(header.get("notebook")), str(header.get("user")))
     results_file = folder / f"{header.get('notebook')}.results.jsonl"
     results = channel.read(results_file) if results_file.exists() else []
-    started = datetime.fromisoformat(str(header.get("started")))
-    newest = max(p.stat().st_mtime for p in [folder, *folder.iterdir()])
     return {
         **header,
         "name": folder.name,
-        "status": "ok" if code == 0 else "problem found",
+        "status": status_of(code),
         "exit_code": code,
         "message": message,
-        "duration": round(max(0.0, newest - started.timestamp()), 2),
+        "duration": _active_seconds(folder, str(header.get("started"))),
         "results": [channel.to_dict(r) for r in results],
         "interactive": True,
         "filed": False,
     }
+
+
+def _active_seconds(folder: Path, started: str) -> float:
+    """From a session's start to the last file it wrote."""
+    newest = max(p.stat().st_mtime for p in [folder, *folder.iterdir()])
+    try:
+        since = datetime.fromisoformat(started).timestamp()
+    except ValueError:  # a header cut short: the list still shows the session
+        return 0.0
+    return round(max(0.0, newest - since), 2)
+
+
+def status_of(code: int) -> str:
+    from opsbook.runner.execution import STATUS
+
+    return STATUS.get(code, "problem found")
 
 
 def _stop_recording(session: Session) -> None:
