@@ -154,7 +154,8 @@ class DeploymentForm:
             if SESSION is not None:
                 SESSION.stop_recording_cells()
             SESSION = session_records.start(self.notebook, deployment, self.path, self.parameters)
-            record_cells(SESSION)
+            # In JupyterLab only: headless the executed notebook is the record.
+            SESSION.record_this_kernel()
         return SESSION
 
     def _form(self) -> Any:
@@ -191,16 +192,6 @@ class DeploymentForm:
             if problem
             else ""
         )
-
-
-def record_cells(session: session_records.Session) -> None:
-    """Have ``session`` write every cell this kernel runs from now on (in JupyterLab only: the
-    form starts a session only there; headless the executed notebook is the record)."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is not None:
-        session.record_cells(shell)
 
 
 def locate(deployment: str) -> first_contact.Located:

@@ -128,6 +128,14 @@ class Session:
             self.recorder = CellRecorder(self.folder, self.redactor.redact)
             self.recorder.attach(shell)
 
+    def record_this_kernel(self) -> None:
+        """:meth:`record_cells` of the IPython shell this process runs, if any."""
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            self.record_cells(shell)
+
     def stop_recording_cells(self) -> None:
         if self.recorder is not None:
             self.recorder.detach()
