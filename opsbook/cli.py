@@ -343,6 +343,11 @@ def _print_progress(progress: StageProgress) -> None:
 
 def _print_recap(record: runner.RunRecord | runner.CheckRecord) -> None:
     TERMINAL.recap(recap(record.results), record.status, record.message, record.exit_code == 0)
+    if isinstance(record, runner.RunRecord):
+        from opsbook.runner import records
+
+        if records.dry_run(record.parameters, record.notebook):
+            TERMINAL.plain(records.DRY_RUN_NOTE)
 
 
 def _stages_help() -> str:

@@ -387,6 +387,7 @@ def _file_deploy(
         stages=[s.name for s in _stages().STAGES],
         results=run.results,
         notebooks=run.notebooks,
+        dry_run=not run.apply,
     )
     with records.private_files():
         write_run_json(run.folder, summary)

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +25,9 @@ from opsbook.core.results import HostResult, State, Table, host_anchor, recap
 SUMMARY = "summary.json"
 INDEX = "index.html"
 JOURNAL_PAGE = "journal.html"
+
+# How a dry run is labelled wherever a run is shown: the terminal, the index page, the list.
+DRY_RUN_NOTE = "dry run: nothing on the hosts was changed; -p apply true applies"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class RunSummary:
     stages: list[str]
     results: list[HostResult]
     notebooks: list[NotebookEntry]
+    dry_run: bool = False
 
     def result(self, host: str, stage: str) -> HostResult | None:
         return next((r for r in self.results if r.host == host and r.stage == stage), None)
@@ -298,7 +302,7 @@ def index_page(run: RunSummary) -> str:
             f"<tr><th style='text-align:left'>{esc(host)}</th>{cells}"
             f"<td><code>{version}</code></td><td>{esc(counts)}</td></tr>"
         )
-    title = f"opsbook run {run.name}: {run.status}"
+    title = f"opsbook run {run.name}: {run.status}" + (f" ({DRY_RUN_NOTE})" if run.dry_run else "")
     notebooks = "".join(
         f"<li><a href='{esc(n.notebook)}'>{esc(n.notebook)}</a>"
         + (f" · <a href='{esc(n.html)}'>html</a>" if n.html else "")
@@ -425,14 +429,18 @@ def run_kind(doc: dict[str, Any]) -> str:
 
 
 def is_dry_run(doc: dict[str, Any]) -> bool:
-    """Whether a headless run changed nothing by design: ``apply`` false, given or (for a
-    stage that changes hosts) left at its notebook's default, False."""
+    """Whether a headless run (its ``run.json``) changed nothing by design."""
+    return dry_run(doc.get("parameters") or {}, str(doc.get("notebook", "")))
+
+
+def dry_run(parameters: Mapping[str, Any], notebook: str) -> bool:
+    """Whether a run with these parameters changes nothing by design: ``apply`` false, given
+    or (for a stage that changes hosts) left at its notebook's default, False."""
     from opsbook import stages
 
-    params = doc.get("parameters") or {}
-    if "apply" in params:
-        return str(params["apply"]).strip().lower() in ("false", "0", "no")
-    stage = stages.for_notebook(Path(str(doc.get("notebook", ""))).stem)
+    if "apply" in parameters:
+        return str(parameters["apply"]).strip().lower() in ("false", "0", "no")
+    stage = stages.for_notebook(Path(notebook).stem)
     return stage is not None and stage.changes_host
 
 

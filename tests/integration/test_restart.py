@@ -118,6 +118,26 @@ def test_the_dry_run_of_a_ready_unchanged_server_says_it_is_left_alone(
     assert_only_requests_logged(first.log, dry.log)
 
 
+def test_a_dry_run_is_labelled_in_the_terminal_on_its_index_page_and_in_the_list(
+    first: Deployed, dry: Deployed, runs: Path
+) -> None:
+    from opsbook.runner.records import DRY_RUN_NOTE
+
+    assert DRY_RUN_NOTE in dry.text and DRY_RUN_NOTE not in first.text
+    folder = next(
+        line.split(": ", 1)[1] for line in dry.text.splitlines() if line.startswith("run folder: ")
+    )
+    assert DRY_RUN_NOTE in (Path(folder) / "index.html").read_text()
+    listed = subprocess.run(
+        [sys.executable, "-m", "opsbook", "records", "list", "--runs-dir", str(runs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    row = next(line for line in listed.stdout.splitlines() if Path(folder).name in line)
+    assert "headless, dry run" in row, listed.stdout
+
+
 def test_the_second_deploy_leaves_the_server_alone_as_the_dry_run_said(
     first: Deployed, dry: Deployed, second: Deployed
 ) -> None:

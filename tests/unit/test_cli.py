@@ -311,3 +311,32 @@ def test_sandbox_up_with_the_real_vllm_says_what_it_serves(tmp_path, capsys, mon
     assert "vLLM 0.15.1" not in out
     assert cli.main(["sandbox", "up", "--dir", str(tmp_path / "box")]) == 0
     assert "simulated: 8 x rtx-pro-6000 GPUs, vLLM 0.15.1\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("notebook", "parameters", "dry"),
+    [
+        ("deploy", {"apply": "False"}, True),
+        ("deploy", {"apply": "True"}, False),
+        ("04_launch", {}, True),  # the notebook's default: apply False
+        ("04_launch", {"apply": True}, False),
+        ("05_diagnose", {}, False),  # changes nothing by design: no dry run to label
+    ],
+)
+def test_a_dry_run_says_so_after_its_recap(notebook, parameters, dry, capsys) -> None:
+    record = run.RunRecord(
+        folder=Path("/r"),
+        notebook=notebook,
+        exit_code=0,
+        status="ok",
+        message="all 1 host(s) ok",
+        duration=1.0,
+        parameters=parameters,
+        results=[HostResult("ops@a", "launch", State.OK, "")],
+    )
+    cli._print_recap(record)
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == ["RECAP", out[1], "ok: all 1 host(s) ok"]
+    from opsbook.runner.records import DRY_RUN_NOTE
+
+    assert out[3:] == ([DRY_RUN_NOTE] if dry else [])

@@ -416,3 +416,13 @@ def test_sessions_filed_or_not_and_headless_runs_are_listed_with_kind_user_and_d
     filed = records.list_runs(runs).records()[0]
     assert filed["run"] == open_one.folder.name and filed["kind"] == "interactive"
     assert filed["status"] == "ok" and filed["user"] == open_one.user
+
+
+def test_a_dry_run_is_labelled_on_its_index_page_and_in_its_summary() -> None:
+    from dataclasses import replace
+
+    applied = summary()
+    dry = replace(applied, dry_run=True)
+    assert records.DRY_RUN_NOTE in records.index_page(dry)
+    assert records.DRY_RUN_NOTE not in records.index_page(applied)
+    assert records.summary_doc(dry)["dry_run"] is True
