@@ -30,6 +30,13 @@ RECHECK_SECONDS = 2.0
 
 STATES = ("never started", "crashed", "loading", "ready", "hung", "exited")
 
+# How a server whose log said ready lost its answer, when the watch did not call it stopped.
+# Its port refusing is a full listen queue (a stopped process stops accepting: the third
+# check of a SIGSTOPped server on the survey) or a server closing; /health silent while the log
+# grows is an API server that no longer serves. Neither is loading: that phase is over.
+LOST_REFUSED = "refused"
+LOST_BUSY = "busy"
+
 
 @dataclass
 class ServerState:
@@ -117,6 +124,10 @@ def server_state(
     if inputs:
         asked["inputs"] = dict(inputs)
     status = StatusAnswer.parse(host.probe(PROBE, asked))
+    moved = _moved_port(status, server_port)
+    if moved is not None:
+        server_port = moved
+        status = StatusAnswer.parse(host.probe(PROBE, {**asked, "port": moved}))
     log = status.log
     text = log.text if log.exists else ""
     record_error = status.record_error
@@ -129,9 +140,13 @@ def server_state(
     diagnosis = logscan.diagnose_log(text, running=running, kernel_log=kernel_log) if text else None
     healthy = _healthy(host, server_port, status) if status.port_open else False
     unresponsive = False
+    lost: str | None = None
     was_ready = diagnosis is not None and diagnosis.state == logscan.READY
     if running and status.port_open and not healthy and was_ready:
         healthy, unresponsive = _watch_unresponsive(host, paths, server_port, log.size)
+        lost = None if healthy or unresponsive else LOST_BUSY
+    elif running and not status.port_open and was_ready:
+        lost = LOST_REFUSED
     state, message = classify(
         record=status.record is not None or bool(record_error),
         running=running,
@@ -144,9 +159,15 @@ def server_state(
         orphans=0 if running else len(status.group),
         stopped_at=stop,
         unresponsive=unresponsive,
+        ready_lost=lost,
     )
     if record_error:
         message = f"{message}; launch state: {record_error}"
+    if moved is not None:
+        message = (
+            f"{message} (judged on port {moved}, where it was launched; the deployment now "
+            "names another port: the next launch moves it)"
+        )
     return ServerState(
         state,
         message,
@@ -160,6 +181,15 @@ def server_state(
         inputs=status.inputs,
         started_at=status.record.started_at if status.record is not None else None,
     )
+
+
+def _moved_port(status: StatusAnswer, server_port: int) -> int | None:
+    """The port a running launch was started on when the deployment now names another: the
+    server is judged where it listens, not by whatever holds the new port."""
+    record = status.record
+    if not status.running or record is None or not record.port:
+        return None
+    return int(record.port) if int(record.port) != int(server_port) else None
 
 
 def _stop_of(status: StatusAnswer) -> float | None:
@@ -197,6 +227,7 @@ def classify(
     orphans: int = 0,
     stopped_at: float | None = None,
     unresponsive: bool = False,
+    ready_lost: str | None = None,
 ) -> tuple[str, str]:
     """The state and a one-line reason, from the facts gathered (pure, for tests).
 
@@ -214,6 +245,9 @@ def classify(
             before the stop).
         unresponsive: the log said ready, the port is open, and /health did not answer for
             :data:`UNRESPONSIVE_SECONDS` while the log did not grow.
+        ready_lost: the log said ready and the server no longer answers otherwise:
+            :data:`LOST_REFUSED` (its port refuses) or :data:`LOST_BUSY` (/health silent for
+            the watch while the log grows).
 
     Returns:
         One of :data:`STATES` and the reason.
@@ -239,6 +273,16 @@ def classify(
         return "hung", (
             f"it was ready, but /health has not answered for {UNRESPONSIVE_SECONDS:g} s while "
             "the port is open and the log does not grow (a stopped or wedged process)"
+        )
+    if ready_lost == LOST_REFUSED:
+        return "hung", (
+            "it was ready, but its port no longer accepts connections (a stopped or wedged "
+            "process whose listen queue is full, or a server closing)"
+        )
+    if ready_lost == LOST_BUSY:
+        return "hung", (
+            f"it was ready, but /health has not answered for {UNRESPONSIVE_SECONDS:g} s while "
+            "its log still grows (an API server that no longer serves)"
         )
     phase = diagnosis.phase if diagnosis else None
     if diagnosis is not None and diagnosis.state == logscan.FAILED:

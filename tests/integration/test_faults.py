@@ -14,6 +14,7 @@ import pwd
 import shlex
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -533,3 +534,52 @@ def test_a_ready_server_that_was_stopped_is_hung_within_the_bound(served: Sandbo
     bound = triage.UNRESPONSIVE_SECONDS + server.HEALTH_TIMEOUT + 5
     assert took < bound, took
     wait_for(lambda: state_of(served)[0].state == "ready", 30, "the server to answer again")
+
+
+def fill_listen_queue(port: int) -> list[socket.socket]:
+    """Connections to a stopped server until its listen queue is full (a connect times out)."""
+    held: list[socket.socket] = []
+    for _ in range(4096):
+        conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        conn.settimeout(0.5)
+        try:
+            conn.connect(("127.0.0.1", port))
+        except OSError:
+            conn.close()
+            return held
+        held.append(conn)
+    raise AssertionError(f"port {port} kept accepting {len(held)} connections")
+
+
+def test_a_ready_server_whose_listen_queue_is_full_is_hung_not_loading(served: Sandbox) -> None:
+    """The survey's third `opsbook check` of a SIGSTOPped server: the port refuses (its queue
+    is full), and the log says ready; that is never "loading"."""
+    group = int(json.loads(launch_record(served).read_text())["pgid"])
+    port = load_deployment(served.deployment_path).server_port
+    os.killpg(group, signal.SIGSTOP)
+    held: list[socket.socket] = []
+    try:
+        held = fill_listen_queue(port)
+        found, _ = state_of(served)
+    finally:
+        os.killpg(group, signal.SIGCONT)
+        for conn in held:
+            conn.close()
+    assert found.state == "hung", found.message
+    assert "no longer accepts connections" in found.message
+    assert not found.ok
+    wait_for(lambda: state_of(served)[0].state == "ready", 30, "the server to answer again")
+
+
+def test_a_server_is_judged_on_the_port_it_was_launched_on(served: Sandbox) -> None:
+    """`server.port` changed to a port something else holds: the running server is still
+    judged where it listens, and the message says so."""
+    dep = load_deployment(served.deployment_path)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        elsewhere = other.getsockname()[1]
+        with Host.from_deployment(dep) as host:
+            found = triage.server_state(host, server.resolve_paths(host, dep), elsewhere)
+    assert found.state == "ready", found.message
+    assert f"judged on port {dep.server_port}" in found.message

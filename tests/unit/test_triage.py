@@ -303,3 +303,19 @@ def test_a_ready_server_that_stopped_answering_is_hung_not_loading() -> None:
     assert f"{triage.UNRESPONSIVE_SECONDS:g} s" in got[1]
     # Without the watch's verdict the same facts stay loading (a busy server gets the window).
     assert state(port_open=True, log_age=20.0, diagnosis=ready)[0] == "loading"
+
+
+@pytest.mark.parametrize(
+    ("port_open", "lost", "says"),
+    [
+        (False, triage.LOST_REFUSED, "no longer accepts connections"),
+        (True, triage.LOST_BUSY, "its log still grows"),
+    ],
+)
+def test_a_ready_server_that_lost_its_answer_is_never_loading(
+    port_open: bool, lost: str, says: str
+) -> None:
+    ready = diagnosis(READY_LOG, running=True)
+    got = state(port_open=port_open, log_age=1.0, diagnosis=ready, ready_lost=lost)
+    assert got[0] == "hung" and says in got[1], got
+    assert got[0] not in ("loading", "ready")
