@@ -63,7 +63,14 @@ def _env_value(value: Any) -> str:
             f"expected a string or a number, got {kind_of(value)}",
             "quote the value: NAME: '1' or NAME: 'true'",
         )
+    _no_nul(str(value))
     return str(value)
+
+
+def _no_nul(text: str) -> None:
+    # A shell script cannot carry a NUL byte: bash drops or truncates at it.
+    if "\0" in text:
+        raise _invalid("a value may not hold a NUL byte", "remove the NUL byte from the value")
 
 
 def _flag_name(name: str) -> str:
@@ -103,9 +110,42 @@ def _suggest_flag(flag: str) -> str:
 
 
 def _arg_value(value: Any) -> Any:
-    """A serve argument's value: a scalar, a list, or a mapping (JSON for vLLM), nothing else."""
+    """A serve argument's value: a scalar, a list, or a mapping (JSON for vLLM), nothing else;
+    a word of the command line (a scalar, a list's item) that vLLM's parser would not read as
+    a value is refused."""
     _check_json_like(value, 0)
+    for word in value if isinstance(value, list) else [value]:
+        if isinstance(word, str):
+            _check_arg_word(word)
     return value
+
+
+def _check_arg_word(word: str) -> None:
+    _no_nul(word)
+    # argparse takes a word that begins with '-' for an option unless it reads as a negative
+    # number (CPython Lib/argparse.py, _negative_number_matcher): `[--foo]` would be a flag.
+    if word.startswith("-") and not NEGATIVE_NUMBER.fullmatch(word):
+        raise _invalid(
+            f"the value {word!r} begins with '-': vLLM's parser would read it as a flag",
+            "give a flag its own key in server.args (name: true), not as another flag's value",
+        )
+
+
+NEGATIVE_NUMBER = re.compile(r"-\d+$|-\d*\.\d+$")
+
+
+def _serve_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The serve arguments with each flag once: ``--name`` and ``name`` are one flag."""
+    seen: dict[str, str] = {}
+    for name in args:
+        flag = name.removeprefix("--")
+        if flag in seen:
+            raise _invalid(
+                f"the flag --{flag} is given twice (as {seen[flag]!r} and {name!r})",
+                "keep one of the two keys",
+            )
+        seen[flag] = name
+    return args
 
 
 def _check_json_like(value: Any, depth: int) -> None:
@@ -199,6 +239,9 @@ FlagName = Annotated[str, AfterValidator(_flag_name)]
 EnvValue = Annotated[Any, AfterValidator(_env_value)]
 
 
+ServeArgs = Annotated[dict[FlagName, ArgValue], AfterValidator(_serve_args)]
+
+
 class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -211,7 +254,7 @@ class ModelDoc(_Schema):
 
 class ServerDoc(_Schema):
     port: Port = Field(8000, description="the model server's port", examples=[8000])
-    args: dict[FlagName, ArgValue] = Field(
+    args: ServeArgs = Field(
         default_factory=dict,
         description="serve arguments in vLLM's --help names without dashes: `name: value` is "
         "`--name value`, `true` a bare flag, `false`/null left out, a list several values, "
@@ -366,6 +409,22 @@ class DeploymentDoc(_Schema):
         return self
 
     @model_validator(mode="after")
+    def _cluster_agrees_with_args(self) -> DeploymentDoc:
+        # The launch script takes server.args over cluster: while preflight checks the GPUs
+        # against cluster's sizes, two different values would start what was not checked.
+        if self.cluster is None:
+            return self
+        docs = [("server.args", self.server)] + [
+            (f"hosts[{i}].vars.server.args", h.vars.server)
+            for i, h in enumerate(self.hosts)
+            if h.vars is not None and h.vars.server is not None
+        ]
+        for where, server in docs:
+            for flag, expected in _cluster_flags(self.cluster).items():
+                _check_agrees(where, server.args, flag, expected)
+        return self
+
+    @model_validator(mode="after")
     def _head_is_a_host(self) -> DeploymentDoc:
         head = self.cluster.head if self.cluster else None
         if head is not None:
@@ -379,6 +438,24 @@ class DeploymentDoc(_Schema):
                     "for the first host",
                 )
         return self
+
+
+def _cluster_flags(cluster: ClusterDoc) -> dict[str, int]:
+    """The parallel sizes a cluster sets, by serve argument."""
+    return {
+        "tensor-parallel-size": cluster.tensor_parallel_size,
+        "pipeline-parallel-size": cluster.pipeline_parallel_size,
+    }
+
+
+def _check_agrees(where: str, args: dict[str, Any], flag: str, expected: int) -> None:
+    for name in (flag, f"--{flag}"):
+        if name in args and str(args[name]) != str(expected):
+            key = flag.replace("-", "_")
+            raise _invalid(
+                f"{where}.{flag} is {args[name]!r} but the cluster sets it to {expected!r}",
+                f"set the size once, in cluster.{key}, and leave {flag} out of {where}",
+            )
 
 
 def _host_name(doc: HostDoc) -> str:

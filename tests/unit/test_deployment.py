@@ -202,6 +202,52 @@ BAD = [
         "gpu-01 is listed twice (also hosts[0])",
         "list each host once",
     ),
+    # Contradictions and words the launch script cannot carry (issue 32, item 3).
+    (
+        "hosts: [a, b]\nmodel: {path: /m}\nserver: {args: {tensor-parallel-size: 4}}\n"
+        "cluster: {tensor_parallel_size: 8, pipeline_parallel_size: 2}\n",
+        "server.args.tensor-parallel-size",
+        "is 4 but the cluster sets it to 8",
+        "set the size once, in cluster.tensor_parallel_size",
+    ),
+    (
+        "hosts: [a, {address: b, vars: {server: {args: {--pipeline-parallel-size: 1}}}}]\n"
+        "model: {path: /m}\ncluster: {tensor_parallel_size: 8, pipeline_parallel_size: 2}\n",
+        "hosts[1].vars.server.args.pipeline-parallel-size",
+        "is 1 but the cluster sets it to 2",
+        "leave pipeline-parallel-size out of hosts[1].vars.server.args",
+    ),
+    (
+        "hosts: [a]\nmodel: {path: /m}\nserver: {args: {middleware: [x, --enforce-eager]}}\n",
+        "server.args",
+        "'--enforce-eager' begins with '-': vLLM's parser would read it as a flag",
+        "give a flag its own key",
+    ),
+    (
+        "hosts: [a]\nmodel: {path: /m}\nserver: {args: {served-model-name: -x}}\n",
+        "server.args",
+        "'-x' begins with '-'",
+        "its own key",
+    ),
+    (
+        "hosts: [a]\nmodel: {path: /m}\n"
+        "server: {args: {--trust-remote-code: true, trust-remote-code: true}}\n",
+        "server.args",
+        "the flag --trust-remote-code is given twice",
+        "keep one of the two keys",
+    ),
+    (
+        'hosts: [a]\nmodel: {path: /m}\nserver: {args: {served-model-name: "k\\0x"}}\n',
+        "server.args",
+        "NUL byte",
+        "remove the NUL byte",
+    ),
+    (
+        'hosts: [a]\nmodel: {path: /m}\nserver: {env: {X: "a\\0b"}}\n',
+        "server.env",
+        "NUL byte",
+        "remove the NUL byte",
+    ),
     ("hosts: [a\n", "", "not valid YAML", "fix the YAML syntax"),
     ("- a", "", "mapping at the top level, not a list", "start it with"),
     ("", "", "mapping at the top level, not nothing", "start it with"),
@@ -223,6 +269,17 @@ def test_bad_deployments_name_the_key_the_problem_and_the_remedy(
     assert remedy in (e.value.remedy or ""), e.value.remedy
     if path or remedy:
         assert e.value.remedy, "every schema error says what to write instead"
+
+
+def test_values_that_agree_or_read_as_numbers_are_accepted(tmp_path) -> None:
+    f = tmp_path / "d.yml"
+    f.write_text(
+        "hosts: [a, b]\nmodel: {path: /m}\n"
+        "server: {args: {tensor-parallel-size: '8', seed: -1, temperature: -.5}}\n"
+        "cluster: {tensor_parallel_size: 8, pipeline_parallel_size: 2}\n"
+    )
+    dep = load_deployment(f)
+    assert dep.serve_args["seed"] == -1 and dep.serve_args["tensor-parallel-size"] == "8"
 
 
 def test_yes_no_on_off_are_text_not_booleans(tmp_path) -> None:
