@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from collections import Counter, deque
 from dataclasses import replace
 from typing import BinaryIO
@@ -58,7 +59,8 @@ def diagnose_stream(
     for number, text in screened_lines(stream):
         splitter.add(number, text)
     last = splitter.finish()
-    diagnosis = _diagnose_lines(logical_lines(last.lines()), running, kernel_log)
+    memo = splitter.memo
+    diagnosis = _diagnose_lines(logical_lines(last.lines(), memo), running, kernel_log, memo)
     diagnosis.first_line = last.first_line
     diagnosis.skipped_lines = last.skipped
     diagnosis.earlier = splitter.earlier
@@ -160,6 +162,19 @@ class _Startup:
         return self.head + list(self.tail)
 
 
+# Where _ANSI can match at all: an escape, or a bracket before a digit (a pasted colour code).
+_ANSI_HINT = re.compile(r"\x1b|\[\d")
+# One search over all startup markers first: most screened lines hold none.
+_ANY_MARKER = re.compile("|".join(f"(?:{p.pattern})" for p in _SIGNALS.startup_markers))
+
+
+def _startup_marker(text: str) -> int | None:
+    """The index of the first startup marker the line holds, or None."""
+    if not _ANY_MARKER.search(text):
+        return None
+    return next((i for i, p in enumerate(_SIGNALS.startup_markers) if p.search(text)), None)
+
+
 def _may_be_error(text: str) -> bool:
     # Substring tests first: the splitter sees every screened line of a long log.
     return "rror" in text or "xception" in text or "Traceback" in text
@@ -170,10 +185,14 @@ class _StartupSplitter:
         self.current = _Startup(1)
         self.earlier: list[EarlierStartup] = []
         self.earlier_counts: Counter[str] = Counter()
+        # A crash-looping server's log repeats one startup's texts: read once, each next
+        # startup of the same shape costs a lookup, not a diagnosis.
+        self.memo = LineMemo()
+        self._verdicts: dict[tuple[object, ...], _Verdict] = {}
 
     def add(self, number: int, text: str) -> None:
-        plain = _ANSI.sub("", text) if "[" in text else text
-        marker = next((i for i, p in enumerate(_SIGNALS.startup_markers) if p.search(plain)), None)
+        plain = _ANSI.sub("", text) if _ANSI_HINT.search(text) else text
+        marker = _startup_marker(plain)
         pid_found = _SIGNALS.api_server_pid.search(plain)
         pid = pid_found.group(1) if pid_found else None
         current = self.current
@@ -208,16 +227,60 @@ class _StartupSplitter:
 
     def _close(self, next_first: int) -> None:
         startup = self.current
-        verdict = _diagnose_lines(logical_lines(startup.lines()), False, None)
-        self.earlier_counts[verdict.state] += 1
+        kept = startup.lines()
+        state, failure, at = self._verdict(kept)
+        self.earlier_counts[state] += 1
         self.earlier.append(
             EarlierStartup(
                 startup.first_line,
                 startup.last_line,
-                verdict.state,
-                verdict.failure,
-                verdict.line.number if verdict.line else None,
+                state,
+                failure,
+                kept[at][0] if at is not None else None,
             )
         )
         del self.earlier[:-EARLIER_LISTED]
         self.current = _Startup(next_first)
+
+    def _verdict(self, kept: list[tuple[int, str]]) -> _Verdict:
+        """An earlier startup's state, failure and the index of its key line among ``kept``:
+        the verdict of the same startup met before (a crash loop's), else diagnosed."""
+        shape = _shape(kept)
+        known = self._verdicts.pop(shape, None)
+        if known is None:
+            lines = logical_lines(kept, self.memo)
+            found = _diagnose_lines(lines, False, None, self.memo)
+            self.memo.turn()
+            number = found.line.number if found.line else None
+            at = next((i for i, (n, _) in enumerate(kept) if n == number), None)
+            known = (found.state, found.failure, at)
+        self._verdicts[shape] = known
+        if len(self._verdicts) > KNOWN_SHAPES:
+            del self._verdicts[next(iter(self._verdicts))]
+        return known
+
+
+# The startup shapes whose verdicts are kept (a crash loop repeats one, or a few in turn).
+KNOWN_SHAPES = 32
+# What a restart changes in a startup's lines and nothing else: the times and the PIDs. Each
+# alternative's first character is matched before the rest (the lookbehinds), so the scan of
+# a long log tries one character class at most places.
+_PER_RUN = re.compile(
+    r"([\dp\[](?:(?<=\d)\d{3}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?"
+    r"|(?<=\d)\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?|(?<=\d)\d:\d\d:\d\d(?:\.\d+)?"
+    r"|(?<=p)id=\d+|(?<=\[)\d+:\d+\]))"
+)
+_Verdict = tuple[str, "str | None", "int | None"]
+
+
+def _shape(kept: list[tuple[int, str]]) -> tuple[object, ...]:
+    """A startup's lines with each time and PID replaced by its order of first appearance:
+    two startups of one shape differ only in when and under which PIDs they ran, and the
+    diagnosis reads those only as equal or not (which lines belong to one record), so they
+    get one verdict. The gaps between line numbers are kept too (the key line's place)."""
+    # One pass over the whole startup: a crash loop's log is hundreds of thousands of lines.
+    parts = _PER_RUN.split("\n".join(line for _, line in kept))
+    order: dict[str, int] = {}
+    places = tuple(order.setdefault(value, len(order)) for value in parts[1::2])
+    first = kept[0][0] if kept else 0
+    return ("\0".join(parts[0::2]), places, tuple(n - first for n, _ in kept))
