@@ -261,12 +261,14 @@ def test_cells_run_before_the_session_are_written_first_marked_backfilled(
         # A later session of the same kernel begins after what this one recorded.
         started.file()
         shell.run_cell("y = 1", store_history=True)
-        again = session.start("02_config_patch", load_deployment(started.deployment),
-                              started.deployment, {}, runs_dir=str(started.folder.parent))  # fmt: skip
+        runs = str(started.folder.parent)
+        dep = load_deployment(started.deployment)
+        again = session.start("02_config_patch", dep, started.deployment, {}, runs_dir=runs)
         again.record_cells(shell)
         shell.run_cell("y + 1", store_history=True)
         again.stop_recording_cells()
-        assert [(c["source"], bool(c.get("backfilled"))) for c in cells.read_cells(again.folder)] == [
+        recorded = cells.read_cells(again.folder)
+        assert [(c["source"], bool(c.get("backfilled"))) for c in recorded] == [
             ("y = 1", True), ("y + 1", False),
         ]  # fmt: skip
     finally:
