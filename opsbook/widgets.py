@@ -223,14 +223,16 @@ def example_note_html() -> str:
 
 def stage_parameters(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     """The values in ``namespace`` of the parameters of the stage whose notebook is ``notebook``
-    (``deployment`` aside), in its parameters cell's order.
+    (``deployment`` aside), in its parameters cell's order; one a notebook copied before the
+    stage had it does not declare is left out.
 
     Raises:
         RunError: the notebook is not a stage's.
     """
     from opsbook import stages
 
-    return {p.name: namespace[p.name] for p in stages.parameters_of(stages.get(notebook))}
+    declared = stages.parameters_of(stages.get(notebook))
+    return {p.name: namespace[p.name] for p in declared if p.name in namespace}
 
 
 # The session this kernel records, started by the first deployment form shown in JupyterLab.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from opsbook.core.channel import JOURNAL_ENV
 from opsbook.core.redact import Redactor
-from opsbook.core.results import Table
+from opsbook.core.results import LEFT, Table, shown
 from opsbook.remote import probes
 
 TAIL_CHARS = 2000
@@ -99,26 +99,62 @@ class Journal:
     def records(self) -> list[dict[str, object]]:
         return [asdict(e) for e in self.entries]
 
-    def table(self, last: int | None = None) -> Table:
-        """The journal as a table for a notebook (command text cut to one line)."""
+    def table(self, last: int | None = None) -> JournalTable:
+        """The journal as a table for a notebook: in time order, each command whole."""
         entries = self.entries[-last:] if last else self.entries
-        return Table(
-            ["started", "host", "kind", "command", "exit", "seconds"],
-            [
-                [e.started[11:23], e.host, e.kind, _one_line(e.command), e.exit_code, e.duration]
-                for e in entries
-            ],
-        )
+        return JournalTable(entries)
 
     def __len__(self) -> int:
         return len(self.entries)
+
+
+class JournalTable(Table):
+    """A notebook's journal: a row per command in time order, the command whole (wrapped,
+    monospace) in HTML; as text, the terminal's lines (:func:`journal_lines`). A ticket
+    takes the command as it ran, not its first 120 characters; secrets were masked when
+    the entry was recorded, and the table masks what looks like one again."""
+
+    def __init__(self, entries: Sequence[JournalEntry]):
+        self.entries = in_time_order(entries)
+        super().__init__(
+            ["started", "host", "kind", "command", "exit", "seconds"],
+            [
+                [e.started[11:23], e.host, e.kind, e.command, e.exit_code, e.duration]
+                for e in self.entries
+            ],
+        )
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        head = "".join(f"<th{LEFT}>{esc(c)}</th>" for c in self.columns)
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f"<td{LEFT}><pre style='{COMMAND_STYLE}'>{esc(shown(v))}</pre></td>"
+                if column == "command"
+                else f"<td{LEFT}>{esc(shown('' if v is None else str(v)))}</td>"
+                for column, v in zip(self.columns, row, strict=True)
+            )
+            + "</tr>"
+            for row in self.rows
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def __str__(self) -> str:
+        return "\n".join(shown(line) for line in journal_lines(self.entries))
+
+
+# A command cell: monospace, its line breaks kept, wrapped anywhere rather than cut or scrolled.
+COMMAND_STYLE = (
+    "font-family:monospace;white-space:pre-wrap;overflow-wrap:anywhere;margin:0;text-align:left"
+)
 
 
 def _tail(text: str) -> str:
     return text if len(text) <= TAIL_CHARS else "..." + text[-TAIL_CHARS:]
 
 
-def _one_line(text: str, width: int = 120) -> str:
+def _one_line(text: str, width: int) -> str:
     line = " ".join(text.split())
     return line if len(line) <= width else line[: width - 3] + "..."
 

@@ -7,12 +7,19 @@ redacted as the journal is. An output drawn again in place later (a button's rec
 verdict) is written as an ``update`` line. ``session.ipynb`` is made again from those lines
 after each cell and each click, so a closed tab or a dead kernel still leaves the notebook up
 to its last cell.
+
+The record begins at the kernel's first cell: the cells run before the recorder was attached
+(before the form was drawn, or while it waited for a deployment) are written first, from
+IPython's history (its ``In`` and ``Out``), marked ``backfilled``: their sources, and their
+results as far as IPython kept them (what they printed or displayed it does not keep). A cell
+an earlier session of the same kernel recorded is not written again.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import weakref
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +27,16 @@ from typing import Any
 
 CELLS = "cells.jsonl"
 NOTEBOOK = "session.ipynb"
+# What the notebook says above the cells written from IPython's history.
+BACKFILLED_NOTE = (
+    "The cells below ran in this kernel before the session's record began (before the "
+    "deployment form was drawn): written from IPython's history, with their results as "
+    "IPython kept them; what they printed or displayed was not kept."
+)
+
+# The last execution count a session recorded, per shell: a later session of the same kernel
+# backfills only what came after it.
+_RECORDED_THROUGH: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 class CellRecorder:
@@ -32,6 +49,9 @@ class CellRecorder:
         self._outputs: list[dict[str, Any]] = []
         self._in_cell = False
         self._streams: list[Any] = []
+        # The cells run before attaching are written when the first cell ends: only then is
+        # the running cell's number known (IPython 9 counts it up before running it, 8 after).
+        self._to_backfill = False
         # While IPython draws a display or a result it may echo it to stdout (a terminal
         # shell does): that echo is no output of its own.
         self._muted = False
@@ -41,8 +61,11 @@ class CellRecorder:
         return self.folder / CELLS
 
     def attach(self, shell: Any) -> None:
-        """Record ``shell``'s cells from now on (the running cell's too, when it ends)."""
+        """Record ``shell``'s cells: those it ran before, from its history
+        (:meth:`backfill`, written when the running cell ends), then each from now on (the
+        running cell's too)."""
         self.shell = shell
+        self._to_backfill = True
         self._in_cell = True  # the cell drawing the form is running: its outputs count
         shell.events.register("pre_run_cell", self.pre_run_cell)
         shell.events.register("post_run_cell", self.post_run_cell)
@@ -75,12 +98,61 @@ class CellRecorder:
         self._streams = []
         self.shell = None
 
+    def backfill(self, shell: Any, before: int) -> int:
+        """Write the cells ``shell`` ran before the cell numbered ``before`` that no session of
+        this kernel recorded, from IPython's history: each cell's source and its result
+        (``Out``) when IPython kept one, marked ``backfilled``. Returns how many were written."""
+        history = getattr(shell, "history_manager", None)
+        sources = list(getattr(history, "input_hist_raw", None) or [])
+        results = getattr(history, "output_hist", None) or {}
+        first = _recorded_through(shell) + 1
+        written = 0
+        for count in range(max(first, 1), min(before, len(sources))):
+            outputs = self._kept_result(shell, results, count)
+            self._write(
+                {
+                    "kind": "cell",
+                    "execution_count": count,
+                    "source": self.redact(sources[count]),
+                    "outputs": outputs,
+                    "finished": None,
+                    "ok": None,  # IPython's history does not say whether a cell raised
+                    "backfilled": True,
+                }
+            )
+            written += 1
+            _note_recorded(shell, count)
+        return written
+
+    def _kept_result(self, shell: Any, results: Any, count: int) -> list[dict[str, Any]]:
+        if count not in results:
+            return []
+        value = results[count]
+        try:
+            if hasattr(type(value), "_ipython_display_"):
+                # Formatting it would display it again (the form would draw itself anew in
+                # the running cell): its text is what is kept of it.
+                plain = shell.display_formatter.formatters["text/plain"]
+                data, metadata = {"text/plain": plain(value)}, {}
+            else:
+                data, metadata = shell.display_formatter.format(value)
+        except Exception:  # a result that no longer draws (its repr raises): its source stays
+            return []
+        return [
+            {"output_type": "execute_result", "data": self._redacted(data),
+             "metadata": dict(metadata or {}), "execution_count": count}
+        ]  # fmt: skip
+
     def pre_run_cell(self, info: Any = None) -> None:
         self._outputs = []
         self._in_cell = True
 
     def post_run_cell(self, result: Any) -> None:
-        """Write the cell that ended, and the notebook as it now stands."""
+        """Write the cell that ended (after those run before the recorder was attached, the
+        first time), and the notebook as it now stands."""
+        if self._to_backfill and self.shell is not None:
+            self._to_backfill = False
+            self.backfill(self.shell, before=result.execution_count or 0)
         for output in self._outputs:
             if output["output_type"] == "execute_result":
                 output["execution_count"] = result.execution_count
@@ -97,6 +169,8 @@ class CellRecorder:
         )
         self._outputs = []
         self._in_cell = False
+        if self.shell is not None:
+            _note_recorded(self.shell, result.execution_count or 0)
         write_notebook(self.folder)
 
     def _published(self, data: Any, metadata: Any = None, *, transient: Any = None,
@@ -158,6 +232,20 @@ class CellRecorder:
                 f.write(json.dumps(doc, default=str) + "\n")
         except OSError:  # a sealed or deleted folder: the session goes on unrecorded
             pass
+
+
+def _recorded_through(shell: Any) -> int:
+    try:
+        return _RECORDED_THROUGH.get(shell, 0)
+    except TypeError:  # a shell that cannot be weakly referenced: nothing known of it
+        return 0
+
+
+def _note_recorded(shell: Any, count: int) -> None:
+    try:
+        _RECORDED_THROUGH[shell] = max(_recorded_through(shell), count)
+    except TypeError:
+        pass
 
 
 def _tee(original: Callable[..., Any], also: Callable[..., None],
@@ -225,16 +313,20 @@ def write_notebook(folder: Path) -> Path | None:
     if not cells:
         return None
     nb = nbformat.v4.new_notebook()
-    for cell in cells:
+    for number, cell in enumerate(cells):
+        backfilled = bool(cell.get("backfilled"))
+        if backfilled and (number == 0 or not cells[number - 1].get("backfilled")):
+            nb.cells.append(nbformat.v4.new_markdown_cell(f"*{BACKFILLED_NOTE}*"))
         outputs = [
             nbformat.v4.new_output(**{k: v for k, v in o.items() if k != "display_id"})
             for o in cell["outputs"]
         ]
-        nb.cells.append(
-            nbformat.v4.new_code_cell(
-                cell["source"], execution_count=cell.get("execution_count"), outputs=outputs
-            )
+        code = nbformat.v4.new_code_cell(
+            cell["source"], execution_count=cell.get("execution_count"), outputs=outputs
         )
+        if backfilled:
+            code.metadata["opsbook"] = {"backfilled": True}
+        nb.cells.append(code)
     target = folder / NOTEBOOK
     try:
         nbformat.write(nb, target)

@@ -257,7 +257,7 @@ def _deploy_batch(
         if not active:
             return
         results = _run_stage(run, stage, active, where)
-        active = [r.host for r in results if r.state.goes_on]
+        active = _going_on(run, results)
         if not run.folder.is_dir():
             run.stopped = "the run folder was deleted during the run: the later stages were not run"
             return
@@ -276,6 +276,8 @@ def _run_stage(
         params["apply"] = run.apply
     if "restart" in declared:
         params["restart"] = run.restart
+    if "pending" in declared and not run.apply:
+        params["pending"] = _stages().launch_server.pending_changes(run.results, hosts)
     journal = run.folder / "journal.jsonl"
     record = execute_stage(
         nb_path,
@@ -303,6 +305,14 @@ def _run_stage(
         )
     )
     return results
+
+
+def _going_on(run: _DeployRun, results: list[HostResult]) -> list[str]:
+    """The hosts that take part in the next stages: those ok or changed, and in a dry run
+    those that would change too (its apply goes on with them changed, and the dry run's later
+    stages say what they would do then: the launch, with what 02 and 03 would change)."""
+    goes_on = [State.WOULD_CHANGE] if not run.apply else []
+    return [r.host for r in results if r.state.goes_on or r.state in goes_on]
 
 
 def _complete(

@@ -5,11 +5,12 @@ Opening a notebook's deployment form in JupyterLab starts a session: a run folde
 every remote command (the kernel's hosts write to it, redacted, as they do headless), the
 per-host results of every stage run, ``session.json`` (who, where, when, every deployment and
 host the session touched, parameters, which opsbook), ``clicks.jsonl`` (every button: label,
-hosts, UTC time, user, seconds, result) and every executed cell from the form's first draw on
-(``cells.jsonl`` and ``session.ipynb``, :mod:`opsbook.runner.cells`), all written as the session
-goes. It is a record from then on, filed or not: its status is the state at the end
-(:func:`outcome`). :meth:`Session.file` writes ``summary.json`` and ``index.html`` and makes the
-folder read-only, as a deploy run's is.
+hosts, UTC time, user, seconds, result) and every executed cell from the form's first draw on,
+the kernel's cells before it first, from IPython's history (``cells.jsonl`` and
+``session.ipynb``, :mod:`opsbook.runner.cells`), all written as the session goes. It is a
+record from then on, filed or not: its status is the state at the end (:func:`outcome`).
+:meth:`Session.file` writes ``summary.json`` and ``index.html`` and makes the folder
+read-only, as a deploy run's is.
 """
 
 from __future__ import annotations

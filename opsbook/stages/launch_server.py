@@ -3,18 +3,19 @@ started, follow it to ready and smoke-test it; record which script the server ru
 
 A server that is ready and runs what it started with (script, env, patched configs, engine:
 :mod:`opsbook.steps.restart_rule`) is left alone unless ``restart="always"``; the dry run
-decides the same way."""
+decides the same way, counting what the earlier stages of a deploy's dry run would change
+(``pending``: :func:`pending_changes`) as its apply will find it: changed."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import RunError
-from opsbook.core.results import Result, State
+from opsbook.core.results import HostResult, Result, State
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import HostChoice, Report, StageRun, concurrently, hook
@@ -33,6 +34,9 @@ class Options:
             shows the phase and the log's last lines as they come).
         restart: "changed" restarts a ready server only when its script, env file, patched
             configs or engine changed since it started; "always" restarts it on every apply.
+        pending: set by a deploy's dry run (:func:`pending_changes`): per host, the inputs
+            (``script``, ``configs``) its earlier stages would change, so that the dry run
+            says the restart the apply will make once they are changed.
     """
 
     apply: bool = False
@@ -40,6 +44,7 @@ class Options:
     stop_grace: int = 10
     on_progress: Callable[[str, server.Progress], None] | None = hook()
     restart: str = "changed"
+    pending: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.restart not in restart_rule.RESTART_WHEN:
@@ -49,6 +54,31 @@ class Options:
                 remedy="-p restart changed (the default: only a server that is not ready or "
                 "whose script, env, configs or engine changed) or -p restart always",
             )
+        unknown = sorted(
+            {str(name) for names in self.pending.values() for name in names}
+            - set(restart_rule.INPUT_NAMES)
+        )
+        if unknown:
+            raise RunError(
+                f"pending names no input a server runs: {', '.join(unknown)}",
+                remedy=f"each host's list holds some of {', '.join(restart_rule.INPUT_NAMES)}",
+            )
+
+
+# Which input of the server each earlier stage of a deploy changes.
+CHANGES_OF_STAGE = {"config-patch": "configs", "launch-script": "script"}
+
+
+def pending_changes(results: Sequence[HostResult], hosts: Sequence[str]) -> dict[str, list[str]]:
+    """For the launch of a deploy's dry run: per host of ``hosts``, the inputs the earlier
+    stages' results say they would change (02 would patch the configs, 03 would write the
+    script); the apply's launch finds them changed. Hosts with none are left out."""
+    pending: dict[str, list[str]] = {}
+    for result in results:
+        name = CHANGES_OF_STAGE.get(result.stage)
+        if name and result.host in hosts and result.state is State.WOULD_CHANGE:
+            pending.setdefault(result.host, []).append(name)
+    return pending
 
 
 @dataclass(kw_only=True)
@@ -95,7 +125,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     state = triage.server_state(
         host, paths, deployment.server_port, notes=(server.RUNNING_SCRIPT,), inputs=inputs
     )
-    decision = restart_rule.decide(state, options.restart)
+    decision = restart_rule.decide(state, options.restart, options.pending.get(host.name, ()))
     if not options.apply or not decision.restart:
         return _as_found(host, paths, state, decision)
     # Who holds the GPUs and the port is read alongside the stop; read again only when the

@@ -6,13 +6,16 @@ sources), the configs 02_config_patch patches, and the engine (the interpreter a
 imports). The launch probe notes a digest of each in the launch record when it starts the
 server, and a status compares them on the host (``inputs``, one round trip); the verdicts
 cross, the digests stay on the host. A dry run and an apply decide with the same
-:func:`decide`, so the dry run says what the apply will do.
+:func:`decide`, so the dry run says what the apply will do; a deploy's dry run also tells it
+the inputs its earlier stages would change (``pending``: 02 would patch the configs, 03 would
+write the script), which its apply will find changed.
 """
 
 from __future__ import annotations
 
 import posixpath
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +32,13 @@ INPUT_NAMES = {
     "env": "env file",
     "configs": "patched configs",
     "engine": "engine",
+}
+# What a dry run says of an input an earlier stage of the same deploy would change.
+PENDING_WORDS = {
+    "script": "03_launch_script would write the launch script",
+    "env": "03_launch_script would write the env file",
+    "configs": "02_config_patch would patch the configs",
+    "engine": "an earlier stage would change the engine",
 }
 
 
@@ -56,11 +66,14 @@ class RestartDecision:
         restart: whether an apply stops and starts the server.
         reason: why it does, or why nothing is done (the whole "ok" message then).
         state: the server's state as found.
+        pending: the inputs an earlier stage of the run would change, that the restart is
+            (also) for.
     """
 
     restart: bool
     reason: str
     state: str
+    pending: tuple[str, ...] = ()
 
     @property
     def was_ready(self) -> bool:
@@ -72,7 +85,10 @@ class RestartDecision:
             return self.reason
         if not self.was_ready:
             return f"would (re)start the server (now {self.state}); apply=True does it"
-        return f"would restart the server: {self.reason}; apply=True does it"
+        message = f"would restart the server: {self.reason}; apply=True does it"
+        if self.pending:
+            message += f" (as {_listed([PENDING_WORDS[name] for name in self.pending])} first)"
+        return message
 
     def applied_message(self, outcome: str) -> str:
         """An apply's message after the restart: its outcome, then why a ready server was
@@ -80,18 +96,32 @@ class RestartDecision:
         return f"{outcome}; restarted: {self.reason}" if self.was_ready else outcome
 
 
-def decide(state: ServerState, restart: str = "changed") -> RestartDecision:
+def decide(
+    state: ServerState, restart: str = "changed", pending: Collection[str] = ()
+) -> RestartDecision:
     """Restart when ``restart`` is "always", when the server is not ready, or when an input
-    changed or was not noted at its start; otherwise leave it alone (pure, for tests)."""
+    changed or was not noted at its start; otherwise leave it alone (pure, for tests).
+
+    ``pending`` names the inputs an earlier stage of the same run would change (a deploy's dry
+    run): one that is the same as at the start now will have changed when the apply's launch
+    looks, so it counts as changed, and the reason reads as the apply's will."""
     if state.state != "ready":
         return RestartDecision(True, f"the server is {state.state}: {state.message}", state.state)
     if restart == "always":
         return RestartDecision(True, "restart=always", state.state)
     since = _when(state.started_at)
-    changed = [label for name, label in INPUT_NAMES.items() if state.inputs.get(name) == "changed"]
+    found = dict(state.inputs)
+    # An input not noted at the start stays unknown, changed or not; one that already changed
+    # may be written back as it was: only a "same" one is sure to change.
+    pending_now = tuple(
+        name for name in INPUT_NAMES if name in pending and found.get(name) == "same"
+    )
+    found |= dict.fromkeys(pending_now, "changed")
+    changed = [label for name, label in INPUT_NAMES.items() if found.get(name) == "changed"]
     if changed:
-        return RestartDecision(True, f"{_listed(changed)} changed since {since}", state.state)
-    unnoted = [label for name, label in INPUT_NAMES.items() if state.inputs.get(name) != "same"]
+        reason = f"{_listed(changed)} changed since {since}"
+        return RestartDecision(True, reason, state.state, pending_now)
+    unnoted = [label for name, label in INPUT_NAMES.items() if found.get(name) != "same"]
     if unnoted:
         reason = (
             f"the {_listed(unnoted)} it runs were not noted at its start ({since}; an earlier "

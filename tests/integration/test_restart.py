@@ -1,7 +1,10 @@
 """A deploy restarts only what changed (issue 29): `opsbook run deploy -p apply True` twice on
 one rehearsal host leaves the server of the first alone the second time (its PID and log
 untouched, launch ok), as the dry run between them said; a changed ``server.args`` value
-restarts it, saying why."""
+restarts it, saying why. Before each apply that changes something, a dry run of the same
+deploy says what it will do: on the fresh host, 02 would patch, 03 would write, 04 would
+start; with the changed value, 03 would write the script and 04 would restart for the reason
+the apply then gives."""
 
 from __future__ import annotations
 
@@ -31,8 +34,15 @@ class Deployed:
     code: int
     text: str
     launch: str
-    pid: int
+    pid: int | None
     log: bytes
+
+    def state_of(self, stage: str) -> str:
+        """The state the stage's (last) line gives."""
+        lines = [line.split() for line in self.text.splitlines() if line.split()[:1] == [stage]]
+        finished = [words for words in lines if words[2:3] != ["..."]]
+        assert finished, self.text
+        return "would change" if finished[-1][2] == "would" else finished[-1][2]
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +70,19 @@ def deploy(box: Sandbox, runs: Path, deployment: Path, apply: str) -> Deployed:
     finished = [line for line in lines if line.split()[2:3] != ["..."]]
     assert finished, text
     paths = yaml.safe_load(deployment.read_text())["paths"]
-    record = json.loads((Path(paths["state"]) / "launch.json").read_text())
+    record = Path(paths["state"]) / "launch.json"
+    pid = json.loads(record.read_text())["pid"] if record.exists() else None
+    log = Path(paths["log"])
     return Deployed(
-        done.returncode, text, finished[-1], record["pid"], Path(paths["log"]).read_bytes()
+        done.returncode, text, finished[-1], pid, log.read_bytes() if log.exists() else b""
     )
+
+
+def reason(launch: str) -> str:
+    """Why a launch line's server is (or would be) restarted, in the words both runs use."""
+    if "; restarted: " in launch:
+        return launch.split("; restarted: ", 1)[1].strip()
+    return launch.split("would restart the server: ", 1)[1].split("; apply=True")[0].strip()
 
 
 def assert_only_requests_logged(before: bytes, after: bytes) -> None:
@@ -77,7 +96,12 @@ def assert_only_requests_logged(before: bytes, after: bytes) -> None:
 
 
 @pytest.fixture(scope="module")
-def first(box: Sandbox, runs: Path) -> Deployed:
+def fresh_dry(box: Sandbox, runs: Path) -> Deployed:
+    return deploy(box, runs, box.deployment_path, "false")
+
+
+@pytest.fixture(scope="module")
+def first(fresh_dry: Deployed, box: Sandbox, runs: Path) -> Deployed:
     return deploy(box, runs, box.deployment_path, "True")
 
 
@@ -92,12 +116,33 @@ def second(dry: Deployed, box: Sandbox, runs: Path) -> Deployed:
 
 
 @pytest.fixture(scope="module")
-def changed(second: Deployed, box: Sandbox, runs: Path) -> Deployed:
+def changed_file(second: Deployed, box: Sandbox) -> Path:
     doc = yaml.safe_load(box.deployment_path.read_text())
     doc["server"]["args"]["max-model-len"] = doc["server"]["args"].get("max-model-len", 0) // 2
-    changed_file = box.dir / "changed-args.yml"
-    changed_file.write_text(yaml.safe_dump(doc))
+    made = box.dir / "changed-args.yml"
+    made.write_text(yaml.safe_dump(doc))
+    return made
+
+
+@pytest.fixture(scope="module")
+def changed_dry(changed_file: Path, box: Sandbox, runs: Path) -> Deployed:
+    return deploy(box, runs, changed_file, "false")
+
+
+@pytest.fixture(scope="module")
+def changed(changed_dry: Deployed, changed_file: Path, box: Sandbox, runs: Path) -> Deployed:
     return deploy(box, runs, changed_file, "True")
+
+
+def test_the_dry_run_on_a_fresh_host_says_each_stage_s_change_as_the_apply_makes_it(
+    fresh_dry: Deployed, first: Deployed
+) -> None:
+    assert fresh_dry.code == 1, fresh_dry.text  # a dry run with something to change
+    assert fresh_dry.pid is None  # nothing was started
+    for stage in ("config-patch", "launch-script", "launch"):
+        assert fresh_dry.state_of(stage) == "would change", fresh_dry.text
+        assert first.state_of(stage) == "changed", first.text
+    assert "would (re)start the server (now never started)" in fresh_dry.launch
 
 
 def test_the_first_deploy_starts_the_server(first: Deployed) -> None:
@@ -157,3 +202,21 @@ def test_a_changed_serve_argument_restarts_the_server_naming_why(
     assert "smoke test passed" in changed.launch
     assert "restarted: launch script changed since" in changed.launch
     assert changed.pid != second.pid
+
+
+def test_the_dry_run_of_a_changed_serve_argument_says_the_restart_and_its_reason(
+    second: Deployed, changed_dry: Deployed, changed: Deployed
+) -> None:
+    assert changed_dry.code == 1, changed_dry.text
+    assert changed_dry.state_of("config-patch") == "ok", changed_dry.text
+    assert changed_dry.state_of("launch-script") == "would change", changed_dry.text
+    # The launch looked at a server whose script is still the old one, and knew 03's change.
+    assert changed_dry.state_of("launch") == "would change", changed_dry.text
+    assert "(as 03_launch_script would write the launch script first)" in changed_dry.launch
+    assert reason(changed_dry.launch) == reason(changed.launch), (
+        changed_dry.launch,
+        changed.launch,
+    )
+    assert reason(changed.launch).startswith("launch script changed since")
+    assert changed_dry.pid == second.pid
+    assert_only_requests_logged(second.log, changed_dry.log)

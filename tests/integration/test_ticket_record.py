@@ -135,6 +135,23 @@ def test_the_journal_is_whole_and_in_time_order(deploys: Deploys) -> None:
         assert "\n".join("    " + part for part in entry["command"].splitlines()) in shown.stdout
 
 
+def test_each_html_notebook_s_journal_table_shows_its_commands_whole(deploys: Deploys) -> None:
+    from opsbook.remote.journal import COMMAND_STYLE
+
+    journal = (deploys.first / "journal.jsonl").read_text().splitlines()
+    recorded = {json.loads(line)["command"] for line in journal if line.strip()}
+    # The export writes the attribute's quotes its own way.
+    cell = re.compile(r"<pre style=.?" + re.escape(COMMAND_STYLE) + r".?>(.*?)</pre>", re.S)
+    shown = {
+        name: [html.unescape(c) for c in cell.findall(page)]
+        for name, page in pages(deploys.first).items()
+    }
+    assert shown["04_launch.html"], "04's journal table shows its commands"
+    commands = [command for found in shown.values() for command in found]
+    assert set(commands) <= recorded  # each as the run's journal holds it: whole, not cut
+    assert max(map(len, commands)) > 120, max(commands, key=len)
+
+
 def test_the_run_folders_stay_private(deploys: Deploys) -> None:
     for folder in (deploys.first, deploys.second):
         for path in [folder, *folder.rglob("*")]:

@@ -102,3 +102,33 @@ def test_a_probe_is_journalled_with_every_argument_whole_but_file_texts_and_secr
     assert f"'expect_sha256': '{'ab' * 32}'" in label and "'text': '<5002 characters>'" in label
     assert "'token': '***'" in label and "hf_" not in label
     assert len(label) < 1000 and TEXT_ARG_CHARS >= 100
+
+
+def test_the_notebooks_journal_table_shows_each_command_whole_wrapped_in_time_order() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from opsbook.remote.journal import COMMAND_STYLE
+
+    # Longer than the 120 characters the table once cut at, with a secret past that point.
+    long_command = "vllm serve /m " + " ".join(f"--flag-{n}=v{n}" for n in range(30))
+    long_command += " --api-key topsecret1 --port 8000"
+    journal = Journal(Redactor(["topsecret1"]))
+    now = datetime.now(timezone.utc)
+    # Recorded as they ended: the long command ended first, though it began later.
+    later = journal.record(host="b", kind="run", command=long_command, exit_code=0,
+                           duration=0.5, started=now)  # fmt: skip
+    journal.record(host="a", kind="run", command="echo first\necho second", exit_code=0,
+                   duration=9.0, started=now - timedelta(seconds=1))  # fmt: skip
+    table = journal.table()
+    whole = long_command.replace("topsecret1", "***")
+    assert len(whole) > 240 and later.command == whole
+    assert [r["host"] for r in table.records()] == ["a", "b"]
+    assert table.records()[1]["command"] == whole
+    page = table._repr_html_()
+    assert f"<pre style='{COMMAND_STYLE}'>{whole}</pre>" in page
+    assert "white-space:pre-wrap" in COMMAND_STYLE and "monospace" in COMMAND_STYLE
+    assert "<pre style='" + COMMAND_STYLE + "'>echo first\necho second</pre>" in page
+    # As text (a headless notebook's output), as `records show` prints it: whole, indented.
+    text = str(table).splitlines()
+    assert "    " + whole in text and ["    echo first", "    echo second"] == text[1:3]
+    assert "topsecret1" not in page + str(table) and "..." not in page

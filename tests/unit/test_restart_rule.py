@@ -3,11 +3,15 @@
 The matrix runs the launch stage on :class:`opsbook.remote.testing.LocalHost` (the real launch
 and facts probes on this machine) with a small OpenAI-shaped server as "vLLM": for each state a
 dry run first, then an apply, and the apply must do what the dry run said (ok: the same PID and
-log; would change: a new PID)."""
+log; would change: a new PID), for the same reason. As in a deploy, the dry run is told what
+its earlier stages would change (02 would patch the config, 03 would write the script: the
+``pending`` a deploy's dry run fills from their results), and the apply runs after those
+stages made the change."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import socket
 import sys
@@ -21,7 +25,7 @@ import pytest
 from opsbook import cli
 from opsbook.core.deployment import Deployment, parse_deployment
 from opsbook.core.exceptions import RunError
-from opsbook.core.results import State
+from opsbook.core.results import HostResult, State
 from opsbook.remote.testing import LocalHost
 from opsbook.runner.run import find_notebook, run_deploy, typed_parameters
 from opsbook.stages import launch_server
@@ -89,9 +93,11 @@ class Box:
         self.script.write_text(body)
         self.script.chmod(0o755)
 
-    def launch(self, *, apply: bool, restart: str = "changed") -> Report:
+    def launch(
+        self, *, apply: bool, restart: str = "changed", pending: dict[str, list[str]] | None = None
+    ) -> Report:
         options = launch_server.Options(
-            apply=apply, ready_timeout=30, stop_grace=2, restart=restart
+            apply=apply, ready_timeout=30, stop_grace=2, restart=restart, pending=pending or {}
         )
         return launch_server.run(self.host, self.deployment, options)
 
@@ -133,12 +139,20 @@ def crash(box: Box) -> None:
     box.write_script()
 
 
+# Each change writes what no earlier one wrote: a text written back as the server started
+# with it is no change (the launch compares digests).
+CHANGES = itertools.count(1)
+
+
 def change_script(box: Box) -> None:
-    box.write_script("# a comment is a change too\n")
+    box.write_script(f"# a comment is a change too ({next(CHANGES)})\n")
 
 
 def change_config(box: Box) -> None:
-    (box.home / "model" / "config.json").write_text('{"model_type": "m", "patched": 1}\n')
+    patched = next(CHANGES)
+    (box.home / "model" / "config.json").write_text(
+        f'{{"model_type": "m", "patched": {patched}}}\n'
+    )
 
 
 def change_env(box: Box) -> None:
@@ -151,52 +165,144 @@ def nothing(box: Box) -> None:
     pass
 
 
-# (case, what the host is made into, restart option, the dry run's state, words of its
-# message). Each case but the first two starts from a server the previous apply left ready.
-MATRIX: list[tuple[str, Callable[[Box], None], str, State, str]] = [
-    ("never started", nothing, "changed", State.WOULD_CHANGE, "(now never started)"),
-    ("ready and unchanged", nothing, "changed", State.OK, "unchanged since"),
-    (
-        "ready, changed script",
-        change_script,
-        "changed",
-        State.WOULD_CHANGE,
-        "launch script changed",
-    ),
-    (
-        "ready, changed config",
-        change_config,
-        "changed",
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A state of the host, what the dry run says of it, and what the deploy's earlier stages
+    would change (their dry run's would change, their apply's change before the launch)."""
+
+    name: str
+    make: Callable[[Box], None]
+    predicted: State
+    words: str
+    restart: str = "changed"
+    earlier: tuple[str, ...] = ()  # the stages that would change: config-patch, launch-script
+
+
+# What each earlier stage's apply does to the host before the launch's apply.
+EARLIER_APPLY = {"config-patch": change_config, "launch-script": change_script}
+
+# Each case but the first two starts from a server the previous apply left ready.
+MATRIX = [
+    Case("never started", nothing, State.WOULD_CHANGE, "(now never started)"),
+    Case("ready and unchanged", nothing, State.OK, "unchanged since"),
+    Case("ready, changed script", change_script, State.WOULD_CHANGE, "launch script changed"),
+    Case("ready, changed config", change_config, State.WOULD_CHANGE, "patched configs changed"),
+    Case("ready, changed env", change_env, State.WOULD_CHANGE, "env file changed"),
+    Case(
+        "ready, 02 would change the config",
+        nothing,
         State.WOULD_CHANGE,
         "patched configs changed",
+        earlier=("config-patch",),
     ),
-    ("ready, changed env", change_env, "changed", State.WOULD_CHANGE, "env file changed"),
-    ("ready, restart=always", nothing, "always", State.WOULD_CHANGE, "restart=always"),
-    ("ready again, unchanged", nothing, "changed", State.OK, "engine unchanged since"),
-    ("crashed", crash, "changed", State.WOULD_CHANGE, "(now crashed)"),
+    Case(
+        "ready, 03 would change the script",
+        nothing,
+        State.WOULD_CHANGE,
+        "launch script changed",
+        earlier=("launch-script",),
+    ),
+    Case(
+        "ready, 02 and 03 would change config and script",
+        nothing,
+        State.WOULD_CHANGE,
+        "launch script and patched configs changed",
+        earlier=("config-patch", "launch-script"),
+    ),
+    Case("ready, restart=always", nothing, State.WOULD_CHANGE, "restart=always", "always"),
+    Case("ready again, unchanged", nothing, State.OK, "engine unchanged since"),
+    Case(
+        "crashed, 03 would change the script",
+        crash,
+        State.WOULD_CHANGE,
+        "(now crashed)",
+        earlier=("launch-script",),
+    ),
+    Case("crashed", crash, State.WOULD_CHANGE, "(now crashed)"),
 ]
 
 
-def test_the_dry_run_says_what_the_apply_does_in_every_state(box: Box) -> None:
-    for case, make, restart, predicted, words in MATRIX:
-        make(box)
+def verb_and_reason(report: Report) -> tuple[str, str]:
+    """What a launch does (ok: leaves the server alone; restart) and why, read from a dry
+    run's or an apply's message: the same words for the same decision."""
+    message = report.verdict.message
+    if report.state is State.OK:
+        return "ok", message
+    if report.state is State.WOULD_CHANGE:
+        if message.startswith("would (re)start the server (now "):
+            return "restart", ""  # a server that is not ready needs no reason
+        assert message.startswith("would restart the server: "), message
+        return "restart", message.removeprefix("would restart the server: ").split("; apply")[0]
+    assert report.state is State.CHANGED and message.startswith("smoke test passed"), message
+    return "restart", message.split("; restarted: ", 1)[1] if "; restarted: " in message else ""
+
+
+def test_the_dry_run_of_a_deploy_says_what_its_apply_does_in_every_state(box: Box) -> None:
+    name = box.host.name
+    for case in MATRIX:
+        case.make(box)
         pid, log = box.pid(), box.log.read_bytes() if box.log.exists() else b""
-        dry = box.launch(apply=False, restart=restart)
-        assert (dry.state, words in dry.verdict.message) == (predicted, True), (case, dry.verdict)
-        assert box.pid() == pid, case  # a dry run touches nothing
-        done = box.launch(apply=True, restart=restart)
-        if predicted is State.OK:
-            assert done.state is State.OK, (case, done.verdict)
-            assert done.verdict.message == dry.verdict.message, case
-            assert (box.pid(), box.log.read_bytes()) == (pid, log), case
+        # As a deploy's dry run fills it from its earlier stages' results.
+        would = [HostResult(name, stage, State.WOULD_CHANGE, "would") for stage in case.earlier]
+        pending = launch_server.pending_changes(would, [name])
+        dry = box.launch(apply=False, restart=case.restart, pending=pending)
+        said = (dry.state, case.words in dry.verdict.message)
+        assert said == (case.predicted, True), (case.name, dry.verdict)
+        assert box.pid() == pid, case.name  # a dry run touches nothing
+        for stage in case.earlier:  # the apply's earlier stages make their change
+            EARLIER_APPLY[stage](box)
+        done = box.launch(apply=True, restart=case.restart)
+        assert verb_and_reason(done) == verb_and_reason(dry), (case.name, dry.verdict, done.verdict)
+        if case.predicted is State.OK:
+            assert done.state is State.OK, (case.name, done.verdict)
+            assert (box.pid(), box.log.read_bytes()) == (pid, log), case.name
             assert done.verdict.message.startswith("already running and ready; script, env, ")
         else:
-            assert done.state is State.CHANGED, (case, done.verdict)
-            assert box.pid() != pid, case
-            assert done.verdict.message.startswith("smoke test passed"), case
-            if "now" not in words:  # a ready server's restart names why
-                assert f"; restarted: {words}" in done.verdict.message, (case, done.verdict)
-            assert box.launch(apply=False).state is State.OK, case  # and then it is at rest
+            assert done.state is State.CHANGED, (case.name, done.verdict)
+            assert box.pid() != pid, case.name
+            if "now" not in case.words:  # a ready server's restart names why
+                assert f"; restarted: {case.words}" in done.verdict.message, case.name
+            assert box.launch(apply=False).state is State.OK, case.name  # then it is at rest
+    # Each case's dry run was told only what its own earlier stages would change.
+    assert launch_server.pending_changes([], [name]) == {}
+
+
+def test_a_deploy_s_dry_run_says_which_earlier_stage_the_restart_waits_for() -> None:
+    found = ServerState("ready", "the process runs and /health answers 200", None)
+    found.started_at = 1_700_000_000.0
+    found.inputs = dict.fromkeys(restart_rule.INPUT_NAMES, "same")
+    decision = restart_rule.decide(found, pending=["configs"])
+    assert decision.restart and decision.reason == (
+        "patched configs changed since 2023-11-14 22:13:20 UTC"
+    )
+    assert decision.dry_run_message() == (
+        "would restart the server: patched configs changed since 2023-11-14 22:13:20 UTC; "
+        "apply=True does it (as 02_config_patch would patch the configs first)"
+    )
+    # Once 02 patched them, the apply's launch finds them changed: the same reason.
+    found.inputs["configs"] = "changed"
+    assert restart_rule.decide(found).reason == decision.reason
+    # An input not noted at the start stays unknown, pending or not.
+    found.inputs["configs"] = "unrecorded"
+    unknown = restart_rule.decide(found, pending=["configs"])
+    assert unknown.reason == restart_rule.decide(found).reason and not unknown.pending
+
+
+def test_pending_changes_are_what_02_and_03_would_change_on_each_host() -> None:
+    results = [
+        HostResult("a", "config-patch", State.WOULD_CHANGE, "would patch"),
+        HostResult("b", "config-patch", State.OK, "nothing planned"),
+        HostResult("a", "launch-script", State.WOULD_CHANGE, "would write"),
+        HostResult("b", "launch-script", State.WOULD_CHANGE, "would write"),
+        HostResult("c", "launch-script", State.WOULD_CHANGE, "would write"),
+        HostResult("b", "preflight", State.WOULD_CHANGE, "not a server input"),
+    ]
+    assert launch_server.pending_changes(results, ["a", "b"]) == {
+        "a": ["configs", "script"],
+        "b": ["script"],
+    }
+    with pytest.raises(RunError, match="pending names no input a server runs: weights"):
+        launch_server.Options(pending={"a": ["weights"]})
 
 
 def test_a_launch_record_without_noted_inputs_is_restarted_and_says_why() -> None:

@@ -223,3 +223,108 @@ def test_a_redraw_outside_any_cell_reaches_the_notebook_once_the_click_is_done(
 
     nb = nbformat.read(started.folder / "session.ipynb", as_version=4)
     assert nb.cells[0].outputs[0]["data"]["text/html"] == "clicked <i>Start</i>"
+
+
+def test_cells_run_before_the_session_are_written_first_marked_backfilled(
+    started: session.Session,
+) -> None:
+    import nbformat
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from opsbook.runner import cells
+
+    shell = InteractiveShell.instance()
+    try:
+        # Before the form is drawn: a value, a print (IPython keeps no print), a result with
+        # a secret in it, a cell that raised.
+        for source in ("x = 41", "print('hello')", "x + 1", f"'{KEY}'", "1 / 0"):
+            shell.run_cell(source, store_history=True)
+        started.record_cells(shell)
+        shell.run_cell("x * 2", store_history=True)
+        written = cells.read_cells(started.folder)
+        assert [c["execution_count"] for c in written] == [1, 2, 3, 4, 5, 6]
+        assert [bool(c.get("backfilled")) for c in written] == [True] * 5 + [False]
+        assert [c["source"] for c in written[:3]] == ["x = 41", "print('hello')", "x + 1"]
+        assert written[1]["outputs"] == []  # what it printed, IPython did not keep
+        assert written[2]["outputs"][0]["data"]["text/plain"] == "42"
+        assert written[2]["outputs"][0]["execution_count"] == 3
+        assert KEY not in (started.folder / cells.CELLS).read_text()
+        assert written[3]["source"] == "'***'" and written[4]["ok"] is None
+        assert written[5]["outputs"][0]["data"]["text/plain"] == "82" and written[5]["ok"]
+        nb = nbformat.read(started.folder / cells.NOTEBOOK, as_version=4)
+        nbformat.validate(nb)
+        note, *code = nb.cells
+        assert note.cell_type == "markdown" and cells.BACKFILLED_NOTE in note.source
+        assert [c.metadata.get("opsbook", {}).get("backfilled") for c in code] == [
+            True, True, True, True, True, None,
+        ]  # fmt: skip
+        # A later session of the same kernel begins after what this one recorded.
+        started.file()
+        shell.run_cell("y = 1", store_history=True)
+        runs = str(started.folder.parent)
+        dep = load_deployment(started.deployment)
+        again = session.start("02_config_patch", dep, started.deployment, {}, runs_dir=runs)
+        again.record_cells(shell)
+        shell.run_cell("y + 1", store_history=True)
+        again.stop_recording_cells()
+        recorded = cells.read_cells(again.folder)
+        assert [(c["source"], bool(c.get("backfilled"))) for c in recorded] == [
+            ("y = 1", True), ("y + 1", False),
+        ]  # fmt: skip
+    finally:
+        started.stop_recording_cells()
+        InteractiveShell.clear_instance()
+
+
+def test_in_a_real_kernel_the_record_begins_at_its_first_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real ipykernel, as JupyterLab runs one: the parameters and three more cells, then the
+    form's cell (which starts the session), then one more; the record holds all six, in order."""
+    from jupyter_core.utils import run_sync
+
+    from opsbook.runner import cells
+    from opsbook.runner.kernel import quiet_kernel_manager
+
+    path = tmp_path / "d.yml"
+    path.write_text("hosts: [gpu-01]\nmodel: {path: /m}\nserver: {port: 8000}\n")
+    runs = tmp_path / "runs"
+    monkeypatch.setenv(channel.RUNS_DIR_ENV, str(runs))
+    monkeypatch.delenv(channel.HEADLESS_ENV, raising=False)
+    for name in (JOURNAL_ENV, channel.OUTCOME_ENV):
+        monkeypatch.delenv(name, raising=False)
+    manager = quiet_kernel_manager(tmp_path / "kernel.log")(kernel_name="python3")
+    run_sync(manager.start_kernel)()
+    client = manager.client()
+    client.start_channels()
+    try:
+        run_sync(client.wait_for_ready)(timeout=60)
+        form = (
+            "from opsbook import widgets\n"
+            f"form = widgets.DeploymentForm({str(path)!r}, notebook='02_config_patch', "
+            "namespace=globals())\nform"
+        )
+        parameters = (
+            "hosts = []\nforks = 10\napply = False\nrestore = False\nvllm_version = ''\n"
+            "gpu_memory_utilization = 0.9"
+        )
+        sources = [parameters, "x = 41", f"print('before the form {KEY}')", "x + 1", form, "x * 2"]
+        for source in sources:
+            reply = run_sync(client.execute_interactive)(source, timeout=60)
+            assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        client.stop_channels()
+        run_sync(manager.shutdown_kernel)(now=True)
+    (folder,) = runs.glob("*-session-02_config_patch-gpu-01")
+    written = cells.read_cells(folder)
+    assert [c["execution_count"] for c in written] == [1, 2, 3, 4, 5, 6]
+    assert [bool(c.get("backfilled")) for c in written] == [True] * 4 + [False] * 2
+    assert [c["source"] for c in written] == [
+        parameters, "x = 41", "print('before the form ***')", "x + 1", form, "x * 2",
+    ]  # fmt: skip
+    assert written[3]["outputs"][0]["data"]["text/plain"] == "42"
+    assert written[4]["outputs"]  # the session's header, the form, the filing button
+    assert written[5]["outputs"][0]["data"]["text/plain"] == "82"
+    assert KEY not in (folder / cells.CELLS).read_text()
+    saved = (folder / cells.NOTEBOOK).read_text()
+    assert cells.BACKFILLED_NOTE in saved and saved.index('"x = 41"') < saved.index('"x * 2"')
