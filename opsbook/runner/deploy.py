@@ -172,7 +172,7 @@ def run_deploy(
     Raises:
         DeploymentError: the deployment file is unusable.
         RunError: ``serial`` is not a count or a percentage, ``restart`` or ``on_failure`` not
-            an allowed value, or ``limit`` picks no host.
+            an allowed value (or a rollback asked of a cluster), or ``limit`` picks no host.
         HostLocked: another deploy run holds a host (``opsbook.runner.lock``); nothing was done.
     """
     deployment_path = Path(deployment).resolve()
@@ -182,6 +182,13 @@ def run_deploy(
     rolling.check_on_failure(on_failure)
     dep = load_deployment(deployment_path)
     names = limit_hosts(dep, limit) if limit is not None else [h.name for h in dep.hosts]
+    if on_failure == "rollback" and dep.cluster is not None:
+        raise RunError(
+            "-p on_failure rollback brings back hosts that serve on their own, not the nodes "
+            "of a model served across hosts",
+            remedy="leave on_failure out; `opsbook cluster stop` and a deploy of the previous "
+            "deployment file bring a cluster back",
+        )
     batches = plan_batches(names, serial)
     folder = new_run_folder(Path(runs_dir), "deploy", run_label(dep))
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -361,6 +361,16 @@ def test_rolling_options_that_do_not_fit_exit_2_before_any_host_is_touched(
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_rollback_is_refused_for_a_cluster(tmp_path, capsys) -> None:
+    (tmp_path / "d.yml").write_text(
+        "hosts: [127.0.2.250, 127.0.2.251]\nmodel: {path: /m}\n"
+        "cluster: {tensor_parallel_size: 8, pipeline_parallel_size: 2}\n"
+    )
+    assert _run_cli(tmp_path, "deploy", "-p", "on_failure", "rollback") == run.EXIT_USAGE
+    assert "not the nodes of a model served across hosts" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_check_with_a_limit_that_picks_nothing_lists_the_hosts(tmp_path, capsys) -> None:
     dep = tmp_path / "d.yml"
     dep.write_text("hosts: [127.0.2.250, 127.0.2.251]\nmodel: {path: /m}\n")
