@@ -397,6 +397,17 @@ def _roll_back(run: _DeployRun, batch: list[str], snapshots: dict[str, Any]) -> 
 
 
 def _record(run: _DeployRun, result: HostResult) -> HostResult:
+    """Keep a result of the steps this process ran (not a notebook's: those are masked as
+    they are recorded), its secrets masked, and report it."""
+    mask = run.redactor.redact
+    result = replace(
+        result,
+        message=mask(result.message),
+        findings=tuple(
+            replace(f, subject=mask(f.subject), message=mask(f.message), remedy=mask(f.remedy))
+            for f in result.findings
+        ),
+    )
     run.results.append(result)
     if run.on_result is not None:
         run.on_result(result)

@@ -8,7 +8,7 @@ import pytest
 
 from opsbook.core.deployment import parse_deployment
 from opsbook.core.redact import Redactor
-from opsbook.core.results import HostResult, State
+from opsbook.core.results import Finding, HostResult, State
 from opsbook.runner import deploy, rolling
 
 HOSTS = ["a", "b", "c", "d"]
@@ -215,3 +215,16 @@ def test_the_record_shows_the_steps_around_the_stages_in_their_order() -> None:
     ]
     stages = ["preflight", "download", "config-patch", "launch-script", "launch", "diagnose"]
     assert deploy.record_steps([]) == stages
+
+
+def test_the_results_of_the_steps_around_the_stages_are_masked(fleet) -> None:
+    fleet.run.redactor = Redactor(["hunter2-secret"])
+    leaky = HostResult(
+        "a",
+        rolling.ROLLBACK,
+        State.FAILED,
+        "rollback failed: --api-key hunter2-secret",
+        findings=(Finding("error", "a", "saw hunter2-secret", "drop hunter2-secret"),),
+    )
+    kept = deploy._record(fleet.run, leaky)
+    assert "hunter2-secret" not in repr(kept) and "hunter2-secret" not in repr(fleet.run.results)
