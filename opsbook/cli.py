@@ -36,6 +36,10 @@ from opsbook.runner.interrupt import RunInterrupted, raising_on_signals
 from opsbook.terminal import Terminal
 
 DEFAULT_SANDBOX_DIR = ".sandbox/demo"
+LIMIT_HELP = (
+    "only these hosts: comma-separated names or addresses, globs (gpu-0*), or 0-based indices "
+    "and inclusive ranges ([0], 1:3), as Ansible's --limit"
+)
 # What a run prints as it goes: plain off a terminal, fitted and coloured on one.
 TERMINAL = Terminal()
 # `opsbook records show last`: the newest run folder `records list` shows.
@@ -163,8 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="P",
-        help="deploy: stop the run once more than P%% of the hosts failed",
+        help="deploy: stop the run once more than P%% of the hosts failed; with -p serial, a "
+        "batch that fails within P%% does not stop the roll",
     )
+    run.add_argument("--limit", default=None, metavar="HOSTS", help=LIMIT_HELP)
     run.set_defaults(handler=cmd_run)
 
     box = sub.add_parser("sandbox", help="the rehearsal host: a real sshd with a simulated GPU box")
@@ -254,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--forks", type=_positive, default=10, help="hosts checked at once (default: 10)"
     )
+    check.add_argument("--limit", default=None, metavar="HOSTS", help=LIMIT_HELP)
     check.set_defaults(handler=cmd_check)
 
     book = sub.add_parser(
@@ -289,6 +296,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             max_fail_percentage=args.max_fail_percentage,
             serial=params.get("serial"),
             restart=str(params.get("restart", "changed")),
+            on_failure=str(params.get("on_failure", "leave")),
+            limit=args.limit,
             on_result=_print_result,
             on_progress=_print_progress,
         )
@@ -307,6 +316,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         forks=args.forks,
         on_result=_print_result,
         on_progress=_print_progress,
+        limit=args.limit,
     )
     _print_recap(record)
     print(f"run folder: {record.folder}")
@@ -322,13 +332,16 @@ def cmd_check(args: argparse.Namespace) -> int:
             runs_dir=args.runs_dir,
             forks=args.forks,
             on_result=_print_result,
+            limit=args.limit,
         )
         _print_recap(record)
         print(f"run folder: {record.folder}")
         return record.exit_code
     with without_pydantic_plugins():
         import opsbook.core.deployment  # noqa: F401  (its schema is built here)
-    checked = runner.check_servers(args.deployment, forks=args.forks, on_result=_print_result)
+    checked = runner.check_servers(
+        args.deployment, forks=args.forks, on_result=_print_result, limit=args.limit
+    )
     _print_recap(checked)
     return checked.exit_code
 
@@ -342,7 +355,11 @@ def _print_progress(progress: StageProgress) -> None:
 
 
 def _print_recap(record: runner.RunRecord | runner.CheckRecord) -> None:
-    TERMINAL.recap(recap(record.results), record.status, record.message, record.exit_code == 0)
+    from opsbook.runner.rolling import recap_notes
+
+    notes = recap_notes(record.results)
+    ok = record.exit_code == 0
+    TERMINAL.recap(recap(record.results), record.status, record.message, ok, notes=notes)
     if isinstance(record, runner.RunRecord):
         from opsbook.runner import records
 
@@ -369,6 +386,8 @@ def _stages_help() -> str:
         "      serial: str (default all hosts at once) - N or N% of the hosts per batch",
         "      restart: str (default 'changed') - or 'always': restart a server even when it "
         "is ready and unchanged",
+        "      on_failure: str (default 'leave') - or 'rollback': a host whose launch failed "
+        "gets its previous script and config back, started again",
     ]
     return "\n".join(lines)
 
@@ -619,15 +638,19 @@ def _positive(text: str) -> int:
     return value
 
 
+DEPLOY_PARAMETERS = ("apply", "serial", "restart", "on_failure")
+
+
 def _deploy_parameters(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """``-p apply true|false``, ``-p serial N|N%`` and ``-p restart changed|always`` of a
-    deploy, as plain values."""
-    unknown = sorted({name for name, _ in pairs} - {"apply", "serial", "restart"})
+    """``-p apply true|false``, ``-p serial N|N%``, ``-p restart changed|always`` and
+    ``-p on_failure leave|rollback`` of a deploy, as plain values."""
+    unknown = sorted({name for name, _ in pairs} - set(DEPLOY_PARAMETERS))
     if unknown:
         raise RunError(
-            f"deploy takes only the parameters apply, serial and restart, not {', '.join(unknown)}",
-            remedy="e.g. -p apply false, -p serial 1 for one host at a time, or -p restart "
-            "always to restart servers that are ready and unchanged",
+            f"deploy takes only the parameters {', '.join(DEPLOY_PARAMETERS)}, not "
+            f"{', '.join(unknown)}",
+            remedy="e.g. -p apply false, -p serial 1 for one host at a time, -p restart "
+            "always to restart servers that are ready and unchanged, or -p on_failure rollback",
         )
     params: dict[str, Any] = {}
     for name, text in pairs:

@@ -10,7 +10,7 @@ prints nothing of this (``opsbook --help``) does not pay for it. rich honours ``
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from opsbook.core.channel import StageProgress
@@ -31,7 +31,8 @@ RECAP_STYLES = {
     r"\bok=[1-9]\d*": "green",
     r"\bchanged=[1-9]\d*": "yellow",
     r"\b(failed|unreachable)=[1-9]\d*": "bold red",
-    r"\(\S+ at \S+:.*\)$": "red",
+    r"\(\S+ at \S+:.*\)": "red",
+    r"\[rolled back\]$": "bold yellow",
 }
 
 
@@ -117,10 +118,22 @@ class Terminal:
         self.console().print(line, no_wrap=True, overflow="ellipsis")
         self.out.flush()
 
-    def recap(self, lines: Sequence[HostRecap], status: str, message: str, ok: bool) -> None:
-        """The recap, a line per host, then the run's status and message."""
+    def recap(
+        self,
+        lines: Sequence[HostRecap],
+        status: str,
+        message: str,
+        ok: bool,
+        notes: Mapping[str, str] | None = None,
+    ) -> None:
+        """The recap, a line per host (ending with its note, such as "rolled back", when
+        ``notes`` has one), then the run's status and message."""
         width = max((len(line.host) for line in lines), default=0)
-        shown = [line.line(width) for line in lines]
+        notes = notes or {}
+        shown = [
+            line.line(width) + (f"  [{notes[line.host]}]" if line.host in notes else "")
+            for line in lines
+        ]
         ending = f"{status}: {message}"
         if not self.is_tty():
             if shown:

@@ -43,6 +43,7 @@ from opsbook.core.deployment_spec import (
     ClusterSpec,
     Deployment,
     HostSpec,
+    RollingSpec,
     is_secret_flag,
 )
 from opsbook.core.deployment_text import schema_error
@@ -158,6 +159,11 @@ def _build(doc: DeploymentDoc, source: str) -> Deployment:
         state_dir=doc.paths.state,
         source=source,
         cluster=_cluster_spec(doc.cluster, hosts),
+        rolling=RollingSpec(
+            tuple(doc.rolling.pre_host or ()),
+            tuple(doc.rolling.post_host or ()),
+            float(doc.rolling.hook_timeout),
+        ),
     )
 
 
@@ -252,6 +258,7 @@ __all__ = [
     "ClusterSpec",
     "Deployment",
     "HostSpec",
+    "RollingSpec",
     "check_flag_name",
     "is_secret_flag",
     "load_deployment",

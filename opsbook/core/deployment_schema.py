@@ -353,6 +353,49 @@ class ClusterDoc(_Schema):
     )
 
 
+# What a rolling hook's arguments may name: the host as opsbook names it, and its address.
+HOOK_FIELDS = ("host", "address")
+_HOOK_FIELD = re.compile(r"\{([A-Za-z_]\w*)\}")
+
+
+def _hook_argv(argv: list[str]) -> list[str]:
+    if not argv or not argv[0].strip():
+        raise _invalid(
+            "expected a command as a list of arguments, the program first",
+            "e.g. pre_host: [./lb.sh, drain, '{host}']",
+        )
+    for word in argv:
+        if "\0" in word:
+            raise _invalid("an argument may not hold a NUL byte", "remove it")
+        unknown = [f for f in _HOOK_FIELD.findall(word) if f not in HOOK_FIELDS]
+        if unknown:
+            raise _invalid(
+                f"{word!r} names {{{unknown[0]}}}, which a hook is not given",
+                f"a hook's arguments may hold {', '.join('{' + f + '}' for f in HOOK_FIELDS)}",
+            )
+    return argv
+
+
+HookArgv = Annotated[list[str], AfterValidator(_hook_argv)]
+
+
+class RollingDoc(_Schema):
+    pre_host: HookArgv | None = Field(
+        None,
+        description="a command (a list of arguments, no shell) run on this machine before each "
+        "host is deployed, e.g. to drain it at a load balancer; {host} and {address} are "
+        "replaced; when it fails the host is skipped as failed",
+        examples=["[./lb.sh, drain, '{address}']"],
+    )
+    post_host: HookArgv | None = Field(
+        None,
+        description="a command run on this machine once the host serves again (deployed, or "
+        "rolled back), e.g. to add it back; {host} and {address} are replaced",
+        examples=["[./lb.sh, add, '{address}']"],
+    )
+    hook_timeout: Seconds = Field(60.0, description="seconds a hook may run", examples=[60])
+
+
 class DeploymentDoc(_Schema):
     """A deployment file, as the schema checks it."""
 
@@ -391,6 +434,13 @@ class DeploymentDoc(_Schema):
         None,
         description="one server over several hosts (Ray)",
         examples=["{tensor_parallel_size: 8, pipeline_parallel_size: 2}"],
+    )
+    rolling: RollingDoc = Field(
+        default=RollingDoc.model_validate({}),
+        description="commands run on this machine around each host of a deploy",
+        examples=[
+            "{pre_host: [./lb.sh, drain, '{address}'], post_host: [./lb.sh, add, '{address}']}"
+        ],
     )
 
     @model_validator(mode="after")

@@ -57,6 +57,17 @@ class ClusterSpec:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
+@dataclass(frozen=True)
+class RollingSpec:
+    """Commands run on the operator's machine around each host of a deploy (argv lists whose
+    ``{host}`` and ``{address}`` are replaced): before it (``pre_host``) and once it serves
+    again (``post_host``); empty: none."""
+
+    pre_host: tuple[str, ...] = ()
+    post_host: tuple[str, ...] = ()
+    hook_timeout: float = 60.0
+
+
 @dataclass
 class Deployment:
     """A parsed deployment file."""
@@ -74,6 +85,7 @@ class Deployment:
     state_dir: str = "opsbook/state"
     source: str = ""
     cluster: ClusterSpec | None = None
+    rolling: RollingSpec = RollingSpec()
     # Per host name, the deployment as that host sees it (its `vars` applied), when any differ.
     host_views: dict[str, Deployment] = field(default_factory=dict, repr=False, compare=False)
 

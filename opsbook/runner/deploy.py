@@ -1,8 +1,11 @@
 """A deploy run: the runbook's stages over every host of a deployment, into one run folder.
 
 ``run_deploy`` goes through the stages, drops a host from the later stages once it fails, stops
-when too many hosts failed, and with ``serial`` does it one batch of hosts at a time, stopping at
-the first batch that fails. The stages of a deploy share one kernel
+when too many hosts failed, and with ``serial`` does it one batch of hosts at a time: before a
+batch is taken down the hosts staying up must be healthy, and a batch that fails stops the run
+unless ``max_fail_percentage`` lets it go on. Around each host it runs the deployment's hooks
+and, with ``on_failure="rollback"``, brings a host whose launch failed back to what it ran
+before (:mod:`opsbook.runner.rolling`). The stages of a deploy share one kernel
 (:class:`~opsbook.runner.shared_kernel.SharedKernel`) and their HTML copies are exported on a
 thread of their own while the next stages run.
 """
@@ -31,7 +34,7 @@ from opsbook.core.results import (
     State,
     worst_exit_code,
 )
-from opsbook.runner import records
+from opsbook.runner import records, rolling
 from opsbook.runner.execution import (
     DEFAULT_FORKS,
     KERNEL_LOG,
@@ -40,6 +43,7 @@ from opsbook.runner.execution import (
     OnResult,
     RunRecord,
     execute_stage,
+    limit_hosts,
     new_run_folder,
     recreate_lost_folder,
     redact_notebook,
@@ -53,7 +57,7 @@ from opsbook.runner.shared_kernel import SharedKernel
 
 if TYPE_CHECKING:
     from opsbook import stages
-    from opsbook.core.deployment import Deployment
+    from opsbook.core.deployment import Deployment, HostSpec
 
 BATCH_PREFIX = "batch-"
 
@@ -98,6 +102,7 @@ class _DeployRun:
     """What a deploy run collects as it goes."""
 
     deployment: Path
+    dep: Deployment
     folder: Path
     redactor: Redactor
     apply: bool
@@ -106,6 +111,7 @@ class _DeployRun:
     on_result: OnResult | None
     on_progress: OnProgress | None
     restart: str = "changed"
+    on_failure: str = "leave"
     results: list[HostResult] = field(default_factory=list)
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
@@ -131,6 +137,8 @@ def run_deploy(
     on_result: OnResult | None = None,
     on_progress: OnProgress | None = None,
     restart: str = "changed",
+    on_failure: str = "leave",
+    limit: str | None = None,
 ) -> RunRecord:
     """The whole runbook on every host of a deployment, into one run folder: the stages 00 to
     04 in order, a host dropped from the later stages once it fails, then 05_diagnose on every
@@ -145,33 +153,49 @@ def run_deploy(
         timeout: seconds a single cell may run.
         stage_timeout: seconds each stage may run.
         forks: how many hosts a stage works on at once.
-        max_fail_percentage: stop the run once more than this share of hosts failed.
+        max_fail_percentage: stop the run once more than this share of the hosts failed (the
+            failures so far over all the hosts of the run, checked after each stage and each
+            batch); with ``serial``, a batch that fails within it does not stop the roll.
         serial: a rolling run: this many hosts (or this percentage) at a time, each batch
-            through all the stages before the next; the run stops at the first batch in which
-            a host fails, and the hosts of later batches are left untouched.
+            through all the stages before the next. Before a batch is taken down, the hosts
+            staying up must pass the health check (``opsbook check``), or the run stops; without
+            ``max_fail_percentage`` the run stops at the first batch in which a host fails. The
+            hosts of batches not reached are left untouched.
         on_result: called with each host's result of each stage as it finishes.
         on_progress: called with the steps long stages reach on each host.
         restart: the launch's ``restart`` option: "changed" restarts only a server that is not
             ready or whose script, env, configs or engine changed; "always" every server.
+        on_failure: "leave" a host whose launch failed as it is, or "rollback": put back its
+            previous launch script and the configs this run patched, and start it again.
+        limit: only the hosts this pattern picks (:func:`~opsbook.runner.execution.limit_hosts`).
 
     Raises:
         DeploymentError: the deployment file is unusable.
-        RunError: ``serial`` is not a count or a percentage, or ``restart`` not an allowed
-            value.
+        RunError: ``serial`` is not a count or a percentage, ``restart`` or ``on_failure`` not
+            an allowed value (or a rollback asked of a cluster), or ``limit`` picks no host.
         HostLocked: another deploy run holds a host (``opsbook.runner.lock``); nothing was done.
     """
     deployment_path = Path(deployment).resolve()
     from opsbook.core.deployment import load_deployment
 
     _stages().get("launch").options({"restart": restart})  # a bad value, before any host
+    rolling.check_on_failure(on_failure)
     dep = load_deployment(deployment_path)
-    names = [h.name for h in dep.hosts]
+    names = limit_hosts(dep, limit) if limit is not None else [h.name for h in dep.hosts]
+    if on_failure == "rollback" and dep.cluster is not None:
+        raise RunError(
+            "-p on_failure rollback brings back hosts that serve on their own, not the nodes "
+            "of a model served across hosts",
+            remedy="leave on_failure out; `opsbook cluster stop` and a deploy of the previous "
+            "deployment file bring a cluster back",
+        )
     batches = plan_batches(names, serial)
     folder = new_run_folder(Path(runs_dir), "deploy", run_label(dep))
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     started = time.monotonic()
     run = _DeployRun(
         deployment_path,
+        dep,
         folder,
         Redactor(dep.secret_values()),
         apply,
@@ -180,13 +204,14 @@ def run_deploy(
         on_result,
         on_progress,
         restart,
+        on_failure,
     )
     # The kernel boots (and imports the stages) while the locks are taken and papermill is
     # imported; the notebooks of a deploy are preflight's neighbours.
     first = [h for h in dep.hosts if h.name in batches[0]] if batches else []
     run.kernel.start(folder / KERNEL_LOG, find_notebook("preflight").parent, first, forks)
     try:
-        locks = _deploylock().acquire(dep, folder)
+        locks = _deploylock().acquire(dep, folder, names)
     except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):
         run.kernel.discard()
         # Made a moment ago, holding only the kernel's log: no record of a run that never began.
@@ -224,22 +249,28 @@ def run_deploy(
         for entry, page in zip(run.notebooks, pages, strict=True)
     ]
     run.results = _with_skipped(run.results, names, run.stopped)
-    return _file_deploy(run, dep, started_at, time.monotonic() - started, serial)
+    settings = {
+        "max_fail_percentage": "" if max_fail_percentage is None else f"{max_fail_percentage:g}",
+        "limit": limit or "",
+    }
+    return _file_deploy(run, names, started_at, time.monotonic() - started, serial, settings)
 
 
 def _deploy_batches(
     run: _DeployRun, batches: list[list[str]], names: list[str], max_fail: float | None
 ) -> None:
     for number, batch in enumerate(batches, start=1):
+        if len(batches) > 1 and _unhealthy_before(run, number, batches, names):
+            break
         where = run.folder if len(batches) == 1 else run.folder / f"{BATCH_PREFIX}{number:02d}"
         where.mkdir(exist_ok=True)
-        _deploy_batch(run, batch, where, len(names), max_fail)
-        failed = [r.host for r in run.results if r.host in batch and not r.state.goes_on]
+        _deploy_with_hooks(run, batch, where, len(names), max_fail)
         if run.stopped:
             break
-        if failed and number < len(batches):
+        failed = _failed_in(run.results, batch)
+        if failed and number < len(batches) and max_fail is None:
             run.stopped = (
-                f"batch {number} of {len(batches)} failed on {', '.join(dict.fromkeys(failed))}: "
+                f"batch {number} of {len(batches)} failed on {', '.join(failed)}: "
                 "the hosts of later batches were left untouched"
             )
             break
@@ -247,6 +278,148 @@ def _deploy_batches(
     diagnosed = [n for n in names if n not in unreachable]
     if diagnosed and run.folder.is_dir():
         _run_stage(run, _stages().DIAGNOSE, diagnosed, run.folder)
+
+
+def _failed_in(results: list[HostResult], batch: list[str]) -> list[str]:
+    """The hosts of ``batch`` that a stage left out of the later stages, or a hook or a
+    rollback failed on (a dry run's hook, not run, is no failure)."""
+    steps = (rolling.PRE_HOST, rolling.POST_HOST, rolling.ROLLBACK)
+    return list(
+        dict.fromkeys(
+            r.host
+            for r in results
+            if r.host in batch
+            and (r.state in (State.FAILED, State.UNREACHABLE) or not r.state.goes_on)
+            and not (r.stage in steps and r.state is State.SKIPPED)
+        )
+    )
+
+
+def _unhealthy_before(
+    run: _DeployRun, number: int, batches: list[list[str]], names: list[str]
+) -> bool:
+    """Whether the hosts staying up while batch ``number`` is taken down failed the health
+    check; the run is then stopped, each of them with a failed (or unreachable) result.
+    A cluster's nodes go down and up together: it has no hosts staying up."""
+    if run.dep.cluster is not None:
+        return False
+    batch = batches[number - 1]
+    failed = {r.host for r in run.results if r.state in (State.FAILED, State.UNREACHABLE)}
+    staying = rolling.hosts_staying_up(names, batch, failed)
+    checked = rolling.health_check(run.dep, [*batch, *staying], run.forks, _journal(run))
+    unhealthy = rolling.unhealthy_before(checked, batch, staying)
+    if not unhealthy:
+        return False
+    run.stopped = rolling.stop_reason(number, len(batches), unhealthy)
+    for result in unhealthy:
+        said = replace(
+            result,
+            stage=rolling.HEALTH,
+            message=f"before batch {number}: {result.message}",
+        )
+        _record(run, said)
+    return True
+
+
+def _deploy_with_hooks(
+    run: _DeployRun, batch: list[str], where: Path, total: int, max_fail: float | None
+) -> None:
+    """One batch: each host's pre hook, the stages on the hosts whose hook passed, the
+    rollback of those whose launch failed (``on_failure="rollback"``), then the post hook of
+    each host that serves again."""
+    rollback = run.on_failure == "rollback" and run.apply
+    snapshots = rolling.take_snapshots(run.dep, batch, run.forks, _journal(run)) if rollback else {}
+    active = _pre_hooks(run, batch)
+    if active:
+        _deploy_batch(run, active, where, total, max_fail)
+    if rollback:
+        _roll_back(run, batch, snapshots)
+    _post_hooks(run, batch)
+    if not run.stopped and too_many_failed(run.results, total, max_fail):
+        run.stopped = f"more than {max_fail:g}% of the hosts failed: the run was stopped"
+
+
+def _pre_hooks(run: _DeployRun, batch: list[str]) -> list[str]:
+    """Run the pre hook of each host of the batch (one after the other, as a load balancer
+    takes them): the hosts whose hook passed, or all of them without a hook or in a dry run."""
+    argv = run.dep.rolling.pre_host
+    if not argv:
+        return list(batch)
+    going = []
+    for spec in _specs(run, batch):
+        result = _hook(run, rolling.PRE_HOST, argv, spec)
+        if result.state is not State.FAILED:
+            going.append(spec.name)
+    return going
+
+
+def _post_hooks(run: _DeployRun, batch: list[str]) -> None:
+    """Run the post hook of each host of the batch that serves again: its launch went through,
+    or it was rolled back."""
+    argv = run.dep.rolling.post_host
+    if not argv:
+        return
+    launched = {r.host for r in run.results if r.stage == "launch" and r.state is not State.FAILED}
+    launched -= {r.host for r in run.results if r.state is State.UNREACHABLE}
+    launched |= {
+        r.host for r in run.results if r.stage == rolling.ROLLBACK and r.state is State.CHANGED
+    }
+    for spec in _specs(run, batch):
+        if spec.name in launched:
+            _hook(run, rolling.POST_HOST, argv, spec)
+
+
+def _hook(run: _DeployRun, step: str, argv: Sequence[str], spec: HostSpec) -> HostResult:
+    folder = run.deployment.parent
+    if not run.apply:
+        result = rolling.hook_not_run(step, argv, spec, folder)
+    else:
+        timeout = run.dep.rolling.hook_timeout
+        result = rolling.run_hook(
+            step, argv, spec, folder=folder, timeout=timeout, redactor=run.redactor
+        )
+    return _record(run, result)
+
+
+def _roll_back(run: _DeployRun, batch: list[str], snapshots: dict[str, Any]) -> None:
+    """Bring back each host of the batch whose launch failed (one that could not be reached
+    cannot be)."""
+    failed = [
+        r.host
+        for r in run.results
+        if r.host in batch and r.stage == "launch" and r.state is State.FAILED
+    ]
+    patched = {
+        r.host for r in run.results if r.stage == "config-patch" and r.state is State.CHANGED
+    }
+    for result in rolling.roll_back(run.dep, failed, snapshots, patched, run.forks, _journal(run)):
+        _record(run, result)
+
+
+def _record(run: _DeployRun, result: HostResult) -> HostResult:
+    """Keep a result of the steps this process ran (not a notebook's: those are masked as
+    they are recorded), its secrets masked, and report it."""
+    mask = run.redactor.redact
+    result = replace(
+        result,
+        message=mask(result.message),
+        findings=tuple(
+            replace(f, subject=mask(f.subject), message=mask(f.message), remedy=mask(f.remedy))
+            for f in result.findings
+        ),
+    )
+    run.results.append(result)
+    if run.on_result is not None:
+        run.on_result(result)
+    return result
+
+
+def _specs(run: _DeployRun, names: list[str]) -> list[HostSpec]:
+    return [spec for spec in run.dep.hosts if spec.name in names]
+
+
+def _journal(run: _DeployRun) -> Path:
+    return run.folder / "journal.jsonl"
 
 
 def _deploy_batch(
@@ -350,19 +523,25 @@ def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> 
 
 
 def _file_deploy(
-    run: _DeployRun, dep: Deployment, started_at: str, duration: float, serial: Any
+    run: _DeployRun,
+    names: list[str],
+    started_at: str,
+    duration: float,
+    serial: Any,
+    settings: dict[str, str],
 ) -> RunRecord:
+    dep = run.dep
     code = 128 + run.interrupted if run.interrupted else worst_exit_code(run.results)
     problems = [r for r in run.results if r.exit_code != EXIT_OK]
     if problems:
         first = problems[0]
-        message = f"{len({r.host for r in problems})} of {len(dep.hosts)} host(s) not ok; " + (
+        message = f"{len({r.host for r in problems})} of {len(names)} host(s) not ok; " + (
             f"{first.host} {first.state.value} at {first.stage}: {first.message}"
         )
     elif run.interrupted:
         message = f"{len(run.notebooks)} stage(s) had finished, with no problem found"
     else:
-        message = f"all {len(dep.hosts)} host(s) ok"
+        message = f"all {len(names)} host(s) ok"
     if run.stopped:
         message = f"{run.stopped}; {message}"
     lost = recreate_lost_folder(run.folder)
@@ -381,6 +560,9 @@ def _file_deploy(
             "apply": str(run.apply),
             "serial": str(serial or ""),
             "forks": str(run.forks),
+            "restart": run.restart,
+            "on_failure": run.on_failure,
+            **settings,
         },
         results=run.results,
     )
@@ -393,8 +575,8 @@ def _file_deploy(
         message=summary.message,
         duration=summary.duration,
         parameters=summary.parameters,
-        hosts=[h.name for h in dep.hosts],
-        stages=[s.name for s in _stages().STAGES],
+        hosts=names,
+        stages=record_steps(run.results),
         results=run.results,
         notebooks=run.notebooks,
         dry_run=not run.apply,
@@ -404,6 +586,18 @@ def _file_deploy(
         records.write_summary(run.folder, doc)
     records.close(run.folder)
     return summary
+
+
+def record_steps(results: Sequence[HostResult]) -> list[str]:
+    """The columns of a deploy's record: the stages, and the steps around them that ran (the
+    health check before a batch and the pre hook first, the rollback and the post hook after
+    the launch)."""
+    names = [s.name for s in _stages().STAGES]
+    ran = {r.stage for r in results}
+    before = [s for s in (rolling.HEALTH, rolling.PRE_HOST) if s in ran]
+    after = [s for s in (rolling.ROLLBACK, rolling.POST_HOST) if s in ran]
+    launch = names.index("launch") + 1
+    return [*before, *names[:launch], *after, *names[launch:]]
 
 
 def _deploylock() -> Any:

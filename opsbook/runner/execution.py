@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +44,7 @@ from opsbook.runner.parameters import RUNNER_PARAMETERS, check_parameters, find_
 
 if TYPE_CHECKING:
     from opsbook import stages
-    from opsbook.core.deployment import Deployment
+    from opsbook.core.deployment import Deployment, HostSpec
     from opsbook.runner import lock as deploylock
     from opsbook.runner.shared_kernel import SharedKernel
 
@@ -112,6 +114,7 @@ def run_notebook(
     forks: int = DEFAULT_FORKS,
     on_result: OnResult | None = None,
     on_progress: OnProgress | None = None,
+    limit: str | None = None,
 ) -> RunRecord:
     """Execute one runbook notebook against a deployment and file the run.
 
@@ -125,9 +128,12 @@ def run_notebook(
         forks: how many hosts a stage notebook works on at once.
         on_result: called with each host's result as the notebook records it.
         on_progress: called with the steps long stages reach on each host.
+        limit: only the hosts this pattern picks (:func:`limit_hosts`), as the notebook's
+            ``hosts`` parameter.
 
     Raises:
-        RunError: the notebook or a parameter is unknown.
+        RunError: the notebook or a parameter is unknown, or ``limit`` picks no host or is
+            given with a ``hosts`` parameter.
         DeploymentError: the deployment file is unusable.
         HostLocked: the notebook changes hosts and another run holds one of them.
     """
@@ -146,6 +152,10 @@ def run_notebook(
     params = {"deployment": str(deployment_path), **given}
     if _stages().for_notebook(nb_path.stem) is not None:
         params.setdefault("forks", forks)
+    if limit is not None:
+        if "hosts" in given:
+            raise RunError("--limit and -p hosts both pick hosts", remedy="give only one of them")
+        params["hosts"] = limit_hosts(dep, limit)
     check_parameters(nb_path, params)
     if isinstance(params.get("hosts"), list):  # before a run folder or a kernel: bad input
         from opsbook.stages.base import known_hosts
@@ -199,22 +209,31 @@ def check_servers(
     *,
     forks: int = DEFAULT_FORKS,
     on_result: OnResult | None = None,
+    limit: str | None = None,
 ) -> CheckRecord:
     """The scheduled health check: the diagnose stage on every host of the deployment, in this
     process, over one SSH connection and one status probe per host; no kernel, no notebook,
     no run folder. The verdict and the exit code are those of ``run_notebook("05_diagnose")``,
-    which is the same check with a record.
+    which is the same check with a record. ``limit`` checks only the hosts it picks
+    (:func:`limit_hosts`).
 
     Raises:
         DeploymentError: the deployment file is unusable.
+        RunError: ``limit`` picks no host of the deployment.
     """
     from opsbook.core.deployment import load_deployment
 
     started = time.monotonic()
     dep = load_deployment(Path(deployment).resolve())
+    hosts = limit_hosts(dep, limit) if limit is not None else []
     stages = _stages()
     done = stages.run_stage(
-        stages.DIAGNOSE, dep, forks=forks, on_result=on_result, log_when_ready=False
+        stages.DIAGNOSE,
+        dep,
+        hosts=hosts,
+        forks=forks,
+        on_result=on_result,
+        log_when_ready=False,
     )
     code, message = _verdict(done.results, None)
     return CheckRecord(
@@ -224,6 +243,50 @@ def check_servers(
         duration=round(time.monotonic() - started, 2),
         results=done.results,
     )
+
+
+# An index or an inclusive range of indices in --limit, from 0 as Ansible's ``hosts[0:2]``.
+_INDEX = re.compile(r"\[?(\d+)(?::(\d+))?\]?")
+
+
+def limit_hosts(deployment: Deployment, limit: str) -> list[str]:
+    """The names of the hosts ``limit`` picks, in the deployment's order (Ansible's
+    ``--limit``): comma-separated host names or addresses, shell-style globs of them
+    (``gpu-0[1-3]*``), or 0-based indices and inclusive ranges (``0``, ``[2]``, ``1:3``).
+
+    Raises:
+        RunError: an item picks no host, or the limit leaves out some of a cluster's nodes (a
+            model served across hosts is deployed and checked whole); the error lists the hosts.
+    """
+    hosts = deployment.hosts
+    names = [h.name for h in hosts]
+    items = [item.strip() for item in limit.split(",") if item.strip()]
+    picked: set[str] = set()
+    listed = f"the hosts are: {', '.join(f'[{i}] {n}' for i, n in enumerate(names))}"
+    if not items:
+        raise RunError("--limit is empty: it picks no host", remedy=listed)
+    for item in items:
+        found = _picked_by(item, hosts)
+        if not found:
+            raise RunError(f"--limit {item!r} picks no host of {deployment.name}", remedy=listed)
+        picked.update(found)
+    chosen = [n for n in names if n in picked]
+    if deployment.cluster is not None and len(chosen) < len(names):
+        raise RunError(
+            f"--limit {limit!r} picks {len(chosen)} of the {len(names)} nodes of a model "
+            "served across them",
+            remedy="a cluster is deployed and checked whole: leave --limit out",
+        )
+    return chosen
+
+
+def _picked_by(item: str, hosts: list[HostSpec]) -> list[str]:
+    index = _INDEX.fullmatch(item)
+    if index is not None:
+        first = int(index.group(1))
+        last = int(index.group(2)) if index.group(2) is not None else first
+        return [h.name for i, h in enumerate(hosts) if first <= i <= last]
+    return [h.name for h in hosts if fnmatchcase(h.name, item) or fnmatchcase(h.address, item)]
 
 
 def _lock_for(

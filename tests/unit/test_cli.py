@@ -340,3 +340,64 @@ def test_a_dry_run_says_so_after_its_recap(notebook, parameters, dry, capsys) ->
     from opsbook.runner.records import DRY_RUN_NOTE
 
     assert out[3:] == ([DRY_RUN_NOTE] if dry else [])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["deploy", "-p", "on_failure", "undo"], "on_failure 'undo' is not one of"),
+        (["deploy", "--limit", "zz"], "--limit 'zz' picks no host"),
+        (["deploy", "--limit", "3"], "--limit '3' picks no host"),
+        (["05_diagnose", "--limit", ","], "--limit is empty"),
+        (["05_diagnose", "--limit", "0", "-p", "hosts", "a"], "both pick hosts"),
+    ],
+)
+def test_rolling_options_that_do_not_fit_exit_2_before_any_host_is_touched(
+    tmp_path, capsys, argv: list[str], message: str
+) -> None:
+    assert _run_cli(tmp_path, *argv) == run.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err and "remedy:" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_rollback_is_refused_for_a_cluster(tmp_path, capsys) -> None:
+    (tmp_path / "d.yml").write_text(
+        "hosts: [127.0.2.250, 127.0.2.251]\nmodel: {path: /m}\n"
+        "cluster: {tensor_parallel_size: 8, pipeline_parallel_size: 2}\n"
+    )
+    assert _run_cli(tmp_path, "deploy", "-p", "on_failure", "rollback") == run.EXIT_USAGE
+    assert "not the nodes of a model served across hosts" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_check_with_a_limit_that_picks_nothing_lists_the_hosts(tmp_path, capsys) -> None:
+    dep = tmp_path / "d.yml"
+    dep.write_text("hosts: [127.0.2.250, 127.0.2.251]\nmodel: {path: /m}\n")
+    assert cli.main(["check", "-f", str(dep), "--limit", "gpu-*"]) == run.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--limit 'gpu-*' picks no host" in err
+    assert "[0] 127.0.2.250, [1] 127.0.2.251" in err
+
+
+def test_the_recap_says_which_hosts_were_rolled_back(capsys) -> None:
+    record = run.RunRecord(
+        folder=Path("/r"),
+        notebook="deploy",
+        exit_code=1,
+        status="problem found",
+        message="m",
+        duration=1.0,
+        results=[
+            HostResult("ops@a", "launch", State.CHANGED, ""),
+            HostResult("ops@b", "launch", State.FAILED, "exited"),
+            HostResult("ops@b", "rollback", State.CHANGED, "rolled back to ..."),
+        ],
+    )
+    cli._print_recap(record)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "ops@a ok=0  changed=1  failed=0  unreachable=0  skipped=0"
+    assert out[2] == (
+        "ops@b ok=0  changed=1  failed=1  unreachable=0  skipped=0  (failed at launch: exited)"
+        "  [rolled back]"
+    )

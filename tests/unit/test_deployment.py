@@ -496,3 +496,37 @@ def test_the_example_deployments_load() -> None:
     assert [fleet.for_host(h).server_port for h in fleet.hosts] == [8000, 8000, 8001]
     for path in examples:
         assert load_deployment(path).hosts
+
+
+def test_rolling_hooks_are_argument_lists_naming_only_the_host_and_its_address() -> None:
+    doc = {
+        "hosts": ["a"],
+        "model": {"path": "/m"},
+        "rolling": {
+            "pre_host": ["./lb.sh", "drain", "{address}", '{"json": 1}'],
+            "post_host": ["lb", "add", "name={host}"],
+            "hook_timeout": 5,
+        },
+    }
+    rolling = parse_deployment(doc).rolling
+    assert rolling.pre_host == ("./lb.sh", "drain", "{address}", '{"json": 1}')
+    assert rolling.post_host == ("lb", "add", "name={host}")
+    assert rolling.hook_timeout == 5.0
+    assert parse_deployment({"hosts": ["a"], "model": {"path": "/m"}}).rolling.pre_host == ()
+
+
+@pytest.mark.parametrize(
+    "rolling, message",
+    [
+        ({"pre_host": "lb drain {host}"}, "rolling.pre_host"),  # a shell line, not a list
+        ({"pre_host": []}, "expected a command as a list of arguments"),
+        ({"post_host": ["lb", "{hostname}"]}, "names {hostname}, which a hook is not given"),
+        ({"pre_host": ["lb", 3]}, "rolling.pre_host[1]"),
+        ({"hook_timeout": 0}, "rolling.hook_timeout"),
+        ({"pre_hosts": ["lb"]}, "pre_host"),
+    ],
+)
+def test_bad_rolling_hooks_are_refused_naming_the_key(rolling, message: str) -> None:
+    with pytest.raises(DeploymentError) as e:
+        parse_deployment({"hosts": ["a"], "model": {"path": "/m"}, "rolling": rolling})
+    assert message in str(e.value), str(e.value)
