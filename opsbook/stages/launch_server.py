@@ -18,8 +18,8 @@ from opsbook.core.exceptions import RunError
 from opsbook.core.results import HostResult, Result, State
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import HostChoice, Report, StageRun, concurrently, hook
-from opsbook.steps import host_facts, plots, restart_rule, script, server, triage
+from opsbook.stages.base import HostChoice, Report, StageRun, hook
+from opsbook.steps import host_facts, plots, restart_rule, script, server, start_checks, triage
 
 
 @dataclass(frozen=True)
@@ -128,12 +128,16 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     decision = restart_rule.decide(state, options.restart, options.pending.get(host.name, ()))
     if not options.apply or not decision.restart:
         return _as_found(host, paths, state, decision)
-    # Who holds the GPUs and the port is read alongside the stop; read again only when the
-    # stop signalled a process, since only then can the answer have changed.
-    stopped, started_facts = concurrently(
-        lambda: server.stop_previous(host, paths, grace=stop_grace),
-        lambda: host_facts.gather_facts(host, deployment, host_facts.START_FACTS),
+    # What the new start needs is read before anything is stopped: a start that cannot
+    # succeed leaves the running server alone. Read again only when the stop signalled a
+    # process, since only then can the answer have changed.
+    started_facts = host_facts.gather_facts(host, deployment, start_checks.BEFORE_STOP_FACTS)
+    can_run = start_checks.check_before_stop(
+        started_facts, deployment, {p.pid for p in state.processes if p.pid is not None}
     )
+    if not can_run.ok:
+        return Report(State.FAILED, can_run, [can_run])
+    stopped = server.stop_previous(host, paths, grace=stop_grace)
     shows: list[object] = [stopped]
     if not stopped.ok:
         return Report(State.FAILED, stopped, shows)

@@ -220,3 +220,24 @@ def test_the_dry_run_of_a_changed_serve_argument_says_the_restart_and_its_reason
     assert reason(changed.launch).startswith("launch script changed since")
     assert changed_dry.pid == second.pid
     assert_only_requests_logged(second.log, changed_dry.log)
+
+
+@pytest.fixture(scope="module")
+def too_wide(changed: Deployed, changed_file: Path, box: Sandbox, runs: Path) -> Deployed:
+    doc = yaml.safe_load(changed_file.read_text())
+    doc["server"]["args"]["tensor-parallel-size"] = 64
+    made = box.dir / "too-wide.yml"
+    made.write_text(yaml.safe_dump(doc))
+    return deploy(box, runs, made, "True")
+
+
+def test_a_start_that_cannot_succeed_leaves_the_healthy_server_alone(
+    changed: Deployed, too_wide: Deployed
+) -> None:
+    """Issue 32, item 1: more GPUs asked for than the host shows is known before the stop."""
+    assert too_wide.code == 1, too_wide.text
+    assert too_wide.state_of("launch") == "failed", too_wide.text
+    assert "nothing was stopped" in too_wide.text
+    assert "needs 64 GPU(s) (tensor-parallel-size 64)" in too_wide.text, too_wide.text[:3000]
+    assert too_wide.pid == changed.pid
+    assert_only_requests_logged(changed.log, too_wide.log)
