@@ -282,7 +282,8 @@ def _deploy_batches(
 
 def _failed_in(results: list[HostResult], batch: list[str]) -> list[str]:
     """The hosts of ``batch`` that a stage left out of the later stages, or a hook or a
-    rollback failed on (a dry run's hook, not run, is no failure)."""
+    rollback failed on (a dry run's hook, not run, is no failure; nor is a dry run's "would
+    change": its apply goes on)."""
     steps = (rolling.PRE_HOST, rolling.POST_HOST, rolling.ROLLBACK)
     return list(
         dict.fromkeys(
@@ -290,6 +291,7 @@ def _failed_in(results: list[HostResult], batch: list[str]) -> list[str]:
             for r in results
             if r.host in batch
             and (r.state in (State.FAILED, State.UNREACHABLE) or not r.state.goes_on)
+            and r.state is not State.WOULD_CHANGE
             and not (r.stage in steps and r.state is State.SKIPPED)
         )
     )

@@ -20,6 +20,7 @@ class Fleet:
 
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **doc_extra) -> None:
         self.fail: dict[str, str] = {}
+        self.would: dict[str, str] = {}
         self.unhealthy: set[str] = set()
         self.checks: list[list[str]] = []
         self.rolled: list[tuple[list[str], set[str]]] = []
@@ -43,13 +44,15 @@ class Fleet:
 
     def _stage(self, run, stage, hosts, where):
         results = [
-            HostResult(
-                h, stage.name, State.FAILED if self.fail.get(h) == stage.name else State.OK, ""
-            )
-            for h in hosts
+            HostResult(h, stage.name, self._state(h, stage.name), "") for h in hosts
         ]
         run.results += results
         return results
+
+    def _state(self, host: str, stage: str) -> State:
+        if self.fail.get(host) == stage:
+            return State.FAILED
+        return State.WOULD_CHANGE if self.would.get(host) == stage else State.OK
 
     def _check(self, dep, hosts, forks, journal=None):
         self.checks.append(list(hosts))
@@ -89,6 +92,15 @@ def test_without_a_percentage_the_first_failed_batch_stops_the_roll(fleet) -> No
     run = fleet.deploy(1)
     assert run.stopped.startswith("batch 3 of 4 failed on c")
     assert fleet.ran("launch") == ["a", "b", "c"]
+
+
+def test_a_dry_run_of_a_roll_goes_on_past_hosts_that_would_change(fleet) -> None:
+    # Its apply would change them and go on: the dry run says so for every batch.
+    fleet.run.apply = False
+    fleet.would = {h: "launch-script" for h in HOSTS}
+    run = fleet.deploy(1)
+    assert run.stopped == ""
+    assert fleet.ran("launch-script") == HOSTS
 
 
 def test_a_failed_batch_past_the_percentage_stops_the_roll(fleet) -> None:
