@@ -43,9 +43,7 @@ class Fleet:
         monkeypatch.setattr(rolling, "roll_back", self._roll_back)
 
     def _stage(self, run, stage, hosts, where):
-        results = [
-            HostResult(h, stage.name, self._state(h, stage.name), "") for h in hosts
-        ]
+        results = [HostResult(h, stage.name, self._state(h, stage.name), "") for h in hosts]
         run.results += results
         return results
 
