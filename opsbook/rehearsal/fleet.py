@@ -6,9 +6,10 @@ file listing them all.
 :func:`opsbook.rehearsal.sandbox.up`
 (several at once), on consecutive addresses from ``address``, and writes ``DIR/deployment.yml``:
 the first host's values at the top, each host's own paths, interpreter, server port and server
-environment (its own cache roots) in its ``vars``. ``down(DIR)`` stops them all. The fault knobs make one host unreachable
-(:func:`stop_sshd`), slow (:func:`make_slow`), hold a broken checkpoint
-(:func:`truncate_checkpoint`) or have its server crash on start (:func:`crash_on_start`).
+environment (its own cache roots) in its ``vars``. ``down(DIR)`` stops them all. The fault
+knobs make one host unreachable (:func:`stop_sshd`), slow (:func:`make_slow`), hold a broken
+checkpoint (:func:`truncate_checkpoint`) or have its server crash on start
+(:func:`crash_on_start`).
 """
 
 from __future__ import annotations
