@@ -410,17 +410,19 @@ def wait_until_ready(
         running = status.running
         diagnosis = follower.diagnose(running=running)
         elapsed = time.monotonic() - started
+        failed = diagnosis.state == logscan.FAILED
+        ended = errors.ended(follower, diagnosis, running=bool(running), now=elapsed)
         if on_progress:
-            on_progress(Progress(elapsed, diagnosis.phase, diagnosis.state, follower.size, tail))
+            # An error the startup may still go past is not shown as its end.
+            state = logscan.LOADING if failed and ended is None else diagnosis.state
+            on_progress(Progress(elapsed, diagnosis.phase, state, follower.size, tail))
         # Every ending carries what was seen at this look.
         result = functools.partial(
             ReadyResult, diagnosis=diagnosis, status=status, seconds=round(elapsed, 1)
         )
-        if diagnosis.state == "failed":
-            ended = errors.ended(follower, diagnosis, running=bool(running), now=elapsed)
-            if ended is not None:
-                findings = diagnosis.to_result().findings
-                return result(False, f"failed: {diagnosis.title}{ended}", findings=findings)
+        if failed and ended is not None:
+            findings = diagnosis.to_result().findings
+            return result(False, f"failed: {diagnosis.title}{ended}", findings=findings)
         if not running:
             message = f"the server exited ({diagnosis.summary})"
             return result(False, message, findings=_exit_findings(diagnosis))
@@ -460,8 +462,10 @@ class _StartupErrors:
         running: bool,
         now: float,
     ) -> str | None:
-        """None while the failure the log shows may still be one the startup goes past;
+        """None while the log shows no failure, or one the startup may still go past;
         otherwise the words that say why it ends the wait ("" when the diagnosis says it)."""
+        if diagnosis.state != logscan.FAILED:
+            return None
         if not running or diagnosis.line is None:
             return ""
         verdict = follower.judge(diagnosis)

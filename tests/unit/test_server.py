@@ -691,9 +691,14 @@ def test_a_traceback_the_startup_goes_past_ends_ready_with_a_warning(
         (after[:next_record], True, False),
         (after[next_record:], True, True),
     )
-    done = launch.wait_until_ready(host, paths, 8000, interval=0.1, sleep=lambda _: None)
+    seen: list[launch.Progress] = []
+    done = launch.wait_until_ready(
+        host, paths, 8000, interval=0.1, sleep=lambda _: None, on_progress=seen.append
+    )
     assert done.ok, done.message
     assert len(looks) == 3 and "past 1 error(s) logged before readiness" in done.message
+    # The live lines never said the start failed.
+    assert [p.state for p in seen] == ["loading", "loading", "ready"]
     [warning] = done.findings
     assert warning.severity == "warning"
     assert "No module named 'paddlex_genai_plugin'" in warning.message
