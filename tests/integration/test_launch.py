@@ -593,3 +593,16 @@ def test_a_traceback_logged_before_readiness_ends_ready_with_a_warning(
     log = rig.host.read_text(rig.paths.log).encode()[started.record.log_offset :].decode()
     assert "paddlex_genai_plugin" in log.splitlines()[number - 1]
     assert server.smoke_test(rig.host, rig.port).ok
+
+
+def test_04_launch_keeps_the_warning_in_its_record(rig: Rig, patched: None) -> None:
+    from opsbook import stages
+
+    rig.deploy(OPSBOOK_SIM_FAULT="plugin-error")
+    launched = stages.run_stage(
+        stages.get("launch"), rig.dep, on_result=None, apply=True, ready_timeout=30
+    )
+    [result] = launched.results
+    assert result.state.value == "changed", result.message
+    warnings = [f for f in result.findings if f.severity == "warning"]
+    assert len(warnings) == 1 and "paddlex_genai_plugin" in warnings[0].message
