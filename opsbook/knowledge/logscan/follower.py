@@ -25,7 +25,7 @@ WENT_ON = "went-on"
 UNDECIDED = "undecided"
 # How much of the log's end a follower keeps as written: the screen keeps only the lines of
 # interest, and whether a process went on after an error shows in its routine lines.
-RECENT_BYTES = 256 * 1024
+RECENT_BYTES = 64 * 1024
 
 
 def diagnose_log(
@@ -94,6 +94,7 @@ class LogFollower:
         self._memo = LineMemo()
         self._recent = bytearray()
         self._recent_first = 1  # the number of the first line in _recent
+        self._gone_past: set[int] = set()  # error lines a process logged on after
 
     def feed(self, data: bytes) -> None:
         """Take the bytes the log grew by.
@@ -123,7 +124,12 @@ class LogFollower:
             return UNDECIDED
         if _names_a_death(diagnosis):
             return FATAL
-        return WENT_ON if self._went_on_after(diagnosis.line) else UNDECIDED
+        number = diagnosis.line.number
+        # Once gone past, an error stays so: the log's end is not read again at every look.
+        if number in self._gone_past or self._went_on_after(diagnosis.line):
+            self._gone_past.add(number)
+            return WENT_ON
+        return UNDECIDED
 
     def error_before_ready(self, ready: LogDiagnosis) -> LogDiagnosis | None:
         """For a diagnosis that says the server is ready: the error the log showed before the
