@@ -478,7 +478,7 @@ class _StartupErrors:
         silent = now - self.first_seen.setdefault(number, now)
         if silent <= SETTLE_SECONDS:
             return None
-        return f" (its process has logged nothing since, for {silent:.0f} s)"
+        return f" (its process has logged nothing but errors since, for {silent:.0f} s)"
 
     def survived(self, follower: logscan.LogFollower, ready: logscan.LogDiagnosis) -> list[Finding]:
         """A warning per error the log showed before the server became ready."""
@@ -491,7 +491,8 @@ class _StartupErrors:
 
 def _survived_finding(found: logscan.LogDiagnosis) -> Finding:
     line = found.line
-    where = f"line {line.number}: {line.raw.strip()[:300]}" if line else "the log"
+    # The message without the colour codes and prefixes a raw line may carry; its number finds it.
+    where = f"line {line.number}: {line.text[:300]}" if line else "the log"
     return Finding(
         "warning",
         found.failure or "log",
