@@ -328,7 +328,10 @@ class HostDoc(_Schema):
     )
     vars: VarsDoc | None = Field(
         None,
-        description="top-level values that differ on this host (model, python, server, paths)",
+        description=(
+            "top-level values that differ on this host (model, python, server, paths), "
+            "set value by value over the shared ones"
+        ),
         examples=["{server: {port: 8001}}"],
     )
 

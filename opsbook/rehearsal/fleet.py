@@ -5,10 +5,11 @@ file listing them all.
 ``up(DIR, hosts=N)`` starts ``DIR/host-01`` ... ``DIR/host-NN`` with
 :func:`opsbook.rehearsal.sandbox.up`
 (several at once), on consecutive addresses from ``address``, and writes ``DIR/deployment.yml``:
-the first host's values at the top, each host's own paths, interpreter and server port in its
-``vars``. ``down(DIR)`` stops them all. The fault knobs make one host unreachable
-(:func:`stop_sshd`), slow (:func:`make_slow`), hold a broken checkpoint
-(:func:`truncate_checkpoint`) or have its server crash on start (:func:`crash_on_start`).
+the first host's values at the top, each host's own paths, interpreter, server port and server
+environment (its own cache roots) in its ``vars``. ``down(DIR)`` stops them all. The fault
+knobs make one host unreachable (:func:`stop_sshd`), slow (:func:`make_slow`), hold a broken
+checkpoint (:func:`truncate_checkpoint`) or have its server crash on start
+(:func:`crash_on_start`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ MULTINODE_TP = 8
 RAY_OBJECT_STORE_BYTES = 100 * 1024 * 1024
 # What a host's vars carry: the values that differ between rehearsal hosts.
 HOST_VARS = (("model", "path"), ("python",), ("server", "port"), ("paths",))
+# And the server's environment variables whose values differ from the first host's: each
+# real-vLLM host's VLLM_CACHE_ROOT is under its own folder (rehearsal/real_vllm.py
+# deployment_fields); shared, the hosts would compile into and read one cache.
+HOST_ENV = ("server", "env")
 
 
 @dataclass
@@ -177,11 +182,13 @@ def consecutive(first: str, count: int) -> list[str]:
 
 def write_deployment(boxes: Sequence[Sandbox], path: Path, *, name: str) -> Path:
     """One deployment file listing ``boxes``: the first one's values at the top, and in each
-    host's ``vars`` its own model path, python, server port and paths."""
+    host's ``vars`` its own model path, python, server port and paths, and the server
+    environment variables its own deployment sets otherwise than the first one's."""
     docs = [yaml.safe_load(box.deployment_path.read_text()) for box in boxes]
     top = dict(docs[0])
     top["name"] = name
-    top["hosts"] = [{**doc["hosts"][0], "vars": _host_vars(doc)} for doc in docs]
+    shared_env = _server_env(top)
+    top["hosts"] = [{**doc["hosts"][0], "vars": _host_vars(doc, shared_env)} for doc in docs]
     header = f"# {len(boxes)} rehearsal host(s) started by `opsbook sandbox up --hosts`.\n"
     path.write_text(header + yaml.safe_dump(top, sort_keys=False))
     return path
@@ -269,7 +276,7 @@ def crash_on_start(box: Sandbox, fault: str = "oom") -> None:
     settings.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def _host_vars(doc: dict[str, Any]) -> dict[str, Any]:
+def _host_vars(doc: dict[str, Any], shared_env: dict[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key_path in HOST_VARS:
         node: Any = doc
@@ -279,7 +286,17 @@ def _host_vars(doc: dict[str, Any]) -> dict[str, Any]:
         for key in key_path[:-1]:
             target = target.setdefault(key, {})
         target[key_path[-1]] = node
+    # A host's vars replace single variables of the shared environment (the deployment's
+    # per-host merge is leaf by leaf): only those that differ need saying.
+    own = {k: v for k, v in _server_env(doc).items() if shared_env.get(k) != v}
+    if own:
+        found.setdefault(HOST_ENV[0], {})[HOST_ENV[1]] = own
     return found
+
+
+def _server_env(doc: dict[str, Any]) -> dict[str, Any]:
+    env = (doc.get(HOST_ENV[0]) or {}).get(HOST_ENV[1]) or {}
+    return copy.deepcopy(dict(env))
 
 
 def _host_names(folder: Path) -> list[str]:

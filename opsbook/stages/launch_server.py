@@ -166,7 +166,12 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         timeline = server.timeline(diagnosis.phases)
         shows += [timeline, plots.startup_timeline(timeline)]
     shows.append(smoke)
-    verdict = dataclasses.replace(smoke, message=decision.applied_message(smoke.message))
+    # The errors the server started past (warnings of the wait) stay in the record.
+    verdict = dataclasses.replace(
+        smoke,
+        message=decision.applied_message(smoke.message),
+        findings=[*ready.findings, *smoke.findings],
+    )
     return Report(State.CHANGED if smoke.ok else State.FAILED, verdict, shows, "", digest)
 
 

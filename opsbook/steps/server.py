@@ -383,8 +383,13 @@ def wait_until_ready(
 ) -> ReadyResult:
     """Follow the log until the server answers ``/health``, fails, dies or ``timeout`` passes.
 
-    Stops early on a known failure signature. An SSH connection that drops while waiting is
-    opened again and the wait goes on with the same recorded process.
+    A launch is judged by what the server does: it failed when its process exits, when the
+    log shows vLLM's notice that a process of the server died, when an error's process logs
+    nothing more for :data:`SETTLE_SECONDS` (a fatal error whose server does not exit), or
+    when it is not ready within ``timeout``. An error the startup goes on past (vLLM logs a
+    handled exception with its traceback) is a warning finding of the ready result, naming
+    its line. An SSH connection that drops while waiting is opened again and the wait goes on
+    with the same recorded process.
 
     Each look is one probe that waits on the host up to ``interval`` seconds for the line
     that proves the server ready (or an error line, or the process gone), so readiness is
@@ -394,6 +399,7 @@ def wait_until_ready(
     """
     started = time.monotonic()
     follower = logscan.LogFollower()
+    errors = _StartupErrors()
     tail, offset, wait = "", None, 0.0
     while True:
         status = _watch_with_retry(host, paths, server_port, offset, wait)
@@ -404,29 +410,103 @@ def wait_until_ready(
         running = status.running
         diagnosis = follower.diagnose(running=running)
         elapsed = time.monotonic() - started
+        failed = diagnosis.state == logscan.FAILED
+        ended = errors.ended(follower, diagnosis, running=bool(running), now=elapsed)
         if on_progress:
-            on_progress(Progress(elapsed, diagnosis.phase, diagnosis.state, follower.size, tail))
+            # An error the startup may still go past is not shown as its end.
+            state = logscan.LOADING if failed and ended is None else diagnosis.state
+            on_progress(Progress(elapsed, diagnosis.phase, state, follower.size, tail))
         # Every ending carries what was seen at this look.
         result = functools.partial(
             ReadyResult, diagnosis=diagnosis, status=status, seconds=round(elapsed, 1)
         )
-        if diagnosis.state == "failed":
-            return result(
-                False, f"failed: {diagnosis.title}", findings=diagnosis.to_result().findings
-            )
+        if failed and ended is not None:
+            findings = diagnosis.to_result().findings
+            return result(False, f"failed: {diagnosis.title}{ended}", findings=findings)
         if not running:
             message = f"the server exited ({diagnosis.summary})"
             return result(False, message, findings=_exit_findings(diagnosis))
         if status.port_open:
             health = status.health or _http_with_retry(host, _health_args(server_port))
             if health.status == 200:
-                return result(True, f"ready after {elapsed:.0f} s")
+                warnings = errors.survived(follower, diagnosis)
+                message = f"ready after {elapsed:.0f} s" + _survived_note(warnings)
+                return result(True, message, findings=warnings)
         if elapsed > timeout:
             message = f"not ready after {timeout:g} s (state {diagnosis.state}, {diagnosis.phase})"
             return result(False, message, findings=[_timeout_finding(diagnosis, timeout)])
         if status.watched_steps is None:
             sleep(interval)  # a host whose answer did not wait (a test double's)
         wait = min(interval, max(0.0, timeout - elapsed) + 0.1)
+
+
+# Seconds an error's process may stay silent, its server alive, before the error is taken as
+# the end of the startup: vLLM's fatal errors are followed by the process's exit or an engine's
+# death notice within seconds, a handled one by the process's next record.
+SETTLE_SECONDS = 30.0
+
+
+class _StartupErrors:
+    """The errors a readiness wait has seen while the server process ran, and what became of
+    them: the first look that showed each, and those the startup went on past."""
+
+    def __init__(self) -> None:
+        self.first_seen: dict[int, float] = {}
+        self.went_on: dict[int, logscan.LogDiagnosis] = {}
+
+    def ended(
+        self,
+        follower: logscan.LogFollower,
+        diagnosis: logscan.LogDiagnosis,
+        *,
+        running: bool,
+        now: float,
+    ) -> str | None:
+        """None while the log shows no failure, or one the startup may still go past;
+        otherwise the words that say why it ends the wait ("" when the diagnosis says it)."""
+        if diagnosis.state != logscan.FAILED:
+            return None
+        if not running or diagnosis.line is None:
+            return ""
+        verdict = follower.judge(diagnosis)
+        if verdict == logscan.FATAL:
+            return ""
+        number = diagnosis.line.number
+        if verdict == logscan.WENT_ON:
+            self.went_on.setdefault(number, diagnosis)
+            return None
+        silent = now - self.first_seen.setdefault(number, now)
+        if silent <= SETTLE_SECONDS:
+            return None
+        return f" (its process has logged nothing but errors since, for {silent:.0f} s)"
+
+    def survived(self, follower: logscan.LogFollower, ready: logscan.LogDiagnosis) -> list[Finding]:
+        """A warning per error the log showed before the server became ready."""
+        seen = dict(self.went_on)
+        before = follower.error_before_ready(ready)
+        if before is not None and before.line is not None:
+            seen.setdefault(before.line.number, before)
+        return [_survived_finding(found) for _, found in sorted(seen.items())]
+
+
+def _survived_finding(found: logscan.LogDiagnosis) -> Finding:
+    line = found.line
+    # The message without the colour codes and prefixes a raw line may carry; its number finds it.
+    where = f"line {line.number}: {line.text[:300]}" if line else "the log"
+    return Finding(
+        "warning",
+        found.failure or "log",
+        f"an error was logged before the server became ready, and it started anyway "
+        f"({found.title}) at {where}",
+        f"the server serves; check that what failed is not needed: {found.remedy}",
+        found.source,
+    )
+
+
+def _survived_note(warnings: list[Finding]) -> str:
+    if not warnings:
+        return ""
+    return f", past {len(warnings)} error(s) logged before readiness (warnings)"
 
 
 @dataclass(kw_only=True, repr=False)

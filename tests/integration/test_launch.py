@@ -572,3 +572,37 @@ def test_the_wait_survives_a_dropped_ssh_connection_and_reattaches_by_pid(
     with Host.from_deployment(rig.dep) as again:
         state = triage.server_state(again, rig.paths, rig.port)
     assert state.state == "ready" and state.processes[0].pid == pid
+
+
+def test_a_traceback_logged_before_readiness_ends_ready_with_a_warning(
+    rig: Rig, patched: None
+) -> None:
+    # vLLM's traceback of a plugin that fails to load (vllm/plugins/__init__.py), logged at
+    # ERROR as the server starts; the server then comes up and serves.
+    rig.deploy(OPSBOOK_SIM_FAULT="plugin-error")
+    started = rig.start()
+    assert started.ok, str(started)
+    ready = rig.wait()
+    assert ready.ok, ready.message
+    assert "past 1 error(s) logged before readiness" in ready.message
+    [warning] = ready.findings
+    assert warning.severity == "warning"
+    assert "ModuleNotFoundError: No module named 'paddlex_genai_plugin'" in warning.message
+    number = int(warning.message.split("at line ")[1].split(":")[0])
+    # The follower numbers the lines of this launch's part of the log, which is appended to.
+    log = rig.host.read_text(rig.paths.log).encode()[started.record.log_offset :].decode()
+    assert "paddlex_genai_plugin" in log.splitlines()[number - 1]
+    assert server.smoke_test(rig.host, rig.port).ok
+
+
+def test_04_launch_keeps_the_warning_in_its_record(rig: Rig, patched: None) -> None:
+    from opsbook import stages
+
+    rig.deploy(OPSBOOK_SIM_FAULT="plugin-error")
+    launched = stages.run_stage(
+        stages.get("launch"), rig.dep, on_result=None, apply=True, ready_timeout=30
+    )
+    [result] = launched.results
+    assert result.state.value == "changed", result.message
+    warnings = [f for f in result.findings if f.severity == "warning"]
+    assert len(warnings) == 1 and "paddlex_genai_plugin" in warnings[0].message

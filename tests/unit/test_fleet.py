@@ -35,7 +35,12 @@ def box(tmp_path: Path, n: int) -> Sandbox:
         "hosts": [{"address": f"127.0.1.{n}", "port": 4000 + n, "user": f"u{n}", "key": "k"}],
         "model": {"path": f"{folder}/models/m"},
         "python": f"{folder}/venv/bin/python",
-        "server": {"port": 8000 + n, "args": {"tensor-parallel-size": 8}},
+        "server": {
+            "port": 8000 + n,
+            "args": {"tensor-parallel-size": 8},
+            # As a real-vLLM rehearsal host's (rehearsal/real_vllm.py deployment_fields).
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": f"{folder}/vllm-cache"},
+        },
         "paths": {
             "script": f"{folder}/home/launch.sh",
             "log": f"{folder}/home/vllm.log",
@@ -77,3 +82,18 @@ def test_one_deployment_lists_every_host_with_its_own_paths_and_port(tmp_path) -
         assert view.server_port == 8000 + n and view.model_path.endswith(f"host-{n:02d}/models/m")
         assert view.script_path.endswith(f"host-{n:02d}/home/launch.sh")
         assert view.serve_args == {"tensor-parallel-size": 8}
+
+
+def test_each_host_keeps_its_own_server_env_over_the_shared_one(tmp_path) -> None:
+    boxes = [box(tmp_path, n) for n in (1, 2)]
+    path = fleet.write_deployment(boxes, tmp_path / "deployment.yml", name="fleet")
+    doc = yaml.safe_load(path.read_text())
+    # Only the variable that differs is the host's own: the shared one stays at the top.
+    assert doc["hosts"][1]["vars"]["server"]["env"] == {
+        "VLLM_CACHE_ROOT": f"{tmp_path}/host-02/vllm-cache"
+    }
+    dep = load_deployment(path)
+    roots = [dep.for_host(spec).env["VLLM_CACHE_ROOT"] for spec in dep.hosts]
+    assert roots == [f"{tmp_path}/host-01/vllm-cache", f"{tmp_path}/host-02/vllm-cache"]
+    for spec in dep.hosts:
+        assert dep.for_host(spec).env["VLLM_CPU_KVCACHE_SPACE"] == "1"

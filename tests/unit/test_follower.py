@@ -1,4 +1,11 @@
-"""Several startups in one log: a crash loop's startups diagnosed once per shape."""
+"""The follower of a growing log: a crash loop's startups diagnosed once per shape; what a
+failure means while the server process still runs (LogFollower.judge), and the error a server
+that became ready had logged (LogFollower.error_before_ready).
+
+The handled error is real: vLLM's traceback for a general plugin that fails to load
+(tests/data/logs/survived/plugin-load-error.txt), spliced into a real vLLM 0.11.2 startup
+(tests/data/logs/ready-4.log) where vLLM loads its general plugins, after its arguments.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from opsbook.knowledge import logscan
 from opsbook.knowledge.logscan import FAILED, diagnose_log, follower
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
@@ -59,3 +67,85 @@ def test_which_times_and_pids_are_equal_is_part_of_the_shape() -> None:
     same = [(1, "(EngineCore pid=5) ERROR 05-15 05:33:37 a"), (2, "(EngineCore pid=5) x")]
     apart = [(1, "(EngineCore pid=5) ERROR 05-15 05:33:37 a"), (2, "(EngineCore pid=6) x")]
     assert follower._shape(same) != follower._shape(apart)
+
+
+PREFIX = "\x1b[1;36m(APIServer pid=155)\x1b[0;0m "
+
+
+def plugin_error() -> str:
+    """The plugin's traceback as the API server of ready-4.log would log it."""
+    lines = (LOGS / "survived" / "plugin-load-error.txt").read_text().splitlines()[1:]
+    return "".join(PREFIX + line + "\n" for line in lines)
+
+
+def startup_with_plugin_error() -> tuple[str, str, str]:
+    """ready-4.log cut in three: up to the arguments, the plugin error, the rest to ready."""
+    text = (LOGS / "ready-4.log").read_text(errors="surrogateescape")
+    args_end = text.index("\n", text.index("non-default args: ")) + 1
+    return text[:args_end], plugin_error(), text[args_end:]
+
+
+def follower_of(*pieces: str) -> logscan.LogFollower:
+    follower = logscan.LogFollower()
+    for piece in pieces:
+        follower.feed(piece.encode("utf-8", "surrogateescape"))
+    return follower
+
+
+def test_a_handled_traceback_is_undecided_until_its_process_logs_on() -> None:
+    before, error, after = startup_with_plugin_error()
+    follower = follower_of(before, error)
+    seen = follower.diagnose(running=True)
+    assert seen.state == "failed" and seen.line is not None
+    assert "No module named 'paddlex_genai_plugin'" in seen.line.text
+    assert follower.judge(seen) == logscan.UNDECIDED
+    # The API server's next record ("Resolved architecture: ..."): it went on past the error.
+    follower.feed(after[: after.index("\n") + 1].encode())
+    assert follower.judge(follower.diagnose(running=True)) == logscan.WENT_ON
+
+
+def test_records_of_other_processes_or_of_a_shutdown_are_no_going_on() -> None:
+    before, error, _ = startup_with_plugin_error()
+    engine = "(EngineCore_DP0 pid=300) INFO 10-20 11:18:06 [core.py:93] Initializing a V1 LLM\n"
+    shutdown = PREFIX + "INFO:     Waiting for application shutdown.\n"
+    follower = follower_of(before, error, engine, shutdown)
+    assert follower.judge(follower.diagnose(running=True)) == logscan.UNDECIDED
+
+
+def test_vllm_s_notice_that_a_process_died_is_fatal_at_once() -> None:
+    follower = follower_of((LOGS / "engine-dead-1.log").read_text())
+    diagnosis = follower.diagnose(running=True)
+    assert diagnosis.state == "failed"
+    assert follower.judge(diagnosis) == logscan.FATAL
+
+
+def test_a_ready_server_s_earlier_error_is_found_also_when_the_startup_went_past_it() -> None:
+    follower = follower_of(*startup_with_plugin_error())
+    ready = follower.diagnose(running=True)
+    assert ready.state == "ready"
+    survived = follower.error_before_ready(ready)
+    assert survived is not None and survived.line is not None
+    assert "No module named 'paddlex_genai_plugin'" in survived.line.raw
+    assert ready.line is not None and survived.line.number < ready.line.number
+
+
+def test_a_clean_startup_has_no_error_before_ready() -> None:
+    follower = follower_of((LOGS / "ready-4.log").read_text(errors="surrogateescape"))
+    ready = follower.diagnose(running=True)
+    assert ready.state == "ready" and follower.error_before_ready(ready) is None
+    assert follower.error_before_ready(follower_of("").diagnose(running=True)) is None
+
+
+def test_what_the_follower_keeps_of_the_log_s_end_stays_bounded_and_numbered() -> None:
+    before, error, _ = startup_with_plugin_error()
+    other = "(EngineCore_DP0 pid=300) INFO 10-20 11:18:06 [loader.py:1] loading\n"
+    pieces = [before, error, other * 20_000]
+    follower = follower_of(*pieces)
+    kept = bytes(follower._recent)
+    assert len(kept) <= logscan.follower.RECENT_BYTES
+    fed = "".join(pieces).encode("utf-8", "surrogateescape")
+    assert follower._recent_first == fed.count(b"\n") - kept.count(b"\n") + 1
+    # The error has left what is kept; the other process's lines are no going on, its own are.
+    assert follower.judge(follower.diagnose(running=True)) == logscan.UNDECIDED
+    follower.feed((PREFIX + "INFO 10-20 11:18:07 [model.py:631] Resolved architecture\n").encode())
+    assert follower.judge(follower.diagnose(running=True)) == logscan.WENT_ON

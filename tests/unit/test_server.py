@@ -642,3 +642,107 @@ def test_the_launch_stage_reads_the_gpus_and_port_again_only_after_a_stop_signal
 
 
 SHM_NONE: dict[str, list[dict[str, Any]]] = {"removed": [], "kept": []}
+
+
+# -- the readiness wait: a launch is judged by what the server does ----------------------------
+
+
+def _looks(*pieces: tuple[str, bool, bool]) -> tuple[FakeHost, list[dict[str, Any]]]:
+    """A host whose watch answers one piece of the log per look: (text, running, healthy)."""
+    looks: list[dict[str, Any]] = []
+    ends = [0]
+
+    def watch(args: dict[str, Any]) -> dict[str, Any]:
+        looks.append(args)
+        text, running, healthy = pieces[min(len(looks), len(pieces)) - 1]
+        text = text if len(looks) <= len(pieces) else ""
+        ends[0] += len(text.encode("utf-8", "surrogateescape"))
+        answer: dict[str, Any] = {
+            "record": {"pid": 7},
+            "running": running,
+            "port_open": healthy,
+            "log": {"exists": True, "text": text, "end": ends[0]},
+            "watched_steps": 1,
+        }
+        if healthy:
+            answer["health"] = {"status": 200}
+        return answer
+
+    return FakeHost(probes={"launch": watch}), looks
+
+
+def _plugin_startup() -> tuple[str, str, str]:
+    """A real vLLM 0.11.2 startup (ready-4.log) with vLLM's real traceback of a plugin that
+    fails to load spliced in where vLLM loads its plugins, cut: before, the error, the rest."""
+    text = (DATA / "ready-4.log").read_text(errors="surrogateescape")
+    args_end = text.index("\n", text.index("non-default args: ")) + 1
+    prefix = "\x1b[1;36m(APIServer pid=155)\x1b[0;0m "
+    lines = (DATA / "survived" / "plugin-load-error.txt").read_text().splitlines()[1:]
+    return text[:args_end], "".join(prefix + line + "\n" for line in lines), text[args_end:]
+
+
+def test_a_traceback_the_startup_goes_past_ends_ready_with_a_warning(
+    paths: launch.LaunchPaths,
+) -> None:
+    before, error, after = _plugin_startup()
+    next_record = after.index("\n") + 1
+    host, looks = _looks(
+        (before + error, True, False),
+        (after[:next_record], True, False),
+        (after[next_record:], True, True),
+    )
+    seen: list[launch.Progress] = []
+    done = launch.wait_until_ready(
+        host, paths, 8000, interval=0.1, sleep=lambda _: None, on_progress=seen.append
+    )
+    assert done.ok, done.message
+    assert len(looks) == 3 and "past 1 error(s) logged before readiness" in done.message
+    # The live lines never said the start failed.
+    assert [p.state for p in seen] == ["loading", "loading", "ready"]
+    [warning] = done.findings
+    assert warning.severity == "warning"
+    assert "No module named 'paddlex_genai_plugin'" in warning.message
+    line = int(warning.message.split("at line ")[1].split(":")[0])
+    assert (
+        (before + error)
+        .splitlines()[line - 1]
+        .endswith("ModuleNotFoundError: No module named 'paddlex_genai_plugin'")
+    )
+
+
+def test_an_error_seen_with_readiness_in_one_look_is_a_warning(paths: launch.LaunchPaths) -> None:
+    before, error, after = _plugin_startup()
+    host, _ = _looks((before + error + after, True, True))
+    done = launch.wait_until_ready(host, paths, 8000, interval=0.1, sleep=lambda _: None)
+    assert done.ok, done.message
+    assert [f.severity for f in done.findings] == ["warning"]
+    assert "paddlex_genai_plugin" in done.findings[0].message
+
+
+def test_an_error_whose_server_then_exits_fails_at_that_look(paths: launch.LaunchPaths) -> None:
+    before, error, _ = _plugin_startup()
+    host, looks = _looks((before + error, True, False), ("", False, False))
+    done = launch.wait_until_ready(host, paths, 8000, interval=0.1, sleep=lambda _: None)
+    assert not done.ok and len(looks) == 2
+    assert done.message.startswith("failed: ")
+    assert done.diagnosis.line is not None and "paddlex_genai_plugin" in done.diagnosis.line.text
+
+
+def test_an_error_whose_process_stays_silent_ends_the_wait_after_the_settle_time(
+    paths: launch.LaunchPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launch, "SETTLE_SECONDS", 0.05)
+    before, error, _ = _plugin_startup()
+    host, looks = _looks((before + error, True, False), ("", True, False))
+    done = launch.wait_until_ready(host, paths, 8000, timeout=60, interval=0.1)
+    assert not done.ok and "its process has logged nothing but errors since" in done.message
+    assert len(looks) >= 2 and done.seconds < 5  # far from the timeout
+
+
+def test_vllm_s_notice_of_a_dead_engine_fails_at_once_while_the_server_runs(
+    paths: launch.LaunchPaths,
+) -> None:
+    host, looks = _looks(((DATA / "engine-dead-1.log").read_text(), True, False))
+    done = launch.wait_until_ready(host, paths, 8000, interval=0.1, sleep=lambda _: None)
+    assert not done.ok and len(looks) == 1
+    assert done.diagnosis.failure == "engine-dead"

@@ -45,8 +45,11 @@ from opsbook.knowledge.logscan.diagnosis import (
 )
 from opsbook.knowledge.logscan.follower import (
     EARLIER_LISTED,
+    FATAL,
     STARTUP_HEAD_LINES,
     STARTUP_TAIL_LINES,
+    UNDECIDED,
+    WENT_ON,
     LogFollower,
     diagnose_log,
     diagnose_stream,
@@ -73,6 +76,7 @@ __all__ = [
     "EARLIER_LISTED",
     "EXCEPTION_NAME",
     "FAILED",
+    "FATAL",
     "HUNG",
     "KINDS",
     "LOADING",
@@ -83,6 +87,8 @@ __all__ = [
     "READY",
     "STARTUP_HEAD_LINES",
     "STARTUP_TAIL_LINES",
+    "UNDECIDED",
+    "WENT_ON",
     "CatalogueEntry",
     "EarlierStartup",
     "Hit",

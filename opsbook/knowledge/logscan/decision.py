@@ -124,19 +124,28 @@ def _diagnose_lines(
     running: bool | None,
     kernel_log: str | None,
     memo: LineMemo | None = None,
+    *,
+    keep_survived: bool = False,
 ) -> LogDiagnosis:
     # A "# " line (a pasted report's markdown title) is a comment, never read as the log: the
-    # diagnosis reads what the server wrote.
-    return _diagnose_body(lines, running, kernel_log, memo or LineMemo())
+    # diagnosis reads what the server wrote. With ``keep_survived``, an uncatalogued error the
+    # startup went past is still a failure: what a server that became ready had logged.
+    return _diagnose_body(lines, running, kernel_log, memo or LineMemo(), keep_survived)
 
 
 def _diagnose_body(
-    lines: list[LogLine], running: bool | None, kernel_log: str | None, memo: LineMemo
+    lines: list[LogLine],
+    running: bool | None,
+    kernel_log: str | None,
+    memo: LineMemo,
+    keep_survived: bool = False,
 ) -> LogDiagnosis:
     events = _phase_events(lines, memo)
     found = match_catalogue(lines, memo=memo)
     found = _optional_import_dropped(_tool_parser_dropped(_debug_dropped(found)))
-    hits = _survived_dropped(_after_launch(found, lines), events)
+    hits = _after_launch(found, lines)
+    if not keep_survived:
+        hits = _survived_dropped(hits, events)
     ready_at = max((line.number for line, name in events if name == READY), default=None)
     # The engine's stats lines show it serving: an uncatalogued error after the first one is a
     # request's, as after the startup's end.

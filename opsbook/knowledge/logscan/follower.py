@@ -8,14 +8,24 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import BinaryIO
 
-from opsbook.knowledge.logscan.catalogue import signals
+from opsbook.knowledge.logscan.catalogue import load_catalogue, signals
 from opsbook.knowledge.logscan.decision import _diagnose_lines
-from opsbook.knowledge.logscan.diagnosis import EarlierStartup, LogDiagnosis
+from opsbook.knowledge.logscan.diagnosis import FAILED, READY, EarlierStartup, LogDiagnosis
 from opsbook.knowledge.logscan.line_grammar import _ANSI, _COMMENT
-from opsbook.knowledge.logscan.log_lines import LineMemo, logical_lines
+from opsbook.knowledge.logscan.log_lines import LineMemo, LogLine, logical_lines
 from opsbook.knowledge.logscan.stream import LineScreen, screened_lines
 
 _SIGNALS = signals()
+
+# What a failure the log shows means while the server process still runs (LogFollower.judge):
+# the startup is over (the error is fatal), it went on past the error (a handled one), or the
+# log does not tell yet.
+FATAL = "fatal"
+WENT_ON = "went-on"
+UNDECIDED = "undecided"
+# How much of the log's end a follower keeps as written: the screen keeps only the lines of
+# interest, and whether a process went on after an error shows in its routine lines.
+RECENT_BYTES = 64 * 1024
 
 
 def diagnose_log(
@@ -82,6 +92,9 @@ class LogFollower:
         self.size = 0
         self._last: tuple[tuple[object, ...], LogDiagnosis] | None = None
         self._memo = LineMemo()
+        self._recent = bytearray()
+        self._recent_first = 1  # the number of the first line in _recent
+        self._gone_past: set[int] = set()  # error lines a process logged on after
 
     def feed(self, data: bytes) -> None:
         """Take the bytes the log grew by.
@@ -92,6 +105,60 @@ class LogFollower:
         self.size += len(data)
         for number, text in self._screen.feed(data):
             self._splitter.add(number, text)
+        self._keep_recent(data)
+
+    def judge(self, diagnosis: LogDiagnosis) -> str:
+        """What a failed diagnosis of a server process that still runs means for its startup.
+
+        A startup is over when vLLM says a process of the server died (an engine's death
+        notice: the diagnosis has a wrapper, or is one); it went on past the error when the
+        process that logged it logged a record after it that is no error: vLLM logs a handled
+        exception with its traceback and carries on (vLLM 0.32.0 vllm/plugins/__init__.py
+        load_plugins_by_group: ``logger.exception("Failed to load plugin %s", ...)``).
+
+        Returns:
+            :data:`FATAL`, :data:`WENT_ON` or :data:`UNDECIDED` (nothing after it yet: the
+            caller gives the startup a while, then takes the error as its end).
+        """
+        if diagnosis.state != FAILED or diagnosis.line is None:
+            return UNDECIDED
+        if _names_a_death(diagnosis):
+            return FATAL
+        number = diagnosis.line.number
+        # Once gone past, an error stays so: the log's end is not read again at every look.
+        if number in self._gone_past or self._went_on_after(diagnosis.line):
+            self._gone_past.add(number)
+            return WENT_ON
+        return UNDECIDED
+
+    def error_before_ready(self, ready: LogDiagnosis) -> LogDiagnosis | None:
+        """For a diagnosis that says the server is ready: the error the log showed before the
+        line that proves it ready, as a still-starting server's diagnosis would have reported
+        it (an uncatalogued error the startup went past included); None when there was none.
+        The server survived it: worth a warning, not a failure."""
+        if ready.state != READY or ready.line is None:
+            return None
+        startup = self._splitter.current
+        cut = ready.line.number
+        before = [(n, t) for n, t in startup.lines() + self._screen.pending() if n < cut]
+        found = _diagnose_lines(logical_lines(before), True, None, keep_survived=True)
+        return found if found.state == FAILED and found.line is not None else None
+
+    def _keep_recent(self, data: bytes) -> None:
+        self._recent += data
+        excess = len(self._recent) - RECENT_BYTES
+        if excess <= 0:
+            return
+        cut = self._recent.find(b"\n", excess)
+        cut = excess if cut < 0 else cut + 1
+        self._recent_first += self._recent.count(b"\n", 0, cut)
+        del self._recent[:cut]
+
+    def _went_on_after(self, error: LogLine) -> bool:
+        text = self._recent.decode("utf-8", "surrogateescape")
+        physical = list(enumerate(text.split("\n"), self._recent_first))
+        later = [line for line in logical_lines(physical) if line.number > error.number]
+        return any(_goes_on(line, error.process) for line in later)
 
     def diagnose(
         self, *, running: bool | None = None, kernel_log: str | None = None
@@ -128,6 +195,30 @@ class LogFollower:
         diagnosis.earlier = list(self._splitter.earlier)
         diagnosis.earlier_counts = dict(self._splitter.earlier_counts)
         return diagnosis
+
+
+def _names_a_death(diagnosis: LogDiagnosis) -> bool:
+    if diagnosis.wrapper is not None or diagnosis.root_cause is not None:
+        return True
+    known = diagnosis.error_class or diagnosis.failure
+    entry = next((e for e in load_catalogue() if e.id == known), None)
+    return entry is not None and (entry.kind == "wrapper" or entry.walks_back)
+
+
+def _goes_on(line: LogLine, process: str | None) -> bool:
+    """Whether ``line`` is a record of ``process`` that is no error, no traceback and no
+    shutdown: the process carried on. A line without a process prefix counts only with a log
+    level of its own (a traceback printed raw has none)."""
+    if line.process != process or not line.text or line.is_code or line.exception:
+        return False
+    if line.level in ("ERROR", "CRITICAL") or (line.level is None and process is None):
+        return False
+    text = line.text
+    return not (
+        _SIGNALS.run_error.search(text)
+        or _SIGNALS.shutdown.search(text)
+        or _SIGNALS.exit_warning.search(text)
+    )
 
 
 # Bounds on what one startup keeps: its first and its last lines of interest.

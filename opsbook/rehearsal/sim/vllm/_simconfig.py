@@ -15,7 +15,16 @@ from typing import Any
 CONFIG_NAME = "opsbook-vllm-sim.json"
 DEFAULT_VERSION = "0.15.1"
 DEFAULT_STARTUP_SECONDS = 3.0
-FAULTS = ("oom", "hang", "die-after-1s", "ignore-sigterm", "slow-start", "nccl-timeout")
+# plugin-error: a general plugin fails to load; vLLM logs the traceback at ERROR and starts.
+FAULTS = (
+    "oom",
+    "hang",
+    "die-after-1s",
+    "ignore-sigterm",
+    "slow-start",
+    "nccl-timeout",
+    "plugin-error",
+)
 ENV_VERSION = "OPSBOOK_SIM_VLLM_VERSION"
 ENV_STARTUP = "OPSBOOK_SIM_STARTUP_SECONDS"
 ENV_FAULT = "OPSBOOK_SIM_FAULT"

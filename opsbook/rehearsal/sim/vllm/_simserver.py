@@ -95,6 +95,8 @@ class ApiServer:
         if self.fault == "die-after-1s":
             threading.Timer(1.0, self._die).start()
         self._announce()
+        if self.fault == "plugin-error":
+            self._plugin_failed()
         try:
             self._validate_args()
         except model.SimError as error:
@@ -155,6 +157,33 @@ class ApiServer:
                 "With `vllm serve`, you should provide the model as a positional argument or "
                 "in a config file instead of via the `--model` option.",
             )
+
+    def _plugin_failed(self) -> None:
+        """The plugin-error fault: a vllm.general_plugins entry point whose module is missing.
+        vLLM loads the general plugins as it builds the engine's arguments and logs the
+        failure with its traceback, then goes on without the plugin (vLLM 0.32.0
+        vllm/plugins/__init__.py load_plugins_by_group: logger.exception("Failed to load
+        plugin %s", plugin.name)); the frames are those vLLM 0.32.0 printed, the plugin's
+        name that of PaddlePaddle/PaddleOCR#16738."""
+        lib = f"/usr/lib/python{sys.version_info[0]}.{sys.version_info[1]}"
+        lines = [
+            "Failed to load plugin register_paddlex_genai_models",
+            "Traceback (most recent call last):",
+            f'  File "{source("plugins/__init__.py")}", line 69, in load_plugins_by_group',
+            "    func = plugin.load()",
+            "           ^^^^^^^^^^^^^",
+            f'  File "{lib}/importlib/metadata/__init__.py", line 202, in load',
+            "    module = import_module(match.group('module'))",
+            "             ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+            f'  File "{lib}/importlib/__init__.py", line 126, in import_module',
+            "    return _bootstrap._gcd_import(name[level:], package, level)",
+            "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+            '  File "<frozen importlib._bootstrap>", line 1206, in _gcd_import',
+            '  File "<frozen importlib._bootstrap>", line 1178, in _find_and_load',
+            '  File "<frozen importlib._bootstrap>", line 1142, in _find_and_load_unlocked',
+            "ModuleNotFoundError: No module named 'paddlex_genai_plugin'",
+        ]
+        self.log.error("__init__.py:72", "\n".join(lines))
 
     def _model_arg(self) -> str:
         tag = getattr(self.args, "model_tag", None)
