@@ -1,7 +1,8 @@
-"""Checks of the held-out real vLLM logs (tests/data/logs/heldout) and their labels.
+"""Checks of the labelled real vLLM log sets and their labels: the former held-out sets, seen
+while the catalogue was developed and now development logs (tests/data/logs/development/heldout*,
+issue 31, item 4), and the fresh held-out set (tests/data/logs/heldout-2026-12).
 
-The set measures the diagnosis catalogue on logs it was not developed on (issue 11, item 4);
-these tests only check the set itself: every labelled file exists, keeps its provenance line,
+These tests only check the sets themselves: every labelled file exists, keeps its provenance line,
 holds its key line verbatim (as ``grep -F`` would find it) and carries a failure id of the
 shared vocabulary. They never run the diagnosis.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-HELDOUT = Path(__file__).resolve().parents[1] / "data" / "logs" / "heldout"
+HELDOUT = Path(__file__).resolve().parents[1] / "data" / "logs" / "development" / "heldout"
 
 # The failure ids of the diagnosis catalogue, as fixed for this session (existing and new).
 VOCABULARY = frozenset(
