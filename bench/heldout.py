@@ -1,13 +1,16 @@
-"""Accuracy of `opsbook diagnose --log` on the held-out real logs.
+"""Accuracy of `opsbook diagnose --log` on the held-out real logs (issue 31, item 4).
 
-Fifteen sets, each printed on its own: tests/data/logs/heldout/ (gathered while the catalogue was
-written, kept out of its development, then seen when it was first measured), then
-tests/data/logs/heldout2/ to tests/data/logs/heldout15/, each gathered after the earlier ones had
-been seen and labelled before opsbook was run on it. For
-each, how often the diagnosis names the labelled failure id (or state: a ready server must be
-called ready, a startup the log leaves unfinished must be neither ready nor failed) and reports
-the labelled key line (for wrapper cases, the root cause under the wrapper). Goals: failure id
-right for at least 90%, key line for at least 85%, on each set.
+The set is tests/data/logs/heldout-2026-12/: real vLLM logs from public reports gathered on
+2026-12-06 from sources no earlier set or catalogue entry used, labelled before anything was run
+on them (its README says how). It is measured once, after the catalogue is frozen, and the
+catalogue is not changed after looking at the result. The fifteen earlier sets were seen while the
+catalogue was developed; they are development logs now (tests/data/logs/development/) and are not
+measured here.
+
+For each log: does the diagnosis name the labelled failure id (or state: a ready server must be
+called ready, a startup the log leaves unfinished must be neither ready nor failed), and does it
+report the labelled key line (for wrapper cases, the root cause under the wrapper)? Goals:
+failure id right for at least 90%, key line for at least 85%, on a set of at least 40 logs.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import yaml
 from opsbook.knowledge import logscan
 
 LOGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "logs"
-HELDOUT = LOGS / "heldout"
-SETS = (HELDOUT, *(LOGS / f"heldout{n}" for n in range(2, 16)))
+HELDOUT = LOGS / "heldout-2026-12"
 ID_GOAL, LINE_GOAL = 0.90, 0.85
+# Issue 31 asks for a held-out set of at least this many real logs.
+MIN_LOGS = 40
 
 
 @dataclass(frozen=True)
@@ -97,21 +101,16 @@ def measure(folder: Path) -> tuple[float, float, list[Score]]:
 
 
 def main() -> int:
-    met = True
-    wrappers: list[Score] = []
-    for folder in SETS:
-        ids, lines, wrapped = measure(folder)
-        met = met and ids >= ID_GOAL and lines >= LINE_GOAL
-        wrappers += wrapped
-        print()
+    ids, lines, wrappers = measure(HELDOUT)
+    n = len(load_labels(HELDOUT))
+    if n < MIN_LOGS:
+        print(f"{HELDOUT.name}: only {n} logs, fewer than the {MIN_LOGS} the measure needs")
     missed = [s.label.file for s in wrappers if not s.line_right]
     right = len(wrappers) - len(missed)
-    print(
-        f"wrapper cases, all sets: root cause line reported {right}/{len(wrappers)}",
-        "(goal: every one)",
-    )
+    print(f"wrapper cases: root cause line reported {right}/{len(wrappers)} (goal: every one)")
     for name in missed:
         print(f"  root cause not reported: {name}")
+    met = n >= MIN_LOGS and ids >= ID_GOAL and lines >= LINE_GOAL
     return 0 if met and not missed else 1
 
 

@@ -1,7 +1,8 @@
-"""Checks of the held-out real vLLM logs (tests/data/logs/heldout) and their labels.
+"""Checks of the labelled real vLLM log sets and their labels: the former held-out sets, seen
+while the catalogue was developed and now development logs (tests/data/logs/development/heldout*,
+issue 31, item 4), and the fresh held-out set (tests/data/logs/heldout-2026-12).
 
-The set measures the diagnosis catalogue on logs it was not developed on (issue 11, item 4);
-these tests only check the set itself: every labelled file exists, keeps its provenance line,
+These tests only check the sets themselves: every labelled file exists, keeps its provenance line,
 holds its key line verbatim (as ``grep -F`` would find it) and carries a failure id of the
 shared vocabulary. They never run the diagnosis.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-HELDOUT = Path(__file__).resolve().parents[1] / "data" / "logs" / "heldout"
+HELDOUT = Path(__file__).resolve().parents[1] / "data" / "logs" / "development" / "heldout"
 
 # The failure ids of the diagnosis catalogue, as fixed for this session (existing and new).
 VOCABULARY = frozenset(
@@ -225,4 +226,44 @@ def test_later_set_label_is_consistent_with_its_file(
         assert entry.get("class")
     assert any(str(entry["key_line"]) in line for line in lines[1:]), f"key line not in {path.name}"
     assert path.name.startswith(f"{entry['failure'] or entry['state']}-{tag}-")
+    assert entry["version"]
+
+
+# The held-out set (issue 31, item 4): checked as data only. No test diagnoses these logs; the
+# diagnosis meets them once, in bench/heldout.py, after the catalogue is frozen.
+FRESH = HELDOUT.parents[1] / "heldout-2026-12"
+FRESH_LABELS: list[dict[str, object]] = yaml.safe_load(
+    (FRESH / "labels.yaml").read_text(encoding="utf-8")
+)
+CATALOGUE = HELDOUT.parents[4] / "opsbook" / "knowledge" / "data" / "failures.yaml"
+FAILURES = yaml.safe_load(CATALOGUE.read_text(encoding="utf-8"))["failures"]
+TOP_LEVEL_IDS = frozenset(str(f["id"]) for f in FAILURES if not f.get("family"))
+CATALOGUE_IDS = frozenset(str(f["id"]) for f in FAILURES)
+
+
+def test_every_held_out_log_is_labelled_once_from_its_own_source() -> None:
+    labelled = [str(e["file"]) for e in FRESH_LABELS]
+    assert len(labelled) == len(set(labelled))
+    assert set(labelled) == {p.name for p in FRESH.glob("*.log")}
+    sources = [str(e["source"]) for e in FRESH_LABELS]
+    assert len(sources) == len(set(sources)), "one source per log"
+
+
+@pytest.mark.parametrize("entry", FRESH_LABELS, ids=lambda e: str(e["file"]))
+def test_held_out_label_is_well_formed_and_its_key_line_is_in_its_file(
+    entry: dict[str, object],
+) -> None:
+    path = FRESH / str(entry["file"])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith(f"# source: {entry['source']}")
+    assert entry["state"] in ALL_STATES
+    if entry["state"] in ("ready", "unfinished"):
+        assert entry["failure"] is None
+    else:
+        assert entry["failure"] in TOP_LEVEL_IDS
+    if entry.get("class") and entry["failure"] != "unrecognised-error":
+        assert entry["class"] in CATALOGUE_IDS
+    assert isinstance(entry.get("wrapper", False), bool)
+    key = str(entry["key_line"])
+    assert key and any(key in line for line in lines[1:]), f"key line not in {path.name}"
     assert entry["version"]
