@@ -81,24 +81,58 @@ class RunRecord:
         return self.folder / Path(self.notebook).name
 
 
+# Free space a run folder needs at the start: a deploy's record (six notebooks with their HTML
+# copies, the journal) takes a few MB; below this a run would fail while filing it.
+MIN_FREE_BYTES = 16 * 2**20
+
+
 def new_run_folder(runs_dir: Path, name: str, host: str) -> Path:
-    """Create ``runs_dir/<UTC time>-<notebook>-<host>``; a taken name gets a suffix."""
+    """Create ``runs_dir/<UTC time>-<notebook>-<host>``; a taken name gets a suffix.
+
+    Raises:
+        RunError: the runs folder cannot be written (read-only, not a folder, no permission)
+            or is full: said before any host is touched.
+    """
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe_host = "".join(c if c.isalnum() or c in ".-" else "_" for c in host)
     # Absolute: the notebook's kernel runs in notebooks/ and writes the journal here.
     runs_dir = runs_dir.resolve()
     base = runs_dir / f"{stamp}-{name}-{safe_host}"
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        try:
-            # Private to the operator: the journal names hosts, users and their processes.
-            folder.mkdir(mode=records.FOLDER_MODE)
-            folder.chmod(records.FOLDER_MODE)
-            return folder
-        except FileExistsError:
-            continue
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        _check_free_space(runs_dir)
+        for n in range(1, 1000):
+            folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                # Private to the operator: the journal names hosts, users and their processes.
+                folder.mkdir(mode=records.FOLDER_MODE)
+                folder.chmod(records.FOLDER_MODE)
+                return folder
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise _unwritable_runs(runs_dir, e) from None
     raise RunError(f"could not create a new run folder under {runs_dir}")
+
+
+def _check_free_space(runs_dir: Path) -> None:
+    stats = os.statvfs(runs_dir)
+    free = stats.f_bavail * stats.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise RunError(
+            f"the runs folder {runs_dir} is full ({free // 1024} kB free; a run's record needs "
+            f"{MIN_FREE_BYTES // 2**20} MB)",
+            remedy="free space there, or give another folder with --runs-dir",
+        )
+
+
+def _unwritable_runs(runs_dir: Path, error: OSError) -> RunError:
+    reason = (error.strerror or str(error)).lower()
+    where = f": {error.filename}" if error.filename and str(error.filename) != str(runs_dir) else ""
+    return RunError(
+        f"cannot create a run folder in {runs_dir}: {reason}{where}",
+        remedy="give a folder you can write to with --runs-dir (a run writes its record there)",
+    )
 
 
 def run_notebook(
