@@ -12,6 +12,7 @@ to its last cell.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -237,7 +238,9 @@ def write_notebook(folder: Path) -> Path | None:
         )
     target = folder / NOTEBOOK
     try:
-        nbformat.write(nb, target)
+        # 0600, as every file of a run folder (the umask is the operator's here).
+        with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            nbformat.write(nb, f)
     except OSError:
         return None
     return target
