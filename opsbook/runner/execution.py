@@ -37,7 +37,13 @@ from opsbook.core.results import (
     worst_exit_code,
 )
 from opsbook.runner import records
-from opsbook.runner.interrupt import RunInterrupted, quiet_abandoned_tasks, signal_name, signum_of
+from opsbook.runner.interrupt import (
+    RunInterrupted,
+    quiet_abandoned_tasks,
+    sealing,
+    signal_name,
+    signum_of,
+)
 from opsbook.runner.parameters import RUNNER_PARAMETERS, check_parameters, find_notebook
 
 if TYPE_CHECKING:
@@ -190,25 +196,31 @@ def run_notebook(
     started = time.monotonic()
     locks = _lock_for(_stages().for_notebook(nb_path.stem), dep, folder, params)
     try:
-        record = execute_stage(
-            nb_path,
-            folder,
-            params,
-            redactor,
-            timeout,
-            stage_timeout,
-            on_result,
-            on_progress=on_progress,
-        )
-    except (RunInterrupted, KeyboardInterrupt) as e:
-        quiet_abandoned_tasks()
-        record = _interrupted_record(folder, nb_path, params, redactor, started, signum_of(e))
+        try:
+            record = execute_stage(
+                nb_path,
+                folder,
+                params,
+                redactor,
+                timeout,
+                stage_timeout,
+                on_result,
+                on_progress=on_progress,
+            )
+        except (RunInterrupted, KeyboardInterrupt) as e:
+            with sealing():
+                quiet_abandoned_tasks()
+                record = _interrupted_record(
+                    folder, nb_path, params, redactor, started, signum_of(e)
+                )
     finally:
-        locks.release()
-    record.message = "; ".join([*locks.notes, record.message])
-    recreate_lost_folder(folder)
-    with records.private_files():
-        write_run_json(folder, record)
+        with sealing():
+            locks.release()
+    with sealing():
+        record.message = "; ".join([*locks.notes, record.message])
+        recreate_lost_folder(folder)
+        with records.private_files():
+            write_run_json(folder, record)
     return record
 
 
