@@ -19,8 +19,13 @@ TOKEN_PATTERNS = [
     re.compile(r"github_pat_[A-Za-z0-9_]{40,}"),
     re.compile(r"xox[abprs]-[A-Za-z0-9\-]{10,}"),
     re.compile(r"AKIA[0-9A-Z]{16}"),
-    re.compile(r"eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
+    # These two start at a word's start, and a key's block ends before the next key: each try
+    # then scans its own part of the text, not the rest of it (linear in a long value).
+    re.compile(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
+    re.compile(
+        r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:(?!-----BEGIN )[\s\S])*?"
+        r"-----END [A-Z ]*PRIVATE KEY-----"
+    ),
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/\-]{12,}=*"),
     re.compile(r"(--api-key[= ]\s*)['\"]?[^\s'\"]+"),
     # A value under a secret-named key in a repr or JSON: {'bearer': '...'}, "api_key": "..."
@@ -28,8 +33,11 @@ TOKEN_PATTERNS = [
         r"(?i)(['\"](?:bearer|authorization|api[_-]?key|token|password|secret)['\"]\s*:\s*['\"])"
         r"[^'\"]{4,}"
     ),
+    # Starts only where a name starts: tried at every letter of a long word, the name's
+    # backtracking made a 100 kB value take minutes (issue 32, item 5).
     re.compile(
-        r"(?i)((?:[A-Z0-9_]*(?:TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD))['\"]?\s*[=:]\s*['\"]?)"
+        r"(?i)(?<![A-Z0-9_])"
+        r"((?:[A-Z0-9_]*(?:TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD))['\"]?\s*[=:]\s*['\"]?)"
         r"[^\s'\";]{6,}"
     ),
 ]

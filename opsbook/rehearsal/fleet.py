@@ -164,6 +164,7 @@ def consecutive(first: str, count: int) -> list[str]:
     """
     if count < 1:
         raise SandboxRequestRefused(f"a fleet needs at least one host, not {count}")
+    sandbox.check_fleet_size(count)
     try:
         start = ipaddress.IPv4Address(first)
     except ValueError:

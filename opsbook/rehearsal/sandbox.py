@@ -23,6 +23,7 @@ only thing ``down`` acts on.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -31,7 +32,8 @@ import re
 import shutil
 import signal
 import stat
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -350,9 +352,30 @@ def _start(
     write_state(paths, state)
     try:
         return _provision(paths, state, checkpoint)
+    except KeyboardInterrupt:
+        # Ctrl-C: what was started is stopped by its PID and the user removed, and a second
+        # Ctrl-C does not cut that short; then said as an error, not a traceback.
+        with _sigint_ignored():
+            stopped = _stop(paths, state)
+        raise SandboxError(
+            f"sandbox up was interrupted (Ctrl-C) while starting: {stopped.message}",
+            remedy="run opsbook sandbox up again to start it",
+        ) from None
     except BaseException:
         _stop(paths, state)
         raise
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _provision(paths: BoxPaths, state: BoxState, checkpoint: bool) -> Sandbox:
@@ -384,6 +407,27 @@ def _real_vllm_fields(paths: BoxPaths, owner: pwd.struct_passwd, state: BoxState
     vllm_tier.copy_models(tier, paths.models, ids)
     port = state.server_port
     return vllm_tier.deployment_fields(tier, paths.models, paths.workdir, port)
+
+
+# The most hosts a rehearsal fleet (`sandbox up --hosts N`) may have. Each host is a Linux
+# user, an sshd and a folder with its own simulator and checkpoint, made one after another
+# (seconds each, as root): 64 is far beyond any deploy the tests rehearse (4 hosts, batches of
+# 10 forks) and still starts in minutes; 1000 would make 1000 users and sshds.
+MAX_FLEET_HOSTS = 64
+
+
+def check_fleet_size(hosts: int) -> None:
+    """Refuse a fleet of more than :data:`MAX_FLEET_HOSTS` hosts.
+
+    Raises:
+        SandboxRequestRefused: too many hosts, with the bound and why.
+    """
+    if hosts > MAX_FLEET_HOSTS:
+        raise SandboxRequestRefused(
+            f"a rehearsal fleet has at most {MAX_FLEET_HOSTS} hosts, not {hosts} (each is a "
+            "Linux user, an sshd and a folder of its own on this machine)",
+            remedy=f"use --hosts {MAX_FLEET_HOSTS} or fewer",
+        )
 
 
 def _check_request(address: str, port: int, shell: str, gpus: int, gpu_profile: str) -> None:

@@ -18,6 +18,7 @@ an earlier session of the same kernel recorded is not written again.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import weakref
 from collections.abc import Callable
@@ -329,7 +330,9 @@ def write_notebook(folder: Path) -> Path | None:
         nb.cells.append(code)
     target = folder / NOTEBOOK
     try:
-        nbformat.write(nb, target)
+        # 0600, as every file of a run folder (the umask is the operator's here).
+        with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            nbformat.write(nb, f)
     except OSError:
         return None
     return target

@@ -39,7 +39,13 @@ from opsbook.core.results import (
     worst_exit_code,
 )
 from opsbook.runner import records
-from opsbook.runner.interrupt import RunInterrupted, quiet_abandoned_tasks, signal_name, signum_of
+from opsbook.runner.interrupt import (
+    RunInterrupted,
+    quiet_abandoned_tasks,
+    sealing,
+    signal_name,
+    signum_of,
+)
 from opsbook.runner.parameters import RUNNER_PARAMETERS, check_parameters, find_notebook
 
 if TYPE_CHECKING:
@@ -83,24 +89,58 @@ class RunRecord:
         return self.folder / Path(self.notebook).name
 
 
+# Free space a run folder needs at the start: a deploy's record (six notebooks with their HTML
+# copies, the journal) takes a few MB; below this a run would fail while filing it.
+MIN_FREE_BYTES = 16 * 2**20
+
+
 def new_run_folder(runs_dir: Path, name: str, host: str) -> Path:
-    """Create ``runs_dir/<UTC time>-<notebook>-<host>``; a taken name gets a suffix."""
+    """Create ``runs_dir/<UTC time>-<notebook>-<host>``; a taken name gets a suffix.
+
+    Raises:
+        RunError: the runs folder cannot be written (read-only, not a folder, no permission)
+            or is full: said before any host is touched.
+    """
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe_host = "".join(c if c.isalnum() or c in ".-" else "_" for c in host)
     # Absolute: the notebook's kernel runs in notebooks/ and writes the journal here.
     runs_dir = runs_dir.resolve()
     base = runs_dir / f"{stamp}-{name}-{safe_host}"
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        try:
-            # Private to the operator: the journal names hosts, users and their processes.
-            folder.mkdir(mode=records.FOLDER_MODE)
-            folder.chmod(records.FOLDER_MODE)
-            return folder
-        except FileExistsError:
-            continue
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        _check_free_space(runs_dir)
+        for n in range(1, 1000):
+            folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                # Private to the operator: the journal names hosts, users and their processes.
+                folder.mkdir(mode=records.FOLDER_MODE)
+                folder.chmod(records.FOLDER_MODE)
+                return folder
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise _unwritable_runs(runs_dir, e) from None
     raise RunError(f"could not create a new run folder under {runs_dir}")
+
+
+def _check_free_space(runs_dir: Path) -> None:
+    stats = os.statvfs(runs_dir)
+    free = stats.f_bavail * stats.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise RunError(
+            f"the runs folder {runs_dir} is full ({free // 1024} kB free; a run's record needs "
+            f"{MIN_FREE_BYTES // 2**20} MB)",
+            remedy="free space there, or give another folder with --runs-dir",
+        )
+
+
+def _unwritable_runs(runs_dir: Path, error: OSError) -> RunError:
+    reason = (error.strerror or str(error)).lower()
+    where = f": {error.filename}" if error.filename and str(error.filename) != str(runs_dir) else ""
+    return RunError(
+        f"cannot create a run folder in {runs_dir}: {reason}{where}",
+        remedy="give a folder you can write to with --runs-dir (a run writes its record there)",
+    )
 
 
 def run_notebook(
@@ -166,25 +206,31 @@ def run_notebook(
     started = time.monotonic()
     locks = _lock_for(_stages().for_notebook(nb_path.stem), dep, folder, params)
     try:
-        record = execute_stage(
-            nb_path,
-            folder,
-            params,
-            redactor,
-            timeout,
-            stage_timeout,
-            on_result,
-            on_progress=on_progress,
-        )
-    except (RunInterrupted, KeyboardInterrupt) as e:
-        quiet_abandoned_tasks()
-        record = _interrupted_record(folder, nb_path, params, redactor, started, signum_of(e))
+        try:
+            record = execute_stage(
+                nb_path,
+                folder,
+                params,
+                redactor,
+                timeout,
+                stage_timeout,
+                on_result,
+                on_progress=on_progress,
+            )
+        except (RunInterrupted, KeyboardInterrupt) as e:
+            with sealing():
+                quiet_abandoned_tasks()
+                record = _interrupted_record(
+                    folder, nb_path, params, redactor, started, signum_of(e)
+                )
     finally:
-        locks.release()
-    record.message = "; ".join([*locks.notes, record.message])
-    recreate_lost_folder(folder)
-    with records.private_files():
-        write_run_json(folder, record)
+        with sealing():
+            locks.release()
+    with sealing():
+        record.message = "; ".join([*locks.notes, record.message])
+        recreate_lost_folder(folder)
+        with records.private_files():
+            write_run_json(folder, record)
     return record
 
 

@@ -76,10 +76,28 @@ def raising_on_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def sealing() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM are ignored: a run's record is being written, and
+    a signal that came as the stage ended must not leave the folder without it (it was filed
+    as "nothing was filed ... before the run began"). Only the main thread can take signals;
+    elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 __all__ = [
     "RunInterrupted",
     "quiet_abandoned_tasks",
     "raising_on_signals",
+    "sealing",
     "signal_name",
     "signum_of",
 ]

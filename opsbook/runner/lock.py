@@ -12,6 +12,12 @@ cannot be checked from here; it is reported with the command that removes it.
 
 Every check-and-take on a host runs under ``flock`` on a guard file, so two runs that find the
 same stale lock cannot both take it.
+
+The lock is written whole to a temporary file and linked into place (``ln`` fails when the lock
+exists), so a write that fails (a full disk) leaves no empty lock behind. A lock that cannot be
+written stops the run with the reason ("disk full on host X: <path>"). An empty or unreadable
+lock (as an older opsbook left on a full disk) holds no holder to ask: it is named and taken
+over, with a note.
 """
 
 from __future__ import annotations
@@ -36,20 +42,44 @@ LOCK_NAME = "deploy.lock"
 # Seconds a run waits for another run's check-and-take on the same host (milliseconds of work).
 GUARD_WAIT = 10
 
-# Prints "acquired", or "held" and the holder's line; under flock on a guard file.
+# First line: "acquired"; "held" and the lock's text ("held-unreadable" and the error when it
+# cannot be read); or "unwritable" and the error of the write that failed. Under flock on a
+# guard file. The holder's line is written to a temporary file first and linked into place, so
+# a failed write never leaves a lock behind. TAKEOVER=1 removes the lock if its text is still
+# STALE (the one the caller judged stale, empty or unreadable).
 _TAKE = """
+set -o pipefail
+unwritable() {{ printf 'unwritable\\n%s\\n' "$1"; exit 0; }}
+# A NUL byte would vanish in $(...): shown as "?".
+lock_text() {{ head -c 4096 -- "$LOCK" | tr '\\000' '?'; }}
 dir=$(dirname -- "$LOCK")
-mkdir -p -- "$dir" || exit 3
+err=$(mkdir -p -- "$dir" 2>&1) || unwritable "$err"
+err=$( {{ : >> "$LOCK.guard"; }} 2>&1) || unwritable "$err"
 exec 9>>"$LOCK.guard" || exit 3
 flock -w {wait} 9 || {{ echo "guard busy"; exit 3; }}
-if [ -n "$STALE" ] && [ "$(cat -- "$LOCK" 2>/dev/null)" = "$STALE" ]; then
+if [ "$TAKEOVER" = 1 ] && [ "$(lock_text 2>/dev/null)" = "$STALE" ]; then
     rm -f -- "$LOCK"
 fi
-if ( set -o noclobber; printf '%s\\n' "$INFO" > "$LOCK" ) 2>/dev/null; then
+new="$LOCK.$$.new"
+if ! err=$( {{ printf '%s\\n' "$INFO" > "$new"; }} 2>&1); then
+    rm -f -- "$new"
+    unwritable "$err"
+fi
+if err=$(ln -- "$new" "$LOCK" 2>&1); then
+    rm -f -- "$new"
     echo acquired
+elif [ -e "$LOCK" ] || [ -L "$LOCK" ]; then
+    rm -f -- "$new"
+    if text=$(lock_text 2>&1); then
+        echo held
+        printf '%s\\n' "$text"
+    else
+        echo held-unreadable
+        printf '%s\\n' "$text"
+    fi
 else
-    echo held
-    head -c 4096 -- "$LOCK"
+    rm -f -- "$new"
+    unwritable "$err"
 fi
 """
 
@@ -164,16 +194,19 @@ def acquire(deployment: Deployment, run_folder: Path, names: Sequence[str] = ())
     """Take the deploy lock on every host of the deployment (those named, if given).
 
     A host that cannot be reached is left to the stages, which report it. If any host is held
-    by another run, the locks taken are given back and nothing else is done.
+    by another run, or its lock cannot be written (disk full, read-only), the locks taken are
+    given back and nothing else is done.
 
     Raises:
-        HostLocked: a host is held by another live run; the message says who, since when.
+        HostLocked: a host is held by another live run (the message says who, since when), or
+            its lock cannot be written (the message says why, on which host and path).
     """
     group = HostGroup.from_deployment(deployment, names=names)
     mine = me(run_folder)
     answers = group.map(lambda host: _take(host, lock_path(deployment, host.name), mine))
     locks = Locks(holder=mine)
     refused: list[str] = []
+    unwritable: list[str] = []
     for host in group.hosts:
         answer = answers[host.name]
         if isinstance(answer, Exception):
@@ -181,52 +214,128 @@ def acquire(deployment: Deployment, run_folder: Path, names: Sequence[str] = ())
             locks.notes.append(f"{host.name}: could not take the deploy lock: {answer}")
             host.close()
             continue
-        taken, note = answer
-        if taken:
+        if answer.taken:
             locks.held.append((host, lock_path(deployment, host.name)))
-            if note:
-                locks.notes.append(note)
-        else:
-            refused.append(note)
-            host.close()
-    if refused:
+            if answer.note:
+                locks.notes.append(answer.note)
+            continue
+        (unwritable if answer.unwritable else refused).append(answer.note)
+        host.close()
+    if refused or unwritable:
         locks.release()
-        raise HostLocked(
-            "another deploy holds the host: " + "; ".join(refused),
-            remedy="wait for that run to finish (see its run folder); if it is dead and ran "
-            "on another machine, remove the lock file shown on the host",
-        )
+        raise _refusal(refused, unwritable)
     return locks
 
 
-def _take(host: RemoteHost, path: str, mine: Holder) -> tuple[bool, str]:
-    """(taken, note): the note names the stale holder taken over, or the live holder."""
-    taken, holder, raw = _try(host, path, mine, stale="")
-    if taken:
-        return True, ""
-    if holder is not None and holder.is_stale():
-        taken, current, raw = _try(host, path, mine, stale=raw)
-        if taken:
-            return True, (
-                f"{host.name}: took over a stale deploy lock of {holder.describe()} "
-                "(its process is gone)"
-            )
-        holder = current
-    who = holder.describe() if holder else f"unknown holder ({raw.strip()[:200]!r})"
-    return False, f"{host.name} is locked by {who} (lock file {shlex.quote(path)} on the host)"
+def _refusal(refused: list[str], unwritable: list[str]) -> HostLocked:
+    if not refused:
+        return HostLocked(
+            "cannot take the deploy lock: " + "; ".join(unwritable),
+            remedy="free space on (or make writable) the folder shown, which is paths.state "
+            "of the deployment, or point paths.state at a writable folder; nothing was done",
+        )
+    message = "another deploy holds the host: " + "; ".join(refused)
+    if unwritable:
+        message += "; and cannot take the deploy lock: " + "; ".join(unwritable)
+    return HostLocked(
+        message,
+        remedy="wait for that run to finish (see its run folder); if it is dead and ran "
+        "on another machine, remove the lock file shown on the host",
+    )
 
 
-def _try(host: RemoteHost, path: str, mine: Holder, stale: str) -> tuple[bool, Holder | None, str]:
+@dataclass(frozen=True)
+class Taken:
+    """One host's answer: taken or not, and the note (the holder taken over or refused by, or
+    why the lock cannot be written)."""
+
+    taken: bool
+    note: str = ""
+    unwritable: bool = False
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What one take found: its state ("acquired", "held", "held-unreadable", "unwritable")
+    and the text after it (the lock's text, or an error)."""
+
+    state: str
+    text: str
+
+    @property
+    def holder(self) -> Holder | None:
+        return Holder.parse(self.text) if self.state == "held" else None
+
+
+def _take(host: RemoteHost, path: str, mine: Holder) -> Taken:
+    seen = _try(host, path, mine)
+    if seen.state == "acquired":
+        return Taken(True)
+    if seen.state == "unwritable":
+        return Taken(False, _unwritable_note(host.name, path, seen.text), unwritable=True)
+    holder = seen.holder
+    takeover = _takeover_reason(seen, holder)
+    if takeover is not None:
+        # What the stale lock holds ("" if it cannot be read): removed only if unchanged.
+        stale = seen.text if seen.state == "held" else ""
+        again = _try(host, path, mine, stale=stale)
+        if again.state == "acquired":
+            return Taken(True, f"{host.name}: took over {takeover}")
+        if again.state == "unwritable":
+            return Taken(False, _unwritable_note(host.name, path, again.text), unwritable=True)
+        seen, holder = again, again.holder
+    who = holder.describe() if holder else f"unknown holder ({seen.text.strip()[:200]!r})"
+    return Taken(
+        False, f"{host.name} is locked by {who} (lock file {shlex.quote(path)} on the host)"
+    )
+
+
+def _takeover_reason(seen: _Seen, holder: Holder | None) -> str | None:
+    """Why a lock may be taken over (None: it may not): its holder's process is gone, or it
+    holds no holder at all (empty, unreadable: nothing to ask, no live run writes one)."""
+    if holder is not None:
+        if holder.is_stale():
+            return f"a stale deploy lock of {holder.describe()} (its process is gone)"
+        return None
+    if seen.state == "held-unreadable":
+        return f"an unreadable deploy lock ({seen.text.strip()[:200]})"
+    if not seen.text.strip():
+        return "an empty deploy lock (left by a write that failed, as on a full disk)"
+    return f"a deploy lock that names no holder ({seen.text.strip()[:200]!r})"
+
+
+# The reasons a write fails, as the operator says them.
+_WRITE_ERRORS = (
+    ("No space left on device", "disk full"),
+    ("Disk quota exceeded", "disk quota exceeded"),
+    ("Read-only file system", "read-only file system"),
+    ("Permission denied", "permission denied"),
+    ("Not a directory", "not a directory"),
+    ("File exists", "not a directory"),
+)
+
+
+def _unwritable_note(host: str, path: str, error: str) -> str:
+    error = error.strip()
+    reason = next((said for text, said in _WRITE_ERRORS if text in error), "cannot write")
+    detail = f" ({error.splitlines()[-1][:300]})" if error else ""
+    return f"{reason} on host {host}: {path}{detail}"
+
+
+def _try(host: RemoteHost, path: str, mine: Holder, stale: str | None = None) -> _Seen:
     result = host.run(
         _TAKE.format(wait=GUARD_WAIT),
-        env={"LOCK": path, "INFO": mine.line(), "STALE": stale.rstrip("\n")},
+        env={
+            "LOCK": path,
+            "INFO": mine.line(),
+            "TAKEOVER": "0" if stale is None else "1",
+            "STALE": (stale or "").rstrip("\n"),
+        },
         label=f"take deploy lock {path}",
         check=True,
     )
     first, _, rest = result.stdout.partition("\n")
-    if first.strip() == "acquired":
-        return True, None, ""
-    return False, Holder.parse(rest), rest.rstrip("\n")
+    return _Seen(first.strip(), rest.rstrip("\n"))
 
 
 __all__ = ["Holder", "Locks", "acquire", "lock_path", "process_start"]

@@ -107,21 +107,85 @@ def typed_parameters(notebook: Path, raw: Sequence[tuple[str, str]]) -> dict[str
 
 
 def check_option_values(notebook: Path, values: Mapping[str, Any]) -> None:
-    """Hold a stage notebook's values to its options class (a value outside the allowed
-    ones, such as ``-p restart sometimes``), before anything touches a host.
+    """Hold a stage notebook's values to its options class and to the limits its fields
+    declare (:class:`opsbook.stages.base.Limits`: ``-p forks 0``, ``-p ready_timeout -5``,
+    ``-p gpu_memory_utilization 1.5``, ``-p restart sometimes``, apply with restore), before
+    a kernel starts or anything touches a host.
 
     Raises:
-        RunError: a value is refused by the stage's options.
+        RunError: a value is refused by the stage's options or outside its limits.
     """
     import dataclasses
 
     from opsbook import stages
+    from opsbook.stages.base import Targets
 
     stage = stages.for_notebook(notebook.stem)
     if stage is None:
         return
+    fields = [*dataclasses.fields(Targets), *dataclasses.fields(stage.options_type)]
+    check_limits(fields, values)
     names = {f.name for f in dataclasses.fields(stage.options_type)}
     stage.options({name: value for name, value in values.items() if name in names})
+
+
+def check_limits(fields: Sequence[Any], values: Mapping[str, Any]) -> None:
+    """Refuse a value outside the :class:`~opsbook.stages.base.Limits` of its field.
+
+    Raises:
+        RunError: the first value outside its limits, with the range and an example.
+    """
+    from opsbook.stages.base import LIMITS
+
+    for f in fields:
+        limits = f.metadata.get(LIMITS)
+        if limits is None or f.name not in values:
+            continue
+        value = values[f.name]
+        refused = _outside(limits, value, values)
+        if refused:
+            shown = str(value).lower() if isinstance(value, bool) else repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise RunError(
+                f"-p {f.name} {shown}: {refused}",
+                remedy=_limit_remedy(f.name, f.default, limits),
+            )
+
+
+def _outside(limits: Any, value: Any, values: Mapping[str, Any]) -> str:
+    """Why ``value`` is outside ``limits`` ("" when it is inside)."""
+    if limits.excludes and value is True:
+        clash = [name for name in limits.excludes if values.get(name) is True]
+        if clash:
+            return f"cannot be given with {' and '.join(clash)} true (they do different things)"
+    if limits.choices and value not in limits.choices:
+        return f"must be one of {', '.join(limits.choices)}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ""
+    if value != value:  # NaN: in no range
+        return f"must be {_range_words(limits)}"
+    low_ok = limits.low is None or value >= limits.low
+    above_ok = limits.above is None or value > limits.above
+    high_ok = limits.high is None or value <= limits.high
+    return "" if low_ok and above_ok and high_ok else f"must be {_range_words(limits)}"
+
+
+def _range_words(limits: Any) -> str:
+    parts = []
+    if limits.low is not None:
+        parts.append(f"at least {limits.low:g}")
+    if limits.above is not None:
+        parts.append(f"above {limits.above:g}")
+    if limits.high is not None:
+        parts.append(f"at most {limits.high:g}")
+    return " and ".join(parts)
+
+
+def _limit_remedy(name: str, default: Any, limits: Any) -> str:
+    if limits.excludes:
+        return f"give {name} or {', '.join(limits.excludes)}, in separate runs"
+    example = str(default).lower() if isinstance(default, bool) else default
+    return f"write e.g. -p {name} {example} (the default)"
 
 
 def _declared_default(parameter: Mapping[str, Any]) -> Any:

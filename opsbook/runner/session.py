@@ -33,7 +33,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.redact import Redactor
 from opsbook.core.results import EXIT_OK, EXIT_PROBLEM, HostResult, Result, worst_exit_code
 from opsbook.runner import records
-from opsbook.runner.cells import CellRecorder, write_notebook
+from opsbook.runner.cells import CELLS, CellRecorder, write_notebook
 
 # The notebooks live in notebooks/; their records go to the checkout's runs/, as `make demo`'s.
 DEFAULT_RUNS_DIR = "../runs"
@@ -193,6 +193,13 @@ class Session:
         return Result(True, f"filed {self.folder} (read-only): {message}")
 
 
+def _make_private(folder: Path, names: list[str]) -> None:
+    """Create the session's files 0600 (as a headless run's are): they are appended to for
+    as long as the session lasts, from a kernel whose umask is the operator's."""
+    for name in names:
+        os.close(os.open(folder / name, os.O_WRONLY | os.O_CREAT, 0o600))
+
+
 def start(
     notebook: str,
     deployment: Deployment,
@@ -218,6 +225,7 @@ def start(
         machine=socket.gethostname(),
         redactor=redactor,
     )
+    _make_private(folder, [HEADER, CLICKS, CELLS, session.journal.name, session.results_file.name])
     session.write_header()
     os.environ[JOURNAL_ENV] = str(session.journal)
     os.environ[OUTCOME_ENV] = str(session.results_file)

@@ -73,6 +73,28 @@ def hook(default: Any = None) -> Any:
     return field(default=default, compare=False, metadata={HOOK: True})
 
 
+# The metadata key of a field of Targets or of a stage's options that says which values it may
+# take (a Limits): opsbook.runner.parameters holds `-p` values to it before a run starts.
+LIMITS = "opsbook.limits"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The values a parameter may take: a number at least ``low``, above ``above``, at most
+    ``high``; a text among ``choices``; true only when none of ``excludes`` is."""
+
+    low: float | None = None
+    above: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    excludes: tuple[str, ...] = ()
+
+
+def limited(default: Any, **limits: Any) -> Any:
+    """A field of a stage's options (or of :class:`Targets`) with its :class:`Limits`."""
+    return field(default=default, metadata={LIMITS: Limits(**limits)})
+
+
 @dataclass(frozen=True)
 class NoOptions:
     """The options of a stage that has no module of its own (a test's stage)."""
@@ -85,7 +107,7 @@ class Targets:
 
     # Names of the hosts to run on (user@address:port); empty: all of them.
     hosts: list[str] = field(default_factory=list)
-    forks: int = DEFAULT_FORKS  # hosts worked on at once
+    forks: int = limited(DEFAULT_FORKS, low=1)  # hosts worked on at once
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from opsbook.core.diffs import Diff
 from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge import compat
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import HostChoice, Note, Report, StageRun, concurrently
+from opsbook.stages.base import HostChoice, Note, Report, StageRun, concurrently, limited
 from opsbook.steps import host_facts, patch
 from opsbook.steps.shard_check import format_bytes
 
@@ -28,9 +28,9 @@ class Options:
     """
 
     apply: bool = False
-    restore: bool = False
+    restore: bool = limited(False, excludes=("apply",))
     vllm_version: str = ""
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = limited(0.9, above=0, high=1)
 
 
 @dataclass(kw_only=True)

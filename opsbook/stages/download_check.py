@@ -10,7 +10,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.results import Result, State
 from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import Report
+from opsbook.stages.base import Report, limited
 from opsbook.steps import shard_check
 
 
@@ -40,7 +40,7 @@ class Options:
     manifest: str = ""
     hash_cache: str = ""
     watch: bool = False
-    watch_timeout: int = 600
+    watch_timeout: int = limited(600, low=1)
 
 
 def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:

@@ -10,7 +10,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import TransferError
 from opsbook.core.results import Result, State
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import HostChoice, Note, Report, StageRun
+from opsbook.stages.base import HostChoice, Note, Report, StageRun, limited
 from opsbook.steps import script
 
 
@@ -28,7 +28,7 @@ class Options:
         apply: upload the script (a dry run otherwise).
     """
 
-    entrypoint: str = "serve"
+    entrypoint: str = limited("serve", choices=script.ENTRYPOINTS)
     apply: bool = False
 
 

@@ -18,7 +18,7 @@ from opsbook.core.exceptions import RunError
 from opsbook.core.results import HostResult, Result, State
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import HostChoice, Report, StageRun, hook
+from opsbook.stages.base import HostChoice, Report, StageRun, hook, limited
 from opsbook.steps import host_facts, plots, restart_rule, script, server, start_checks, triage
 
 
@@ -40,8 +40,8 @@ class Options:
     """
 
     apply: bool = False
-    ready_timeout: int = 900
-    stop_grace: int = 10
+    ready_timeout: int = limited(900, low=1)
+    stop_grace: int = limited(10, low=0)
     on_progress: Callable[[str, server.Progress], None] | None = hook()
     restart: str = "changed"
     pending: dict[str, list[str]] = field(default_factory=dict)

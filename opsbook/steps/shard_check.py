@@ -257,6 +257,11 @@ class CheckResult(Result):
         return Table(SHARD_COLUMNS, [row.cells() for row in self.shards])
 
 
+# How the probe's error for a model folder that cannot be opened begins (its
+# shard_read.UNREADABLE; the probe runs on the host, from its own file).
+UNREADABLE = "cannot read the checkpoint"
+
+
 def check_result(answer: Mapping[str, Any]) -> CheckResult:
     """Turn the probe's ``check`` answer into a Result."""
     return result_of(CheckAnswer.parse(answer))
@@ -265,9 +270,12 @@ def check_result(answer: Mapping[str, Any]) -> CheckResult:
 def result_of(parsed: CheckAnswer) -> CheckResult:
     """The check's Result, from its parsed answer."""
     ok = not any(f.is_problem for f in parsed.findings)
+    # A folder that cannot be read has no shards to count: why is the message, not "no shards".
+    error = parsed.where.error or ""
+    message = error if error.startswith(UNREADABLE) else check_message(parsed.summary, ok)
     return CheckResult(
         ok,
-        check_message(parsed.summary, ok),
+        message,
         findings=parsed.findings,
         where=parsed.where,
         index=parsed.index,

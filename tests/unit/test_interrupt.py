@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from opsbook.runner.interrupt import RunInterrupted, raising_on_signals, signum_of
+from opsbook.runner.interrupt import RunInterrupted, raising_on_signals, sealing, signum_of
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -54,3 +54,14 @@ def test_an_interruption_in_an_event_loop_callback_reaches_the_run() -> None:
             loop.run_until_complete(waiting)
     finally:
         loop.close()
+
+
+def test_signals_while_the_record_is_sealed_are_ignored_then_the_handlers_come_back() -> None:
+    with raising_on_signals():
+        handler = signal.getsignal(signal.SIGTERM)
+        with sealing():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            sealed = True  # reached: neither signal raised
+        assert sealed
+        assert signal.getsignal(signal.SIGTERM) is handler

@@ -380,3 +380,69 @@ def test_lint_time_grows_linearly_with_the_command() -> None:
     small = min(_lint_seconds(12_000) for _ in range(3))
     large = min(_lint_seconds(120_000) for _ in range(3))
     assert large / small < 30, (small, large)
+
+
+# -- a kill hidden behind an alias, a function, eval or a variable (issue 32, item 6) ---------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "alias k='pkill -f vllm'; k",
+        "alias stop='pkill -f vllm' ll='ls -l'\nstop",
+        "k() { pkill -f vllm; }; k",
+        "function k { pkill -f vllm; }; k",
+        "function k() {\n  pkill -f vllm\n}\nk",
+        "eval 'pkill -f vllm'",
+        "eval pkill -f vllm",
+        'eval "pkill -f $PAT vllm"',
+        "sudo eval 'pkill -f vllm'",
+        "x='pkill -f vllm'; $x",
+        "x='pkill -f'; $x vllm",
+        "export K='pkill -f vllm'; ${K}",
+        "declare -r K='pkill -f vllm'; $K",
+        "ssh gpu \"eval 'pkill -f vllm'\"",
+        "bash -c \"alias k='pkill -f vllm'; k\"",
+        "sh -c 'eval \"pkill -f vllm\"'",
+        "eval \"eval 'pkill -f vllm'\"",
+        "if true; then eval 'pkill -f vllm'; fi",
+    ],
+)
+def test_a_pattern_kill_behind_an_alias_function_eval_or_variable_is_found(command: str) -> None:
+    result = lint_result(command)
+    assert not result.ok, result
+    assert PATTERN_KILL in result.evidence.rules
+
+
+def test_a_hidden_kill_says_where_it_hides() -> None:
+    for command, where in [
+        ("alias k='pkill -f vllm'; k", "inside alias k='...': "),
+        ("eval 'pkill -f vllm'", "inside eval '...': "),
+        ("x='pkill -f vllm'; $x", "inside $x: "),
+    ]:
+        messages = [f.message for f in lint_command(command) if rule_of(f) == PATTERN_KILL]
+        assert any(m.startswith(where) for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "alias ll='ls -l'; ll",
+        'eval "$(ssh-agent -s)"',
+        "eval 'echo vllm'",
+        "x='pkill -f vllm' env | grep x",  # an environment for one command, not a variable
+        "x=ls; $x -l",
+        "$UNSET_VARIABLE --version",
+        "function show { systemctl status vllm; }; show",
+        "alias",
+        "eval",
+    ],
+)
+def test_harmless_aliases_functions_and_evals_stay_clean(command: str) -> None:
+    assert lint_result(command).ok, lint_result(command)
+
+
+def test_a_glob_in_eval_is_judged_by_the_shell_running_it() -> None:
+    # eval runs in the line's own shell: under zsh (ssh) an unmatched glob stops it.
+    assert ZSH_GLOB in rule_severities("ssh gpu \"eval 'rm -f /dev/shm/psm_*'\"")
+    assert ZSH_GLOB not in rule_severities("bash -c \"eval 'rm -f /dev/shm/psm_*'\"")

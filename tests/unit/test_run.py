@@ -138,3 +138,55 @@ def test_a_record_without_secrets_is_left_as_written(tmp_path) -> None:
     written = path.read_bytes()
     execution.redact_notebook(path, Redactor(["s3cr3t-value"]))
     assert path.read_bytes() == written
+
+
+# -- a runs folder that cannot hold a run (issue 32, item 7) ----------------------------------
+
+
+def _run_in(tmp_path: Path, runs: Path, notebook: str = "00_preflight") -> int:
+    from opsbook import cli
+
+    dep = tmp_path / "d.yml"
+    dep.write_text("hosts: [{address: 127.0.2.250, port: 42250}]\nmodel: {path: /m}\n")
+    return cli.main(["run", notebook, "-f", str(dep), "--runs-dir", str(runs)])
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda t: (t / "file").write_text("x") and t / "file" / "runs", "not a directory"),
+        (lambda t: (t / "file").write_text("x") and t / "file", "file exists"),
+        (lambda t: Path("/proc/opsbook-runs"), "no such file or directory"),
+        (lambda t: Path("/proc/version/runs"), "not a directory"),
+    ],
+)
+def test_a_runs_folder_that_cannot_be_made_exits_2_without_a_traceback(
+    tmp_path, capsys, make, said: str
+) -> None:
+    runs = make(tmp_path)
+    assert _run_in(tmp_path, runs) == execution.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"cannot create a run folder in {runs}" in err and said in err, err
+    assert "--runs-dir" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("notebook", ["00_preflight", "deploy"])
+def test_a_full_runs_folder_is_refused_before_any_host(
+    tmp_path, capsys, monkeypatch, notebook: str
+) -> None:
+    real = execution.os.statvfs
+
+    def nearly_full(path: object) -> object:
+        stats = real(path)  # type: ignore[arg-type]
+
+        class Full:
+            f_bavail, f_frsize = 3, stats.f_frsize
+
+        return Full()
+
+    monkeypatch.setattr(execution.os, "statvfs", nearly_full)
+    runs = tmp_path / "runs"
+    assert _run_in(tmp_path, runs, notebook) == execution.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"the runs folder {runs} is full" in err and "--runs-dir" in err, err
+    assert list(runs.iterdir()) == []

@@ -277,3 +277,56 @@ def test_a_missing_folder_is_created_enterable(tmp_path) -> None:
         os.umask(old_umask)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o755
     assert (folder / sandbox.FOLDER_MARKER).exists()
+
+
+# -- bounds and Ctrl-C (issue 32, item 7) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("hosts", ["65", "1000", "100000000"])
+def test_a_fleet_beyond_the_bound_is_refused_before_anything_starts(
+    tmp_path, capsys, hosts: str
+) -> None:
+    from opsbook.cli import main
+
+    folder = tmp_path / "fleet"
+    assert main(["sandbox", "up", "--hosts", hosts, "--dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"at most {sandbox.MAX_FLEET_HOSTS} hosts, not {hosts}" in err
+    assert "a Linux user, an sshd" in err and "remedy:" in err
+    assert not folder.exists()
+
+
+def test_a_fleet_at_the_bound_is_allowed() -> None:
+    sandbox.check_fleet_size(sandbox.MAX_FLEET_HOSTS)
+    with pytest.raises(SandboxRequestRefused):
+        sandbox.check_fleet_size(sandbox.MAX_FLEET_HOSTS + 1)
+
+
+def test_ctrl_c_while_starting_stops_what_started_and_says_so(tmp_path, monkeypatch) -> None:
+    import signal
+
+    stopped: list[str] = []
+    real_stop = sandbox._stop
+
+    def interrupted(paths: object, state: object, checkpoint: bool) -> object:
+        raise KeyboardInterrupt
+
+    def stop(paths: box_state.BoxPaths, state: BoxState) -> object:
+        # The cleanup runs with Ctrl-C ignored: a second one does not cut it short.
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        stopped.append(state.user)
+        return real_stop(paths, state)
+
+    monkeypatch.setattr(sandbox, "_provision", interrupted)
+    monkeypatch.setattr(sandbox, "_stop", stop)
+    monkeypatch.setattr(sandbox, "ensure_user", lambda *a: False)
+    monkeypatch.setattr(sandbox, "check_traversable", lambda *a: None)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SandboxError) as failed:
+        sandbox.up(tmp_path / "box", address="127.0.2.9", checkpoint=False)
+    assert "interrupted (Ctrl-C) while starting" in failed.value.message
+    assert "no sshd of ours was running" in failed.value.message
+    assert len(stopped) == 1
+    assert signal.getsignal(signal.SIGINT) == before
+    state = box_state.read_state(paths_in(tmp_path / "box"))
+    assert state is not None and state.status == "down"

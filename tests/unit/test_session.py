@@ -328,3 +328,26 @@ def test_in_a_real_kernel_the_record_begins_at_its_first_cell(
     assert KEY not in (folder / cells.CELLS).read_text()
     saved = (folder / cells.NOTEBOOK).read_text()
     assert cells.BACKFILLED_NOTE in saved and saved.index('"x = 41"') < saved.index('"x * 2"')
+
+
+def test_every_file_of_a_session_is_the_operators_alone(started: session.Session, shell) -> None:
+    # As the README says of every run folder: 0600 while written, whatever the umask.
+    from opsbook.runner import cells
+
+    was = os.umask(0o022)
+    try:
+        shell.run_cell("1 + 1", store_history=True)
+        Journal.from_env().record(
+            host="gpu-01", kind="run", command="true", exit_code=0, duration=0.1
+        )
+        channel.record_host(HostResult("gpu-01", "config-patch", State.OK, "fine"))
+        click = widgets.Click("Apply", datetime.now(timezone.utc), 1.5, "ops", Result(True, "x"))
+        started.note_click(click)
+        started.write_header()
+    finally:
+        os.umask(was)
+    names = {p.name: p.stat().st_mode & 0o777 for p in started.folder.iterdir() if p.is_file()}
+    for name in (session.HEADER, session.CLICKS, cells.CELLS, cells.NOTEBOOK):
+        assert name in names, names
+    assert started.journal.name in names and started.results_file.name in names
+    assert {name: mode for name, mode in names.items() if mode != 0o600} == {}

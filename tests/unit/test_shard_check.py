@@ -719,3 +719,33 @@ def test_without_an_index_each_shard_is_read_once(
     answer = CheckAnswer.parse(probe.check({"path": str(model), "workers": 1}))
     assert answer.summary.ok == 6
     assert sorted(reads) == [shard(n, 6) for n in range(1, 7)]
+
+
+def test_a_checkpoint_folder_that_cannot_be_read_says_so_not_no_shards(
+    local: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As for a login user without read permission on it (root reads any folder: simulated).
+    from opsbook.remote.probes import shard_read
+
+    real = os.scandir
+
+    def denied(path: Any = ".") -> Any:
+        if str(path) == str(local):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(shard_read.os, "scandir", denied)
+    where = shard_read.locate(str(local))
+    assert where["error"] == f"cannot read the checkpoint: {local}: permission denied"
+    result = shard_check.check_result(_check_in_process(local))
+    assert not result.ok
+    assert result.message == f"cannot read the checkpoint: {local}: permission denied"
+    assert "no checkpoint shards found" not in str(result)
+    assert shard_check.UNREADABLE == shard_read.UNREADABLE
+
+
+def _check_in_process(path: Path) -> dict[str, Any]:
+    from opsbook.remote.probes import download
+
+    answer: dict[str, Any] = download.check({"path": str(path)})
+    return answer

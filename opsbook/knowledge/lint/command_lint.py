@@ -22,7 +22,12 @@ from opsbook.knowledge.lint.shell_hazards import (
     glob_findings,
     unquoted_space_findings,
 )
-from opsbook.knowledge.lint.shell_words import SimpleCommand, nested_commands, parse
+from opsbook.knowledge.lint.shell_words import (
+    SimpleCommand,
+    indirect_commands,
+    nested_commands,
+    parse,
+)
 
 MAX_NESTING = 4
 
@@ -84,7 +89,7 @@ def lint_command(
         *unquoted_space_findings(command, commands, paths),
         *sigkill_findings(kills),
         *sleep_findings(commands, kills),
-        *_nested_findings(commands, paths, depth),
+        *_nested_findings(commands, paths, depth, zsh),
     ]
 
 
@@ -124,17 +129,17 @@ def rule_of(finding: Finding) -> str:
 
 
 def _nested_findings(
-    commands: Sequence[SimpleCommand], paths: Sequence[str], depth: int
+    commands: Sequence[SimpleCommand], paths: Sequence[str], depth: int, zsh: bool
 ) -> list[Finding]:
-    """The hazards of the lines given to ``ssh host '...'``, ``bash -c '...'``, ``su -c``: the
-    incident's line was such a one."""
+    """The hazards of the lines given to ``ssh host '...'``, ``bash -c '...'``, ``su -c`` (the
+    incident's line was such a one), and of those this shell runs from text (``eval``, an
+    alias, a command in a variable: run by the same shell, zsh or not as this line is)."""
     if depth >= MAX_NESTING:
         return []
+    inner_lines = [line for cmd in commands for line in nested_commands(cmd)]
+    inner_lines += [(how, line, zsh) for how, line in indirect_commands(commands)]
     findings = []
-    for cmd in commands:
-        for how, inner, zsh in nested_commands(cmd):
-            for found in lint_command(inner, paths=paths, depth=depth + 1, zsh=zsh):
-                findings.append(
-                    dataclasses.replace(found, message=f"inside {how}: {found.message}")
-                )
+    for how, inner, inner_zsh in inner_lines:
+        for found in lint_command(inner, paths=paths, depth=depth + 1, zsh=inner_zsh):
+            findings.append(dataclasses.replace(found, message=f"inside {how}: {found.message}"))
     return findings

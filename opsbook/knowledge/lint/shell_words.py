@@ -1,7 +1,8 @@
 """Split a shell command line into simple commands the way bash reads it, as far as the
 linter needs: words with their source text (so quoting is known), redirections, the operator
 after each command, precommands (``sudo``, ``nohup``...), and the lines handed to another
-shell (``ssh host '...'``, ``bash -c``, ``su -c``).
+shell (``ssh host '...'``, ``bash -c``, ``su -c``) or to this one (``eval``, an alias's text, a
+command held in a variable).
 
 Commands are tokenized with :mod:`shlex` (POSIX rules, punctuation characters as operators).
 """
@@ -42,6 +43,9 @@ WRAPPERS = {
 }
 # Shell keywords that may start a simple command as this parser splits it (``do kill ...``).
 KEYWORDS = {"do", "then", "else", "elif", "while", "until", "if", "!", "{"}
+# Builtins that set variables from NAME=VALUE words (the value may be a command run later).
+DECLARERS = {"export", "local", "declare", "typeset", "readonly"}
+VARIABLE_COMMAND = re.compile(r"^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))$")
 # Commands that take one path, where an absolute path followed by a relative one is almost
 
 
@@ -119,6 +123,44 @@ def nested_commands(cmd: SimpleCommand) -> list[tuple[str, str, bool]]:
     if name == "su":
         script = _su_script(argv[1:])
         return [("su -c '...'", script, True)] if script is not None else []
+    return []
+
+
+def indirect_commands(commands: Sequence[SimpleCommand]) -> list[tuple[str, str]]:
+    """The command lines this shell runs from text (how, and the line): the words of ``eval``
+    joined by spaces (as eval joins them), the text of each ``alias NAME='...'`` (run wherever
+    the alias is used), and a variable's value run as a command (``x='pkill -f vllm'; $x``)
+    with the words after it. A hazard hidden in any of them is still a hazard of the line."""
+    found: list[tuple[str, str]] = []
+    variables: dict[str, str] = {}
+    for cmd in commands:
+        argv, _ = cmd.unwrapped()
+        name = command_name(argv)
+        for token in _assignments_of(cmd, name):
+            variable, _, value = token.text.partition("=")
+            variables[variable.rstrip("+")] = value
+        if name == "eval" and len(argv) > 1:
+            found.append(("eval '...'", " ".join(argv[1:])))
+        elif name == "alias":
+            for word in argv[1:]:
+                alias, eq, text = word.partition("=")
+                if eq and text.strip():
+                    found.append((f"alias {alias}='...'", text))
+        elif argv and (held := VARIABLE_COMMAND.match(argv[0])):
+            variable = held.group(1) or held.group(2)
+            if variables.get(variable, "").strip():
+                line = " ".join([variables[variable], *argv[1:]])
+                found.append((f"${variable}", line))
+    return found
+
+
+def _assignments_of(cmd: SimpleCommand, name: str) -> list[Token]:
+    """The NAME=VALUE words a command sets: its leading assignments when it has no words
+    (``x=1``; with words they are the command's environment), or a declarer's (``export``)."""
+    if not cmd.words:
+        return cmd.assignments
+    if name in DECLARERS:
+        return [w for w in cmd.words[1:] if ASSIGNMENT.match(w.text)]
     return []
 
 
@@ -250,6 +292,10 @@ def unwrap(argv: Sequence[str]) -> tuple[list[str], set[str]]:
         name = posixpath.basename(argv[i].lstrip("`"))
         if name in KEYWORDS:
             i += 1
+            continue
+        if name == "function":
+            # ``function NAME { BODY; }``: the body's first command follows the brace.
+            i += 2
             continue
         if name not in WRAPPERS:
             break

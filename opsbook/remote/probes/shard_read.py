@@ -52,6 +52,9 @@ def os_reason(error: OSError) -> str:
 
 # --- where the model is -------------------------------------------------------------------
 
+# The start of the error of a model folder that exists but cannot be opened.
+UNREADABLE = "cannot read the checkpoint"
+
 
 def locate(path: str) -> dict[str, Any]:
     """Find the model directory and its layout from a user-given path.
@@ -86,6 +89,12 @@ def locate(path: str) -> dict[str, Any]:
         where.update(model_dir=path, layout="local-dir")
     else:
         where.update(model_dir=path, layout="plain")
+    try:
+        # Opening the folder is what a listing needs: a folder the user cannot read would
+        # otherwise list as empty, "no checkpoint shards found".
+        os.scandir(where["model_dir"]).close()
+    except OSError as error:
+        where["error"] = f"{UNREADABLE}: {where['model_dir']}: {os_reason(error)}"
     return where
 
 
