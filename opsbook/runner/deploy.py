@@ -51,13 +51,20 @@ from opsbook.runner.execution import (
     run_label,
     write_run_json,
 )
-from opsbook.runner.interrupt import RunInterrupted, quiet_abandoned_tasks, signal_name, signum_of
+from opsbook.runner.interrupt import (
+    RunInterrupted,
+    quiet_abandoned_tasks,
+    sealing,
+    signal_name,
+    signum_of,
+)
 from opsbook.runner.parameters import find_notebook
 from opsbook.runner.shared_kernel import SharedKernel
 
 if TYPE_CHECKING:
     from opsbook import stages
     from opsbook.core.deployment import Deployment, HostSpec
+    from opsbook.runner.lock import Locks
 
 BATCH_PREFIX = "batch-"
 
@@ -223,29 +230,53 @@ def run_deploy(
         run.html.start()
         _deploy_batches(run, batches, names, max_fail_percentage)
     except (RunInterrupted, KeyboardInterrupt) as e:
-        quiet_abandoned_tasks()
-        run.interrupted = signum_of(e)
-        run.stopped = f"interrupted by {signal_name(run.interrupted)}: the run was stopped"
-        # The stage cut short never reached its own redaction.
-        for notebook in folder.rglob("*.ipynb"):
-            redact_notebook(notebook, run.redactor)
+        with sealing():
+            _note_interrupted(run, folder, e)
     finally:
-        # The last HTML copy is made while the locks go and the kernel is shut down.
-        closing = threading.Thread(target=run.html.close, name="opsbook-html-close")
-        closing.start()
-        try:
-            locks.release()
-            run.kernel.discard()
-        finally:
-            closing.join()
-        # The kernels are done writing their logs (the shared one in the run folder, one
-        # started after a failed stage in its batch folder).
-        for log in folder.rglob(KERNEL_LOG):
-            with contextlib.suppress(FileNotFoundError):  # a folder deleted during the run
-                redact_text_file(log, run.redactor)
+        # A second signal while the record is written would leave it half written.
+        with sealing():
+            _close_run(run, locks, folder)
+    with sealing():
+        return _file_deploy_run(run, names, started_at, started, serial, max_fail_percentage, limit)
+
+
+def _note_interrupted(run: _DeployRun, folder: Path, e: BaseException) -> None:
+    quiet_abandoned_tasks()
+    run.interrupted = signum_of(e)
+    run.stopped = f"interrupted by {signal_name(run.interrupted)}: the run was stopped"
+    # The stage cut short never reached its own redaction.
+    for notebook in folder.rglob("*.ipynb"):
+        redact_notebook(notebook, run.redactor)
+
+
+def _close_run(run: _DeployRun, locks: Locks, folder: Path) -> None:
+    # The last HTML copy is made while the locks go and the kernel is shut down.
+    closing = threading.Thread(target=run.html.close, name="opsbook-html-close")
+    closing.start()
+    try:
+        locks.release()
+        run.kernel.discard()
+    finally:
+        closing.join()
+    # The kernels are done writing their logs (the shared one in the run folder, one
+    # started after a failed stage in its batch folder).
+    for log in folder.rglob(KERNEL_LOG):
+        with contextlib.suppress(FileNotFoundError):  # a folder deleted during the run
+            redact_text_file(log, run.redactor)
+
+
+def _file_deploy_run(
+    run: _DeployRun,
+    names: list[str],
+    started_at: str,
+    started: float,
+    serial: int | str | None,
+    max_fail_percentage: float | None,
+    limit: str | None,
+) -> RunRecord:
     pages = [page.result() for page in run.pages]
     run.notebooks = [
-        replace(entry, html=str(page.relative_to(folder)) if page else None)
+        replace(entry, html=str(page.relative_to(run.folder)) if page else None)
         for entry, page in zip(run.notebooks, pages, strict=True)
     ]
     run.results = _with_skipped(run.results, names, run.stopped)
