@@ -502,7 +502,7 @@ def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]])
         host = FakeHost(
             spec.address,
             probes={"cluster_node": answer, "ray_node": {"processes": []}},
-            commands={r"ray-node\.json": "", r"import ray": "2.58.0\n"},
+            commands={r"ray-node\.json": "", r"import ray": "2.58.0\n", "^true$": ""},
         )
         host.spec, host.name = spec, spec.name
         hosts.append(host)
