@@ -146,7 +146,8 @@ def _holder_text(holder: Mapping[str, Any]) -> str:
     what = "a Ray GCS" if holder.get("ray") else "a process"
     pid = holder.get("pid")
     if pid is None:
-        return f"a process of user {holder.get('user')}"
+        among = "; ".join(holder.get("candidates") or []) or "none visible to this user"
+        return f"a process of user {holder.get('user')} (one of: {among})"
     return f"{what} of user {holder.get('user')} (PID {pid}: {str(holder.get('cmd'))[:120]})"
 
 

@@ -77,3 +77,8 @@ def test_one_deployment_lists_every_host_with_its_own_paths_and_port(tmp_path) -
         assert view.server_port == 8000 + n and view.model_path.endswith(f"host-{n:02d}/models/m")
         assert view.script_path.endswith(f"host-{n:02d}/home/launch.sh")
         assert view.serve_args == {"tensor-parallel-size": 8}
+
+
+def test_a_multinode_fleet_starts_past_the_address_ray_replaces() -> None:
+    assert fleet.ray_kept("127.0.0.1") == "127.0.0.2"
+    assert fleet.ray_kept("127.0.6.11") == "127.0.6.11"

@@ -111,7 +111,27 @@ def port_holder(port):
     else:
         pid, cmd = _ray_gcs_of(uid, port)
     ray = "gcs_server" in cmd
-    return {"pid": pid, "uid": uid, "user": _user(uid), "cmd": cmd[:300], "ray": ray}
+    found = {"pid": pid, "uid": uid, "user": _user(uid), "cmd": cmd[:300], "ray": ray}
+    if pid is None:
+        found["candidates"] = _processes_of(uid)
+    return found
+
+
+# A user with more processes than this names no candidate: the list would guess, not tell.
+CANDIDATES = 3
+
+
+def _processes_of(uid):
+    """Another user's socket is not tied to a PID without its file descriptors: that user's
+    processes are the candidates, named by PID and command."""
+    found = []
+    for pid in _pids():
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                found.append(f"PID {pid}: {_cmdline(pid)[:80]}")
+        except OSError:
+            continue
+    return found if len(found) <= CANDIDATES else []
 
 
 def _holder_error(holder, port, temp_dir):
@@ -121,7 +141,8 @@ def _holder_error(holder, port, temp_dir):
         return None
     what = "a Ray GCS" if holder["ray"] else "a process"
     if holder["pid"] is None:
-        who = f"a process of user {holder['user']} (its PID is not visible to this user)"
+        among = "; ".join(holder.get("candidates") or []) or "none visible"
+        who = f"a process of user {holder['user']} (one of: {among})"
     else:
         who = f"{what} of user {holder['user']}, PID {holder['pid']} ({holder['cmd'][:120]})"
     return f"port {port} is held by {who}, not by this cluster's Ray head ({temp_dir})"
