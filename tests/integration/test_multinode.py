@@ -175,13 +175,16 @@ def test_the_pair_serves_one_model_and_stops_only_its_own_ray(
 
     checked = opsbook("check", "-f", str(pair.deployment_path), timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    spec = load_deployment(pair.deployment_path).cluster
+    assert spec is not None
     fleets.stop_sshd(worker)
     try:
         began = time.monotonic()
         lost = opsbook("check", "-f", str(pair.deployment_path), timeout=60)
         took = time.monotonic() - began
     finally:
-        fleets.up(pair.dir, hosts=2, multinode=True)
+        # The worker's sshd again, the deployment (and its launch script's port) as it was.
+        fleets.up(pair.dir, hosts=2, multinode=True, ray_port=spec.ray_port)
     assert lost.returncode == 4, lost.stdout + lost.stderr
     assert took < 15 and "unreachable" in lost.stdout
     stopped = opsbook("cluster", "stop", "-f", str(pair.deployment_path), timeout=120)
