@@ -82,7 +82,8 @@ def up(
     Args:
         dir: the fleet's folder; each host gets ``host-NN`` in it.
         hosts: how many hosts.
-        address: the first host's loopback address; the others follow it.
+        address: the first host's loopback address; the others follow it (with
+            ``multinode``, from 127.0.0.2 when it is 127.0.0.1: :func:`ray_kept`).
         shell: the login shell of every host.
         gpu_profile: every host's simulated GPU model (``opsbook.rehearsal.sim.simgpu.PROFILES``).
         vllm_version: the vLLM release every host's simulated server plays.
@@ -101,7 +102,7 @@ def up(
         raise SandboxError(
             f"serving across nodes needs at least 2 hosts, not {hosts}", remedy="use --hosts 2"
         )
-    addresses = consecutive(address, hosts)
+    addresses = consecutive(ray_kept(address) if multinode else address, hosts)
     # An existing folder keeps its mode and owner; one holding other files is refused.
     sandbox.claim_folder(folder, ours=(FLEET_FILE,))
     names = [f"host-{i:02d}" for i in range(1, hosts + 1)]
@@ -153,6 +154,21 @@ def status(dir: Path) -> Result:
     ]
     message = f"{up_count} of {len(results)} rehearsal host(s) in {folder} answer SSH"
     return Result(up_count == len(results), message, findings=findings)
+
+
+# The addresses ``ray start --node-ip-address`` replaces by the machine's own (ray 2.58.0
+# python/ray/scripts/scripts.py ``start``: services.resolve_ip_for_localhost; ray/_raylet.so
+# is_localhost: "localhost", "127.0.0.1", "::1").
+RAY_REPLACES = ("127.0.0.1",)
+
+
+def ray_kept(first: str) -> str:
+    """The first address of a multi-node fleet: ``first``, or the one after it when Ray would
+    register a node there under the machine's own address (on a machine with another
+    interface, 192.0.2.2 say), where vLLM asks for ``node:127.0.0.1``, which no node has."""
+    if first in RAY_REPLACES:
+        return str(ipaddress.IPv4Address(first) + 1)
+    return first
 
 
 def consecutive(first: str, count: int) -> list[str]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Finding, Result, State
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages import download_check
+from opsbook.stages import cluster_reach, download_check
 from opsbook.stages.base import Report
 from opsbook.steps import shard_check
 
@@ -24,7 +24,12 @@ def run(
     hosts: Sequence[RemoteHost], deployment: Deployment, options: download_check.Options
 ) -> dict[str, Report]:
     """The download check on each node, then the fingerprints compared."""
+    hosts, lost = cluster_reach.split(hosts)
     reports = {h.name: download_check.run(h, deployment.for_host(h.spec), options) for h in hosts}
+    if lost:
+        verdict = cluster_reach.without(lost, "compared")
+        failed = {n: Report(State.FAILED, verdict, [verdict, *r.shows]) for n, r in reports.items()}
+        return lost | failed
     prints = {
         name: fingerprint(r.check)
         for name, r in reports.items()

@@ -7,17 +7,20 @@ the server opsbook started on the head, start the Ray head and then each worker 
 watching the cluster, and smoke-test it. A node that is missing or leaves while the model loads
 ends the launch within seconds, naming the node; whatever opsbook started for it is stopped.
 
-Unlike the launch on one host, a cluster's apply restarts the head's server and Ray on every
-node each time (``restart`` is not read): leaving a ready server alone would also need every
-node's place in the Ray cluster in the decision (a worker that left must restart it), and its
-dry run reports that place, not the head's server. The head's launch record notes what the
-server runs all the same (:func:`opsbook.steps.restart_rule.run_inputs`), for that rule.
+The head's server is restarted only when needed, by the rule of the launch on one host
+(:mod:`opsbook.steps.restart_rule`: not ready, or its script, env, patched configs or engine
+changed, or ``restart="always"``) with the cluster's membership in the decision: every node in
+the Ray cluster with the GPUs its nvidia-smi lists. A node missing (or short of GPUs) is
+started again and the server restarted, since its ranks went with it; a ready, unchanged server
+over a whole cluster is left alone, as its dry run says.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opsbook.core.deployment import Deployment
@@ -25,9 +28,10 @@ from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.protocol import RemoteHost
+from opsbook.stages import cluster_reach
 from opsbook.stages.base import Report
 from opsbook.stages.launch_server import Options, _phases
-from opsbook.steps import cluster, plots, restart_rule, script, server
+from opsbook.steps import cluster, plots, restart_rule, script, server, triage
 
 if TYPE_CHECKING:
     from opsbook.stages import diagnose as single
@@ -40,7 +44,7 @@ NUM_CPUS_VAR = "OPSBOOK_RAY_NUM_CPUS"
 OBJECT_STORE_VAR = "OPSBOOK_RAY_OBJECT_STORE_BYTES"
 # The failure ids of the catalogue's entries raised by these findings (their raised_by).
 RAY_NODE_DIED = failure_for("ray-node-lost")
-RAY_RESOURCES = failure_for("ray-resources-short")
+RAY_PORT_HELD = failure_for("ray-port-held")
 
 
 class NodeLost(OpsbookError):
@@ -51,29 +55,130 @@ def run(hosts: Sequence[RemoteHost], deployment: Deployment, options: Options) -
     """The launch stage on a cluster: one report per host (head and workers)."""
     stop_grace = options.stop_grace
     nodes = cluster.nodes_of(deployment)
-    by_name = {h.name: h for h in hosts}
     head = nodes[0]
-    if head.host.name not in by_name:
+    if head.host.name not in {h.name for h in hosts}:
         verdict = Result(False, f"the cluster's head {head.host.name} is not in this run")
         return {h.name: Report(State.FAILED, verdict) for h in hosts}
-    if not options.apply:
-        return _dry_run(by_name, deployment)
+    reached, lost = cluster_reach.split(hosts)
+    if lost:
+        verdict = cluster_reach.without(lost, "launched")
+        return lost | {h.name: Report(State.FAILED, verdict) for h in reached}
+    by_name = {h.name: h for h in hosts}
     head_host = by_name[head.host.name]
     view = cluster.with_cluster_settings(deployment.for_host(head.host))
     paths = server.resolve_paths(head_host, view)
+    node_options = {n.host.name: _node_options(by_name.get(n.host.name), n) for n in nodes}
+    decision = _decide(head_host, deployment, view, paths, node_options, options.restart)
+    if not options.apply or not decision.restart:
+        return _as_found(hosts, deployment, decision)
     stopped = server.stop_previous(head_host, paths, grace=stop_grace)
     if not stopped.ok:
         return _all(hosts, head.host.name, Report(State.FAILED, stopped, [stopped]))
-    node_options = {n.host.name: _node_options(by_name.get(n.host.name), n) for n in nodes}
     joined = _start_cluster(hosts, deployment, node_options)
     if not joined.ok:
         cluster.stop_cluster(hosts, deployment)
-        return _all(hosts, head.host.name, Report(State.FAILED, joined, [joined], RAY_RESOURCES))
+        failed = Report(State.FAILED, joined, [joined], joined.failure_id)
+        return _all(hosts, head.host.name, failed)
     report = _launch_on_head(head_host, hosts, deployment, view, paths, options.ready_timeout)
     if report.state is State.FAILED:
         server.stop_server(head_host, paths, grace=stop_grace)
         cluster.stop_cluster(hosts, deployment)
+    elif decision.server.was_ready:
+        said = f"{report.verdict.message}; restarted: {decision.reason()}"
+        report = dataclasses.replace(
+            report, verdict=dataclasses.replace(report.verdict, message=said)
+        )
     return _per_node(hosts, deployment, report, joined)
+
+
+@dataclass(frozen=True)
+class ClusterDecision:
+    """Whether the launch restarts the head's server (and starts missing nodes), and why: the
+    single-host rule's decision for the head's server, with the nodes the cluster lacks."""
+
+    server: restart_rule.RestartDecision
+    state: triage.ServerState
+    members: dict[str, float]
+    missing: list[str]
+
+    @property
+    def restart(self) -> bool:
+        return self.server.restart or bool(self.missing)
+
+    def reason(self) -> str:
+        """Why an apply restarts (or, when it does not, why it leaves everything alone)."""
+        lacking = "; ".join(self.missing)
+        if not self.missing:
+            return self.server.reason
+        if not self.server.restart:
+            return f"{lacking} (the server's ranks there went with it)"
+        return f"{self.server.reason}; {lacking}"
+
+
+def _decide(
+    head_host: RemoteHost,
+    deployment: Deployment,
+    view: Deployment,
+    paths: server.LaunchPaths,
+    sizes: dict[str, cluster.NodeOptions],
+    restart: str,
+) -> ClusterDecision:
+    """The single-host rule on the head's server, and every node's place in the Ray cluster
+    with the GPUs its nvidia-smi lists (Ray's count of a node's GPUs is what it was started
+    with)."""
+    inputs = restart_rule.run_inputs(view, paths)
+    state = triage.server_state(
+        head_host, paths, view.server_port, notes=(server.RUNNING_SCRIPT,), inputs=inputs
+    )
+    nodes = cluster.nodes_of(deployment)
+    port = cluster.cluster_of(deployment).ray_port
+    found = cluster.cluster_nodes(head_host, nodes[0], cluster.head_address(deployment))
+    members = found.alive(nodes, port)
+    missing = []
+    for node in nodes:
+        want = sizes[node.host.name].num_gpus or 0
+        if node.address not in members:
+            missing.append(f"node {node.host.name} ({node.address}) is not in the Ray cluster")
+        elif members[node.address] < want:
+            missing.append(
+                f"node {node.host.name} offers Ray {members[node.address]:g} of its {want} GPU(s)"
+            )
+    return ClusterDecision(restart_rule.decide(state, restart), state, members, missing)
+
+
+def _as_found(
+    hosts: Sequence[RemoteHost], deployment: Deployment, decision: ClusterDecision
+) -> dict[str, Report]:
+    """A dry run's reports (would change where an apply would act), or an apply's that left
+    the server and the cluster alone (ok): the same words for the same decision."""
+    nodes = cluster.nodes_of(deployment)
+    names = {h.name for h in hosts}
+    head = nodes[0]
+    reports: dict[str, Report] = {}
+    if decision.restart:
+        message = (
+            f"would restart the server: {decision.reason()}; apply=True does it"
+            if decision.server.was_ready
+            else f"{decision.server.dry_run_message()}"
+            + (f"; {'; '.join(decision.missing)}" if decision.missing else "")
+        )
+        verdict = Result(True, message)
+        reports[head.host.name] = Report(State.WOULD_CHANGE, verdict, [verdict])
+    else:
+        verdict = Result(True, f"{decision.server.reason}; every node in the Ray cluster")
+        reports[head.host.name] = Report(State.OK, verdict, [decision.state.processes_table()])
+    for node in nodes[1:]:
+        if node.host.name not in names:
+            continue
+        gpus = decision.members.get(node.address)
+        lacking = [m for m in decision.missing if f"node {node.host.name} " in m]
+        if lacking:
+            verdict = Result(True, f"{lacking[0]}; apply=True starts it and relaunches")
+            reports[node.host.name] = Report(State.WOULD_CHANGE, verdict, [verdict])
+        else:
+            verdict = Result(True, f"in the Ray cluster: {gpus or 0:g} GPU(s)")
+            reports[node.host.name] = Report(State.OK, verdict, [verdict])
+    return {h.name: reports[h.name] for h in hosts if h.name in reports}
 
 
 def _node_options(host: RemoteHost | None, node: cluster.Node) -> cluster.NodeOptions:
@@ -171,24 +276,6 @@ def _both(*calls: Callable[[server.Progress], None]) -> Callable[[server.Progres
     return call
 
 
-def _dry_run(by_name: dict[str, RemoteHost], deployment: Deployment) -> dict[str, Report]:
-    nodes = cluster.nodes_of(deployment)
-    head_host = by_name[nodes[0].host.name]
-    state = cluster.cluster_nodes(head_host, nodes[0], cluster.head_address(deployment))
-    alive = state.alive()
-    reports = {}
-    for node in nodes:
-        if node.host.name not in by_name:
-            continue
-        if node.address in alive:
-            verdict = Result(True, f"in the Ray cluster: {alive[node.address]:g} GPU(s)")
-            reports[node.host.name] = Report(State.OK, verdict)
-        else:
-            verdict = Result(True, "not in the Ray cluster; apply=True starts it and launches")
-            reports[node.host.name] = Report(State.WOULD_CHANGE, verdict)
-    return reports
-
-
 def _all(hosts: Sequence[RemoteHost], head: str, report: Report) -> dict[str, Report]:
     """The head's report, and the same verdict for each worker (the launch is one)."""
     reports = {head: report}
@@ -252,33 +339,52 @@ def diagnose(
     hosts: Sequence[RemoteHost], deployment: Deployment, options: single.Options
 ) -> dict[str, Report]:
     """Diagnose on a cluster: the head's server as on one host; each worker by its place in
-    the Ray cluster (a worker runs no server of its own)."""
+    the Ray cluster (a worker runs no server of its own). A node out of reach is unreachable;
+    with the head out of reach the workers' place cannot be asked."""
     from opsbook.stages import diagnose as single
 
     nodes = cluster.nodes_of(deployment)
-    by_name = {h.name: h for h in hosts}
-    reports: dict[str, Report] = {}
+    reached, reports = cluster_reach.split(hosts)
+    by_name = {h.name: h for h in reached}
     head = nodes[0]
-    alive: dict[str, float] = {}
+    state = cluster.ClusterNodes((), error=f"the head {head.host.name} is not in this run")
     if head.host.name in by_name:
         head_host = by_name[head.host.name]
         view = cluster.with_cluster_settings(deployment.for_host(head.host))
         reports[head.host.name] = single.run(head_host, view, options)
-        alive = cluster.cluster_nodes(head_host, head, cluster.head_address(deployment)).alive()
+        state = cluster.cluster_nodes(head_host, head, cluster.head_address(deployment))
+        if state.holder:
+            held = cluster.port_held(head, cluster.cluster_of(deployment).ray_port, state)
+            reports[head.host.name] = _with_problem(reports[head.host.name], held)
+    elif head.host.name in reports:
+        state = cluster.ClusterNodes((), error=f"the head {head.host.name} is unreachable")
+    alive = state.alive(nodes, cluster.cluster_of(deployment).ray_port)
     for node in nodes[1:]:
         if node.host.name not in by_name:
             continue
-        if node.address in alive:
-            verdict = Result(
-                True,
-                f"Ray worker node {node.address}: in the cluster, {alive[node.address]:g} GPU(s)",
-            )
-            reports[node.host.name] = Report(State.OK, verdict, [verdict])
-        else:
-            verdict = Result(
-                False,
-                f"Ray worker node {node.address} is not in the cluster of {head.address}",
-                findings=[Finding("error", node.host.name, "not in the Ray cluster")],
-            )
-            reports[node.host.name] = Report(State.FAILED, verdict, [verdict], RAY_NODE_DIED)
+        reports[node.host.name] = _worker_report(node, head, alive, state)
     return reports
+
+
+def _worker_report(
+    node: cluster.Node, head: cluster.Node, alive: dict[str, float], state: cluster.ClusterNodes
+) -> Report:
+    if node.address in alive:
+        verdict = Result(
+            True, f"Ray worker node {node.address}: in the cluster, {alive[node.address]:g} GPU(s)"
+        )
+        return Report(State.OK, verdict, [verdict])
+    why = f" ({state.error})" if state.error else ""
+    message = f"Ray worker node {node.address} is not in the cluster of {head.address}{why}"
+    verdict = Result(False, message, findings=[Finding("error", node.host.name, message)])
+    failure = RAY_PORT_HELD if state.holder else RAY_NODE_DIED
+    return Report(State.FAILED, verdict, [verdict], failure)
+
+
+def _with_problem(report: Report, problem: Result) -> Report:
+    """The head's report failed by a cluster problem found beside its server's state."""
+    message = f"{problem.message}; server: {report.verdict.message}"
+    findings = [*problem.findings, *report.verdict.findings]
+    verdict = Result(False, message, findings=findings)
+    failure = problem.failure_id if isinstance(problem, cluster.JoinResult) else ""
+    return dataclasses.replace(report, state=State.FAILED, verdict=verdict, failure_id=failure)

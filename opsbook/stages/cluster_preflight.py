@@ -23,7 +23,7 @@ from opsbook.core.deployment import ClusterSpec, Deployment
 from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages import preflight
+from opsbook.stages import cluster_reach, preflight
 from opsbook.stages.base import Report
 from opsbook.steps import cluster
 from opsbook.steps.host_facts import HostFacts
@@ -103,9 +103,14 @@ def run(
     """Preflight each node, then compare them; one report per host."""
     spec = cluster.cluster_of(deployment)
     nodes = {n.host.name: n for n in cluster.nodes_of(deployment)}
+    hosts, lost = cluster_reach.split(hosts)
     reports: dict[str, Report] = {
         h.name: preflight.run(h, deployment.for_host(h.spec), options) for h in hosts
     }
+    if lost:
+        verdict = cluster_reach.without(lost, "compared")
+        failed = {n: Report(State.FAILED, verdict, [verdict, *r.shows]) for n, r in reports.items()}
+        return lost | failed
     found = {
         name: r.facts for name, r in reports.items() if isinstance(r, preflight.PreflightReport)
     }
@@ -176,6 +181,8 @@ def node_findings(
     NCCL/Gloo interfaces exist, the other nodes' addresses answer from it, and (on the head)
     the Ray port is free unless opsbook's own Ray holds it."""
     findings = []
+    if node.address in cluster.RAY_LOCALHOST:
+        findings.append(ray_replaces(name, node))
     if answer.host_ip_error:
         findings.append(
             Finding(
@@ -212,6 +219,23 @@ def node_findings(
         if peer is not None:
             findings.append(reach_finding(name, peer, miss.port, miss.error, miss.refused))
     return findings
+
+
+def ray_replaces(name: str, node: cluster.Node) -> Finding:
+    """A node's address for Ray that Ray itself replaces: told ``127.0.0.1`` (``localhost``,
+    ``::1``), ``ray start`` registers the node under the machine's own address (ray 2.58.0
+    python/ray/scripts/scripts.py ``start``: services.resolve_ip_for_localhost), while vLLM on
+    the head asks Ray for a bundle on ``node:<VLLM_HOST_IP>`` (vLLM 0.32.0
+    vllm/v1/executor/ray_utils.py initialize_ray_cluster), which no node then offers: the
+    placement group waits until vLLM gives up."""
+    return Finding(
+        "error",
+        name,
+        f"{node.address}, this node's address for Ray and vLLM, is one Ray replaces by the "
+        "machine's own address, so vLLM's placement on node:" + node.address + " never happens",
+        remedy="set VLLM_HOST_IP in this host's vars to another address of the node (on one "
+        "machine: another loopback address, such as 127.0.0.2)",
+    )
 
 
 def reach_finding(name: str, peer: cluster.Node, port: int, error: str, refused: bool) -> Finding:

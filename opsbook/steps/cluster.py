@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opsbook.core.deployment import ClusterSpec, Deployment, HostSpec
-from opsbook.core.exceptions import DeploymentError, OpsbookError
+from opsbook.core.exceptions import DeploymentError, OpsbookError, ProbeError
 from opsbook.core.results import Finding, Result
+from opsbook.knowledge.logscan import diagnose_log, failure_for
+from opsbook.knowledge.logscan.catalogue import entry_by_id, entry_with
 from opsbook.remote.protocol import RemoteHost
 
 NODE_RECORD = "ray-node.json"
@@ -67,29 +69,86 @@ class Node:
 
 
 @dataclass(frozen=True)
-class ClusterNodes:
-    """What the cluster state API reports: per node address, alive and GPU count."""
+class Member:
+    """A node as the cluster's state API lists it: the address Ray registered it under, its
+    liveness and GPUs, its ``--temp-dir`` and whether the address is loopback or one of the
+    head machine's own (``local``)."""
 
-    nodes: tuple[tuple[str, bool, float], ...]
+    address: str
+    alive: bool
+    gpus: float
+    temp_dir: str = ""
+    local: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterNodes:
+    """What the cluster state API reports, or why it could not be asked (``error``; ``holder``:
+    what holds the head's port instead of this cluster's Ray head, described)."""
+
+    members: tuple[Member, ...]
     ray_version: str = ""
     error: str = ""
+    holder: str = ""
 
     @classmethod
     def parse(cls, answer: Mapping[str, Any]) -> ClusterNodes:
         """The ``ray_cluster`` probe's answer (opsbook/remote/probes/ray_cluster.py)."""
         if answer.get("error"):
-            return cls((), error=str(answer["error"]))
-        nodes = tuple(
-            (str(n["address"]), bool(n["alive"]), float(n["gpus"])) for n in answer.get("nodes", [])
+            held = answer.get("holder")
+            return cls((), error=str(answer["error"]), holder=_holder_text(held) if held else "")
+        members = tuple(
+            Member(
+                str(n["address"]),
+                bool(n["alive"]),
+                float(n["gpus"]),
+                str(n.get("temp_dir") or ""),
+                bool(n.get("local")),
+            )
+            for n in answer.get("nodes", [])
         )
-        return cls(nodes, str(answer.get("ray_version") or ""))
+        return cls(members, str(answer.get("ray_version") or ""))
 
-    def alive(self) -> dict[str, float]:
-        return {address: gpus for address, alive, gpus in self.nodes if alive}
+    def registered(self) -> dict[str, float]:
+        """Per address Ray registered an alive node under, its GPUs."""
+        return {m.address: m.gpus for m in self.members if m.alive}
 
-    @property
-    def gpus(self) -> float:
-        return sum(self.alive().values())
+    def member(self, node: Node, port: int) -> Member | None:
+        """The alive member that is ``node``: the one whose temp folder is the node's own, else
+        the one at the node's address. Ray registers a node told ``127.0.0.1`` (or
+        ``localhost``, ``::1``) under the machine's own address instead (ray 2.58.0
+        python/ray/scripts/scripts.py ``start``: ``services.resolve_ip_for_localhost``); that
+        address is taken only when it is a loopback one or the machine's own."""
+        alive = [m for m in self.members if m.alive]
+        for m in alive:
+            if m.temp_dir == node.temp_dir(port):
+                if m.address == node.address or (node.address in RAY_LOCALHOST and m.local):
+                    return m
+        return next((m for m in alive if m.address == node.address), None)
+
+    def alive(self, nodes: Sequence[Node], port: int) -> dict[str, float]:
+        """Per address of ``nodes`` (as the deployment names it) in the cluster, its GPUs."""
+        found = {}
+        for node in nodes:
+            m = self.member(node, port)
+            if m is not None:
+                found[node.address] = m.gpus
+        return found
+
+
+# The addresses ``ray start --node-ip-address`` replaces by the machine's own (ray 2.58.0
+# ray/_raylet.so ``is_localhost``, as python/ray/_private/services.py resolve_ip_for_localhost
+# documents it: "localhost", "127.0.0.1" or "::1").
+RAY_LOCALHOST = ("localhost", "127.0.0.1", "::1")
+
+
+def _holder_text(holder: Mapping[str, Any]) -> str:
+    what = "a Ray GCS" if holder.get("ray") else "a process"
+    pid = holder.get("pid")
+    if pid is None:
+        among = "; ".join(holder.get("candidates") or []) or "none visible to this user"
+        return f"a process of user {holder.get('user')} (one of: {among})"
+    return f"{what} of user {holder.get('user')} (PID {pid}: {str(holder.get('cmd'))[:120]})"
 
 
 @dataclass(frozen=True)
@@ -213,10 +272,12 @@ def _ray_node(host: Any, args: dict[str, Any]) -> RayNodeAnswer:
 
 @dataclass(kw_only=True, repr=False)
 class JoinResult(Result):
-    """The cluster's alive nodes (address: GPUs), and the head's address when it was started."""
+    """The cluster's alive nodes (the deployment's address for each: GPUs), the head's address
+    when it was started, and the failure id of a cluster that did not form."""
 
     nodes: dict[str, float] = field(default_factory=dict)
     address: str = ""
+    failure_id: str = ""
 
 
 @dataclass(kw_only=True, repr=False)
@@ -247,7 +308,7 @@ def start_cluster(
 
     Returns:
         ok with a finding per node (its address and GPUs) when every node is in the cluster;
-        otherwise not ok, naming the node that did not start or join.
+        otherwise not ok, naming the node that did not start or join, with the failure id.
     """
     cluster = cluster_of(deployment)
     by_name = {h.name: h for h in hosts}
@@ -258,22 +319,26 @@ def start_cluster(
         message = f"the cluster needs every node; not in this run: {', '.join(missing)}"
         return JoinResult(False, message, findings=absent)
     address = head_address(deployment)
+    head_host = by_name[nodes[0].host.name]
     findings: list[Finding] = []
-    expected: dict[str, float] = {}
+    expected: list[Node] = []
+    joined = JoinResult(True, "")
     for node in nodes:
         host = by_name[node.host.name]
-        state = cluster_nodes(by_name[nodes[0].host.name], nodes[0], address)
-        if node.address in state.alive():
+        state = cluster_nodes(head_host, nodes[0], address)
+        if state.holder:
+            return port_held(nodes[0], cluster.ray_port, state)
+        if state.member(node, cluster.ray_port) is not None:
             findings.append(Finding("ok", node.host.name, f"{node.address} already in the cluster"))
         else:
             sizing = (options or {}).get(node.host.name) or NodeOptions()
             started = start_node(host, node, cluster, address, sizing)
             if not started.ok:
-                return JoinResult(False, started.message, findings=findings + started.findings)
-        expected[node.address] = 0
-        joined = wait_joined(by_name[nodes[0].host.name], nodes[0], address, expected, join_timeout)
+                return dataclasses.replace(started, findings=findings + started.findings)
+        expected.append(node)
+        joined = wait_joined(head_host, nodes[0], address, expected, join_timeout)
         if not joined.ok:
-            return JoinResult(False, joined.message, findings=findings + joined.findings)
+            return dataclasses.replace(joined, findings=findings + joined.findings)
         gpus = joined.nodes.get(node.address, 0)
         findings.append(Finding("ok", node.host.name, f"joined as {node.address}: {gpus:g} GPU(s)"))
     total = sum(joined.nodes.values())
@@ -281,9 +346,24 @@ def start_cluster(
     return JoinResult(True, message, findings=findings, nodes=joined.nodes, address=address)
 
 
+def port_held(head: Node, port: int, state: ClusterNodes) -> JoinResult:
+    """The head's port is held by something that is not this cluster's Ray head."""
+    message = (
+        f"the Ray head's port {head.address}:{port} on {head.host.name} is held by "
+        f"{state.holder}, not by this cluster's Ray head"
+    )
+    remedy = (
+        "stop that process if it is yours (by its PID), or set another cluster.ray_port; never "
+        "a bare `ray stop`, which ends every Ray of the user"
+    )
+    finding = Finding("error", head.host.name, message, remedy=remedy)
+    failure = failure_for("ray-port-held")
+    return JoinResult(False, message, findings=[finding], failure_id=failure)
+
+
 def start_node(
     host: RemoteHost, node: Node, cluster: ClusterSpec, head: str, options: NodeOptions
-) -> Result:
+) -> JoinResult:
     """``ray start`` on one node (the head, or a worker joining ``head``, ``HOST:PORT``),
     detached from the SSH session in a session of its own; its processes are recorded."""
     temp_dir = node.temp_dir(cluster.ray_port)
@@ -306,11 +386,14 @@ def start_node(
         command, env=env, timeout=START_TIMEOUT, label=f"ray start ({role}) on {node.address}"
     )
     if not done.ok:
-        detail = _last_lines(done.stderr or done.stdout)
-        return Result(
+        output = done.stderr or done.stdout
+        failure, line = start_failure(output)
+        detail = line or _last_lines(output)
+        return JoinResult(
             False,
             f"`ray start` failed on {node.host.name} ({role}, {node.address}): {detail}",
-            findings=[Finding("error", node.host.name, detail, remedy=_start_remedy(detail))],
+            findings=[Finding("error", node.host.name, detail, remedy=_start_remedy(failure))],
+            failure_id=failure,
         )
     found = _ray_node(host, {"temp_dir": temp_dir})
     record = {
@@ -322,7 +405,17 @@ def start_node(
         "pids": [p.pid for p in found.processes],
     }
     _write_record(host, node, record)
-    return Result(True, f"Ray {role} started on {node.address}")
+    return JoinResult(True, f"Ray {role} started on {node.address}")
+
+
+def start_failure(output: str) -> tuple[str, str]:
+    """The failure class the catalogue finds in ``ray start``'s output (a version mismatch,
+    the head's port taken, the head out of reach) and the line that shows it; ("", "") when
+    it knows none (a generic traceback is no class of its own)."""
+    diagnosis = diagnose_log(output)
+    if diagnosis.failure is None or diagnosis.failure == entry_with("fallback").failure:
+        return "", ""
+    return diagnosis.failure, diagnosis.line.text.strip() if diagnosis.line is not None else ""
 
 
 def _clear_stale_session(host: RemoteHost, temp_dir: str) -> None:
@@ -334,37 +427,54 @@ def _clear_stale_session(host: RemoteHost, temp_dir: str) -> None:
 
 
 def wait_joined(
-    head_host: RemoteHost, head: Node, address: str, expected: dict[str, float], timeout: float
+    head_host: RemoteHost, head: Node, address: str, expected: Sequence[Node], timeout: float
 ) -> JoinResult:
-    """Poll the cluster's state API until every expected node address is alive in it."""
+    """Poll the cluster's state API until every expected node is alive in it."""
+    port = int(address.rsplit(":", 1)[1])
     deadline = time.monotonic() + timeout
     state = ClusterNodes(())
     while True:
         state = cluster_nodes(head_host, head, address)
-        alive = state.alive()
-        absent = [a for a in expected if a not in alive]
-        if not absent:
-            return JoinResult(True, f"{len(alive)} node(s) in the cluster", nodes=alive)
+        alive = state.alive(expected, port)
+        absent = [n for n in expected if n.address not in alive]
+        if not absent or state.holder:
+            break
         if time.monotonic() >= deadline:
             break
         time.sleep(JOIN_POLL)
-    why = state.error or f"the cluster has {', '.join(sorted(state.alive())) or 'no node'}"
+    if not absent:
+        return JoinResult(True, f"{len(alive)} node(s) in the cluster", nodes=alive)
+    if state.holder:
+        return port_held(head, port, state)
+    names = ", ".join(n.address for n in absent)
+    why = state.error or f"the cluster has {', '.join(sorted(state.registered())) or 'no node'}"
     return JoinResult(
         False,
-        f"node {', '.join(absent)} did not join the Ray cluster at {address} within "
-        f"{timeout:g} s ({why})",
+        f"node {names} did not join the Ray cluster at {address} within {timeout:g} s ({why})",
         findings=[
-            Finding("error", a, "not in the Ray cluster", remedy=_join_remedy(a)) for a in absent
-        ],
-        nodes=state.alive(),
+            Finding(
+                "error",
+                n.host.name,
+                f"{n.address} is not in the Ray cluster",
+                remedy=_join_remedy(n.address),
+            )
+            for n in absent
+        ],  # fmt: skip
+        nodes=alive,
+        failure_id=failure_for("ray-join-timeout"),
     )
 
 
 def cluster_nodes(head_host: RemoteHost, head: Node, address: str) -> ClusterNodes:
-    """The cluster's nodes through Ray's state API, asked from the head."""
-    answer = head_host.probe(
-        "ray_cluster", {"address": address, "node_ip": head.address}, python=head.python
-    )
+    """The cluster's nodes through Ray's state API, asked from the head: first what holds the
+    head's port (named within a second when it is not this cluster's Ray head)."""
+    port = int(address.rsplit(":", 1)[1])
+    args = {"address": address, "node_ip": head.address, "temp_dir": head.temp_dir(port)}
+    try:
+        answer = head_host.probe("ray_cluster", args, python=head.python)
+    except ProbeError as e:
+        # A driver that dies inside Ray (another user's session files) answers no JSON.
+        return ClusterNodes((), error=f"asking the Ray cluster failed: {e.message}")
     return ClusterNodes.parse(answer)
 
 
@@ -372,16 +482,16 @@ def missing_nodes(head_host: RemoteHost, deployment: Deployment) -> list[Node]:
     """The nodes of the deployment that the cluster does not list as alive."""
     nodes = nodes_of(deployment)
     state = cluster_nodes(head_host, nodes[0], head_address(deployment))
-    alive = state.alive()
+    alive = state.alive(nodes, cluster_of(deployment).ray_port)
     return [n for n in nodes if n.address not in alive]
 
 
-def status(head_host: RemoteHost, deployment: Deployment) -> Result:
+def status(head_host: RemoteHost, deployment: Deployment) -> JoinResult:
     """Which of the deployment's nodes the cluster lists as alive, and their GPUs."""
     nodes = nodes_of(deployment)
     address = head_address(deployment)
     state = cluster_nodes(head_host, nodes[0], address)
-    alive = state.alive()
+    alive = state.alive(nodes, cluster_of(deployment).ray_port)
     findings = [
         Finding("ok", n.host.name, f"{n.address}: {alive[n.address]:g} GPU(s)")
         if n.address in alive
@@ -391,7 +501,8 @@ def status(head_host: RemoteHost, deployment: Deployment) -> Result:
     ok = all(n.address in alive for n in nodes)
     why = f" ({state.error})" if state.error else ""
     message = f"Ray cluster at {address}: {len(alive)} of {len(nodes)} node(s) alive{why}"
-    return JoinResult(ok, message, findings=findings, nodes=alive)
+    failure = failure_for("ray-port-held") if state.holder else ""
+    return JoinResult(ok, message, findings=findings, nodes=alive, failure_id=failure)
 
 
 # Stopping.
@@ -485,12 +596,14 @@ def _last_lines(text: str, count: int = 3) -> str:
     return " | ".join(lines[-count:]) or "(no output)"
 
 
-def _start_remedy(detail: str) -> str:
-    if "Version mismatch" in detail:
-        return "install the same Ray (and Python) on every node, then start the cluster again"
-    if "ray: command not found" in detail or "No such file" in detail:
-        return "install ray into the deployment's python env on this node"
-    return "read the output above; `ray start` writes its logs under the node's --temp-dir"
+def _start_remedy(failure: str) -> str:
+    """The catalogue's remedy for the class found, else where to look."""
+    if failure:
+        return entry_by_id(failure).remedy
+    return (
+        "read the output above (a missing `ray` means: install ray into the deployment's "
+        "python env on this node); `ray start` writes its logs under the node's --temp-dir"
+    )
 
 
 def _join_remedy(address: str) -> str:

@@ -1,8 +1,10 @@
 """One model across two rehearsal hosts on a real Ray cluster (ray from PyPI, the Ray tier).
 
-The pair uses 127.0.6.0/24, an address range of its own, so it needs no lock. Ray nodes are
-kept small (one CPU, a 100 MiB object store, no dashboard); everything a test starts is stopped
-by its recorded process group.
+The pair is started with the default addresses (``sandbox up --hosts 2 --multinode``): on a
+machine with another interface Ray would register a node told 127.0.0.1 under that interface's
+address, so the fleet starts at 127.0.0.2 and this deploy proves it. Its ports are free ones,
+so it needs no lock. Ray nodes are kept small (one CPU, a 100 MiB object store, no
+dashboard); everything a test starts is stopped by its recorded process group.
 """
 
 import json
@@ -39,7 +41,7 @@ def pair() -> Iterator[Fleet]:
     ray_tier.ensure_tier()
     folder = Path(tempfile.mkdtemp(prefix="opsbook-multinode-", dir="/tmp"))
     folder.chmod(0o755)  # the sandbox keeps an existing folder's mode; its user must enter
-    fleet = fleets.up(folder, hosts=2, address="127.0.6.11", multinode=True)
+    fleet = fleets.up(folder, hosts=2, multinode=True)
     try:
         # Each test may run alone: the checkpoint patched for this vLLM (the incident's FP8 KV
         # cache) and the launch script on the hosts from the start.
@@ -154,9 +156,37 @@ def test_the_pair_serves_one_model_and_stops_only_its_own_ray(
     ).stdout
     assert smi.count("ray::RayWorkerWrapper") == 8
 
+    assert [box.address for box in pair.hosts] == ["127.0.0.2", "127.0.0.3"]
     status = opsbook("cluster", "status", "-f", str(pair.deployment_path), timeout=120)
     assert status.returncode == 0, status.stdout
     assert f"{worker.address}: 8 GPU(s)" in status.stdout
+    server_pid = head_server_pid(pair)
+
+    # Ready and unchanged, every node in the cluster with its GPUs: the second deploy leaves
+    # the head's server alone, as the single-host launch does.
+    again = run.run_deploy(pair.deployment_path, tmp_path / "runs")
+    relaunch = {r.host: r for r in again.results if r.stage == "launch"}
+    assert again.ok, again.message
+    assert all(r.state is State.OK for r in relaunch.values()), relaunch
+    assert "already running and ready" in next(
+        r.message for h, r in relaunch.items() if head.address in h
+    )
+    assert head_server_pid(pair) == server_pid
+
+    checked = opsbook("check", "-f", str(pair.deployment_path), timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    spec = load_deployment(pair.deployment_path).cluster
+    assert spec is not None
+    fleets.stop_sshd(worker)
+    try:
+        began = time.monotonic()
+        lost = opsbook("check", "-f", str(pair.deployment_path), timeout=60)
+        took = time.monotonic() - began
+    finally:
+        # The worker's sshd again, the deployment (and its launch script's port) as it was.
+        fleets.up(pair.dir, hosts=2, multinode=True, ray_port=spec.ray_port)
+    assert lost.returncode == 4, lost.stdout + lost.stderr
+    assert took < 15 and "unreachable" in lost.stdout
     stopped = opsbook("cluster", "stop", "-f", str(pair.deployment_path), timeout=120)
     assert stopped.returncode == 0, stopped.stdout
 
@@ -165,6 +195,59 @@ def test_the_pair_serves_one_model_and_stops_only_its_own_ray(
     assert someone_elses_ray.poll() is None, "another user's Ray was stopped"
     after = opsbook("cluster", "status", "-f", str(pair.deployment_path), timeout=120)
     assert after.returncode == 1 and "no Ray head answers" in after.stdout
+
+
+def head_server_pid(pair: Fleet) -> int:
+    """The PID of the head's `vllm serve` (its login user's)."""
+    import pwd
+
+    uid = pwd.getpwnam(pair.hosts[0].user).pw_uid
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+                if entry.stat().st_uid == uid and b"serve" in cmd[2:3]:
+                    return int(entry.name)
+            except OSError:
+                continue
+    raise AssertionError("no vllm serve of the head's user")
+
+
+@pytest.fixture
+def plain_listener(pair: Fleet) -> Iterator[int]:
+    """A plain TCP listener of this (root) process on the head's Ray port."""
+    import socket
+
+    spec = load_deployment(pair.deployment_path).cluster
+    assert spec is not None
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("0.0.0.0", spec.ray_port))
+    listener.listen()
+    try:
+        yield spec.ray_port
+    finally:
+        listener.close()
+
+
+def test_a_listener_on_the_heads_port_is_named_with_its_user_within_seconds(
+    pair: Fleet, plain_listener: int
+) -> None:
+    began = time.monotonic()
+    checked = opsbook("check", "-f", str(pair.deployment_path), timeout=120)
+    took = time.monotonic() - began
+
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert took < 10
+    assert f"port {plain_listener} is held by a process of user root" in checked.stdout
+    deployment = load_deployment(pair.deployment_path)
+    began = time.monotonic()
+    result = stages.run_stage(stages.get("launch"), deployment, apply=True, on_result=None)
+    took = time.monotonic() - began
+    assert took < 15
+    assert {r.failure_id for r in result.results} == {"ray-head-port-taken"}
+    assert all("user root" in r.message for r in result.results)
+    assert ray_processes(pair) == {h: [] for h in ray_processes(pair)}
 
 
 def test_a_worker_without_ray_is_named_within_seconds_and_nothing_is_left(pair: Fleet) -> None:

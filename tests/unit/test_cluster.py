@@ -502,7 +502,7 @@ def run_pair(monkeypatch, deployment: Any, libraries: dict[str, dict[str, Any]])
         host = FakeHost(
             spec.address,
             probes={"cluster_node": answer, "ray_node": {"processes": []}},
-            commands={r"ray-node\.json": "", r"import ray": "2.58.0\n"},
+            commands={r"ray-node\.json": "", r"import ray": "2.58.0\n", "^true$": ""},
         )
         host.spec, host.name = spec, spec.name
         hosts.append(host)
@@ -546,13 +546,185 @@ def test_a_refused_vllm_host_ip_is_a_warning_that_does_not_fail_the_nodes(monkey
         for listener, address in ((head_ssh, "127.0.6.53"), (worker_ssh, "127.0.6.54")):
             listener.bind((address, 0))
             listener.listen()
-        # The worker's VLLM_HOST_IP is another address of it, where SSH does not listen.
+        # The worker's VLLM_HOST_IP is another address of it, where SSH does not listen (not
+        # 127.0.0.1, which Ray replaces: an error of its own).
         deployment = pair_deployment(
-            head_ssh.getsockname()[1], worker_ssh.getsockname()[1], worker_ip="127.0.0.1"
+            head_ssh.getsockname()[1], worker_ssh.getsockname()[1], worker_ip="127.0.6.55"
         )
         head, worker = (n.host.name for n in cluster.nodes_of(deployment))
         reports = run_pair(monkeypatch, deployment, {head: same, worker: same})
     assert [r.state for r in reports.values()] == [State.OK, State.OK]
     [warning] = reports[head].verdict.findings
     assert warning.severity == "warning"
-    assert f"{head} cannot reach {worker}'s address for Ray and vLLM 127.0.0.1" in warning.message
+    assert f"{head} cannot reach {worker}'s address for Ray and vLLM 127.0.6.55" in warning.message
+
+
+# Nodes matched by their own temp folder; the head's port holder; failure classes.
+
+
+def localhost_pair() -> Any:
+    return parse_deployment(
+        {
+            "hosts": [{"address": "127.0.0.1", "user": "ops"}, {"address": "127.0.0.2"}],
+            "model": {"path": "/models/m"},
+            "cluster": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2, "ray_port": 6380},
+        }
+    )
+
+
+def listing(*members: dict[str, Any]) -> cluster.ClusterNodes:
+    return cluster.ClusterNodes.parse({"ray_version": "2.58.0", "nodes": list(members)})
+
+
+def test_a_node_told_127_0_0_1_is_found_under_the_machines_address_by_its_temp_folder() -> None:
+    head, worker = cluster.nodes_of(localhost_pair())
+    registered = {"address": "192.0.2.2", "alive": True, "gpus": 8.0, "local": True}
+    state = listing(
+        {**registered, "temp_dir": head.temp_dir(6380)},
+        {"address": "127.0.0.2", "alive": True, "gpus": 8.0, "temp_dir": "/elsewhere"},
+    )
+
+    assert state.alive([head, worker], 6380) == {"127.0.0.1": 8.0, "127.0.0.2": 8.0}
+    # Not an address of the head's machine: never taken for the node.
+    foreign = listing({**registered, "local": False, "temp_dir": head.temp_dir(6380)})
+    assert foreign.member(head, 6380) is None
+    # A node told another address is found only there.
+    moved = listing({**registered, "temp_dir": worker.temp_dir(6380)})
+    assert moved.member(worker, 6380) is None
+
+
+def run_ray_cluster_probe(args: dict[str, Any]) -> dict[str, Any]:
+    from opsbook.remote.testing import local_probe
+
+    return local_probe("ray_cluster")(args)
+
+
+def test_the_probe_names_a_listener_on_the_heads_port_at_once_with_its_pid_and_user() -> None:
+    import pwd
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        began = time.monotonic()
+        answer = run_ray_cluster_probe(
+            {"address": f"127.0.0.1:{port}", "node_ip": "127.0.0.1", "temp_dir": "/tmp/x-ray"}
+        )
+        took = time.monotonic() - began
+    finally:
+        listener.close()
+
+    assert took < 5
+    holder = answer["holder"]
+    assert holder["pid"] == os.getpid() and holder["user"] == pwd.getpwuid(os.getuid()).pw_name
+    assert f"port {port} is held by a process of user" in answer["error"]
+    state = cluster.ClusterNodes.parse(answer)
+    assert state.holder.startswith(f"a process of user {holder['user']} (PID {os.getpid()}")
+
+
+def test_nothing_on_the_heads_port_is_said_without_joining() -> None:
+    import socket
+
+    spare = socket.socket()
+    spare.bind(("127.0.0.1", 0))
+    port = spare.getsockname()[1]
+    spare.close()
+    answer = run_ray_cluster_probe(
+        {"address": f"127.0.0.1:{port}", "node_ip": "127.0.0.1", "temp_dir": "/tmp/x-ray"}
+    )
+    assert answer == {
+        "error": f"no Ray head answers at 127.0.0.1:{port}: nothing listens on port {port}",
+        "holder": None,
+    }
+
+
+def test_only_the_folder_itself_is_named_not_a_longer_one() -> None:
+    from opsbook.remote.probes import ray_cluster
+
+    folder = "/tmp/opsbook-ray-6380-127.0.0.1"
+    assert ray_cluster.names_folder(f"gcs_server --log_dir={folder}/session_1/logs", folder)
+    assert not ray_cluster.names_folder(f"gcs_server --log_dir={folder}0/session_1/logs", folder)
+
+
+@pytest.mark.parametrize(
+    ("output", "failure"),
+    [
+        (
+            "RuntimeError: Version mismatch: The cluster was started with:\n    Ray: 2.58.0\n"
+            "This process on node 10.0.0.2 was started with:\n    Ray: 2.57.0",
+            "ray-version-mismatch",
+        ),
+        (
+            "(gcs_server) grpc_server.cc:134: Check failed: server_ Failed to start the grpc "
+            "server. The specified port is 6380. This means",
+            "ray-head-port-taken",
+        ),
+        (
+            "ConnectionError: Unable to connect to GCS (ray head) at 10.0.0.1:6380. Check that",
+            "ray-node-not-joined",
+        ),
+        ("Traceback (most recent call last):\nValueError: boom", ""),
+    ],
+)
+def test_a_failed_ray_start_is_classed_by_the_catalogue(output: str, failure: str) -> None:
+    assert cluster.start_failure(output)[0] == failure
+
+
+def test_a_version_mismatch_at_ray_start_fails_the_launch_with_its_own_class() -> None:
+    from opsbook.remote.testing import Answer, FakeHost
+
+    mismatch = (
+        "RuntimeError: Version mismatch: The cluster was started with:\n    Ray: 2.58.0\n"
+        "This process on node gpu-02 was started with:\n    Ray: 2.57.0\n"
+    )
+    head, worker, _ = fake_pair()
+    broken = FakeHost(
+        "gpu-02",
+        commands={"ray start": Answer(exit_code=1, stderr=mismatch), "mkdir|rm -rf": ""},
+        probes={"ray_node": {"processes": [], "pgids": [], "signalled": []}},
+    )
+    result = cluster.start_cluster([head, broken], two_node_deployment())
+    assert not result.ok and result.failure_id == "ray-version-mismatch"
+    assert "Version mismatch" in result.message
+    assert "never a bare `ray stop`" in result.findings[-1].remedy
+
+
+def test_a_worker_that_never_joins_has_its_own_class(monkeypatch) -> None:
+    monkeypatch.setattr(cluster, "JOIN_POLL", 0.01)
+    head, worker, _ = fake_pair(join=False)
+    result = cluster.start_cluster([head, worker], two_node_deployment(), join_timeout=0.1)
+    assert result.failure_id == "ray-node-not-joined"
+
+
+def test_a_node_address_ray_replaces_is_an_error_before_anything_starts() -> None:
+    head, worker = cluster.nodes_of(localhost_pair())
+    found = cluster_preflight.node_findings(head.host.name, head, NodeAnswer(), [head, worker])
+    assert [f.severity for f in found] == ["error"]
+    assert "127.0.0.1" in found[0].message and "VLLM_HOST_IP" in found[0].remedy
+    assert cluster_preflight.node_findings(worker.host.name, worker, NodeAnswer()) == []
+
+
+def test_the_cluster_diagnose_reports_an_unreachable_worker_as_unreachable(monkeypatch) -> None:
+    from opsbook.core.results import State
+    from opsbook.remote.testing import FakeHost
+    from opsbook.stages import cluster_launch
+    from opsbook.stages import diagnose as single
+
+    head, _, _ = fake_pair()
+    head.commands["^true$"] = ""
+    lost = FakeHost("gpu-02", unreachable=True)
+    monkeypatch.setattr(single, "run", lambda host, view, options: single_ok())
+
+    found = cluster_launch.diagnose([head, lost], two_node_deployment(), single.Options())
+
+    assert found[lost.name].state is State.UNREACHABLE
+    assert found[head.name].state is State.OK
+
+
+def single_ok() -> Any:
+    from opsbook.core.results import Result, State
+    from opsbook.stages.base import Report
+
+    return Report(State.OK, Result(True, "ready"))

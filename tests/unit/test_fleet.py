@@ -97,3 +97,8 @@ def test_each_host_keeps_its_own_server_env_over_the_shared_one(tmp_path) -> Non
     assert roots == [f"{tmp_path}/host-01/vllm-cache", f"{tmp_path}/host-02/vllm-cache"]
     for spec in dep.hosts:
         assert dep.for_host(spec).env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_a_multinode_fleet_starts_past_the_address_ray_replaces() -> None:
+    assert fleet.ray_kept("127.0.0.1") == "127.0.0.2"
+    assert fleet.ray_kept("127.0.6.11") == "127.0.6.11"
