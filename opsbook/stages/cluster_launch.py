@@ -68,7 +68,8 @@ def run(hosts: Sequence[RemoteHost], deployment: Deployment, options: Options) -
     view = cluster.with_cluster_settings(deployment.for_host(head.host))
     paths = server.resolve_paths(head_host, view)
     node_options = {n.host.name: _node_options(by_name.get(n.host.name), n) for n in nodes}
-    decision = _decide(head_host, deployment, view, paths, node_options, options.restart)
+    pending = options.pending.get(head.host.name, ())
+    decision = _decide(head_host, deployment, view, paths, node_options, options.restart, pending)
     if not options.apply or not decision.restart:
         return _as_found(hosts, deployment, decision)
     stopped = server.stop_previous(head_host, paths, grace=stop_grace)
@@ -122,6 +123,7 @@ def _decide(
     paths: server.LaunchPaths,
     sizes: dict[str, cluster.NodeOptions],
     restart: str,
+    pending: Sequence[str] = (),
 ) -> ClusterDecision:
     """The single-host rule on the head's server, and every node's place in the Ray cluster
     with the GPUs its nvidia-smi lists (Ray's count of a node's GPUs is what it was started
@@ -143,7 +145,8 @@ def _decide(
             missing.append(
                 f"node {node.host.name} offers Ray {members[node.address]:g} of its {want} GPU(s)"
             )
-    return ClusterDecision(restart_rule.decide(state, restart), state, members, missing)
+    decided = restart_rule.decide(state, restart, pending)
+    return ClusterDecision(decided, state, members, missing)
 
 
 def _as_found(
@@ -240,7 +243,9 @@ def _launch_on_head(
         timeline = server.timeline(diagnosis.phases)
         shows += [timeline, plots.startup_timeline(timeline)]
     shows.append(smoke)
-    return Report(State.CHANGED if smoke.ok else State.FAILED, smoke, shows, "", digest)
+    # The errors the server started past (warnings of the wait) stay in the record.
+    verdict = dataclasses.replace(smoke, findings=[*ready.findings, *smoke.findings])
+    return Report(State.CHANGED if smoke.ok else State.FAILED, verdict, shows, "", digest)
 
 
 def _watch_nodes(
