@@ -286,10 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.notebook == "deploy":
         params = _deploy_parameters(args.parameter)
+        apply = bool(params.get("apply", True))
+        print(DEPLOY_APPLIES if apply else DEPLOY_DRY, flush=True)
         record = runner.run_deploy(
             args.deployment,
             args.runs_dir,
-            apply=bool(params.get("apply", True)),
+            apply=apply,
             timeout=args.timeout,
             stage_timeout=args.stage_timeout,
             forks=args.forks,
@@ -381,7 +383,8 @@ def _stages_help() -> str:
             said = f" - {p.comment}" if p.comment else ""
             lines.append(f"      {p.name}: {p.type_name} (default {p.default!r}){said}")
     lines += [
-        "  deploy: every stage above in order, on every host",
+        "  deploy: every stage above in order, on every host; it changes the hosts (apply "
+        "true) unless -p apply false",
         "      apply: bool (default True) - false for a dry run that changes nothing",
         "      serial: str (default all hosts at once) - N or N% of the hosts per batch",
         "      restart: str (default 'changed') - or 'always': restart a server even when it "
@@ -639,6 +642,9 @@ def _positive(text: str) -> int:
 
 
 DEPLOY_PARAMETERS = ("apply", "serial", "restart", "on_failure")
+# A deploy's first line: whether it changes the hosts (it does unless told not to).
+DEPLOY_APPLIES = "deploy: applying changes to the hosts (-p apply false for a dry run)"
+DEPLOY_DRY = "deploy: a dry run (-p apply false): nothing on the hosts is changed"
 
 
 def _deploy_parameters(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:

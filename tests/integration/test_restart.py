@@ -166,9 +166,12 @@ def test_the_dry_run_of_a_ready_unchanged_server_says_it_is_left_alone(
 def test_a_dry_run_is_labelled_in_the_terminal_on_its_index_page_and_in_the_list(
     first: Deployed, dry: Deployed, runs: Path
 ) -> None:
+    from opsbook.cli import DEPLOY_APPLIES, DEPLOY_DRY
     from opsbook.runner.records import DRY_RUN_NOTE
 
     assert DRY_RUN_NOTE in dry.text and DRY_RUN_NOTE not in first.text
+    # Its first line says whether it changes the hosts (it does unless told not to).
+    assert dry.text.startswith(DEPLOY_DRY) and first.text.startswith(DEPLOY_APPLIES)
     folder = next(
         line.split(": ", 1)[1] for line in dry.text.splitlines() if line.startswith("run folder: ")
     )

@@ -243,6 +243,7 @@ def test_run_help_lists_each_stage_with_its_options_types_and_defaults(capsys) -
             name = "list[str]" if kind == list[str] else kind.__name__
             assert line.startswith(f"      {p.name}: {name} (default {p.default!r})"), (p, line)
     assert "  deploy: every stage above" in shown and "restart: str (default 'changed')" in shown
+    assert "it changes the hosts (apply true) unless -p apply false" in shown
 
 
 def _filed(runs: Path, name: str, status: str) -> Path:
