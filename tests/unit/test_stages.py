@@ -342,3 +342,63 @@ def test_the_options_run_stage_is_given_reach_the_stage_as_its_options_class() -
     with pytest.raises(RunError, match="the check stage has no option.s. apply"):
         run_stage(CHECK, deployment("a"), group=HostGroup([FakeHost("a")]), apply=True)
     assert stages.STOP.options_type is stages.launch_server.Options
+
+
+def sided_stage(host, dep, options) -> Report:
+    from opsbook.stages.preflight import SidedReport
+    from opsbook.steps.host_compare import HostSide
+
+    answer = host.probe("check", {"path": dep.model_path})
+    side = HostSide(host.name, "m", vllm=answer["vllm"], ray="2.58.0")
+    return SidedReport(State.OK, Result(True, "checked"), side=side)
+
+
+def test_a_stage_that_compares_its_hosts_records_each_result_once_with_the_difference(
+    tmp_path, monkeypatch
+) -> None:
+    from opsbook.stages import preflight
+
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(tmp_path / "out.jsonl"))
+    compared = Stage("check", "99_check", False, sided_stage, across=preflight.side_by_side)
+    hosts = [
+        FakeHost("a", probes={"check": {"vllm": "0.15.1"}}),
+        FakeHost("b", probes={"check": {"vllm": "0.33.0"}}),
+        FakeHost("c", unreachable=True),
+    ]
+    seen = []
+    run = run_stage(
+        compared, deployment("a", "b", "c"), group=HostGroup(hosts), on_result=seen.append
+    )
+    a, b, c = run.results
+    assert (a.state, b.state, c.state) == (State.OK, State.OK, State.UNREACHABLE)
+    assert a.message == "checked; hosts differ: vLLM: ops@a 0.15.1, ops@b 0.33.0"
+    assert [f.code for f in b.findings] == ["hosts-differ"]
+    assert c.findings[0].severity == "error" and "hosts differ" not in c.message
+    # Recorded once, after the comparison: the record holds the difference.
+    recorded = channel.read(tmp_path / "out.jsonl")
+    lines = sorted((r.host, r.state, r.message) for r in recorded)
+    assert lines == [(r.host, r.state, r.message) for r in run.results]
+    assert sorted(r.host for r in seen) == ["ops@a", "ops@b", "ops@c"]
+    assert "<b>0.33.0</b>" in run.side_by_side()._repr_html_()
+
+
+def test_one_host_has_nothing_to_compare_and_a_failed_comparison_costs_no_result() -> None:
+    from opsbook.stages import preflight
+
+    compared = Stage("check", "99_check", False, sided_stage, across=preflight.side_by_side)
+    one = run_stage(
+        compared,
+        deployment("a"),
+        group=HostGroup([FakeHost("a", probes={"check": {"vllm": "0.15.1"}})]),
+        on_result=None,
+    )
+    assert "nothing to compare" in one.side_by_side()
+
+    def broken(hosts, dep, reports):
+        raise KeyError("side")
+
+    failing = Stage("check", "99_check", False, sided_stage, across=broken)
+    hosts = [FakeHost(n, probes={"check": {"vllm": "0.15.1"}}) for n in ("a", "b")]
+    run = run_stage(failing, deployment("a", "b"), group=HostGroup(hosts), on_result=None)
+    assert [r.state for r in run.results] == [State.OK, State.OK]
+    assert "not compared: KeyError" in run.side_by_side()
