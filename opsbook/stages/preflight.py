@@ -97,19 +97,24 @@ def read_sides(hosts: Sequence[RemoteHost], deployment: Deployment) -> dict[str,
 
 
 def noted(report: Report, comparison: Comparison, host: str) -> Report:
-    """``report`` with the differences ``host`` takes part in: their findings (a check that
-    named a fact already keeps its own), its message saying so, and failed when one is an
-    error (a cluster's nodes on other versions: Ray refuses them)."""
+    """``report`` with its row of the table (an info finding, kept in the record) and the
+    differences ``host`` takes part in: their findings (a check that named a fact already
+    keeps its own), its message saying so, and failed when one is an error (a cluster's nodes
+    on other versions: Ray refuses them)."""
     named = {f.subject for f in report.verdict.findings if f.is_problem}
     findings = [f for f in comparison.findings_for(host) if f.subject not in named]
-    if not findings:
+    row = comparison.row_finding(host)
+    if row is None:
         return report
+    if not findings:
+        verdict = dataclasses.replace(report.verdict, findings=[*report.verdict.findings, row])
+        return dataclasses.replace(report, verdict=verdict)
     problem = any(f.is_problem for f in findings)
     verdict = dataclasses.replace(
         report.verdict,
         ok=report.verdict.ok and not problem,
-        message="; ".join([report.verdict.message, *(f.message for f in findings)]),
-        findings=[*report.verdict.findings, *findings],
+        message=f"{report.verdict.message}; {comparison.line_for(host)}",
+        findings=[*report.verdict.findings, *findings, row],
     )
     if not problem:
         return dataclasses.replace(report, verdict=verdict)

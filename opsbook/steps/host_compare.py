@@ -18,8 +18,10 @@ from dataclasses import dataclass, fields
 
 from opsbook.core.results import Finding, Table
 
-# The code of a "hosts differ" finding (core/results.Finding.code).
+# The codes of a "hosts differ" finding, and of the one that notes a host's row of the table
+# in its record (core/results.Finding.code).
 HOSTS_DIFFER = "hosts-differ"
+SIDE_BY_SIDE = "hosts-side-by-side"
 # The cell colours of the table: a value that is not the group's most common one.
 DIFFERS_COLOUR = "#ffebe9"
 # Unknown (not read): never counted as a difference.
@@ -79,12 +81,15 @@ class Fact:
             one vLLM (Ray's ``check_version_info``, ray-project/ray
             ``python/ray/_private/utils.py``, refuses a node whose Ray or Python differs;
             vLLM's workers run the head's code): an error there, not a warning.
+        per_engine: a choice of the engine: a cluster's nodes run one engine, whose choice
+            is the head's (a worker's prediction is not compared with the head's log).
     """
 
     name: str
     field: str
     warns: bool = True
     refused_by_ray: bool = False
+    per_engine: bool = False
 
 
 FACTS = (
@@ -94,8 +99,8 @@ FACTS = (
     Fact("vLLM", "vllm", refused_by_ray=True),
     Fact("torch", "torch", refused_by_ray=True),
     Fact("Ray", "ray", refused_by_ray=True),
-    Fact("KV cache dtype", "kv_cache_dtype"),
-    Fact("attention backend", "attention_backend"),
+    Fact("KV cache dtype", "kv_cache_dtype", per_engine=True),
+    Fact("attention backend", "attention_backend", per_engine=True),
     Fact("launch script", "script_sha256", warns=False),
 )
 assert {f.field for f in FACTS} < {f.name for f in fields(HostSide)}
@@ -116,6 +121,14 @@ class Difference:
     def text(self) -> str:
         each = ", ".join(f"{host} {shown_value(self.fact, value)}" for host, value in self.values)
         return f"hosts differ: {self.fact.name}: {each}"
+
+    def here(self, host: str) -> str:
+        """What ``host`` has against the others, for its one-line message: ``vLLM 0.33.0
+        (others 0.15.1)``."""
+        mine = dict(self.values)[host]
+        others = list(dict.fromkeys(v for h, v in self.values if v != mine))
+        shown = ", ".join(shown_value(self.fact, v) for v in others)
+        return f"{self.fact.name} {shown_value(self.fact, mine)} (others {shown})"
 
     def finding(self, *, cluster: bool = False) -> Finding:
         """The finding: a warning, an error for what keeps a cluster's nodes apart."""
@@ -164,6 +177,30 @@ class Comparison:
     def findings_for(self, host: str) -> list[Finding]:
         """The findings of the differences ``host`` takes part in."""
         return [d.finding(cluster=self.cluster) for d in self.warnings() if host in d.hosts]
+
+    def row_finding(self, host: str) -> Finding | None:
+        """``host``'s row as an info finding, so that the record (``summary.json``) keeps
+        what was compared, when the hosts agree too; None for a host not compared."""
+        side = next((s for s in self.sides if s.host == host), None)
+        if side is None:
+            return None
+        peers = sum(1 for s in self.sides if s.model == side.model) - 1
+        values = ", ".join(f"{f.name} {shown_value(f, side.value(f))}" for f in FACTS)
+        differs = [d.fact.name for d in self.warnings() if host in d.hosts]
+        verdict = f"differs in {', '.join(differs)}" if differs else "agrees"
+        return Finding(
+            "info",
+            "hosts side by side",
+            f"{values} (engine facts from {side.engine_from or '?'}); {verdict} with the "
+            f"{peers} other host(s) serving {side.model}",
+            code=SIDE_BY_SIDE,
+        )
+
+    def line_for(self, host: str) -> str:
+        """The differences ``host`` takes part in, in one line for its result's message
+        (empty: none)."""
+        mine = [d.here(host) for d in self.warnings() if host in d.hosts]
+        return "hosts differ: " + ", ".join(mine) if mine else ""
 
     def summary(self) -> str:
         """One line: what differs, or that all agree."""
@@ -234,6 +271,8 @@ def compare(sides: Sequence[HostSide], *, cluster: bool = False) -> Comparison:
     for model in models:
         group = [s for s in sides if s.model == model]
         for fact in FACTS:
+            if cluster and fact.per_engine:
+                continue
             known = [(s.host, s.value(fact)) for s in group if s.value(fact) != UNKNOWN]
             if len({value for _, value in known}) > 1:
                 differences.append(Difference(model, fact, _odd_first(known)))
@@ -258,6 +297,7 @@ def shown_value(fact: Fact, value: str) -> str:
 __all__ = [
     "FACTS",
     "HOSTS_DIFFER",
+    "SIDE_BY_SIDE",
     "Comparison",
     "Difference",
     "Fact",

@@ -39,6 +39,10 @@ PREDICTED = "predicted"
 # restarted many times is large.
 LOG_TAIL_BYTES = 4 << 20
 NOT_INSTALLED = "not installed"
+# One KV-cache dtype under two names: "CUDA 11.8+ supports fp8 (=fp8_e4m3)" (vllm 0.32.0
+# vllm/config/cache.py, CacheConfig.cache_dtype), so a flag's fp8 and a checkpoint's fp8_e4m3
+# are no difference.
+KV_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
 
 # Run by the deployment's python (argv: script, log, model folder, the marks, the tail size,
 # then the config file names); stdlib only, Python 3.8 compatible: it runs on the host.
@@ -194,6 +198,7 @@ def side_of(
     if not kv and facts is not None:
         kv, backend = predicted_engine(answer, facts, deployment)
         source = PREDICTED if kv or backend else UNKNOWN
+    kv = KV_DTYPE_ALIASES.get(kv, kv)
     vllm = answer.version("vllm")
     if facts is not None and facts.python.found:
         vllm = facts.vllm_version or NOT_INSTALLED

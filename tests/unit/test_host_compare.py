@@ -1,6 +1,6 @@
 """Hosts side by side: which facts differ, the findings and the table that shows them."""
 
-from opsbook.steps.host_compare import HOSTS_DIFFER, HostSide, compare
+from opsbook.steps.host_compare import HOSTS_DIFFER, SIDE_BY_SIDE, HostSide, compare
 
 RTX = dict(
     model="m",
@@ -27,6 +27,12 @@ def test_hosts_that_agree_give_no_finding_and_the_table_still_lists_every_host()
     assert found.findings_for("host-a") == []
     assert [row[0] for row in found.table().rows] == ["host-a", "host-b"]
     assert "the 2 hosts agree" in found.summary()
+    # Each host's row is kept in its record as an info finding, when all agree too.
+    row = found.row_finding("host-b")
+    assert row is not None and row.severity == "info" and row.code == SIDE_BY_SIDE
+    assert "vLLM 0.15.1" in row.message and "KV cache dtype auto" in row.message
+    assert row.message.endswith("agrees with the 1 other host(s) serving m")
+    assert found.row_finding("host-z") is None
 
 
 def test_a_host_on_another_vllm_and_kv_dtype_is_named_with_each_hosts_value() -> None:
@@ -40,6 +46,15 @@ def test_a_host_on_another_vllm_and_kv_dtype_is_named_with_each_hosts_value() ->
     assert {f.severity for f in findings} == {"warning"}
     assert {f.code for f in findings} == {HOSTS_DIFFER}
     assert not found.agree
+    assert found.line_for("host-c") == (
+        "hosts differ: GPUs 8 × NVIDIA B200 (others 8 × NVIDIA RTX PRO 6000 Blackwell Server "
+        "Edition), vLLM 0.33.0 (others 0.15.1), KV cache dtype fp8 (others auto)"
+    )
+    assert found.line_for("host-a").startswith("hosts differ: GPUs 8 × NVIDIA RTX PRO")
+    row = found.row_finding("host-c")
+    assert (
+        row is not None and "differs in GPUs, vLLM, KV cache dtype with the 2 other" in row.message
+    )
 
 
 def test_the_odd_host_out_is_named_last_whatever_the_order() -> None:
@@ -79,6 +94,7 @@ def test_a_clusters_nodes_on_other_ray_or_vllm_versions_are_an_error_other_facts
 ):
     found = compare([side("head"), side("worker", ray="2.49.1", driver="570.1")], cluster=True)
     by_fact = {f.subject: f.severity for f in found.findings_for("worker")}
+    # One engine across the nodes: a worker's predicted KV dtype is not the engine's.
     assert by_fact == {"Ray": "error", "driver": "warning"}
     assert "Ray refuses" not in by_fact  # the remedy says why, the subject names the fact
     ray = next(f for f in found.findings_for("head") if f.subject == "Ray")

@@ -83,8 +83,9 @@ def test_one_command_gives_versions_hash_and_the_engine_from_the_log() -> None:
         "0.15.1",
         "ab",
     )
+    # vLLM's fp8 is fp8_e4m3 (vllm/config/cache.py): one name, so that hosts compare.
     assert (side.kv_cache_dtype, side.attention_backend, side.engine_from) == (
-        "fp8",
+        "fp8_e4m3",
         "FLASHINFER",
         host_side.FROM_LOG,
     )
@@ -96,7 +97,7 @@ def test_one_command_gives_versions_hash_and_the_engine_from_the_log() -> None:
 def test_without_a_log_the_engine_is_predicted_from_the_configs_gpus_and_flags() -> None:
     host = FakeHost("a", commands={"-c": answer(configs={"config.json": CONFIG})})
     side = host_side.side_of("ops@a", DEP, facts(), host_side.read_side(host, DEP))
-    assert side.kv_cache_dtype == "fp8" and side.engine_from == host_side.PREDICTED
+    assert side.kv_cache_dtype == "fp8_e4m3" and side.engine_from == host_side.PREDICTED
     assert side.attention_backend not in (UNKNOWN, "none fits")
 
 
@@ -108,4 +109,4 @@ def test_a_python_that_does_not_answer_leaves_its_versions_unknown() -> None:
     assert got.error == "zsh: no such file: python9"
     side = host_side.side_of("ops@a", DEP, facts(), got)
     assert (side.torch, side.ray) == (UNKNOWN, UNKNOWN)
-    assert side.kv_cache_dtype == "fp8"  # the flag says so, without the configs
+    assert side.kv_cache_dtype == "fp8_e4m3"  # the flag says so, without the configs

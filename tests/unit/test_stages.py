@@ -371,8 +371,9 @@ def test_a_stage_that_compares_its_hosts_records_each_result_once_with_the_diffe
     )
     a, b, c = run.results
     assert (a.state, b.state, c.state) == (State.OK, State.OK, State.UNREACHABLE)
-    assert a.message == "checked; hosts differ: vLLM: ops@a 0.15.1, ops@b 0.33.0"
-    assert [f.code for f in b.findings] == ["hosts-differ"]
+    assert a.message == "checked; hosts differ: vLLM 0.15.1 (others 0.33.0)"
+    assert b.findings[0].message == "hosts differ: vLLM: ops@a 0.15.1, ops@b 0.33.0"
+    assert [f.code for f in b.findings] == ["hosts-differ", "hosts-side-by-side"]
     assert c.findings[0].severity == "error" and "hosts differ" not in c.message
     # Recorded once, after the comparison: the record holds the difference.
     recorded = channel.read(tmp_path / "out.jsonl")
