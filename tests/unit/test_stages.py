@@ -403,3 +403,40 @@ def test_one_host_has_nothing_to_compare_and_a_failed_comparison_costs_no_result
     run = run_stage(failing, deployment("a", "b"), group=HostGroup(hosts), on_result=None)
     assert [r.state for r in run.results] == [State.OK, State.OK]
     assert "not compared: KeyError" in run.side_by_side()
+
+
+def side_answer(ray: str) -> str:
+    versions = {"torch": "2.9.1", "ray": ray, "vllm": "0.15.1"}
+    return json.dumps({"versions": versions, "script_sha256": "", "engine_lines": []})
+
+
+def test_a_clusters_nodes_are_read_again_after_its_stage_and_a_ray_upgrade_fails_them() -> None:
+    from opsbook.stages import diagnose
+
+    def all_ready(hosts, dep, options):
+        return {h.name: Report(State.OK, Result(True, "ready")) for h in hosts}
+
+    doc = {
+        **DOC,
+        "hosts": [{"address": a, "user": "ops"} for a in ("head", "worker")],
+        "cluster": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2},
+    }
+    unanswered = ProbeError("the facts probe did not answer", host="")
+    hosts = [
+        FakeHost(name, commands={" -c ": side_answer(ray)}, probes={"facts": unanswered})
+        for name, ray in (("head", "2.58.0"), ("worker", "2.59.0"))
+    ]
+    checked = Stage(
+        "diagnose",
+        "05_diagnose",
+        False,
+        probe_stage,
+        run_cluster=all_ready,
+        across=diagnose.nodes_side_by_side,
+    )
+    run = run_stage(checked, parse_deployment(doc), group=HostGroup(hosts), on_result=None)
+    assert [r.state for r in run.results] == [State.FAILED, State.FAILED]
+    assert {r.failure_id for r in run.results} == {"ray-version-mismatch"}
+    [ray] = [f for f in run.results[1].findings if f.severity == "error"]
+    assert ray.message == "hosts differ: Ray: ops@head 2.58.0, ops@worker 2.59.0"
+    assert "<b>2.59.0</b>" in run.side_by_side()._repr_html_()
