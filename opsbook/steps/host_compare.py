@@ -203,11 +203,14 @@ class Comparison:
         return "hosts differ: " + ", ".join(mine) if mine else ""
 
     def summary(self) -> str:
-        """One line: what differs, or that all agree."""
+        """One line: what differs, or that all agree (and on what)."""
         shown = self.warnings()
         if shown:
             return "; ".join(d.text() for d in shown)
-        return f"the {len(self.sides)} hosts agree on {', '.join(f.name for f in FACTS)}"
+        differ = {d.fact.name for d in self.differences}
+        same = [f.name for f in FACTS if f.name not in differ]
+        line = f"the {len(self.sides)} hosts agree on {', '.join(same)}"
+        return line + "".join(f"; {name} differs (not a problem)" for name in sorted(differ))
 
     def differs(self, host: str, fact: Fact) -> bool:
         return any(host in d.hosts and d.fact == fact for d in self.differences)

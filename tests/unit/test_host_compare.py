@@ -86,6 +86,7 @@ def test_launch_scripts_that_differ_are_shown_not_warned_of() -> None:
     found = compare([side("host-a"), side("host-b", script_sha256="b" * 64)])
     assert [d.fact.name for d in found.differences] == ["launch script"]
     assert found.agree and found.findings_for("host-a") == []
+    assert found.summary().endswith("attention backend; launch script differs (not a problem)")
     assert "<b>bbbbbbbbbbbb</b>" in found._repr_html_()
 
 
