@@ -125,8 +125,9 @@ class Stage:
         module: the stage's module under :mod:`opsbook.stages`, whose ``Options`` are the
             stage's options (imported when they are first asked for); "": none.
         across: what the stage does with its hosts' reports once all are in, on a run over
-            several hosts (compare them); None: nothing. On a fleet the hosts' results are
-            recorded after it, so that what it adds is in the record.
+            several hosts (compare them); None: nothing. On a fleet each host's result is
+            recorded as it finishes, and recorded again as amended (``channel.record_amended``)
+            where the look across changed it.
         across_fleet: whether ``across`` runs on a fleet too, or only on a cluster (a launch's
             comparison would hold back a fleet's results for as long as its slowest host).
     """
@@ -457,26 +458,19 @@ def run_stage(
         return _host_result(stage, host.name, report, durations[host.name])
 
     def done(name: str, answer: Any) -> None:
-        if across is None and isinstance(answer, HostResult):
+        if isinstance(answer, HostResult):
             _announce(answer, on_result)
 
     answers = group.map(one, on_done=done)
-    together = None
-    if across is not None:
-        seen = _across(across, group.hosts, deployment, reports)
-        reports, together = seen.reports, seen.shows
-        answers = {
-            name: _host_result(stage, name, reports[name], durations[name])
-            if name in reports and isinstance(answer, HostResult)
-            else answer
-            for name, answer in answers.items()
-        }
-        for answer in answers.values():
-            if isinstance(answer, HostResult):
-                _announce(answer, on_result)
     results = [
         a if isinstance(a, HostResult) else _crashed(stage, n, a) for n, a in answers.items()
     ]
+    together = None
+    if across is not None:
+        seen = _across(across, group.hosts, deployment, reports)
+        together = seen.shows
+        results = [_amended(stage, r, reports, seen.reports, durations, on_result) for r in results]
+        reports = seen.reports
     return StageRun(stage, results, reports, group, together)
 
 
@@ -484,6 +478,26 @@ def _announce(result: HostResult, on_result: Callable[[HostResult], None] | None
     channel.record_host(result)
     if on_result is not None:
         on_result(result)
+
+
+def _amended(
+    stage: Stage,
+    result: HostResult,
+    before: dict[str, Report],
+    after: dict[str, Report],
+    durations: dict[str, float],
+    on_result: Callable[[HostResult], None] | None,
+) -> HostResult:
+    """A host's result as the stage's look across its hosts amended it, recorded in place of
+    the one recorded as the host finished (said again when its line changed)."""
+    report = after.get(result.host)
+    if report is None or report is before.get(result.host):
+        return result
+    amended = _host_result(stage, result.host, report, durations[result.host])
+    channel.record_amended(amended)
+    if on_result is not None and not channel.same_line(result, amended):
+        on_result(amended)
+    return amended
 
 
 def _across(

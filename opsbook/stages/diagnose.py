@@ -12,8 +12,8 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.results import State
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import preflight
-from opsbook.stages.base import Note, Report, Together, concurrently, hook
-from opsbook.steps import host_side, server, triage
+from opsbook.stages.base import Note, Report, Together, hook
+from opsbook.steps import server, triage
 
 
 @dataclass(frozen=True)
@@ -28,26 +28,16 @@ class Options:
     log_when_ready: bool = hook(True)
 
 
-@dataclass(kw_only=True)
-class DiagnoseReport(preflight.SidedReport):
-    """Diagnose's report, with the host's side for the comparison of the hosts."""
-
-
-def run(host: RemoteHost, deployment: Deployment, options: Options) -> DiagnoseReport:
+def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     """Classify the server: ok when ready or loading, failed otherwise (with the failure id
     the log shows)."""
     paths = server.resolve_paths(host, deployment)
-    state, found, answer = concurrently(
-        lambda: triage.server_state(
-            host,
-            paths,
-            deployment.server_port,
-            notes=(server.RUNNING_SCRIPT,),
-            log_when_ready=options.log_when_ready,
-        ),
-        # What the host's side needs, read while the server is classified.
-        lambda: host_side.facts_for_side(host, deployment),
-        lambda: host_side.read_side(host, deployment),
+    state = triage.server_state(
+        host,
+        paths,
+        deployment.server_port,
+        notes=(server.RUNNING_SCRIPT,),
+        log_when_ready=options.log_when_ready,
     )
     digest = server.noted_running_script(host, paths, state.notes) if state.ok else ""
     verdict = state.to_result()
@@ -56,21 +46,19 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> DiagnoseR
         shows.append(state.diagnosis)
     shows.append(state.processes_table())
     failure = state.diagnosis.failure or "" if state.diagnosis is not None else ""
-    side = host_side.side_of(host.name, deployment, found, answer)
-    ok = State.OK if state.ok else State.FAILED
-    return DiagnoseReport(ok, verdict, shows, failure, digest, side=side)
+    return Report(State.OK if state.ok else State.FAILED, verdict, shows, failure, digest)
 
 
 def side_by_side(
     hosts: Sequence[RemoteHost], deployment: Deployment, reports: dict[str, Report]
 ) -> Together:
-    """The hosts compared as they run now (a cluster's workers, which run no server of
-    their own, read here): a host upgraded since the deploy is named."""
-    return preflight.compared(hosts, deployment, reports)
+    """The hosts compared as they run now, each read once all are diagnosed (what its
+    server's log says the engine runs with): a host upgraded since the deploy is named."""
+    return preflight.compared(hosts, deployment, reports, predict=False)
 
 
 def nodes_side_by_side(
     hosts: Sequence[RemoteHost], deployment: Deployment, reports: dict[str, Report]
 ) -> Together:
     """A cluster's launch: its nodes read and compared again once they joined."""
-    return preflight.compared(hosts, deployment, reports)
+    return preflight.compared(hosts, deployment, reports, predict=False)

@@ -4,13 +4,15 @@ the hosts side by side (:mod:`opsbook.steps.host_compare`)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from opsbook.core.deployment import Deployment
+from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import State
 from opsbook.knowledge.logscan import failure_for
+from opsbook.remote.hosts import DEFAULT_FORKS
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report, Together, concurrently
 from opsbook.steps import host_facts, host_side, plots
@@ -23,15 +25,7 @@ class Options:
 
 
 @dataclass(kw_only=True)
-class SidedReport(Report):
-    """A report with what the host shows of the facts hosts serving one model should share
-    (None: not read), for the stage's look across its hosts."""
-
-    side: HostSide | None = None
-
-
-@dataclass(kw_only=True)
-class PreflightReport(SidedReport):
+class PreflightReport(Report):
     """Preflight's report, with the host's facts (a cluster's preflight compares its nodes')."""
 
     facts: host_facts.HostFacts
@@ -40,10 +34,7 @@ class PreflightReport(SidedReport):
 def run(host: RemoteHost, deployment: Deployment, options: Options) -> PreflightReport:
     """Gather the host's facts (GPUs, processes, driver, interconnect, python, vLLM, disk,
     ports, servers) and judge them; changes nothing."""
-    found, answer = concurrently(
-        lambda: host_facts.gather_facts(host, deployment),
-        lambda: host_side.read_side(host, deployment),
-    )
+    found = host_facts.gather_facts(host, deployment)
     verdict = host_facts.check_facts(found)
     shows = [
         Note(f"{len(found.gpus)} GPU(s); interconnect: {found.topology.interconnect}"),
@@ -53,47 +44,69 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Preflight
         host_facts.process_table(found),
         host_facts.server_table(found),
     ]
-    side = host_side.side_of(host.name, deployment, found, answer)
-    state = State.OK if verdict.ok else State.FAILED
-    return PreflightReport(state, verdict, shows, facts=found, side=side)
+    return PreflightReport(State.OK if verdict.ok else State.FAILED, verdict, shows, facts=found)
 
 
 def side_by_side(
     hosts: Sequence[RemoteHost], deployment: Deployment, reports: dict[str, Report]
 ) -> Together:
-    """The hosts' facts compared (a cluster's nodes' read again where its check dropped
-    them), each host's report with the differences it takes part in."""
-    return compared(hosts, deployment, reports)
+    """The hosts side by side once each has its preflight: what the comparison needs beyond
+    its facts read from each (one command), each host's report with its row and the
+    differences it takes part in."""
+    return compared(hosts, deployment, reports, predict=True)
 
 
 def compared(
-    hosts: Sequence[RemoteHost], deployment: Deployment, reports: dict[str, Report]
+    hosts: Sequence[RemoteHost],
+    deployment: Deployment,
+    reports: dict[str, Report],
+    *,
+    predict: bool,
 ) -> Together:
-    """The hosts side by side from the sides their reports carry; on a cluster (whose nodes
-    are still open) a node whose report carries none is read now."""
-    sides = {name: r.side for name, r in reports.items() if isinstance(r, SidedReport) and r.side}
-    missing = [h for h in hosts if h.name in reports and h.name not in sides]
-    if deployment.cluster is not None and missing:
-        sides.update(read_sides(missing, deployment))
-    ordered = [sides[h.name] for h in hosts if h.name in sides]
+    """The hosts that answered their stage read (at once) and compared; each one's report
+    amended (:func:`noted`). ``predict``: where a host's log names no KV-cache dtype and
+    attention backend, compare what vLLM is predicted to choose (else they are unknown)."""
+    answered = [
+        h for h in hosts if h.name in reports and reports[h.name].state is not State.UNREACHABLE
+    ]
+    found = read_sides(answered, deployment, reports, predict=predict)
+    ordered = [found[h.name] for h in answered if h.name in found]
     comparison = compare(ordered, cluster=deployment.cluster is not None)
     amended = {name: noted(report, comparison, name) for name, report in reports.items()}
     return Together(amended, comparison)
 
 
-def read_sides(hosts: Sequence[RemoteHost], deployment: Deployment) -> dict[str, HostSide]:
-    """Each host's side, the hosts at once (the facts a comparison needs, not a preflight)."""
+def read_sides(
+    hosts: Sequence[RemoteHost],
+    deployment: Deployment,
+    reports: Mapping[str, Report],
+    *,
+    predict: bool,
+) -> dict[str, HostSide]:
+    """Each host's side, the hosts at once: the facts its preflight gathered (else the facts
+    probe's light part) and the deployment's python's answer. A host that cannot be read
+    now is left out. Each host's connection is closed again (kept in a deploy)."""
 
-    def one(host: RemoteHost) -> HostSide:
+    def one(host: RemoteHost) -> HostSide | None:
         view = deployment.for_host(host.spec)
-        found, answer = concurrently(
-            lambda: host_side.facts_for_side(host, view),
-            lambda: host_side.read_side(host, view),
-        )
-        return host_side.side_of(host.name, view, found, answer)
+        report = reports.get(host.name)
+        known = report.facts if isinstance(report, PreflightReport) else None
+        try:
+            found, answer = concurrently(
+                lambda: known or host_side.facts_for_side(host, view),
+                lambda: host_side.read_side(host, view),
+            )
+        except OpsbookError:
+            return None
+        finally:
+            host.close()
+        return host_side.side_of(host.name, view, found, answer, predict=predict)
 
-    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        return dict(zip((h.name for h in hosts), pool.map(one, hosts), strict=True))
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(len(hosts), DEFAULT_FORKS)) as pool:
+        sides = dict(zip((h.name for h in hosts), pool.map(one, hosts), strict=True))
+    return {name: side for name, side in sides.items() if side is not None}
 
 
 def noted(report: Report, comparison: Comparison, host: str) -> Report:

@@ -189,13 +189,19 @@ def predicted_engine(
 
 
 def side_of(
-    host: str, deployment: Deployment, facts: HostFacts | None, answer: SideAnswer
+    host: str,
+    deployment: Deployment,
+    facts: HostFacts | None,
+    answer: SideAnswer,
+    *,
+    predict: bool = True,
 ) -> HostSide:
     """The host's side: its facts (from the preflight probe), the python's answer, and the
-    engine's choices from the log, predicted when the log names none."""
+    engine's choices from the log; predicted when the log names none and ``predict`` (before
+    a launch; after it, a host whose log names none runs no engine to compare)."""
     kv, backend = engine_from_log(answer.engine_lines)
     source = FROM_LOG if kv or backend else UNKNOWN
-    if not kv and facts is not None:
+    if predict and not kv and facts is not None:
         kv, backend = predicted_engine(answer, facts, deployment)
         source = PREDICTED if kv or backend else UNKNOWN
     kv = KV_DTYPE_ALIASES.get(kv, kv)

@@ -95,9 +95,12 @@ def test_preflight_and_diagnose_name_the_host_on_another_vllm_and_kv_dtype(
     ]
     assert "engine facts from the server's log" in row["message"]
     assert "attention backend FLASHINFER_MLA" in row["message"]
-    # The terminal line of each host says what differs, with its own value.
+    # Each host's line as it finishes, then again once compared, saying what differs with
+    # its own value.
     lines = [x for x in deployed.stdout.splitlines() if x.startswith("diagnose") and name(odd) in x]
-    assert "hosts differ: " in lines[0] and "vLLM 0.33.0 (others 0.15.1)" in lines[0], lines
+    assert len(lines) == 2 and "hosts differ: " not in lines[0], lines
+    assert "vLLM 0.33.0 (others 0.15.1), KV cache dtype fp8_e4m3 (others auto)" in lines[1]
+    assert summary["recap"][name(odd)]["ok"] == 4  # said twice, counted once
 
 
 def test_the_executed_notebooks_hold_the_table_with_the_differences_highlighted(deployed) -> None:

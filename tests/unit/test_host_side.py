@@ -110,3 +110,10 @@ def test_a_python_that_does_not_answer_leaves_its_versions_unknown() -> None:
     side = host_side.side_of("ops@a", DEP, facts(), got)
     assert (side.torch, side.ray) == (UNKNOWN, UNKNOWN)
     assert side.kv_cache_dtype == "fp8_e4m3"  # the flag says so, without the configs
+
+
+def test_after_a_launch_a_host_whose_log_names_no_engine_choice_has_none_to_compare() -> None:
+    host = FakeHost("a", commands={"-c": answer(configs={"config.json": CONFIG})})
+    got = host_side.read_side(host, DEP)
+    side = host_side.side_of("ops@a", DEP, facts(), got, predict=False)
+    assert (side.kv_cache_dtype, side.attention_backend, side.engine_from) == (UNKNOWN,) * 3
