@@ -78,15 +78,6 @@ def hook(default: Any = None) -> Any:
     return field(default=default, compare=False, metadata={HOOK: True})
 
 
-@dataclass
-class Together:
-    """What a stage's look across its hosts found: each host's report as amended, and what
-    the notebook shows of them together (a host x fact table), None when nothing."""
-
-    reports: dict[str, Report]
-    shows: Any = None
-
-
 @dataclass(frozen=True)
 class NoOptions:
     """The options of a stage that has no module of its own (a test's stage)."""
@@ -128,8 +119,9 @@ class Stage:
             several hosts (compare them); None: nothing. On a fleet each host's result is
             recorded as it finishes, and recorded again as amended (``channel.record_amended``)
             where the look across changed it.
-        across_fleet: whether ``across`` runs on a fleet too, or only on a cluster (a launch's
-            comparison would hold back a fleet's results for as long as its slowest host).
+        across_fleet: whether ``across`` runs on a fleet too, or only on a cluster (a fleet's
+            hosts are compared by 00 and 05; a cluster's launch compares its nodes once they
+            joined, a command more per node).
     """
 
     name: str
@@ -191,6 +183,15 @@ class Note(str):
 
     def _repr_html_(self) -> str:
         return f"<p>{html.escape(self)}</p>"
+
+
+@dataclass
+class Together:
+    """What a stage's look across its hosts found: each host's report as amended, and what
+    the notebook shows of them together (a host x fact table), None when nothing."""
+
+    reports: dict[str, Report]
+    shows: Any = None
 
 
 @dataclass
