@@ -39,6 +39,7 @@ RUNS_DIR_ENV = "OPSBOOK_RUNS_DIR"
 DEPLOYMENT_ENV = "OPSBOOK_DEPLOYMENT"
 PROGRESS = "progress"
 DIFF = "diff"
+AMEND = "amend"
 _lock = threading.Lock()
 
 
@@ -92,6 +93,37 @@ def read_diffs(path: Path) -> list[StageDiff]:
     return [r for r in records if isinstance(r, StageDiff)]
 
 
+@dataclass(frozen=True)
+class Amended:
+    """A host's result of a stage as the stage amended it once all its hosts were done (what
+    their comparison found): it takes the place of the result recorded for that host and
+    stage before it."""
+
+    result: HostResult
+
+
+def record_amended(result: HostResult) -> HostResult:
+    """Append ``result`` as an amendment of the host's earlier result of its stage."""
+    _append(json.dumps({"kind": AMEND, **json.loads(encode(_masked(result)))}))
+    return result
+
+
+def amend(results: list[HostResult], result: HostResult) -> HostResult | None:
+    """Put ``result`` in the place of the result of its host and stage in ``results`` (at
+    the end when there is none); the one it replaced, or None."""
+    for i, earlier in enumerate(results):
+        if (earlier.host, earlier.stage) == (result.host, result.stage):
+            results[i] = result
+            return earlier
+    results.append(result)
+    return None
+
+
+def same_line(earlier: HostResult | None, later: HostResult) -> bool:
+    """Whether ``later`` says on its line what ``earlier`` said (its state and message)."""
+    return earlier is not None and (earlier.state, earlier.message) == (later.state, later.message)
+
+
 def encode(result: HostResult) -> str:
     """One JSON line for ``result``."""
     doc = {
@@ -114,7 +146,7 @@ def decode(line: str) -> HostResult:
         ValueError: the line is not such a record.
     """
     doc = json.loads(line)
-    if not isinstance(doc, dict) or doc.get("kind") in (PROGRESS, DIFF):
+    if not isinstance(doc, dict) or doc.get("kind") in (PROGRESS, DIFF, AMEND):
         raise ValueError(f"not a host result: {line[:80]!r}")
     return HostResult(
         host=str(doc["host"]),
@@ -169,11 +201,18 @@ def record(result: Result, stage: str = "", host: str = "") -> Result:
 
 
 def read(path: Path) -> list[HostResult]:
-    """The results a run recorded, in order (none when the file is missing)."""
+    """The results a run recorded, in order, each amended as its stage amended it (none when
+    the file is missing)."""
     if not path.exists():
         return []
-    records = [_decode_any(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in records if isinstance(r, HostResult)]
+    results: list[HostResult] = []
+    for line in path.read_text().splitlines():
+        record = _decode_any(line) if line.strip() else None
+        if isinstance(record, HostResult):
+            results.append(record)
+        elif isinstance(record, Amended):
+            amend(results, record.result)
+    return results
 
 
 class Follower:
@@ -184,7 +223,7 @@ class Follower:
         self._offset = 0
         self._partial = ""
 
-    def new(self) -> list[HostResult | StageProgress | StageDiff]:
+    def new(self) -> list[HostResult | StageProgress | StageDiff | Amended]:
         """The complete lines written since the last call, decoded."""
         try:
             with self.path.open() as f:
@@ -198,8 +237,10 @@ class Follower:
         return [_decode_any(line) for line in lines if line.strip()]
 
 
-def _decode_any(line: str) -> HostResult | StageProgress | StageDiff:
+def _decode_any(line: str) -> HostResult | StageProgress | StageDiff | Amended:
     doc = json.loads(line)
+    if isinstance(doc, dict) and doc.get("kind") == AMEND:
+        return Amended(decode(json.dumps({k: v for k, v in doc.items() if k != "kind"})))
     if isinstance(doc, dict) and doc.get("kind") == DIFF:
         return StageDiff(str(doc["host"]), str(doc["stage"]), str(doc["title"]), str(doc["text"]))
     if isinstance(doc, dict) and doc.get("kind") == PROGRESS:

@@ -497,6 +497,11 @@ def _following(
                 results.append(record)
                 if on_result is not None:
                     on_result(record)
+            elif isinstance(record, channel.Amended):
+                # Said again only when the amendment changes what its line says.
+                earlier = channel.amend(results, record.result)
+                if on_result is not None and not channel.same_line(earlier, record.result):
+                    on_result(record.result)
             elif isinstance(record, channel.StageProgress) and on_progress is not None:
                 on_progress(record)
 

@@ -24,6 +24,7 @@ from opsbook.stages.base import (
     ClusterFunction,
     HostChoice,
     HostHeading,
+    HostsFunction,
     Note,
     Parameter,
     Report,
@@ -31,6 +32,7 @@ from opsbook.stages.base import (
     StageFunction,
     StageRun,
     Targets,
+    Together,
     parameters_of,
     run_stage,
 )
@@ -92,6 +94,17 @@ def _on_cluster(module: str, function: str = "run") -> ClusterFunction:
     return run
 
 
+def _across(module: str, function: str = "side_by_side") -> HostsFunction:
+    """The stage module's look across its hosts, imported on the first call."""
+
+    def run(hosts: Sequence[RemoteHost], deployment: Any, reports: dict[str, Report]) -> Together:
+        call: HostsFunction = getattr(importlib.import_module(f"opsbook.stages.{module}"), function)
+        return call(hosts, deployment, reports)
+
+    run.__qualname__ = run.__name__ = f"{module}.{function}"
+    return run
+
+
 def __getattr__(name: str) -> Any:
     # ``stages.preflight`` and the others, as before the registry became lazy.
     if name in _MODULES:
@@ -106,20 +119,47 @@ def _stage(
     module: str,
     cluster: ClusterFunction | None = None,
     function: str = "run",
+    across: HostsFunction | None = None,
+    across_fleet: bool = True,
 ) -> Stage:
     """A stage whose per-host function and options are those of ``opsbook.stages.<module>``."""
-    return Stage(name, notebook, changes_host, _per_host(module, function), cluster, module)
+    run = _per_host(module, function)
+    return Stage(name, notebook, changes_host, run, cluster, module, across, across_fleet)
 
 
+# 00 and 05 show a deployment's hosts side by side (opsbook.steps.host_compare); a cluster's
+# launch compares its nodes again, after they joined.
 STAGES = (
-    _stage("preflight", "00_preflight", False, "preflight", _on_cluster("cluster_preflight")),
+    _stage(
+        "preflight",
+        "00_preflight",
+        False,
+        "preflight",
+        _on_cluster("cluster_preflight"),
+        across=_across("preflight"),
+    ),
     _stage(
         "download", "01_download_check", False, "download_check", _on_cluster("cluster_download")
     ),
     _stage("config-patch", "02_config_patch", True, "config_patch"),
     _stage("launch-script", "03_launch_script", True, "launch_script"),
-    _stage("launch", "04_launch", True, "launch_server", _on_cluster("cluster_launch")),
-    _stage("diagnose", "05_diagnose", False, "diagnose", _on_cluster("cluster_launch", "diagnose")),
+    _stage(
+        "launch",
+        "04_launch",
+        True,
+        "launch_server",
+        _on_cluster("cluster_launch"),
+        across=_across("diagnose", "nodes_side_by_side"),
+        across_fleet=False,
+    ),
+    _stage(
+        "diagnose",
+        "05_diagnose",
+        False,
+        "diagnose",
+        _on_cluster("cluster_launch", "diagnose"),
+        across=_across("diagnose"),
+    ),
 )
 # Not a stage of the runbook: 04_launch's "Stop" button, run over the hosts like one (with the
 # launch's options: the button uses its stop_grace).
@@ -160,6 +200,7 @@ __all__ = [
     "Stage",
     "StageRun",
     "Targets",
+    "Together",
     "for_notebook",
     "get",
     "import_runbook",

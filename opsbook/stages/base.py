@@ -63,6 +63,11 @@ StageFunction = Callable[[Any, Deployment, Any], Report]
 # A stage over a whole cluster (a deployment with a ``cluster`` section): the group's hosts,
 # the whole deployment and the stage's options in, one report per host name out.
 ClusterFunction = Callable[[Sequence[Any], Deployment, Any], dict[str, Report]]
+# A stage's look across its hosts once each has its report (hosts serving one model side by
+# side): the hosts (open on a cluster's run, closed on a fleet's), the whole deployment and the
+# reports in; the reports amended (a finding added, a state changed) and what the stage shows
+# of the hosts together out (see Together).
+HostsFunction = Callable[[Sequence[Any], Deployment, dict[str, Report]], "Together"]
 # The metadata key that marks a field of a stage's options as a hook (see hook()).
 HOOK = "opsbook.hook"
 
@@ -132,6 +137,13 @@ class Stage:
             (``cluster:``), where the hosts depend on each other; None: per host as usual.
         module: the stage's module under :mod:`opsbook.stages`, whose ``Options`` are the
             stage's options (imported when they are first asked for); "": none.
+        across: what the stage does with its hosts' reports once all are in, on a run over
+            several hosts (compare them); None: nothing. On a fleet each host's result is
+            recorded as it finishes, and recorded again as amended (``channel.record_amended``)
+            where the look across changed it.
+        across_fleet: whether ``across`` runs on a fleet too, or only on a cluster (a fleet's
+            hosts are compared by 00 and 05; a cluster's launch compares its nodes once they
+            joined, a command more per node).
     """
 
     name: str
@@ -140,6 +152,8 @@ class Stage:
     run_host: StageFunction
     run_cluster: ClusterFunction | None = None
     module: str = ""
+    across: HostsFunction | None = None
+    across_fleet: bool = True
 
     @property
     def options_type(self) -> type[Any]:
@@ -194,6 +208,15 @@ class Note(str):
 
 
 @dataclass
+class Together:
+    """What a stage's look across its hosts found: each host's report as amended, and what
+    the notebook shows of them together (a host x fact table), None when nothing."""
+
+    reports: dict[str, Report]
+    shows: Any = None
+
+
+@dataclass
 class StageRun:
     """A stage's results over its hosts, in the deployment's order."""
 
@@ -201,6 +224,14 @@ class StageRun:
     results: list[HostResult]
     reports: dict[str, Report]
     group: HostGroup
+    together: Any = None
+
+    def side_by_side(self) -> Any:
+        """What the stage shows of its hosts together (the hosts side by side), or a note
+        that there was nothing to compare."""
+        if self.together is not None:
+            return self.together
+        return Note(f"{len(self.results)} host(s): nothing to compare side by side")
 
     @property
     def going_on(self) -> list[str]:
@@ -438,25 +469,69 @@ def run_stage(
     if deployment.cluster is not None and stage.run_cluster is not None:
         return _run_cluster(stage, deployment, group, on_result, chosen)
     reports: dict[str, Report] = {}
+    durations: dict[str, float] = {}
+    across = stage.across if stage.across_fleet and len(group.hosts) > 1 else None
 
     def one(host: RemoteHost) -> HostResult:
         started = time.monotonic()
         report = _run_one(stage, host, deployment, chosen)
+        durations[host.name] = time.monotonic() - started
         reports[host.name] = report
         _record_diffs(stage, host.name, report, deployment)
-        return _host_result(stage, host.name, report, time.monotonic() - started)
+        return _host_result(stage, host.name, report, durations[host.name])
 
     def done(name: str, answer: Any) -> None:
         if isinstance(answer, HostResult):
-            channel.record_host(answer)
-            if on_result is not None:
-                on_result(answer)
+            _announce(answer, on_result)
 
     answers = group.map(one, on_done=done)
     results = [
         a if isinstance(a, HostResult) else _crashed(stage, n, a) for n, a in answers.items()
     ]
-    return StageRun(stage, results, reports, group)
+    together = None
+    if across is not None:
+        seen = _across(across, group.hosts, deployment, reports)
+        together = seen.shows
+        results = [_amended(stage, r, reports, seen.reports, durations, on_result) for r in results]
+        reports = seen.reports
+    return StageRun(stage, results, reports, group, together)
+
+
+def _announce(result: HostResult, on_result: Callable[[HostResult], None] | None) -> None:
+    channel.record_host(result)
+    if on_result is not None:
+        on_result(result)
+
+
+def _amended(
+    stage: Stage,
+    result: HostResult,
+    before: dict[str, Report],
+    after: dict[str, Report],
+    durations: dict[str, float],
+    on_result: Callable[[HostResult], None] | None,
+) -> HostResult:
+    """A host's result as the stage's look across its hosts amended it, recorded in place of
+    the one recorded as the host finished (said again when its line changed)."""
+    report = after.get(result.host)
+    if report is None or report is before.get(result.host):
+        return result
+    amended = _host_result(stage, result.host, report, durations[result.host])
+    channel.record_amended(amended)
+    if on_result is not None and not channel.same_line(result, amended):
+        on_result(amended)
+    return amended
+
+
+def _across(
+    across: HostsFunction, hosts: Sequence[Any], deployment: Deployment, reports: dict[str, Report]
+) -> Together:
+    """The stage's look across its hosts; when it fails, the reports as they were, and a
+    note saying why they were not compared (the hosts' own results stand)."""
+    try:
+        return across(hosts, deployment, dict(reports))
+    except Exception as e:  # a bug in the comparison is shown, and costs no host its result
+        return Together(reports, Note(f"the hosts were not compared: {type(e).__name__}: {e}"))
 
 
 def _run_cluster(
@@ -469,8 +544,12 @@ def _run_cluster(
     """The stage's cluster function over the group: the hosts act together, one result each."""
     assert stage.run_cluster is not None
     started = time.monotonic()
+    together = None
     try:
         reports = stage.run_cluster(group.hosts, deployment, options)
+        if stage.across is not None:  # while the nodes' connections are open
+            seen = _across(stage.across, group.hosts, deployment, reports)
+            reports, together = seen.reports, seen.shows
     except OpsbookError as e:
         verdict = Result(False, e.message, findings=[Finding("error", deployment.name, e.message)])
         reports = {h.name: Report(State.FAILED, verdict, [], TOOL_FAILED) for h in group.hosts}
@@ -489,7 +568,7 @@ def _run_cluster(
         if on_result is not None:
             on_result(result)
         results.append(result)
-    return StageRun(stage, results, dict(reports), group)
+    return StageRun(stage, results, dict(reports), group, together)
 
 
 def _run_one(stage: Stage, host: RemoteHost, deployment: Deployment, options: Any) -> Report:

@@ -1,14 +1,18 @@
 """Diagnose on one host: the server's state (never started, crashed, loading, ready, hung)
-and, from its log, the known failure with its remedy; changes nothing."""
+and, from its log, the known failure with its remedy; changes nothing. On several hosts, the
+hosts side by side (what their engines run with, from their logs), so that a host changed
+since the deploy stands out."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import State
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import Note, Report, hook
+from opsbook.stages import preflight
+from opsbook.stages.base import Note, Report, Together, hook
 from opsbook.steps import server, triage
 
 
@@ -43,3 +47,18 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     shows.append(state.processes_table())
     failure = state.diagnosis.failure or "" if state.diagnosis is not None else ""
     return Report(State.OK if state.ok else State.FAILED, verdict, shows, failure, digest)
+
+
+def side_by_side(
+    hosts: Sequence[RemoteHost], deployment: Deployment, reports: dict[str, Report]
+) -> Together:
+    """The hosts compared as they run now, each read once all are diagnosed (what its
+    server's log says the engine runs with): a host upgraded since the deploy is named."""
+    return preflight.compared(hosts, deployment, reports, predict=False)
+
+
+def nodes_side_by_side(
+    hosts: Sequence[RemoteHost], deployment: Deployment, reports: dict[str, Report]
+) -> Together:
+    """A cluster's launch: its nodes read and compared again once they joined."""
+    return preflight.compared(hosts, deployment, reports, predict=False)

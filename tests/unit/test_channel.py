@@ -61,3 +61,22 @@ def test_progress_lines_are_followed_live_but_are_not_results(tmp_path, monkeypa
     assert channel.Follower(path).new() == [step, done]
     assert channel.read(path) == [done]
     assert "loading: weights" in step.line() and "12 s" in step.line()
+
+
+def test_an_amended_result_takes_the_place_of_the_one_recorded_before(
+    tmp_path, monkeypatch
+) -> None:
+    path = tmp_path / "out.jsonl"
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(path))
+    first = HostResult("ops@a", "preflight", State.OK, "checked")
+    other = HostResult("ops@b", "preflight", State.OK, "checked")
+    channel.record_host(first)
+    channel.record_host(other)
+    later = HostResult("ops@a", "preflight", State.OK, "checked; hosts differ: vLLM 0.15.1")
+    follower = channel.Follower(path)
+    follower.new()
+    channel.record_amended(later)
+    [seen] = follower.new()
+    assert isinstance(seen, channel.Amended) and seen.result == later
+    assert channel.read(path) == [later, other]
+    assert not channel.same_line(first, later) and channel.same_line(later, later)

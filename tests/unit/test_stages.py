@@ -342,3 +342,111 @@ def test_the_options_run_stage_is_given_reach_the_stage_as_its_options_class() -
     with pytest.raises(RunError, match="the check stage has no option.s. apply"):
         run_stage(CHECK, deployment("a"), group=HostGroup([FakeHost("a")]), apply=True)
     assert stages.STOP.options_type is stages.launch_server.Options
+
+
+def side_answer(ray: str = "2.58.0", vllm: str = "0.15.1") -> str:
+    versions = {"torch": "2.9.1", "ray": ray, "vllm": vllm}
+    return json.dumps({"versions": versions, "script_sha256": "", "engine_lines": []})
+
+
+def side_host(address: str, *, ray: str = "2.58.0", vllm: str = "0.15.1", **kwargs) -> FakeHost:
+    """A host whose stage says "checked", whose facts probe does not answer (the GPUs are
+    unknown), and whose deployment python answers the side-by-side command."""
+    unanswered = ProbeError("the facts probe did not answer", host="")
+    return FakeHost(
+        address,
+        commands={" -c ": side_answer(ray, vllm)},
+        probes={"facts": unanswered, "check": {"ok": True, "msg": "checked"}},
+        **kwargs,
+    )
+
+
+def test_a_stage_that_compares_its_hosts_amends_their_results_in_the_record(
+    tmp_path, monkeypatch
+) -> None:
+    from opsbook.stages import preflight
+
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(tmp_path / "out.jsonl"))
+    compared = Stage("check", "99_check", False, probe_stage, across=preflight.side_by_side)
+    hosts = [side_host("a"), side_host("b", vllm="0.33.0"), side_host("c", unreachable=True)]
+    seen = []
+    group = HostGroup(hosts)
+    run = run_stage(compared, deployment("a", "b", "c"), group=group, on_result=seen.append)
+    a, b, c = run.results
+    assert (a.state, b.state, c.state) == (State.OK, State.OK, State.UNREACHABLE)
+    assert a.message == "checked; hosts differ: vLLM 0.15.1 (others 0.33.0)"
+    assert b.findings[0].message == "hosts differ: vLLM: ops@a 0.15.1, ops@b 0.33.0"
+    assert [f.code for f in b.findings] == ["hosts-differ", "hosts-side-by-side"]
+    assert c.findings[0].severity == "error" and "hosts differ" not in c.message
+    # Each host said as it finished, then the two whose line the comparison changed.
+    assert sorted(r.message for r in seen if r.host == "ops@a") == ["checked", a.message]
+    assert [r.state for r in seen if r.host == "ops@c"] == [State.UNREACHABLE]
+    # In the record, the amended result in place of the first.
+    recorded = channel.read(tmp_path / "out.jsonl")
+    lines = sorted((r.host, r.state, r.message) for r in recorded)
+    assert lines == [(r.host, r.state, r.message) for r in run.results]
+    assert "<b>0.33.0</b>" in run.side_by_side()._repr_html_()
+
+
+def test_hosts_that_agree_are_said_once_and_their_rows_are_in_the_record(
+    tmp_path, monkeypatch
+) -> None:
+    from opsbook.stages import preflight
+
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(tmp_path / "out.jsonl"))
+    compared = Stage("check", "99_check", False, probe_stage, across=preflight.side_by_side)
+    seen = []
+    group = HostGroup([side_host("a"), side_host("b")])
+    run = run_stage(compared, deployment("a", "b"), group=group, on_result=seen.append)
+    assert [r.message for r in seen] == ["checked", "checked"]
+    recorded = channel.read(tmp_path / "out.jsonl")
+    assert [[f.subject for f in r.findings] for r in recorded] == [["hosts side by side"]] * 2
+    assert "Ray 2.58.0" in recorded[0].findings[0].message
+    assert "agree" in repr(run.side_by_side())
+
+
+def test_one_host_has_nothing_to_compare_and_a_failed_comparison_costs_no_result() -> None:
+    from opsbook.stages import preflight
+
+    compared = Stage("check", "99_check", False, probe_stage, across=preflight.side_by_side)
+    host = side_host("a")
+    one = run_stage(compared, deployment("a"), group=HostGroup([host]), on_result=None)
+    assert "nothing to compare" in one.side_by_side()
+    assert [kind for kind, _ in host.calls if kind != "close"] == ["probe"]  # nothing more
+
+    def broken(hosts, dep, reports):
+        raise KeyError("side")
+
+    failing = Stage("check", "99_check", False, probe_stage, across=broken)
+    hosts = [side_host(n) for n in ("a", "b")]
+    run = run_stage(failing, deployment("a", "b"), group=HostGroup(hosts), on_result=None)
+    assert [r.state for r in run.results] == [State.OK, State.OK]
+    assert "not compared: KeyError" in run.side_by_side()
+
+
+def test_a_clusters_nodes_are_read_again_after_its_stage_and_a_ray_upgrade_fails_them() -> None:
+    from opsbook.stages import diagnose
+
+    def all_ready(hosts, dep, options):
+        return {h.name: Report(State.OK, Result(True, "ready")) for h in hosts}
+
+    doc = {
+        **DOC,
+        "hosts": [{"address": a, "user": "ops"} for a in ("head", "worker")],
+        "cluster": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2},
+    }
+    hosts = [side_host("head"), side_host("worker", ray="2.59.0")]
+    checked = Stage(
+        "diagnose",
+        "05_diagnose",
+        False,
+        probe_stage,
+        run_cluster=all_ready,
+        across=diagnose.nodes_side_by_side,
+    )
+    run = run_stage(checked, parse_deployment(doc), group=HostGroup(hosts), on_result=None)
+    assert [r.state for r in run.results] == [State.FAILED, State.FAILED]
+    assert {r.failure_id for r in run.results} == {"ray-version-mismatch"}
+    [ray] = [f for f in run.results[1].findings if f.severity == "error"]
+    assert ray.message == "hosts differ: Ray: ops@head 2.58.0, ops@worker 2.59.0"
+    assert "<b>2.59.0</b>" in run.side_by_side()._repr_html_()

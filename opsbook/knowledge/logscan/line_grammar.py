@@ -469,3 +469,15 @@ RAISE_LITERAL = re.compile(r"^raise (?P<name>[\w.]+)\(\s*[fr]?(?P<q>[\"'])(?P<li
 def exception_line_of(name: str) -> re.Pattern[str]:
     """The line of an exception named ``name`` (qualified or not) with its message."""
     return re.compile(r"^(?:[\w.]+\.)?" + re.escape(name) + r": \S")
+
+
+# What the engine runs with, as vLLM logs it at start-up (vllm 0.32.0): the engine's config
+# line ``kv_cache_dtype=fp8, `` (vllm/config/vllm.py, VllmConfig.__str__), and the attention
+# backend chosen, ``Using FLASH_ATTN backend.`` when asked for or ``Using FLASHINFER attention
+# backend out of potential backends: [...]`` (vllm/platforms/cuda.py, get_attn_backend_cls).
+KV_CACHE_DTYPE_SAID = re.compile(r"\bkv_cache_dtype=(?P<dtype>[\w.]+)")
+ATTENTION_BACKEND_SAID = re.compile(
+    r"\bUsing (?:AttentionBackendEnum\.)?(?P<backend>[A-Z][A-Z0-9_]+) (?:attention )?backend\b"
+)
+# Fixed parts of those lines, for a host to pick them out of a large log before they are read.
+ENGINE_LINE_MARKS = ("kv_cache_dtype=", " backend")
