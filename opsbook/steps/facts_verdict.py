@@ -5,6 +5,7 @@ running, disk), and the result that is ok unless one is an error.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,17 +32,18 @@ class FactsVerdict(Result):
         return {row[0]: row[1] for row in summary_table(self.facts).rows}
 
 
-def check_facts(facts: HostFacts) -> FactsVerdict:
+def check_facts(facts: HostFacts, judged: Sequence[Finding] = ()) -> FactsVerdict:
     """Preflight's verdict: ok unless a finding is an error.
 
     Args:
         facts: from :func:`gather_facts`.
+        judged: findings on the facts against the deployment (they come first).
 
     Returns:
         A :class:`FactsVerdict` whose findings are :meth:`HostFacts.findings`, with the
         ``facts`` and their ``summary``.
     """
-    findings = facts.findings()
+    findings = [*judged, *facts.findings()]
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""

@@ -37,7 +37,7 @@ def check_before_stop(
         ok, or one error finding per reason the new server could not start.
     """
     findings = [
-        *_gpu_findings(facts, deployment),
+        *gpu_findings(facts, deployment),
         *_port_findings(facts, deployment.server_port, server_pids),
         *_flag_findings(facts, deployment.serve_args),
     ]
@@ -73,7 +73,8 @@ def _count(value: Any) -> int:
         return 1
 
 
-def _gpu_findings(facts: HostFacts, deployment: Deployment) -> list[Finding]:
+def gpu_findings(facts: HostFacts, deployment: Deployment) -> list[Finding]:
+    """An error when the server would need more GPUs than it would see (preflight's too)."""
     # A cluster's head serves across nodes: cluster preflight counts the GPUs of every node.
     if deployment.cluster is not None or facts.nvidia_smi_error or not facts.gpus:
         return []

@@ -67,8 +67,7 @@ def deploy(box: Sandbox, runs: Path, deployment: Path, apply: str) -> Deployed:
     text = done.stdout + done.stderr
     lines = [line for line in text.splitlines() if line.split()[:1] == ["launch"]]
     # The launch stage also prints its startup phases ("..."); its result is the last line.
-    finished = [line for line in lines if line.split()[2:3] != ["..."]]
-    assert finished, text
+    finished = [line for line in lines if line.split()[2:3] != ["..."]] or [""]
     paths = yaml.safe_load(deployment.read_text())["paths"]
     record = Path(paths["state"]) / "launch.json"
     pid = json.loads(record.read_text())["pid"] if record.exists() else None
@@ -226,21 +225,46 @@ def test_the_dry_run_of_a_changed_serve_argument_says_the_restart_and_its_reason
 
 
 @pytest.fixture(scope="module")
-def too_wide(changed: Deployed, changed_file: Path, box: Sandbox, runs: Path) -> Deployed:
+def too_wide_file(changed: Deployed, changed_file: Path, box: Sandbox) -> Path:
     doc = yaml.safe_load(changed_file.read_text())
     doc["server"]["args"]["tensor-parallel-size"] = 64
     made = box.dir / "too-wide.yml"
     made.write_text(yaml.safe_dump(doc))
-    return deploy(box, runs, made, "True")
+    return made
 
 
-def test_a_start_that_cannot_succeed_leaves_the_healthy_server_alone(
+@pytest.fixture(scope="module")
+def too_wide(too_wide_file: Path, box: Sandbox, runs: Path) -> Deployed:
+    return deploy(box, runs, too_wide_file, "True")
+
+
+def test_a_start_that_cannot_succeed_stops_the_deploy_at_preflight(
     changed: Deployed, too_wide: Deployed
 ) -> None:
-    """Issue 32, item 1: more GPUs asked for than the host shows is known before the stop."""
+    """Issue 32, item 1: more GPUs asked for than the host shows is known before anything is
+    changed: preflight says so, and the healthy server keeps serving."""
     assert too_wide.code == 1, too_wide.text
-    assert too_wide.state_of("launch") == "failed", too_wide.text
-    assert "nothing was stopped" in too_wide.text
-    assert "needs 64 GPU(s) (tensor-parallel-size 64)" in too_wide.text, too_wide.text[:3000]
+    assert too_wide.state_of("preflight") == "failed", too_wide.text
+    assert "needs 64 GPU(s) (tensor-parallel-size 64) and would see 8" in too_wide.text
     assert too_wide.pid == changed.pid
     assert_only_requests_logged(changed.log, too_wide.log)
+
+
+def test_a_launch_that_cannot_succeed_leaves_the_healthy_server_alone(
+    changed: Deployed, too_wide: Deployed, too_wide_file: Path, runs: Path
+) -> None:
+    """The launch stage on its own (here told to restart) checks the same before the stop."""
+    argv = ["run", "04_launch", "-f", str(too_wide_file), "--runs-dir", str(runs)]
+    argv += ["-p", "apply", "true", "-p", "restart", "always"]
+    done = subprocess.run(
+        [sys.executable, "-m", "opsbook", *argv], capture_output=True, text=True, timeout=600
+    )
+    text = done.stdout + done.stderr
+    assert done.returncode == 1, text
+    assert "nothing was stopped: the new server could not start: the server needs 64 GPU(s)" in text
+    record = json.loads(
+        (
+            Path(yaml.safe_load(too_wide_file.read_text())["paths"]["state"]) / "launch.json"
+        ).read_text()
+    )
+    assert record["pid"] == changed.pid
