@@ -33,6 +33,7 @@ import pytest
 
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import Result
+from opsbook.knowledge.logscan.remedies import apply_edit
 from opsbook.rehearsal import real_vllm
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote.hosts import Host
@@ -394,6 +395,7 @@ def test_an_unknown_flag_exits_2_and_is_diagnosed_unknown_arg(rig: Rig) -> None:
     keep_log(rig, "unknown-arg", "`vllm serve` with `--no-such-flag`")
     assert not outcome.ready.ok and outcome.state.state in ("crashed", "exited")
     assert outcome.failure == "unknown-arg"
+    assert_remedy_is_a_started_deployment(outcome, dep, rig.dep)
 
 
 def test_a_missing_model_folder_is_diagnosed_model_not_found(rig: Rig) -> None:
@@ -412,6 +414,7 @@ def test_max_model_len_above_the_model_s_is_diagnosed(rig: Rig) -> None:
     keep_log(rig, "max-model-len-too-large", "`--max-model-len 4096` for a model of 512")
     assert "4096" in rig.log()
     assert outcome.failure == "max-model-len-too-large"
+    assert_remedy_is_a_started_deployment(outcome, dep, rig.dep)
 
 
 def test_a_shard_cut_in_half_is_diagnosed_safetensors_corrupt(rig: Rig) -> None:
@@ -482,6 +485,20 @@ def test_mla_with_an_fp8_kv_cache_dies_on_the_first_request(rig: Rig, cpu: Cpu) 
     assert outcome.failure == failure
     assert outcome.state.diagnosis is not None
     assert outcome.state.diagnosis.error_class == error_class
+    if backend == real_vllm.AMX_MLA:
+        # The control test above starts and smoke-tests exactly the remedied deployment.
+        assert_remedy_is_a_started_deployment(outcome, dep, rig.mla_variant("tiny-deepseek-v3"))
+
+
+def assert_remedy_is_a_started_deployment(
+    outcome: Outcome, failed: Deployment, started: Deployment
+) -> None:
+    """The diagnosis's edit turns the failed deployment into one this module starts to ready
+    and smoke-tests (the remedy is tested without another server start)."""
+    diagnosis = outcome.state.diagnosis
+    assert diagnosis is not None and diagnosis.edit, str(diagnosis)
+    args, env = apply_edit(diagnosis.edit, failed.serve_args, failed.env)
+    assert (args, env) == (started.serve_args, started.env), diagnosis.edit
 
 
 def test_an_mla_head_of_320_serves_on_amx_and_dies_on_the_cpu_mla_kernel(

@@ -54,7 +54,7 @@ def test_remedies_name_the_parsed_values() -> None:
 
     assert "needs 4 GPUs and this host has 2" in remedy("not-enough-devices-1.log")
     assert "4 attention heads" in remedy("tp-not-divisible-1.log")
-    assert "--max-model-len 512.0" in remedy("max-model-len-too-large-1.log")
+    assert "--max-model-len 512 " in remedy("max-model-len-too-large-1.log")
     assert "Rank 1 timed out in ALLREDUCE" in remedy("nccl-timeout-1.log")
     assert "--shm-size" in remedy("shm-space-1.log") and "NCCL_P2P" not in remedy("shm-space-1.log")
     assert "fp7" in remedy("invalid-kv-cache-dtype-1.log")

@@ -58,6 +58,41 @@ class StageNumbers:
 
 
 @dataclass(frozen=True)
+class RemedyEdit:
+    """One remedy of an entry as a tested edit of the deployment (failures.yaml's ``edits``).
+
+    ``args``/``env`` set ``server.args``/``server.env`` keys (None: remove the flag or
+    variable); ``config_remove`` names the config.json keys 02_config_patch removes. Values
+    and keys may hold ``{group}`` placeholders filled from the diagnosis's numbers. The
+    variant holds when every condition it has holds: the release in ``versions``, the platform
+    in ``platforms``, ``line`` on the identifying line, ``numbers`` each among its values.
+    """
+
+    remedy: str
+    source: str
+    tested_on: str
+    args: tuple[tuple[str, Any], ...] = ()
+    env: tuple[tuple[str, Any], ...] = ()
+    config_remove: tuple[str, ...] = ()
+    versions: str | None = None
+    platforms: tuple[str, ...] = ()
+    line: re.Pattern[str] | None = None
+    numbers: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def edit(self) -> dict[str, Any]:
+        """The edit as the deployment names it (placeholders not filled)."""
+        edit: dict[str, Any] = {}
+        if self.args:
+            edit["server.args"] = dict(self.args)
+        if self.env:
+            edit["server.env"] = dict(self.env)
+        if self.config_remove:
+            edit["config"] = {"remove": list(self.config_remove)}
+        return edit
+
+
+@dataclass(frozen=True)
 class CatalogueEntry:
     """One failure class of ``opsbook/knowledge/data/failures.yaml``."""
 
@@ -94,6 +129,8 @@ class CatalogueEntry:
     process_numbers: tuple[re.Pattern[str], ...] = ()
     walks_back: bool = False
     raised_by: tuple[str, ...] = ()
+    # The remedy as edits of the deployment, by release and platform (first that holds wins).
+    edits: tuple[RemedyEdit, ...] = ()
 
     @property
     def failure(self) -> str:
@@ -122,6 +159,7 @@ class Signals:
 
     phases: tuple[tuple[str, re.Pattern[str]], ...]
     versions: tuple[re.Pattern[str], ...]
+    platform: re.Pattern[str]
     startup_markers: tuple[re.Pattern[str], ...]
     api_server_pid: re.Pattern[str]
     run_error: re.Pattern[str]
@@ -368,6 +406,41 @@ def _stage_numbers(value: Any, where: str) -> StageNumbers:
     )
 
 
+_EDIT_FIELDS = {"edit", "remedy", "source", "tested_on", "when"}
+_WHEN_FIELDS = {"versions", "platforms", "line", "numbers"}
+
+
+def _edits(value: Any, where: str) -> tuple[RemedyEdit, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"{value!r} is not a list of edits")
+    return tuple(_remedy_edit(raw, f"{where}, edit {index + 1}") for index, raw in enumerate(value))
+
+
+def _remedy_edit(raw: Any, where: str) -> RemedyEdit:
+    if not isinstance(raw, dict) or not {"edit", "remedy", "source", "tested_on"} <= set(raw):
+        raise TypeError(f"{where}: needs edit, remedy, source and tested_on")
+    unknown = set(raw) - _EDIT_FIELDS | set(raw.get("when") or {}) - _WHEN_FIELDS
+    edit = raw["edit"]
+    unknown |= set(edit) - {"server.args", "server.env", "config"}
+    if unknown:
+        raise KeyError(f"{where}: unknown fields {sorted(unknown)}")
+    when = raw.get("when") or {}
+    return RemedyEdit(
+        remedy=str(raw["remedy"]),
+        source=str(raw["source"]),
+        tested_on=str(raw["tested_on"]),
+        args=tuple((str(k), v) for k, v in (edit.get("server.args") or {}).items()),
+        env=tuple((str(k), v) for k, v in (edit.get("server.env") or {}).items()),
+        config_remove=tuple(str(key) for key in (edit.get("config") or {}).get("remove", ())),
+        versions=str(when["versions"]) if "versions" in when else None,
+        platforms=tuple(str(p) for p in when.get("platforms", ())),
+        line=_compiled(when["line"], where) if "line" in when else None,
+        numbers=tuple(
+            (str(k), tuple(str(v) for v in values)) for k, values in when.get("numbers", {}).items()
+        ),
+    )
+
+
 _READERS: dict[str, Any] = {
     "priority": lambda value, where: int(value),
     "patterns": _patterns,
@@ -387,4 +460,5 @@ _READERS: dict[str, Any] = {
     "process_numbers": _patterns,
     "walks_back": _flag,
     "raised_by": _texts,
+    "edits": _edits,
 }

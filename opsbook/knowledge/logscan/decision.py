@@ -38,6 +38,7 @@ from opsbook.knowledge.logscan.readiness import (
     _serving_line,
     _stats_line,
 )
+from opsbook.knowledge.logscan.remedies import with_release_remedy
 from opsbook.knowledge.logscan.root_cause import (
     _chained_cause,
     _engine_loop_death,
@@ -130,7 +131,8 @@ def _diagnose_lines(
     # A "# " line (a pasted report's markdown title) is a comment, never read as the log: the
     # diagnosis reads what the server wrote. With ``keep_survived``, an uncatalogued error the
     # startup went past is still a failure: what a server that became ready had logged.
-    return _diagnose_body(lines, running, kernel_log, memo or LineMemo(), keep_survived)
+    diagnosis = _diagnose_body(lines, running, kernel_log, memo or LineMemo(), keep_survived)
+    return with_release_remedy(diagnosis, lines)
 
 
 def _diagnose_body(

@@ -55,6 +55,8 @@ class LogDiagnosis:
         error_class: the catalogue class of the failure when it is reported under a shared
             failure id (an error the catalogue knows, reported as ``unrecognised-error`` with
             its own remedy).
+        edit: the remedy as an edit of the deployment (``server.args``/``server.env``/
+            ``config``), when the class has one for the release and platform the log shows.
         first_line: where the diagnosed (last) startup begins in the file.
         skipped_lines: lines of interest of that startup left out to bound memory.
         earlier: the startups before it in the same file (the last ``EARLIER_LISTED``).
@@ -81,6 +83,7 @@ class LogDiagnosis:
     earlier: list[EarlierStartup] = field(default_factory=list)
     earlier_counts: dict[str, int] = field(default_factory=dict)
     error_class: str | None = None
+    edit: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,6 +107,7 @@ class LogDiagnosis:
             "wrapper": _line_dict(self.wrapper),
             "root_cause": _root_dict(self.root_cause),
             "remedy": self.remedy,
+            "edit": self.edit,
             "source": self.source,
             "numbers": self.numbers,
             "version": self.version,
@@ -185,6 +189,8 @@ class LogDiagnosis:
         if self.numbers:
             rows.append("numbers: " + ", ".join(f"{k}={v}" for k, v in self.numbers.items()))
         rows.append(f"remedy:  {self.remedy}")
+        if self.edit:
+            rows.append(f"edit:    {self.edit}")
         rows.append(f"source:  {self.source if every_source else first_sources(self.source)}")
         if self.version:
             rows.append(f"vLLM:    {self.version}")
@@ -205,7 +211,8 @@ class LogDiagnosis:
         if self.wrapper:
             rows.append([f"wrapper (line {self.wrapper.number})", self.wrapper.text])
         rows += [[key, value] for key, value in self.numbers.items()]
-        rows += [["remedy", self.remedy], ["source", self.source]]
+        rows += [["remedy", self.remedy], ["edit", str(self.edit or "")]]
+        rows += [["source", self.source]]
         rows += [[f"note (line {n.line.number})", n.entry.title] for n in self.notes]
         table = Table(["", ""], [row for row in rows if row[1] not in (None, "")])
         return head + table._repr_html_()
