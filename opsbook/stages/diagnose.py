@@ -13,7 +13,7 @@ from opsbook.core.results import State
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import preflight
 from opsbook.stages.base import Note, Report, Together, hook
-from opsbook.steps import server, triage
+from opsbook.steps import restart_rule, server, triage
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         deployment.server_port,
         notes=(server.RUNNING_SCRIPT,),
         log_when_ready=options.log_when_ready,
+        inputs=triage.deploy_inputs(restart_rule.run_inputs(deployment, paths)),
+        last_deploy=True,
     )
     digest = server.noted_running_script(host, paths, state.notes) if state.ok else ""
     verdict = state.to_result()

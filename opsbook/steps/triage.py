@@ -55,10 +55,13 @@ class ServerState:
     # that start was (seconds since the epoch, from the launch record).
     inputs: dict[str, str] = field(default_factory=dict)
     started_at: float | None = None
+    # The inputs that changed since the judged launch started, when the caller asked about the
+    # last deploy (``server_state(last_deploy=True)``): the running server is not its launch.
+    superseded: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.state in ("ready", "loading")
+        return self.state in ("ready", "loading") and not self.superseded
 
     def processes_table(self) -> Table:
         roles = [(p, "this launch") for p in self.processes]
@@ -101,6 +104,7 @@ def server_state(
     notes: Sequence[str] = (),
     log_when_ready: bool = True,
     inputs: Mapping[str, Any] | None = None,
+    last_deploy: bool = False,
 ) -> ServerState:
     """Classify the server the deployment launched, from one status probe that also asks
     ``/health`` when the port is open (one round trip).
@@ -113,6 +117,10 @@ def server_state(
             stays on the host and ``diagnosis`` is None.
         inputs: what the server runs (:func:`opsbook.steps.restart_rule.run_inputs`), each
             compared on the host with its digest noted at the start (``ServerState.inputs``).
+        last_deploy: judge the server as the launch of the last deploy (05_diagnose): a running
+            server whose ``inputs`` changed since its start is an earlier launch, the last
+            deploy did not launch (it stopped before 04, or 04 failed before its stop), and
+            that is no "ok" (``ServerState.superseded``).
     """
     asked = paths.probe_args(
         op="status", port=server_port, health="/health", health_timeout=HEALTH_TIMEOUT
@@ -133,10 +141,13 @@ def server_state(
     record_error = status.record_error
     # Without a readable record, a vLLM process of the login user stands for the server.
     running = status.running or bool(record_error and status.others)
-    stop = _stop_of(status) if not running else None
+    stop = _stop_of(status)
     if stop is not None:
-        # What the processes logged while the stop's signal killed them is not a crash.
+        # What the processes logged while the stop's signal killed them is not a crash. A
+        # group still exiting after opsbook's stop is no loading server: it is judged as
+        # stopped, its live processes named as orphans.
         text = status.log_before_stop or ""
+        running = False
     diagnosis = logscan.diagnose_log(text, running=running, kernel_log=kernel_log) if text else None
     healthy = _healthy(host, server_port, status) if status.port_open else False
     unresponsive = False
@@ -168,6 +179,9 @@ def server_state(
             f"{message} (judged on port {moved}, where it was launched; the deployment now "
             "names another port: the next launch moves it)"
         )
+    started_at = status.record.started_at if status.record is not None else None
+    superseded = _superseded(status.inputs) if last_deploy and running else []
+    message = _with_launch(message, started_at, superseded)
     return ServerState(
         state,
         message,
@@ -179,8 +193,36 @@ def server_state(
         notes=status.notes,
         record_error=record_error,
         inputs=status.inputs,
-        started_at=status.record.started_at if status.record is not None else None,
+        started_at=started_at,
+        superseded=superseded,
     )
+
+
+def deploy_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs a diagnosis compares to tell the last deploy's launch from an earlier one:
+    the files a deploy writes (script, env, configs). The engine's digest runs the server's
+    Python to import vLLM, too slow for a health check of every host; 04 compares it."""
+    return {name: spec for name, spec in inputs.items() if "files" in spec}
+
+
+def _superseded(inputs: Mapping[str, str]) -> list[str]:
+    """The inputs whose digest changed since the running server started."""
+    return [name for name, verdict in inputs.items() if verdict == "changed"]
+
+
+def _with_launch(message: str, started_at: float | None, superseded: Sequence[str]) -> str:
+    """The message naming the launch it judges (its start), and, for a server that is not the
+    last deploy's launch, that the deploy did not launch."""
+    if started_at is None:
+        return message
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started_at))
+    if superseded:
+        changed = ", ".join(superseded)
+        return (
+            f"the running server is from {when}; the last deploy did not launch ({changed} "
+            f"changed since that start): {message}"
+        )
+    return f"{message} (the launch of {when})"
 
 
 def _moved_port(status: StatusAnswer, server_port: int) -> int | None:

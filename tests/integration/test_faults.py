@@ -30,7 +30,7 @@ from opsbook.core.exceptions import ConnectTimeout, HostUnreachable, ProbeError,
 from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote.hosts import Host
-from opsbook.steps import server, triage
+from opsbook.steps import restart_rule, server, triage
 from opsbook.steps.config_answers import ConfigState
 from opsbook.steps.patch import apply_patch, fp8_kv_cache_edits, plan_patch, read_configs
 from tests.integration.conftest import OPSBOOK, opsbook
@@ -583,3 +583,27 @@ def test_a_server_is_judged_on_the_port_it_was_launched_on(served: Sandbox) -> N
             found = triage.server_state(host, server.resolve_paths(host, dep), elsewhere)
     assert found.state == "ready", found.message
     assert f"judged on port {dep.server_port}" in found.message
+
+
+def test_a_deploy_that_did_not_launch_is_not_ok_about_the_previous_server(served: Sandbox) -> None:
+    """Issue 31, item 5: a deploy rewrote the launch script and stopped before 04: the server
+    still running is the earlier launch, and 05 names it, not "ok ready"."""
+    dep = load_deployment(served.deployment_path)
+    with Host.from_deployment(dep) as host:
+        paths = server.resolve_paths(host, dep)
+        inputs = triage.deploy_inputs(restart_rule.run_inputs(dep, paths))
+        before = triage.server_state(host, paths, dep.server_port, inputs=inputs, last_deploy=True)
+        script = Path(paths.script)
+        kept = script.read_bytes()
+        try:
+            script.write_bytes(kept + b"# rewritten by a deploy that failed at 03\n")
+            found = triage.server_state(
+                host, paths, dep.server_port, inputs=inputs, last_deploy=True
+            )
+        finally:
+            script.write_bytes(kept)
+    assert before.state == "ready" and before.ok, before.message
+    assert found.state == "ready" and not found.ok
+    assert found.superseded == ["script"]
+    assert "the running server is from" in found.message
+    assert "the last deploy did not launch" in found.message

@@ -3,6 +3,8 @@ diagnoses of real vLLM logs (tests/data/logs)."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -319,3 +321,59 @@ def test_a_ready_server_that_lost_its_answer_is_never_loading(
     got = state(port_open=port_open, log_age=1.0, diagnosis=ready, ready_lost=lost)
     assert got[0] == "hung" and says in got[1], got
     assert got[0] not in ("loading", "ready")
+
+
+# -- which launch is judged (issue 31, item 5) -------------------------------------------------
+
+
+def test_the_state_names_the_launch_it_judges(racing_host):
+    from opsbook.steps import server
+
+    host, paths = racing_host()
+    port = free_port()
+    assert server.start_server(host, paths, port).ok
+    state = triage.server_state(host, paths, port)
+    assert state.started_at is not None
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.started_at))
+    assert f"(the launch of {when})" in state.message
+
+
+def test_a_server_whose_script_changed_since_its_start_is_not_the_last_deploys(racing_host):
+    from opsbook.steps import server
+
+    host, paths = racing_host()
+    port = free_port()
+    inputs = {"script": {"files": [paths.script]}}
+    assert server.start_server(host, paths, port, inputs=inputs).ok
+    same = triage.server_state(host, paths, port, inputs=inputs, last_deploy=True)
+    assert not same.superseded and "the last deploy did not launch" not in same.message
+    # A deploy rewrote the script and stopped before its launch (02 or 03 failed).
+    Path(paths.script).write_text(Path(paths.script).read_text() + "# a new deploy\n")
+
+    state = triage.server_state(host, paths, port, inputs=inputs, last_deploy=True)
+
+    assert state.superseded == ["script"]
+    assert "the running server is from" in state.message
+    assert "the last deploy did not launch (script changed" in state.message
+    assert not state.ok and not state.to_result().ok
+    # 04's own look (no last_deploy) is about the server, whose restart it decides.
+    assert triage.server_state(host, paths, port, inputs=inputs).superseded == []
+
+
+def test_a_failed_server_still_exiting_after_the_stop_is_crashed_not_loading(racing_host):
+    from opsbook.steps import server
+
+    host, paths = racing_host(True)
+    port = free_port()
+    assert server.start_server(host, paths, port).ok
+    record_path = Path(paths.state_dir) / "launch.json"
+    record = json.loads(record_path.read_text())
+    # What opsbook's stop notes before it signals: its processes are still exiting.
+    record["stop"] = {"at": time.time(), "log_size": Path(paths.log).stat().st_size}
+    record_path.write_text(json.dumps(record))
+
+    state = triage.server_state(host, paths, port)
+
+    assert state.state == "crashed", state.message
+    assert state.diagnosis is not None and state.diagnosis.failure == "fp8kv-mla"
+    assert "still run" in state.message and not state.ok

@@ -19,6 +19,7 @@ from opsbook.knowledge.logscan.diagnosis import (
 )
 from opsbook.knowledge.logscan.filters import (
     _after_launch,
+    _api_server_errors_outranked,
     _debug_dropped,
     _error_after_progress,
     _optional_import_dropped,
@@ -27,6 +28,7 @@ from opsbook.knowledge.logscan.filters import (
     _survived_dropped,
     _teardown_dropped,
     _tool_parser_dropped,
+    _warnings_outranked,
 )
 from opsbook.knowledge.logscan.line_grammar import gib_of_text, number_of_text
 from opsbook.knowledge.logscan.log_lines import LineMemo, LogLine, _number_of, read_log_lines
@@ -455,6 +457,9 @@ def _choose_failure(hits: list[Hit], ready_at: int | None) -> Hit | None:
         for hit in hits
         if hit.entry.kind in kinds and (ready_at is None or hit.line.number > ready_at)
     ]
+    # By severity and process first: the catalogue's priority only orders the errors that
+    # could have ended the startup.
+    candidates = _api_server_errors_outranked(_warnings_outranked(candidates))
     if not candidates:
         return None
     best = max(candidates, key=lambda hit: (hit.entry.priority, -hit.line.number)).entry

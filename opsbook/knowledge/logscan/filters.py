@@ -154,3 +154,66 @@ def _error_after_progress(
         ):
             return line
     return None
+
+
+# Levels at which a program states the error that stops it (a raised exception is one too).
+_FATAL_LEVELS = ("ERROR", "CRITICAL")
+# Levels of a line that reports and goes on: never what ended a startup by itself.
+_GOING_ON_LEVELS = ("WARNING", "INFO")
+_STATED = ("cause", "generic")
+
+
+def _states_fatal_error(hit: Hit, kinds: tuple[str, ...] = _STATED) -> bool:
+    """Whether the hit states an error of ``kinds`` at a level that stops a program: a raised
+    exception's line or an ERROR/CRITICAL record (a wrapper only says a process died, not of
+    what)."""
+    line = hit.line
+    return hit.entry.kind in kinds and (line.exception or line.level in _FATAL_LEVELS)
+
+
+def _warnings_outranked(hits: list[Hit]) -> list[Hit]:
+    """The candidate failures without those logged at WARNING or INFO that a known fatal error
+    of the same startup follows: a warning is the process going on (a slow node, an optional
+    kernel missing, a retried allocation); what ended the startup is the catalogued error
+    stated after it at ERROR level or raised, whatever the catalogue's priorities say.
+
+    An uncatalogued exception after a catalogued warning does not outrank it: on the
+    development logs that warning is the reason of the crash under it (vLLM's own compiled
+    extension failing to import, "No platform detected" before the device lookup raises), and
+    the exception only its consequence. A warning with no error after it (a startup that waits
+    on it, or whose wrapper states no cause) stays a candidate too."""
+    known = ("cause",)
+    last_fatal = max((h.line.number for h in hits if _states_fatal_error(h, known)), default=0)
+    kept = [
+        hit
+        for hit in hits
+        if not (hit.line.level in _GOING_ON_LEVELS and hit.line.number < last_fatal)
+    ]
+    return kept or hits
+
+
+def _api_server_errors_outranked(hits: list[Hit]) -> list[Hit]:
+    """The candidate failures without the API server's, when the engine core (or a worker)
+    recorded its own death: the API server only fronts the engine, and what it logs then is
+    its reaction to the death or a request's error; the startup failed of what killed the
+    engine (vLLM 0.10.2-0.34.0 vllm/v1/engine/core.py run_engine_core, its logger.exception
+    records, the ``death_record`` signal)."""
+    engine_died = any(
+        hit.entry.kind == "wrapper"
+        and hit.line.process
+        and not _SIGNALS.api_server_process.match(hit.line.process)
+        and _SIGNALS.death_record.search(hit.line.text)
+        for hit in hits
+    )
+    if not engine_died:
+        return hits
+    kept = [
+        hit
+        for hit in hits
+        if not (
+            hit.entry.kind in _STATED
+            and hit.line.process
+            and _SIGNALS.api_server_process.match(hit.line.process)
+        )
+    ]
+    return kept or hits
