@@ -119,6 +119,25 @@ def test_vllm_s_notice_that_a_process_died_is_fatal_at_once() -> None:
     assert follower.judge(diagnosis) == logscan.FATAL
 
 
+def test_a_failure_vllm_only_waits_on_is_fatal_at_once_though_its_process_logs_on() -> None:
+    """Ray's placement group that cannot be placed: vLLM warns, then logs that it waits (up to
+    30 minutes): the launch must not wait with it."""
+    before, _, _ = startup_with_plugin_error()
+    warned = PREFIX + (
+        "WARNING 10-20 11:18:06 [ray_utils.py:337] The number of required GPUs exceeds the "
+        "total number of available GPUs in the placement group.\n"
+    )
+    waits = PREFIX + (
+        "INFO 10-20 11:18:16 [ray_utils.py:182] Waiting for creating a placement group of specs"
+        " for 10 seconds. specs=[{'GPU': 1.0, 'node:127.0.0.2': 0.001}]. Check `ray status`"
+        " and `ray list nodes` to see if you have enough resources.\n"
+    )
+    follower = follower_of(before, warned, waits)
+    diagnosis = follower.diagnose(running=True)
+    assert diagnosis.failure == "ray-resources", diagnosis.title
+    assert follower.judge(diagnosis) == logscan.FATAL
+
+
 def test_a_ready_server_s_earlier_error_is_found_also_when_the_startup_went_past_it() -> None:
     follower = follower_of(*startup_with_plugin_error())
     ready = follower.diagnose(running=True)

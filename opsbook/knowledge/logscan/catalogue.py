@@ -128,6 +128,9 @@ class CatalogueEntry:
     parse_reasons: bool = False
     process_numbers: tuple[re.Pattern[str], ...] = ()
     walks_back: bool = False
+    # Seen while the server still runs, the startup cannot go on (vLLM waits on what will not
+    # come): a launch fails at once rather than at its timeout.
+    stalls: bool = False
     raised_by: tuple[str, ...] = ()
     # The remedy as edits of the deployment, by release and platform (first that holds wins).
     edits: tuple[RemedyEdit, ...] = ()
@@ -459,6 +462,7 @@ _READERS: dict[str, Any] = {
     "parse_reasons": _flag,
     "process_numbers": _patterns,
     "walks_back": _flag,
+    "stalls": _flag,
     "raised_by": _texts,
     "edits": _edits,
 }

@@ -111,9 +111,10 @@ class LogFollower:
         """What a failed diagnosis of a server process that still runs means for its startup.
 
         A startup is over when vLLM says a process of the server died (an engine's death
-        notice: the diagnosis has a wrapper, or is one); it went on past the error when the
-        process that logged it logged a record after it that is no error: vLLM logs a handled
-        exception with its traceback and carries on (vLLM 0.32.0 vllm/plugins/__init__.py
+        notice: the diagnosis has a wrapper, or is one), or when the failure is one vLLM only
+        waits on (a class that ``stalls``: Ray's placement group); it went on past the error
+        when the process that logged it logged a record after it that is no error: vLLM logs a
+        handled exception with its traceback and carries on (vLLM 0.32.0 vllm/plugins/__init__.py
         load_plugins_by_group: ``logger.exception("Failed to load plugin %s", ...)``).
 
         Returns:
@@ -122,7 +123,7 @@ class LogFollower:
         """
         if diagnosis.state != FAILED or diagnosis.line is None:
             return UNDECIDED
-        if _names_a_death(diagnosis):
+        if _ends_the_startup(diagnosis):
             return FATAL
         number = diagnosis.line.number
         # Once gone past, an error stays so: the log's end is not read again at every look.
@@ -197,12 +198,12 @@ class LogFollower:
         return diagnosis
 
 
-def _names_a_death(diagnosis: LogDiagnosis) -> bool:
+def _ends_the_startup(diagnosis: LogDiagnosis) -> bool:
     if diagnosis.wrapper is not None or diagnosis.root_cause is not None:
         return True
     known = diagnosis.error_class or diagnosis.failure
     entry = next((e for e in load_catalogue() if e.id == known), None)
-    return entry is not None and (entry.kind == "wrapper" or entry.walks_back)
+    return entry is not None and (entry.kind == "wrapper" or entry.walks_back or entry.stalls)
 
 
 def _goes_on(line: LogLine, process: str | None) -> bool:
