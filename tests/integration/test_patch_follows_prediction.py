@@ -6,6 +6,9 @@ a vLLM release, then `opsbook run deploy -p apply True`, over the real sshd rehe
   byte-identical, makes no backup, and the server starts with an FP8 KV cache.
 - vLLM 0.15.1 on compute capability 12.0 (the incident) cannot: the deploy patches both files
   (with backups) and the server starts with a 16-bit KV cache.
+- The 0.33.0 case also serves with ``disable-log-requests: true`` in ``server.args``: 0.33.0
+  accepts the flag again (the inverse of --enable-log-requests, vllm/utils/argparse_utils.py
+  EnableDisableAction), so the compat check must not stop the deploy (issue 31, item 6).
 
 Each case has a rehearsal host of its own on this module's loopback addresses.
 """
@@ -18,10 +21,11 @@ import shlex
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from opsbook.core import channel
 from opsbook.core.deployment import load_deployment
@@ -43,11 +47,17 @@ class Case:
     address: str
     patched: bool
     kv_line: str
+    args: dict[str, object] = field(default_factory=dict)  # added to server.args
 
 
 CASES = {
     "0.33.0-on-sm120": Case(
-        "rtx-pro-6000", "0.33.0", "127.0.0.30", False, "Using fp8_e4m3 data type to store kv cache"
+        "rtx-pro-6000",
+        "0.33.0",
+        "127.0.0.30",
+        False,
+        "Using fp8_e4m3 data type to store kv cache",
+        {"disable-log-requests": True},
     ),
     "0.15.1-on-b200": Case(
         "b200", "0.15.1", "127.0.0.31", False, "Using fp8 data type to store kv cache"
@@ -65,6 +75,7 @@ class Deployed:
     output: str
     summary: dict[str, object]
     server_log: str
+    launch_script: str
 
 
 def digests(model: Path) -> dict[str, str]:
@@ -88,6 +99,7 @@ def deployed(
     assert up.returncode == 0, up.stderr
     deployment = folder / "deployment.yml"
     try:
+        add_server_args(deployment, case.args)
         before = digests(folder / MODEL)
         runs = tmp_path_factory.mktemp("runs")
         run = opsbook(
@@ -100,11 +112,22 @@ def deployed(
         with Host.from_deployment(dep) as host:
             paths = server.resolve_paths(host, dep)
             server_log = host.read_bytes(paths.log).decode(errors="replace")
-            yield Deployed(case, folder, before, run.returncode, run.stdout, summary, server_log)
+            script = host.read_bytes(paths.script).decode(errors="replace")
+            yield Deployed(
+                case, folder, before, run.returncode, run.stdout, summary, server_log, script
+            )
             server.stop_server(host, paths)
     finally:
         opsbook("sandbox", "down", "--dir", str(folder), timeout=120)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def add_server_args(deployment: Path, args: dict[str, object]) -> None:
+    if not args:
+        return
+    data = yaml.safe_load(deployment.read_text())
+    data["server"]["args"].update(args)
+    deployment.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def verdicts(deployed: Deployed) -> dict[str, HostResult]:
@@ -121,6 +144,16 @@ def test_deploy_reaches_ready(deployed: Deployed) -> None:
     assert diagnose.state is State.OK and diagnose.message.startswith("ready"), diagnose
     assert "Application startup complete." in deployed.server_log
     assert f"Initializing a V1 LLM engine (v{deployed.case.vllm})" in deployed.server_log
+
+
+def test_a_flag_the_release_accepts_is_passed_and_not_stopped(deployed: Deployed) -> None:
+    """`--disable-log-requests` on 0.33.0: the compat check lets it through, the server is
+    launched with it and reaches ready (test_deploy_reaches_ready)."""
+    if not deployed.case.args:
+        pytest.skip("this case adds no server argument")
+    assert "disable-log-requests" not in verdicts(deployed)["config-patch"].message
+    assert "unrecognized arguments" not in deployed.server_log
+    assert "--disable-log-requests" in deployed.launch_script, deployed.launch_script
 
 
 def test_the_patch_follows_the_prediction(deployed: Deployed) -> None:

@@ -439,9 +439,19 @@ def test_auto_tool_choice_without_parser_is_an_error(kimi25: ModelFacts) -> None
     assert rule_ids(result) == ["enable-auto-tool-choice-without-parser"]
 
 
-# vLLM 0.16.0's arg_utils.py still adds --disable-log-requests; 0.17.1's does not.
+# vLLM 0.16.0's arg_utils.py still adds --disable-log-requests; 0.17.1's to 0.32.0's do not;
+# 0.33.0's argparse_utils.py accepts it again as the inverse of --enable-log-requests.
 @pytest.mark.parametrize(
-    ("version", "fires"), [("0.11.0", False), ("0.16.0", False), ("0.17.1", True), (None, True)]
+    ("version", "fires"),
+    [
+        ("0.11.0", False),
+        ("0.16.0", False),
+        ("0.17.1", True),
+        ("0.32.0", True),
+        ("0.33.0", False),
+        ("0.34.0", False),
+        (None, True),
+    ],
 )
 def test_disable_log_requests(kimi25: ModelFacts, version: str | None, fires: bool) -> None:
     args = dict(KIMI_ARGS, **{"disable-log-requests": True})

@@ -2,11 +2,17 @@
 libraries it covers), rendered with sample values, is diagnosed as the entry that covers it.
 
 The format strings come from ``tests/data/vllm_error_formats.json``, written by
-``tools/vllm_error_formats.py`` from the release wheels (0.10.2 to 0.33.0), huggingface_hub,
-transformers and uvicorn; messages of compiled code (PyTorch, NCCL, safetensors, Triton, the
+``tools/vllm_error_formats.py`` from the wheel of every release in the facts data
+(``opsbook/knowledge/data/vllm_facts``), huggingface_hub, transformers, uvicorn, pydantic, Ray
+and CPython's argparse; messages of compiled code (PyTorch, NCCL, safetensors, Triton, the
 kernel) are quoted in its ``native_formats`` with their source file, and Python messages the
 extraction does not select (earlier vLLM releases, requests, a raised form a later release
 logs as a warning) in its ``quoted_formats``.
+
+Fatal (the tool's ``fatal_rule``): raised, or logged at ERROR/CRITICAL. Each release's fatal
+format strings that hold an entry's stem must be diagnosed as that entry; and each pattern of an
+entry with stems must match one of the entry's format strings or a line of a development log
+(``tests/data/logs``, never its held-out folders), or it is a pattern nothing shows to be real.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from typing import Any
 
 import pytest
 
+from opsbook.knowledge import vllm_facts
 from opsbook.knowledge.logscan import FAILED, HUNG, diagnose_log, load_catalogue
 
 FORMATS = Path(__file__).resolve().parents[1] / "data" / "vllm_error_formats.json"
+LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 DATA = json.loads(FORMATS.read_text(encoding="utf-8"))
 FIELD = re.compile(r"\{([^{}]*)\}")
 # Sample values by what a placeholder's expression names; the first that fits wins.
@@ -49,6 +57,57 @@ SAMPLES = (
 )
 ENTRIES = {entry.id: entry for entry in load_catalogue()}
 PREFIX = "(EngineCore_DP0 pid=7) {level} 03-12 10:11:12 [core.py:1] "
+
+# Patterns that nothing read so far shows to be real (issue 31, item 2): each needs its text
+# from a source (a library or native message quoted with its file) or a development log. The
+# list only shrinks: a pattern given evidence must leave it, and a new pattern must not join.
+UNPROVEN = {
+    ("engine-dead", "RPCServer process died before responding to readiness probe"),
+    (
+        "head-size-unsupported",
+        "FlashAttention forward only supports head dimension at most (?P<max_head_size>\\d+)",
+    ),
+    ("head-size-unsupported", "Unexpected head dim size"),
+    ("head-size-unsupported", "expect head_dim to be multiples of (?P<multiple>\\d+)"),
+    ("head-size-unsupported", "invalid head_size"),
+    (
+        "invalid-kv-cache-dtype",
+        "Input should be 'auto', '(?:float16|fp8)'.*\\[type=literal_error,"
+        " input_value='(?P<kv_cache_dtype>[^']*)'",
+    ),
+    (
+        "invalid-kv-cache-dtype",
+        "argument --kv-cache-dtype: invalid choice: '(?P<kv_cache_dtype>[^']*)'",
+    ),
+    (
+        "kv-cache-too-small",
+        "the rest of the memory reserved for KV Cache is -(?P<kv_cache_deficit_gib>[\\d.]+) ?GiB",
+    ),
+    (
+        "not-enough-devices",
+        "Required number of devices: (?P<world_size>\\d+)\\. Total number of devices:"
+        " (?P<gpu_count>\\d+)",
+    ),
+    ("ray-node-died", "ActorUnavailableError"),
+    ("ray-node-died", "NodeDiedError"),
+    ("ray-node-died", "has been marked dead because the detector has missed too many heartbeats"),
+    (
+        "ray-resources",
+        "The number of required (?P<device>\\w+)s exceeds the total number of available"
+        " \\w+s in the placement group",
+    ),
+    ("ray-resources", "resource request cannot be scheduled right now"),
+    (
+        "tp-not-divisible",
+        "^assert (?P<dimension>[\\w.\\[\\]\"']+) %"
+        " (?:self\\.)?(?:tp_size|tensor_parallel_size|tp_world_size) == 0\\b",
+    ),
+    (
+        "unknown-attention-backend",
+        "argument --attention-backend: invalid choice: '(?P<backend>[^']*)'",
+    ),
+    ("weights-missing", "No such file or directory: .(?P<file>[^']*\\.safetensors)."),
+}
 
 
 def sample(expression: str) -> str:
@@ -88,9 +147,11 @@ def python_formats() -> list[dict[str, Any]]:
     return list(DATA["formats"])
 
 
-def test_the_formats_cover_every_release_from_0_10_2_to_0_33_0() -> None:
-    releases = DATA["vllm_releases"]
-    assert releases[0] == "0.10.2" and releases[-1] == "0.33.0" and len(releases) >= 24
+def test_the_formats_cover_every_release_in_the_facts_data() -> None:
+    assert DATA["vllm_releases"] == list(vllm_facts.releases())
+    assert {"argparse", "huggingface_hub", "transformers", "pydantic", "ray"} <= set(
+        DATA["libraries"]
+    )
     covered = {f["entry"] for f in DATA["formats"]} | {f["entry"] for f in DATA["native_formats"]}
     assert DATA["quoted_formats"]
     with_stems = {entry.id for entry in ENTRIES.values() if entry.stems}
@@ -111,6 +172,21 @@ def test_every_catalogued_format_string_is_diagnosed_as_its_entry(found: dict[st
     expect(found["entry"], "\n".join([log, *rest]))
 
 
+@pytest.mark.parametrize("release", vllm_facts.releases())
+def test_every_release_fatal_format_strings_are_diagnosed_as_their_entries(release: str) -> None:
+    fatal = [f for f in DATA["formats"] if f["fatal"] and release in f["releases"]]
+    assert len(fatal) >= 20, f"vLLM {release}: only {len(fatal)} fatal format strings read"
+    wrong = []
+    for found in fatal:
+        head, *rest = render(found["template"]).split("\n")
+        log = "\n".join([as_log(found["kind"], head, ENTRIES[found["entry"]].kind), *rest])
+        try:
+            expect(found["entry"], log)
+        except AssertionError:
+            wrong.append((found["entry"], found["template"]))
+    assert wrong == []
+
+
 @pytest.mark.parametrize(
     "found", DATA["native_formats"], ids=[f["entry"] for f in DATA["native_formats"]]
 )
@@ -127,3 +203,47 @@ def test_every_quoted_native_message_is_diagnosed_as_its_entry(found: dict[str, 
 def test_every_quoted_python_message_is_diagnosed_as_its_entry(found: dict[str, str]) -> None:
     assert found["source"]
     expect(found["entry"], render(found["template"]))
+
+
+def development_log_lines() -> list[str]:
+    """Every line of the development logs; the held-out folders are never opened."""
+    lines = []
+    for top in sorted(LOGS.iterdir()):
+        if top.name.startswith("heldout"):
+            continue
+        for path in sorted([top] if top.is_file() else top.rglob("*")):
+            if path.is_file() and path.suffix == ".log":
+                lines += path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return lines
+
+
+def entry_texts() -> dict[str, list[str]]:
+    """Each entry's format strings, rendered, and as vLLM's log shows them."""
+    texts: dict[str, list[str]] = {}
+    for found in [*DATA["formats"], *DATA["native_formats"], *DATA["quoted_formats"]]:
+        message = render(found["template"])
+        texts.setdefault(found["entry"], []).append(message)
+        if "kind" in found:
+            head = message.split("\n")[0]
+            texts[found["entry"]].append(as_log(found["kind"], head, "cause"))
+    return texts
+
+
+def unproven_patterns() -> set[tuple[str, str]]:
+    """``(entry, pattern)`` of the patterns of entries with stems that match none of the
+    entry's format strings and no development log line."""
+    texts, lines = entry_texts(), development_log_lines()
+    return {
+        (entry.id, pattern.pattern)
+        for entry in ENTRIES.values()
+        if entry.stems
+        for pattern in entry.patterns
+        if not any(pattern.search(t) for t in texts.get(entry.id, ()))
+        and not any(pattern.search(line) for line in lines)
+    }
+
+
+def test_every_pattern_matches_a_format_string_or_a_development_log() -> None:
+    """A new pattern needs evidence (its format string read by the tool or quoted with its
+    source, or a development log); one given evidence leaves UNPROVEN (the list only shrinks)."""
+    assert unproven_patterns() == UNPROVEN

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from opsbook.core.exceptions import OpsbookError
 from opsbook.knowledge import compat, vllm_facts
 from opsbook.knowledge.compat import backend_select, rules_table
+from opsbook.remote.probes.vllm_source import WheelSource
 from tests.conftest import vllm_facts_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -358,3 +360,47 @@ def test_every_release_has_its_frontend_flags_wherever_they_moved(version: str) 
     0.29.0 and common/ from 0.34.0: the fact tool finds it by the class."""
     flags = vllm_facts.load(version).serve_flags
     assert {"--host", "--port", "--api-key", "--uvicorn-log-level"} <= flags
+
+
+def _flags_wheel(folder: Path, *, pairs: bool) -> Path:
+    """A wheel holding the two files the serve-flag reader needs, with or without 0.33.0's
+    EnableDisableAction registration."""
+    register = 'self.register("action", BooleanOptionalAction, EnableDisableAction)'
+    argparse_utils = f"""
+class EnableDisableAction(BooleanOptionalAction):
+    _inverse_prefixes = {{"--enable-": "--disable-", "--disable-": "--enable-"}}
+
+class FlexibleArgumentParser(ArgumentParser):
+    def __init__(self):
+        {register if pairs else "pass"}
+"""
+    arg_utils = """
+class EngineArgs:
+    disable_log_stats: bool = False
+    enable_lora: bool | None = None
+    tokenizer_mode: str = "auto"
+    enable_thinking: bool | str | None = None
+
+class AsyncEngineArgs(EngineArgs):
+    enable_log_requests: bool = False
+
+    def add_cli_args(parser):
+        parser.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction)
+        parser.add_argument("--enable-x-stats", action="store_true")
+"""
+    path = folder / f"vllm-9.9.{int(pairs)}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("vllm/utils/argparse_utils.py", argparse_utils)
+        zf.writestr("vllm/engine/arg_utils.py", arg_utils)
+    return path
+
+
+def test_the_tool_pairs_enable_and_disable_flags_where_the_parser_does(tmp_path):
+    tool = _tool()
+    paired = tool.serve_flags(WheelSource(_flags_wheel(tmp_path, pairs=True)))["flags"]
+    assert {"--disable-log-requests", "--enable-log-stats", "--disable-lora"} <= set(paired)
+    assert "EnableDisableAction" in paired["--disable-log-requests"]
+    # Not boolean (a str, or bool | str: an optional-valued flag) or store_true: no inverse.
+    assert "--disable-thinking" not in paired and "--disable-x-stats" not in paired
+    unpaired = tool.serve_flags(WheelSource(_flags_wheel(tmp_path, pairs=False)))["flags"]
+    assert "--disable-log-requests" not in unpaired and "--enable-log-requests" in unpaired

@@ -64,7 +64,14 @@ def add_server_arguments(parser: argparse.ArgumentParser, version: str) -> None:
     add("--uvicorn-log-level", default="info")
     add("--api-key", default=None)
     add("--chat-template", default=None)
-    if release.has_disable_log_requests:
+    if release.has_disable_log_requests and release.disable_log_requests_inverts:
+        add(
+            "--disable-log-requests",
+            dest="enable_log_requests",
+            action="store_false",
+            default=False,
+        )
+    elif release.has_disable_log_requests:
         add("--disable-log-requests", action="store_true", default=False)
     add("--enable-log-requests", action="store_true", default=False)
     add("--model", default=None)

@@ -63,11 +63,18 @@ class Release:
 
     @property
     def has_disable_log_requests(self) -> bool:
-        # vllm/engine/arg_utils.py AsyncEngineArgs: present up to 0.16.0, gone in 0.17.1.
+        # vllm/engine/arg_utils.py AsyncEngineArgs: present up to 0.16.0, gone in 0.17.1, back
+        # in 0.33.0 as --enable-log-requests's inverse (disable_log_requests_inverts).
         flags = self.serve_flags
         if flags is not None:
             return "--disable-log-requests" in flags
-        return not at_least(self.version, "0.17")
+        return not at_least(self.version, "0.17") or self.disable_log_requests_inverts
+
+    @property
+    def disable_log_requests_inverts(self) -> bool:
+        # 0.33.0's FlexibleArgumentParser registers EnableDisableAction for
+        # BooleanOptionalAction (vllm/utils/argparse_utils.py): --disable-x sets enable_x False.
+        return at_least(self.version, "0.33")
 
     @property
     def has_attention_backend_flag(self) -> bool:
