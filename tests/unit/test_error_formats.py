@@ -62,7 +62,6 @@ PREFIX = "(EngineCore_DP0 pid=7) {level} 03-12 10:11:12 [core.py:1] "
 # from a source (a library or native message quoted with its file) or a development log. The
 # list only shrinks: a pattern given evidence must leave it, and a new pattern must not join.
 UNPROVEN = {
-    ("engine-dead", "RPCServer process died before responding to readiness probe"),
     (
         "head-size-unsupported",
         "FlashAttention forward only supports head dimension at most (?P<max_head_size>\\d+)",
@@ -80,22 +79,12 @@ UNPROVEN = {
         "argument --kv-cache-dtype: invalid choice: '(?P<kv_cache_dtype>[^']*)'",
     ),
     (
-        "kv-cache-too-small",
-        "the rest of the memory reserved for KV Cache is -(?P<kv_cache_deficit_gib>[\\d.]+) ?GiB",
-    ),
-    (
         "not-enough-devices",
         "Required number of devices: (?P<world_size>\\d+)\\. Total number of devices:"
         " (?P<gpu_count>\\d+)",
     ),
     ("ray-node-died", "ActorUnavailableError"),
     ("ray-node-died", "NodeDiedError"),
-    ("ray-node-died", "has been marked dead because the detector has missed too many heartbeats"),
-    (
-        "ray-resources",
-        "The number of required (?P<device>\\w+)s exceeds the total number of available"
-        " \\w+s in the placement group",
-    ),
     ("ray-resources", "resource request cannot be scheduled right now"),
     (
         "tp-not-divisible",
