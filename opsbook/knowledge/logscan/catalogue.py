@@ -82,14 +82,21 @@ class RemedyEdit:
     @property
     def edit(self) -> dict[str, Any]:
         """The edit as the deployment names it (placeholders not filled)."""
-        edit: dict[str, Any] = {}
-        if self.args:
-            edit["server.args"] = dict(self.args)
-        if self.env:
-            edit["server.env"] = dict(self.env)
-        if self.config_remove:
-            edit["config"] = {"remove": list(self.config_remove)}
-        return edit
+        return edit_as_named(dict(self.args), dict(self.env), self.config_remove)
+
+
+def edit_as_named(
+    args: dict[str, Any], env: dict[str, Any], config_remove: tuple[str, ...]
+) -> dict[str, Any]:
+    """An edit as the deployment names it: ``server.args``, ``server.env``, ``config``."""
+    edit: dict[str, Any] = {}
+    if args:
+        edit["server.args"] = dict(args)
+    if env:
+        edit["server.env"] = dict(env)
+    if config_remove:
+        edit["config"] = {"remove": list(config_remove)}
+    return edit
 
 
 @dataclass(frozen=True)

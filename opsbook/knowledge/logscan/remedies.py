@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsbook.knowledge.compat.rules_table import parse_version, version_in
-from opsbook.knowledge.logscan.catalogue import RemedyEdit, entry_by_id, signals
+from opsbook.knowledge.logscan.catalogue import RemedyEdit, edit_as_named, entry_by_id, signals
 from opsbook.knowledge.logscan.diagnosis import FAILED, HUNG, LogDiagnosis
 from opsbook.knowledge.logscan.log_lines import LogLine
 
@@ -34,14 +34,7 @@ class FilledEdit:
 
     def as_dict(self) -> dict[str, Any]:
         """The edit as the deployment names it (``server.args``, ``server.env``, ``config``)."""
-        edit: dict[str, Any] = {}
-        if self.args:
-            edit["server.args"] = dict(self.args)
-        if self.env:
-            edit["server.env"] = dict(self.env)
-        if self.config_remove:
-            edit["config"] = {"remove": list(self.config_remove)}
-        return edit
+        return edit_as_named(self.args, self.env, self.config_remove)
 
 
 def platform_of(lines: Sequence[LogLine]) -> str | None:
