@@ -251,10 +251,12 @@ def _decode_any(line: str) -> HostResult | StageProgress | StageDiff | Amended:
 
 
 def _finding_doc(finding: Finding) -> dict[str, str]:
-    return {
+    doc = {
         "severity": finding.severity,
         "subject": finding.subject,
         "message": finding.message,
         "remedy": finding.remedy,
         "source": finding.source,
     }
+    # The machine id travels with it, so a record can be searched by kind (hosts-differ).
+    return doc | {"code": finding.code} if finding.code else doc

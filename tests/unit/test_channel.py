@@ -15,7 +15,10 @@ def test_a_result_survives_the_trip_through_the_file(tmp_path, monkeypatch) -> N
         State.FAILED,
         "crashed: FP8 KV cache",
         failure_id="fp8kv-mla",
-        findings=(Finding("error", "log", "no backend", "patch the config", "vllm#34597"),),
+        findings=(
+            Finding("error", "log", "no backend", "patch the config", "vllm#34597"),
+            Finding("warning", "vLLM", "hosts differ", code="hosts-differ"),
+        ),
         duration=2.5,
         script_sha256="0" * 64,
     )
