@@ -728,3 +728,16 @@ def single_ok() -> Any:
     from opsbook.stages.base import Report
 
     return Report(State.OK, Result(True, "ready"))
+
+
+def test_a_node_s_stop_finds_its_own_folder_s_processes_not_a_longer_one_s() -> None:
+    import os
+
+    from opsbook.remote.probes import ray_node
+
+    folder = "/tmp/opsbook-ray-6380-127.0.0.1"
+    uid = os.getuid()
+    mine = {"pid": 101, "ppid": 1, "pgid": 101, "uid": uid, "cmd": f"raylet --temp_dir={folder}"}
+    other = {"pid": 202, "ppid": 1, "pgid": 202, "uid": uid, "cmd": f"raylet --temp_dir={folder}0"}
+    found, pgids = ray_node._ours([mine, other], folder, [])
+    assert [p["pid"] for p in found] == [101] and pgids == [101]

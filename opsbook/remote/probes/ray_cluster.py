@@ -25,6 +25,8 @@ import os
 import pwd
 import socket
 
+from .ray_folder import names_folder
+
 LISTEN = "0A"
 SESSION = "/session_"
 
@@ -146,20 +148,6 @@ def _holder_error(holder, port, temp_dir):
     else:
         who = f"{what} of user {holder['user']}, PID {holder['pid']} ({holder['cmd'][:120]})"
     return f"port {port} is held by {who}, not by this cluster's Ray head ({temp_dir})"
-
-
-def names_folder(cmd, folder):
-    """Whether a command line names ``folder`` itself or a path in it (not a longer name that
-    begins alike: the folder of node 127.0.0.1 is a prefix of node 127.0.0.10's)."""
-    if not folder:
-        return False
-    return any(
-        word == folder
-        or word.startswith(folder + "/")
-        or word.endswith("=" + folder)
-        or ("=" + folder + "/") in word
-        for word in cmd.split()
-    )
 
 
 def _is_local(address):

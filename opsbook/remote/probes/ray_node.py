@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import signal as signals
 
+from .ray_folder import names_folder
+
 
 def _processes():
     found = []
@@ -66,7 +68,8 @@ def _descendants(processes, roots):
 
 def _ours(processes, temp_dir, recorded, known=()):
     uid = os.getuid()
-    named = [p for p in processes if p["uid"] == uid and temp_dir and temp_dir in p["cmd"]]
+    # The folder itself, not a longer name that begins alike (node 127.0.0.1's and 127.0.0.10's).
+    named = [p for p in processes if p["uid"] == uid and names_folder(p["cmd"], temp_dir)]
     pgids = sorted({p["pgid"] for p in named} | set(recorded))
     # A recorded group counts only while a process naming the folder is in it or it has members
     # of this user: a reused PGID of someone else's is never ours.
