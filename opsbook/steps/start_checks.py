@@ -138,7 +138,8 @@ def _flag_findings(facts: HostFacts, serve_args: Mapping[str, Any]) -> list[Find
             f"--{flag}",
             f"vLLM {version} on this host does not accept --{flag} (its serve flags, read "
             f"from vLLM {version}'s source): the new server would exit at once",
-            f"remove {flag} from server.args, or use the name vLLM {version}'s --help gives",
+            f"remove {flag} from server.args: vLLM {version} has no --{flag} (its --help "
+            "lists the flags it has)",
         )
         for flag in unknown
     ]
