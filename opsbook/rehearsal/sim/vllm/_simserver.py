@@ -22,6 +22,7 @@ from typing import Any
 from . import _simconfig, _simrelease
 from . import _simmodel as model
 from ._simcli import build_parser, non_default_args, normalise_flags
+from ._simframes import make_frames
 from ._simhttp import ROUTES, Handler, HTTPServer
 from ._simlog import Frame, Log, source
 from ._simprocs import ShmFile, is_alive, python_executable, spawn
@@ -381,7 +382,7 @@ class ApiServer:
             code = 1
         frames = (
             self._config_frames()[:-4]
-            + _frames(
+            + make_frames(
                 (
                     "entrypoints/openai/api_server.py",
                     233,
@@ -417,7 +418,7 @@ class ApiServer:
                     "next(self.gen)",
                 ),
             ]
-            + _frames(
+            + make_frames(
                 ("v1/engine/utils.py", 880, "launch_core_engines", "wait_for_engine_startup("),
                 ("v1/engine/utils.py", 937, "wait_for_engine_startup", "raise RuntimeError("),
             )
@@ -498,12 +499,12 @@ class ApiServer:
     def _entry_frames(self) -> list[Frame]:
         if self.form == "serve":
             script = str(Path(sys.prefix) / "bin" / "vllm")
-            return [(script, 10, "<module>", "sys.exit(main())")] + _frames(
+            return [(script, 10, "<module>", "sys.exit(main())")] + make_frames(
                 ("entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
                 ("entrypoints/cli/serve.py", 59, "cmd", "validate_parsed_serve_args(args)"),
                 ("entrypoints/utils.py", 259, "validate_parsed_serve_args", "raise TypeError("),
             )
-        return _frames(
+        return make_frames(
             (
                 "entrypoints/openai/api_server.py",
                 2087,
@@ -516,12 +517,12 @@ class ApiServer:
     def _config_frames(self) -> list[Frame]:
         if self.form == "serve":
             head = [(str(Path(sys.prefix) / "bin" / "vllm"), 10, "<module>", "sys.exit(main())")]
-            head += _frames(
+            head += make_frames(
                 ("entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
                 ("entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
             )
         else:
-            head = _frames(
+            head = make_frames(
                 (
                     "entrypoints/openai/api_server.py",
                     2087,
@@ -531,7 +532,7 @@ class ApiServer:
             )
         return (
             head
-            + _frames(
+            + make_frames(
                 (
                     "entrypoints/openai/api_server.py",
                     1941,
@@ -651,10 +652,6 @@ class ApiServer:
                 for name in self.served
             ],
         }
-
-
-def _frames(*rows: tuple[str, int, str, str]) -> list[Frame]:
-    return [(source(path), line, function, code) for path, line, function, code in rows]
 
 
 def _validation_error(config: str, message: str, model_name: str) -> model.SimError:
