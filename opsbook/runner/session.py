@@ -42,7 +42,7 @@ CLICKS = "clicks.jsonl"
 
 
 class Clicked(Protocol):
-    """What a session records of a click (:class:`opsbook.widgets.Click`)."""
+    """What a session records of a click (:class:`opsbook.widgets.gates.Click`)."""
 
     @property
     def label(self) -> str: ...

@@ -17,6 +17,7 @@ from opsbook.core.deployment import load_deployment
 from opsbook.core.results import HostResult, Result, State
 from opsbook.remote.journal import Journal
 from opsbook.runner import session
+from opsbook.widgets import gates
 
 KEY = "sk-" + "a1B2" * 8
 
@@ -83,7 +84,7 @@ def test_a_failing_step_is_recorded_as_failed_not_raised() -> None:
 
 
 def test_an_unavailable_button_says_why() -> None:
-    page = widgets._Page([], "no host would change")
+    page = gates._Page([], "no host would change")
     assert repr(page) == "nothing to do: no host would change"
     assert "nothing to do: no host would change" in page._repr_html_()
 

@@ -6,12 +6,12 @@ import pytest
 from opsbook import stages, widgets
 from opsbook.core.results import HostResult, Result, State
 from opsbook.remote.hosts import HostGroup
-from opsbook.runner import first_contact
 from opsbook.stages import config_patch, launch_server
 from opsbook.stages.base import Note, StageRun, while_busy
 from opsbook.steps import patch
 from opsbook.steps.launch_answers import ProcessInfo
 from opsbook.steps.triage import ServerState
+from opsbook.widgets import first_contact, page_state
 
 
 def test_headless_gate_runs_the_step_only_with_apply() -> None:
@@ -62,9 +62,9 @@ def lab(monkeypatch, tmp_path) -> list[Any]:
     import IPython.display
 
     shown_now: list[Any] = []
-    monkeypatch.setattr(widgets, "has_frontend", lambda: True)
-    monkeypatch.setattr(widgets, "SESSION", None)
-    monkeypatch.setattr(widgets, "GATES", [])
+    monkeypatch.setattr(page_state, "has_frontend", lambda: True)
+    monkeypatch.setattr(page_state, "SESSION", None)
+    monkeypatch.setattr(page_state, "GATES", [])
     monkeypatch.setattr(IPython.display, "display", lambda obj, **_: shown_now.append(obj))
     for name in ("OPSBOOK_DEPLOYMENT", "JPY_PARENT_PID", "PWD"):
         monkeypatch.delenv(name, raising=False)
@@ -152,7 +152,7 @@ def test_the_folder_jupyterlab_was_started_from_is_the_server_process_s_then_pwd
 
 
 def test_headless_the_form_reads_the_path_as_given(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(widgets, "has_frontend", lambda: False)
+    monkeypatch.setattr(page_state, "has_frontend", lambda: False)
     monkeypatch.setenv("OPSBOOK_DEPLOYMENT", "deployments/x.yml")
     form = widgets.DeploymentForm("deployments/x.yml", folders=[])
     assert form.path == "deployments/x.yml" and form.located is None
@@ -191,7 +191,7 @@ def test_the_example_note_is_in_the_form_in_jupyterlab_only(lab, tmp_path, monke
     # The saved notebook keeps the widget's stand-in only, not the note.
     assert lab[1]["text/plain"] == f"[form: deployment {path}]"
     lab.clear()
-    monkeypatch.setattr(widgets, "has_frontend", lambda: False)
+    monkeypatch.setattr(page_state, "has_frontend", lambda: False)
     headless = widgets.DeploymentForm(str(path), folders=[], notebook="04_launch")
     headless._ipython_display_()
     assert kinds(lab) == ["SessionHeader", "HTML"] and headless._widget is None
@@ -210,11 +210,11 @@ def test_the_form_has_the_session_record_every_cell_and_deployment_in_jupyterlab
     second.write_text(DEPLOYMENT_YAML.replace("[gpu-01]", "[gpu-02, gpu-03]"))
     try:
         headless = widgets.DeploymentForm(str(first), folders=[], notebook="04_launch")
-        monkeypatch.setattr(widgets, "has_frontend", lambda: False)
+        monkeypatch.setattr(page_state, "has_frontend", lambda: False)
         headless._ipython_display_()
         headless.load()
         assert widgets.SESSION is None and shell.events.callbacks["post_run_cell"] == []
-        monkeypatch.setattr(widgets, "has_frontend", lambda: True)
+        monkeypatch.setattr(page_state, "has_frontend", lambda: True)
         form = widgets.DeploymentForm(str(first), folders=[str(tmp_path)], notebook="04_launch")
         form._ipython_display_()
         session = widgets.SESSION
