@@ -14,7 +14,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from opsbook.rehearsal import box_state
 from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.runner import lock
-from tests.integration.conftest import OPSBOOK, opsbook
+from tests.integration.conftest import OPSBOOK, opsbook, rehearsal_host, sandbox_folder
 from tests.integration.test_faults import fill, needs_root, opsbook_stderr, runs_of, tmpfs, wait_for
 
 pytestmark = pytest.mark.integration
@@ -37,21 +36,10 @@ ADDRESS = "127.0.11.1"
 CTRL_C_ADDRESS = "127.0.11.2"
 
 
-def new_folder(label: str) -> Path:
-    parent = Path(tempfile.mkdtemp(prefix=f"opsbook-limits-{label}-", dir="/tmp"))
-    parent.chmod(0o755)
-    return parent / "box"
-
-
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
-    folder = new_folder("box")
-    rehearsal = sandboxes.up(folder, address=ADDRESS)
-    try:
-        yield rehearsal
-    finally:
-        sandboxes.down(folder)
-        shutil.rmtree(folder.parent, ignore_errors=True)
+    with rehearsal_host("limits", address=ADDRESS) as made:
+        yield made
 
 
 def variant(box: Sandbox, where: Path, change: dict[str, object]) -> Path:
@@ -243,7 +231,7 @@ def test_an_unreadable_checkpoint_says_permission_denied_not_no_shards(
 
 def test_ctrl_c_during_sandbox_up_stops_what_started_without_a_traceback() -> None:
     needs_root()
-    folder = new_folder("ctrl-c")
+    folder = sandbox_folder("limits-ctrl-c") / "box"
     paths = box_state.BoxPaths(folder)
     run = subprocess.Popen(
         [*OPSBOOK, "sandbox", "up", "--dir", str(folder), "--address", CTRL_C_ADDRESS],
