@@ -25,12 +25,7 @@ def split(hosts: Sequence[RemoteHost]) -> tuple[list[RemoteHost], dict[str, Repo
         errors = list(pool.map(_unreachable, hosts))
     reached = [h for h, e in zip(hosts, errors, strict=True) if e is None]
     lost = {
-        h.name: Report(
-            State.UNREACHABLE,
-            Result(
-                False, e.message, findings=[Finding("error", h.name, e.message, e.remedy or "")]
-            ),
-        )
+        h.name: Report(State.UNREACHABLE, _unreachable_verdict(h, e))
         for h, e in zip(hosts, errors, strict=True)
         if e is not None
     }
