@@ -696,11 +696,15 @@ class HostGroup:
 
     @classmethod
     def from_deployment(
-        cls, deployment: Deployment, forks: int = DEFAULT_FORKS, names: Sequence[str] = ()
+        cls,
+        deployment: Deployment,
+        forks: int = DEFAULT_FORKS,
+        names: Sequence[str] = (),
+        journal: Journal | None = None,
     ) -> HostGroup:
         """The deployment's hosts (only those named, when ``names`` is given), sharing one
-        journal."""
-        journal = Journal.from_env(Redactor(deployment.secret_values()))
+        journal (the run's, named by the environment, unless ``journal`` is given)."""
+        journal = journal or Journal.from_env(Redactor(deployment.secret_values()))
         specs = [s for s in deployment.hosts if not names or s.name in names]
         return cls([Host(s, deployment.secret_values(), journal) for s in specs], forks)
 

@@ -80,7 +80,12 @@ def health_check(
     group = _group(deployment, hosts, forks, journal)
     try:
         done = stages.run_stage(
-            stages.DIAGNOSE, deployment, group=group, on_result=None, log_when_ready=False
+            stages.DIAGNOSE,
+            deployment,
+            group=group,
+            on_result=None,
+            compare=False,
+            log_when_ready=False,
         )
     finally:
         group.close()
@@ -195,13 +200,11 @@ def take_snapshots(
 
 def _group(deployment: Deployment, hosts: Sequence[str], forks: int, journal: Path | None) -> Any:
     """The hosts, their commands journalled in the run's journal (where the stages' are)."""
-    from opsbook.remote.hosts import Host, HostGroup
+    from opsbook.remote.hosts import HostGroup
     from opsbook.remote.journal import Journal
 
-    secrets = deployment.secret_values()
-    shared = Journal(Redactor(secrets), str(journal) if journal else None)
-    specs = [s for s in deployment.hosts if s.name in hosts]
-    return HostGroup([Host(s, secrets, shared) for s in specs], forks)
+    shared = Journal(Redactor(deployment.secret_values()), str(journal) if journal else None)
+    return HostGroup.from_deployment(deployment, forks, hosts, journal=shared)
 
 
 def _snapshot(host: Any, view: Deployment) -> Snapshot:
