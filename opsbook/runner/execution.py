@@ -279,6 +279,7 @@ def check_servers(
         hosts=hosts,
         forks=forks,
         on_result=on_result,
+        compare=False,
         log_when_ready=False,
     )
     code, message = _verdict(done.results, None)

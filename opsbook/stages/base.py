@@ -445,6 +445,7 @@ def run_stage(
     forks: int = DEFAULT_FORKS,
     group: HostGroup | None = None,
     on_result: Callable[[HostResult], None] | None = print,
+    compare: bool = True,
     **options: Any,
 ) -> StageRun:
     """Run ``stage`` on the deployment's hosts (those named in ``hosts``, when given),
@@ -457,6 +458,8 @@ def run_stage(
         forks: how many hosts are worked on at once.
         group: the hosts to use instead of new connections (tests pass test doubles here).
         on_result: called with each host's result as it finishes (default: print its line).
+        compare: on a fleet, the stage's look across its hosts (side by side) once all are
+            done; False: none (the scheduled health check: one status probe per host).
         options: the stage's own options (``apply``, ``ready_timeout``...), fields of its
             options class.
 
@@ -470,7 +473,7 @@ def run_stage(
         return _run_cluster(stage, deployment, group, on_result, chosen)
     reports: dict[str, Report] = {}
     durations: dict[str, float] = {}
-    across = stage.across if stage.across_fleet and len(group.hosts) > 1 else None
+    across = stage.across if compare and stage.across_fleet and len(group.hosts) > 1 else None
 
     def one(host: RemoteHost) -> HostResult:
         started = time.monotonic()

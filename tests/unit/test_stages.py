@@ -405,6 +405,21 @@ def test_hosts_that_agree_are_said_once_and_their_rows_are_in_the_record(
     assert "agree" in repr(run.side_by_side())
 
 
+def test_a_run_told_not_to_compare_reads_no_host_again() -> None:
+    """The scheduled health check: one status probe per host, no side by side after."""
+    from opsbook.stages import preflight
+
+    compared = Stage("check", "99_check", False, probe_stage, across=preflight.side_by_side)
+    hosts = [side_host("a"), side_host("b", vllm="0.33.0")]
+    run = run_stage(
+        compared, deployment("a", "b"), group=HostGroup(hosts), on_result=None, compare=False
+    )
+    assert [r.message for r in run.results] == ["checked", "checked"]
+    # Each host was asked for its stage's probe only: no facts probe, no python command after.
+    asked = [[call for call in h.calls if call[0] != "close"] for h in hosts]
+    assert asked == [[("probe", "check")]] * 2
+
+
 def test_one_host_has_nothing_to_compare_and_a_failed_comparison_costs_no_result() -> None:
     from opsbook.stages import preflight
 
