@@ -143,10 +143,11 @@ class Handler(BaseHTTPRequestHandler):
         if name not in app.served:
             self._error(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
             return
-        if path == "/v1/completions":
-            self._completion(body, name)
-        else:
-            self._chat(body, name)
+        with app.request_in_flight():
+            if path == "/v1/completions":
+                self._completion(body, name)
+            else:
+                self._chat(body, name)
 
     def _error(self, status: int, message: str, kind: str, param: str | None = None) -> None:
         self._json(

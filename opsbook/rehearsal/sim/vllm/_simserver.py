@@ -8,6 +8,7 @@ for it, then list the routes and serve HTTP (uvicorn's lines included).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +81,14 @@ class ApiServer:
         self.ready_info: dict[str, Any] = {}
         self.serving = False
         self.stopping = False
-        self.stats = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.stats = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "generation_tokens": 0,
+            "running": 0,
+            "waiting": 0,
+            "preemptions": 0,
+        }
         self.model_name = ""
         self.served: list[str] = []
         self.max_model_len = 0
@@ -591,6 +600,17 @@ class ApiServer:
         finish = "length" if max_tokens <= 12 else "stop"
         return " " + " ".join(words), prompt_tokens, count, finish
 
+    @contextlib.contextmanager
+    def request_in_flight(self) -> Iterator[None]:
+        """One request in flight: counted in ``vllm:num_requests_running`` until answered."""
+        with self.lock:
+            self.stats["running"] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.stats["running"] -= 1
+
     def metrics(self) -> str:
         name = self.served[0]
         labels = f'engine="0",model_name="{name}"'
@@ -599,10 +619,10 @@ class ApiServer:
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{labels}}} 0.0",
+            f"vllm:num_requests_running{{{labels}}} {float(stats['running'])}",
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{labels}}} 0.0",
+            f"vllm:num_requests_waiting{{{labels}}} {float(stats['waiting'])}",
             "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
             "# TYPE vllm:kv_cache_usage_perc gauge",
             f"vllm:kv_cache_usage_perc{{{labels}}} 0.0",
@@ -612,6 +632,9 @@ class ApiServer:
             "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{{{labels}}} {float(stats['generation_tokens'])}",
+            "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+            "# TYPE vllm:num_preemptions_total counter",
+            f"vllm:num_preemptions_total{{{labels}}} {float(stats['preemptions'])}",
             "# HELP vllm:request_success_total Count of successfully processed requests.",
             "# TYPE vllm:request_success_total counter",
             f'vllm:request_success_total{{{labels},finished_reason="length"}} '
