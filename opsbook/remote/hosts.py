@@ -863,8 +863,11 @@ TEXT_ARG_CHARS = 200
 
 def probe_label(name: str, python: str, args: dict[str, Any] | None) -> str:
     """How the journal shows a probe: its name, interpreter and arguments (secrets masked)."""
-    shown = {k: _shown_arg(k, v) for k, v in (args or {}).items()}
-    return f"probe {name} ({python} -) args={shown!r}"
+    return f"probe {name} ({python} -) args={_short(args)}"
+
+
+def _short(args: dict[str, Any] | None) -> str:
+    return repr({k: _shown_arg(k, v) for k, v in (args or {}).items()})
 
 
 def _shown_arg(key: str, value: Any) -> Any:
