@@ -7,7 +7,7 @@ a probe is the same program fed to the same interpreter; a file is written as ``
 writes it (a temporary name, the mode, a rename). Everything is journalled and redacted as over
 SSH, so a local run's record reads as a remote one's. What differs: the commands run as the
 user running opsbook, with its environment (less the variables opsbook sets for its own run),
-and a relative path is taken from its home as SFTP takes it from the login directory.
+and a command starts in its home, where a relative path is taken from as over SSH and SFTP.
 
 :class:`opsbook.remote.testing.LocalHost`, the test double, is this class with a record of its
 calls and a home of the test's choosing.
@@ -126,7 +126,9 @@ class LocalMachine:
         shown = label or command
         started_at = datetime.now(timezone.utc)
         started = time.monotonic()
-        exit_code, out, err = run_here(wire, stdin, self.environ, limit + KILL_GRACE + LOCAL_SLACK)
+        exit_code, out, err = run_here(
+            wire, stdin, self.environ, limit + KILL_GRACE + LOCAL_SLACK, self._start_folder()
+        )
         duration = time.monotonic() - started
         self.journal.record(
             host=self.name,
@@ -238,6 +240,10 @@ class LocalMachine:
     def read_text(self, remote_path: str) -> str:
         return self.read_bytes(remote_path).decode(errors="replace")
 
+    def _start_folder(self) -> Path:
+        # sshd starts a command in the home folder, or in / when there is none.
+        return self.home if self.home.is_dir() else Path("/")
+
     def path_of(self, remote_path: str) -> Path:
         """Where a host path is here: a relative or ``~/`` path from the home, as SFTP takes it
         from the login directory."""
@@ -246,7 +252,11 @@ class LocalMachine:
 
 
 def run_here(
-    wire: str, stdin: str | bytes | None, environ: Mapping[str, str], limit: float
+    wire: str,
+    stdin: str | bytes | None,
+    environ: Mapping[str, str],
+    limit: float,
+    folder: Path | None = None,
 ) -> tuple[int, str, str]:
     """Run a wire command (:func:`~opsbook.remote.hosts.wire_command`) under the local bash, in
     a session of its own as sshd runs one: the operator's Ctrl-C is not its signal, and a
@@ -257,6 +267,7 @@ def run_here(
 
     Args:
         limit: the backstop, in seconds: past it the command's group is killed (exit 124).
+        folder: where the command starts (default: this process's working folder).
 
     Returns:
         The exit code, stdout and stderr.
@@ -267,6 +278,7 @@ def run_here(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=dict(environ),
+        cwd=folder,
         start_new_session=True,
     )
     assert proc.stdout is not None and proc.stderr is not None

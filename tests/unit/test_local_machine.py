@@ -80,6 +80,15 @@ def test_a_background_process_holding_the_output_does_not_hold_the_call(tmp_path
     assert took < 5
 
 
+def test_a_command_starts_in_the_home_folder_as_over_ssh(tmp_path: Path) -> None:
+    (tmp_path / "opsbook").mkdir()
+    (tmp_path / "opsbook" / "launch.sh").write_text("exit 0\n")
+    host = machine(tmp_path)
+    assert host.run("pwd").stdout == f"{tmp_path}\n"
+    assert host.run("bash -n opsbook/launch.sh").ok
+    assert machine(tmp_path / "gone").run("pwd").stdout == "/\n"
+
+
 def test_each_command_runs_in_a_session_of_its_own(tmp_path: Path) -> None:
     answer = machine(tmp_path).run("python3 -c 'import os; print(os.getsid(0))'")
     assert int(answer.stdout) != os.getsid(0)
