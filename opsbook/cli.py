@@ -64,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     skip_slow_optional_imports()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     # A run seals its record when interrupted (opsbook.runner.interrupt), then exits 130 or 143.
     signals = raising_on_signals() if args.command == "run" else contextlib.nullcontext()
     try:
@@ -109,13 +110,16 @@ class CommandParser(argparse.ArgumentParser):
     end with text made only when it is asked for (``more_help``)."""
 
     more_help: Callable[[], str] | None = None
+    # A group of subcommands (``records``) parses plainly: argparse's intermixed parsing takes
+    # no subcommand; each of its subcommands intermixes its own options.
+    groups_subcommands = False
     _intermixing = False
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         # parse_known_intermixed_args parses with parse_known_args itself, twice.
-        if self._intermixing:
+        if self._intermixing or self.groups_subcommands:
             return super().parse_known_args(args, namespace)
         self._intermixing = True
         try:
@@ -171,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         "batch that fails within P%% does not stop the roll",
     )
     run.add_argument("--limit", default=None, metavar="HOSTS", help=LIMIT_HELP)
+    _add_detach_options(run)
     run.set_defaults(handler=cmd_run)
 
     box = sub.add_parser("sandbox", help="the rehearsal host: a real sshd with a simulated GPU box")
@@ -236,15 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lint.set_defaults(handler=cmd_lint)
 
-    rec = sub.add_parser("records", help="list the run folders, or show one")
-    rec.add_argument("action", choices=["list", "show"])
-    rec.add_argument(
-        "run", nargs="?", help=f"show: a run folder, or {LAST_RUN!r} for the newest one listed"
-    )
-    rec.add_argument("--runs-dir", default="runs", help="where run folders are (default: runs)")
-    rec.add_argument("--json", action="store_true", help="show: the whole record as JSON")
-    rec.add_argument("--diff", action="store_true", help="show: the diffs the stages recorded")
-    rec.set_defaults(handler=cmd_records)
+    _add_records_group(sub)
 
     check = sub.add_parser(
         "check",
@@ -284,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.detach:
+        return _start_detached(args)
+    on_folder = _detached_reporter(args)
     if args.notebook == "deploy":
         params = _deploy_parameters(args.parameter)
         apply = bool(params.get("apply", True))
@@ -302,6 +302,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             limit=args.limit,
             on_result=_print_result,
             on_progress=_print_progress,
+            on_folder=on_folder,
         )
         _print_recap(record)
         print(f"run folder: {record.folder}")
@@ -319,6 +320,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         on_result=_print_result,
         on_progress=_print_progress,
         limit=args.limit,
+        on_folder=on_folder,
     )
     _print_recap(record)
     print(f"run folder: {record.folder}")
@@ -537,31 +539,113 @@ def cmd_lint(args: argparse.Namespace) -> int:
     return runner.EXIT_OK if result.ok else runner.EXIT_PROBLEM
 
 
+def _add_detach_options(run: argparse.ArgumentParser) -> None:
+    from opsbook.runner.detach import REPORT_OPTION
+
+    run.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in a session of its own, which survives the terminal and the SSH session; "
+        "prints the run folder and PID once the hosts are locked, then returns (follow it with "
+        "`opsbook records show RUN --follow`)",
+    )
+    # The pipe a detached run names its folder on (opsbook.runner.detach); never typed.
+    run.add_argument(REPORT_OPTION, type=int, default=None, help=argparse.SUPPRESS)
+
+
+def _start_detached(args: argparse.Namespace) -> int:
+    """``run --detach``: the same command started again in a session of its own; this one
+    says where its record goes and returns, or relays its error when it ended first."""
+    from opsbook.runner import detach
+
+    if args.detached_report is not None:  # the detached run itself, given --detach again
+        args.detach = False
+        return cmd_run(args)
+    started = detach.start_detached(args.argv)
+    if started.folder is None:
+        sys.stderr.write(started.said)
+        return started.exit_code if started.exit_code is not None else runner.EXIT_TOOL_FAILED
+    sys.stdout.write(started.said)
+    print(f"detached: PID {started.pid}, in a session of its own (it outlives this terminal)")
+    print(f"run folder: {started.folder}")
+    print(f"output: {started.folder / detach.CONSOLE_LOG}")
+    print(f"follow it: opsbook records show {started.folder} --follow")
+    return runner.EXIT_OK
+
+
+def _detached_reporter(args: argparse.Namespace) -> Callable[[Path], None] | None:
+    if args.detached_report is None:
+        return None
+    from opsbook.runner import detach
+
+    return detach.folder_reporter(args.detached_report)
+
+
+def _add_records_group(sub: Any) -> None:
+    """``records list`` and ``records show RUN [--follow]``; ``--runs-dir`` before or after."""
+    runs_help = "where run folders are (default: runs)"
+    rec = sub.add_parser("records", help="the run folders: list them, show one, follow one")
+    rec.groups_subcommands = True
+    rec.add_argument("--runs-dir", default="runs", help=runs_help)
+    rec.set_defaults(handler=cmd_records, run=None, json=False, diff=False, follow=False)
+    actions = rec.add_subparsers(dest="action", required=True, parser_class=CommandParser)
+    listing = actions.add_parser("list", help="every run folder, newest first")
+    # SUPPRESS: given after the subcommand it is set, else the group's value stays.
+    listing.add_argument("--runs-dir", default=argparse.SUPPRESS, help=runs_help)
+    show = actions.add_parser("show", help="what a run recorded, for people (or as JSON)")
+    show.add_argument("run", help=f"a run folder, or {LAST_RUN!r} for the newest one listed")
+    show.add_argument("--runs-dir", default=argparse.SUPPRESS, help=runs_help)
+    show.add_argument("--json", action="store_true", help="the whole record as JSON")
+    show.add_argument("--diff", action="store_true", help="the diffs the stages recorded")
+    show.add_argument(
+        "--follow",
+        action="store_true",
+        help="a run going on (a detached one): each host's result as its stage records it, "
+        "until the record is filed; then the record, and the run's exit code",
+    )
+
+
+def _follow(folder: Path) -> int:
+    """Print a run's results as they come until it is filed; the run's exit code."""
+    from opsbook.core.results import HostResult
+    from opsbook.runner import records
+
+    try:
+        for record in records.follow_run(folder):
+            if isinstance(record, HostResult):
+                TERMINAL.result(record)
+            else:
+                TERMINAL.progress(record)
+    except KeyboardInterrupt:
+        print(f"opsbook: stopped following {folder}; the run goes on", file=sys.stderr)
+        return 130
+    return int(records.show_run(folder).get("exit_code", runner.EXIT_TOOL_FAILED))
+
+
 def cmd_records(args: argparse.Namespace) -> int:
     from opsbook.runner import records
 
     if args.action == "list":
         print(records.list_runs(Path(args.runs_dir)))
         return runner.EXIT_OK
-    if not args.run:
-        raise RunError("records show needs a run folder", remedy="see `opsbook records list`")
-    folder = _run_folder(args.run, Path(args.runs_dir))
+    folder = _run_folder(args.run, Path(args.runs_dir), following=args.follow)
+    code = _follow(folder) if args.follow else runner.EXIT_OK
     if args.json:
         print(json.dumps(records.show_run(folder), indent=2))
     elif args.diff:
         print(records.describe_diffs(folder, colour=sys.stdout.isatty()))
     else:
         print(records.describe_run(folder))
-    return runner.EXIT_OK
+    return code
 
 
-def _run_folder(name: str, runs_dir: Path) -> Path:
+def _run_folder(name: str, runs_dir: Path, following: bool = False) -> Path:
     """The run folder ``records show NAME`` means: a path, a folder under ``runs_dir``, or the
-    newest one listed (``last``)."""
+    newest one listed (``last``; following, a detached run still going on counts)."""
     from opsbook.runner import records
 
     if name == LAST_RUN and not Path(name).is_dir():
-        return records.newest_run(runs_dir)
+        return records.newest_folder(runs_dir) if following else records.newest_run(runs_dir)
     folder = Path(name)
     return folder if folder.is_dir() else runs_dir / name
 

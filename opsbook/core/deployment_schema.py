@@ -29,6 +29,18 @@ from opsbook.core.yaml_bounds import MAX_DEPTH
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9_][a-z0-9_-]*)*$")
 RESERVED_FLAGS = {"model": "model.path", "port": "server.port"}
+# A host's address that means the machine opsbook runs on: its stages run here, without SSH.
+LOCAL_ADDRESS = "local"
+# What only the SSH connection reads: a local host given one of them is refused, not ignored.
+SSH_ONLY_KEYS = (
+    "port",
+    "user",
+    "key",
+    "known_hosts",
+    "trust_on_first_use",
+    "connect_timeout",
+    "keepalive",
+)
 INVALID = "opsbook_invalid"
 
 
@@ -298,7 +310,9 @@ class VarsDoc(_Schema):
 
 class HostDoc(_Schema):
     address: HostAddress = Field(
-        description="host name, address or ~/.ssh/config alias", examples=["gpu-01.example"]
+        description="host name, address or ~/.ssh/config alias; `local`: the machine opsbook "
+        "runs on, without SSH (commands run as the user running opsbook)",
+        examples=["gpu-01.example"],
     )
     port: Port = Field(22, description="SSH port", examples=[22])
     user: LoginName | None = Field(
@@ -334,6 +348,20 @@ class HostDoc(_Schema):
         ),
         examples=["{server: {port: 8001}}"],
     )
+
+    @model_validator(mode="after")
+    def _local_takes_no_ssh_keys(self) -> HostDoc:
+        if self.address != LOCAL_ADDRESS:
+            return self
+        given = [k for k in SSH_ONLY_KEYS if k in self.model_fields_set]
+        if given:
+            raise _invalid(
+                f"address: {LOCAL_ADDRESS} runs on this machine without SSH, and "
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} read only by SSH",
+                f"remove {', '.join(given)} from this host; the commands run as the user "
+                "running opsbook (to deploy this machine over SSH, give its name or address)",
+            )
+        return self
 
 
 class ClusterDoc(_Schema):
@@ -445,6 +473,23 @@ class DeploymentDoc(_Schema):
             "{pre_host: [./lb.sh, drain, '{address}'], post_host: [./lb.sh, add, '{address}']}"
         ],
     )
+
+    @model_validator(mode="after")
+    def _local_once_and_alone_in_a_cluster(self) -> DeploymentDoc:
+        local = [i for i, h in enumerate(self.hosts) if h.address == LOCAL_ADDRESS]
+        if len(local) > 1:
+            raise _invalid(
+                f"hosts[{local[1]}]: address {LOCAL_ADDRESS} is given twice (also "
+                f"hosts[{local[0]}]): there is one machine opsbook runs on",
+                f"keep one `{LOCAL_ADDRESS}` host; give the others by name or address",
+            )
+        if local and self.cluster is not None:
+            raise _invalid(
+                f"hosts[{local[0]}]: a node of a model served across hosts cannot be "
+                f"`{LOCAL_ADDRESS}`: the other nodes reach each node at its address",
+                "give this node its address on the network between the nodes",
+            )
+        return self
 
     @model_validator(mode="after")
     def _each_host_once(self) -> DeploymentDoc:

@@ -34,6 +34,7 @@ from fabric import Connection
 
 from opsbook.core.channel import KEEP_CONNECTIONS_ENV
 from opsbook.core.deployment import ENV_NAME, Deployment, HostSpec
+from opsbook.core.deployment_schema import LOCAL_ADDRESS
 from opsbook.core.exceptions import (
     AuthenticationFailed,
     CommandTimeout,
@@ -189,7 +190,8 @@ def open_ahead(specs: Sequence[HostSpec], forks: int = 10) -> list[Future[Connec
     Returns:
         The connections being opened (futures), one per host opened ahead.
     """
-    wanted = [spec for spec in specs if not spec.trust_on_first_use]
+    # This machine (`address: local`) has no connection to open.
+    wanted = [s for s in specs if not s.trust_on_first_use and s.address != LOCAL_ADDRESS]
     if not wanted:
         return []
     opener = ThreadPoolExecutor(max(1, min(forks, len(wanted))), "opsbook-open-ahead")
@@ -546,7 +548,7 @@ class Host:
             f"exec {shlex.join(probes.interpreter_argv(python))}",
             stdin=program,
             timeout=timeout,
-            label=f"probe {name} ({python} -) args={_short(args)}",
+            label=probe_label(name, python, args),
         )
         if result.exit_code != 0 and not probes.is_framed(result.stdout):
             self._check_login_shell()
@@ -676,6 +678,17 @@ class Host:
         return self.read_bytes(remote_path).decode(errors="replace")
 
 
+def host_for(spec: HostSpec, secrets: Sequence[str], journal: Journal) -> RemoteHost:
+    """The host a deployment's entry names: this machine for ``address: local``
+    (:class:`opsbook.remote.local_machine.LocalMachine`), else a :class:`Host` over SSH."""
+    if spec.address == LOCAL_ADDRESS:
+        # Imported here: that module builds on this one's command wrapping.
+        from opsbook.remote.local_machine import LocalMachine
+
+        return LocalMachine(spec, secrets, journal)
+    return Host(spec, secrets, journal)
+
+
 class HostGroup:
     """Several hosts; each call answers per host, as Fabric's ``GroupResult`` does.
 
@@ -706,7 +719,7 @@ class HostGroup:
         journal (the run's, named by the environment, unless ``journal`` is given)."""
         journal = journal or Journal.from_env(Redactor(deployment.secret_values()))
         specs = [s for s in deployment.hosts if not names or s.name in names]
-        return cls([Host(s, deployment.secret_values(), journal) for s in specs], forks)
+        return cls([host_for(s, deployment.secret_values(), journal) for s in specs], forks)
 
     @property
     def names(self) -> list[str]:
@@ -846,6 +859,11 @@ SECRET_PROBE_ARGS = frozenset({"bearer", "api_key", "token", "password"})
 # A text argument longer than this (a config file a probe writes) is journalled as its length:
 # the run record keeps such a change as a diff; every other argument is journalled whole.
 TEXT_ARG_CHARS = 200
+
+
+def probe_label(name: str, python: str, args: dict[str, Any] | None) -> str:
+    """How the journal shows a probe: its name, interpreter and arguments (secrets masked)."""
+    return f"probe {name} ({python} -) args={_short(args)}"
 
 
 def _short(args: dict[str, Any] | None) -> str:

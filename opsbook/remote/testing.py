@@ -28,32 +28,22 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 from opsbook.core.deployment import HostSpec
 from opsbook.core.exceptions import (
-    CommandTimeout,
     ConnectionRefused,
     HostError,
     HostUnreachable,
     TransferError,
 )
 from opsbook.remote import probes
-from opsbook.remote.hosts import (
-    KILL_GRACE,
-    LOCAL_SLACK,
-    TIMEOUT_EXIT_CODES,
-    wire_command,
-    wrap_command,
-)
 from opsbook.remote.journal import Journal
+from opsbook.remote.local_machine import LocalMachine
 from opsbook.remote.protocol import CommandResult, RemoteHost
 
 
@@ -246,12 +236,13 @@ class FakeHost(_RecordingHost):
 class LocalHost(_RecordingHost):
     """This machine as a host: the real command, probe and file, without SSH.
 
-    A command goes the way :meth:`opsbook.remote.hosts.Host.run` sends it (exported variables,
-    base64 script, coreutils ``timeout``) to the local ``bash`` as the login shell; a probe is
-    the program a host's python runs, run by ``python`` whatever interpreter the caller names
-    (the host's interpreter path means nothing here); files are written as ``Host.upload``
-    writes them (a temporary name, the mode, a rename), a relative or ``~/`` path in ``home``.
-    Unlike over SSH, a command that leaves a process holding its output waits for it.
+    It is :class:`opsbook.remote.local_machine.LocalMachine` (the host of ``address: local``),
+    recording its calls: a command goes the way :meth:`opsbook.remote.hosts.Host.run` sends
+    it to the local ``bash`` in a session of its own, its output taken until it exits (and
+    half a second after, as over SSH); a probe is the program a host's python runs, run by
+    ``python`` whatever interpreter the caller names (the host's interpreter path means
+    nothing here); files are written as ``Host.upload`` writes them (a temporary name, the
+    mode, a rename), a relative or ``~/`` path in ``home``.
 
     Args:
         home: the host's home folder (a test's temporary folder, say): commands and probes see
@@ -270,9 +261,10 @@ class LocalHost(_RecordingHost):
         python: str = "/usr/bin/python3",
     ):
         super().__init__(HostSpec(address=address, user=user))
-        self.home = Path(home) if home is not None else Path.home()
+        environ = {**os.environ, "HOME": str(home)} if home is not None else None
+        self.machine = LocalMachine(self.spec, journal=self.journal, environ=environ)
+        self.home = self.machine.home
         self.python = python
-        self._environ = {**os.environ, "HOME": str(home)} if home is not None else None
 
     def run(
         self,
@@ -285,31 +277,9 @@ class LocalHost(_RecordingHost):
         label: str | None = None,
     ) -> CommandResult:
         self._note("run", command)
-        limit = timeout if timeout is not None else self.spec.command_timeout
-        feed: dict[str, Any] = (
-            {"stdin": subprocess.DEVNULL}
-            if stdin is None
-            else {"input": stdin.encode() if isinstance(stdin, str) else stdin}
+        return self.machine.run(
+            command, env=env, timeout=timeout, stdin=stdin, check=check, label=label
         )
-        started = time.monotonic()
-        done = subprocess.run(
-            ["bash", "-c", wire_command(wrap_command(command, env), limit)],
-            capture_output=True,
-            env=self._environ,
-            timeout=limit + KILL_GRACE + LOCAL_SLACK,
-            **feed,
-        )
-        duration = time.monotonic() - started
-        if done.returncode in TIMEOUT_EXIT_CODES and duration >= limit - 0.5:
-            raise CommandTimeout(
-                f"command timed out after {limit:g} s and was stopped: {command[:200]}",
-                host=self.name,
-                timeout=limit,
-            )
-        out, err = (b.decode(errors="replace") for b in (done.stdout, done.stderr))
-        if check and done.returncode != 0:
-            raise self._failed(command, done.returncode, err)
-        return CommandResult(self.name, label or command, done.returncode, out, err, duration)
 
     def probe(
         self,
@@ -320,48 +290,22 @@ class LocalHost(_RecordingHost):
         timeout: float | None = None,
     ) -> Any:
         self._note_probe(name, args)
-        limit = timeout if timeout is not None else self.spec.command_timeout
-        try:
-            return probes.run_local(name, args, self.python, self._environ, limit)
-        except subprocess.TimeoutExpired:
-            raise CommandTimeout(
-                f"probe {name} timed out after {limit:g} s", host=self.name, timeout=limit
-            ) from None
+        return self.machine.probe(name, args, python=self.python, timeout=timeout)
 
     def home_folder(self) -> str:
         self._note("home", "")
-        return str(self.home)
+        return self.machine.home_folder()
 
     def upload(self, remote_path: str, data: str | bytes, mode: int = 0o644) -> None:
         self._note("upload", remote_path)
-        path = self._local(remote_path)
-        temp = path.with_name(f".{path.name}.opsbook-{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            temp.write_bytes(data.encode() if isinstance(data, str) else data)
-            temp.chmod(mode)
-            temp.replace(path)
-        except OSError as e:
-            temp.unlink(missing_ok=True)
-            raise TransferError(
-                f"could not write {remote_path}: {e.strerror or e}", host=self.name
-            ) from None
+        self.machine.upload(remote_path, data, mode)
 
     def read_bytes(self, remote_path: str) -> bytes:
         self._note("read", remote_path)
-        try:
-            return self._local(remote_path).read_bytes()
-        except OSError as e:
-            raise TransferError(
-                f"could not read {remote_path}: {e.strerror or e}", host=self.name
-            ) from None
+        return self.machine.read_bytes(remote_path)
 
     def read_text(self, remote_path: str) -> str:
         return self.read_bytes(remote_path).decode(errors="replace")
-
-    def _local(self, remote_path: str) -> Path:
-        """Where a remote path is here: SFTP reads a relative or ``~/`` path in the home."""
-        relative = remote_path[2:] if remote_path.startswith("~/") else remote_path
-        return self.home / relative
 
 
 # mypy checks the package, not its tests: these lines are where it checks that the doubles

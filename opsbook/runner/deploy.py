@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -146,6 +146,7 @@ def run_deploy(
     restart: str = "changed",
     on_failure: str = "leave",
     limit: str | None = None,
+    on_folder: Callable[[Path], None] | None = None,
 ) -> RunRecord:
     """The whole runbook on every host of a deployment, into one run folder: the stages 00 to
     04 in order, a host dropped from the later stages once it fails, then 05_diagnose on every
@@ -175,6 +176,8 @@ def run_deploy(
         on_failure: "leave" a host whose launch failed as it is, or "rollback": put back its
             previous launch script and the configs this run patched, and start it again.
         limit: only the hosts this pattern picks (:func:`~opsbook.runner.execution.limit_hosts`).
+        on_folder: called with the run folder once the hosts are locked, before the first
+            stage (a detached run points its output there).
 
     Raises:
         DeploymentError: the deployment file is unusable.
@@ -227,6 +230,8 @@ def run_deploy(
         raise
     run.notes = locks.notes
     try:
+        if on_folder is not None:
+            on_folder(folder)
         run.html.start()
         _deploy_batches(run, batches, names, max_fail_percentage)
     except (RunInterrupted, KeyboardInterrupt) as e:

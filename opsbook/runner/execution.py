@@ -155,6 +155,7 @@ def run_notebook(
     on_result: OnResult | None = None,
     on_progress: OnProgress | None = None,
     limit: str | None = None,
+    on_folder: Callable[[Path], None] | None = None,
 ) -> RunRecord:
     """Execute one runbook notebook against a deployment and file the run.
 
@@ -170,6 +171,8 @@ def run_notebook(
         on_progress: called with the steps long stages reach on each host.
         limit: only the hosts this pattern picks (:func:`limit_hosts`), as the notebook's
             ``hosts`` parameter.
+        on_folder: called with the run folder once the hosts are locked, before the notebook
+            runs (a detached run points its output there).
 
     Raises:
         RunError: the notebook or a parameter is unknown, or ``limit`` picks no host or is
@@ -207,6 +210,8 @@ def run_notebook(
     locks = _lock_for(_stages().for_notebook(nb_path.stem), dep, folder, params)
     try:
         try:
+            if on_folder is not None:
+                on_folder(folder)
             record = execute_stage(
                 nb_path,
                 folder,

@@ -13,14 +13,18 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsbook.core.exceptions import RunError
 from opsbook.core.results import HostResult, State, Table, host_anchor, recap
+
+if TYPE_CHECKING:
+    from opsbook.core.channel import StageProgress
 
 SUMMARY = "summary.json"
 INDEX = "index.html"
@@ -609,3 +613,79 @@ def newest_run(runs_dir: Path) -> Path:
             f"no run folder in {runs_dir}", remedy="give --runs-dir the folder your runs go to"
         )
     return runs_dir / str(shown[0]["run"])
+
+
+# Seconds between two looks at a run folder being followed.
+FOLLOW_POLL = 0.5
+
+
+def filed_record(folder: Path) -> dict[str, Any] | None:
+    """The record of a run once it is filed: a stage run's ``run.json`` (written last), a
+    deploy's once its folder is sealed (after ``summary.json``); None while the run goes on.
+    """
+    doc = _read_record(folder)
+    if doc is None or doc.get("interactive"):
+        return None
+    if doc.get("notebook") == "deploy" and os.stat(folder).st_mode & 0o200:
+        return None
+    return doc
+
+
+def follow_run(folder: Path, poll: float = FOLLOW_POLL) -> Iterator[HostResult | StageProgress]:
+    """Each host's result (and each progress line of a long stage) of a run as its stages
+    record them, from the first, until the run is filed: ``opsbook records show --follow``.
+    An amended result comes again only when its line changes. A run filed already gives what
+    it recorded, then ends.
+
+    Raises:
+        RunError: ``folder`` is no run folder, or the detached run writing it ended without
+            filing its record (``console.log`` says why).
+    """
+    from opsbook.core import channel
+    from opsbook.runner.detach import CONSOLE_LOG, detached_run_alive
+
+    if not folder.is_dir():
+        raise RunError(f"{folder} is not a run folder", remedy="see `opsbook records list`")
+    followers: dict[Path, channel.Follower] = {}
+    said: list[HostResult] = []
+    while True:
+        filed = filed_record(folder) is not None
+        for path in sorted(folder.rglob("*.results.jsonl")):
+            followers.setdefault(path, channel.Follower(path))
+        for follower in followers.values():
+            for record in follower.new():
+                if isinstance(record, HostResult):
+                    said.append(record)
+                    yield record
+                elif isinstance(record, channel.Amended):
+                    if not channel.same_line(channel.amend(said, record.result), record.result):
+                        yield record.result
+                elif isinstance(record, channel.StageProgress):
+                    yield record
+        if filed:
+            return
+        if detached_run_alive(folder) is False and filed_record(folder) is None:
+            raise RunError(
+                f"the detached run writing {folder} ended without filing its record",
+                remedy=f"read {folder / CONSOLE_LOG} for why it stopped",
+            )
+        time.sleep(poll)
+
+
+def newest_folder(runs_dir: Path) -> Path:
+    """The newest run folder :func:`list_runs` shows, or a detached run's newer still going on
+    (``records show last --follow`` right after ``run --detach``).
+
+    Raises:
+        RunError: there is neither.
+    """
+    from opsbook.runner.detach import DETACHED_FILE
+
+    going = sorted((p.parent for p in runs_dir.glob(f"*/{DETACHED_FILE}")), reverse=True)
+    try:
+        listed = newest_run(runs_dir)
+    except RunError:
+        if not going:
+            raise
+        return going[0]
+    return going[0] if going and going[0].name > listed.name else listed

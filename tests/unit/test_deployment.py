@@ -202,6 +202,26 @@ BAD = [
         "gpu-01 is listed twice (also hosts[0])",
         "list each host once",
     ),
+    # `address: local` is this machine without SSH (issue 36, item 5).
+    (
+        "hosts: [{address: local, user: ops, port: 2222}]\nmodel: {path: /m}\n",
+        "hosts[0]",
+        "address: local runs on this machine without SSH, and port, user are read only by SSH",
+        "remove port, user from this host",
+    ),
+    (
+        "hosts: [local, gpu-01, local]\nmodel: {path: /m}\n",
+        "hosts[2]",
+        "address local is given twice (also hosts[0])",
+        "keep one `local` host",
+    ),
+    (
+        "hosts: [local, gpu-02]\nmodel: {path: /m}\n"
+        "cluster: {tensor_parallel_size: 8, pipeline_parallel_size: 2}\n",
+        "hosts[0]",
+        "a node of a model served across hosts cannot be `local`",
+        "its address on the network between the nodes",
+    ),
     # Contradictions and words the launch script cannot carry (issue 32, item 3).
     (
         "hosts: [a, b]\nmodel: {path: /m}\nserver: {args: {tensor-parallel-size: 4}}\n"
@@ -269,6 +289,13 @@ def test_bad_deployments_name_the_key_the_problem_and_the_remedy(
     assert remedy in (e.value.remedy or ""), e.value.remedy
     if path or remedy:
         assert e.value.remedy, "every schema error says what to write instead"
+
+
+def test_a_local_host_beside_ssh_hosts_keeps_its_command_timeout(tmp_path) -> None:
+    f = tmp_path / "d.yml"
+    f.write_text("hosts: [{address: local, command_timeout: 30}, gpu-02]\nmodel: {path: /m}\n")
+    local, remote = load_deployment(f).hosts
+    assert (local.name, local.command_timeout, remote.name) == ("local", 30.0, "gpu-02")
 
 
 def test_values_that_agree_or_read_as_numbers_are_accepted(tmp_path) -> None:
