@@ -1,0 +1,639 @@
+"""The capacity plan: before the long load, how many KV tokens a start will have, whether it
+will start at all, and which ``server.args`` edit buys what.
+
+Its inputs are read from local files (``opsbook plan --offline``) or over SSH in one probe
+(``weight_table``: the config texts and every shard header's tensor bytes); the arithmetic is
+:mod:`opsbook.knowledge.capacity`. After a launch, vLLM's own figures are read from its log
+(:func:`observed_in_log`) and kept beside the prediction (:func:`record_entry`) in the
+capacity record: the non-KV overhead they measure is the next plan's prior.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opsbook.core.exceptions import DeploymentError
+from opsbook.core.results import Finding, Result, Table
+from opsbook.knowledge import capacity as cap
+from opsbook.knowledge.compat.model_config import ModelFacts, facts_from_texts, parse_json
+from opsbook.knowledge.compat.prediction import normalize_serve_args, resolve_kv_cache_dtype
+from opsbook.remote.probes import weight_table
+from opsbook.remote.protocol import RemoteHost
+
+GIB = cap.GIB
+PROBE = "weight_table"
+# The flags that move a start's non-KV memory (activations, CUDA graphs, NCCL, the loader,
+# the encoder): an earlier run's measured overhead is a prior only when these match, with the
+# same vLLM version. KV dtype, max-model-len and utilization leave it as it is, so that the
+# knobs can be priced with it.
+OVERHEAD_FLAGS = (
+    "tensor-parallel-size", "pipeline-parallel-size", "decode-context-parallel-size",
+    "data-parallel-size", "enable-expert-parallel", "max-num-seqs", "max-num-batched-tokens",
+    "enforce-eager", "load-format", "quantization", "language-model-only",
+    "mm-encoder-tp-mode", "max-cudagraph-capture-size", "speculative-config",
+)  # fmt: skip
+_FLAG_DEFAULTS = {
+    "tensor-parallel-size": "1", "pipeline-parallel-size": "1",
+    "decode-context-parallel-size": "1", "data-parallel-size": "1",
+    "enable-expert-parallel": "false", "enforce-eager": "false", "language-model-only": "false",
+}  # fmt: skip
+# With more than one GPU NCCL needs memory outside vLLM's share: on 8 x RTX PRO 6000 "NCCL
+# error: Failed to CUDA calloc 10485760 bytes" at 0.95, "Reduce to --gpu-memory-utilization
+# 0.93" (voipmonitor/rtx6kpro models/kimi-k25.md).
+UTILIZATION_CAP_NCCL = 0.93
+UTILIZATION_CAP = 0.95
+DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default (CacheConfig)
+# What DCP costs: GLM-5.2 on 8 x RTX PRO 6000 decoded 39.6 -> 27.0 tok/s from DCP 1 to 8
+# (local-inference-lab/rtx6kpro issue 25).
+DCP_COST = "slower decode (GLM-5.2 on 8 x RTX PRO 6000: 39.6 -> 27.0 tok/s at DCP 8, rtx6kpro #25)"
+WILL_STOP, MAY_STOP, PREEMPTION, FITS = "will stop", "may stop", "preemption", "fits"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the plan reads of a checkpoint: its config and its tensors' bytes."""
+
+    model_dir: str
+    config: dict[str, Any]
+    facts: ModelFacts
+    tensors: tuple[tuple[str, int], ...]
+    shards: int
+
+    @property
+    def multimodal(self) -> bool:
+        return any(cap.tensor_kind(name) in ("encoder", "skipped") for name, _ in self.tensors)
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """The GPUs of a start: how many, the smallest one's memory in bytes (None: unknown),
+    the platform (``cuda`` or ``cpu``) and, on CPU, whether it has AMX tiles."""
+
+    count: int
+    memory: int | None
+    platform: str = "cuda"
+    amx: bool | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What vLLM logged of a start's memory (None where the log did not say)."""
+
+    kv_tokens: int | None = None
+    concurrency: float | None = None
+    max_model_len: int | None = None
+    kv_memory: int | None = None
+    weights: int | None = None
+    version: str | None = None
+    flags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def sized(self) -> bool:
+        """Whether the start got as far as sizing its KV cache."""
+        return self.kv_tokens is not None
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One ``server.args`` edit, what it buys and what it costs."""
+
+    edit: Mapping[str, Any]
+    gain: str
+    cost: str
+    tokens: tuple[int, int]
+    verdict: str
+
+    @property
+    def edit_text(self) -> str:
+        return ", ".join(f"server.args.{k}: {_yaml(v)}" for k, v in self.edit.items())
+
+
+@dataclass(kw_only=True, repr=False)
+class CapacityPlan(Result):
+    """The plan's verdict (``will stop``, ``may stop``, ``preemption``, ``fits``) and its
+    evidence. Token and memory pairs are bands: (low, high)."""
+
+    verdict: str
+    shape: cap.KvShape
+    weights: cap.Weights | None
+    budget: int | None
+    overhead: tuple[int, int] | None
+    overhead_source: str
+    kv_memory: tuple[int, int]
+    tokens: tuple[int, int]
+    concurrency: tuple[float, float]
+    max_model_len: int
+    max_num_seqs: int
+    one_request: int
+    flags: Mapping[str, str]
+    knobs: list[Knob] = field(default_factory=list)
+    observed: Observed | None = None
+
+    def table(self) -> Table:
+        """The plan's figures, each with where it comes from."""
+        rows = [
+            ["KV dtype", self.shape.dtype, f"{self.shape.formula}; block {self.shape.block_size}"],
+            ["KV bytes per token per GPU", f"{self.shape.token_bytes:,}",
+             f"{self.shape.layers} layers, DCP {self.shape.dcp}"],
+        ]  # fmt: skip
+        if self.weights is not None:
+            rows.append(["weights per GPU", _gib(self.weights.per_rank),
+                         f"of {_gib(self.weights.total)} in the safetensors headers"])  # fmt: skip
+        if self.budget is not None and self.overhead is not None:
+            rows += [
+                ["budget per GPU", _gib(self.budget), "GPU memory x gpu-memory-utilization"],
+                ["non-KV overhead", _band(self.overhead, _gib), self.overhead_source],
+            ]
+        rows += [
+            ["KV memory per GPU", _band(self.kv_memory, _gib), "what vLLM will find"],
+            ["KV tokens", _band(self.tokens, _count), "vLLM's 'KV cache size: N tokens'"],
+            [f"max concurrency at {self.max_model_len:,}",
+             _band(self.concurrency, lambda c: f"{c:.2f}x"), f"max-num-seqs {self.max_num_seqs}"],
+            ["one full-length request", _gib(self.one_request), "KV memory per GPU, + a block"],
+        ]  # fmt: skip
+        if self.observed is not None and self.observed.sized:
+            rows.append(["observed (last start)", _observed_text(self.observed), "its log"])
+        return Table(["figure", "value", "from"], rows)
+
+    def knobs_table(self) -> Table:
+        """The knobs, best first, each as the exact edit of the deployment file."""
+        rows = [
+            [k.edit_text, _band(k.tokens, _count), k.verdict, k.gain, k.cost] for k in self.knobs
+        ]
+        return Table(["edit", "KV tokens", "then", "buys", "costs"], rows)
+
+
+def plan_capacity(
+    checkpoint: Checkpoint,
+    serve_args: Mapping[str, Any],
+    gpus: Gpus,
+    *,
+    vllm_version: str | None = None,
+    history: Sequence[Mapping[str, Any]] = (),
+    observed: Observed | None = None,
+    knobs: bool = True,
+) -> CapacityPlan:
+    """The plan for a start with ``serve_args`` on ``gpus``.
+
+    The KV memory is ``kv-cache-memory-bytes`` when set (exact), else ``GPU memory x
+    gpu-memory-utilization - weights per GPU - overhead``, the overhead learned from
+    ``history`` (capacity-record entries of this host) for the same vLLM version and
+    :data:`OVERHEAD_FLAGS`, else the default band.
+
+    Raises:
+        DeploymentError: an input the plan needs is missing or wrong (named, with the remedy).
+    """
+    args = normalize_serve_args(serve_args)
+    parallel = cap.Parallel.from_args(args)
+    facts = checkpoint.facts
+    shape = kv_shape_for(checkpoint, args, gpus, parallel)
+    max_model_len = _max_model_len(args, checkpoint.config)
+    max_num_seqs = int(args.get("max-num-seqs") or cap.DEFAULT_MAX_NUM_SEQS)
+    flags = overhead_flags(args)
+    weights = budget = overhead = None
+    source = ""
+    if args.get("kv-cache-memory-bytes"):
+        exact = _memory_bytes(args["kv-cache-memory-bytes"])
+        kv_memory = (exact, exact)
+    else:
+        utilization = float(args.get("gpu-memory-utilization") or DEFAULT_UTILIZATION)
+        weights = cap.weights_per_rank(
+            checkpoint.tensors,
+            parallel,
+            facts.num_layers,
+            language_only=_true(args.get("language-model-only")),
+        )
+        memory = _gpu_memory(gpus)
+        budget = int(memory * utilization)
+        overhead, source = overhead_prior(
+            history, vllm_version, flags, checkpoint, args, gpus.memory
+        )
+        kv_memory = cap.kv_memory_band(memory, utilization, weights.per_rank, overhead)
+    low = cap.kv_capacity(kv_memory[0], shape, max_model_len)
+    high = cap.kv_capacity(kv_memory[1], shape, max_model_len)
+    one = cap.one_request_bytes(shape, max_model_len)
+    verdict = _verdict(kv_memory, one, low.tokens, max_num_seqs * max_model_len)
+    plan = CapacityPlan(
+        verdict not in (WILL_STOP, MAY_STOP),
+        "",
+        verdict=verdict,
+        shape=shape,
+        weights=weights,
+        budget=budget,
+        overhead=overhead,
+        overhead_source=source,
+        kv_memory=kv_memory,
+        tokens=(low.tokens, high.tokens),
+        concurrency=(low.concurrency, high.concurrency),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        one_request=one,
+        flags=flags,
+        observed=observed,
+    )
+    plan.message = verdict_message(plan)
+    plan.findings = _findings(plan)
+    if knobs:
+        plan.knobs = rank_knobs(checkpoint, args, gpus, plan, vllm_version, history)
+    return plan
+
+
+def kv_shape_for(
+    checkpoint: Checkpoint, args: Mapping[str, Any], gpus: Gpus, parallel: cap.Parallel
+) -> cap.KvShape:
+    """The KV shape of this start: the KV dtype as compat resolves it (flag, else the
+    checkpoint's), stored as the attention backend stores it, and vLLM's block size."""
+    facts = checkpoint.facts
+    kv_dtype, _ = resolve_kv_cache_dtype(facts, args)
+    stored = cap.stored_kv_dtype(facts, kv_dtype, args.get("attention-backend"))
+    block = cap.block_size_for(facts, args, gpus.platform, gpus.amx)
+    return cap.kv_shape(facts, checkpoint.config, stored, parallel, block)
+
+
+def verdict_message(plan: CapacityPlan) -> str:
+    """One line: the verdict and the figures behind it."""
+    tokens = _band(plan.tokens, _count)
+    if plan.verdict == WILL_STOP:
+        return (
+            f"will stop after the load: one {plan.max_model_len:,}-token request needs "
+            f"{_gib(plan.one_request)} of KV cache per GPU, has {_band(plan.kv_memory, _gib)}"
+        )
+    if plan.verdict == MAY_STOP:
+        return (
+            f"may stop after the load: one {plan.max_model_len:,}-token request needs "
+            f"{_gib(plan.one_request)} of KV cache per GPU, has {_band(plan.kv_memory, _gib)} "
+            "(the overhead decides)"
+        )
+    if plan.verdict == PREEMPTION:
+        need = plan.max_num_seqs * plan.max_model_len
+        return (
+            f"starts with {tokens} KV tokens, but {plan.max_num_seqs} full-length requests "
+            f"need {need:,}: preemption"
+        )
+    return f"fits: {tokens} KV tokens, {plan.max_num_seqs} full-length requests at once"
+
+
+def rank_knobs(
+    checkpoint: Checkpoint,
+    args: Mapping[str, Any],
+    gpus: Gpus,
+    plan: CapacityPlan,
+    vllm_version: str | None,
+    history: Sequence[Mapping[str, Any]],
+) -> list[Knob]:
+    """The edits worth trying, each planned again: those after which the start does not stop
+    first, then by the tokens they give (low end)."""
+    found = []
+    for edit, cost in candidate_edits(checkpoint, args, plan):
+        after = plan_capacity(
+            checkpoint, {**args, **edit}, gpus, vllm_version=vllm_version, history=history,
+            knobs=False,
+        )  # fmt: skip
+        if after.tokens[0] <= plan.tokens[0] and after.verdict == plan.verdict:
+            continue
+        gain = _gain(plan, after)
+        found.append(Knob(edit, gain, cost, after.tokens, after.verdict))
+    return sorted(found, key=lambda k: (k.verdict in (WILL_STOP, MAY_STOP), -k.tokens[0]))
+
+
+def candidate_edits(
+    checkpoint: Checkpoint, args: Mapping[str, Any], plan: CapacityPlan
+) -> list[tuple[dict[str, Any], str]]:
+    """The edits the plan tries, with what each costs."""
+    shape = plan.shape
+    edits: list[tuple[dict[str, Any], str]] = []
+    if shape.dtype in ("auto", "bfloat16", "float16", "half", "float32"):
+        edits.append(({"kv-cache-dtype": "fp8"}, "accuracy may drop without calibrated scales"))
+    tp = int(args.get("tensor-parallel-size") or 1)
+    if tp > 1 and shape.dcp == 1 and checkpoint.facts.mla:
+        edits.append(({"decode-context-parallel-size": tp}, DCP_COST))
+    fitting = _fitting_length(plan)
+    if 0 < fitting < plan.max_model_len:
+        edits.append(({"max-model-len": fitting}, "shorter requests only"))
+    if args.get("kv-cache-memory-bytes"):
+        wanted = -(-plan.one_request // 2**20) * 2**20
+        if wanted > plan.kv_memory[0]:
+            taken = "taken from the memory left to activations: check it is there"
+            edits.append(({"kv-cache-memory-bytes": wanted}, taken))
+    else:
+        utilization = float(args.get("gpu-memory-utilization") or DEFAULT_UTILIZATION)
+        ceiling = UTILIZATION_CAP_NCCL if plan.shape.dcp > 1 or tp > 1 else UTILIZATION_CAP
+        if utilization < ceiling:
+            headroom = f"less headroom; capped at {ceiling} where NCCL needs memory"
+            edits.append(({"gpu-memory-utilization": ceiling}, headroom))
+    if plan.verdict == PREEMPTION and plan.concurrency[0] >= 1:
+        edits.append(({"max-num-seqs": max(1, int(plan.concurrency[0]))}, "fewer requests at once"))
+    return edits
+
+
+def overhead_prior(
+    history: Sequence[Mapping[str, Any]],
+    vllm_version: str | None,
+    flags: Mapping[str, str],
+    checkpoint: Checkpoint,
+    args: Mapping[str, Any],
+    gpu_memory: int | None,
+) -> tuple[tuple[int, int], str]:
+    """The non-KV overhead band and where it comes from: the median of this host's earlier
+    starts with the same vLLM version, flags and GPU memory, else the default band."""
+    measured = [
+        int(entry["overhead"])
+        for entry in history
+        if entry.get("overhead") is not None
+        and entry.get("vllm_version") == vllm_version
+        and dict(entry.get("flags") or {}) == dict(flags)
+        and entry.get("gpu_memory") == gpu_memory
+    ]
+    if measured:
+        band = cap.learned_overhead(measured)
+        return (
+            band,
+            f"learned: median of {len(measured)} earlier start(s) here, vLLM {vllm_version}",
+        )
+    band = cap.default_overhead(
+        checkpoint.multimodal and not _true(args.get("language-model-only")),
+        str(args.get("load-format", "")) == "fastsafetensors",
+    )
+    return band, "default band (no earlier start here with this vLLM and these flags)"
+
+
+def overhead_flags(args: Mapping[str, Any]) -> dict[str, str]:
+    """The :data:`OVERHEAD_FLAGS` of serve arguments, as text, defaults left out."""
+    flags = {}
+    for name in OVERHEAD_FLAGS:
+        if name in args and args[name] is not None:
+            value = _text(args[name])
+            if _FLAG_DEFAULTS.get(name) != value:
+                flags[name] = value
+    return flags
+
+
+# -- reading the inputs ------------------------------------------------------------------------
+
+
+def checkpoint_of(answer: Mapping[str, Any]) -> Checkpoint:
+    """The :class:`Checkpoint` from the ``weight_table`` probe's answer.
+
+    Raises:
+        DeploymentError: the folder is missing or holds no config.json.
+    """
+    folder = str(answer.get("model_dir") or "")
+    if answer.get("error"):
+        raise DeploymentError(
+            f"the model folder cannot be read: {answer['error']}",
+            remedy="set model.path to the checkpoint folder (the one holding config.json)",
+        )
+    texts = {k: v for k, v in dict(answer.get("files") or {}).items() if v}
+    if "config.json" not in texts:
+        raise DeploymentError(
+            f"{folder} holds no config.json: the plan needs the model's sizes",
+            remedy="point model.path (or --model-dir) at the checkpoint folder",
+        )
+    config = parse_json("config.json", texts["config.json"])
+    tensors = tuple((str(name), int(size)) for name, size in answer.get("tensors") or ())
+    return Checkpoint(folder, config, facts_from_texts(texts), tensors, int(answer["shards"]))
+
+
+def read_local_checkpoint(model_dir: str | Path) -> Checkpoint:
+    """The checkpoint from a local folder: the same probe, run here."""
+    return checkpoint_of(weight_table.main({"dir": str(model_dir)}))
+
+
+def read_host_checkpoint(host: RemoteHost, model_dir: str) -> Checkpoint:
+    """The checkpoint on a host, in one round trip."""
+    return checkpoint_of(host.probe(PROBE, {"dir": model_dir}))
+
+
+def gpus_of(gpu_list: Sequence[Any], count: int, cpu_amx: bool | None = None) -> Gpus:
+    """:class:`Gpus` from preflight's GPU facts (``memory_total_mib``); none means vLLM's
+    CPU platform."""
+    totals = [int(g.memory_total_mib) * 2**20 for g in gpu_list if g.memory_total_mib]
+    if not gpu_list:
+        return Gpus(count, None, "cpu", cpu_amx)
+    return Gpus(count, min(totals) if totals else None)
+
+
+# -- after a launch: vLLM's own figures --------------------------------------------------------
+
+
+def observed_in_log(text: str) -> Observed | None:
+    """vLLM's figures from a start's log: tokens, concurrency, KV memory, weights, version
+    and the overhead flags of its ``non-default args``; None when it says none of them."""
+    from opsbook.knowledge.logscan import line_grammar as said
+
+    found: dict[str, Any] = {}
+    for line in text.splitlines():
+        if "KV cache size" in line and (m := said.KV_CACHE_SIZE_SAID.search(line)):
+            found["kv_tokens"] = int(m["tokens"].replace(",", ""))
+        if "Maximum concurrency" in line and (m := said.MAX_CONCURRENCY_SAID.search(line)):
+            found["max_model_len"] = int(m["max_model_len"].replace(",", ""))
+            found["concurrency"] = float(m["concurrency"])
+        if "Available KV" in line and (m := said.KV_MEMORY_SAID.search(line)):
+            found["kv_memory"] = int(float(m["gib"]) * GIB)
+        if "Model loading took" in line and (m := said.WEIGHTS_MEMORY_SAID.search(line)):
+            found["weights"] = int(float(m["gib"]) * GIB)
+        if "version" not in found and (m := said.VLLM_VERSION_SAID.search(line)):
+            found["version"] = m["version"]
+        if "non-default args" in line and (m := said.NON_DEFAULT_ARGS_SAID.search(line)):
+            found["flags"] = overhead_flags(_logged_args(m["args"]))
+    keys = ("kv_tokens", "kv_memory", "weights")
+    return Observed(**found) if any(k in found for k in keys) else None
+
+
+def _logged_args(text: str) -> dict[str, Any]:
+    """The simple ``'name': value`` pairs of a logged ``non-default args`` dict, keyed by CLI
+    spelling (nested dicts and reprs of objects are not needed and not parsed)."""
+    found: dict[str, Any] = {}
+    for name, value in re.findall(r"'(\w+)': ('[^']*'|True|False|None|-?[\d.]+)", text):
+        # The top level comes first; a nested config's key of the same name does not count.
+        found.setdefault(name.replace("_", "-"), None if value == "None" else value.strip("'"))
+    return found
+
+
+def record_entry(
+    plan: CapacityPlan,
+    observed: Observed,
+    *,
+    host: str,
+    gpu_memory: int | None,
+    utilization: float,
+) -> dict[str, Any]:
+    """A capacity-record entry: the prediction beside what vLLM logged, and the overhead the
+    start measured (None when its log lacks the weights or the KV memory, or the budget is
+    unknown)."""
+    overhead = None
+    if gpu_memory and observed.weights is not None and observed.kv_memory is not None:
+        overhead = cap.measured_overhead(gpu_memory, utilization, observed.weights,
+                                         observed.kv_memory)  # fmt: skip
+    return {
+        "host": host,
+        "vllm_version": observed.version,
+        "flags": dict(observed.flags),
+        "gpu_memory": gpu_memory,
+        "utilization": utilization,
+        "predicted": {
+            "tokens": list(plan.tokens),
+            "kv_memory": list(plan.kv_memory),
+            "verdict": plan.verdict,
+        },  # fmt: skip
+        "observed": {
+            "tokens": observed.kv_tokens,
+            "concurrency": observed.concurrency,
+            "kv_memory": observed.kv_memory,
+            "weights": observed.weights,
+        },  # fmt: skip
+        "overhead": overhead,
+    }
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """The capacity record's entries (none when there is no record yet)."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise DeploymentError(
+            f"cannot read the capacity record {path}: {e.strerror}",
+            remedy="check the runs folder's permissions",
+        ) from None
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def add_to_history(path: Path, entry: Mapping[str, Any]) -> bool:
+    """Append ``entry`` unless the record holds one with the same observation (a plan run
+    twice after one launch adds it once); whether it was added."""
+    history = read_history(path)
+    if any(old.get("observed") == entry["observed"] and old.get("flags") == entry["flags"]
+           for old in history):  # fmt: skip
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(entry, sort_keys=True) + "\n")
+    return True
+
+
+def history_path(runs_dir: Path, deployment: str, host: str) -> Path:
+    """Where a host's capacity record lives: ``<runs>/capacity/<deployment>/<host>.jsonl``."""
+    return runs_dir / "capacity" / _slug(deployment) / f"{_slug(host)}.jsonl"
+
+
+# -- small helpers -----------------------------------------------------------------------------
+
+
+def _verdict(kv_memory: tuple[int, int], one: int, low_tokens: int, wanted: int) -> str:
+    if kv_memory[1] < one:
+        return WILL_STOP
+    if kv_memory[0] < one:
+        return MAY_STOP
+    return PREEMPTION if low_tokens < wanted else FITS
+
+
+def _findings(plan: CapacityPlan) -> list[Finding]:
+    severity = {WILL_STOP: "error", MAY_STOP: "warning", PREEMPTION: "warning", FITS: "ok"}
+    code = "capacity-" + plan.verdict.replace(" ", "-")
+    return [Finding(severity[plan.verdict], "capacity", plan.message, code=code)]
+
+
+def _gain(before: CapacityPlan, after: CapacityPlan) -> str:
+    if before.tokens[0] > 0 and after.tokens[0] != before.tokens[0]:
+        return f"x{after.tokens[0] / before.tokens[0]:.2f} tokens"
+    return f"{after.verdict} instead of {before.verdict}"
+
+
+def _fitting_length(plan: CapacityPlan) -> int:
+    """The longest max-model-len that starts, when the plan stops (rounded down to 1,024);
+    0 otherwise: a start that runs keeps the length its users asked for."""
+    if plan.verdict not in (WILL_STOP, MAY_STOP):
+        return 0
+    longest = cap.longest_request(plan.kv_memory[0], plan.shape)
+    return longest // 1024 * 1024 if longest >= 1024 else longest
+
+
+def _max_model_len(args: Mapping[str, Any], config: Mapping[str, Any]) -> int:
+    """``max-model-len``, else the model's ``max_position_embeddings`` (vLLM's default,
+    0.32.0 vllm/config/model.py _get_and_verify_max_len)."""
+    asked = args.get("max-model-len")
+    if asked not in (None, "", -1, "-1", "auto"):
+        return _memory_bytes(asked, name="max-model-len")
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else None
+    value = (text or config).get("max_position_embeddings")
+    if not value:
+        raise DeploymentError(
+            "the model's config.json has no max_position_embeddings",
+            remedy="set server.args.max-model-len",
+        )
+    return int(value)
+
+
+def _memory_bytes(value: Any, name: str = "kv-cache-memory-bytes") -> int:
+    """A count as vLLM reads it: plain or with a suffix, ``k``/``m``/``g`` powers of 1000 and
+    ``K``/``M``/``G`` of 1024 (0.32.0 vllm/utils/argparse_utils.py, human_readable_int)."""
+    text = str(value).strip()
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)", text)
+    if not found:
+        raise DeploymentError(
+            f"server.args.{name} is {value!r}, not a number",
+            remedy=f"set server.args.{name} to a whole number (suffixes k, M, G allowed)",
+        )
+    number, suffix = float(found[1]), found[2]
+    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[suffix]  # fmt: skip
+    return int(number * scale)
+
+
+def _gpu_memory(gpus: Gpus) -> int:
+    if gpus.memory is None:
+        raise DeploymentError(
+            "the GPUs' memory is unknown, so the KV budget cannot be planned",
+            remedy="plan over SSH (the host's nvidia-smi says it), give --gpu-memory MIB "
+            "offline, or set server.args.kv-cache-memory-bytes",
+        )
+    return gpus.memory
+
+
+def _observed_text(observed: Observed) -> str:
+    parts = []
+    if observed.kv_tokens is not None:
+        parts.append(f"{observed.kv_tokens:,} tokens")
+    if observed.kv_memory is not None:
+        parts.append(f"KV {_gib(observed.kv_memory)}")
+    if observed.weights is not None:
+        parts.append(f"weights {_gib(observed.weights)}")
+    return ", ".join(parts)
+
+
+def _band(pair: tuple[Any, Any], show: Any) -> str:
+    low, high = pair
+    return show(low) if low == high else f"{show(low)} - {show(high)}"
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def _count(value: int) -> str:
+    return f"{value:,}"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value).lower() if str(value) in ("True", "False") else str(value)
+
+
+def _true(value: Any) -> bool:
+    return _text(value) in ("true", "1", "yes")
+
+
+def _yaml(value: Any) -> str:
+    return _text(value) if isinstance(value, bool) else str(value)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^\w.@-]+", "_", text).strip("_") or "host"
