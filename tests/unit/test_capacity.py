@@ -47,7 +47,7 @@ def test_the_tiny_llama_at_64_mib_holds_65536_tokens_as_vllm_says() -> None:
 @pytest.mark.parametrize(
     ("config", "kv_dtype", "amx", "tokens", "concurrency"),
     [
-        # fp8kv-mla--amx-mla.log: "CPU KV cache size: 58,240 tokens ... 113.75x" (AMX_MLA, block 128)
+        # fp8kv-mla--amx-mla.log: "CPU KV cache size: 58,240 tokens ... 113.75x" (AMX_MLA)
         (TINY_MLA, "fp8", True, 58_240, 113.75),
         # kv-dtype-kernel-mismatch.log: the same on CPU_MLA, whose block of 16 gives the same
         (TINY_MLA, "fp8", False, 58_240, 113.75),
@@ -114,7 +114,8 @@ def test_gqa_heads_split_over_tp_and_never_below_one() -> None:
 
 def test_pipeline_stages_split_layers_as_vllm_does() -> None:
     assert [len(r) for r in cap.pp_layer_ranges(61, 4)] == [15, 15, 16, 15]
-    assert shape({**TINY_LLAMA, "num_hidden_layers": 5}, **{"pipeline-parallel-size": 2}).layers == 3
+    five = {**TINY_LLAMA, "num_hidden_layers": 5}
+    assert shape(five, **{"pipeline-parallel-size": 2}).layers == 3
 
 
 def test_a_float32_model_s_auto_kv_cache_takes_four_bytes() -> None:

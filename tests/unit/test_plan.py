@@ -195,8 +195,8 @@ def test_the_plan_says_what_the_real_tier_logged(name: str) -> None:
     config, args, amx = REAL_LOGS[name]
     seen = plan.observed_in_log((DATA / "logs" / "real-vllm" / name).read_text())
     assert seen is not None and seen.version == "0.32.0"
-    checkpoint = plan.Checkpoint(name, config, facts_from_texts({"config.json": json.dumps(config)}),
-                                 (), 1)  # fmt: skip
+    facts = facts_from_texts({"config.json": json.dumps(config)})
+    checkpoint = plan.Checkpoint(name, config, facts, (), 1)
     asked = {**args, "kv-cache-memory-bytes": 67_108_864, "max-model-len": 512}
     found = plan.plan_capacity(checkpoint, asked, plan.Gpus(1, None, "cpu", amx))
     assert found.tokens == (seen.kv_tokens, seen.kv_tokens)

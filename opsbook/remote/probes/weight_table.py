@@ -65,7 +65,7 @@ def add_tensors(header: dict[str, Any], sums: dict[str, int]) -> None:
     for name, entry in header.items():
         if name == "__metadata__" or not isinstance(entry, dict):
             continue
-        bits = DTYPE_BITS.get(entry.get("dtype"), 8)
+        bits = DTYPE_BITS.get(str(entry.get("dtype")), 8)
         count = 1
         for dim in entry.get("shape") or ():
             count *= int(dim)
