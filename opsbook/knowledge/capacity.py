@@ -52,9 +52,13 @@ CUDA_BLOCK = 16
 CUDA_MLA_BLOCK = 64
 CPU_BLOCK = 128
 CPU_MLA_BLOCK = 16
-# vLLM's default --max-num-seqs for `vllm serve` on a GPU (0.32.0 vllm/engine/arg_utils.py,
-# the OPENAI_API_SERVER usage context's default_max_num_seqs).
-DEFAULT_MAX_NUM_SEQS = 256
+# vLLM's default --max-num-seqs for `vllm serve` (0.32.0 vllm/engine/arg_utils.py,
+# get_batch_defaults, the OPENAI_API_SERVER usage context): 1024 on a GPU of 70 GiB or more
+# (but an A100), else 256; on CPU 128 per rank.
+MAX_NUM_SEQS_LARGE_GPU = 1024
+MAX_NUM_SEQS_GPU = 256
+MAX_NUM_SEQS_CPU_PER_RANK = 128
+LARGE_GPU = 70 * GIB
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 # Tensors every rank keeps whole: norms, biases of replicated layers, the MoE router, the MLA
 # down-projections (ReplicatedLinear / MergedReplicatedLinear in deepseek_v2.py), the sparse
@@ -327,6 +331,15 @@ def block_size_for(
     if asked:
         return int(asked)
     return CUDA_MLA_BLOCK if facts.mla else CUDA_BLOCK
+
+
+def default_max_num_seqs(platform: str, gpu_memory: int | None, world_size: int) -> int:
+    """vLLM's default ``--max-num-seqs`` for this platform (see :data:`LARGE_GPU`)."""
+    if platform == "cpu":
+        return MAX_NUM_SEQS_CPU_PER_RANK * world_size
+    if gpu_memory is not None and gpu_memory >= LARGE_GPU:
+        return MAX_NUM_SEQS_LARGE_GPU
+    return MAX_NUM_SEQS_GPU
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import DeploymentError
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import capacity as cap
@@ -24,6 +25,9 @@ from opsbook.knowledge.compat.model_config import ModelFacts, facts_from_texts, 
 from opsbook.knowledge.compat.prediction import normalize_serve_args, resolve_kv_cache_dtype
 from opsbook.remote.probes import weight_table
 from opsbook.remote.protocol import RemoteHost
+
+if TYPE_CHECKING:
+    from opsbook.steps.host_facts import HostFacts
 
 GIB = cap.GIB
 PROBE = "weight_table"
@@ -56,13 +60,15 @@ WILL_STOP, MAY_STOP, PREEMPTION, FITS = "will stop", "may stop", "preemption", "
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What the plan reads of a checkpoint: its config and its tensors' bytes."""
+    """What the plan reads of a checkpoint: its config and its tensors' bytes (and whether the
+    CPU of the machine it was read on has AMX tiles, which sets vLLM's block on CPU)."""
 
     model_dir: str
     config: dict[str, Any]
     facts: ModelFacts
     tensors: tuple[tuple[str, int], ...]
     shards: int
+    cpu_amx: bool | None = None
 
     @property
     def multimodal(self) -> bool:
@@ -82,7 +88,8 @@ class Gpus:
 
 @dataclass(frozen=True)
 class Observed:
-    """What vLLM logged of a start's memory (None where the log did not say)."""
+    """What vLLM logged of a start's memory (None where the log did not say), with the
+    utilization it ran at and whether its KV size was fixed (``kv-cache-memory-bytes``)."""
 
     kv_tokens: int | None = None
     concurrency: float | None = None
@@ -91,6 +98,8 @@ class Observed:
     weights: int | None = None
     version: str | None = None
     flags: Mapping[str, str] = field(default_factory=dict)
+    utilization: float = DEFAULT_UTILIZATION
+    fixed_kv: bool = False
 
     @property
     def sized(self) -> bool:
@@ -193,7 +202,10 @@ def plan_capacity(
     facts = checkpoint.facts
     shape = kv_shape_for(checkpoint, args, gpus, parallel)
     max_model_len = _max_model_len(args, checkpoint.config)
-    max_num_seqs = int(args.get("max-num-seqs") or cap.DEFAULT_MAX_NUM_SEQS)
+    max_num_seqs = int(
+        args.get("max-num-seqs")
+        or cap.default_max_num_seqs(gpus.platform, gpus.memory, parallel.tp * parallel.pp)
+    )
     flags = overhead_flags(args)
     weights = budget = overhead = None
     source = ""
@@ -396,7 +408,8 @@ def checkpoint_of(answer: Mapping[str, Any]) -> Checkpoint:
         )
     config = parse_json("config.json", texts["config.json"])
     tensors = tuple((str(name), int(size)) for name, size in answer.get("tensors") or ())
-    return Checkpoint(folder, config, facts_from_texts(texts), tensors, int(answer["shards"]))
+    amx = answer.get("amx")
+    return Checkpoint(folder, config, facts_from_texts(texts), tensors, int(answer["shards"]), amx)
 
 
 def read_local_checkpoint(model_dir: str | Path) -> Checkpoint:
@@ -416,6 +429,86 @@ def gpus_of(gpu_list: Sequence[Any], count: int, cpu_amx: bool | None = None) ->
     if not gpu_list:
         return Gpus(count, None, "cpu", cpu_amx)
     return Gpus(count, min(totals) if totals else None)
+
+
+def plan_on_host(
+    host: RemoteHost,
+    deployment: Deployment,
+    *,
+    found: HostFacts | None = None,
+    vllm_version: str | None = None,
+    record: Path | None = None,
+) -> CapacityPlan:
+    """The plan for the deployment's start on ``host``: its GPUs (``found``, else read now),
+    the checkpoint's headers, and the last start's log, whose figures are kept beside their
+    prediction in ``record`` (when given) and, with the record's earlier ones, give the
+    overhead."""
+    # Imported here: an offline plan (opsbook plan --offline) does not pay for the SSH steps.
+    from opsbook.steps import host_facts
+
+    if found is None:
+        found = host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS)
+    checkpoint = read_host_checkpoint(host, deployment.model_path)
+    args = deployment.serve_args
+    parallel = cap.Parallel.from_args(normalize_serve_args(args))
+    gpus = gpus_of(found.gpus, parallel.gpus, checkpoint.cpu_amx)
+    version = vllm_version or found.vllm_version
+    observed = last_start(host, deployment)
+    history = read_history(record) if record is not None else []
+    if observed is not None and observed.sized:
+        entry = _entry_for(checkpoint, args, gpus, observed, host.name, history)
+        if record is None or add_to_history(record, entry):
+            history.append(entry)
+    return plan_capacity(
+        checkpoint, args, gpus, vllm_version=version, history=history, observed=observed
+    )
+
+
+def plan_offline(
+    deployment: Deployment,
+    model_dir: str | Path,
+    gpu_memory: int | None,
+    *,
+    platform: str = "cuda",
+    vllm_version: str | None = None,
+    history: Sequence[Mapping[str, Any]] = (),
+) -> CapacityPlan:
+    """The plan from a local copy of the checkpoint's config and shards (headers only are
+    read) and a GPU memory given by hand."""
+    checkpoint = read_local_checkpoint(model_dir)
+    args = deployment.serve_args
+    parallel = cap.Parallel.from_args(normalize_serve_args(args))
+    amx = checkpoint.cpu_amx if platform == "cpu" else None
+    gpus = Gpus(parallel.gpus, gpu_memory, platform, amx)
+    return plan_capacity(checkpoint, args, gpus, vllm_version=vllm_version, history=history)
+
+
+def last_start(host: RemoteHost, deployment: Deployment) -> Observed | None:
+    """vLLM's figures from the log of the deployment's last launch on the host (the part the
+    status probe reads: its last 512 kB), None when there is no such log or it says none."""
+    from opsbook.steps import server
+    from opsbook.steps.launch_answers import StatusAnswer
+
+    paths = server.resolve_paths(host, deployment)
+    answer = host.probe(server.PROBE, paths.probe_args(op="status", port=deployment.server_port))
+    log = StatusAnswer.parse(answer).log
+    return observed_in_log(log.text) if log.exists and log.text else None
+
+
+def _entry_for(
+    checkpoint: Checkpoint,
+    args: Mapping[str, Any],
+    gpus: Gpus,
+    observed: Observed,
+    host: str,
+    history: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The record entry of the last start: what the plan predicted for it (planned with the
+    record as it stood before), beside what it logged."""
+    before = plan_capacity(
+        checkpoint, args, gpus, vllm_version=observed.version, history=history, knobs=False
+    )
+    return record_entry(before, observed, host=host, gpu_memory=gpus.memory)
 
 
 # -- after a launch: vLLM's own figures --------------------------------------------------------
@@ -440,7 +533,10 @@ def observed_in_log(text: str) -> Observed | None:
         if "version" not in found and (m := said.VLLM_VERSION_SAID.search(line)):
             found["version"] = m["version"]
         if "non-default args" in line and (m := said.NON_DEFAULT_ARGS_SAID.search(line)):
-            found["flags"] = overhead_flags(_logged_args(m["args"]))
+            logged = _logged_args(m["args"])
+            found["flags"] = overhead_flags(logged)
+            found["utilization"] = float(logged.get("gpu-memory-utilization") or 0.9)
+            found["fixed_kv"] = bool(logged.get("kv-cache-memory-bytes"))
     keys = ("kv_tokens", "kv_memory", "weights")
     return Observed(**found) if any(k in found for k in keys) else None
 
@@ -456,26 +552,23 @@ def _logged_args(text: str) -> dict[str, Any]:
 
 
 def record_entry(
-    plan: CapacityPlan,
-    observed: Observed,
-    *,
-    host: str,
-    gpu_memory: int | None,
-    utilization: float,
+    plan: CapacityPlan, observed: Observed, *, host: str, gpu_memory: int | None
 ) -> dict[str, Any]:
     """A capacity-record entry: the prediction beside what vLLM logged, and the overhead the
-    start measured (None when its log lacks the weights or the KV memory, or the budget is
-    unknown)."""
+    start measured (None when its log lacks the weights or the KV memory, its KV size was
+    fixed, or the GPU memory is unknown)."""
     overhead = None
-    if gpu_memory and observed.weights is not None and observed.kv_memory is not None:
-        overhead = cap.measured_overhead(gpu_memory, utilization, observed.weights,
-                                         observed.kv_memory)  # fmt: skip
+    measured = observed.weights is not None and observed.kv_memory is not None
+    if gpu_memory and measured and not observed.fixed_kv:
+        overhead = cap.measured_overhead(
+            gpu_memory, observed.utilization, observed.weights or 0, observed.kv_memory or 0
+        )
     return {
         "host": host,
         "vllm_version": observed.version,
         "flags": dict(observed.flags),
         "gpu_memory": gpu_memory,
-        "utilization": utilization,
+        "utilization": observed.utilization,
         "predicted": {
             "tokens": list(plan.tokens),
             "kv_memory": list(plan.kv_memory),
@@ -516,6 +609,13 @@ def add_to_history(path: Path, entry: Mapping[str, Any]) -> bool:
     with path.open("a") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
     return True
+
+
+def deployment_history(runs_dir: Path, deployment: str) -> list[dict[str, Any]]:
+    """The capacity records of every host of a deployment (an offline plan is for no one
+    host in particular)."""
+    folder = runs_dir / "capacity" / _slug(deployment)
+    return [entry for path in sorted(folder.glob("*.jsonl")) for entry in read_history(path)]
 
 
 def history_path(runs_dir: Path, deployment: str, host: str) -> Path:
@@ -614,7 +714,9 @@ def _band(pair: tuple[Any, Any], show: Any) -> str:
 
 
 def _gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB"
+    if abs(value) >= GIB / 10:
+        return f"{value / GIB:.2f} GiB"
+    return f"{value / 2**20:.2f} MiB"
 
 
 def _count(value: int) -> str:

@@ -142,9 +142,8 @@ def test_a_start_s_record_feeds_the_next_plan_its_overhead(tmp_path: Path) -> No
     weights = plan.plan_capacity(
         checkpoint, {**GLM_ARGS, "kv-cache-memory-bytes": seen.kv_memory}, RTX_PRO_6000
     )
-    entry = plan.record_entry(
-        weights, seen, host="gpu-01", gpu_memory=RTX_PRO_6000.memory, utilization=0.865
-    )
+    assert (seen.utilization, seen.fixed_kv) == (0.865, False)
+    entry = plan.record_entry(weights, seen, host="gpu-01", gpu_memory=RTX_PRO_6000.memory)
     assert entry["overhead"] / GIB == pytest.approx(7.55, abs=0.01)
     assert entry["predicted"]["tokens"] == list(weights.tokens)
     assert entry["observed"]["tokens"] == 2_720_768

@@ -11,7 +11,9 @@ Args (the dict given to ``main``):
     files: the config files to read (default: config.json, hf_quant_config.json).
 
 Answer: ``{"model_dir", "error", "files": {name: text or None}, "shards", "unreadable":
-[shard, ...], "tensors": [[name, bytes], ...]}``.
+[shard, ...], "tensors": [[name, bytes], ...], "amx"}``; ``amx`` says whether the CPU has AMX
+tiles (``amx_tile`` in /proc/cpuinfo; None when unreadable), which decides vLLM's KV block
+size on a CPU host serving an MLA model.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     where = locate(os.path.expanduser(str(args["dir"])))
     answer: dict[str, Any] = {
         "model_dir": where["model_dir"], "error": where["error"], "files": {},
-        "shards": 0, "unreadable": [], "tensors": [],
+        "shards": 0, "unreadable": [], "tensors": [], "amx": cpu_has_amx(),
     }  # fmt: skip
     if where["error"]:
         return answer
@@ -82,3 +84,15 @@ def read_text(path: str) -> str | None:
             return handle.read()
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def cpu_has_amx(path: str = "/proc/cpuinfo") -> bool | None:
+    """Whether the first CPU's flags hold ``amx_tile``; None when they cannot be read."""
+    try:
+        with open(path) as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return "amx_tile" in line.split()
+    except OSError:
+        return None
+    return None
