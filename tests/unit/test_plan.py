@@ -260,7 +260,7 @@ def model_dir(tmp_path: Path) -> Path:
 def test_the_checkpoint_is_read_from_the_headers_locally_and_over_the_probe(
     model_dir: Path, tmp_path: Path
 ) -> None:
-    here = plan.read_local_checkpoint(model_dir)
+    here = plan.read_local_checkpoint(model_dir, tmp_path / "cache")
     assert here.shards == 2
     assert dict(here.tensors) == {
         "model.embed_tokens.weight": 100 * 128 * 2,
@@ -283,3 +283,91 @@ def test_the_plan_s_tables_name_their_sources(kimi: plan.Checkpoint) -> None:
     shown = str(found.table())
     assert "default band" in shown and "KV tokens" in shown
     assert found.message.startswith("starts with ")
+
+
+def test_a_cpu_build_of_vllm_plans_on_the_cpu_platform_whatever_nvidia_smi_says() -> None:
+    from opsbook.steps.smi_parse import Gpu
+
+    gpus = [Gpu(0, "NVIDIA RTX PRO 6000", memory_total_mib=97_887)]
+    assert plan.gpus_of(gpus, 1, True, "0.32.0+cpu") == plan.Gpus(1, None, "cpu", True)
+    assert plan.gpus_of(gpus, 8, None, "0.32.0") == plan.Gpus(8, 97_887 * MIB)
+    assert plan.gpus_of([], 1, False).platform == "cpu"
+    with pytest.raises(DeploymentError, match="CPU platform") as raised:
+        plan.plan_capacity(tiny_checkpoint(), {}, plan.Gpus(1, None, "cpu", True))
+    assert raised.value.remedy == "set server.args.kv-cache-memory-bytes"
+
+
+def test_a_logged_version_is_the_installed_one_but_for_a_local_part() -> None:
+    assert plan.same_release("0.32.0", "0.32.0+cpu")
+    assert plan.same_release("0.20.2rc1.dev249+glm", "0.20.2rc1.dev249+glm")
+    assert not plan.same_release("0.20.2rc1.dev249+glm", "0.20.2rc1.dev249+other")
+    assert not plan.same_release("0.32.0", "0.33.0")
+
+
+def write_deployment(folder: Path, model: Path, args: dict[str, Any]) -> Path:
+    path = folder / "dep.yml"
+    doc = {
+        "name": "tiny",
+        "hosts": [{"address": "127.0.0.1", "user": "nobody"}],
+        "model": {"path": str(model)},
+        "python": "/usr/bin/python3",
+        "server": {"port": 8000, "args": args},
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The command keeps tensor tables in the test's folder, not the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg"
+
+
+def test_the_command_plans_offline_and_exits_1_when_the_start_will_stop(
+    model_dir: Path, tmp_path: Path, own_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opsbook import cli
+
+    fits = write_deployment(tmp_path, model_dir, {"kv-cache-memory-bytes": "64M"})
+    argv = ["plan", "-f", str(fits), "--offline", "--platform", "cpu"]
+    assert cli.main([*argv, "--runs-dir", str(tmp_path)]) == 0
+    assert list(own_cache.glob("opsbook/plan/*.json"))
+    shown = capsys.readouterr().out
+    assert shown.startswith("offline: fits: 65,536 KV tokens, 128 full-length requests")
+    stops = write_deployment(tmp_path, model_dir, {"kv-cache-memory-bytes": 1024})
+    assert cli.main(["plan", "-f", str(stops), "--offline", "--platform", "cpu"]) == 1
+    shown = capsys.readouterr().out
+    assert "will stop after the load" in shown and "server.args.kv-cache-memory-bytes:" in shown
+
+
+def test_the_command_names_a_missing_gpu_memory_with_exit_2(
+    model_dir: Path, tmp_path: Path, own_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opsbook import cli
+
+    path = write_deployment(tmp_path, model_dir, {"tensor-parallel-size": 1})
+    assert cli.main(["plan", "-f", str(path), "--offline"]) == 2
+    assert "--gpu-memory" in capsys.readouterr().err
+    assert cli.main(["plan", "-f", str(path), "--offline", "--gpu-memory", "97887"]) == 0
+
+
+def test_a_local_copy_s_tensor_table_is_kept_until_a_shard_changes(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    first = plan.read_local_checkpoint(model_dir, cache)
+    [kept] = cache.glob("*.json")
+    names, _ = json.loads(kept.read_text())
+    kept.write_text(json.dumps([[[name, 1] for name, _ in names], []]))
+    assert set(dict(plan.read_local_checkpoint(model_dir, cache).tensors).values()) == {1}
+    write_shard(
+        model_dir / "model-00002-of-00002.safetensors",
+        {"model.layers.1.input_layernorm.weight": ("F32", [256])},
+    )
+    again = plan.read_local_checkpoint(model_dir, cache)
+    assert dict(again.tensors)["model.layers.1.input_layernorm.weight"] == 256 * 4
+    assert (
+        dict(again.tensors)["model.embed_tokens.weight"]
+        == dict(first.tensors)["model.embed_tokens.weight"]
+    )
