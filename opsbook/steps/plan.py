@@ -23,6 +23,8 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import DeploymentError
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import capacity as cap
+from opsbook.knowledge.capacity import DEFAULT_UTILIZATION, Observed, observed_in_log
+from opsbook.knowledge.capacity.start_figures import flag_text
 from opsbook.knowledge.compat.model_config import ModelFacts, facts_from_texts, parse_json
 from opsbook.knowledge.compat.prediction import normalize_serve_args, resolve_kv_cache_dtype
 from opsbook.remote.probes import shard_read, weight_table
@@ -33,27 +35,11 @@ if TYPE_CHECKING:
 
 GIB = cap.GIB
 PROBE = "weight_table"
-# The flags that move a start's non-KV memory (activations, CUDA graphs, NCCL, the loader,
-# the encoder): an earlier run's measured overhead is a prior only when these match, with the
-# same vLLM version. KV dtype, max-model-len and utilization leave it as it is, so that the
-# knobs can be priced with it.
-OVERHEAD_FLAGS = (
-    "tensor-parallel-size", "pipeline-parallel-size", "decode-context-parallel-size",
-    "data-parallel-size", "enable-expert-parallel", "max-num-seqs", "max-num-batched-tokens",
-    "enforce-eager", "load-format", "quantization", "language-model-only",
-    "mm-encoder-tp-mode", "max-cudagraph-capture-size", "speculative-config",
-)  # fmt: skip
-_FLAG_DEFAULTS = {
-    "tensor-parallel-size": "1", "pipeline-parallel-size": "1",
-    "decode-context-parallel-size": "1", "data-parallel-size": "1",
-    "enable-expert-parallel": "false", "enforce-eager": "false", "language-model-only": "false",
-}  # fmt: skip
 # With more than one GPU NCCL needs memory outside vLLM's share: on 8 x RTX PRO 6000 "NCCL
 # error: Failed to CUDA calloc 10485760 bytes" at 0.95, "Reduce to --gpu-memory-utilization
 # 0.93" (voipmonitor/rtx6kpro models/kimi-k25.md).
 UTILIZATION_CAP_NCCL = 0.93
 UTILIZATION_CAP = 0.95
-DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default (CacheConfig)
 # What DCP costs: GLM-5.2 on 8 x RTX PRO 6000 decoded 39.6 -> 27.0 tok/s from DCP 1 to 8
 # (local-inference-lab/rtx6kpro issue 25).
 DCP_COST = "slower decode (GLM-5.2 on 8 x RTX PRO 6000: 39.6 -> 27.0 tok/s at DCP 8, rtx6kpro #25)"
@@ -86,27 +72,6 @@ class Gpus:
     memory: int | None
     platform: str = "cuda"
     amx: bool | None = None
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What vLLM logged of a start's memory (None where the log did not say), with the
-    utilization it ran at and whether its KV size was fixed (``kv-cache-memory-bytes``)."""
-
-    kv_tokens: int | None = None
-    concurrency: float | None = None
-    max_model_len: int | None = None
-    kv_memory: int | None = None
-    weights: int | None = None
-    version: str | None = None
-    flags: Mapping[str, str] = field(default_factory=dict)
-    utilization: float = DEFAULT_UTILIZATION
-    fixed_kv: bool = False
-
-    @property
-    def sized(self) -> bool:
-        """Whether the start got as far as sizing its KV cache."""
-        return self.kv_tokens is not None
 
 
 @dataclass(frozen=True)
@@ -208,7 +173,7 @@ def plan_capacity(
         args.get("max-num-seqs")
         or cap.default_max_num_seqs(gpus.platform, gpus.memory, parallel.tp * parallel.pp)
     )
-    flags = overhead_flags(args)
+    flags = cap.overhead_flags(args)
     weights = budget = overhead = None
     source = ""
     if args.get("kv-cache-memory-bytes"):
@@ -359,7 +324,7 @@ def overhead_prior(
         int(entry["overhead"])
         for entry in history
         if entry.get("overhead") is not None
-        and same_release(entry.get("vllm_version"), vllm_version)
+        and cap.same_release(entry.get("vllm_version"), vllm_version)
         and dict(entry.get("flags") or {}) == dict(flags)
         and entry.get("gpu_memory") == gpu_memory
     ]
@@ -374,29 +339,6 @@ def overhead_prior(
         str(args.get("load-format", "")) == "fastsafetensors",
     )
     return band, "default band (no earlier start here with this vLLM and these flags)"
-
-
-def same_release(logged: str | None, installed: str | None) -> bool:
-    """Whether a logged vLLM version is the installed one: equal, or equal but for a local
-    part one of them lacks (a CPU build logs ``0.32.0``, its package says ``0.32.0+cpu``)."""
-    if logged is None or installed is None:
-        return logged == installed
-    return (
-        logged == installed
-        or logged.split("+")[0] == installed.split("+")[0]
-        and ("+" not in logged or "+" not in installed)
-    )
-
-
-def overhead_flags(args: Mapping[str, Any]) -> dict[str, str]:
-    """The :data:`OVERHEAD_FLAGS` of serve arguments, as text, defaults left out."""
-    flags = {}
-    for name in OVERHEAD_FLAGS:
-        if name in args and args[name] is not None:
-            value = _text(args[name])
-            if _FLAG_DEFAULTS.get(name) != value:
-                flags[name] = value
-    return flags
 
 
 # -- reading the inputs ------------------------------------------------------------------------
@@ -564,44 +506,7 @@ def _entry_for(
     return record_entry(before, observed, host=host, gpu_memory=gpus.memory)
 
 
-# -- after a launch: vLLM's own figures --------------------------------------------------------
-
-
-def observed_in_log(text: str) -> Observed | None:
-    """vLLM's figures from a start's log: tokens, concurrency, KV memory, weights, version
-    and the overhead flags of its ``non-default args``; None when it says none of them."""
-    from opsbook.knowledge.logscan import line_grammar as said
-
-    found: dict[str, Any] = {}
-    for line in text.splitlines():
-        if "KV cache size" in line and (m := said.KV_CACHE_SIZE_SAID.search(line)):
-            found["kv_tokens"] = int(m["tokens"].replace(",", ""))
-        if "Maximum concurrency" in line and (m := said.MAX_CONCURRENCY_SAID.search(line)):
-            found["max_model_len"] = int(m["max_model_len"].replace(",", ""))
-            found["concurrency"] = float(m["concurrency"])
-        if "Available KV" in line and (m := said.KV_MEMORY_SAID.search(line)):
-            found["kv_memory"] = int(float(m["gib"]) * GIB)
-        if "Model loading took" in line and (m := said.WEIGHTS_MEMORY_SAID.search(line)):
-            found["weights"] = int(float(m["gib"]) * GIB)
-        if "version" not in found and (m := said.VLLM_VERSION_SAID.search(line)):
-            found["version"] = m["version"]
-        if "non-default args" in line and (m := said.NON_DEFAULT_ARGS_SAID.search(line)):
-            logged = _logged_args(m["args"])
-            found["flags"] = overhead_flags(logged)
-            found["utilization"] = float(logged.get("gpu-memory-utilization") or 0.9)
-            found["fixed_kv"] = bool(logged.get("kv-cache-memory-bytes"))
-    keys = ("kv_tokens", "kv_memory", "weights")
-    return Observed(**found) if any(k in found for k in keys) else None
-
-
-def _logged_args(text: str) -> dict[str, Any]:
-    """The simple ``'name': value`` pairs of a logged ``non-default args`` dict, keyed by CLI
-    spelling (nested dicts and reprs of objects are not needed and not parsed)."""
-    found: dict[str, Any] = {}
-    for name, value in re.findall(r"'(\w+)': ('[^']*'|True|False|None|-?[\d.]+)", text):
-        # The top level comes first; a nested config's key of the same name does not count.
-        found.setdefault(name.replace("_", "-"), None if value == "None" else value.strip("'"))
-    return found
+# -- after a launch: vLLM's figures beside the prediction -------------------------------------
 
 
 def record_entry(
@@ -782,18 +687,12 @@ def _count(value: int) -> str:
     return f"{value:,}"
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value).lower() if str(value) in ("True", "False") else str(value)
-
-
 def _true(value: Any) -> bool:
-    return _text(value) in ("true", "1", "yes")
+    return flag_text(value) in ("true", "1", "yes")
 
 
 def _yaml(value: Any) -> str:
-    return _text(value) if isinstance(value, bool) else str(value)
+    return flag_text(value) if isinstance(value, bool) else str(value)
 
 
 def _slug(text: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from opsbook.core.exceptions import DeploymentError
+from opsbook.knowledge import capacity
 from opsbook.knowledge.compat import facts_from_texts
 from opsbook.remote.probes.shard_read import DTYPE_BITS
 from opsbook.remote.testing import LocalHost
@@ -114,7 +115,7 @@ GLM_ARGS = {
 
 
 def test_the_glm51_log_s_figures_are_read() -> None:
-    seen = plan.observed_in_log(glm_log())
+    seen = capacity.observed_in_log(glm_log())
     assert seen is not None
     assert (seen.kv_tokens, seen.concurrency, seen.max_model_len) == (2_720_768, 13.42, 202_752)
     assert seen.kv_memory == int(19.47 * GIB) and seen.weights == int(55.67 * GIB)
@@ -126,7 +127,7 @@ def test_the_glm51_log_s_figures_are_read() -> None:
 
 
 def test_the_glm51_plan_from_the_logged_kv_memory_is_within_0_1_percent() -> None:
-    seen = plan.observed_in_log(glm_log())
+    seen = capacity.observed_in_log(glm_log())
     assert seen is not None and seen.kv_memory is not None
     args = {**GLM_ARGS, "kv-cache-memory-bytes": seen.kv_memory}
     found = plan.plan_capacity(glm_checkpoint(), args, RTX_PRO_6000)
@@ -136,7 +137,7 @@ def test_the_glm51_plan_from_the_logged_kv_memory_is_within_0_1_percent() -> Non
 
 
 def test_a_start_s_record_feeds_the_next_plan_its_overhead(tmp_path: Path) -> None:
-    seen = plan.observed_in_log(glm_log())
+    seen = capacity.observed_in_log(glm_log())
     assert seen is not None
     checkpoint = glm_checkpoint()
     weights = plan.plan_capacity(
@@ -154,7 +155,7 @@ def test_a_start_s_record_feeds_the_next_plan_its_overhead(tmp_path: Path) -> No
     assert len(history) == 1
     flags = {**GLM_ARGS, "load-format": "fastsafetensors", "quantization": "modelopt_fp4",
              "max-num-batched-tokens": 8192, "max-cudagraph-capture-size": 256}  # fmt: skip
-    assert plan.overhead_flags(flags) == entry["flags"]
+    assert capacity.overhead_flags(flags) == entry["flags"]
     checkpoint_with_weights = plan.Checkpoint(
         "glm", checkpoint.config, checkpoint.facts, (("model.layers.0.mlp.experts.*.w", 0),), 1
     )
@@ -192,7 +193,7 @@ REAL_LOGS = {
 @pytest.mark.parametrize("name", sorted(REAL_LOGS))
 def test_the_plan_says_what_the_real_tier_logged(name: str) -> None:
     config, args, amx = REAL_LOGS[name]
-    seen = plan.observed_in_log((DATA / "logs" / "real-vllm" / name).read_text())
+    seen = capacity.observed_in_log((DATA / "logs" / "real-vllm" / name).read_text())
     assert seen is not None and seen.version == "0.32.0"
     facts = facts_from_texts({"config.json": json.dumps(config)})
     checkpoint = plan.Checkpoint(name, config, facts, (), 1)
@@ -298,10 +299,10 @@ def test_a_cpu_build_of_vllm_plans_on_the_cpu_platform_whatever_nvidia_smi_says(
 
 
 def test_a_logged_version_is_the_installed_one_but_for_a_local_part() -> None:
-    assert plan.same_release("0.32.0", "0.32.0+cpu")
-    assert plan.same_release("0.20.2rc1.dev249+glm", "0.20.2rc1.dev249+glm")
-    assert not plan.same_release("0.20.2rc1.dev249+glm", "0.20.2rc1.dev249+other")
-    assert not plan.same_release("0.32.0", "0.33.0")
+    assert capacity.same_release("0.32.0", "0.32.0+cpu")
+    assert capacity.same_release("0.20.2rc1.dev249+glm", "0.20.2rc1.dev249+glm")
+    assert not capacity.same_release("0.20.2rc1.dev249+glm", "0.20.2rc1.dev249+other")
+    assert not capacity.same_release("0.32.0", "0.33.0")
 
 
 def write_deployment(folder: Path, model: Path, args: dict[str, Any]) -> Path:
