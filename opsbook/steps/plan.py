@@ -97,6 +97,7 @@ class CapacityPlan(Result):
     verdict: str
     shape: cap.KvShape
     weights: cap.Weights | None
+    weights_logged: int | None
     budget: int | None
     overhead: tuple[int, int] | None
     overhead_source: str
@@ -120,6 +121,9 @@ class CapacityPlan(Result):
         if self.weights is not None:
             rows.append(["weights per GPU", _gib(self.weights.per_rank),
                          f"of {_gib(self.weights.total)} in the safetensors headers"])  # fmt: skip
+        if self.weights_logged is not None:
+            rows.append(["weights per GPU, vLLM's", _gib(self.weights_logged),
+                         "'Model loading took' of the earlier starts: used"])  # fmt: skip
         if self.budget is not None and self.overhead is not None:
             rows += [
                 ["budget per GPU", _gib(self.budget), "GPU memory x gpu-memory-utilization"],
@@ -174,7 +178,7 @@ def plan_capacity(
         or cap.default_max_num_seqs(gpus.platform, gpus.memory, parallel.tp * parallel.pp)
     )
     flags = cap.overhead_flags(args)
-    weights = budget = overhead = None
+    weights = budget = overhead = logged = None
     source = ""
     if args.get("kv-cache-memory-bytes"):
         exact = _memory_bytes(args["kv-cache-memory-bytes"])
@@ -189,10 +193,12 @@ def plan_capacity(
         )
         memory = _gpu_memory(gpus)
         budget = int(memory * utilization)
-        overhead, source = overhead_prior(
+        overhead, source, logged = overhead_prior(
             history, vllm_version, flags, checkpoint, args, gpus.memory
         )
-        kv_memory = cap.kv_memory_band(memory, utilization, weights.per_rank, overhead)
+        # With a learned overhead the weights are vLLM's own figure it was measured against.
+        held = weights.per_rank if logged is None else logged
+        kv_memory = cap.kv_memory_band(memory, utilization, held, overhead)
     low = cap.kv_capacity(kv_memory[0], shape, max_model_len)
     high = cap.kv_capacity(kv_memory[1], shape, max_model_len)
     one = cap.one_request_bytes(shape, max_model_len)
@@ -203,6 +209,7 @@ def plan_capacity(
         verdict=verdict,
         shape=shape,
         weights=weights,
+        weights_logged=logged,
         budget=budget,
         overhead=overhead,
         overhead_source=source,
@@ -317,28 +324,28 @@ def overhead_prior(
     checkpoint: Checkpoint,
     args: Mapping[str, Any],
     gpu_memory: int | None,
-) -> tuple[tuple[int, int], str]:
-    """The non-KV overhead band and where it comes from: the median of this host's earlier
-    starts with the same vLLM version, flags and GPU memory, else the default band."""
-    measured = [
-        int(entry["overhead"])
+) -> tuple[tuple[int, int], str, int | None]:
+    """The non-KV overhead band, where it comes from, and the weights per GPU it was measured
+    against (vLLM's "Model loading took", None with the default band): the median of this
+    host's earlier starts with the same vLLM version, flags and GPU memory."""
+    alike = [
+        entry
         for entry in history
         if entry.get("overhead") is not None
         and cap.same_release(entry.get("vllm_version"), vllm_version)
         and dict(entry.get("flags") or {}) == dict(flags)
         and entry.get("gpu_memory") == gpu_memory
     ]
-    if measured:
-        band = cap.learned_overhead(measured)
-        return (
-            band,
-            f"learned: median of {len(measured)} earlier start(s) here, vLLM {vllm_version}",
-        )
+    if alike:
+        band = cap.learned_overhead([int(entry["overhead"]) for entry in alike])
+        weights = sorted(int(entry["observed"]["weights"]) for entry in alike)
+        told = f"learned: median of {len(alike)} earlier start(s) here, vLLM {vllm_version}"
+        return band, told, weights[len(weights) // 2]
     band = cap.default_overhead(
         checkpoint.multimodal and not _true(args.get("language-model-only")),
         str(args.get("load-format", "")) == "fastsafetensors",
     )
-    return band, "default band (no earlier start here with this vLLM and these flags)"
+    return band, "default band (no earlier start here with this vLLM and these flags)", None
 
 
 # -- reading the inputs ------------------------------------------------------------------------

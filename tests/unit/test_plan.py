@@ -165,6 +165,10 @@ def test_a_start_s_record_feeds_the_next_plan_its_overhead(tmp_path: Path) -> No
     assert learned.overhead_source.startswith("learned: median of 1")
     assert learned.overhead is not None
     assert learned.overhead[0] < entry["overhead"] < learned.overhead[1]
+    # Planned again as it was started, the learned plan brackets what vLLM logged.
+    assert learned.weights_logged == int(55.67 * GIB)
+    assert learned.tokens[0] <= 2_720_768 <= learned.tokens[1]
+    assert "learned" in str(learned.table()) and "vLLM's" in str(learned.table())
     other = plan.plan_capacity(
         checkpoint_with_weights, flags, RTX_PRO_6000, vllm_version="0.33.0", history=history
     )
