@@ -660,17 +660,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(TERMINAL.capacity_plan(found, "offline"))
         return runner.EXIT_OK if found.ok else runner.EXIT_PROBLEM
     from opsbook.remote.hosts import HostGroup
-
-    ok = True
     from opsbook.runner.execution import limit_hosts
 
     names = limit_hosts(deployment, args.limit) if args.limit else ()
     group = HostGroup.from_deployment(deployment, names=names)
-    for host in group.hosts:
-        record = plan.history_path(runs, deployment.name, host.name)
-        found = plan.plan_on_host(host, deployment, record=record)
-        print(TERMINAL.capacity_plan(found, host.name))
-        ok = ok and found.ok
+    ok = True
+    try:
+        for host in group.hosts:
+            record = plan.history_path(runs, deployment.name, host.name)
+            found = plan.plan_on_host(host, deployment, record=record)
+            print(TERMINAL.capacity_plan(found, host.name))
+            ok = ok and found.ok
+    finally:
+        group.close()
     return runner.EXIT_OK if ok else runner.EXIT_PROBLEM
 
 

@@ -45,7 +45,8 @@ INDEXER_QUANT_BLOCK = 128
 INDEXER_SCALE_BYTES = 4
 # Block sizes (tokens per KV page). On CUDA the MLA backends page by 64 ("Setting kv cache
 # block size to 64 for DEEPSEEK_V32_INDEXER backend", the GLM-5.1 log; FlashMLA's kernels take
-# 64 only), the others by 16 (CacheConfig's default). On CPU (0.32.0 vllm/platforms/cpu.py,
+# 64 only), the others by 16 (0.32.0 vllm/config/cache.py, CacheConfig.DEFAULT_BLOCK_SIZE, unless
+# the backend prefers another: vllm/platforms/interface.py). On CPU (0.32.0 vllm/platforms/cpu.py,
 # check_and_update_config): 16 for the reference CPU MLA kernel whatever is asked, else 128
 # unless --block-size is given.
 CUDA_BLOCK = 16

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GIB = 2**30
-DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default (CacheConfig)
+# vLLM's --gpu-memory-utilization default (0.32.0 vllm/config/cache.py, CacheConfig; 0.9 in
+# releases before): what a start ran at when its log does not name it.
+DEFAULT_UTILIZATION = 0.92
 # The flags that move a start's non-KV memory (activations, CUDA graphs, NCCL, the loader,
 # the encoder): an earlier run's measured overhead is a prior only when these match, with the
 # same vLLM version. KV dtype, max-model-len and utilization leave it as it is, so that the
@@ -73,7 +75,8 @@ def observed_in_log(text: str) -> Observed | None:
         if "non-default args" in line and (m := said.NON_DEFAULT_ARGS_SAID.search(line)):
             logged = _logged_args(m["args"])
             found["flags"] = overhead_flags(logged)
-            found["utilization"] = float(logged.get("gpu-memory-utilization") or 0.9)
+            utilization = logged.get("gpu-memory-utilization") or DEFAULT_UTILIZATION
+            found["utilization"] = float(utilization)
             found["fixed_kv"] = bool(logged.get("kv-cache-memory-bytes"))
     keys = ("kv_tokens", "kv_memory", "weights")
     return Observed(**found) if any(k in found for k in keys) else None
