@@ -60,7 +60,7 @@ class Checkpoint:
 
     @property
     def multimodal(self) -> bool:
-        return any(cap.tensor_kind(name) in ("encoder", "skipped") for name, _ in self.tensors)
+        return any(cap.tensor_kind(name) == "encoder" for name, _ in self.tensors)
 
 
 @dataclass(frozen=True)
