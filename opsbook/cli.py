@@ -277,6 +277,31 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="every source of the diagnosis, not the first"
     )
     diag.set_defaults(handler=cmd_diagnose)
+
+    cap = sub.add_parser(
+        "plan", help="the capacity plan: KV tokens, whether the start fits, the knobs"
+    )
+    cap.add_argument("-f", "--deployment", required=True, help="deployment YAML file")
+    cap.add_argument(
+        "--offline",
+        action="store_true",
+        help="no SSH: read config.json and the shard headers from --model-dir",
+    )
+    cap.add_argument(
+        "--model-dir", help="offline: a local copy of the checkpoint (default: model.path)"
+    )
+    cap.add_argument(
+        "--gpu-memory", type=_positive, metavar="MIB", help="offline: each GPU's memory in MiB"
+    )
+    cap.add_argument(
+        "--platform", choices=["cuda", "cpu"], default="cuda", help="offline: vLLM's platform"
+    )
+    cap.add_argument("--vllm-version", type=_release, help="offline: the vLLM release to plan")
+    cap.add_argument(
+        "--runs-dir", default="runs", help="where the capacity record is kept (default: runs)"
+    )
+    cap.add_argument("--limit", default=None, metavar="HOSTS", help=LIMIT_HELP)
+    cap.set_defaults(handler=cmd_plan)
     return parser
 
 
@@ -695,6 +720,44 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     else:
         print(diagnosis.describe(every_source=args.verbose))
     return runner.EXIT_OK if diagnosis.ok else runner.EXIT_PROBLEM
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Plan each host's start (or the offline copy's); exit 1 when a start will or may stop."""
+    from opsbook.steps import plan
+
+    with without_pydantic_plugins():
+        from opsbook.core.deployment import load_deployment
+
+        deployment = load_deployment(args.deployment)
+    runs = Path(args.runs_dir)
+    if args.offline:
+        history = plan.deployment_history(runs, deployment.name)
+        found = plan.plan_offline(
+            deployment,
+            args.model_dir or deployment.model_path,
+            args.gpu_memory * 2**20 if args.gpu_memory else None,
+            platform=args.platform,
+            vllm_version=args.vllm_version,
+            history=history,
+        )
+        print(TERMINAL.capacity_plan(found, "offline"))
+        return runner.EXIT_OK if found.ok else runner.EXIT_PROBLEM
+    from opsbook.remote.hosts import HostGroup
+    from opsbook.runner.execution import limit_hosts
+
+    names = limit_hosts(deployment, args.limit) if args.limit else ()
+    group = HostGroup.from_deployment(deployment, names=names)
+    ok = True
+    try:
+        for host in group.hosts:
+            record = plan.history_path(runs, deployment.name, host.name)
+            found = plan.plan_on_host(host, deployment, record=record)
+            print(TERMINAL.capacity_plan(found, host.name))
+            ok = ok and found.ok
+    finally:
+        group.close()
+    return runner.EXIT_OK if ok else runner.EXIT_PROBLEM
 
 
 def _read_log(name: str) -> BinaryIO:

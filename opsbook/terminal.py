@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from opsbook.core.channel import StageProgress
 from opsbook.core.results import HostRecap, HostResult, State
+
+if TYPE_CHECKING:
+    from opsbook.steps.plan import CapacityPlan
 
 # Columns of a result line before its message (results.HostResult.line): stage, host, state,
 # time; a message that does not fit beside them goes under them, indented as the remedy is.
@@ -156,3 +159,11 @@ class Terminal:
     def plain(self, *lines: str) -> None:
         for line in lines:
             print(line, file=self.out, flush=True)
+
+    def capacity_plan(self, plan: CapacityPlan, where: str) -> str:
+        """A capacity plan as the command prints it: where, the verdict, the figures, the
+        knobs (the exact edits of the deployment file), plain text."""
+        lines = [f"{where}: {plan.message}", "", str(plan.table())]
+        if plan.knobs:
+            lines += ["", "knobs, best first:", str(plan.knobs_table())]
+        return "\n".join(lines) + "\n"

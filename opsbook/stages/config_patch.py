@@ -7,11 +7,12 @@ from dataclasses import dataclass, replace
 
 from opsbook.core.deployment import Deployment
 from opsbook.core.diffs import Diff
+from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge import compat
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import HostChoice, Note, Report, StageRun, concurrently, limited
-from opsbook.steps import host_facts, patch
+from opsbook.steps import host_facts, patch, plan
 from opsbook.steps.shard_check import format_bytes
 
 
@@ -140,7 +141,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
             f"KV-cache budget per GPU {budget / 2**30:.1f} GiB (first estimate, for the "
             f"{checkpoint.shards} shard(s)' {format_bytes(checkpoint.weight_bytes)} on disk)"
         ),
-        compat.kv_tradeoff_table(budget, model),
+        *_capacity_shows(host, deployment, found, version),
     ]
     if options.restore:
         restored = patch.restore_patch(host, deployment.model_path)
@@ -176,6 +177,19 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     )
     verdict = patch.patch_verdict(before, applied, plan=plan)
     return Report(State.CHANGED if verdict.ok else State.FAILED, verdict, shows)
+
+
+def _capacity_shows(
+    host: RemoteHost, deployment: Deployment, found: host_facts.HostFacts, version: str | None
+) -> list[object]:
+    """The capacity plan (KV tokens, whether the start fits, the knobs), or why it was not
+    made: it is advice, and a checkpoint it cannot size is still patched."""
+    try:
+        made = plan.plan_on_host(host, deployment, found=found, vllm_version=version)
+    except OpsbookError as e:
+        remedy = f" ({e.remedy})" if e.remedy else ""
+        return [Note(f"capacity plan not made: {e.message}{remedy}")]
+    return [made, made.table(), *([made.knobs_table()] if made.knobs else [])]
 
 
 def _model_and_backends(

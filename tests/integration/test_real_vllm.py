@@ -265,6 +265,14 @@ def report(name: str, outcome: Outcome) -> None:
     print(f"\n[real vLLM] {name}: {outcome.seconds:.1f} s to the verdict ({outcome.failure})")
 
 
+def assert_the_plan_said_what_vllm_logged(host: Host, dep: Deployment, record: Path) -> None:
+    """The capacity plan of this start equals vLLM's figures (tests/integration/test_plan.py,
+    imported here: it imports this module's fixtures)."""
+    from tests.integration import test_plan
+
+    test_plan.assert_the_plan_said_what_vllm_logged(host, dep, record)
+
+
 # -- the runbook on the real server -----------------------------------------------------------
 
 
@@ -292,7 +300,9 @@ def test_the_launch_script_s_flags_pass_vllm_s_own_parser(rig: Rig) -> None:
     assert wrong.exit_code == 2 and "unrecognized arguments: --no-such-flag" in wrong.stderr
 
 
-def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) -> None:
+def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(
+    rig: Rig, tmp_path: Path
+) -> None:
     began = time.monotonic()
     started = rig.start()
     assert started.ok, str(started)
@@ -311,6 +321,7 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     titles = sorted(cmdline(p).split()[0] for p in group(pid))
     assert "VLLM::EngineCore" in titles and "VLLM::Worker" in titles, titles
     assert rig.state().state == "ready"
+    assert_the_plan_said_what_vllm_logged(rig.host, rig.dep, tmp_path / "capacity.jsonl")
 
     stop_began = time.monotonic()
     stopped = server.stop_server(rig.host, rig.paths, grace=10)
@@ -358,7 +369,9 @@ def test_the_cpu_flag_read_here_is_torch_s_answer_that_vllm_reads(rig: Rig, cpu:
     assert answer.stdout.strip().splitlines()[-1] == str("amx_tile" in cpu.flags)
 
 
-def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(rig: Rig, cpu: Cpu) -> None:
+def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(
+    rig: Rig, cpu: Cpu, tmp_path: Path
+) -> None:
     """The control for the two MLA failures below: the same model serves, so what kills them
     is the FP8 KV cache and the head size, not the model. The backend is the one vLLM picks
     for this CPU, and only it."""
@@ -370,6 +383,7 @@ def test_the_mla_model_serves_a_completion_with_its_default_kv_cache(rig: Rig, c
     smoke = server.smoke_test(rig.host, dep.server_port)
     assert smoke.ok, str(smoke)
     assert_mla_backend(rig.log(), cpu.mla_backend)
+    assert_the_plan_said_what_vllm_logged(rig.host, dep, tmp_path / "capacity.jsonl")
 
 
 def assert_mla_backend(log: str, backend: str) -> None:

@@ -257,11 +257,13 @@ def test_the_config_patch_stage_reads_only_what_its_prediction_needs(tmp_path) -
     model = make_checkpoint(tmp_path / "m", shards=3)
     doc = {"hosts": ["a"], "model": {"path": str(model)}, "python": "/usr/bin/python3"}
     env = probe_env(smi, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    answers = {name: local_probe(name, env=env) for name in ("facts", "configs", "backends")}
+    read = ("facts", "configs", "backends", "weight_table", "launch")
+    answers = {name: local_probe(name, env=env) for name in read}
     host = FakeHost("a", probes=answers)
     report = stages.config_patch.run(host, parse_deployment(doc), stages.config_patch.Options())
     asked = dict(host.probe_args)
-    assert sorted(asked) == ["backends", "configs", "facts"]
+    # The capacity plan adds the shard headers (weight_table) and the last launch's log.
+    assert sorted(asked) == ["backends", "configs", "facts", "launch", "weight_table"]
     assert asked["facts"]["parts"] == ["nvidia_smi", "python"]
     weights = sum(p.stat().st_size for p in model.glob("*.safetensors"))
     [budget] = [s for s in report.shows if str(s).startswith("KV-cache budget")]

