@@ -213,9 +213,7 @@ def gather_facts(
     if parts:
         args["parts"] = list(parts)
     answer = host.probe("facts", args, timeout=PROBE_TIMEOUT)
-    found = facts_from_probe(
-        answer, host=deployment.host.name, server_port=deployment.server_port
-    )
+    found = facts_from_probe(answer, host=deployment.host.name, server_port=deployment.server_port)
     if not parts and key is not None:
         with _RUN_READINGS_LOCK:
             _RUN_READINGS[key] = found
