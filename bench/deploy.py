@@ -13,6 +13,17 @@ checkpoint already patched (a first, untimed opsbook deploy does it). Runs take 
 medians are printed with the ratio and issue 16's goal (at most 2x), and opsbook's own
 per-stage times from its record.
 
+Then, the server up and ready (issue 37), each pair taking turns in the same run:
+
+* a deploy with nothing to do (``opsbook run deploy`` on the ready, unchanged host) against
+  ``opsbook check`` of the same host: the health check is what an operator runs to learn that
+  nothing needs doing (goal: at most 2x);
+* a dry-run deploy (``-p apply false``) against its remote work: the same six stages run in
+  one process over connections kept from stage to stage (``stages.run_stage``, as the
+  deploy's shared kernel keeps them), with no kernel, no notebook and no record; the ratio is
+  the notebook path's fixed cost (goal: at most 1.5x). The remote commands' own seconds, from
+  the dry run's journal, are printed beside it.
+
 Usage: ``.venv/bin/python bench/deploy.py [--runs 5] [--address 127.0.4.60]``
 """
 
@@ -41,6 +52,23 @@ from opsbook.steps import server
 from opsbook.steps.script import render_script
 
 GOAL = 2.0
+GOAL_NO_OP = 2.0
+GOAL_DRY = 1.5
+# The deploy's stages in one process, over the connections kept from stage to stage (the
+# environment sets that, as the runner does for its kernel): the dry run's remote work.
+IN_PROCESS = """
+import sys
+from opsbook import stages
+from opsbook.core.deployment import load_deployment
+stages.import_runbook()
+dep = load_deployment(sys.argv[1])
+for stage in (*stages.DEPLOY, stages.DIAGNOSE):
+    names = {p.name for p in stages.parameters_of(stage)}
+    options = {"apply": False} if "apply" in names else {}
+    done = stages.run_stage(stage, dep, on_result=None, **options)
+    if any(r.state.value in ("failed", "unreachable") for r in done.results):
+        sys.exit(f"{stage.name}: {[r.message for r in done.results]}")
+"""
 PLAIN_PID = "plain.pid"
 
 PLAIN = r"""
@@ -188,6 +216,10 @@ def main() -> int:
                 if done.returncode != 0:
                     raise SystemExit(f"the plain script failed: {done.stderr[-2000:]}")
             stop_all(host, paths)
+            ready = run.run_deploy(box.deployment_path, work / "runs")
+            print(f"server started again for the rows below: {ready.status}")
+            no_op, dry = with_server_ready(box.deployment_path, work, args.runs)
+            stop_all(host, paths)
     finally:
         sandboxes.down(work / "box")
         shutil.rmtree(work, ignore_errors=True)
@@ -200,9 +232,57 @@ def main() -> int:
         mine / theirs,
         f"<= {GOAL:g}x: {benchtable.verdict(mine <= GOAL * theirs)}",
     )
+    (ours_no_op, check), (ours_dry, in_process, remote) = no_op, dry
+    benchtable.row(
+        "deploy with nothing to do (ready, unchanged host)",
+        benchtable.seconds(ours_no_op),
+        f"opsbook check {benchtable.seconds(check)}",
+        ours_no_op / check,
+        f"<= {GOAL_NO_OP:g}x: {benchtable.verdict(ours_no_op <= GOAL_NO_OP * check)}",
+    )
+    benchtable.row(
+        "dry-run deploy (-p apply false)",
+        benchtable.seconds(ours_dry),
+        f"its stages in one process {benchtable.seconds(in_process)}",
+        ours_dry / in_process,
+        f"<= {GOAL_DRY:g}x: {benchtable.verdict(ours_dry <= GOAL_DRY * in_process)}",
+    )
+    print(f"the dry run's remote commands (journal, median): {remote:.2f} s")
     shown = ", ".join(f"{k} {statistics.median(v):.1f} s" for k, v in stage_times.items())
     print(f"opsbook's stages (median of the record's durations): {shown}")
     return 0
+
+
+def with_server_ready(
+    deployment: Path, work: Path, runs: int
+) -> tuple[tuple[float, float], tuple[float, float, float]]:
+    """Medians of a no-op deploy and ``opsbook check``, then of a dry-run deploy, its stages
+    in one process, and the remote commands of its journal."""
+    deploy = [sys.executable, "-m", "opsbook", "run", "deploy", "-f", str(deployment)]
+    deploy += ["--runs-dir", str(work / "runs")]
+    check = [sys.executable, "-m", "opsbook", "check", "-f", str(deployment)]
+    (no_op, code), (health, _) = benchtable.interleaved(runs, deploy, check)
+    if code != 0:
+        raise SystemExit(f"the deploy with nothing to do exited {code}")
+    journal = work / "in-process.jsonl"
+    in_process = ["env", "OPSBOOK_KEEP_CONNECTIONS=1", f"OPSBOOK_JOURNAL={journal}"]
+    in_process += [sys.executable, "-c", IN_PROCESS, str(deployment)]
+    (dry, code), (alone, code_alone) = benchtable.interleaved(
+        runs, [*deploy, "-p", "apply", "false"], in_process
+    )
+    if code != 0 or code_alone != 0:
+        raise SystemExit(f"the dry runs exited {code} (opsbook) and {code_alone} (in process)")
+    return (no_op, health), (dry, alone, remote_seconds(work / "runs"))
+
+
+def remote_seconds(runs: Path) -> float:
+    """The median over the dry runs' journals of their remote commands' seconds."""
+    sums = []
+    for summary in runs.glob("*/summary.json"):
+        if json.loads(summary.read_text()).get("dry_run"):
+            lines = (summary.parent / "journal.jsonl").read_text().splitlines()
+            sums.append(sum(json.loads(line)["duration"] for line in lines))
+    return statistics.median(sums) if sums else float("nan")
 
 
 def collect_stage_times(stdout: str, into: dict[str, list[float]]) -> None:

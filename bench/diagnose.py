@@ -8,11 +8,16 @@ every 10,000 lines) up to the size asked for, then a last startup that failed
 with the peak RSS from ``wait4``:
 
 * ``opsbook diagnose --log FILE`` (the whole CLI: interpreter start, imports, the scan);
-* ``grep -c`` of a fixed word on the same file: the strongest plain way to touch every line;
-* the same two on a small real log (``ready-4.log``).
+* ``grep -a -E`` of the failure catalogue's fatal patterns (every error class's patterns as one
+  POSIX regex, :mod:`plainways`) on the same file: the plain way an operator finds the failure
+  lines of a log, and what the diagnosis does at the least (it also judges the startups,
+  phases and root cause);
+* the same two on a small real log (``ready-4.log``) and on a crash-looping server's log
+  (``--startups`` startups that each failed, one file).
 
 It prints the figures, then the table rows (issue 16's goals: 500 MB in at most 10 s and
-100 MB; a small log in under 0.5 s; ``/dev/zero`` refused with exit 2 in bounded memory).
+100 MB; a small log in under 0.5 s; ``/dev/zero`` refused with exit 2 in bounded memory; issue
+37's: the crash-looping log within 5x the ``grep -E``).
 ``--worst-mb`` also times a log made only of the real logs concatenated (three lines of four
 are lines of interest there: the hardest case for the screen).
 
@@ -32,6 +37,7 @@ import time
 from pathlib import Path
 
 import benchtable
+import plainways
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "tests" / "data" / "logs"
@@ -39,6 +45,7 @@ GNU_TIME = "/usr/bin/time"
 GOAL_SECONDS = 10.0
 GOAL_RSS_MB = 100.0
 GOAL_SMALL_SECONDS = 0.5
+GOAL_CRASHLOOP_RATIO = 5.0
 CRASHLOOP_STARTUP_BYTES = 30_000
 METRICS = (
     "(APIServer pid=155) INFO 11-28 16:{m:02d}:{s:02d} [loggers.py:127] Engine 000: Avg prompt"
@@ -120,18 +127,14 @@ def opsbook_diagnose(path: Path) -> list[str]:
     return [sys.executable, "-m", "opsbook.cli", "diagnose", "--log", str(path)]
 
 
-def grep_count(path: Path) -> list[str]:
-    return ["grep", "-c", "-F", "Application startup complete", str(path)]
-
-
 def compare(label: str, path: Path) -> tuple[float, float, float]:
     """opsbook's seconds and RSS, and grep's seconds, each printed as figures."""
     ours = measure(opsbook_diagnose(path))
-    plain = measure(grep_count(path))
+    plain = measure(plainways.grep_fatal(path))
     size = path.stat().st_size / 1e6
     print(f"{label} ({size:.1f} MB):")
     print(f"  opsbook diagnose --log: {ours[0]:7.3f} s, max RSS {ours[1]:6.1f} MB (exit {ours[2]})")
-    print(f"  grep -c              : {plain[0]:7.3f} s, max RSS {plain[1]:6.1f} MB")
+    print(f"  grep -E fatal lines  : {plain[0]:7.3f} s, max RSS {plain[1]:6.1f} MB")
     return ours[0], ours[1], plain[0]
 
 
@@ -158,7 +161,7 @@ def main() -> int:
             (
                 f"diagnose --log, {args.mb} MB log",
                 f"{seconds:.2f} s, {rss:.0f} MB",
-                f"grep -c {grep:.2f} s",
+                f"grep -E {grep:.2f} s",
                 seconds / grep,
                 f"<= {GOAL_SECONDS:.0f} s, <= {GOAL_RSS_MB:.0f} MB: {benchtable.verdict(met)}",
             )
@@ -170,7 +173,7 @@ def main() -> int:
             (
                 "diagnose --log, small log (process start included)",
                 f"{small:.3f} s, {small_rss:.0f} MB",
-                f"grep -c {small_grep:.3f} s",
+                f"grep -E {small_grep:.3f} s",
                 small / small_grep,
                 f"<= {GOAL_SMALL_SECONDS} s: {benchtable.verdict(small <= GOAL_SMALL_SECONDS)}",
             )
@@ -184,10 +187,12 @@ def main() -> int:
             (
                 f"diagnose --log, {args.startups} startups in one log",
                 f"{loop:.2f} s, {loop_rss:.0f} MB",
-                f"grep -c {loop_grep:.2f} s",
+                f"grep -E {loop_grep:.2f} s",
                 loop / loop_grep,
-                f"<= {GOAL_SECONDS:.0f} s, <= {GOAL_RSS_MB:.0f} MB: "
-                + benchtable.verdict(loop <= GOAL_SECONDS and loop_rss <= GOAL_RSS_MB),
+                f"<= {GOAL_CRASHLOOP_RATIO:g}x grep -E, <= {GOAL_RSS_MB:.0f} MB: "
+                + benchtable.verdict(
+                    loop <= GOAL_CRASHLOOP_RATIO * loop_grep and loop_rss <= GOAL_RSS_MB
+                ),
             )
         )
         zero, zero_rss, code = measure([*opsbook_diagnose(Path("/dev/zero"))])
@@ -209,7 +214,7 @@ def main() -> int:
                 (
                     f"  secondary: {args.worst_mb} MB of real logs only",
                     f"{w:.2f} s, {w_rss:.0f} MB",
-                    f"grep -c {w_grep:.2f} s",
+                    f"grep -E {w_grep:.2f} s",
                     w / w_grep,
                     "(worst case)",
                 )
@@ -221,7 +226,9 @@ def main() -> int:
             for path in folder.iterdir():
                 path.unlink()
             folder.rmdir()
-    benchtable.header("logs of any size: opsbook diagnose --log vs grep -c (same file, one run)")
+    benchtable.header(
+        "logs of any size: opsbook diagnose --log vs grep -E of the fatal patterns (same file)"
+    )
     for row in rows:
         benchtable.row(*row)
     return 0

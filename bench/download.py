@@ -18,8 +18,10 @@ one open SSH connection, taking turns, best of ``--repeat``:
   against the shards' known sha256, and ``xargs -P2 openssl dgst -sha256`` over the same open
   connection (the strongest plain way); MB/s, read from the page cache by both.
 
-Goal (issue 16): within 1.5x of the ``python3 -`` script at every size, and opsbook's time
-growing less than 2x from 119 to 1,190 shards.
+Goal (issue 37): within 1.5x of the ``python3 -`` script at 119, 1,190 and 11,900 shards,
+and opsbook's time growing no more than the script's from each size to the next, measured in
+the same run (the old "under 2x from 119 to 1,190" is not reachable on 2 shared cores: the
+script itself grows 2.2-5.8x there).
 
 Usage: ``.venv/bin/python bench/download.py [--shards 119,1190,11900] [--repeat 5]
 [--address 127.0.4.50]`` (as
@@ -54,7 +56,6 @@ from opsbook.steps import shard_check
 
 ADDRESS = "127.0.4.50"
 GOAL_RATIO = 1.5
-GOAL_GROWTH = 2.0
 HASH_SHARDS = 8
 OPENSSL_HASH = (
     "cd -- {folder} && printf '%s\\0' *.safetensors | xargs -0 -P2 -n1 openssl dgst -sha256"
@@ -271,15 +272,15 @@ def main() -> None:
             ours / find,
             "(find reads no header)",
         )
-    if 119 in figures and 1190 in figures:
-        growth = figures[1190][0] / figures[119][0]
-        plain_growth = figures[1190][1] / figures[119][1]
+    for smaller, larger in zip(sizes, sizes[1:], strict=False):
+        growth = figures[larger][0] / figures[smaller][0]
+        plain_growth = figures[larger][1] / figures[smaller][1]
         benchtable.row(
-            "download check growth 119 -> 1,190 shards",
+            f"download check growth {smaller:,} -> {larger:,} shards",
             f"{growth:.2f}x",
             f"python3 - {plain_growth:.2f}x",
-            None,
-            f"< {GOAL_GROWTH:g}x: {benchtable.verdict(growth < GOAL_GROWTH)}",
+            growth / plain_growth,
+            f"no more than the script's: {benchtable.verdict(growth <= plain_growth)}",
         )
     if per_shard is not None:
         shards, seconds = per_shard

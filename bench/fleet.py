@@ -8,6 +8,13 @@ stage's fan-out alone (:func:`opsbook.stages.run_stage` in this process). Each f
 best of ``--repeat`` runs. Goal: 16 hosts in at most 2.0 x the time of one, for both stages:
 the round trip, not the host count, should set the time.
 
+The plain way, measured in the same run on the same hosts: one ``ssh`` per host, all at once
+(a shell loop with ``&`` and ``wait``, as ``xargs -P`` would), each running what the stage
+reads there: for preflight ``nvidia-smi --query-gpu``, ``df`` and the interpreter's vLLM
+version; for diagnose ``pgrep`` of the server and ``curl /health``. Printed: both ways' growth
+from 1 to 4 and to 16 hosts (opsbook's on top of its notebook path, which a plain loop has
+not: its 1-host time is larger, so the same added time is a smaller growth).
+
 The servers of the fleet are not started, so diagnose answers "never started" on every host,
 the same answer for 1 and for 16 hosts. All rehearsal hosts run on this machine: what each one
 does on its side (sshd, the probe's python, the simulated nvidia-smi) shares its cores, which
@@ -20,22 +27,36 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import benchtable
+import plainways
 
 from opsbook import stages
-from opsbook.core.deployment import load_deployment
+from opsbook.core.deployment import Deployment, HostSpec, load_deployment
 from opsbook.rehearsal import fleet as fleets
 from opsbook.runner import run
 
 SIZES = (1, 4, 16)
 STAGES = ("00_preflight", "05_diagnose")
 GOAL = 2.0
+# What each stage reads on a host, as an operator would write it (bench/deploy.py's preflight).
+PLAIN_READ = {
+    "00_preflight": (
+        "nvidia-smi --query-gpu=name,compute_cap,memory.total,memory.used "
+        "--format=csv,noheader; df -h {model} /dev/shm; "
+        "{python} -c 'import importlib.metadata as m; print(m.version(\"vllm\"))'"
+    ),
+    "05_diagnose": (
+        "pgrep -u \"$(id -u)\" -f 'vllm serve' >/dev/null && curl -s localhost:{port}/health"
+    ),
+}
 
 
 def best_of(repeat: int, timed: Callable[[], object]) -> float:
@@ -93,6 +114,7 @@ def measure(
                 repeat, run_cli_path(stage, file, n, runs, forks)
             )
             rows[(stage, "fan-out only", n)] = best_of(repeat, fan_out(stage, file, forks))
+            rows[(stage, "plain ssh &", n)] = best_of(repeat, plain_loop(stage, file))
             busy = machine_busy_seconds()
             fan_out(stage, file, forks)()
             rows[(stage, "cpu-s busy", n)] = machine_busy_seconds() - busy
@@ -115,6 +137,28 @@ def fan_out(stage: str, file: Path, forks: int) -> Callable[[], None]:
     return timed
 
 
+def plain_loop(stage: str, file: Path) -> Callable[[], None]:
+    """One ssh per host, all at once, in one shell (``&`` and ``wait``)."""
+    dep = load_deployment(file)
+    lines = [shlex.join(plain_ssh(spec, dep, stage)) + " >/dev/null &" for spec in dep.hosts]
+    script = "\n".join([*lines, "wait"])
+
+    def timed() -> None:
+        subprocess.run(["bash", "-c", script], check=True)
+
+    return timed
+
+
+def plain_ssh(spec: HostSpec, dep: Deployment, stage: str) -> list[str]:
+    view = dep.for_host(spec)
+    read = PLAIN_READ[stage].format(
+        model=shlex.quote(view.model_path),
+        python=shlex.quote(view.python),
+        port=view.server_port,
+    )
+    return [*plainways.ssh_argv(spec), read]
+
+
 def check(record: run.RunRecord, hosts: int) -> None:
     if len(record.results) != hosts or any(r.state.value == "unreachable" for r in record.results):
         raise SystemExit(f"{record.notebook}: expected {hosts} reachable hosts: {record.message}")
@@ -123,7 +167,7 @@ def check(record: run.RunRecord, hosts: int) -> None:
 def report(rows: dict[tuple[str, str, int], float]) -> None:
     print(f"{'stage':<14} {'path':<14} " + " ".join(f"{n:>3} host(s)" for n in SIZES) + "   16:1")
     for stage in STAGES:
-        for path in ("opsbook run", "fan-out only"):
+        for path in ("opsbook run", "fan-out only", "plain ssh &"):
             times = [rows[(stage, path, n)] for n in SIZES]
             ratio = times[-1] / times[0]
             cells = " ".join(f"{t:9.2f} s" for t in times)
@@ -145,6 +189,16 @@ def report(rows: dict[tuple[str, str, int], float]) -> None:
             many / one,
             f"<= {GOAL}x: {benchtable.verdict(many / one <= GOAL)}",
         )
+        for n in SIZES[1:]:
+            ours = rows[(stage, "opsbook run", n)] / rows[(stage, "opsbook run", 1)]
+            plain = rows[(stage, "plain ssh &", n)] / rows[(stage, "plain ssh &", 1)]
+            benchtable.row(
+                f"  growth 1 -> {n} hosts, `opsbook run {stage}` vs one ssh per host at once",
+                f"{ours:.2f}x",
+                f"ssh & + wait {plain:.2f}x",
+                None,
+                f"(plain 1 host {benchtable.seconds(rows[(stage, 'plain ssh &', 1)])})",
+            )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,12 @@ Each command runs in its own process, ``--runs`` times, taking turns; medians ar
 * the plain way: ``ssh host 'pgrep -f "vllm serve" && curl -s localhost:PORT/health'``
   (for the fleet, one such ssh per host, all at once, as ``xargs -P`` or a shell ``&`` would);
 * secondary lines: ``opsbook run 05_diagnose`` (the notebook: a kernel, papermill, a run
-  folder), as the cron job was before, and ``opsbook check --record``.
+  folder), as the cron job was before, and ``opsbook check --record``;
+* for one host, the plain way over a reused SSH connection (``ssh -o ControlMaster=auto -o
+  ControlPath=...``, the master opened before): what an operator with a ControlMaster in
+  their ssh config pays. ``opsbook check`` opens its own connection each time (paramiko has
+  no ControlMaster; a check is one process), so this line has no goal: it says what the
+  handshake costs.
 
 Goal (issue 16): ``opsbook check`` at most 3x the plain way, for one host and for the fleet.
 
@@ -28,6 +33,7 @@ import time
 from pathlib import Path
 
 import benchtable
+import plainways
 
 from opsbook.core.deployment import HostSpec, load_deployment
 from opsbook.rehearsal import fleet as fleets
@@ -39,23 +45,27 @@ ROOT = Path(__file__).resolve().parents[1]
 OPSBOOK = [sys.executable, "-m", "opsbook"]
 
 
-def plain_ssh(spec: HostSpec, port: int) -> list[str]:
+def plain_ssh(spec: HostSpec, port: int, control: Path | None = None) -> list[str]:
     remote = f"pgrep -u \"$(id -u)\" -f 'vllm serve' >/dev/null && curl -s localhost:{port}/health"
-    return [
-        "ssh",
-        "-i",
-        str(spec.key),
-        "-o",
-        f"UserKnownHostsFile={spec.known_hosts}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-p",
-        str(spec.port),
-        f"{spec.user}@{spec.address}",
-        remote,
-    ]
+    return [*plainways.ssh_argv(spec, control), remote]
+
+
+def reused_connection(spec: HostSpec, deployment: Path, port: int, runs: int, work: Path) -> None:
+    """``opsbook check`` against the plain way over a ControlMaster opened beforehand."""
+    control = work / "plain.ctl"
+    plainways.open_master(spec, control)
+    try:
+        check = [*OPSBOOK, "check", "-f", str(deployment)]
+        (ours, _), (base, _) = benchtable.interleaved(runs, check, plain_ssh(spec, port, control))
+    finally:
+        plainways.close_master(spec, control)
+    benchtable.row(
+        "  secondary: health check, 1 host, plain over a reused connection (ControlMaster)",
+        benchtable.seconds(ours),
+        f"ssh -o ControlPath + pgrep + curl {benchtable.seconds(base)}",
+        ours / base,
+        "(no goal: opsbook opens a connection per check)",
+    )
 
 
 def plain_fleet(deployment: Path) -> list[str]:
@@ -119,6 +129,7 @@ def main() -> int:
         compare(
             "1 host, ready", box.deployment_path, plain_ssh(spec, box.server_port), args.runs, work
         )
+        reused_connection(spec, box.deployment_path, box.server_port, args.runs, work)
         if args.fleet:
             fleet = fleets.up(work / "fleet", hosts=args.fleet, address=fleet_address)
             compare(

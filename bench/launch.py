@@ -1,6 +1,7 @@
-"""Benchmark: time from the launch call to a verdict, vs the incident's fixed wait.
+"""Benchmark: time from the launch call to a verdict, against a launch followed by
+``tail -F | grep`` of the line that decides it, measured the same way in the same run.
 
-Starts a rehearsal host of its own (and takes it down at the end), then launches three ways
+Starts a rehearsal host of its own (and takes it down at the end), then launches four ways
 with ``start_server`` + ``wait_until_ready`` and times each until the verdict:
 
 - never started: the launch script is missing, then not executable;
@@ -8,10 +9,11 @@ with ``start_server`` + ``wait_until_ready`` and times each until the verdict:
   for an FP8 KV cache, which TRITON_MLA cannot hold);
 - ready: the same checkpoint after the config patch.
 
-The plain way is the incident's: launch, ``sleep 45``, then look by hand (``ls log*; ps aux |
-grep vllm``). Its time to any verdict is at least 45 s; the ratio printed for each failure is
-45 s over opsbook's time to the verdict (the 45 s are not slept here). For the ready case the
-simulator's configured startup time is printed next to the measured time to ready.
+The plain way, from the same state, is what an operator types over an SSH connection already
+open (``ControlMaster``, as opsbook's is): ``setsid nohup launch.sh >> LOG 2>&1 &`` then
+``tail -F LOG | grep -m1 -E`` of the line that decides it (the readiness line, nohup's own
+failure, or any of the failure catalogue's fatal patterns: :mod:`plainways`); its time is
+until that line arrives here. Goal (issue 37): the crash verdict within 1.5x of it.
 
 Then readiness, against the plain way an operator follows a log (``ssh host 'tail -F LOG |
 grep ...'``, over one open channel), both watching the same launch: while the simulated server
@@ -28,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import benchtable
+import plainways
 
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import Result
@@ -48,7 +53,7 @@ from opsbook.remote.hosts import Host
 from opsbook.steps import patch, server
 from opsbook.steps.script import render_script, upload_script
 
-PLAIN_WAIT = 45.0
+GOAL_CRASH = 1.5
 READY_TIMEOUT = 120.0
 # Four looks a second while the log grows: enough looks early and late in it for medians
 # (at the default 1 s, an 8 s startup gives five, and the first and last decide alone).
@@ -86,6 +91,20 @@ while True:
         print(time.time(), flush=True)
         break
     time.sleep(0.002)
+"""
+
+
+# What decides a launch for the plain way: ready, nohup's own failure to run the script, or any
+# fatal line of the failure catalogue.
+DECIDES = f"{PROOF}|^nohup: |{plainways.fatal_ere()}"
+# The launch an operator types, then the wait for the line that decides it. The log's size is
+# read first so that tail shows only this launch's lines; ``--pid`` ends tail with the server.
+PLAIN_LAUNCH = """
+L={log}; S={script}
+n=$(stat -c %s "$L" 2>/dev/null || echo 0)
+setsid nohup "$S" >> "$L" 2>&1 < /dev/null &
+echo "$!"
+tail -c +$((n + 1)) --pid="$!" -F "$L" 2>/dev/null | grep -a -m1 --line-buffered -E -e {pattern}
 """
 
 
@@ -128,20 +147,68 @@ CASES: list[tuple[str, Callable[[Host, Deployment, server.LaunchPaths], None]]] 
 ]
 
 
-def run_cases(box: sandboxes.Sandbox) -> list[tuple[str, float, Result]]:
+def run_cases(box: sandboxes.Sandbox) -> list[tuple[str, float, Result, float, str]]:
+    """Each case from the same state: opsbook's seconds and verdict, then the plain way's
+    seconds and the line it stopped at."""
     dep = load_deployment(box.deployment_path)
+    control = box.dir / "plain.ctl"
+    plainways.open_master(dep.host, control)
     rows = []
-    with Host.from_deployment(dep) as host:
-        paths = server.resolve_paths(host, dep)
-        try:
-            for name, prepare in CASES:
+    try:
+        with Host.from_deployment(dep) as host:
+            paths = server.resolve_paths(host, dep)
+            try:
+                for name, prepare in CASES:
+                    server.stop_server(host, paths, grace=5)
+                    prepare(host, dep, paths)
+                    seconds, verdict = time_to_verdict(host, paths, dep.server_port)
+                    server.stop_server(host, paths, grace=5)
+                    prepare(host, dep, paths)
+                    plain, line = time_plain_launch(dep, paths, control)
+                    rows.append((name, seconds, verdict, plain, line))
+            finally:
                 server.stop_server(host, paths, grace=5)
-                prepare(host, dep, paths)
-                seconds, verdict = time_to_verdict(host, paths, dep.server_port)
-                rows.append((name, seconds, verdict))
-        finally:
-            server.stop_server(host, paths, grace=5)
+    finally:
+        plainways.close_master(dep.host, control)
     return rows
+
+
+def time_plain_launch(
+    dep: Deployment, paths: server.LaunchPaths, control: Path
+) -> tuple[float, str]:
+    """Seconds from the plain launch's ssh to the deciding line arriving here, and the line;
+    the server it started is then stopped by its process group (setsid made its PID the
+    group's id), which also ends its ``tail --pid``."""
+    remote = PLAIN_LAUNCH.format(
+        log=shlex.quote(paths.log), script=shlex.quote(paths.script), pattern=shlex.quote(DECIDES)
+    )
+    began = time.perf_counter()
+    proc = subprocess.Popen(
+        [*plainways.ssh_argv(dep.host, control), remote], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    pid = int(proc.stdout.readline())
+    line = proc.stdout.readline()
+    seconds = time.perf_counter() - began
+    stop_group(pid)
+    proc.wait(timeout=30)
+    return seconds, line.strip()
+
+
+def stop_group(pgid: int) -> None:
+    """SIGTERM to the plain launch's process group, SIGKILL after 10 s; gone already is fine."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(pgid, signal.SIGKILL)
 
 
 def readiness(box: sandboxes.Sandbox, ready_seconds: float) -> None:
@@ -274,17 +341,23 @@ def main() -> None:
     finally:
         sandboxes.down(folder)
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"{'case':<32} {'opsbook':>8}  {'plain':>6}  {'ratio':>6}  verdict")
-    for name, seconds, verdict in rows:
-        if verdict.ok:
-            ratio = f"(startup {options.startup_seconds:g} s)"
-            print(f"{name:<32} {seconds:7.2f}s  {'':>6}  {'':>6}  {verdict.message} {ratio}")
-        else:
-            message = verdict.message.replace(str(folder), "<sandbox>")
-            print(
-                f"{name:<32} {seconds:7.2f}s  {PLAIN_WAIT:5.0f}s  {PLAIN_WAIT / seconds:5.1f}x"
-                f"  {message[:100]}"
-            )
+    benchtable.header("launch verdict: opsbook vs launch + tail -F | grep -m1 -E (same state)")
+    for name, seconds, verdict, plain, line in rows:
+        told = verdict.message.replace(str(folder), "<sandbox>")
+        print(f"{name}: opsbook: {told[:100]}; plain stopped at: {line[:100]}")
+        crash = name.startswith("crashed")
+        goal = (
+            f"<= {GOAL_CRASH}x: {benchtable.verdict(seconds <= GOAL_CRASH * plain)}"
+            if crash
+            else (f"(startup {options.startup_seconds:g} s)" if verdict.ok else "-")
+        )
+        benchtable.row(
+            f"launch to verdict, {name}",
+            benchtable.seconds(seconds),
+            f"tail -F | grep {benchtable.seconds(plain)}",
+            seconds / plain,
+            goal,
+        )
 
 
 if __name__ == "__main__":

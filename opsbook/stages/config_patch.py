@@ -114,7 +114,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     # followed by the question to the installed vLLM, whose own selection outranks the
     # version table (it reads the GPUs' capabilities itself, while the facts probe reads them).
     found, (checkpoint, model, probed) = concurrently(
-        lambda: host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS),
+        lambda: host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS, reuse=True),
         lambda: _model_and_backends(host, deployment),
     )
     texts = checkpoint.texts

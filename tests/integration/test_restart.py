@@ -9,6 +9,7 @@ the apply then gives."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -194,6 +195,23 @@ def test_the_second_deploy_leaves_the_server_alone_as_the_dry_run_said(
     assert second.launch.split("already running and ready", 1)[1] == said
     assert second.pid == first.pid
     assert_only_requests_logged(first.log, second.log)
+
+
+def test_a_deploy_with_nothing_to_do_reads_the_hosts_facts_once(second: Deployed) -> None:
+    # Preflight's reading serves 02_config_patch (issue 37), whose prediction still reads the
+    # GPUs and the installed vLLM from it.
+    folder = Path(
+        next(line for line in second.text.splitlines() if line.startswith("run folder: ")).split(
+            ": ", 1
+        )[1]
+    )
+    journal = [json.loads(line) for line in (folder / "journal.jsonl").read_text().splitlines()]
+    facts = [e for e in journal if e["command"].startswith("probe facts")]
+    assert len(facts) == 1, [e["command"][:80] for e in journal]
+    results = json.loads((folder / "summary.json").read_text())["results"]
+    patch = next(r for r in results if r["stage"] == "config-patch")
+    assert patch["state"] == "ok", patch
+    assert re.search(r"vLLM \S+ uses \w+ on compute capability \d+\.\d+", patch["message"]), patch
 
 
 def test_a_changed_serve_argument_restarts_the_server_naming_why(

@@ -238,3 +238,11 @@ def test_the_results_of_the_steps_around_the_stages_are_masked(fleet) -> None:
     )
     kept = deploy._record(fleet.run, leaky)
     assert "hunter2-secret" not in repr(kept) and "hunter2-secret" not in repr(fleet.run.results)
+
+
+def test_the_restarts_a_deploy_lets_through_unchecked_are_the_launchs_own() -> None:
+    # run_deploy skips the launch's check (and its imports) for these values only: each must be
+    # one the launch takes, or a deploy would start with a value its launch stage refuses.
+    from opsbook.steps import restart_rule
+
+    assert set(deploy.KNOWN_RESTARTS) <= set(restart_rule.RESTART_WHEN)

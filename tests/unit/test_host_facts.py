@@ -20,6 +20,7 @@ from opsbook.core.deployment import Deployment, HostSpec
 from opsbook.remote.probes import run_local
 from opsbook.remote.testing import FakeHost, local_probe
 from opsbook.steps.host_facts import (
+    PATCH_FACTS,
     QUERY_GPU_FIELDS,
     START_FACTS,
     HostFacts,
@@ -514,6 +515,62 @@ def test_gather_facts_makes_one_probe_call(tmp_path: Path) -> None:
         )
     ]
     assert facts.host == "me@127.0.0.1" and facts.server_port == 8123
+
+
+def _deployment(tmp_path: Path) -> Deployment:
+    return Deployment(
+        name="t",
+        hosts=[HostSpec(address="127.0.0.1", user="me")],
+        model_path=str(tmp_path / "model"),
+        python="/usr/bin/python3",
+        server_port=8123,
+    )
+
+
+def _in_deploy_run(monkeypatch: pytest.MonkeyPatch, journal: Path) -> None:
+    """The environment a deploy's shared kernel gives each stage (runner.execution)."""
+    monkeypatch.setenv("OPSBOOK_JOURNAL", str(journal))
+    monkeypatch.setenv("OPSBOOK_KEEP_CONNECTIONS", "1")
+
+
+def test_a_deploy_run_reads_a_hosts_facts_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_deploy_run(monkeypatch, tmp_path / "run-1" / "journal.jsonl")
+    deployment = _deployment(tmp_path)
+    host = FakeHost("127.0.0.1", user="me", probes={"facts": local_probe("facts", env=probe_env())})
+    full = gather_facts(host, deployment)  # preflight's
+    again = gather_facts(host, deployment, PATCH_FACTS, reuse=True)  # 02_config_patch's
+    assert host.calls == [("probe", "facts")]
+    assert again is full
+
+
+def test_a_reading_is_not_reused_unless_asked_nor_for_parts_nor_in_another_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deployment = _deployment(tmp_path)
+    host = FakeHost("127.0.0.1", user="me", probes={"facts": local_probe("facts", env=probe_env())})
+    _in_deploy_run(monkeypatch, tmp_path / "run-1" / "journal.jsonl")
+    gather_facts(host, deployment, START_FACTS)  # a partial reading is never kept
+    gather_facts(host, deployment, PATCH_FACTS, reuse=True)
+    gather_facts(host, deployment)
+    gather_facts(host, deployment, START_FACTS)  # what guards a start is always read anew
+    _in_deploy_run(monkeypatch, tmp_path / "run-2" / "journal.jsonl")
+    gather_facts(host, deployment, PATCH_FACTS, reuse=True)  # another run reads its own
+    assert host.calls == [("probe", "facts")] * 5
+
+
+def test_a_stage_run_alone_probes_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A notebook run on its own (no shared kernel) keeps nothing, whatever its journal.
+    monkeypatch.setenv("OPSBOOK_JOURNAL", str(tmp_path / "journal.jsonl"))
+    monkeypatch.delenv("OPSBOOK_KEEP_CONNECTIONS", raising=False)
+    deployment = _deployment(tmp_path)
+    host = FakeHost("127.0.0.1", user="me", probes={"facts": local_probe("facts", env=probe_env())})
+    gather_facts(host, deployment)
+    gather_facts(host, deployment, PATCH_FACTS, reuse=True)
+    assert host.calls == [("probe", "facts")] * 2
 
 
 def start_ticks(pid: int) -> int:
