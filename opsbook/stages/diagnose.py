@@ -1,5 +1,7 @@
 """Diagnose on one host: the server's state (never started, crashed, loading, ready, hung)
-and, from its log, the known failure with its remedy; changes nothing. On several hosts, the
+and, from its log, the known failure with its remedy; changes nothing. A ready server's
+``/metrics`` is watched: requests in flight without a token for a while is hung, /health 200
+or not; its summary goes in the record. On several hosts, the
 hosts side by side (what their engines run with, from their logs), so that a host changed
 since the deploy stands out."""
 
@@ -13,7 +15,7 @@ from opsbook.core.results import State
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import preflight
 from opsbook.stages.base import Note, Report, Together, hook
-from opsbook.steps import restart_rule, server, triage
+from opsbook.steps import metrics, restart_rule, script, server, triage
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         log_when_ready=options.log_when_ready,
         inputs=triage.deploy_inputs(restart_rule.run_inputs(deployment, paths)),
         last_deploy=True,
+        watch_metrics=True,
+        api_key=script.server_api_key(deployment),
     )
     digest = server.noted_running_script(host, paths, state.notes) if state.ok else ""
     verdict = state.to_result()
@@ -47,6 +51,11 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     if state.diagnosis is not None:
         shows.append(state.diagnosis)
     shows.append(state.processes_table())
+    if state.generation is not None:
+        shows += [
+            Note(f"/metrics: {state.generation.message}"),
+            metrics.summary_of("end", state.generation.last),
+        ]
     failure = state.diagnosis.failure or "" if state.diagnosis is not None else ""
     return Report(State.OK if state.ok else State.FAILED, verdict, shows, failure, digest)
 
