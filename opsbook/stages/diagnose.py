@@ -52,12 +52,34 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         shows.append(state.diagnosis)
     shows.append(state.processes_table())
     if state.generation is not None:
-        shows += [
-            Note(f"/metrics: {state.generation.message}"),
-            metrics.summary_of("end", state.generation.last),
-        ]
+        shows.append(Note(f"/metrics: {state.generation.message}"))
+    shows.append(_summary_at_end(state))
     failure = state.diagnosis.failure or "" if state.diagnosis is not None else ""
     return Report(State.OK if state.ok else State.FAILED, verdict, shows, failure, digest)
+
+
+def _summary_at_end(state: triage.ServerState) -> metrics.MetricsSummary:
+    """The record's summary at the end of the diagnosis: the server's state, when it became
+    ready (seconds since the epoch, for the textfile's time since ready), and its /metrics
+    figures when they were read."""
+    figures: dict[str, object] = {"server_state": state.state, "ready_at": _ready_at(state)}
+    if state.generation is not None:
+        figures.update(metrics.summarize(state.generation.last))
+    return metrics.MetricsSummary("end", figures)
+
+
+def _ready_at(state: triage.ServerState) -> float | None:
+    """When the server answered ready: its launch's start plus the log's time from the first
+    phase to "ready"; None when it is not serving or the log was not read."""
+    if state.state not in ("ready", "hung") or state.started_at is None:
+        return None
+    phases = state.diagnosis.phases if state.diagnosis is not None else []
+    stamped = {p.name: p.timestamp for p in phases if p.timestamp is not None}
+    first = next(iter(stamped.values()), None)
+    ready = stamped.get("ready")
+    if first is None or ready is None:
+        return None
+    return round(state.started_at + (ready - first).total_seconds(), 1)
 
 
 def side_by_side(
