@@ -490,19 +490,20 @@ def metrics(wheel: WheelSource) -> dict[str, Any]:
     found: dict[str, Any] = {}
     files = [f for f in wheel.names() if f.startswith(METRICS_DIR)]
     for file in files:
-        for call, conditions in _calls_with_conditions(wheel.tree(file), ()):
-            metric = _metric_of(call)
-            if metric is None or metric[0] in found:
-                continue
-            name, kind, documentation = metric
-            replacement = DEPRECATED_FOR.search(documentation)
-            found[name] = {
-                "type": kind,
-                "samples": exported_samples(name, kind),
-                "hidden": any("show_hidden_metrics" in c for c in conditions),
-                "deprecated_for": replacement.group(1) if replacement else None,
-                "file": file,
-            }
+        tree = wheel.tree(file)
+        named = _names_assigned(tree)
+        for call, conditions in _calls_with_conditions(tree, ()):
+            for name, kind, documentation in _metrics_of(call, named):
+                if name in found:
+                    continue
+                replacement = DEPRECATED_FOR.search(documentation)
+                found[name] = {
+                    "type": kind,
+                    "samples": exported_samples(name, kind),
+                    "hidden": any("show_hidden_metrics" in c for c in conditions),
+                    "deprecated_for": replacement.group(1) if replacement else None,
+                    "file": file,
+                }
     return {"source": METRICS_DIR + "*.py", "metrics": dict(sorted(found.items()))}
 
 
@@ -535,22 +536,44 @@ def _calls_with_conditions(
         yield from _calls_with_conditions(child, conditions)
 
 
-def _metric_of(call: ast.Call) -> tuple[str, str, str] | None:
-    """(name, type, documentation) of a metric-creating call, or None for any other call."""
+def _names_assigned(tree: ast.Module) -> dict[str, list[str]]:
+    """Each variable assigned a ``"vllm:..."`` string anywhere in the module, with its values:
+    ``log_metrics_info`` picks its metric's name by branch (``name = "vllm:cache_config_info"``)
+    and passes ``name=name``."""
+    named: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and str(node.value.value).startswith("vllm:")
+        ):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    named.setdefault(target.id, []).append(str(node.value.value))
+    return named
+
+
+def _metrics_of(call: ast.Call, named: dict[str, list[str]]) -> list[tuple[str, str, str]]:
+    """(name, type, documentation) of each metric a call may create: none for a call that
+    creates no metric, one per value of a ``name=`` variable (:func:`_names_assigned`)."""
     keywords = {kw.arg: kw.value for kw in call.keywords if kw.arg}
     name = keywords.get("name")
-    if not (isinstance(name, ast.Constant) and str(name.value).startswith("vllm:")):
-        return None
+    if isinstance(name, ast.Constant) and str(name.value).startswith("vllm:"):
+        names = [str(name.value)]
+    elif isinstance(name, ast.Name):
+        names = named.get(name.id, [])
+    else:
+        return []
     callee = ast.unparse(call.func).lower().rpartition(".")[2]
     kind = next((t for t in METRIC_TYPES if t in callee), None)
-    if kind is None:
-        return None
+    if kind is None or not names:
+        return []
     documentation = keywords.get("documentation")
     try:
         text = literal(documentation) if documentation is not None else ""
     except Unresolved:
         text = ast.unparse(documentation) if documentation is not None else ""
-    return str(name.value), kind, str(text)
+    return [(n, kind, str(text)) for n in names]
 
 
 # ------------------------------------------------------------------------------------------
