@@ -17,13 +17,17 @@ on an AMX machine that runs the non-AMX path.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import pwd
 import shlex
+import signal
 import socket
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +37,13 @@ import pytest
 
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import Result
+from opsbook.knowledge import metric_names, vllm_facts
 from opsbook.knowledge.logscan.remedies import apply_edit
 from opsbook.rehearsal import real_vllm
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote.hosts import Host
 from opsbook.steps import host_facts as preflight
-from opsbook.steps import server, triage
+from opsbook.steps import metrics, server, triage
 from opsbook.steps.script import render_script, upload_script
 from tests.integration.conftest import cmdline, rehearsal_host, stat_fields
 
@@ -311,6 +316,9 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     titles = sorted(cmdline(p).split()[0] for p in group(pid))
     assert "VLLM::EngineCore" in titles and "VLLM::Worker" in titles, titles
     assert rig.state().state == "ready"
+    # This start is shared: the metric names and the hung verdict are checked on it too.
+    assert_metric_names_are_the_extracted_ones(rig)
+    assert_a_stopped_engine_core_under_load_is_hung(rig, pid)
 
     stop_began = time.monotonic()
     stopped = server.stop_server(rig.host, rig.paths, grace=10)
@@ -326,6 +334,73 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(rig: Rig) 
     assert after.state == "exited", after.message
     assert after.message.startswith("stopped by opsbook at "), after.message
     assert not after.port_open and after.processes == []
+
+
+def assert_metric_names_are_the_extracted_ones(rig: Rig) -> None:
+    """The names tools/vllm_facts.py extracted from 0.32.0's source are what the real /metrics
+    shows: every figure opsbook reads is there, and every vllm: sample is one extracted."""
+    names = metrics.names_for(real_vllm.REPORTED_VERSION)
+    assert names.release == "0.32.0"
+    snapshot = metrics.read_metrics(rig.host, rig.dep.server_port, names=names)
+    shown = {n for n in [*snapshot.samples, *snapshot.histograms] if n.startswith("vllm:")}
+    for role in metric_names.roles():
+        assert getattr(names, role) in shown, role
+    facts = vllm_facts.load("0.32.0").exported_metrics()
+    # A counter also shows its family's _created sample (prometheus_client).
+    families = {m.name.removesuffix("_total") for m in facts.values()}
+    extracted = {s for m in facts.values() for s in m.samples} | families
+    created = {name.removesuffix("_created") for name in shown}
+    assert created - extracted == set(), "vllm: samples the facts do not list"
+    assert snapshot.generation_tokens and snapshot.generation_tokens >= 1
+    summary = metrics.summarize(snapshot)
+    assert summary["kv_cache_usage"] is not None and summary["ttft_p50_s"] is not None
+
+
+def long_completion(port: int, model: str) -> None:
+    """A completion that generates up to the model's length (the test's load)."""
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True}
+    request = urllib.request.Request(
+        f"http://{ADDRESS}:{port}/v1/completions", data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
+    with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=300) as answer:
+        answer.read()
+
+
+def assert_a_stopped_engine_core_under_load_is_hung(rig: Rig, pid: int) -> None:
+    """Idle is not hung; requests running and the engine core SIGSTOPped: hung within 30 s
+    while /health answers 200 (vllm issue 51663); SIGCONT gives the shared server back."""
+    port = rig.dep.server_port
+    idle = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
+    assert idle.state == "ready" and idle.generation is not None
+    assert idle.generation.verdict == metrics.IDLE, idle.generation.message
+    core = next(p for p in group(pid) if cmdline(p).startswith("VLLM::EngineCore"))
+    load = [
+        threading.Thread(target=long_completion, args=(port, rig.dep.model_path)) for _ in range(3)
+    ]
+    for thread in load:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while not metrics.read_metrics(rig.host, port).running:
+        assert time.monotonic() < deadline, "the requests never ran"
+        time.sleep(0.2)
+    os.kill(core, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        hung = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
+        seconds = time.monotonic() - began
+        health = server.http_get(rig.host, port, "/health", timeout=5)
+    finally:
+        os.kill(core, signal.SIGCONT)
+    for thread in load:
+        thread.join(300)
+    print(f"[real vLLM] a SIGSTOPped engine core under load: {hung.state} in {seconds:.1f} s")
+    assert hung.state == "hung", hung.message
+    assert seconds < 30 and health.status == 200
+    assert "request(s) running" in hung.message and "/health answers 200" in hung.message
+    after = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
+    assert after.state == "ready" and after.generation is not None
+    assert after.generation.verdict == metrics.IDLE, after.generation.message
 
 
 def test_the_mla_rule_stands_on_the_installed_vllm_s_source() -> None:
