@@ -1,9 +1,8 @@
 """Diagnose on one host: the server's state (never started, crashed, loading, ready, hung)
 and, from its log, the known failure with its remedy; changes nothing. A ready server's
 ``/metrics`` is watched: requests in flight without a token for a while is hung, /health 200
-or not; its summary goes in the record. On several hosts, the
-hosts side by side (what their engines run with, from their logs), so that a host changed
-since the deploy stands out."""
+or not; its summary goes in the record. On several hosts, the hosts side by side (what their
+engines run with, from their logs), so that a host changed since the deploy stands out."""
 
 from __future__ import annotations
 

@@ -116,8 +116,9 @@ def engine_core_of(box: Sandbox) -> int:
 
 
 def complete(port: int) -> None:
+    # The simulated server binds loopback's 127.0.0.1 when the deployment sets no --host.
     body = json.dumps({"prompt": "a long answer", "max_tokens": 64}).encode()
-    request = urllib.request.Request(f"http://{ADDRESS}:{port}/v1/completions", data=body)
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body)
     request.add_header("Content-Type", "application/json")
     with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=120) as answer:
         answer.read()
