@@ -17,7 +17,6 @@ on an AMX machine that runs the non-AMX path.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -32,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.error import HTTPError
 
 import pytest
 
@@ -346,8 +346,9 @@ def assert_metric_names_are_the_extracted_ones(rig: Rig) -> None:
     for role in metric_names.roles():
         assert getattr(names, role) in shown, role
     facts = vllm_facts.load("0.32.0").exported_metrics()
-    # A counter also shows its family's _created sample (prometheus_client).
-    families = {m.name.removesuffix("_total") for m in facts.values()}
+    # A counter also shows its family's _created sample (prometheus_client), named without the
+    # _total its source name may carry; a histogram's family keeps it (iteration_tokens_total).
+    families = {m.name.removesuffix("_total") for m in facts.values()} | set(facts)
     extracted = {s for m in facts.values() for s in m.samples} | families
     created = {name.removesuffix("_created") for name in shown}
     assert created - extracted == set(), "vllm: samples the facts do not list"
@@ -356,15 +357,22 @@ def assert_metric_names_are_the_extracted_ones(rig: Rig) -> None:
     assert summary["kv_cache_usage"] is not None and summary["ttft_p50_s"] is not None
 
 
-def long_completion(port: int, model: str) -> None:
-    """A completion that generates up to the model's length (the test's load)."""
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True}
-    request = urllib.request.Request(
-        f"http://{ADDRESS}:{port}/v1/completions", data=json.dumps(body).encode(), method="POST"
-    )
-    request.add_header("Content-Type", "application/json")
-    with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=300) as answer:
-        answer.read()
+def keep_busy(port: int, model: str, tokens: int, done: threading.Event, errors: list[str]) -> None:
+    """Completions one after the other until ``done`` (the test's load: the tiny model answers
+    one in about a second); what went wrong is noted in ``errors``."""
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": True}
+    while not done.is_set():
+        request = urllib.request.Request(
+            f"http://{ADDRESS}:{port}/v1/completions", data=json.dumps(body).encode()
+        )
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=300) as answer:
+                answer.read()
+        except OSError as error:
+            detail = error.read().decode()[:300] if isinstance(error, HTTPError) else ""
+            errors.append(f"{error} {detail}")
+            return
 
 
 def assert_a_stopped_engine_core_under_load_is_hung(rig: Rig, pid: int) -> None:
@@ -375,25 +383,24 @@ def assert_a_stopped_engine_core_under_load_is_hung(rig: Rig, pid: int) -> None:
     assert idle.state == "ready" and idle.generation is not None
     assert idle.generation.verdict == metrics.IDLE, idle.generation.message
     core = next(p for p in group(pid) if cmdline(p).startswith("VLLM::EngineCore"))
+    errors: list[str] = []
+    done = threading.Event()
+    # Three streams of requests of different lengths: they never all end at the same step.
     load = [
-        threading.Thread(target=long_completion, args=(port, rig.dep.model_path)) for _ in range(3)
+        threading.Thread(
+            target=keep_busy, args=(port, rig.dep.model_path, n, done, errors), daemon=True
+        )
+        for n in (480, 400, 320)
     ]
     for thread in load:
         thread.start()
-    deadline = time.monotonic() + 60
-    while not metrics.read_metrics(rig.host, port).running:
-        assert time.monotonic() < deadline, "the requests never ran"
-        time.sleep(0.2)
-    os.kill(core, signal.SIGSTOP)
     try:
-        began = time.monotonic()
-        hung = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
-        seconds = time.monotonic() - began
-        health = server.http_get(rig.host, port, "/health", timeout=5)
+        hung, seconds, health = stopped_engine_core_verdict(rig, core, errors)
     finally:
-        os.kill(core, signal.SIGCONT)
-    for thread in load:
-        thread.join(300)
+        done.set()
+        for thread in load:
+            thread.join(300)
+    assert errors == []
     print(f"[real vLLM] a SIGSTOPped engine core under load: {hung.state} in {seconds:.1f} s")
     assert hung.state == "hung", hung.message
     assert seconds < 30 and health.status == 200
@@ -401,6 +408,25 @@ def assert_a_stopped_engine_core_under_load_is_hung(rig: Rig, pid: int) -> None:
     after = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
     assert after.state == "ready" and after.generation is not None
     assert after.generation.verdict == metrics.IDLE, after.generation.message
+
+
+def stopped_engine_core_verdict(
+    rig: Rig, core: int, errors: list[str]
+) -> tuple[triage.ServerState, float, Any]:
+    """Once requests run, SIGSTOP the engine core, diagnose and ask /health; SIGCONT after."""
+    port = rig.dep.server_port
+    deadline = time.monotonic() + 60
+    while not metrics.read_metrics(rig.host, port).running:
+        assert time.monotonic() < deadline and not errors, f"the requests never ran: {errors}"
+        time.sleep(0.2)
+    os.kill(core, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        hung = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
+        seconds = time.monotonic() - began
+        return hung, seconds, server.http_get(rig.host, port, "/health", timeout=5)
+    finally:
+        os.kill(core, signal.SIGCONT)
 
 
 def test_the_mla_rule_stands_on_the_installed_vllm_s_source() -> None:
