@@ -176,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--limit", default=None, metavar="HOSTS", help=LIMIT_HELP)
     _add_detach_options(run)
+    run.add_argument(
+        "--textfile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="05_diagnose: write DIR/opsbook_<deployment>.prom for node_exporter's textfile "
+        "collector (each host's state, time since ready, last verdict)",
+    )
     run.set_defaults(handler=cmd_run)
 
     box = sub.add_parser("sandbox", help="the rehearsal host: a real sshd with a simulated GPU box")
@@ -334,6 +342,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"index: {record.folder / 'index.html'}")
         return record.exit_code
     notebook = runner.find_notebook(args.notebook)
+    if args.textfile is not None:
+        _check_textfile(notebook, args.textfile)
     record = runner.run_notebook(
         notebook,
         args.deployment,
@@ -350,7 +360,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print_recap(record)
     print(f"run folder: {record.folder}")
     print(f"executed notebook: {record.executed_notebook}")
+    if args.textfile is not None:
+        print(f"textfile: {_write_textfile(args.textfile, args.deployment, record)}")
     return record.exit_code
+
+
+def _check_textfile(notebook: Path, folder: Path) -> None:
+    """``--textfile`` goes with 05_diagnose, into a folder opsbook may write to.
+
+    Raises:
+        RunError: another notebook, or a folder that cannot be written.
+    """
+    from opsbook import stages
+    from opsbook.runner import textfile
+
+    if stages.get(notebook.stem) is not stages.DIAGNOSE:
+        raise RunError(
+            f"--textfile is for 05_diagnose, not {notebook.stem}",
+            remedy="run `opsbook run 05_diagnose -f D --textfile DIR`",
+        )
+    textfile.check_folder(folder)
+
+
+def _write_textfile(folder: Path, deployment_file: str, record: runner.RunRecord) -> Path:
+    """The run's verdicts as ``opsbook_<deployment>.prom`` in ``folder``."""
+    from opsbook.core.deployment import load_deployment
+    from opsbook.runner import records, textfile
+
+    name = load_deployment(deployment_file).name
+    summaries = records.recorded_metrics(record.folder)
+    return textfile.write_textfile(folder, name, record.results, summaries)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

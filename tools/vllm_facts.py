@@ -21,6 +21,11 @@ A maintainer tool (not part of the installed package). For each wheel
 - ``serve_flags``: the option strings of the serve parser (literal ``add_argument`` options and
   the dataclass fields that EngineArgs / FrontendArgs turn into flags, plus, from 0.33.0, the
   ``--disable-x`` / ``--enable-x`` inverse ``EnableDisableAction`` gives a boolean flag).
+- ``metrics``: every Prometheus metric the V1 stat loggers create (``name="vllm:..."`` in a
+  ``Gauge`` / ``Counter`` / ``Histogram`` call under ``vllm/v1/metrics/``): its type, the
+  sample names prometheus_client exports for it, whether it is created only behind
+  ``show_hidden_metrics`` (``--show-hidden-metrics-for-version``), and the metric its
+  documentation names as its replacement (``DEPRECATED: Use vllm:x instead``).
 
 Every fact records the wheel file it came from. The output is deterministic: re-running the
 tool on the same wheel reproduces the file byte for byte.
@@ -473,6 +478,105 @@ def enable_disable_prefixes(wheel: WheelSource) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------
+# Prometheus metrics
+
+METRICS_DIR = "vllm/v1/metrics/"
+METRIC_TYPES = ("gauge", "counter", "histogram")
+DEPRECATED_FOR = re.compile(r"DEPRECATED[:.]?\s*(?:Use|Replaced by|Renamed as)\s+(vllm:\w+)", re.I)
+
+
+def metrics(wheel: WheelSource) -> dict[str, Any]:
+    """The metrics the release's V1 stat loggers create, by metric name."""
+    found: dict[str, Any] = {}
+    files = [f for f in wheel.names() if f.startswith(METRICS_DIR)]
+    for file in files:
+        tree = wheel.tree(file)
+        named = _names_assigned(tree)
+        for call, conditions in _calls_with_conditions(tree, ()):
+            for name, kind, documentation in _metrics_of(call, named):
+                if name in found:
+                    continue
+                replacement = DEPRECATED_FOR.search(documentation)
+                found[name] = {
+                    "type": kind,
+                    "samples": exported_samples(name, kind),
+                    "hidden": any("show_hidden_metrics" in c for c in conditions),
+                    "deprecated_for": replacement.group(1) if replacement else None,
+                    "file": file,
+                }
+    return {"source": METRICS_DIR + "*.py", "metrics": dict(sorted(found.items()))}
+
+
+def exported_samples(name: str, kind: str) -> list[str]:
+    """The sample names prometheus_client exposes for a metric: a counter's family drops a
+    ``_total`` suffix and its sample adds it back; a histogram has buckets, sum and count."""
+    if kind == "counter":
+        return [name.removesuffix("_total") + "_total"]
+    if kind == "histogram":
+        return [f"{name}_bucket", f"{name}_count", f"{name}_sum"]
+    return [name]
+
+
+def _calls_with_conditions(
+    node: ast.AST, conditions: tuple[str, ...]
+) -> Iterator[tuple[ast.Call, tuple[str, ...]]]:
+    """Every call under ``node`` with the ``if`` tests it is nested in (``not (t)`` in an
+    ``else``)."""
+    if isinstance(node, ast.If):
+        test = ast.unparse(node.test)
+        yield from _calls_with_conditions(node.test, conditions)
+        for stmt in node.body:
+            yield from _calls_with_conditions(stmt, (*conditions, test))
+        for stmt in node.orelse:
+            yield from _calls_with_conditions(stmt, (*conditions, f"not ({test})"))
+        return
+    if isinstance(node, ast.Call):
+        yield node, conditions
+    for child in ast.iter_child_nodes(node):
+        yield from _calls_with_conditions(child, conditions)
+
+
+def _names_assigned(tree: ast.Module) -> dict[str, list[str]]:
+    """Each variable assigned a ``"vllm:..."`` string anywhere in the module, with its values:
+    ``log_metrics_info`` picks its metric's name by branch (``name = "vllm:cache_config_info"``)
+    and passes ``name=name``."""
+    named: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and str(node.value.value).startswith("vllm:")
+        ):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    named.setdefault(target.id, []).append(str(node.value.value))
+    return named
+
+
+def _metrics_of(call: ast.Call, named: dict[str, list[str]]) -> list[tuple[str, str, str]]:
+    """(name, type, documentation) of each metric a call may create: none for a call that
+    creates no metric, one per value of a ``name=`` variable (:func:`_names_assigned`)."""
+    keywords = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+    name = keywords.get("name")
+    if isinstance(name, ast.Constant) and str(name.value).startswith("vllm:"):
+        names = [str(name.value)]
+    elif isinstance(name, ast.Name):
+        names = named.get(name.id, [])
+    else:
+        return []
+    callee = ast.unparse(call.func).lower().rpartition(".")[2]
+    kind = next((t for t in METRIC_TYPES if t in callee), None)
+    if kind is None or not names:
+        return []
+    documentation = keywords.get("documentation")
+    try:
+        text = literal(documentation) if documentation is not None else ""
+    except Unresolved:
+        text = ast.unparse(documentation) if documentation is not None else ""
+    return [(n, kind, str(text)) for n in names]
+
+
+# ------------------------------------------------------------------------------------------
 # One release
 
 
@@ -485,6 +589,7 @@ def release_facts(wheel: WheelSource) -> dict[str, Any]:
         ("kv_cache_dtypes", kv_cache_dtypes),
         ("quantization_methods", quantization_methods),
         ("serve_flags", serve_flags),
+        ("metrics", metrics),
     ):
         try:
             sections[key] = fn(wheel)

@@ -40,6 +40,7 @@ DEPLOYMENT_ENV = "OPSBOOK_DEPLOYMENT"
 PROGRESS = "progress"
 DIFF = "diff"
 AMEND = "amend"
+METRICS = "metrics"
 _lock = threading.Lock()
 
 
@@ -91,6 +92,31 @@ def read_diffs(path: Path) -> list[StageDiff]:
         return []
     records = [_decode_any(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in records if isinstance(r, StageDiff)]
+
+
+@dataclass(frozen=True)
+class StageMetrics:
+    """A server's ``/metrics`` summarized at a moment of a stage (04's ready, the end of a
+    diagnose), kept in the run record (``summary.json``'s ``metrics``)."""
+
+    host: str
+    stage: str
+    moment: str
+    summary: dict[str, Any]
+
+
+def record_metrics(metrics: StageMetrics) -> StageMetrics:
+    """Append ``metrics`` to the outcome file of this run, if there is one."""
+    _append(json.dumps({"kind": METRICS, **asdict(metrics)}))
+    return metrics
+
+
+def read_metrics(path: Path) -> list[StageMetrics]:
+    """The metrics summaries a run recorded, in order (none when the file is missing)."""
+    if not path.exists():
+        return []
+    records = [_decode_any(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if isinstance(r, StageMetrics)]
 
 
 @dataclass(frozen=True)
@@ -146,7 +172,7 @@ def decode(line: str) -> HostResult:
         ValueError: the line is not such a record.
     """
     doc = json.loads(line)
-    if not isinstance(doc, dict) or doc.get("kind") in (PROGRESS, DIFF, AMEND):
+    if not isinstance(doc, dict) or doc.get("kind") in (PROGRESS, DIFF, AMEND, METRICS):
         raise ValueError(f"not a host result: {line[:80]!r}")
     return HostResult(
         host=str(doc["host"]),
@@ -223,7 +249,7 @@ class Follower:
         self._offset = 0
         self._partial = ""
 
-    def new(self) -> list[HostResult | StageProgress | StageDiff | Amended]:
+    def new(self) -> list[HostResult | StageProgress | StageDiff | Amended | StageMetrics]:
         """The complete lines written since the last call, decoded."""
         try:
             with self.path.open() as f:
@@ -237,8 +263,12 @@ class Follower:
         return [_decode_any(line) for line in lines if line.strip()]
 
 
-def _decode_any(line: str) -> HostResult | StageProgress | StageDiff | Amended:
+def _decode_any(line: str) -> HostResult | StageProgress | StageDiff | Amended | StageMetrics:
     doc = json.loads(line)
+    if isinstance(doc, dict) and doc.get("kind") == METRICS:
+        return StageMetrics(
+            str(doc["host"]), str(doc["stage"]), str(doc["moment"]), dict(doc["summary"])
+        )
     if isinstance(doc, dict) and doc.get("kind") == AMEND:
         return Amended(decode(json.dumps({k: v for k, v in doc.items() if k != "kind"})))
     if isinstance(doc, dict) and doc.get("kind") == DIFF:

@@ -116,6 +116,27 @@ class QuantMethod:
 
 
 @dataclass(frozen=True)
+class MetricFact:
+    """A Prometheus metric a release's V1 stat loggers create.
+
+    Attributes:
+        name: the metric's name (``vllm:num_preemptions``).
+        kind: ``gauge``, ``counter`` or ``histogram``.
+        samples: the sample names ``/metrics`` shows for it (a counter's ``_total``).
+        hidden: created only with ``--show-hidden-metrics-for-version`` (a deprecated name).
+        deprecated_for: the metric its documentation says to use instead, if any.
+        file: the module creating it.
+    """
+
+    name: str
+    kind: str
+    samples: tuple[str, ...]
+    hidden: bool
+    deprecated_for: str | None
+    file: str
+
+
+@dataclass(frozen=True)
 class ReleaseFacts:
     """Everything extracted from one vLLM release."""
 
@@ -136,6 +157,11 @@ class ReleaseFacts:
     modelopt_kv_map_file: str | None
     quant_methods: Mapping[str, QuantMethod]
     serve_flags: frozenset[str] = field(default_factory=frozenset)
+    metrics: Mapping[str, MetricFact] = field(default_factory=dict)
+
+    def exported_metrics(self) -> dict[str, MetricFact]:
+        """The metrics ``/metrics`` shows by default (hidden ones left out), by name."""
+        return {name: fact for name, fact in self.metrics.items() if not fact.hidden}
 
     def source(self, file: str | None) -> str:
         """``vLLM <version> <file>``: how a verdict cites a fact of this release."""
@@ -309,6 +335,21 @@ def parse(data: Mapping[str, Any]) -> ReleaseFacts:
             for name, raw in (data.get("quantization_methods") or {}).items()
         },
         serve_flags=frozenset((data.get("serve_flags") or {}).get("flags") or {}),
+        metrics={
+            name: _metric(name, raw)
+            for name, raw in ((data.get("metrics") or {}).get("metrics") or {}).items()
+        },
+    )
+
+
+def _metric(name: str, raw: Mapping[str, Any]) -> MetricFact:
+    return MetricFact(
+        name=name,
+        kind=str(raw["type"]),
+        samples=tuple(raw["samples"]),
+        hidden=bool(raw["hidden"]),
+        deprecated_for=raw.get("deprecated_for"),
+        file=str(raw["file"]),
     )
 
 

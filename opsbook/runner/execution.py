@@ -596,6 +596,9 @@ def write_run_json(folder: Path, record: RunRecord) -> None:
         **{k: v for k, v in asdict(record).items() if k != "results"},
         "results": [channel.to_dict(r) for r in record.results],
     }
+    metrics = records.recorded_metrics(folder)
+    if metrics:
+        doc["metrics"] = metrics
     (folder / "run.json").write_text(json.dumps(doc, default=str, indent=2) + "\n")
 
 

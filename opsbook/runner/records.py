@@ -269,8 +269,13 @@ def summary_doc(run: RunSummary) -> dict[str, Any]:
 
 
 def write_summary(folder: Path, run: RunSummary) -> Path:
-    """``summary.json`` and ``index.html`` of a run folder."""
-    (folder / SUMMARY).write_text(json.dumps(summary_doc(run), indent=2, default=str) + "\n")
+    """``summary.json`` and ``index.html`` of a run folder (with the ``/metrics`` summaries
+    its stages recorded)."""
+    doc = summary_doc(run)
+    metrics = recorded_metrics(folder)
+    if metrics:
+        doc["metrics"] = metrics
+    (folder / SUMMARY).write_text(json.dumps(doc, indent=2, default=str) + "\n")
     (folder / INDEX).write_text(index_page(run))
     write_journal_page(folder)
     return folder / SUMMARY
@@ -558,6 +563,18 @@ def recorded_diffs(folder: Path) -> list[Any]:
         diff
         for path in sorted(folder.rglob("*.results.jsonl"))
         for diff in channel.read_diffs(path)
+    ]
+
+
+def recorded_metrics(folder: Path) -> list[dict[str, Any]]:
+    """The ``/metrics`` summaries a run's stages recorded (04 at ready, 05 at its end), in
+    order."""
+    from opsbook.core import channel
+
+    return [
+        asdict(metrics)
+        for path in sorted(folder.rglob("*.results.jsonl"))
+        for metrics in channel.read_metrics(path)
     ]
 
 

@@ -33,6 +33,7 @@ from opsbook.core.redact import Redactor
 from opsbook.core.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
 from opsbook.remote.hosts import DEFAULT_FORKS, HostGroup
 from opsbook.remote.protocol import RemoteHost
+from opsbook.steps.metrics import MetricsSummary
 
 
 @dataclass
@@ -481,6 +482,7 @@ def run_stage(
         durations[host.name] = time.monotonic() - started
         reports[host.name] = report
         _record_diffs(stage, host.name, report, deployment)
+        _record_metrics(stage, host.name, report)
         return _host_result(stage, host.name, report, durations[host.name])
 
     def done(name: str, answer: Any) -> None:
@@ -598,6 +600,15 @@ def _record_diffs(stage: Stage, host: str, report: Report, deployment: Deploymen
     mask = Redactor(deployment.secret_values()).redact
     for diff in diffs:
         channel.record_diff(channel.StageDiff(host, stage.name, diff.title, mask(diff.text)))
+
+
+def _record_metrics(stage: Stage, host: str, report: Report) -> None:
+    """Keep the /metrics summaries the host's section shows in the run record."""
+    for item in report.shows:
+        if isinstance(item, MetricsSummary):
+            channel.record_metrics(
+                channel.StageMetrics(host, stage.name, item.moment, item.summary)
+            )
 
 
 def _finding(host: RemoteHost, e: OpsbookError) -> Finding:

@@ -1,7 +1,8 @@
 """Diagnose on one host: the server's state (never started, crashed, loading, ready, hung)
-and, from its log, the known failure with its remedy; changes nothing. On several hosts, the
-hosts side by side (what their engines run with, from their logs), so that a host changed
-since the deploy stands out."""
+and, from its log, the known failure with its remedy; changes nothing. A ready server's
+``/metrics`` is watched: requests in flight without a token for a while is hung, /health 200
+or not; its summary goes in the record. On several hosts, the hosts side by side (what their
+engines run with, from their logs), so that a host changed since the deploy stands out."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from opsbook.core.results import State
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import preflight
 from opsbook.stages.base import Note, Report, Together, hook
-from opsbook.steps import restart_rule, server, triage
+from opsbook.steps import metrics, restart_rule, script, server, triage
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         log_when_ready=options.log_when_ready,
         inputs=triage.deploy_inputs(restart_rule.run_inputs(deployment, paths)),
         last_deploy=True,
+        watch_metrics=True,
+        api_key=script.server_api_key(deployment),
     )
     digest = server.noted_running_script(host, paths, state.notes) if state.ok else ""
     verdict = state.to_result()
@@ -47,8 +50,35 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     if state.diagnosis is not None:
         shows.append(state.diagnosis)
     shows.append(state.processes_table())
+    if state.generation is not None:
+        shows.append(Note(f"/metrics: {state.generation.message}"))
+    shows.append(_summary_at_end(state))
     failure = state.diagnosis.failure or "" if state.diagnosis is not None else ""
     return Report(State.OK if state.ok else State.FAILED, verdict, shows, failure, digest)
+
+
+def _summary_at_end(state: triage.ServerState) -> metrics.MetricsSummary:
+    """The record's summary at the end of the diagnosis: the server's state, when it became
+    ready (seconds since the epoch, for the textfile's time since ready), and its /metrics
+    figures when they were read."""
+    figures: dict[str, object] = {"server_state": state.state, "ready_at": _ready_at(state)}
+    if state.generation is not None:
+        figures.update(metrics.summarize(state.generation.last))
+    return metrics.MetricsSummary("end", figures)
+
+
+def _ready_at(state: triage.ServerState) -> float | None:
+    """When the server answered ready: its launch's start plus the log's time from the first
+    phase to "ready"; None when it is not serving or the log was not read."""
+    if state.state not in ("ready", "hung") or state.started_at is None:
+        return None
+    phases = state.diagnosis.phases if state.diagnosis is not None else []
+    stamped = {p.name: p.timestamp for p in phases if p.timestamp is not None}
+    first = next(iter(stamped.values()), None)
+    ready = stamped.get("ready")
+    if first is None or ready is None:
+        return None
+    return round(state.started_at + (ready - first).total_seconds(), 1)
 
 
 def side_by_side(

@@ -14,12 +14,21 @@ from dataclasses import dataclass, field
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
-from opsbook.core.exceptions import RunError
-from opsbook.core.results import HostResult, Result, State
+from opsbook.core.exceptions import ProbeError, RunError
+from opsbook.core.results import Finding, HostResult, Result, State
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import HostChoice, Report, StageRun, hook, limited
-from opsbook.steps import host_facts, plots, restart_rule, script, server, start_checks, triage
+from opsbook.stages.base import HostChoice, Note, Report, StageRun, hook, limited
+from opsbook.steps import (
+    host_facts,
+    metrics,
+    plots,
+    restart_rule,
+    script,
+    server,
+    start_checks,
+    triage,
+)
 
 
 @dataclass(frozen=True)
@@ -166,11 +175,13 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         timeline = server.timeline(diagnosis.phases)
         shows += [timeline, plots.startup_timeline(timeline)]
     shows.append(smoke)
+    read, hung = _metrics_at_ready(host, deployment.server_port, api_key, diagnosis, smoke.ok)
+    shows += read
     # The errors the server started past (warnings of the wait) stay in the record.
     verdict = dataclasses.replace(
         smoke,
         message=decision.applied_message(smoke.message),
-        findings=[*ready.findings, *smoke.findings],
+        findings=[*ready.findings, *smoke.findings, *hung],
     )
     return Report(State.CHANGED if smoke.ok else State.FAILED, verdict, shows, "", digest)
 
@@ -244,6 +255,38 @@ def _as_found(
     found = State.WOULD_CHANGE if decision.restart else State.OK
     shows = [state.processes_table()]
     return LaunchReport(found, verdict, shows, "", digest, server=state)
+
+
+def _metrics_at_ready(
+    host: RemoteHost,
+    port: int,
+    api_key: str | None,
+    diagnosis: logscan.LogDiagnosis | None,
+    smoke_ok: bool,
+) -> tuple[list[object], list[Finding]]:
+    """The server's /metrics once it is ready (for the record); after a failed smoke test,
+    watched for a stall, so that an engine producing no token is named hung."""
+    names = metrics.names_for(diagnosis.version if diagnosis is not None else None)
+    try:
+        if smoke_ok:
+            snapshot = metrics.read_metrics(host, port, api_key=api_key, names=names)
+            return [metrics.summary_of("ready", snapshot)], []
+        watch = metrics.watch_generation(host, port, api_key=api_key, names=names)
+    except ProbeError as error:
+        return [Note(f"/metrics not read: {error.message}")], []
+    shows: list[object] = [
+        Note(f"/metrics: {watch.message}"),
+        metrics.summary_of("ready", watch.last),
+    ]
+    if watch.verdict != metrics.HUNG:
+        return shows, []
+    hung = Finding(
+        "error",
+        "/metrics",
+        f"hung: {watch.message}",
+        "see 05_diagnose; stop and start the server again (04_launch with restart=always)",
+    )
+    return shows, [hung]
 
 
 def _failure_of(result: Result) -> str:

@@ -11,9 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opsbook.core.exceptions import ProbeError
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
+from opsbook.steps import metrics
 from opsbook.steps.launch_answers import ProcessInfo, StatusAnswer
 from opsbook.steps.server import HEALTH_TIMEOUT, PROBE, LaunchPaths, http_get
 
@@ -58,6 +60,10 @@ class ServerState:
     # The inputs that changed since the judged launch started, when the caller asked about the
     # last deploy (``server_state(last_deploy=True)``): the running server is not its launch.
     superseded: list[str] = field(default_factory=list)
+    # What the token counters did while a ready server was watched (``watch_metrics``), or
+    # why /metrics could not tell.
+    generation: metrics.GenerationWatch | None = None
+    metrics_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -91,6 +97,17 @@ class ServerState:
                     "server's process group: stop it by PID (see the processes table)",
                 )
             )
+        if self.metrics_error:
+            findings.append(
+                Finding(
+                    "warning",
+                    "/metrics",
+                    f"the token counters were not read ({self.metrics_error}): a server that "
+                    "answers /health while its engine produces nothing is not told from a "
+                    "ready one",
+                    "check that server.port is vLLM's and that --disable-log-stats is not set",
+                )
+            )
         return Result(self.ok, f"{self.state}: {self.message}", findings=findings)
 
 
@@ -105,6 +122,8 @@ def server_state(
     log_when_ready: bool = True,
     inputs: Mapping[str, Any] | None = None,
     last_deploy: bool = False,
+    watch_metrics: bool = False,
+    api_key: str | None = None,
 ) -> ServerState:
     """Classify the server the deployment launched, from one status probe that also asks
     ``/health`` when the port is open (one round trip).
@@ -121,6 +140,9 @@ def server_state(
             server whose ``inputs`` changed since its start is an earlier launch, the last
             deploy did not launch (it stopped before 04, or 04 failed before its stop), and
             that is no "ok" (``ServerState.superseded``).
+        watch_metrics: a ready server's ``/metrics`` is watched (sent ``api_key``): requests
+            running or waiting while no token is produced for
+            :data:`opsbook.steps.metrics.STALL_SECONDS` make it hung, /health 200 or not.
     """
     asked = paths.probe_args(
         op="status", port=server_port, health="/health", health_timeout=HEALTH_TIMEOUT
@@ -172,6 +194,12 @@ def server_state(
         unresponsive=unresponsive,
         ready_lost=lost,
     )
+    generation, metrics_error = None, None
+    if watch_metrics and state == "ready":
+        version = diagnosis.version if diagnosis is not None else None
+        generation, metrics_error = _watch_generation(host, server_port, version, api_key)
+        if generation is not None and generation.verdict == metrics.HUNG:
+            state, message = "hung", f"/health answers 200, but {generation.message}"
     if record_error:
         message = f"{message}; launch state: {record_error}"
     if moved is not None:
@@ -195,7 +223,21 @@ def server_state(
         inputs=status.inputs,
         started_at=started_at,
         superseded=superseded,
+        generation=generation,
+        metrics_error=metrics_error,
     )
+
+
+def _watch_generation(
+    host: RemoteHost, port: int, version: str | None, api_key: str | None
+) -> tuple[metrics.GenerationWatch | None, str | None]:
+    """The watch of the token counters with the names of the release the log names, or why
+    there is none."""
+    names = metrics.names_for(version)
+    try:
+        return metrics.watch_generation(host, port, api_key=api_key, names=names), None
+    except ProbeError as error:
+        return None, error.message
 
 
 def deploy_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,23 +22,28 @@ import json
 import os
 import pwd
 import shlex
+import signal
 import socket
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.error import HTTPError
 
 import pytest
 
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import Result
+from opsbook.knowledge import metric_names, vllm_facts
 from opsbook.knowledge.logscan.remedies import apply_edit
 from opsbook.rehearsal import real_vllm
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.remote.hosts import Host
 from opsbook.steps import host_facts as preflight
-from opsbook.steps import server, triage
+from opsbook.steps import metrics, server, triage
 from opsbook.steps.script import render_script, upload_script
 from tests.integration.conftest import cmdline, rehearsal_host, stat_fields
 
@@ -322,6 +327,9 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(
     assert "VLLM::EngineCore" in titles and "VLLM::Worker" in titles, titles
     assert rig.state().state == "ready"
     assert_the_plan_said_what_vllm_logged(rig.host, rig.dep, tmp_path / "capacity.jsonl")
+    # This start is shared: the metric names and the hung verdict are checked on it too.
+    assert_metric_names_are_the_extracted_ones(rig)
+    assert_a_stopped_engine_core_under_load_is_hung(rig, pid)
 
     stop_began = time.monotonic()
     stopped = server.stop_server(rig.host, rig.paths, grace=10)
@@ -337,6 +345,99 @@ def test_launch_ready_smoke_completion_and_a_stop_that_leaves_nothing(
     assert after.state == "exited", after.message
     assert after.message.startswith("stopped by opsbook at "), after.message
     assert not after.port_open and after.processes == []
+
+
+def assert_metric_names_are_the_extracted_ones(rig: Rig) -> None:
+    """The names tools/vllm_facts.py extracted from 0.32.0's source are what the real /metrics
+    shows: every figure opsbook reads is there, and every vllm: sample is one extracted."""
+    names = metrics.names_for(real_vllm.REPORTED_VERSION)
+    assert names.release == "0.32.0"
+    snapshot = metrics.read_metrics(rig.host, rig.dep.server_port, names=names)
+    shown = {n for n in [*snapshot.samples, *snapshot.histograms] if n.startswith("vllm:")}
+    for role in metric_names.roles():
+        assert getattr(names, role) in shown, role
+    facts = vllm_facts.load("0.32.0").exported_metrics()
+    # A counter also shows its family's _created sample (prometheus_client), named without the
+    # _total its source name may carry; a histogram's family keeps it (iteration_tokens_total).
+    families = {m.name.removesuffix("_total") for m in facts.values()} | set(facts)
+    extracted = {s for m in facts.values() for s in m.samples} | families
+    created = {name.removesuffix("_created") for name in shown}
+    assert created - extracted == set(), "vllm: samples the facts do not list"
+    assert snapshot.generation_tokens and snapshot.generation_tokens >= 1
+    summary = metrics.summarize(snapshot)
+    assert summary["kv_cache_usage"] is not None and summary["ttft_p50_s"] is not None
+
+
+def keep_busy(port: int, model: str, tokens: int, done: threading.Event, errors: list[str]) -> None:
+    """Completions one after the other until ``done`` (the test's load: the tiny model answers
+    one in about a second); what went wrong is noted in ``errors``."""
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": True}
+    while not done.is_set():
+        request = urllib.request.Request(
+            f"http://{ADDRESS}:{port}/v1/completions", data=json.dumps(body).encode()
+        )
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=300) as answer:
+                answer.read()
+        except OSError as error:
+            detail = error.read().decode()[:300] if isinstance(error, HTTPError) else ""
+            errors.append(f"{error} {detail}")
+            return
+
+
+def assert_a_stopped_engine_core_under_load_is_hung(rig: Rig, pid: int) -> None:
+    """Idle is not hung; requests running and the engine core SIGSTOPped: hung within 30 s
+    while /health answers 200 (vllm issue 51663); SIGCONT gives the shared server back."""
+    port = rig.dep.server_port
+    idle = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
+    assert idle.state == "ready" and idle.generation is not None
+    assert idle.generation.verdict == metrics.IDLE, idle.generation.message
+    core = next(p for p in group(pid) if cmdline(p).startswith("VLLM::EngineCore"))
+    errors: list[str] = []
+    done = threading.Event()
+    # Three streams of requests of different lengths: they never all end at the same step.
+    load = [
+        threading.Thread(
+            target=keep_busy, args=(port, rig.dep.model_path, n, done, errors), daemon=True
+        )
+        for n in (480, 400, 320)
+    ]
+    for thread in load:
+        thread.start()
+    try:
+        hung, seconds, health = stopped_engine_core_verdict(rig, core, errors)
+    finally:
+        done.set()
+        for thread in load:
+            thread.join(300)
+    assert errors == []
+    print(f"[real vLLM] a SIGSTOPped engine core under load: {hung.state} in {seconds:.1f} s")
+    assert hung.state == "hung", hung.message
+    assert seconds < 30 and health.status == 200
+    assert "request(s) running" in hung.message and "/health answers 200" in hung.message
+    after = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
+    assert after.state == "ready" and after.generation is not None
+    assert after.generation.verdict == metrics.IDLE, after.generation.message
+
+
+def stopped_engine_core_verdict(
+    rig: Rig, core: int, errors: list[str]
+) -> tuple[triage.ServerState, float, Any]:
+    """Once requests run, SIGSTOP the engine core, diagnose and ask /health; SIGCONT after."""
+    port = rig.dep.server_port
+    deadline = time.monotonic() + 60
+    while not metrics.read_metrics(rig.host, port).running:
+        assert time.monotonic() < deadline and not errors, f"the requests never ran: {errors}"
+        time.sleep(0.2)
+    os.kill(core, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        hung = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
+        seconds = time.monotonic() - began
+        return hung, seconds, server.http_get(rig.host, port, "/health", timeout=5)
+    finally:
+        os.kill(core, signal.SIGCONT)
 
 
 def test_the_mla_rule_stands_on_the_installed_vllm_s_source() -> None:

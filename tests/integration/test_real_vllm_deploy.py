@@ -83,6 +83,15 @@ def test_sandbox_up_real_then_deploy_serves_a_completion(folder: Path) -> None:
     launched = stages["launch"].message
     assert "smoke test passed" in launched, launched
     assert stages["diagnose"].message.startswith("ready"), stages["diagnose"]
+    # /metrics summarized in the record: at 04's ready (after its smoke completion) and at the
+    # end of the diagnosis, with the names of 0.32.0.
+    recorded = {(m["stage"], m["moment"]): m["summary"] for m in summary["metrics"]}
+    at_ready, at_end = recorded[("launch", "ready")], recorded[("diagnose", "end")]
+    assert at_ready["release"] == "0.32.0" and at_ready["running"] == 0.0
+    assert at_ready["generation_tokens"] >= 1 and at_ready["ttft_p50_s"] is not None
+    assert at_ready["kv_cache_usage"] is not None and at_ready["preemptions"] == 0.0
+    assert at_end["server_state"] == "ready" and at_end["waiting"] == 0.0
+    assert 0 < time.time() - at_end["ready_at"] < deploy_seconds + 60
 
     # The server the deploy left running answers again, from the host itself, over SSH.
     with Host.from_deployment(dep) as host:

@@ -83,3 +83,16 @@ def test_an_amended_result_takes_the_place_of_the_one_recorded_before(
     assert isinstance(seen, channel.Amended) and seen.result == later
     assert channel.read(path) == [later, other]
     assert not channel.same_line(first, later) and channel.same_line(later, later)
+
+
+def test_a_metrics_summary_is_kept_in_the_file_but_is_no_result(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "out.jsonl"
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(path))
+    sent = channel.StageMetrics("ops@gpu-01", "diagnose", "end", {"running": 2.0, "ttft": None})
+    channel.record_metrics(sent)
+    channel.record_host(HostResult("ops@gpu-01", "diagnose", State.OK, "ready"))
+    assert channel.read_metrics(path) == [sent]
+    assert [r.message for r in channel.read(path)] == ["ready"]
+    assert channel.Follower(path).new()[0] == sent
+    with pytest.raises(ValueError, match="not a host result"):
+        channel.decode(path.read_text().splitlines()[0])

@@ -76,3 +76,88 @@ def test_read_metrics_parses_what_the_host_answers() -> None:
     snapshot = metrics.read_metrics(host, 8000)
     assert snapshot.generation_tokens == 150.0
     assert host.probe_args[-1][1]["path"] == "/metrics"
+
+
+def text_with(running: float, waiting: float, tokens: float, prompt: float = 10.0) -> str:
+    return (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{engine="0"}} {running}\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{engine="0"}} {waiting}\n'
+        "# TYPE vllm:generation_tokens counter\n"
+        f'vllm:generation_tokens_total{{engine="0"}} {tokens}\n'
+        "# TYPE vllm:prompt_tokens counter\n"
+        f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\n'
+    )
+
+
+class Clock:
+    """A clock the watch's sleeps move, and the /metrics answers it gives in turn."""
+
+    def __init__(self, *texts: str):
+        self.now = 0.0
+        self.texts = list(texts)
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def answer(self, args: dict[str, object]) -> dict[str, object]:
+        text = self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
+        return {"status": 200, "body": text, "seconds": 0.01}
+
+    def watch(self, **more: float) -> metrics.GenerationWatch:
+        host = FakeHost("gpu1", probes={"launch": self.answer})
+        return metrics.watch_generation(
+            host, 8000, sleep=self.sleep, clock=lambda: self.now, **more
+        )
+
+
+def test_requests_in_flight_without_a_token_for_the_stall_time_are_hung() -> None:
+    clock = Clock(text_with(3, 1, 120))
+    watch = clock.watch(stall_seconds=15.0, interval=1.0)
+    assert watch.verdict == metrics.HUNG
+    assert watch.seconds == 15.0
+    assert watch.message.startswith(
+        "3 request(s) running and 1 waiting, but vllm:generation_tokens_total stayed at 120 "
+        "for 15 s"
+    )
+
+
+def test_a_server_without_requests_is_idle_at_once_not_hung() -> None:
+    clock = Clock(text_with(0, 0, 120))
+    watch = clock.watch()
+    assert watch.verdict == metrics.IDLE and watch.seconds == 0.0
+
+
+def test_a_token_produced_during_the_watch_is_generating() -> None:
+    clock = Clock(text_with(2, 0, 120), text_with(2, 0, 120), text_with(2, 0, 121))
+    watch = clock.watch()
+    assert watch.verdict == metrics.GENERATING
+    assert watch.message == "generating: 1 token(s) in 2 s"
+
+
+def test_a_long_prefill_moves_the_prompt_counter_and_is_not_hung() -> None:
+    clock = Clock(text_with(0, 1, 120, prompt=10), text_with(1, 0, 120, prompt=2058))
+    assert clock.watch().verdict == metrics.GENERATING
+
+
+def test_requests_that_finish_during_the_watch_leave_it_idle() -> None:
+    clock = Clock(text_with(1, 0, 120), text_with(0, 0, 120))
+    assert clock.watch().verdict == metrics.IDLE
+
+
+def test_the_summary_gives_the_figures_and_the_latency_percentiles() -> None:
+    summary = metrics.summarize(metrics.parse_metrics(TEXT))
+    assert summary["running"] == 5.0 and summary["generation_tokens"] == 150.0
+    assert summary["waiting"] is None and summary["kv_cache_usage"] is None
+    assert summary["ttft_p50_s"] == pytest.approx(0.55)
+    assert summary["ttft_p99_s"] == pytest.approx(1.0)
+    assert summary["tpot_p50_s"] is None
+    shown = metrics.summary_of("ready", metrics.parse_metrics(TEXT))
+    assert shown.moment == "ready" and ["running", 5.0] in shown.rows
+
+
+def test_names_of_an_unknown_or_too_old_release_are_0_32_0_s() -> None:
+    assert metrics.names_for(None) == metrics.MetricNames()
+    assert metrics.names_for("0.1.0") == metrics.MetricNames()
+    assert metrics.names_for("0.10.2").release == "0.10.2"

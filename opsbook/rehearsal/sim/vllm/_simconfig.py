@@ -16,6 +16,8 @@ CONFIG_NAME = "opsbook-vllm-sim.json"
 DEFAULT_VERSION = "0.15.1"
 DEFAULT_STARTUP_SECONDS = 3.0
 # plugin-error: a general plugin fails to load; vLLM logs the traceback at ERROR and starts.
+# engine-hang: once ready, the engine core stops answering the API server (no signal): requests
+# stay running without a token while /health answers 200 (vllm issue 51663).
 FAULTS = (
     "oom",
     "hang",
@@ -24,6 +26,7 @@ FAULTS = (
     "slow-start",
     "nccl-timeout",
     "plugin-error",
+    "engine-hang",
 )
 ENV_VERSION = "OPSBOOK_SIM_VLLM_VERSION"
 ENV_STARTUP = "OPSBOOK_SIM_STARTUP_SECONDS"

@@ -114,6 +114,11 @@ class Worker:
         os._exit(code)
 
 
+# How often the engine core tells the API server it answers (the server's patience is
+# ENGINE_SILENT_SECONDS in _simserver).
+HEARTBEAT_SECONDS = 0.05
+
+
 class Engine:
     """The engine core: runs the start-up phases, then idles until stopped."""
 
@@ -200,6 +205,21 @@ class Engine:
 
     def _report(self, ready: dict[str, Any]) -> None:
         os.write(int(self.spec["status_fd"]), (json.dumps(ready) + "\n").encode())
+        if self.spec.get("fault") != "engine-hang":
+            threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        """Tell the API server the engine core answers, as vLLM's engine core answers its
+        client's ZMQ socket: the server produces tokens only while these lines come, so a
+        stopped (SIGSTOP) or wedged engine stalls generation while /health stays 200. The
+        engine-hang fault never starts this (a wedged engine core without a signal)."""
+        beat = (json.dumps({"status": "alive"}) + "\n").encode()
+        while not self.stopping:
+            try:
+                os.write(int(self.spec["status_fd"]), beat)
+            except OSError:
+                return
+            time.sleep(HEARTBEAT_SECONDS)
 
     def _idle(self) -> None:
         if self.ray is not None:

@@ -28,6 +28,17 @@ _CACHE_DTYPES_0_15 = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_in
 # 0.11.2-0.14.1 listed "auto" and the fp8 names only, 0.15.1 added "bfloat16", 0.18.0
 # "float16", and TRITON_MLA gained fp8/fp8_e4m3 in 0.18.0 (PR #34597).
 _FP8 = ["fp8", "fp8_e4m3"]
+
+# vllm/v1/metrics/loggers.py PrometheusStatLogger (0.32.0): the fallback without a facts sheet.
+_METRIC_NAMES_0_32 = {
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "requests_succeeded": "vllm:request_success_total",
+}
 _FLASH_ATTN_MLA_SUPPORTED = (9,)
 
 
@@ -101,6 +112,13 @@ class Release:
         # CacheConfig._validate_cache_dtype refuses it after the model config is loaded;
         # before, the Literal made argparse refuse it (vllm/config/cache.py).
         return at_least(self.version, "0.33")
+
+    @property
+    def metric_names(self) -> dict[str, str]:
+        """What ``/metrics`` calls each figure the simulation exports (a counter's sample
+        name with ``_total``): the facts sheet's, extracted from the release's
+        vllm/v1/metrics/loggers.py; without a sheet, 0.32.0's names."""
+        return {**_METRIC_NAMES_0_32, **(self.facts.get("metric_names") or {})}
 
     # Logs.
 

@@ -33,6 +33,11 @@ DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 NEW_SERVER_LINE_SINCE = "0.16"
 BANNER_SINCE = "0.18"
 ENGINE_STOP_TIMEOUT = 5.0
+# The engine core answers every HEARTBEAT_SECONDS (_simengine); silent this long, it is stopped
+# or wedged and no token is produced until it answers again.
+ENGINE_SILENT_SECONDS = 0.5
+# How often a request waiting on a silent engine core looks again.
+TOKEN_WAIT_SECONDS = 0.05
 API_SHARE = 0.05
 WORDS = (
     "The rehearsal server answers with a short and stable reply from the simulated model "
@@ -78,6 +83,7 @@ class ApiServer:
         self.engine: Any = None
         self.ready = threading.Event()
         self.engine_gone = threading.Event()
+        self.engine_seen = time.monotonic()
         self.ready_info: dict[str, Any] = {}
         self.serving = False
         self.stopping = False
@@ -364,6 +370,7 @@ class ApiServer:
                     info = json.loads(raw)
                 except ValueError:
                     continue
+                self.engine_seen = time.monotonic()
                 if info.get("status") == "ready":
                     self.ready_info = info
                     self.ready.set()
@@ -596,9 +603,18 @@ class ApiServer:
         with self.lock:
             self.stats["requests"] += 1
             self.stats["prompt_tokens"] += prompt_tokens
-            self.stats["generation_tokens"] += count
+        for _ in range(count):
+            while not self.engine_responsive():
+                time.sleep(TOKEN_WAIT_SECONDS)
+            with self.lock:
+                self.stats["generation_tokens"] += 1
         finish = "length" if max_tokens <= 12 else "stop"
         return " " + " ".join(words), prompt_tokens, count, finish
+
+    def engine_responsive(self) -> bool:
+        """Whether the engine core answered lately: the one check the serving path makes
+        before each token (a SIGSTOPped engine core or the engine-hang fault: no)."""
+        return time.monotonic() - self.engine_seen < ENGINE_SILENT_SECONDS
 
     @contextlib.contextmanager
     def request_in_flight(self) -> Iterator[None]:
@@ -612,34 +628,25 @@ class ApiServer:
                 self.stats["running"] -= 1
 
     def metrics(self) -> str:
-        name = self.served[0]
-        labels = f'engine="0",model_name="{name}"'
+        """``/metrics`` with the names of the release played (its facts sheet)."""
+        names = _simrelease.load(self.version).metric_names
+        labels = f'engine="0",model_name="{self.served[0]}"'
         with self.lock:
             stats = dict(self.stats)
-        lines = [
-            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{labels}}} {float(stats['running'])}",
-            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{labels}}} {float(stats['waiting'])}",
-            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
-            "# TYPE vllm:kv_cache_usage_perc gauge",
-            f"vllm:kv_cache_usage_perc{{{labels}}} 0.0",
-            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{{{labels}}} {float(stats['prompt_tokens'])}",
-            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{{{labels}}} {float(stats['generation_tokens'])}",
-            "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
-            "# TYPE vllm:num_preemptions_total counter",
-            f"vllm:num_preemptions_total{{{labels}}} {float(stats['preemptions'])}",
-            "# HELP vllm:request_success_total Count of successfully processed requests.",
-            "# TYPE vllm:request_success_total counter",
-            f'vllm:request_success_total{{{labels},finished_reason="length"}} '
-            f"{float(stats['requests'])}",
-        ]
+        values = {
+            "running": ("gauge", stats["running"]),
+            "waiting": ("gauge", stats["waiting"]),
+            "kv_cache_usage": ("gauge", 0.0),
+            "prompt_tokens": ("counter", stats["prompt_tokens"]),
+            "generation_tokens": ("counter", stats["generation_tokens"]),
+            "preemptions": ("counter", stats["preemptions"]),
+            "requests_succeeded": ("counter", stats["requests"]),
+        }
+        lines = []
+        for role, (kind, value) in values.items():
+            sample = names[role]
+            lines.append(f"# TYPE {sample.removesuffix('_total')} {kind}")
+            lines.append(f"{sample}{{{labels}}} {float(value)}")
         return "\n".join(lines) + "\n"
 
     def models(self) -> dict[str, Any]:
