@@ -34,7 +34,7 @@ from opsbook.core.results import (
     State,
     worst_exit_code,
 )
-from opsbook.runner import records, rolling
+from opsbook.runner import records, rolling, run_facts
 from opsbook.runner.execution import (
     DEFAULT_FORKS,
     KERNEL_LOG,
@@ -617,6 +617,14 @@ def _file_deploy(
     with records.private_files():
         write_run_json(run.folder, summary)
         records.write_summary(run.folder, doc)
+        run_facts.write_facts(
+            run.folder,
+            deployment=str(run.deployment),
+            started=started_at,
+            status=summary.status,
+            hosts=names,
+            results=run.results,
+        )
     records.close(run.folder)
     return summary
 

@@ -38,7 +38,7 @@ from opsbook.core.results import (
     HostResult,
     worst_exit_code,
 )
-from opsbook.runner import records
+from opsbook.runner import records, run_facts
 from opsbook.runner.interrupt import (
     RunInterrupted,
     quiet_abandoned_tasks,
@@ -231,6 +231,14 @@ def run_notebook(
         recreate_lost_folder(folder)
         with records.private_files():
             write_run_json(folder, record)
+            run_facts.write_facts(
+                folder,
+                deployment=str(params["deployment"]),
+                started="",
+                status=record.status,
+                hosts=[],
+                results=record.results,
+            )
     return record
 
 

@@ -19,7 +19,16 @@ from opsbook.core.results import HostResult, Result, State
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import HostChoice, Report, StageRun, hook, limited
-from opsbook.steps import host_facts, plots, restart_rule, script, server, start_checks, triage
+from opsbook.steps import (
+    host_facts,
+    plots,
+    record_facts,
+    restart_rule,
+    script,
+    server,
+    start_checks,
+    triage,
+)
 
 
 @dataclass(frozen=True)
@@ -127,7 +136,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     )
     decision = restart_rule.decide(state, options.restart, options.pending.get(host.name, ()))
     if not options.apply or not decision.restart:
-        return _as_found(host, paths, state, decision)
+        return _as_found(host, deployment, paths, state, decision)
     # What the new start needs is read before anything is stopped: a start that cannot
     # succeed leaves the running server alone. Read again only when the stop signalled a
     # process, since only then can the answer have changed.
@@ -166,6 +175,8 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         timeline = server.timeline(diagnosis.phases)
         shows += [timeline, plots.startup_timeline(timeline)]
     shows.append(smoke)
+    if smoke.ok:
+        record_facts.note_launch(host, deployment, digest, diagnosis)
     # The errors the server started past (warnings of the wait) stay in the record.
     verdict = dataclasses.replace(
         smoke,
@@ -233,6 +244,7 @@ def last_said(tail: str) -> str:
 
 def _as_found(
     host: RemoteHost,
+    deployment: Deployment,
     paths: server.LaunchPaths,
     state: triage.ServerState,
     decision: restart_rule.RestartDecision,
@@ -243,6 +255,8 @@ def _as_found(
     verdict = Result(True, decision.dry_run_message())
     found = State.WOULD_CHANGE if decision.restart else State.OK
     shows = [state.processes_table()]
+    if found is State.OK and state.state == "ready":
+        record_facts.note_launch(host, deployment, digest, state.diagnosis)
     return LaunchReport(found, verdict, shows, "", digest, server=state)
 
 
