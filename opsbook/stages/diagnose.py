@@ -5,15 +5,16 @@ since the deploy stands out."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opsbook.core.deployment import Deployment
-from opsbook.core.results import State
+from opsbook.core.results import Finding, State
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import preflight
 from opsbook.stages.base import Note, Report, Together, hook
-from opsbook.steps import restart_rule, server, triage
+from opsbook.steps import last_good, restart_rule, server, triage
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         shows.append(state.diagnosis)
     shows.append(state.processes_table())
     failure = state.diagnosis.failure or "" if state.diagnosis is not None else ""
+    since = "" if state.ok else last_good.since_last_good_here(deployment, host.name)
+    if since:
+        shows.insert(1, Note(since))
+        finding = Finding("info", "since last good", since.split(": ", 1)[-1])
+        verdict = dataclasses.replace(verdict, findings=[*verdict.findings, finding])
     return Report(State.OK if state.ok else State.FAILED, verdict, shows, failure, digest)
 
 
