@@ -236,14 +236,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lint.set_defaults(handler=cmd_lint)
 
-    rec = sub.add_parser("records", help="list the run folders, or show one")
-    rec.add_argument("action", choices=["list", "show"])
-    rec.add_argument(
-        "run", nargs="?", help=f"show: a run folder, or {LAST_RUN!r} for the newest one listed"
+    rec = sub.add_parser(
+        "records",
+        help="list the run folders, show one, diff two runs' facts, last good, search",
     )
+    rec.add_argument("action", choices=["list", "show", *HISTORY_ACTIONS])
+    rec.add_argument(
+        "run",
+        nargs="?",
+        help=f"show, mark-good: a run folder, or {LAST_RUN!r} for the newest one listed; "
+        "diff: the older run",
+    )
+    rec.add_argument("other", nargs="?", help="diff: the newer run")
     rec.add_argument("--runs-dir", default="runs", help="where run folders are (default: runs)")
     rec.add_argument("--json", action="store_true", help="show: the whole record as JSON")
     rec.add_argument("--diff", action="store_true", help="show: the diffs the stages recorded")
+    _history_arguments(rec)
     rec.set_defaults(handler=cmd_records)
 
     check = sub.add_parser(
@@ -279,6 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument(
         "-v", "--verbose", action="store_true", help="every source of the diagnosis, not the first"
     )
+    diag.add_argument(
+        "-f",
+        "--deployment",
+        default=None,
+        help="when the log shows a failed or hung server: what changed on the deployment's "
+        "hosts since their last good run (from the records in --runs-dir)",
+    )
+    diag.add_argument("--runs-dir", default="runs", help="where run folders are (default: runs)")
     diag.set_defaults(handler=cmd_diagnose)
     return parser
 
@@ -538,11 +554,13 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_records(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        TERMINAL.table(_listed(args))
+        return runner.EXIT_OK
+    if args.action in HISTORY_ACTIONS:
+        return _cmd_history(args)
     from opsbook.runner import records
 
-    if args.action == "list":
-        print(records.list_runs(Path(args.runs_dir)))
-        return runner.EXIT_OK
     if not args.run:
         raise RunError("records show needs a run folder", remedy="see `opsbook records list`")
     folder = _run_folder(args.run, Path(args.runs_dir))
@@ -552,6 +570,79 @@ def cmd_records(args: argparse.Namespace) -> int:
         print(records.describe_diffs(folder, colour=sys.stdout.isatty()))
     else:
         print(records.describe_run(folder))
+    return runner.EXIT_OK
+
+
+# The records subcommands over many runs' facts (opsbook.runner.history).
+HISTORY_ACTIONS = ("diff", "last-good", "mark-good", "search")
+
+
+def _history_arguments(rec: argparse.ArgumentParser) -> None:
+    rec.add_argument("--deployment", default="", help="list: only runs of this deployment file")
+    rec.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="list: only runs on this host (a glob, or part of its name); mark-good: only "
+        "this host of the run (may be repeated)",
+    )
+    rec.add_argument("--state", default="", help="list: only runs with this status (ok...)")
+    rec.add_argument("--since", default="", help="list: only runs started at or after (UTC)")
+    rec.add_argument("--until", default="", help="list: only runs started before (UTC)")
+    rec.add_argument(
+        "--fact",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="search: runs where the fact had the value (a glob), e.g. vllm=0.15.1",
+    )
+    rec.add_argument(
+        "--failure",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="search: runs where this failure (catalogue id) struck, e.g. fp8kv-mla",
+    )
+
+
+def _listed(args: argparse.Namespace) -> Any:
+    from opsbook.runner import history
+
+    only = history.RunFilter(
+        deployment=args.deployment,
+        host=args.host[0] if args.host else "",
+        state=args.state,
+        since=history.parse_when(args.since) if args.since else None,
+        until=history.parse_when(args.until) if args.until else None,
+    )
+    return history.list_runs(Path(args.runs_dir), only)
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    from opsbook.runner import history
+
+    runs_dir = Path(args.runs_dir)
+    if args.action == "diff":
+        if not (args.run and args.other):
+            raise RunError("records diff needs two runs", remedy="opsbook records diff OLD NEW")
+        older, newer = (str(_run_folder(r, runs_dir)) for r in (args.run, args.other))
+        TERMINAL.facts_diff(history.diff_runs(runs_dir, older, newer))
+    elif args.action == "last-good":
+        TERMINAL.table(history.last_good_table(runs_dir))
+    elif args.action == "mark-good":
+        if not args.run:
+            raise RunError("records mark-good needs a run", remedy="opsbook records mark-good RUN")
+        folder = _run_folder(args.run, runs_dir)
+        marked = history.mark_good(runs_dir, str(folder), args.host)
+        print(f"marked {folder.name} good on {', '.join(marked)}")
+    else:
+        if not (args.fact or args.failure):
+            raise RunError(
+                "records search needs --fact or --failure",
+                remedy="e.g. opsbook records search --fact vllm=0.15.1 --failure fp8kv-mla",
+            )
+        facts = [history.parse_fact(f) for f in args.fact]
+        TERMINAL.table(history.search(runs_dir, facts, args.failure))
     return runner.EXIT_OK
 
 
@@ -606,11 +697,27 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             f"diagnose failed on {args.log}: {type(e).__name__}: {e}",
             remedy="this is a defect of opsbook: report it with the log",
         ) from e
+    since = _since_last_good(args) if args.deployment and not diagnosis.ok else []
     if args.json:
-        print(json.dumps(diagnosis.to_dict(), indent=2))
+        doc = diagnosis.to_dict()
+        if args.deployment:
+            doc["since_last_good"] = since
+        print(json.dumps(doc, indent=2))
     else:
         print(diagnosis.describe(every_source=args.verbose))
+        if since:
+            TERMINAL.plain("", "SINCE LAST GOOD", *since)
     return runner.EXIT_OK if diagnosis.ok else runner.EXIT_PROBLEM
+
+
+def _since_last_good(args: argparse.Namespace) -> list[str]:
+    """Per host of ``-f``'s deployment, what changed since its last good run."""
+    from opsbook.core.deployment import load_deployment
+    from opsbook.steps import last_good
+
+    dep = load_deployment(Path(args.deployment))
+    found = last_good.since_last_good(Path(args.runs_dir), dep.source, [h.name for h in dep.hosts])
+    return last_good.describe_since(found)
 
 
 def _read_log(name: str) -> BinaryIO:
