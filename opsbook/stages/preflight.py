@@ -36,7 +36,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Preflight
     ports, servers) and judge them; changes nothing."""
     found = host_facts.gather_facts(host, deployment)
     record_facts.note_preflight(host.name, found)
-    moved = drift.since_last_good(host.name, deployment, found)
+    moved = drift.since_last_good(host, deployment, found)
     verdict = host_facts.check_facts(found, [*start_checks.gpu_findings(found, deployment), *moved])
     verdict = drift.noted(verdict, moved)
     shows = [

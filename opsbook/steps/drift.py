@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from opsbook.core.deployment import Deployment
-from opsbook.core.facts_schema import HostRunFacts
+from opsbook.core.exceptions import HostUnreachable, OpsbookError
+from opsbook.core.facts_schema import HostRunFacts, ModelFacts
 from opsbook.core.results import Finding, Result, Table
-from opsbook.steps import last_good, record_facts
+from opsbook.remote.protocol import RemoteHost
+from opsbook.steps import host_side, last_good, record_facts, shard_check
 from opsbook.steps.host_facts import HostFacts
 from opsbook.steps.last_good import GoodRun
 
@@ -122,18 +124,42 @@ def drift_findings(live: HostRunFacts, good: GoodRun | None) -> list[Finding]:
     return found
 
 
-def since_last_good(host: str, deployment: Deployment, found: HostFacts) -> list[Finding]:
+def since_last_good(host: RemoteHost, deployment: Deployment, found: HostFacts) -> list[Finding]:
     """Preflight's drift findings for a host: its live facts against its last good run of the
-    deployment in the runs folder of this run (none outside a run, or without a last good)."""
+    deployment in the runs folder of this run (none outside a run, or without a last good).
+
+    With a last good only, it reads what preflight's probe does not: torch (the deployment's
+    python, one command) and, when the good run knew it, the shard manifest (01's probe)."""
     runs_dir = last_good.runs_dir_of_run()
     if runs_dir is None or not runs_dir.is_dir():
         return []
-    good = last_good.last_good_for(runs_dir, deployment.source, host)
-    live = HostRunFacts(
-        fingerprint=record_facts.fingerprint_section(found),
-        engine=record_facts.engine_section(found),
+    good = last_good.last_good_for(runs_dir, deployment.source, host.name)
+    if good is None:
+        return []
+    return drift_findings(live_facts(host, deployment, found, good), good)
+
+
+def live_facts(
+    host: RemoteHost, deployment: Deployment, found: HostFacts, good: GoodRun
+) -> HostRunFacts:
+    """The host's facts now, as far as drift compares them with ``good``."""
+    answer = host_side.read_side(host, deployment)
+    engine = record_facts.engine_section(found)
+    if not answer.error:
+        engine = engine.model_copy(update={"torch": answer.versions.get("torch")})
+    model = ModelFacts()
+    if good.facts.model.manifest_digest:
+        try:
+            check = shard_check.check_download(host, deployment.model_path)
+        except HostUnreachable:
+            raise
+        except OpsbookError:
+            check = None  # unknown now: not a difference
+        if check is not None and check.shards:
+            model = record_facts.model_section(deployment, check)
+    return HostRunFacts(
+        fingerprint=record_facts.fingerprint_section(found), engine=engine, model=model
     )
-    return drift_findings(live, good)
 
 
 def noted(verdict: V, moved: Sequence[Finding]) -> V:

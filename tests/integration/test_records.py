@@ -148,8 +148,11 @@ def test_a_driver_moved_since_last_good_is_named_by_preflight(deploys, drifted) 
     assert finding["severity"] == "warning"
     assert f"595.58.03 -> {MOVED_DRIVER}" in finding["message"]
     assert old_run.name in finding["source"] and "apt-mark hold" in finding["remedy"]
-    # Nothing else moved: the engine and kernel are as they were.
-    assert not [f for f in result["findings"] if f["subject"] in ("vLLM", "kernel", "CUDA")]
+    # Nothing else moved: the engine, the kernel and the checkpoint (read again: the good run
+    # knew its manifest) are as they were.
+    unmoved = ("vLLM", "torch", "kernel", "CUDA", "GPUs", "model manifest")
+    assert not [f for f in result["findings"] if f["subject"] in unmoved]
+    assert "probe download" in (run_folder(drifted) / "journal.jsonl").read_text()
 
 
 def test_diagnose_of_a_failed_log_says_what_changed_since_last_good(
