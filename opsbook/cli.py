@@ -554,6 +554,10 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_records(args: argparse.Namespace) -> int:
+    if args.other is not None and args.action != "diff":
+        # Only diff takes a second run: anything else keeps argparse's refusal (exit 2).
+        print(f"opsbook records: error: unrecognized arguments: {args.other}", file=sys.stderr)
+        raise SystemExit(runner.EXIT_USAGE)
     if args.action == "list":
         TERMINAL.table(_listed(args))
         return runner.EXIT_OK
