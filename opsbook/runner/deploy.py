@@ -34,7 +34,7 @@ from opsbook.core.results import (
     State,
     worst_exit_code,
 )
-from opsbook.runner import records, rolling, run_facts
+from opsbook.runner import records, rolling
 from opsbook.runner.execution import (
     DEFAULT_FORKS,
     KERNEL_LOG,
@@ -49,6 +49,7 @@ from opsbook.runner.execution import (
     redact_notebook,
     redact_text_file,
     run_label,
+    write_facts,
     write_run_json,
 )
 from opsbook.runner.interrupt import (
@@ -617,7 +618,7 @@ def _file_deploy(
     with records.private_files():
         write_run_json(run.folder, summary)
         records.write_summary(run.folder, doc)
-        run_facts.write_facts(
+        write_facts(
             run.folder,
             deployment=str(run.deployment),
             started=started_at,

@@ -38,7 +38,7 @@ from opsbook.core.results import (
     HostResult,
     worst_exit_code,
 )
-from opsbook.runner import records, run_facts
+from opsbook.runner import records
 from opsbook.runner.interrupt import (
     RunInterrupted,
     quiet_abandoned_tasks,
@@ -231,7 +231,7 @@ def run_notebook(
         recreate_lost_folder(folder)
         with records.private_files():
             write_run_json(folder, record)
-            run_facts.write_facts(
+            write_facts(
                 folder,
                 deployment=str(params["deployment"]),
                 started="",
@@ -668,3 +668,13 @@ def _stages() -> Any:
     from opsbook import stages
 
     return stages
+
+
+def write_facts(folder: Path, **run: Any) -> Path:
+    """``facts.json`` of a run folder (:func:`opsbook.runner.run_facts.write_facts`)."""
+    # Its schema (pydantic) is imported as a run ends, not by every command that imports
+    # the runner (`opsbook --help`).
+    from opsbook.runner import run_facts
+
+    path: Path = run_facts.write_facts(folder, **run)
+    return path
