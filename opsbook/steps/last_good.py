@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from opsbook.core.channel import OUTCOME_ENV, RUNS_DIR_ENV
+from opsbook.core.channel import JOURNAL_ENV, RUNS_DIR_ENV
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import RunError
 from opsbook.core.facts_diff import FactsDiff, diff_facts
@@ -159,13 +159,14 @@ def mark_good(runs_dir: Path, run: str, hosts: list[str] | None = None) -> list[
 
 def runs_dir_of_run() -> Path | None:
     """The runs folder of the run this process's stages belong to: JupyterLab's (set by its
-    session), else the folder above the run folder its outcome file is in; None outside a
-    run."""
+    session), else the folder above the run folder, which holds the run's journal (a deploy
+    in batches writes its stages' outcome files in a folder per batch, its journal at the top);
+    None outside a run."""
     named = os.environ.get(RUNS_DIR_ENV)
     if named:
         return Path(named)
-    outcome = os.environ.get(OUTCOME_ENV)
-    return Path(outcome).parent.parent if outcome else None
+    journal = os.environ.get(JOURNAL_ENV)
+    return Path(journal).parent.parent if journal else None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from opsbook.core.channel import OUTCOME_ENV, RUNS_DIR_ENV
+from opsbook.core.channel import JOURNAL_ENV, RUNS_DIR_ENV
 from opsbook.core.deployment import parse_deployment
 from opsbook.core.exceptions import ProbeError
 from opsbook.core.facts_schema import (
@@ -104,7 +104,7 @@ def test_preflight_compares_the_live_host_with_last_good_in_its_runs_folder(
     (runs / filed.run).mkdir(parents=True)
     (runs / filed.run / "facts.json").write_text(filed.to_json())
     monkeypatch.delenv(RUNS_DIR_ENV, raising=False)
-    monkeypatch.setenv(OUTCOME_ENV, str(runs / "now" / "00_preflight.results.jsonl"))
+    monkeypatch.setenv(JOURNAL_ENV, str(runs / "now" / "journal.jsonl"))
     versions = {"versions": {"torch": "2.10.0", "vllm": "0.15.1"}}
     # The host's python answers torch; the manifest probe does not answer: unknown, not moved.
     unanswered = ProbeError("the probe did not answer JSON")
@@ -118,5 +118,5 @@ def test_preflight_compares_the_live_host_with_last_good_in_its_runs_folder(
     other = FakeHost("b", commands={"-c": json.dumps(versions)})
     assert drift.since_last_good(other, dep, live_facts("580.95.05")) == []
     assert other.calls == []  # no last good: not one command more
-    monkeypatch.delenv(OUTCOME_ENV)
+    monkeypatch.delenv(JOURNAL_ENV)
     assert drift.since_last_good(host, dep, live_facts("580.95.05")) == []

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opsbook.core.channel import OUTCOME_ENV, RUNS_DIR_ENV
+from opsbook.core.channel import JOURNAL_ENV, OUTCOME_ENV, RUNS_DIR_ENV
 from opsbook.core.exceptions import RunError
 from opsbook.core.facts_schema import (
     EngineFacts,
@@ -111,11 +111,13 @@ def test_since_last_good_names_only_facts_known_on_both_sides(tmp_path, dep) -> 
     assert "no last good run" in last_good.describe_since([none])[0]
 
 
-def test_the_runs_folder_of_a_run_is_above_its_outcome_file(tmp_path, monkeypatch) -> None:
+def test_the_runs_folder_of_a_run_is_above_the_folder_of_its_journal(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv(RUNS_DIR_ENV, raising=False)
-    monkeypatch.delenv(OUTCOME_ENV, raising=False)
+    monkeypatch.delenv(JOURNAL_ENV, raising=False)
     assert last_good.runs_dir_of_run() is None
-    monkeypatch.setenv(OUTCOME_ENV, str(tmp_path / "runs" / "r1" / "00_preflight.results.jsonl"))
+    # A deploy in batches: the outcome files in batch folders, the journal at the top.
+    monkeypatch.setenv(OUTCOME_ENV, str(tmp_path / "runs" / "r1" / "batch-02" / "x.results.jsonl"))
+    monkeypatch.setenv(JOURNAL_ENV, str(tmp_path / "runs" / "r1" / "journal.jsonl"))
     assert last_good.runs_dir_of_run() == tmp_path / "runs"
     monkeypatch.setenv(RUNS_DIR_ENV, str(tmp_path / "lab"))
     assert last_good.runs_dir_of_run() == tmp_path / "lab"
