@@ -587,8 +587,8 @@ def _history_arguments(rec: argparse.ArgumentParser) -> None:
         "--host",
         action="append",
         default=[],
-        help="list: only runs on this host (a glob, or part of its name); mark-good: only "
-        "this host of the run (may be repeated)",
+        help="list: only runs on this host (a glob, or part of its name; repeated: any of "
+        "them); mark-good: only this host of the run (may be repeated)",
     )
     rec.add_argument("--state", default="", help="list: only runs with this status (ok...)")
     rec.add_argument("--since", default="", help="list: only runs started at or after (UTC)")
@@ -614,7 +614,7 @@ def _listed(args: argparse.Namespace) -> Any:
 
     only = history.RunFilter(
         deployment=args.deployment,
-        host=args.host[0] if args.host else "",
+        hosts=tuple(args.host),
         state=args.state,
         since=history.parse_when(args.since) if args.since else None,
         until=history.parse_when(args.until) if args.until else None,

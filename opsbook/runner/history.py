@@ -32,30 +32,26 @@ class RunFilter:
 
     Args:
         deployment: the deployment file (its path, or its name as the list shows it).
-        host: a host of the run (a glob on its name, or part of it).
+        hosts: a host of the run is one of these (a glob on its name, or part of it).
         state: the run's status (``ok``, ``problem found``...).
         since: runs started at or after this (UTC); until: before this.
     """
 
     deployment: str = ""
-    host: str = ""
+    hosts: tuple[str, ...] = ()
     state: str = ""
     since: datetime | None = None
     until: datetime | None = None
 
     def keeps_folder(self, folder: Path) -> bool:
-        """Whether the folder's name alone leaves the run in (its start time)."""
-        if self.since is None and self.until is None:
-            return True
+        """Whether the folder's name alone leaves the run in (its start time; a name without
+        one is decided on its record)."""
         started = started_of(folder.name)
-        if started is None:
-            return True  # decided on its record
-        return (self.since is None or started >= self.since) and (
-            self.until is None or started < self.until
-        )
+        return started is None or self._in_dates(started)
 
     def keeps(self, folder: Path, doc: Mapping[str, Any]) -> bool:
-        if not self.keeps_folder(folder):
+        started = started_of(folder.name) or _when(doc.get("started"))
+        if (self.since or self.until) and (started is None or not self._in_dates(started)):
             return False
         if self.state and str(doc.get("status", "")).lower() != self.state.lower():
             return False
@@ -63,7 +59,21 @@ class RunFilter:
             _same_deployment(d, self.deployment) for d in records.deployments_of(dict(doc))
         ):
             return False
-        return not self.host or any(_host_matches(h, self.host) for h in hosts_of(doc))
+        named = hosts_of(doc)
+        return not self.hosts or any(_host_matches(h, p) for h in named for p in self.hosts)
+
+    def _in_dates(self, started: datetime) -> bool:
+        return (self.since is None or started >= self.since) and (
+            self.until is None or started < self.until
+        )
+
+
+def _when(value: Any) -> datetime | None:
+    try:
+        when = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
 def started_of(name: str) -> datetime | None:

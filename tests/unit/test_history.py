@@ -45,8 +45,9 @@ def test_the_list_filters_by_host_state_deployment_and_dates(runs: Path) -> None
         "20260201T000000Z-deploy-gpu-02",
         "20260101T000000Z-deploy-gpu-01",
     ]
-    assert listed(runs, host="gpu-02") == ["20260201T000000Z-deploy-gpu-02"]
-    assert listed(runs, host="ops@gpu-0[1]:*") == [
+    assert listed(runs, hosts=("gpu-02",)) == ["20260201T000000Z-deploy-gpu-02"]
+    assert len(listed(runs, hosts=("gpu-02", "gpu-01"))) == 3
+    assert listed(runs, hosts=("ops@gpu-0[1]:*",)) == [
         "20260301T000000Z-deploy-gpu-01",
         "20260101T000000Z-deploy-gpu-01",
     ]
@@ -56,6 +57,14 @@ def test_the_list_filters_by_host_state_deployment_and_dates(runs: Path) -> None
     since = history.parse_when("2026-01-15")
     until = history.parse_when("2026-02-15T00:00")
     assert listed(runs, since=since, until=until) == ["20260201T000000Z-deploy-gpu-02"]
+    # A folder whose name says no time is judged by its record's start.
+    filed(runs, "session-of-ops", "ops@gpu-03:22")
+    summary = runs / "session-of-ops" / "summary.json"
+    summary.write_text(
+        summary.read_text().replace('"name"', '"started": "2026-02-01T10:00:00", "name"')
+    )
+    assert "session-of-ops" in listed(runs, since=since, until=until)
+    assert "session-of-ops" not in listed(runs, since=until)
 
 
 def test_a_date_that_is_none_is_refused_with_the_form_expected() -> None:
