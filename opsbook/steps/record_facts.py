@@ -16,6 +16,7 @@ from opsbook.core import facts_schema
 from opsbook.core.deployment import Deployment
 from opsbook.core.redact import MASK, Redactor
 from opsbook.knowledge import logscan
+from opsbook.knowledge.logscan.line_grammar import KV_CACHE_DTYPE_SAID, KV_TOKENS_SAID
 from opsbook.remote.protocol import RemoteHost
 from opsbook.steps import host_side, shard_check
 from opsbook.steps.host_facts import HostFacts
@@ -111,6 +112,19 @@ def phase_seconds(phases: Sequence[logscan.Phase]) -> dict[str, float]:
     }
 
 
+def kv_tokens_from_log(lines: Sequence[str]) -> int | None:
+    """The KV cache's tokens the last start-up's lines name: the smallest, where a start logs
+    several (one per engine or worker that profiled), None when none is named."""
+    tokens: list[int] = []
+    for line in lines:
+        if KV_CACHE_DTYPE_SAID.search(line):
+            tokens = []  # a new start-up begins here
+        said = KV_TOKENS_SAID.search(line)
+        if said:
+            tokens.append(int(said.group("tokens").replace(",", "")))
+    return min(tokens) if tokens else None
+
+
 def side_sections(
     answer: host_side.SideAnswer,
 ) -> tuple[facts_schema.EngineFacts, dict[str, str]]:
@@ -161,4 +175,5 @@ def note_launch(
         return
     engine, configs = side_sections(answer)
     facts_schema.note(host.name, "engine", engine.model_dump())
+    facts_schema.note(host.name, "startup", {"kv_tokens": kv_tokens_from_log(answer.engine_lines)})
     facts_schema.note(host.name, "model", {"path": deployment.model_path, "configs": configs})

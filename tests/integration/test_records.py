@@ -78,7 +78,7 @@ def test_each_deploy_files_its_facts(hosts, deploys) -> None:
     assert host["engine"]["vllm"] == "0.15.1"  # the simulated venv has no torch: unknown
     assert host["model"]["manifest_digest"] and host["model"]["shards"]
     assert host["launch"]["script_digest"] and "config.json" in host["model"]["configs"]
-    assert host["startup"]["ready_s"] is not None
+    assert host["startup"]["ready_s"] is not None and host["startup"]["kv_tokens"] > 0
     # Sealed with the rest of the record.
     assert (old_run / "facts.json").stat().st_mode & 0o777 == 0o400
 

@@ -114,7 +114,10 @@ def test_a_launch_notes_what_it_started_and_what_the_python_answers(
     answer = {
         "versions": {"vllm": "0.15.1", "torch": "2.9.1", "ray": None},
         "script_sha256": "ab",
-        "engine_lines": ["INFO ... kv_cache_dtype=fp8, device_config=cuda"],
+        "engine_lines": [
+            "INFO ... kv_cache_dtype=fp8, device_config=cuda",
+            "INFO 11-28 15:28:09 [kv_cache_utils.py:1229] GPU KV cache size: 868,080 tokens",
+        ],
         "configs": {"config.json": "{}"},
     }
     host = FakeHost("a", commands={"-c": json.dumps(answer)})
@@ -127,3 +130,15 @@ def test_a_launch_notes_what_it_started_and_what_the_python_answers(
     assert noted["engine"]["torch"] == "2.9.1" and noted["engine"]["kv_cache_dtype"] == "fp8_e4m3"
     assert set(noted["model"]["configs"]) == {"config.json"}
     assert noted["launch"]["script_digest"] == "ab"
+    assert noted["startup"]["kv_tokens"] == 868080
+
+
+def test_kv_tokens_are_the_smallest_the_last_start_logs() -> None:
+    real = Path(__file__).parents[1] / "data" / "logs" / "ready-6.log"
+    lines = real.read_text(errors="replace").splitlines()
+    # vLLM 0.8.4 with tensor-parallel 2 logs two sizes in one start: 69,904 and 69,920.
+    assert record_facts.kv_tokens_from_log(lines) == 69904
+    earlier = "GPU KV cache size: 1,000 tokens"
+    later = ["x kv_cache_dtype=auto, y", "GPU KV cache size: 2,000 tokens"]
+    assert record_facts.kv_tokens_from_log([earlier, *later]) == 2000
+    assert record_facts.kv_tokens_from_log(["kv_cache_dtype=auto"]) is None

@@ -479,5 +479,8 @@ KV_CACHE_DTYPE_SAID = re.compile(r"\bkv_cache_dtype=(?P<dtype>[\w.]+)")
 ATTENTION_BACKEND_SAID = re.compile(
     r"\bUsing (?:AttentionBackendEnum\.)?(?P<backend>[A-Z][A-Z0-9_]+) (?:attention )?backend\b"
 )
+# The KV cache's size in tokens once profiled, one line per engine (vllm/v1/core/
+# kv_cache_utils.py: ``GPU KV cache size: 1,028,832 tokens``; tests/data/logs/ready-3.log).
+KV_TOKENS_SAID = re.compile(r"\bGPU KV cache size: (?P<tokens>\d[\d,]*) tokens\b")
 # Fixed parts of those lines, for a host to pick them out of a large log before they are read.
-ENGINE_LINE_MARKS = ("kv_cache_dtype=", " backend")
+ENGINE_LINE_MARKS = ("kv_cache_dtype=", " backend", "GPU KV cache size: ")
