@@ -88,7 +88,7 @@ sandbox-down:
 
 # Each bench prints its rows: measure | opsbook | plain | ratio | goal (issue 16); all run even
 # when one misses its goal, and make bench fails if any did not finish.
-BENCHES := cli health diagnose launch download deploy fleet heldout
+BENCHES := cli health diagnose launch download deploy fleet heldout records
 bench: setup
 	status=0; for b in $(BENCHES); do $(PY) bench/$$b.py || status=1; done; exit $$status
 

@@ -14,7 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from opsbook.core.channel import StageProgress
-from opsbook.core.results import HostRecap, HostResult, State
+from opsbook.core.results import HostRecap, HostResult, State, Table
+
+if TYPE_CHECKING:
+    from opsbook.runner.history import FactsDiff
 
 if TYPE_CHECKING:
     from opsbook.steps.plan import CapacityPlan
@@ -154,6 +157,51 @@ class Terminal:
                 text.highlight_regex(pattern, style)
             console.print(text)
         console.print(Text(ending, style="bold green" if ok else "bold red"))
+        self.out.flush()
+
+    def table(self, table: Table, title: str = "") -> None:
+        """A table of records (``records list``, ``last-good``, ``search``): aligned text off a
+        terminal, a rich table on one."""
+        if not self.is_tty():
+            self.plain(*([title] if title else []), str(table))
+            return
+        from rich.table import Table as RichTable
+
+        shown = RichTable(*table.columns, title=title or None, title_justify="left")
+        for row in table.rows:
+            shown.add_row(*("" if v is None else str(v) for v in row))
+        self.console().print(shown)
+        self.out.flush()
+
+    def facts_diff(self, diff: FactsDiff) -> None:
+        """``records diff``: a head, a line per section with how many facts changed (as
+        ``git diff --stat``), then each fact old and new side by side."""
+        stat = diff.stat()
+        width = max((len(name) for name, _ in stat), default=0)
+        lines = [f" {name:<{width}} | {count:>3} {'~' * min(count, 40)}" for name, count in stat]
+        if not self.is_tty():
+            self.plain(diff.head(), *lines)
+            if diff.changes:
+                self.plain("", str(diff.table()))
+            return
+        from rich.text import Text
+
+        console = self.console()
+        console.print(Text(diff.head(), style="bold"))
+        for line in lines:
+            text = Text(line)
+            text.stylize("yellow", line.index("|") + 6)
+            console.print(text, no_wrap=True)
+        if not diff.changes:
+            self.out.flush()
+            return
+        from rich.table import Table as RichTable
+
+        shown = RichTable("host", "fact", "old", "new", "moved")
+        for row in diff.table().rows:
+            host, key, old, new, moved = (str(v) for v in row)
+            shown.add_row(host, key, Text(old, style="red"), Text(new, style="green"), moved)
+        console.print(shown)
         self.out.flush()
 
     def plain(self, *lines: str) -> None:

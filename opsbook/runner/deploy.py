@@ -49,6 +49,7 @@ from opsbook.runner.execution import (
     redact_notebook,
     redact_text_file,
     run_label,
+    write_facts,
     write_run_json,
 )
 from opsbook.runner.interrupt import (
@@ -627,6 +628,14 @@ def _file_deploy(
     with records.private_files():
         write_run_json(run.folder, summary)
         records.write_summary(run.folder, doc)
+        write_facts(
+            run.folder,
+            deployment=str(run.deployment),
+            started=started_at,
+            status=summary.status,
+            hosts=names,
+            results=run.results,
+        )
     records.close(run.folder)
     return summary
 

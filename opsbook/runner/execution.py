@@ -236,6 +236,14 @@ def run_notebook(
         recreate_lost_folder(folder)
         with records.private_files():
             write_run_json(folder, record)
+            write_facts(
+                folder,
+                deployment=str(params["deployment"]),
+                started="",
+                status=record.status,
+                hosts=[],
+                results=record.results,
+            )
     return record
 
 
@@ -668,3 +676,13 @@ def _stages() -> Any:
     from opsbook import stages
 
     return stages
+
+
+def write_facts(folder: Path, **run: Any) -> Path:
+    """``facts.json`` of a run folder (:func:`opsbook.runner.run_facts.write_facts`)."""
+    # Its schema (pydantic) is imported as a run ends, not by every command that imports
+    # the runner (`opsbook --help`).
+    from opsbook.runner import run_facts
+
+    path: Path = run_facts.write_facts(folder, **run)
+    return path

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -404,14 +404,21 @@ def _seal(path: Path, mode: int) -> None:
         path.chmod(mode)
 
 
-def list_runs(runs_dir: Path) -> Table:
+def list_runs(
+    runs_dir: Path,
+    keep: Callable[[Path, dict[str, Any]], bool] | None = None,
+    keep_folder: Callable[[Path], bool] | None = None,
+) -> Table:
     """Every run folder under ``runs_dir``, newest first: headless runs and interactive
     sessions (filed or not), with who ran it, on which deployment(s), how long, whether it was
-    a dry run, and how it ended."""
+    a dry run, and how it ended. ``keep``: only the runs it keeps (``keep_folder`` decides
+    first on the folder alone, before its record is read)."""
     rows = []
     for folder in sorted(runs_dir.glob("*"), reverse=True):
+        if keep_folder is not None and not keep_folder(folder):
+            continue
         doc = _read_record(folder)
-        if doc is None:
+        if doc is None or (keep is not None and not keep(folder, doc)):
             continue
         rows.append(
             [

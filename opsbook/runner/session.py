@@ -187,6 +187,16 @@ class Session:
             notebooks=[],
         )
         records.write_summary(self.folder, summary)
+        from opsbook.runner import run_facts  # pydantic: imported as a session is filed
+
+        run_facts.write_facts(
+            self.folder,
+            deployment=self.deployments[0] if self.deployments else "",
+            started=summary.started,
+            status=summary.status,
+            hosts=self.hosts,
+            results=results,
+        )
         _stop_recording(self)
         records.close(self.folder)
         self.filed = True

@@ -6,15 +6,16 @@ engines run with, from their logs), so that a host changed since the deploy stan
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opsbook.core.deployment import Deployment
-from opsbook.core.results import State
+from opsbook.core.results import Finding, State
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import preflight
 from opsbook.stages.base import Note, Report, Together, hook
-from opsbook.steps import metrics, restart_rule, script, server, triage
+from opsbook.steps import last_good, metrics, restart_rule, script, server, triage
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         shows.append(Note(f"/metrics: {state.generation.message}"))
     shows.append(_summary_at_end(state))
     failure = state.diagnosis.failure or "" if state.diagnosis is not None else ""
+    since = "" if state.ok else last_good.since_last_good_here(deployment, host.name)
+    if since:
+        shows.insert(1, Note(since))
+        finding = Finding("info", "since last good", since.split(": ", 1)[-1])
+        verdict = dataclasses.replace(verdict, findings=[*verdict.findings, finding])
     return Report(State.OK if state.ok else State.FAILED, verdict, shows, failure, digest)
 
 

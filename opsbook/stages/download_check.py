@@ -11,7 +11,7 @@ from opsbook.core.results import Result, State
 from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Report, limited
-from opsbook.steps import shard_check
+from opsbook.steps import record_facts, shard_check
 
 
 @dataclass(kw_only=True)
@@ -62,6 +62,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         verdict = shard_check.hash_shards(host, path, manifest=known, cache_path=cache)
         shows.append(verdict)
     state = State.OK if verdict.ok else State.FAILED
+    record_facts.note_download(host.name, deployment, check)
     failure = failure_id(check) if state is State.FAILED else ""
     return DownloadReport(state, verdict, shows, failure, check=check)
 

@@ -23,6 +23,7 @@ from opsbook.steps import (
     host_facts,
     metrics,
     plots,
+    record_facts,
     restart_rule,
     script,
     server,
@@ -136,7 +137,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     )
     decision = restart_rule.decide(state, options.restart, options.pending.get(host.name, ()))
     if not options.apply or not decision.restart:
-        return _as_found(host, paths, state, decision)
+        return _as_found(host, deployment, paths, state, decision)
     # What the new start needs is read before anything is stopped: a start that cannot
     # succeed leaves the running server alone. Read again only when the stop signalled a
     # process, since only then can the answer have changed.
@@ -177,6 +178,8 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     shows.append(smoke)
     read, hung = _metrics_at_ready(host, deployment.server_port, api_key, diagnosis, smoke.ok)
     shows += read
+    if smoke.ok:
+        record_facts.note_launch(host, deployment, digest, diagnosis)
     # The errors the server started past (warnings of the wait) stay in the record.
     verdict = dataclasses.replace(
         smoke,
@@ -244,6 +247,7 @@ def last_said(tail: str) -> str:
 
 def _as_found(
     host: RemoteHost,
+    deployment: Deployment,
     paths: server.LaunchPaths,
     state: triage.ServerState,
     decision: restart_rule.RestartDecision,
@@ -254,6 +258,8 @@ def _as_found(
     verdict = Result(True, decision.dry_run_message())
     found = State.WOULD_CHANGE if decision.restart else State.OK
     shows = [state.processes_table()]
+    if found is State.OK and state.state == "ready":
+        record_facts.note_launch(host, deployment, digest, state.diagnosis)
     return LaunchReport(found, verdict, shows, "", digest, server=state)
 
 

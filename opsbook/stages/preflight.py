@@ -15,7 +15,7 @@ from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.hosts import DEFAULT_FORKS
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report, Together, concurrently
-from opsbook.steps import host_facts, host_side, plots, start_checks
+from opsbook.steps import drift, host_facts, host_side, plots, record_facts, start_checks
 from opsbook.steps.host_compare import Comparison, HostSide, compare
 
 
@@ -35,7 +35,10 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Preflight
     """Gather the host's facts (GPUs, processes, driver, interconnect, python, vLLM, disk,
     ports, servers) and judge them; changes nothing."""
     found = host_facts.gather_facts(host, deployment)
-    verdict = host_facts.check_facts(found, start_checks.gpu_findings(found, deployment))
+    record_facts.note_preflight(host.name, found)
+    moved = drift.since_last_good(host, deployment, found)
+    verdict = host_facts.check_facts(found, [*start_checks.gpu_findings(found, deployment), *moved])
+    verdict = drift.noted(verdict, moved)
     shows = [
         Note(f"{len(found.gpus)} GPU(s); interconnect: {found.topology.interconnect}"),
         host_facts.summary_table(found),
@@ -43,6 +46,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Preflight
         plots.gpu_memory(found.gpus, found.processes),
         host_facts.process_table(found),
         host_facts.server_table(found),
+        *drift.tables(moved),
     ]
     return PreflightReport(State.OK if verdict.ok else State.FAILED, verdict, shows, facts=found)
 

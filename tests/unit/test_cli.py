@@ -402,3 +402,30 @@ def test_the_recap_says_which_hosts_were_rolled_back(capsys) -> None:
         "ops@b ok=0  changed=1  failed=1  unreachable=0  skipped=0  (failed at launch: exited)"
         "  [rolled back]"
     )
+
+
+def test_records_diff_needs_two_runs_and_mark_good_one(tmp_path, capsys) -> None:
+    runs = ["--runs-dir", str(tmp_path)]
+    for missing in (["diff", "a"], ["mark-good"]):
+        with pytest.raises(SystemExit) as refused:
+            cli.main(["records", *missing, *runs])
+        assert refused.value.code == run.EXIT_USAGE
+        assert "the following arguments are required" in capsys.readouterr().err
+    assert cli.main(["records", "search", *runs]) == run.EXIT_USAGE
+    assert "needs --fact or --failure" in capsys.readouterr().err
+    assert cli.main(["records", "list", "--since", "yesterday", *runs]) == run.EXIT_USAGE
+    assert "'yesterday' is not a date" in capsys.readouterr().err
+
+
+def test_records_diff_of_two_runs_prints_what_changed(tmp_path, capsys) -> None:
+    from opsbook.core.facts_schema import EngineFacts, HostRunFacts, RunFacts
+
+    for name, vllm in (("r1", "0.15.1"), ("r2", "0.33.0")):
+        (tmp_path / name).mkdir()
+        doc = RunFacts(
+            run=name, deployment="d", hosts={"h": HostRunFacts(engine=EngineFacts(vllm=vllm))}
+        )
+        (tmp_path / name / "facts.json").write_text(doc.to_json())
+    assert cli.main(["records", "diff", "r1", "r2", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("1 fact(s) differ from r1 to r2") and "0.33.0" in out

@@ -140,3 +140,37 @@ def test_the_last_words_of_a_log_skip_blank_and_bare_lines() -> None:
     )
     assert launch_server.last_said("") == ""
     assert len(launch_server.last_said("y" * 500)) == launch_server.SAID_CHARS
+
+
+def facts_diff() -> object:
+    from opsbook.core.facts_diff import diff_facts
+    from opsbook.core.facts_schema import EngineFacts, HostRunFacts, RunFacts
+
+    def run(name: str, vllm: str, kv: str) -> RunFacts:
+        engine = EngineFacts(vllm=vllm, kv_cache_dtype=kv)
+        return RunFacts(run=name, deployment="d", hosts={"h": HostRunFacts(engine=engine)})
+
+    return diff_facts(run("r1", "0.15.1", "auto"), run("r2", "0.33.0", "fp8_e4m3"))
+
+
+def test_a_facts_diff_is_a_stat_head_then_each_fact_old_and_new() -> None:
+    out = io.StringIO()
+    Terminal(out).facts_diff(facts_diff())  # type: ignore[arg-type]
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "2 fact(s) differ from r1 to r2: 2 changed, 0 added, 0 removed"
+    assert lines[1] == " engine |   2 ~~"
+    [vllm] = [line for line in lines if "engine.vllm" in line]
+    assert vllm.split() == ["h", "engine.vllm", "0.15.1", "0.33.0"]
+
+
+def test_on_a_terminal_a_facts_diff_and_a_table_are_rich_tables() -> None:
+    from opsbook.core.results import Table
+
+    out = io.StringIO()
+    terminal = Terminal(out, tty=True, width=100)
+    terminal.facts_diff(facts_diff())  # type: ignore[arg-type]
+    terminal.table(Table(["run", "status"], [["r1", "ok"]]), title="runs")
+    text = out.getvalue()
+    plain = ANSI.sub("", text)
+    assert "┃ host" in plain and "│ engine.vllm" in plain and "runs" in plain, plain
+    assert "\x1b[31m0.15.1" in text and "\x1b[32m0.33.0" in text  # old red, new green

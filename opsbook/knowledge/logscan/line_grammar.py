@@ -480,7 +480,7 @@ ATTENTION_BACKEND_SAID = re.compile(
     r"\bUsing (?:AttentionBackendEnum\.)?(?P<backend>[A-Z][A-Z0-9_]+) (?:attention )?backend\b"
 )
 # Fixed parts of those lines, for a host to pick them out of a large log before they are read.
-ENGINE_LINE_MARKS = ("kv_cache_dtype=", " backend")
+ENGINE_LINE_MARKS = ("kv_cache_dtype=", " backend", "KV cache size: ")
 
 # What vLLM says of its memory once it sized the KV cache, read by the capacity plan
 # (opsbook.steps.plan): 0.32.0 vllm/v1/core/kv_cache_utils.py update_kv_cache_capacity ("%s KV

@@ -1,0 +1,179 @@
+"""The facts a run's record keeps (:mod:`opsbook.core.facts_schema`), from what the stages
+already learn: preflight's :class:`~opsbook.steps.host_facts.HostFacts`, the download check's
+shard rows, and the launch's log and the deployment's python's answer.
+
+Each ``*_section`` builds a section's values; :func:`note_preflight`, :func:`note_download` and
+:func:`note_launch` note them for the run (nothing outside a run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from opsbook.core import facts_schema
+from opsbook.core.deployment import Deployment
+from opsbook.core.redact import MASK, Redactor
+from opsbook.knowledge import logscan
+from opsbook.knowledge.logscan.line_grammar import KV_CACHE_DTYPE_SAID, KV_CACHE_SIZE_SAID
+from opsbook.remote.protocol import RemoteHost
+from opsbook.steps import host_side, shard_check
+from opsbook.steps.host_facts import HostFacts
+
+# The startup phases (failures.yaml's signals.phases) whose length is a figure of the record.
+LOAD_PHASE, COMPILE_PHASE, READY_PHASE = "weights", "compile", "ready"
+
+
+def fingerprint_section(found: HostFacts) -> facts_schema.HostFingerprint:
+    """The machine as preflight's probe saw it."""
+    links = found.topology.links
+    return facts_schema.HostFingerprint(
+        gpus=[g.name for g in sorted(found.gpus, key=lambda g: g.index)],
+        driver=found.driver,
+        cuda=found.cuda,
+        kernel=found.os.kernel,
+        cpu=str(found.cpu_count) if found.cpu_count else None,
+        topology_digest=facts_schema.digest_of(links)[:16] if links else None,
+    )
+
+
+def engine_section(found: HostFacts) -> facts_schema.EngineFacts:
+    """The deployment's interpreter and its vLLM, as preflight's probe found them."""
+    python = found.python
+    return facts_schema.EngineFacts(
+        vllm=found.vllm_version,
+        interpreter=python.executable,
+        python=python.version.split()[0] if python.version else None,
+    )
+
+
+def model_section(
+    deployment: Deployment, check: shard_check.CheckResult
+) -> facts_schema.ModelFacts:
+    """The checkpoint as the download check read it: the digest of its shard manifest (each
+    shard's name and size as the index expects it)."""
+    manifest = sorted(
+        (row.file, row.expected_size if row.expected_size is not None else row.size)
+        for row in check.shards
+    )
+    return facts_schema.ModelFacts(
+        path=deployment.model_path,
+        manifest_digest=facts_schema.digest_of(manifest)[:16] if manifest else None,
+        shards=len(manifest),
+    )
+
+
+def launch_section(deployment: Deployment, script_digest: str) -> facts_schema.LaunchFacts:
+    """The serve flags (secret values masked), the names of the env it sets, the script."""
+    redactor = Redactor(deployment.secret_values())
+    secret = {name for name in deployment.secret_args()}
+    flags = {
+        str(name): MASK if name in secret else redactor.redact(_flag_text(value))
+        for name, value in deployment.serve_args.items()
+    }
+    return facts_schema.LaunchFacts(
+        flags=flags, env_names=sorted(deployment.env), script_digest=script_digest or None
+    )
+
+
+def _flag_text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return " ".join(str(v) for v in value)
+    return "" if value is True else str(value)
+
+
+def startup_section(diagnosis: logscan.LogDiagnosis | None) -> facts_schema.StartupFacts:
+    """The start's figures from its log: the weights' and compile's seconds, and the seconds
+    from the first phase to ready."""
+    if diagnosis is None:
+        return facts_schema.StartupFacts()
+    lasts = phase_seconds(diagnosis.phases)
+    stamped = [p for p in diagnosis.phases if p.timestamp is not None]
+    ready = next((p for p in stamped if p.name == READY_PHASE), None)
+    ready_s = None
+    if ready is not None and ready.timestamp and stamped[0].timestamp:
+        ready_s = round((ready.timestamp - stamped[0].timestamp).total_seconds(), 1)
+    return facts_schema.StartupFacts(
+        state=diagnosis.state,
+        load_s=lasts.get(LOAD_PHASE),
+        compile_s=lasts.get(COMPILE_PHASE),
+        ready_s=ready_s,
+    )
+
+
+def phase_seconds(phases: Sequence[logscan.Phase]) -> dict[str, float]:
+    """Each stamped phase's seconds until the next stamped one."""
+    stamped = [p for p in phases if p.timestamp is not None]
+    return {
+        a.name: round((b.timestamp - a.timestamp).total_seconds(), 1)
+        for a, b in zip(stamped, stamped[1:], strict=False)
+        if a.timestamp is not None and b.timestamp is not None
+    }
+
+
+def kv_tokens_from_log(lines: Sequence[str]) -> int | None:
+    """The KV cache's tokens the last start-up's lines name: the smallest, where a start logs
+    several (one per engine or worker that profiled), None when none is named."""
+    tokens: list[int] = []
+    for line in lines:
+        if KV_CACHE_DTYPE_SAID.search(line):
+            tokens = []  # a new start-up begins here
+        said = KV_CACHE_SIZE_SAID.search(line)
+        if said:
+            tokens.append(int(said.group("tokens").replace(",", "")))
+    return min(tokens) if tokens else None
+
+
+def side_sections(
+    answer: host_side.SideAnswer,
+) -> tuple[facts_schema.EngineFacts, dict[str, str]]:
+    """What the deployment's python answered: its engine (torch, Ray, and the KV-cache dtype
+    and attention backend the server's log names) and each config file's sha256."""
+    kv, backend = host_side.engine_from_log(answer.engine_lines)
+    engine = facts_schema.EngineFacts(
+        vllm=answer.versions.get("vllm"),
+        torch=answer.versions.get("torch"),
+        ray=answer.versions.get("ray"),
+        kv_cache_dtype=host_side.KV_DTYPE_ALIASES.get(kv, kv) or None,
+        attention_backend=backend or None,
+        engine_from=host_side.FROM_LOG if kv or backend else None,
+    )
+    configs = {
+        name: hashlib.sha256(text.encode()).hexdigest()[:16]
+        for name, text in sorted(answer.configs.items())
+    }
+    return engine, configs
+
+
+def note_preflight(host: str, found: HostFacts) -> None:
+    """Note the host's fingerprint and engine as preflight found them."""
+    facts_schema.note(host, "fingerprint", fingerprint_section(found).model_dump())
+    facts_schema.note(host, "engine", engine_section(found).model_dump())
+
+
+def note_download(host: str, deployment: Deployment, check: shard_check.CheckResult) -> None:
+    """Note the checkpoint's shard manifest as the download check read it."""
+    facts_schema.note(host, "model", model_section(deployment, check).model_dump())
+
+
+def note_launch(
+    host: RemoteHost,
+    deployment: Deployment,
+    script_digest: str,
+    diagnosis: logscan.LogDiagnosis | None,
+) -> None:
+    """Note what the launch left running: its flags, env names and script, the start's
+    figures, and the engine and configs the deployment's python answers for (one command,
+    made only inside a run)."""
+    if not facts_schema.recording():
+        return
+    facts_schema.note(host.name, "launch", launch_section(deployment, script_digest).model_dump())
+    facts_schema.note(host.name, "startup", startup_section(diagnosis).model_dump())
+    answer = host_side.read_side(host, deployment)
+    if answer.error:
+        return
+    engine, configs = side_sections(answer)
+    facts_schema.note(host.name, "engine", engine.model_dump())
+    facts_schema.note(host.name, "startup", {"kv_tokens": kv_tokens_from_log(answer.engine_lines)})
+    facts_schema.note(host.name, "model", {"path": deployment.model_path, "configs": configs})
