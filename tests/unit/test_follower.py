@@ -168,3 +168,14 @@ def test_what_the_follower_keeps_of_the_log_s_end_stays_bounded_and_numbered() -
     assert follower.judge(follower.diagnose(running=True)) == logscan.UNDECIDED
     follower.feed((PREFIX + "INFO 10-20 11:18:07 [model.py:631] Resolved architecture\n").encode())
     assert follower.judge(follower.diagnose(running=True)) == logscan.WENT_ON
+
+
+def test_every_startup_marker_holds_one_of_the_words_the_splitter_screens_for() -> None:
+    # The splitter tests MARKER_WORDS before the markers' regex: a marker alternative without
+    # one of them would never be seen.
+    markers = follower._SIGNALS.startup_markers
+    assert markers
+    for marker in markers:
+        for alternative in marker.pattern.split("|"):
+            literal = alternative.replace("\\", "")
+            assert any(word in literal for word in follower.MARKER_WORDS), alternative

@@ -260,9 +260,16 @@ _ANSI_HINT = re.compile(r"\x1b|\[\d")
 _ANY_MARKER = re.compile("|".join(f"(?:{p.pattern})" for p in _SIGNALS.startup_markers))
 
 
+# Words one of which every startup marker holds (tested against failures.yaml's markers): a
+# substring test per line, then the regular expression only where one is found, because a
+# crash-looping server's log is hundreds of thousands of lines and Python's regex tries the
+# markers' alternatives at every position.
+MARKER_WORDS = ("usage: vllm", "version", "args: ")
+
+
 def _startup_marker(text: str) -> int | None:
     """The index of the first startup marker the line holds, or None."""
-    if not _ANY_MARKER.search(text):
+    if not any(word in text for word in MARKER_WORDS) or not _ANY_MARKER.search(text):
         return None
     return next((i for i, p in enumerate(_SIGNALS.startup_markers) if p.search(text)), None)
 
