@@ -28,6 +28,7 @@ from ._simframes import make_frames
 from ._simhttp import ROUTES, Handler, HTTPServer
 from ._simlog import Frame, Log, source
 from ._simprocs import ShmFile, is_alive, python_executable, spawn
+from ._simserving import Reply, Serving
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 NEW_SERVER_LINE_SINCE = "0.16"
@@ -93,6 +94,7 @@ class ApiServer:
         self.served: list[str] = []
         self.max_model_len = 0
         self.lock = threading.Lock()
+        self.replies = Serving(settings, tuple(WORDS), self._die)
 
     def run(self) -> int:
         if self.settings["fault"] and self.fault is None:
@@ -587,18 +589,16 @@ class ApiServer:
 
     # HTTP answers.
 
-    def answer(self, prompt: str, max_tokens: int) -> tuple[str, int, int, str]:
-        """A deterministic reply: text, prompt tokens, completion tokens, finish reason."""
-        digest = hashlib.sha256(prompt.encode()).digest()
-        count = max(1, min(max_tokens, 12))
-        words = [WORDS[digest[i] % len(WORDS)] for i in range(count)]
-        prompt_tokens = max(1, len(prompt.encode()) // 4)
+    def answer(self, prompt: str, max_tokens: int, ignore_eos: bool = False) -> Reply:
+        """A deterministic reply (``_simserving``), counted in the server's counters."""
+        with self.lock:
+            in_flight = self.stats["running"]
+        reply = self.replies.reply(prompt, max_tokens, ignore_eos, in_flight)
         with self.lock:
             self.stats["requests"] += 1
-            self.stats["prompt_tokens"] += prompt_tokens
-            self.stats["generation_tokens"] += count
-        finish = "length" if max_tokens <= 12 else "stop"
-        return " " + " ".join(words), prompt_tokens, count, finish
+            self.stats["prompt_tokens"] += reply.prompt_tokens
+            self.stats["generation_tokens"] += reply.count
+        return reply
 
     @contextlib.contextmanager
     def request_in_flight(self) -> Iterator[None]:
