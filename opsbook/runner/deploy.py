@@ -119,6 +119,7 @@ class _DeployRun:
     on_progress: OnProgress | None
     restart: str = "changed"
     on_failure: str = "leave"
+    qualify: str = "off"
     results: list[HostResult] = field(default_factory=list)
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
@@ -146,6 +147,7 @@ def run_deploy(
     restart: str = "changed",
     on_failure: str = "leave",
     limit: str | None = None,
+    qualify: str = "off",
 ) -> RunRecord:
     """The whole runbook on every host of a deployment, into one run folder: the stages 00 to
     04 in order, a host dropped from the later stages once it fails, then 05_diagnose on every
@@ -175,11 +177,13 @@ def run_deploy(
         on_failure: "leave" a host whose launch failed as it is, or "rollback": put back its
             previous launch script and the configs this run patched, and start it again.
         limit: only the hosts this pattern picks (:func:`~opsbook.runner.execution.limit_hosts`).
+        qualify: "off", or the profile of 06_qualify run after the launch on the hosts that
+            launched (``quick``, ``standard``, ``full``), in an apply only.
 
     Raises:
         DeploymentError: the deployment file is unusable.
-        RunError: ``serial`` is not a count or a percentage, ``restart`` or ``on_failure`` not
-            an allowed value (or a rollback asked of a cluster), or ``limit`` picks no host.
+        RunError: ``serial`` is not a count or a percentage, ``restart``, ``on_failure`` or
+            ``qualify`` not an allowed value (or a rollback asked of a cluster), or ``limit`` picks no host.
         HostLocked: another deploy run holds a host (``opsbook.runner.lock``); nothing was done.
     """
     deployment_path = Path(deployment).resolve()
@@ -187,6 +191,8 @@ def run_deploy(
 
     _stages().get("launch").options({"restart": restart})  # a bad value, before any host
     rolling.check_on_failure(on_failure)
+    if qualify != "off":
+        _stages().QUALIFY.options({"profile": qualify})  # a bad value, before any host
     dep = load_deployment(deployment_path)
     names = limit_hosts(dep, limit) if limit is not None else [h.name for h in dep.hosts]
     if on_failure == "rollback" and dep.cluster is not None:
@@ -212,6 +218,7 @@ def run_deploy(
         on_progress,
         restart,
         on_failure,
+        qualify,
     )
     # The kernel boots (and imports the stages) while the locks are taken and papermill is
     # imported; the notebooks of a deploy are preflight's neighbours.
@@ -459,7 +466,8 @@ def _deploy_batch(
     run: _DeployRun, batch: list[str], where: Path, total: int, max_fail: float | None
 ) -> None:
     active = list(batch)
-    for stage in _stages().DEPLOY:
+    qualify = (_stages().QUALIFY,) if run.qualify != "off" and run.apply else ()
+    for stage in (*_stages().DEPLOY, *qualify):
         if not active:
             return
         results = _run_stage(run, stage, active, where)
@@ -482,6 +490,8 @@ def _run_stage(
         params["apply"] = run.apply
     if "restart" in declared:
         params["restart"] = run.restart
+    if "profile" in declared:
+        params["profile"] = run.qualify
     if "pending" in declared and not run.apply:
         params["pending"] = _stages().launch_server.pending_changes(run.results, hosts)
     journal = run.folder / "journal.jsonl"
@@ -595,6 +605,7 @@ def _file_deploy(
             "forks": str(run.forks),
             "restart": run.restart,
             "on_failure": run.on_failure,
+            "qualify": run.qualify,
             **settings,
         },
         results=run.results,

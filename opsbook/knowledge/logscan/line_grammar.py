@@ -481,3 +481,13 @@ ATTENTION_BACKEND_SAID = re.compile(
 )
 # Fixed parts of those lines, for a host to pick them out of a large log before they are read.
 ENGINE_LINE_MARKS = ("kv_cache_dtype=", " backend")
+# The KV cache the engine made, ``GPU KV cache size: 1,234,560 tokens``, and what it holds at
+# the longest request, ``Maximum concurrency for 8,192 tokens per request: 150.70x``: one line
+# each in 0.15, one line together in vllm 0.32.0 (``CPU KV cache size: ..., Maximum
+# concurrency ...``, the device's name first: vllm/v1/core/kv_cache_utils.py,
+# update_kv_cache_capacity).
+KV_CACHE_SIZE_SAID = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens")
+MAX_CONCURRENCY_SAID = re.compile(
+    r"\bMaximum concurrency for (?P<tokens>[\d,]+) tokens per request: (?P<times>[\d.]+)x"
+)
+KV_LINE_MARKS = ("KV cache size: ", "Maximum concurrency for")
