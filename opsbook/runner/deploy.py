@@ -183,7 +183,8 @@ def run_deploy(
     Raises:
         DeploymentError: the deployment file is unusable.
         RunError: ``serial`` is not a count or a percentage, ``restart``, ``on_failure`` or
-            ``qualify`` not an allowed value (or a rollback asked of a cluster), or ``limit`` picks no host.
+            ``qualify`` not an allowed value (or a rollback asked of a cluster), or ``limit``
+            picks no host.
         HostLocked: another deploy run holds a host (``opsbook.runner.lock``); nothing was done.
     """
     deployment_path = Path(deployment).resolve()
@@ -286,7 +287,7 @@ def _file_deploy_run(
         replace(entry, html=str(page.relative_to(run.folder)) if page else None)
         for entry, page in zip(run.notebooks, pages, strict=True)
     ]
-    run.results = _with_skipped(run.results, names, run.stopped)
+    run.results = _with_skipped(run.results, names, run.stopped, _qualifies(run))
     settings = {
         "max_fail_percentage": "" if max_fail_percentage is None else f"{max_fail_percentage:g}",
         "limit": limit or "",
@@ -466,7 +467,7 @@ def _deploy_batch(
     run: _DeployRun, batch: list[str], where: Path, total: int, max_fail: float | None
 ) -> None:
     active = list(batch)
-    qualify = (_stages().QUALIFY,) if run.qualify != "off" and run.apply else ()
+    qualify = (_stages().QUALIFY,) if _qualifies(run) else ()
     for stage in (*_stages().DEPLOY, *qualify):
         if not active:
             return
@@ -549,8 +550,16 @@ def _complete(
     return results
 
 
-def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> list[HostResult]:
-    """Every host x stage of the run: a pair with no result is skipped, saying why."""
+def _qualifies(run: _DeployRun) -> bool:
+    """Whether the run ends its hosts' stages with 06_qualify (``-p qualify``, in an apply)."""
+    return run.qualify != "off" and run.apply
+
+
+def _with_skipped(
+    results: list[HostResult], names: list[str], stopped: str, qualifies: bool = False
+) -> list[HostResult]:
+    """Every host x stage of the run (06_qualify when it ``qualifies``): a pair with no
+    result is skipped, saying why."""
     done = {(r.host, r.stage) for r in results}
     filled = list(results)
     for host in names:
@@ -560,6 +569,8 @@ def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> 
             f"not run: {stopped}" if stopped else "not run",
         )
         for stage in _stages().STAGES:
+            if stage is _stages().QUALIFY and not qualifies:
+                continue
             if (host, stage.name) not in done:
                 filled.append(HostResult(host, stage.name, State.SKIPPED, reason))
     return filled
@@ -636,8 +647,8 @@ def record_steps(results: Sequence[HostResult]) -> list[str]:
     """The columns of a deploy's record: the stages, and the steps around them that ran (the
     health check before a batch and the pre hook first, the rollback and the post hook after
     the launch)."""
-    names = [s.name for s in _stages().STAGES]
     ran = {r.stage for r in results}
+    names = [s.name for s in _stages().STAGES if s is not _stages().QUALIFY or s.name in ran]
     before = [s for s in (rolling.HEALTH, rolling.PRE_HOST) if s in ran]
     after = [s for s in (rolling.ROLLBACK, rolling.POST_HOST) if s in ran]
     launch = names.index("launch") + 1

@@ -71,6 +71,8 @@ class Correctness:
         together: per prompt, the hashes of its answers at concurrency ``concurrency``.
         degenerate: per prompt, why its answer is degenerate.
         failed: errors of requests that did not complete.
+        without_ids: prompts answered without token ids (a release that does not know
+            ``return_token_ids``): their determinism is not checked.
     """
 
     concurrency: int
@@ -78,6 +80,7 @@ class Correctness:
     together: dict[str, list[str]] = field(default_factory=dict)
     degenerate: dict[str, str] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
+    without_ids: list[str] = field(default_factory=list)
 
     @property
     def deterministic(self) -> bool:
@@ -115,6 +118,17 @@ class Correctness:
                     "the server answers 200 with garbage: check the quantisation and kernels "
                     "(vllm issue 42426, flashinfer issue 2708)",
                     code=CODE_DEGENERATE,
+                )
+            )
+        if self.without_ids:
+            found.append(
+                Finding(
+                    "warning",
+                    "determinism",
+                    f"{len(self.without_ids)} answer(s) came without token ids: determinism "
+                    "not checked",
+                    "a release whose completions take return_token_ids (vLLM 0.32.0 does: "
+                    "vllm/entrypoints/openai/completion/protocol.py) checks it",
                 )
             )
         if self.failed:
@@ -173,8 +187,11 @@ def judge(
         if not answer.ok:
             result.failed.append(answer.error)
             continue
-        result.alone[name] = answer.ids_sha256
         why = degenerate_reason(answer)
+        if answer.ids_sha256:
+            result.alone[name] = answer.ids_sha256
+        else:
+            result.without_ids.append(name)
         if why:
             result.degenerate[name] = why
     for n, raw in enumerate(together_raw):

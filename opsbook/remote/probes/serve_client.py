@@ -4,8 +4,8 @@ Stdlib only (Python 3.8+). Where the host's venv has no ``vllm bench serve`` (or
 correctness checks, which need the token ids) it sends streamed ``/v1/completions`` requests,
 ``concurrency`` at a time, and times each: time to first token, the gaps between tokens, the
 whole latency. ``warmup`` requests go first and are not reported. Each request asks for its
-token ids (``return_token_ids``: vLLM 0.10.2 and later, ``vllm/entrypoints/openai/completion/
-protocol.py`` in 0.32.0; a chunk's ``token_ids`` is its delta), and the answer carries their
+token ids (``return_token_ids``: ``vllm/entrypoints/openai/completion/protocol.py`` and
+``serving.py`` in vLLM 0.32.0; a chunk's ``token_ids`` is its delta), and the answer carries their
 sha256, so that two runs compare tokens, never text.
 
 Args: ``port``, ``model``, ``requests`` (``[{"prompt": str, "max_tokens": int}]``),
