@@ -387,15 +387,12 @@ def _bench_serve(
 
 def cell_from_bench_json(doc: dict[str, Any], cell: Cell, raw: str = "") -> CellResult:
     """A cell's result from ``vllm bench serve``'s saved JSON (vLLM 0.32.0 ``benchmarks/
-    serve.py``: ``completed``, ``failed``, ``duration``, ``output_throughput``, ``ttfts``,
-    ``itls``, ``latencies``, ``output_lens``, ``p50_ttft_ms``... for ``--metric-percentiles``)."""
-    ttfts, latencies = doc.get("ttfts") or [], doc.get("latencies") or []
-    lens = doc.get("output_lens") or []
-    rates = [
-        (n - 1) / (lat - ttft)
-        for n, lat, ttft in zip(lens, latencies, ttfts, strict=False)
-        if n and n > 1 and lat and ttft is not None and lat > ttft
-    ]
+    serve.py``: ``completed``, ``failed``, ``duration``, ``output_throughput``,
+    ``mean_tpot_ms``, ``p50_ttft_ms``... for ``--metric-percentiles``, and ``errors`` only with
+    ``--save-detailed``)."""
+    # The per-request lists are saved only with --save-detailed; the mean time per output
+    # token is always there: a request's decode rate is its inverse.
+    tpot = float(doc.get("mean_tpot_ms") or 0.0)
 
     def spread(metric: str) -> Spread:
         values = [doc.get(f"p{p}_{metric}_ms") for p in PERCENTILES]
@@ -410,7 +407,7 @@ def cell_from_bench_json(doc: dict[str, Any], cell: Cell, raw: str = "") -> Cell
         failed=int(doc.get("failed", 0)),
         duration_s=round(float(doc.get("duration", 0.0)), 3),
         output_tok_s=round(float(doc.get("output_throughput", 0.0)), 2),
-        per_request_tok_s=round(sum(rates) / len(rates), 2) if rates else 0.0,
+        per_request_tok_s=round(1000 / tpot, 2) if tpot > 0 else 0.0,
         ttft_ms=spread("ttft"),
         tpot_ms=spread("tpot"),
         itl_ms=spread("itl"),

@@ -53,8 +53,7 @@ def test_bench_serve_json_is_read_into_a_cell() -> None:
     # The keys vLLM 0.32.0's benchmarks/serve.py saves (a run's real file, shortened).
     doc = {
         "duration": 2.0, "completed": 4, "failed": 0, "output_throughput": 128.0,
-        "ttfts": [0.1, 0.1, 0.2, 0.2], "latencies": [0.73, 0.73, 0.83, 0.83],
-        "output_lens": [64, 64, 64, 64], "errors": ["", "", "", ""],
+        "mean_tpot_ms": 10.0, "max_concurrency": 4, "total_output_tokens": 256,
         "p50_ttft_ms": 150.0, "p90_ttft_ms": 200.0, "p99_ttft_ms": 200.0,
         "p50_tpot_ms": 10.0, "p90_tpot_ms": 10.0, "p99_tpot_ms": 10.0,
         "p50_itl_ms": 10.0, "p90_itl_ms": 11.0, "p99_itl_ms": 12.0,
