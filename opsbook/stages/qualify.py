@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import posixpath
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     software = receipts.software_of(deployment, facts, extra["torch"], model, digest)
     target = matrix.Target(
         port, model, deployment.model_path, deployment.python, max_len,
-        startup.kv_cache_tokens, api_key,
+        startup.kv_cache_tokens, api_key, seed=int(time.time()) % 100_000,
     )  # fmt: skip
     cells, skipped = matrix.plan_cells(profile, target)
     driver = (

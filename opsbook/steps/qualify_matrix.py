@@ -62,7 +62,9 @@ class Profile:
 
 
 PROFILES = {
-    "quick": Profile("quick", (128, 1024), (1, 4), 64, 8, 2),
+    # About a minute on the real-vLLM tier (bench/qualify.py); 24 requests make each cell a
+    # few seconds of decoding, not one, so that the cell is not one scheduler hiccup.
+    "quick": Profile("quick", (128, 1024), (1, 4), 64, 24, 2),
     "standard": Profile("standard", (128, 1024, 4096), (1, 4, 16), 128, 16, 2, 5.0),
     "full": Profile("full", (128, 1024, 4096, 16384), (1, 4, 16, 64), 256, 32, 4, 30.0),
 }
@@ -81,6 +83,9 @@ class Target:
         max_model_len: the longest request it takes, in tokens (0: unknown).
         kv_cache_tokens: the tokens its KV cache holds (None: unknown).
         api_key: its ``--api-key``, when it has one.
+        seed: this run's prompts' seed: a run's prompts are its own, never served from the
+            prefix cache an earlier run on the same server filled (its speed would be that
+            cache's).
     """
 
     port: int
@@ -90,6 +95,7 @@ class Target:
     max_model_len: int = 0
     kv_cache_tokens: int | None = None
     api_key: str | None = field(default=None, repr=False)
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -270,7 +276,10 @@ def prompt_of(tokens: int, salt: int) -> str:
 def _client(host: RemoteHost, target: Target, profile: Profile, cell: Cell) -> CellResult:
     count = profile.requests_for(cell.concurrency)
     requests = [
-        {"prompt": prompt_of(cell.prompt_tokens, n), "max_tokens": profile.output_tokens}
+        {
+            "prompt": prompt_of(cell.prompt_tokens, target.seed * 100_000 + n),
+            "max_tokens": profile.output_tokens,
+        }
         for n in range(profile.warmup + count)
     ]
     answer = call_client(host, target, requests, cell.concurrency, warmup=profile.warmup)
@@ -357,7 +366,7 @@ def bench_serve_command(
         "--max-concurrency", str(cell.concurrency),
         "--num-warmups", str(profile.warmup),
         "--ignore-eos",
-        "--seed", "0",
+        "--seed", str(target.seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
         "--save-result",

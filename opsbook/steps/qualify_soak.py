@@ -67,7 +67,10 @@ def soak(host: RemoteHost, target: Target, profile: Profile, deployment: Deploym
     while time.monotonic() < deadline and not seen.findings:
         before = metrics.read_metrics(host, target.port, api_key=target.api_key)
         requests = [
-            {"prompt": prompt_of(length, seen.requests + n), "max_tokens": profile.output_tokens}
+            {
+                "prompt": prompt_of(length, target.seed * 100_000 + seen.requests + n),
+                "max_tokens": profile.output_tokens,
+            }
             for n in range(concurrency)
         ]
         answers = call_client(host, target, requests, concurrency)["answers"]
