@@ -37,6 +37,9 @@ pytestmark = pytest.mark.integration
 
 ADDRESS = "127.0.6.33"
 TOKEN_SECONDS = "0.004"
+# The speed test's tokens: slow enough that a request's own overhead on a loaded test machine
+# (the client's threads, HTTP) is a small share of its time, so the same speed reads the same.
+MEASURED_TOKEN_SECONDS = "0.01"
 READY_TIMEOUT = 60.0
 
 
@@ -112,7 +115,7 @@ def receipt_of(folder: Path) -> dict:
 def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fails(
     rig: Rig, tmp_path: Path
 ) -> None:
-    rig.serve()
+    rig.serve(OPSBOOK_SIM_TOKEN_SECONDS=MEASURED_TOKEN_SECONDS)
     first = rig.qualify(tmp_path / "run-1")
     assert first.state is State.OK, str(first.verdict)
     assert "first run on this hardware" in first.verdict.message
@@ -136,7 +139,7 @@ def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fa
     assert "against the last good run" in again.verdict.message
     assert receipt_of(tmp_path / "run-2")["compared_with"] == str(tmp_path / "run-1")
 
-    rig.serve(OPSBOOK_SIM_SLOWDOWN="1.25")
+    rig.serve(OPSBOOK_SIM_TOKEN_SECONDS=MEASURED_TOKEN_SECONDS, OPSBOOK_SIM_SLOWDOWN="1.25")
     slower = rig.qualify(tmp_path / "run-3")
     assert slower.state is State.FAILED
     assert gate.CODE_DECODE in codes(slower), str(slower.verdict)

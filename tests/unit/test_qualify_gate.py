@@ -46,8 +46,8 @@ def test_p99_ttft_beyond_its_band_and_floor_is_a_regression() -> None:
     assert codes(gate.against_last_good(receipt(ttft=130.0), good, gate.Bands())) == [
         gate.CODE_TTFT
     ]
-    # 2 ms to 4 ms is +100% but scheduling jitter, not a regression.
-    assert codes(gate.against_last_good(receipt(ttft=4.0), receipt(ttft=2.0), gate.Bands())) == []
+    # 8 ms to 30 ms is +275% but scheduling jitter, not a regression.
+    assert codes(gate.against_last_good(receipt(ttft=30.0), receipt(ttft=8.0), gate.Bands())) == []
 
 
 def test_a_software_change_is_said_in_the_regression() -> None:
