@@ -341,6 +341,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             restart=str(params.get("restart", "changed")),
             on_failure=str(params.get("on_failure", "leave")),
             limit=args.limit,
+            qualify=str(params.get("qualify", "off")),
             on_result=_print_result,
             on_progress=_print_progress,
             on_folder=on_folder,
@@ -465,6 +466,8 @@ def _stages_help() -> str:
         "is ready and unchanged",
         "      on_failure: str (default 'leave') - or 'rollback': a host whose launch failed "
         "gets its previous script and config back, started again",
+        "      qualify: str (default 'off') - or quick|standard|full: 06_qualify after the "
+        "launch (in an apply)",
     ]
     return "\n".join(lines)
 
@@ -944,15 +947,16 @@ def _positive(text: str) -> int:
     return value
 
 
-DEPLOY_PARAMETERS = ("apply", "serial", "restart", "on_failure")
+DEPLOY_PARAMETERS = ("apply", "serial", "restart", "on_failure", "qualify")
 # A deploy's first line: whether it changes the hosts (it does unless told not to).
 DEPLOY_APPLIES = "deploy: applying changes to the hosts (-p apply false for a dry run)"
 DEPLOY_DRY = "deploy: a dry run (-p apply false): nothing on the hosts is changed"
 
 
 def _deploy_parameters(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """``-p apply true|false``, ``-p serial N|N%``, ``-p restart changed|always`` and
-    ``-p on_failure leave|rollback`` of a deploy, as plain values."""
+    """``-p apply true|false``, ``-p serial N|N%``, ``-p restart changed|always``,
+    ``-p on_failure leave|rollback`` and ``-p qualify off|quick|standard|full`` of a deploy,
+    as plain values."""
     unknown = sorted({name for name, _ in pairs} - set(DEPLOY_PARAMETERS))
     if unknown:
         raise RunError(

@@ -211,6 +211,9 @@ EXIT_USAGE = 2  # bad arguments or deployment file
 EXIT_TOOL_FAILED = 3  # opsbook or the notebook itself failed
 EXIT_UNREACHABLE = 4  # a host could not be reached
 EXIT_LOCKED = 5  # another deploy run holds a host's deploy lock (opsbook.runner.lock)
+EXIT_BUSY = 6  # 06_qualify skipped a host whose server was serving requests (not idle)
+# The worst first: a run's exit code is its worst host's.
+EXIT_ORDER = (EXIT_OK, EXIT_BUSY, EXIT_PROBLEM, EXIT_TOOL_FAILED, EXIT_UNREACHABLE)
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,8 @@ class HostResult:
             return EXIT_TOOL_FAILED
         if self.state in (State.FAILED, State.WOULD_CHANGE):
             return EXIT_PROBLEM
+        if self.state is State.SKIPPED and self.failure_id == SERVER_BUSY:
+            return EXIT_BUSY
         return EXIT_OK
 
     @property
@@ -278,6 +283,8 @@ class HostResult:
 
 
 TOOL_FAILED = "tool-failed"
+# A stage that measures the server (06_qualify) skipped it: it was serving requests.
+SERVER_BUSY = "server-busy"
 
 
 def host_anchor(host: str) -> str:
@@ -320,9 +327,9 @@ def recap(results: Sequence[HostResult]) -> list[HostRecap]:
 
 
 def worst_exit_code(results: Sequence[HostResult]) -> int:
-    """The exit code of a run: its worst host's (unreachable > tool failed > problem > ok)."""
-    order = (EXIT_OK, EXIT_PROBLEM, EXIT_TOOL_FAILED, EXIT_UNREACHABLE)
-    return max((r.exit_code for r in results), key=order.index, default=EXIT_OK)
+    """The exit code of a run: its worst host's (unreachable > tool failed > problem > busy >
+    ok)."""
+    return max((r.exit_code for r in results), key=EXIT_ORDER.index, default=EXIT_OK)
 
 
 def results_table(results: Sequence[HostResult]) -> Table:

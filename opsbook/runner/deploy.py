@@ -124,6 +124,7 @@ class _DeployRun:
     on_progress: OnProgress | None
     restart: str = "changed"
     on_failure: str = "leave"
+    qualify: str = "off"
     results: list[HostResult] = field(default_factory=list)
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
@@ -152,6 +153,7 @@ def run_deploy(
     on_failure: str = "leave",
     limit: str | None = None,
     on_folder: Callable[[Path], None] | None = None,
+    qualify: str = "off",
 ) -> RunRecord:
     """The whole runbook on every host of a deployment, into one run folder: the stages 00 to
     04 in order, a host dropped from the later stages once it fails, then 05_diagnose on every
@@ -183,11 +185,14 @@ def run_deploy(
         limit: only the hosts this pattern picks (:func:`~opsbook.runner.execution.limit_hosts`).
         on_folder: called with the run folder once the hosts are locked, before the first
             stage (a detached run points its output there).
+        qualify: "off", or the profile of 06_qualify run after the launch on the hosts that
+            launched (``quick``, ``standard``, ``full``), in an apply only.
 
     Raises:
         DeploymentError: the deployment file is unusable.
-        RunError: ``serial`` is not a count or a percentage, ``restart`` or ``on_failure`` not
-            an allowed value (or a rollback asked of a cluster), or ``limit`` picks no host.
+        RunError: ``serial`` is not a count or a percentage, ``restart``, ``on_failure`` or
+            ``qualify`` not an allowed value (or a rollback asked of a cluster), or ``limit``
+            picks no host.
         HostLocked: another deploy run holds a host (``opsbook.runner.lock``); nothing was done.
     """
     deployment_path = Path(deployment).resolve()
@@ -196,6 +201,8 @@ def run_deploy(
     if restart not in KNOWN_RESTARTS:
         _stages().get("launch").options({"restart": restart})  # a bad value, before any host
     rolling.check_on_failure(on_failure)
+    if qualify != "off":
+        _stages().QUALIFY.options({"profile": qualify})  # a bad value, before any host
     dep = load_deployment(deployment_path)
     names = limit_hosts(dep, limit) if limit is not None else [h.name for h in dep.hosts]
     if on_failure == "rollback" and dep.cluster is not None:
@@ -221,6 +228,7 @@ def run_deploy(
         on_progress,
         restart,
         on_failure,
+        qualify,
     )
     # The kernel boots (and imports the stages) while the locks are taken and papermill is
     # imported; the notebooks of a deploy are preflight's neighbours.
@@ -290,7 +298,7 @@ def _file_deploy_run(
         replace(entry, html=str(page.relative_to(run.folder)) if page else None)
         for entry, page in zip(run.notebooks, pages, strict=True)
     ]
-    run.results = _with_skipped(run.results, names, run.stopped)
+    run.results = _with_skipped(run.results, names, run.stopped, _qualifies(run))
     settings = {
         "max_fail_percentage": "" if max_fail_percentage is None else f"{max_fail_percentage:g}",
         "limit": limit or "",
@@ -470,7 +478,8 @@ def _deploy_batch(
     run: _DeployRun, batch: list[str], where: Path, total: int, max_fail: float | None
 ) -> None:
     active = list(batch)
-    for stage in _stages().DEPLOY:
+    qualify = (_stages().QUALIFY,) if _qualifies(run) else ()
+    for stage in (*_stages().DEPLOY, *qualify):
         if not active:
             return
         results = _run_stage(run, stage, active, where)
@@ -493,6 +502,8 @@ def _run_stage(
         params["apply"] = run.apply
     if "restart" in declared:
         params["restart"] = run.restart
+    if "profile" in declared:
+        params["profile"] = run.qualify
     if "pending" in declared and not run.apply:
         params["pending"] = _stages().launch_server.pending_changes(run.results, hosts)
     journal = run.folder / "journal.jsonl"
@@ -550,8 +561,16 @@ def _complete(
     return results
 
 
-def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> list[HostResult]:
-    """Every host x stage of the run: a pair with no result is skipped, saying why."""
+def _qualifies(run: _DeployRun) -> bool:
+    """Whether the run ends its hosts' stages with 06_qualify (``-p qualify``, in an apply)."""
+    return run.qualify != "off" and run.apply
+
+
+def _with_skipped(
+    results: list[HostResult], names: list[str], stopped: str, qualifies: bool = False
+) -> list[HostResult]:
+    """Every host x stage of the run (06_qualify when it ``qualifies``): a pair with no
+    result is skipped, saying why."""
     done = {(r.host, r.stage) for r in results}
     filled = list(results)
     for host in names:
@@ -561,6 +580,8 @@ def _with_skipped(results: list[HostResult], names: list[str], stopped: str) -> 
             f"not run: {stopped}" if stopped else "not run",
         )
         for stage in _stages().STAGES:
+            if stage is _stages().QUALIFY and not qualifies:
+                continue
             if (host, stage.name) not in done:
                 filled.append(HostResult(host, stage.name, State.SKIPPED, reason))
     return filled
@@ -606,6 +627,7 @@ def _file_deploy(
             "forks": str(run.forks),
             "restart": run.restart,
             "on_failure": run.on_failure,
+            "qualify": run.qualify,
             **settings,
         },
         results=run.results,
@@ -644,8 +666,8 @@ def record_steps(results: Sequence[HostResult]) -> list[str]:
     """The columns of a deploy's record: the stages, and the steps around them that ran (the
     health check before a batch and the pre hook first, the rollback and the post hook after
     the launch)."""
-    names = [s.name for s in _stages().STAGES]
     ran = {r.stage for r in results}
+    names = [s.name for s in _stages().STAGES if s is not _stages().QUALIFY or s.name in ran]
     before = [s for s in (rolling.HEALTH, rolling.PRE_HOST) if s in ran]
     after = [s for s in (rolling.ROLLBACK, rolling.POST_HOST) if s in ran]
     launch = names.index("launch") + 1

@@ -30,7 +30,9 @@ from opsbook.core import channel, exceptions
 from opsbook.core.exceptions import RunError
 from opsbook.core.redact import Redactor
 from opsbook.core.results import (
+    EXIT_BUSY,
     EXIT_OK,
+    EXIT_ORDER,
     EXIT_PROBLEM,
     EXIT_TOOL_FAILED,
     EXIT_UNREACHABLE,
@@ -485,7 +487,7 @@ def _verdict(results: list[HostResult], failure: tuple[int, str] | None) -> tupl
     """A notebook run's exit code (its worst host's, or the failure of the notebook itself)
     and message (the problems, host by host when there are several)."""
     codes = [worst_exit_code(results)] + ([failure[0]] if failure else [])
-    code = max(codes, key=(EXIT_OK, EXIT_PROBLEM, EXIT_TOOL_FAILED, EXIT_UNREACHABLE).index)
+    code = max(codes, key=EXIT_ORDER.index)
     several = len({r.host for r in results}) > 1
     problems = [r for r in results if r.exit_code != EXIT_OK]
     shown = [f"{r.host}: {r.message}" if several else r.message for r in problems or results]
@@ -616,6 +618,7 @@ STATUS = {
     EXIT_USAGE: "usage error",
     EXIT_TOOL_FAILED: "tool failed",
     EXIT_UNREACHABLE: "host unreachable",
+    EXIT_BUSY: "server busy",
 }
 
 

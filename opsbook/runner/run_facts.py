@@ -20,6 +20,7 @@ from opsbook.core.facts_schema import (
     read_notes,
 )
 from opsbook.core.results import HostResult, State
+from opsbook.steps import qualify_receipt
 from opsbook.steps.last_good import READY, deployment_key
 
 RECEIPTS = "qualify"
@@ -80,26 +81,35 @@ def host_facts_of(
 
 
 def qualification_receipts(folder: Path) -> dict[str, Qualification]:
-    """The run's qualification receipts, by the host each names ("" for a run's one receipt
-    that names none): its verdict and its top-level numbers."""
+    """The run's qualification receipts (06_qualify's ``qualify/receipt.json``), by host: its
+    verdict and its numbers (each cell's output tok/s and p99 TTFT, the KV cache's tokens)."""
     found: dict[str, Qualification] = {}
     for path in sorted((folder / RECEIPTS).rglob(RECEIPT)):
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(doc, dict):
-            continue
-        verdict = doc.get("verdict")
-        numbers = {
-            str(k): float(v)
-            for k, v in doc.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        found[str(doc.get("host") or "")] = Qualification(
-            verdict=str(verdict) if verdict in ("pass", "fail") else None, numbers=numbers
-        )
+        for raw in doc.get("receipts", []) if isinstance(doc, dict) else []:
+            try:
+                receipt = qualify_receipt.receipt_from_dict(raw)
+            except (KeyError, TypeError, ValueError):
+                continue
+            found[receipt.host] = Qualification(
+                verdict="pass" if receipt.passed else "fail", numbers=_receipt_numbers(receipt)
+            )
     return found
+
+
+def _receipt_numbers(receipt: qualify_receipt.Receipt) -> dict[str, float]:
+    numbers: dict[str, float] = {}
+    if receipt.startup.kv_cache_tokens is not None:
+        numbers["kv_cache_tokens"] = float(receipt.startup.kv_cache_tokens)
+    for cell in receipt.cells:
+        label = f"{cell.cell.prompt_tokens}x{cell.cell.concurrency}"
+        numbers[f"{label} output_tok_s"] = cell.output_tok_s
+        if cell.ttft_ms.p99 is not None:
+            numbers[f"{label} ttft_p99_ms"] = cell.ttft_ms.p99
+    return numbers
 
 
 def write_facts(

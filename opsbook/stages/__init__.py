@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from opsbook.stages import launch_script as launch_script
     from opsbook.stages import launch_server as launch_server
     from opsbook.stages import preflight as preflight
+    from opsbook.stages import qualify as qualify
 
 # The per-host modules of the runbook's stages, in its order, then the cluster ones.
 _RUNBOOK_MODULES = (
@@ -56,6 +57,7 @@ _RUNBOOK_MODULES = (
     "launch_script",
     "launch_server",
     "diagnose",
+    "qualify",
 )
 _MODULES = (*_RUNBOOK_MODULES, "cluster_preflight", "cluster_download", "cluster_launch")
 
@@ -160,13 +162,16 @@ STAGES = (
         _on_cluster("cluster_launch", "diagnose"),
         across=_across("diagnose"),
     ),
+    _stage("qualify", "06_qualify", False, "qualify"),
 )
 # Not a stage of the runbook: 04_launch's "Stop" button, run over the hosts like one (with the
 # launch's options: the button uses its stop_grace).
 STOP = _stage("stop", "04_launch", True, "launch_server", function="stop")
-# The stages a deploy runs in order; diagnose follows on every host.
-DEPLOY = tuple(s for s in STAGES if s.name != "diagnose")
-DIAGNOSE = STAGES[-1]
+# The stages a deploy runs in order; diagnose follows on every host. Qualify is the last of
+# a deploy's stages when its `qualify` parameter names a profile (QUALIFY).
+DEPLOY = tuple(s for s in STAGES if s.name not in ("diagnose", "qualify"))
+DIAGNOSE = next(s for s in STAGES if s.name == "diagnose")
+QUALIFY = STAGES[-1]
 
 
 def get(name: str) -> Stage:
@@ -190,6 +195,7 @@ def for_notebook(notebook: str) -> Stage | None:
 __all__ = [
     "DEPLOY",
     "DIAGNOSE",
+    "QUALIFY",
     "STAGES",
     "STOP",
     "HostChoice",

@@ -347,6 +347,7 @@ def test_a_dry_run_says_so_after_its_recap(notebook, parameters, dry, capsys) ->
     "argv, message",
     [
         (["deploy", "-p", "on_failure", "undo"], "on_failure 'undo' is not one of"),
+        (["deploy", "-p", "qualify", "fast"], "profile 'fast' is not one of quick, standard"),
         (["deploy", "--limit", "zz"], "--limit 'zz' picks no host"),
         (["deploy", "--limit", "3"], "--limit '3' picks no host"),
         (["05_diagnose", "--limit", ","], "--limit is empty"),

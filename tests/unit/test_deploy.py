@@ -246,3 +246,24 @@ def test_the_restarts_a_deploy_lets_through_unchecked_are_the_launchs_own() -> N
     from opsbook.steps import restart_rule
 
     assert set(deploy.KNOWN_RESTARTS) <= set(restart_rule.RESTART_WHEN)
+
+
+def test_qualify_is_the_last_stage_of_each_batch_on_the_hosts_that_launched(fleet) -> None:
+    fleet.run.qualify = "quick"
+    fleet.fail = {"b": "launch"}
+    fleet.deploy(2, max_fail=50)
+    assert fleet.ran("qualify") == ["a", "c", "d"]
+    stages_of_a = [r.stage for r in fleet.run.results if r.host == "a"]
+    assert stages_of_a[-2:] == ["qualify", "diagnose"]
+
+
+def test_without_qualify_or_in_a_dry_run_the_deploy_is_unchanged(fleet) -> None:
+    fleet.deploy(None)
+    assert fleet.ran("qualify") == [] and fleet.ran("launch") == HOSTS
+    fleet.run.results.clear()
+    fleet.run.qualify, fleet.run.apply = "quick", False
+    fleet.deploy(None)
+    assert fleet.ran("qualify") == []
+    filled = deploy._with_skipped(fleet.run.results, HOSTS, "", deploy._qualifies(fleet.run))
+    assert "qualify" not in {r.stage for r in filled}
+    assert "qualify" not in deploy.record_steps(filled)

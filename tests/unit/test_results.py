@@ -3,10 +3,12 @@
 import pytest
 
 from opsbook.core.results import (
+    EXIT_BUSY,
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_TOOL_FAILED,
     EXIT_UNREACHABLE,
+    SERVER_BUSY,
     TOOL_FAILED,
     HostResult,
     Result,
@@ -47,6 +49,13 @@ def test_a_dry_run_that_would_change_is_never_a_green_ok() -> None:
 
 def test_a_failure_of_opsbook_itself_is_a_tool_failure() -> None:
     assert result("h", "s", State.FAILED, failure_id=TOOL_FAILED).exit_code == EXIT_TOOL_FAILED
+
+
+def test_a_host_skipped_as_busy_has_its_own_exit_code_below_a_problem() -> None:
+    busy = result("h", "qualify", State.SKIPPED, failure_id=SERVER_BUSY)
+    assert busy.exit_code == EXIT_BUSY == 6 and busy.ok
+    assert worst_exit_code([result("g", "qualify", State.OK), busy]) == EXIT_BUSY
+    assert worst_exit_code([busy, result("g", "qualify", State.FAILED)]) == EXIT_PROBLEM
 
 
 def test_the_recap_counts_per_host_and_names_where_it_first_failed() -> None:

@@ -68,19 +68,25 @@ def test_a_launch_that_left_a_server_without_noting_it_is_not_ready(tmp_path: Pa
 
 
 def test_the_qualification_receipt_gives_its_verdict_and_numbers(tmp_path: Path) -> None:
-    (tmp_path / "qualify").mkdir()
-    receipt = {"verdict": "pass", "tokens_per_s": 1873.4, "ok": True, "note": "x"}
-    (tmp_path / "qualify" / "receipt.json").write_text(json.dumps(receipt))
+    from opsbook.steps import qualify_receipt
+    from tests.unit.test_qualify_gate import receipt
+
+    qualify_receipt.write_receipt(tmp_path, receipt(1873.4, ttft=120.0, host=HOST))
+    qualify_receipt.write_receipt(tmp_path, receipt(50.0, host="ops@b:22", passed=False))
     facts = run_facts.collect(
-        tmp_path, deployment="", started="", status="ok", hosts=[HOST], results=[]
+        tmp_path, deployment="", started="", status="ok", hosts=[HOST, "ops@b:22"], results=[]
     )
     q = facts.hosts[HOST].qualification
-    assert q.verdict == "pass" and q.numbers == {"tokens_per_s": 1873.4}
+    (label,) = {name.split()[0] for name in q.numbers}
+    assert q.verdict == "pass"
+    assert q.numbers == {f"{label} output_tok_s": 1873.4, f"{label} ttft_p99_ms": 120.0}
+    assert facts.hosts["ops@b:22"].qualification.verdict == "fail"
 
 
 def test_a_receipt_with_another_verdict_or_unreadable_counts_for_nothing(tmp_path: Path) -> None:
     (tmp_path / "qualify").mkdir()
-    (tmp_path / "qualify" / "receipt.json").write_text(json.dumps({"verdict": "maybe"}))
+    other = {"schema": "x", "receipts": [{"host": HOST, "verdict": "pass"}]}
+    (tmp_path / "qualify" / "receipt.json").write_text(json.dumps(other))
     facts = run_facts.collect(
         tmp_path, deployment="", started="", status="ok", hosts=[HOST], results=[]
     )

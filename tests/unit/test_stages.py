@@ -139,6 +139,7 @@ def test_the_registry_lists_the_runbook_in_order() -> None:
         "03_launch_script",
         "04_launch",
         "05_diagnose",
+        "06_qualify",
     ]
     assert stages.get("download") is stages.get("01_download_check")
     assert [s.name for s in stages.DEPLOY if s.changes_host] == [
@@ -146,6 +147,7 @@ def test_the_registry_lists_the_runbook_in_order() -> None:
         "launch-script",
         "launch",
     ]
+    assert stages.QUALIFY not in stages.DEPLOY and stages.DIAGNOSE.name == "diagnose"
     with pytest.raises(RunError):
         stages.get("nope")
 

@@ -487,12 +487,14 @@ ENGINE_LINE_MARKS = ("kv_cache_dtype=", " backend", "KV cache size: ")
 # cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx", one line there,
 # two in 0.20), vllm/v1/worker/gpu_worker.py ("Available KV cache memory: %s GiB"),
 # gpu_model_runner.py ("Model loading took %s GiB memory"); the banner's "version X".
-KV_CACHE_SIZE_SAID = re.compile(r"\b[A-Z]{3}(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens")
+KV_CACHE_SIZE_SAID = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens")
 MAX_CONCURRENCY_SAID = re.compile(
-    r"Maximum concurrency for (?P<max_model_len>[\d,]+) tokens per request: "
+    r"\bMaximum concurrency for (?P<max_model_len>[\d,]+) tokens per request: "
     r"(?P<concurrency>[\d.]+)x"
 )
 KV_MEMORY_SAID = re.compile(r"Available KV cache memory: (?P<gib>-?[\d.]+) ?GiB")
 WEIGHTS_MEMORY_SAID = re.compile(r"Model loading took (?P<gib>[\d.]+) ?GiB")
 VLLM_VERSION_SAID = re.compile(r"(?:\bversion |LLM engine \(v)(?P<version>\d+\.\d+\.\d+[\w.+-]*)")
 NON_DEFAULT_ARGS_SAID = re.compile(r"non-default args: (?P<args>\{.*\})")
+# The same lines' fixed parts, for 06_qualify's read of a log's startup facts.
+KV_LINE_MARKS = ("KV cache size: ", "Maximum concurrency for")

@@ -31,6 +31,15 @@ FAULTS = (
 ENV_VERSION = "OPSBOOK_SIM_VLLM_VERSION"
 ENV_STARTUP = "OPSBOOK_SIM_STARTUP_SECONDS"
 ENV_FAULT = "OPSBOOK_SIM_FAULT"
+# Serving (opsbook.rehearsal.sim.vllm._simserving): seconds per generated token, a factor on
+# them (a slower release), and a fault of the answers (SERVING_FAULTS).
+ENV_TOKEN_SECONDS = "OPSBOOK_SIM_TOKEN_SECONDS"
+ENV_SLOWDOWN = "OPSBOOK_SIM_SLOWDOWN"
+ENV_SERVING_FAULT = "OPSBOOK_SIM_SERVING_FAULT"
+# bang: every token "!" (vllm issue 42426); batch-dependent: greedy output changes with the
+# requests in flight; crash-after:N: the engine dies at request N+1; crash-under:C: it dies
+# when C requests are in flight at once (vllm issues 42363, 32090).
+SERVING_FAULTS = ("bang", "batch-dependent", "crash-after", "crash-under")
 
 
 def config_path(prefix: str | None = None) -> Path:
@@ -42,8 +51,9 @@ def load(prefix: str | None = None) -> dict[str, Any]:
     """Read the settings, apply environment overrides and fill in defaults.
 
     Returns:
-        ``{"version": str, "startup_seconds": float, "fault": str | None}``; an unknown
-        fault name is kept, so that the server can refuse it loudly.
+        ``{"version": str, "startup_seconds": float, "fault": str | None, "token_seconds":
+        float, "slowdown": float, "serving_fault": str | None}``; an unknown fault name is
+        kept, so that the server can refuse it loudly.
     """
     try:
         stored = json.loads(config_path(prefix).read_text())
@@ -58,7 +68,24 @@ def load(prefix: str | None = None) -> dict[str, Any]:
     except ValueError:
         seconds = DEFAULT_STARTUP_SECONDS
     fault = os.environ.get(ENV_FAULT, stored.get("fault")) or None
-    return {"version": str(version), "startup_seconds": max(0.0, seconds), "fault": fault}
+    serving_fault = os.environ.get(ENV_SERVING_FAULT, stored.get("serving_fault")) or None
+    return {
+        "version": str(version),
+        "startup_seconds": max(0.0, seconds),
+        "fault": fault,
+        "token_seconds": _number(ENV_TOKEN_SECONDS, stored.get("token_seconds"), 0.0),
+        "slowdown": _number(ENV_SLOWDOWN, stored.get("slowdown"), 1.0),
+        "serving_fault": serving_fault,
+    }
+
+
+def _number(env: str, stored: Any, default: float) -> float:
+    """A non-negative number from the environment, else the settings file, else ``default``."""
+    try:
+        value = float(os.environ.get(env) or (default if stored is None else stored))
+    except (TypeError, ValueError):
+        return default
+    return max(0.0, value)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._simserver import ApiServer
+    from ._simserving import Reply
 
 ROUTES = [
     ("/openapi.json", "GET, HEAD"),
@@ -159,7 +160,13 @@ class Handler(BaseHTTPRequestHandler):
         if isinstance(prompt, list):
             prompt = " ".join(str(p) for p in prompt)
         max_tokens = int(body.get("max_tokens") or 16)
-        text, prompt_tokens, count, finish = self.app.answer(str(prompt), max_tokens)
+        reply = self.app.answer(str(prompt), max_tokens, bool(body.get("ignore_eos")))
+        text, prompt_tokens, count, finish = (
+            reply.text,
+            reply.prompt_tokens,
+            reply.count,
+            reply.finish,
+        )
         ident = "cmpl-" + hashlib.sha256(f"{time.time()}{prompt}".encode()).hexdigest()[:32]
         choice = {
             "index": 0,
@@ -169,6 +176,8 @@ class Handler(BaseHTTPRequestHandler):
             "stop_reason": None,
             "prompt_logprobs": None,
         }
+        if body.get("return_token_ids"):
+            choice.update(prompt_token_ids=None, token_ids=list(reply.token_ids))
         document = {
             "id": ident,
             "object": "text_completion",
@@ -178,15 +187,22 @@ class Handler(BaseHTTPRequestHandler):
             "usage": _usage(prompt_tokens, count),
         }
         if body.get("stream"):
-            self._stream(document, "text_completion", {"text": text})
+            self._stream(document, "text_completion", reply, bool(body.get("return_token_ids")))
         else:
+            reply.wait()
             self._json(200, document)
 
     def _chat(self, body: dict[str, Any], name: str) -> None:
         messages = body.get("messages") or []
         prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 64)
-        text, prompt_tokens, count, finish = self.app.answer(prompt, max_tokens)
+        reply = self.app.answer(prompt, max_tokens, bool(body.get("ignore_eos")))
+        text, prompt_tokens, count, finish = (
+            reply.text,
+            reply.prompt_tokens,
+            reply.count,
+            reply.finish,
+        )
         reasoning = "The request is simple." if self.app.args.reasoning_parser else None
         message = {
             "role": "assistant",
@@ -216,16 +232,14 @@ class Handler(BaseHTTPRequestHandler):
             "usage": _usage(prompt_tokens, count),
         }
         if body.get("stream"):
-            self._stream(
-                document,
-                "chat.completion.chunk",
-                {"delta": {"role": "assistant", "content": text.strip()}},
-            )
+            self._stream(document, "chat.completion.chunk", reply, False)
         else:
+            reply.wait()
             self._json(200, document)
 
-    def _stream(self, document: dict[str, Any], kind: str, payload: dict[str, Any]) -> None:
-        """Server-sent events: one chunk with the text, one with the finish reason, [DONE]."""
+    def _stream(self, document: dict[str, Any], kind: str, reply: Reply, ids: bool) -> None:
+        """Server-sent events: a chunk a token as it is made (with its id when asked,
+        ``return_token_ids``), one with the finish reason, then [DONE]."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("connection", "close")
@@ -236,22 +250,34 @@ class Handler(BaseHTTPRequestHandler):
             "created": document["created"],
             "model": document["model"],
         }
-        first = {
-            **base,
-            "choices": [{"index": 0, **payload, "logprobs": None, "finish_reason": None}],
-        }
+        chat = kind.startswith("chat")
+        for n, piece in enumerate(reply.paced()):
+            payload: dict[str, Any]
+            if chat:
+                delta = {"content": piece.lstrip() if n == 0 else piece}
+                payload = {"delta": {"role": "assistant", **delta} if n == 0 else delta}
+            else:
+                payload = {"text": piece}
+                if ids:
+                    payload["token_ids"] = [reply.token_ids[n]]
+            chunk = {
+                **base,
+                "choices": [{"index": 0, **payload, "logprobs": None, "finish_reason": None}],
+            }
+            self._event(chunk)
         finish = document["choices"][0]["finish_reason"]
-        empty = {"delta": {}} if kind.startswith("chat") else {"text": ""}
-        last = {
-            **base,
-            "choices": [{"index": 0, **empty, "logprobs": None, "finish_reason": finish}],
-        }
-        for event in (first, last):
-            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        empty = {"delta": {}} if chat else {"text": ""}
+        self._event(
+            {**base, "choices": [{"index": 0, **empty, "logprobs": None, "finish_reason": finish}]}
+        )
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
         self._access(200)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        self.wfile.flush()
 
 
 def _usage(prompt_tokens: int, count: int) -> dict[str, Any]:

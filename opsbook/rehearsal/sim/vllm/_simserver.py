@@ -28,6 +28,7 @@ from ._simframes import make_frames
 from ._simhttp import ROUTES, Handler, HTTPServer
 from ._simlog import Frame, Log, source
 from ._simprocs import ShmFile, is_alive, python_executable, spawn
+from ._simserving import Reply, Serving
 
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 NEW_SERVER_LINE_SINCE = "0.16"
@@ -99,6 +100,7 @@ class ApiServer:
         self.served: list[str] = []
         self.max_model_len = 0
         self.lock = threading.Lock()
+        self.replies = Serving(settings, tuple(WORDS), self._die)
 
     def run(self) -> int:
         if self.settings["fault"] and self.fault is None:
@@ -594,22 +596,23 @@ class ApiServer:
 
     # HTTP answers.
 
-    def answer(self, prompt: str, max_tokens: int) -> tuple[str, int, int, str]:
-        """A deterministic reply: text, prompt tokens, completion tokens, finish reason."""
-        digest = hashlib.sha256(prompt.encode()).digest()
-        count = max(1, min(max_tokens, 12))
-        words = [WORDS[digest[i] % len(WORDS)] for i in range(count)]
-        prompt_tokens = max(1, len(prompt.encode()) // 4)
+    def answer(self, prompt: str, max_tokens: int, ignore_eos: bool = False) -> Reply:
+        """A deterministic reply (``_simserving``), counted in the server's counters."""
+        with self.lock:
+            in_flight = self.stats["running"]
+        reply = self.replies.reply(prompt, max_tokens, ignore_eos, in_flight, self._token_made)
         with self.lock:
             self.stats["requests"] += 1
-            self.stats["prompt_tokens"] += prompt_tokens
-        for _ in range(count):
-            while not self.engine_responsive():
-                time.sleep(TOKEN_WAIT_SECONDS)
-            with self.lock:
-                self.stats["generation_tokens"] += 1
-        finish = "length" if max_tokens <= 12 else "stop"
-        return " " + " ".join(words), prompt_tokens, count, finish
+            self.stats["prompt_tokens"] += reply.prompt_tokens
+        return reply
+
+    def _token_made(self) -> None:
+        """One token of a reply, as it is paced: made only while the engine core answers (a
+        SIGSTOPped engine core stalls every reply, /health still 200), then counted."""
+        while not self.engine_responsive():
+            time.sleep(TOKEN_WAIT_SECONDS)
+        with self.lock:
+            self.stats["generation_tokens"] += 1
 
     def engine_responsive(self) -> bool:
         """Whether the engine core answered lately: the one check the serving path makes

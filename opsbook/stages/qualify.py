@@ -1,0 +1,237 @@
+"""Qualify on one host: prove the running server serves right and fast, and stays up, against
+its last good run on the same hardware; changes nothing on the host.
+
+Pre-checks (idle by ``/metrics``, else skipped as busy; the startup facts from its log), the
+performance matrix (:mod:`opsbook.steps.qualify_matrix`), greedy determinism and degenerate
+output (:mod:`opsbook.steps.qualify_correctness`), for ``standard`` and ``full`` a soak
+(:mod:`opsbook.steps.qualify_soak`), then the verdict (:mod:`opsbook.steps.qualify_gate`) and the
+receipt filed in the run folder (:mod:`opsbook.steps.qualify_receipt`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import posixpath
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from opsbook.core import channel
+from opsbook.core.deployment import Deployment
+from opsbook.core.exceptions import ProbeError, RunError
+from opsbook.core.results import SERVER_BUSY, Finding, Result, State, Table
+from opsbook.remote.protocol import RemoteHost
+from opsbook.stages.base import Note, Report, hook, limited
+from opsbook.steps import host_facts, metrics, script, server, triage
+from opsbook.steps import qualify_correctness as correctness
+from opsbook.steps import qualify_gate as gate
+from opsbook.steps import qualify_matrix as matrix
+from opsbook.steps import qualify_receipt as receipts
+from opsbook.steps import qualify_soak as soak
+
+PROFILES = tuple(matrix.PROFILES)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The qualification's options.
+
+    Args:
+        profile: ``quick`` (about a minute: 2 prompt lengths x 2 concurrencies), ``standard``
+            (3 x 3 and a 5-minute soak) or ``full`` (4 x 4 and a 30-minute soak).
+        decode_band: the drop of output tok/s against the last good run that is a regression.
+        ttft_band: the rise of p99 TTFT against the last good run that is a regression.
+        record_folder: the run folder the receipt is filed in, and whose siblings hold the
+            earlier runs (default: the run's own, where ``opsbook run`` or a JupyterLab session
+            records; none outside a run: then nothing is filed nor compared).
+    """
+
+    profile: str = limited("quick", choices=PROFILES)
+    decode_band: float = limited(gate.DECODE_BAND, low=0.0, high=1.0)
+    ttft_band: float = limited(gate.TTFT_BAND, low=0.0)
+    record_folder: str | None = hook(None)
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise RunError(
+                f"profile {self.profile!r} is not one of {', '.join(PROFILES)}",
+                remedy="-p profile quick (about a minute), standard or full",
+            )
+
+
+def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
+    """Ok when every check passes and nothing regressed against the last good run; failed
+    otherwise (each problem a finding with its code); skipped when the server is busy."""
+    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    port = deployment.server_port
+    api_key = script.server_api_key(deployment)
+    try:
+        before = metrics.read_metrics(host, port, api_key=api_key)
+    except ProbeError as e:
+        message = f"no server to qualify: {e.message}"
+        finding = Finding("error", f"port {port}", message, "start it first: 04_launch")
+        return Report(State.FAILED, Result(False, message, [finding]), [])
+    if not before.idle:
+        message = (
+            f"busy: {before.running or 0:.0f} request(s) running, {before.waiting or 0:.0f} "
+            "waiting; not qualified (the measurement would disturb them and be wrong)"
+        )
+        finding = Finding("warning", f"port {port}", message, "run it again when idle")
+        return Report(State.SKIPPED, Result(True, message, [finding]), [], SERVER_BUSY)
+    profile = matrix.PROFILES[options.profile]
+    paths = server.resolve_paths(host, deployment)
+    state = triage.server_state(host, paths, port, notes=(server.RUNNING_SCRIPT,))
+    facts = host_facts.gather_facts(host, deployment, ("nvidia_smi", "python"))
+    model, max_len = _served_model(host, port, api_key)
+    phases = state.diagnosis.phases if state.diagnosis is not None else []
+    startup = receipts.startup_of(host, paths.log, phases)
+    fingerprint, extra = receipts.fingerprint_of(host, facts)
+    digest = server.noted_running_script(host, paths, state.notes)
+    software = receipts.software_of(deployment, facts, extra["torch"], model, digest)
+    target = matrix.Target(
+        port, model, deployment.model_path, deployment.python, max_len,
+        startup.kv_cache_tokens, api_key, seed=int(time.time()) % 100_000,
+    )  # fmt: skip
+    cells, skipped = matrix.plan_cells(profile, target)
+    driver = (
+        matrix.DRIVER_BENCH
+        if matrix.bench_serve_available(host, deployment.python)
+        else matrix.DRIVER_CLIENT
+    )
+    result_dir = posixpath.join(paths.state_dir, "qualify", started_at.replace(":", ""))
+    measured = []
+    for cell in cells:
+        _progress(host, f"cell {cell.label} ({driver})")
+        measured.append(matrix.run_cell(host, target, profile, cell, driver, result_dir))
+    _progress(host, "greedy determinism and degenerate output")
+    widest = max((c.concurrency for c in cells), default=max(profile.concurrencies))
+    checked = correctness.check_correctness(host, target, widest)
+    soaked = soak.soak(host, target, profile, deployment) if profile.soak_minutes else None
+    after = _snapshot(host, port, api_key)
+    healthy = server.http_get(host, port, "/health", api_key=api_key).status == 200
+    findings = [
+        *gate.own_findings(measured),
+        *checked.findings(),
+        *(soaked.findings if soaked is not None else []),
+        *gate.engine_findings(healthy, before, after),
+    ]
+    receipt = receipts.Receipt(
+        host=host.name, started_at=started_at, profile=profile.name, driver=driver,
+        fingerprint=fingerprint, software=software, startup=startup, cells=measured,
+        skipped_cells=skipped, greedy_sha256=checked.alone,
+        deterministic=checked.deterministic if checked.alone else None,
+        degenerate=checked.degenerate,
+    )  # fmt: skip
+    folder = _record_folder(options)
+    verdict_notes, compared = _judge(receipt, folder, options, findings)
+    receipt.passed = not any(f.is_problem for f in findings)
+    receipt.findings = [_finding_doc(f) for f in findings]
+    receipt.compared_with = compared
+    filed = ""
+    if folder is not None:
+        receipts.write_raw(folder, host.name, measured)
+        filed = str(receipts.write_receipt(folder, receipt))
+    message = _message(receipt, findings, compared)
+    shows: list[object] = [
+        Note(message),
+        *verdict_notes,
+        matrix.matrix_table(measured, skipped),
+        startup_table(receipt),
+        Result(receipt.passed, message, findings),
+    ]
+    if filed:
+        shows.append(Note(f"receipt: {filed}"))
+    state_ = State.OK if receipt.passed else State.FAILED
+    return Report(state_, Result(receipt.passed, message, findings), shows, "", digest)
+
+
+def _judge(
+    receipt: receipts.Receipt, folder: Path | None, options: Options, findings: list[Finding]
+) -> tuple[list[Note], str]:
+    """Add the findings against the last good run (and for information against other
+    hardware) to ``findings``; notes saying what was compared with, and the last good's run
+    folder ("" when there is none)."""
+    if folder is None:
+        return [Note("not in a run folder: nothing compared, no receipt filed")], ""
+    earlier = list(receipts.earlier_receipts(folder))
+    good, alike = gate.last_good(receipt, earlier)
+    other = gate.other_hardware(receipt, earlier)
+    if other is not None:
+        findings.append(gate.for_information(receipt, other))
+    if good is None:
+        return [Note("no earlier passing run on this hardware: judged on its own checks")], ""
+    bands = gate.learned_bands(alike, gate.Bands(options.decode_band, options.ttft_band))
+    findings += gate.against_last_good(receipt, good, bands)
+    note = Note(
+        f"compared with the last good run {good.run_folder} ({good.started_at}); noise band "
+        f"decode {bands.decode:.0%}, p99 TTFT {bands.ttft_p99:.0%}"
+    )
+    return [note], good.run_folder
+
+
+def _message(receipt: receipts.Receipt, findings: list[Finding], compared: str) -> str:
+    problems = [f for f in findings if f.is_problem]
+    best = max((c.output_tok_s for c in receipt.cells), default=0.0)
+    cells = f"{len(receipt.cells)} cell(s), best {best:.1f} tok/s"
+    if problems:
+        return f"qualification failed: {problems[0].subject}: {problems[0].message}" + (
+            f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        )
+    against = "against the last good run" if compared else "first run on this hardware"
+    return f"qualified ({against}): {cells}, greedy output batch-invariant"
+
+
+def startup_table(receipt: receipts.Receipt) -> Table:
+    """The startup facts and the fingerprint, one row each."""
+    s, f = receipt.startup, receipt.fingerprint
+    rows: list[list[object]] = [
+        ["KV cache (tokens)", s.kv_cache_tokens],
+        ["maximum concurrency", s.max_concurrency],
+        ["attention backend", s.attention_backend],
+        ["KV cache dtype", s.kv_cache_dtype],
+        ["phases (s from start)", ", ".join(f"{k} {v}" for k, v in s.phases_s.items())],
+        ["GPUs", f"{f.gpu_count} x {f.gpu_model}"],
+        ["driver / CUDA", f"{f.driver} / {f.cuda}"],
+        ["fingerprint", receipt.fingerprint_id],
+        ["vLLM / torch", f"{receipt.software.vllm} / {receipt.software.torch}"],
+        ["driver of the matrix", receipt.driver],
+    ]
+    return Table(["fact", "value"], rows)
+
+
+def _served_model(host: RemoteHost, port: int, api_key: str | None) -> tuple[str, int]:
+    """The model the server serves and its max model length (``/v1/models``)."""
+    answer = server.http_get(host, port, "/v1/models", api_key=api_key)
+    try:
+        first = json.loads(answer.body)["data"][0]
+        return str(first["id"]), int(first.get("max_model_len") or 0)
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise ProbeError(
+            f"/v1/models on port {port} did not name a model ({answer.error or answer.status})",
+            host=host.name,
+            remedy="check the server with 05_diagnose",
+        ) from e
+
+
+def _snapshot(host: RemoteHost, port: int, api_key: str | None) -> metrics.MetricsSnapshot | None:
+    try:
+        return metrics.read_metrics(host, port, api_key=api_key)
+    except ProbeError:
+        return None
+
+
+def _record_folder(options: Options) -> Path | None:
+    if options.record_folder:
+        return Path(options.record_folder)
+    outcome = os.environ.get(channel.OUTCOME_ENV)
+    return Path(outcome).parent if outcome else None
+
+
+def _progress(host: RemoteHost, text: str) -> None:
+    channel.record_progress(channel.StageProgress(host.name, "qualify", 0.0, text))
+
+
+def _finding_doc(finding: Finding) -> dict[str, str]:
+    return {k: v for k, v in asdict(finding).items() if v}

@@ -1,0 +1,185 @@
+"""06_qualify over real SSH against the simulated vLLM of a rehearsal host of this module's own:
+a first run passes on its own checks and becomes the last good; the same speed again passes,
+20% slower is a regression; each serving fault fails the verdict with its own finding; a busy
+server is skipped with exit code 6.
+
+Tokens are paced (``OPSBOOK_SIM_TOKEN_SECONDS``), so speed is the simulator's and not this
+machine's; ``--max-model-len 512`` leaves the quick profile's 128-token row (the 1024-token
+row is skipped as too long, and said so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opsbook.core.deployment import Deployment, load_deployment
+from opsbook.core.results import EXIT_BUSY, SERVER_BUSY, State
+from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.remote.hosts import Host
+from opsbook.runner import run as runner
+from opsbook.stages import qualify
+from opsbook.stages.base import Report
+from opsbook.steps import patch, server
+from opsbook.steps import qualify_correctness as correctness
+from opsbook.steps import qualify_gate as gate
+from opsbook.steps.script import render_script, upload_script
+from tests.integration.conftest import rehearsal_host
+
+pytestmark = pytest.mark.integration
+
+ADDRESS = "127.0.6.33"
+TOKEN_SECONDS = "0.004"
+# The speed test's tokens: slow enough that a request's own overhead on a loaded test machine
+# (the client's threads, HTTP) is a small share of its time, so the same speed reads the same.
+MEASURED_TOKEN_SECONDS = "0.01"
+READY_TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[Sandbox]:
+    with rehearsal_host("qualify", address=ADDRESS) as rehearsal:
+        settings = rehearsal.venv / "opsbook-vllm-sim.json"
+        stored = json.loads(settings.read_text()) if settings.exists() else {}
+        settings.write_text(json.dumps({**stored, "startup_seconds": 1, "fault": None}))
+        settings.chmod(0o644)
+        dep = load_deployment(rehearsal.deployment_path)
+        host = Host.from_deployment(dep)
+        try:
+            texts = patch.read_configs(host, dep.model_path)
+            plan = patch.plan_patch(texts, patch.fp8_kv_cache_edits(texts))
+            assert patch.apply_patch(host, dep.model_path, plan, apply=True).ok
+        finally:
+            host.close()
+        yield rehearsal
+
+
+@dataclasses.dataclass
+class Rig:
+    dep: Deployment
+    host: Host
+    paths: server.LaunchPaths
+
+    def serve(self, **env: str) -> Deployment:
+        """(Re)start the server with the simulator's serving settings in its env."""
+        server.stop_server(self.host, self.paths, grace=2)
+        self.dep = dataclasses.replace(
+            self.dep,
+            env={"OPSBOOK_SIM_TOKEN_SECONDS": TOKEN_SECONDS, **env},
+            serve_args={**self.dep.serve_args, "max-model-len": 512},
+        )
+        assert upload_script(self.host, self.dep, render_script(self.dep)).ok
+        assert server.start_server(self.host, self.paths, self.dep.server_port).ok
+        ready = server.wait_until_ready(
+            self.host, self.paths, self.dep.server_port, timeout=READY_TIMEOUT, interval=0.25
+        )
+        assert ready.ok, str(ready)
+        return self.dep
+
+    def qualify(self, folder: Path) -> Report:
+        folder.mkdir(parents=True)
+        options = qualify.Options(record_folder=str(folder))
+        return qualify.run(self.host, self.dep, options)
+
+
+@pytest.fixture
+def rig(box: Sandbox) -> Iterator[Rig]:
+    dep = load_deployment(box.deployment_path)
+    host = Host.from_deployment(dep)
+    rig = Rig(dep, host, server.resolve_paths(host, dep))
+    try:
+        yield rig
+    finally:
+        server.stop_server(host, rig.paths, grace=2)
+        host.close()
+
+
+def codes(report: Report) -> set[str]:
+    return {f.code for f in report.verdict.findings if f.is_problem}
+
+
+def receipt_of(folder: Path) -> dict:
+    doc = json.loads((folder / "qualify" / "receipt.json").read_text())
+    assert doc["schema"] == "opsbook.qualify.receipt/1"
+    (receipt,) = doc["receipts"]
+    return receipt
+
+
+def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fails(
+    rig: Rig, tmp_path: Path
+) -> None:
+    rig.serve(OPSBOOK_SIM_TOKEN_SECONDS=MEASURED_TOKEN_SECONDS)
+    first = rig.qualify(tmp_path / "run-1")
+    assert first.state is State.OK, str(first.verdict)
+    assert "first run on this hardware" in first.verdict.message
+    receipt = receipt_of(tmp_path / "run-1")
+    assert receipt["passed"] and receipt["driver"] == "built-in client"
+    assert [(c["cell"]["prompt_tokens"], c["cell"]["concurrency"]) for c in receipt["cells"]] == [
+        (128, 1),
+        (128, 4),
+    ]
+    assert {s["cell"]["prompt_tokens"] for s in receipt["skipped_cells"]} == {1024}
+    assert "max model length 512" in receipt["skipped_cells"][0]["reason"]
+    assert receipt["startup"]["kv_cache_tokens"] > 0
+    assert receipt["fingerprint"]["gpu_count"] == 8
+    assert all(len(h) == 64 for h in receipt["greedy_sha256"].values())
+    # Server-side counters, warm-up taken out: 64 tokens a request exactly.
+    for cell in receipt["cells"]:
+        assert cell["server_generation_tokens"] == 64 * cell["completed"]
+
+    again = rig.qualify(tmp_path / "run-2")
+    assert again.state is State.OK, str(again.verdict)
+    assert "against the last good run" in again.verdict.message
+    assert receipt_of(tmp_path / "run-2")["compared_with"] == str(tmp_path / "run-1")
+
+    rig.serve(OPSBOOK_SIM_TOKEN_SECONDS=MEASURED_TOKEN_SECONDS, OPSBOOK_SIM_SLOWDOWN="1.25")
+    slower = rig.qualify(tmp_path / "run-3")
+    assert slower.state is State.FAILED
+    assert gate.CODE_DECODE in codes(slower), str(slower.verdict)
+    assert not receipt_of(tmp_path / "run-3")["passed"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("bang", correctness.CODE_DEGENERATE),
+        ("batch-dependent", correctness.CODE_NONDETERMINISTIC),
+        ("crash-after:6", gate.CODE_DIED),
+        ("crash-under:4", gate.CODE_FAILED),
+    ],
+)
+def test_each_serving_fault_fails_the_verdict_with_its_own_finding(
+    rig: Rig, tmp_path: Path, fault: str, code: str
+) -> None:
+    rig.serve(OPSBOOK_SIM_SERVING_FAULT=fault)
+    report = rig.qualify(tmp_path / "run")
+    assert report.state is State.FAILED
+    assert code in codes(report), str(report.verdict)
+    assert not receipt_of(tmp_path / "run")["passed"]
+
+
+def test_a_busy_server_is_skipped_with_its_exit_code(
+    rig: Rig, box: Sandbox, tmp_path: Path
+) -> None:
+    rig.serve(OPSBOOK_SIM_TOKEN_SECONDS="0.2")
+    body = json.dumps({"prompt": "hold", "max_tokens": 200, "ignore_eos": True}).encode()
+    url = f"http://127.0.0.1:{rig.dep.server_port}/v1/completions"
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    held = threading.Thread(target=lambda: urllib.request.urlopen(request, timeout=60).read())
+    held.start()
+    try:
+        time.sleep(0.5)
+        record = runner.run_notebook("06_qualify", box.deployment_path, runs_dir=tmp_path)
+    finally:
+        held.join(60)
+    assert record.exit_code == EXIT_BUSY, record.message
+    (result,) = record.results
+    assert result.state is State.SKIPPED and result.failure_id == SERVER_BUSY
+    assert "busy: 1 request(s) running" in result.message
