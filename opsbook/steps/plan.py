@@ -23,7 +23,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import DeploymentError
 from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import capacity as cap
-from opsbook.knowledge.capacity import DEFAULT_UTILIZATION, Observed, observed_in_log
+from opsbook.knowledge.capacity import Observed, default_utilization, observed_in_log
 from opsbook.knowledge.capacity.start_figures import flag_text
 from opsbook.knowledge.compat.model_config import ModelFacts, facts_from_texts, parse_json
 from opsbook.knowledge.compat.prediction import normalize_serve_args, resolve_kv_cache_dtype
@@ -184,7 +184,7 @@ def plan_capacity(
         exact = _memory_bytes(args["kv-cache-memory-bytes"])
         kv_memory = (exact, exact)
     else:
-        utilization = float(args.get("gpu-memory-utilization") or DEFAULT_UTILIZATION)
+        utilization = float(args.get("gpu-memory-utilization") or default_utilization(vllm_version))
         weights = cap.weights_per_rank(
             checkpoint.tensors,
             parallel,
@@ -275,7 +275,7 @@ def rank_knobs(
     """The edits worth trying, each planned again: those after which the start does not stop
     first, then by the tokens they give (low end)."""
     found = []
-    for edit, cost in candidate_edits(checkpoint, args, plan):
+    for edit, cost in candidate_edits(checkpoint, args, plan, vllm_version):
         after = plan_capacity(
             checkpoint, {**args, **edit}, gpus, vllm_version=vllm_version, history=history,
             knobs=False,
@@ -288,7 +288,10 @@ def rank_knobs(
 
 
 def candidate_edits(
-    checkpoint: Checkpoint, args: Mapping[str, Any], plan: CapacityPlan
+    checkpoint: Checkpoint,
+    args: Mapping[str, Any],
+    plan: CapacityPlan,
+    vllm_version: str | None = None,
 ) -> list[tuple[dict[str, Any], str]]:
     """The edits the plan tries, with what each costs."""
     shape = plan.shape
@@ -307,7 +310,7 @@ def candidate_edits(
             taken = "taken from the memory left to activations: check it is there"
             edits.append(({"kv-cache-memory-bytes": wanted}, taken))
     else:
-        utilization = float(args.get("gpu-memory-utilization") or DEFAULT_UTILIZATION)
+        utilization = float(args.get("gpu-memory-utilization") or default_utilization(vllm_version))
         ceiling = UTILIZATION_CAP_NCCL if plan.shape.dcp > 1 or tp > 1 else UTILIZATION_CAP
         if utilization < ceiling:
             headroom = f"less headroom; capped at {ceiling} where NCCL needs memory"

@@ -162,3 +162,12 @@ def test_a_config_without_sizes_or_an_unknown_dtype_is_named() -> None:
     assert "kv-cache-dtype" in str(raised.value.remedy)
     with pytest.raises(DeploymentError, match="tensor-parallel-size"):
         cap.Parallel.from_args({"tensor-parallel-size": 0})
+
+
+def test_the_utilization_default_is_the_release_s() -> None:
+    # vllm/config/cache.py CacheConfig: 0.9 through 0.19.1, 0.92 from 0.20.2.
+    assert cap.default_utilization("0.15.1") == 0.9
+    assert cap.default_utilization("0.19.1") == 0.9
+    assert cap.default_utilization("0.20.2rc1.dev249+glmkimirebase20260514") == 0.92
+    assert cap.default_utilization("0.32.0") == 0.92
+    assert cap.default_utilization(None) == 0.92

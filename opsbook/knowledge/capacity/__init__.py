@@ -37,6 +37,7 @@ from opsbook.knowledge.capacity.start_figures import (
     DEFAULT_UTILIZATION,
     OVERHEAD_FLAGS,
     Observed,
+    default_utilization,
     observed_in_log,
     overhead_flags,
     same_release,
@@ -45,6 +46,7 @@ from opsbook.knowledge.capacity.start_figures import (
 __all__ = [
     "DEFAULT_OVERHEAD",
     "DEFAULT_UTILIZATION",
+    "default_utilization",
     "GIB",
     "LEARNED_MARGIN",
     "OVERHEAD_FLAGS",

@@ -13,9 +13,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GIB = 2**30
-# vLLM's --gpu-memory-utilization default (0.32.0 vllm/config/cache.py, CacheConfig; 0.9 in
-# releases before): what a start ran at when its log does not name it.
+# vLLM's --gpu-memory-utilization default (vllm/config/cache.py, CacheConfig): 0.9 in 0.10.2 -
+# 0.19.1, 0.92 in 0.20.2 - 0.33.0 (the releases between were not read: 0.20 counts as the
+# change). 0.34.0 leaves it unset: 1.0 with its extensible KV cache, which this plan does not
+# model, else CacheConfig.DEFAULT_GPU_MEMORY_UTILIZATION 0.92.
 DEFAULT_UTILIZATION = 0.92
+EARLIER_DEFAULT_UTILIZATION = 0.9
+DEFAULT_CHANGED_IN = (0, 20, 0)
+
+
+def default_utilization(vllm_version: str | None) -> float:
+    """The utilization a start of ``vllm_version`` runs at without the flag (the newer
+    default when the version is not known)."""
+    numbers = [int(n) for n in re.findall(r"\d+", (vllm_version or "").split("+")[0])[:3]]
+    if numbers and tuple(numbers + [0, 0])[:3] < DEFAULT_CHANGED_IN:
+        return EARLIER_DEFAULT_UTILIZATION
+    return DEFAULT_UTILIZATION
+
+
 # The flags that move a start's non-KV memory (activations, CUDA graphs, NCCL, the loader,
 # the encoder): an earlier run's measured overhead is a prior only when these match, with the
 # same vLLM version. KV dtype, max-model-len and utilization leave it as it is, so that the
@@ -75,7 +90,9 @@ def observed_in_log(text: str) -> Observed | None:
         if "non-default args" in line and (m := said.NON_DEFAULT_ARGS_SAID.search(line)):
             logged = _logged_args(m["args"])
             found["flags"] = overhead_flags(logged)
-            utilization = logged.get("gpu-memory-utilization") or DEFAULT_UTILIZATION
+            utilization = logged.get("gpu-memory-utilization") or default_utilization(
+                found.get("version")
+            )
             found["utilization"] = float(utilization)
             found["fixed_kv"] = bool(logged.get("kv-cache-memory-bytes"))
     keys = ("kv_tokens", "kv_memory", "weights")
