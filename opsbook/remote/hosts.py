@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import paramiko
 from fabric import Connection
@@ -222,6 +222,63 @@ def _keep(spec: HostSpec, conn: Connection) -> None:
         _kept[spec] = conn
     if old is not None and old is not conn:
         old.close()
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A command that ran to its end: what it was shown as, how it ended, when and how long."""
+
+    shown: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    started_at: datetime
+    duration: float
+
+
+class _Running(Protocol):
+    name: str
+    journal: Journal
+    redactor: Redactor
+
+
+def finish_command(host: _Running, ran: Ran, limit: float, check: bool) -> CommandResult:
+    """A finished command journalled, then its result, or the error it is: a command stopped by
+    its ``timeout`` wrapper (exit 124/137 once the limit passed), or a failure under ``check``.
+    The one ending of :meth:`Host.run` and the local machine's ``run``.
+
+    Raises:
+        CommandTimeout: the command ran longer than ``limit`` and was stopped.
+        HostError: ``check`` was set and the command failed.
+    """
+    host.journal.record(
+        host=host.name,
+        kind="run",
+        command=ran.shown,
+        exit_code=ran.exit_code,
+        duration=ran.duration,
+        stdout=ran.stdout,
+        stderr=ran.stderr,
+        started=ran.started_at,
+    )
+    shown = host.redactor.redact(ran.shown)[:200]
+    if ran.exit_code in TIMEOUT_EXIT_CODES and ran.duration >= limit - 0.5:
+        raise CommandTimeout(
+            f"command timed out after {limit:g} s and was stopped: {shown}",
+            host=host.name,
+            remedy="raise the timeout for this step, or find out why the host is slow",
+            timeout=limit,
+        )
+    result = CommandResult(
+        host.name, ran.shown, ran.exit_code, ran.stdout, ran.stderr, ran.duration
+    )
+    if check and not result.ok:
+        raise HostError(
+            f"command failed with exit code {ran.exit_code}: {shown}"
+            f"\n  stderr: {host.redactor.redact(ran.stderr.strip())[-500:]}",
+            host=host.name,
+        )
+    return result
 
 
 class Host:
@@ -501,33 +558,8 @@ class Host:
                 host=self.name,
                 remedy="check the host and the network; the command may or may not have run",
             ) from None
-        duration = time.monotonic() - started
-        self.journal.record(
-            host=self.name,
-            kind="run",
-            command=shown,
-            exit_code=exit_code,
-            duration=duration,
-            stdout=out,
-            stderr=err,
-            started=started_at,
-        )
-        if exit_code in TIMEOUT_EXIT_CODES and duration >= limit - 0.5:
-            raise CommandTimeout(
-                f"command timed out after {limit:g} s and was stopped: "
-                f"{self.redactor.redact(shown)[:200]}",
-                host=self.name,
-                remedy="raise the timeout for this step, or find out why the host is slow",
-                timeout=limit,
-            )
-        result = CommandResult(self.name, shown, exit_code, out, err, duration)
-        if check and not result.ok:
-            raise HostError(
-                f"command failed with exit code {exit_code}: {self.redactor.redact(shown)[:200]}"
-                f"\n  stderr: {self.redactor.redact(err.strip())[-500:]}",
-                host=self.name,
-            )
-        return result
+        ran = Ran(shown, exit_code, out, err, started_at, time.monotonic() - started)
+        return finish_command(self, ran, limit, check)
 
     def probe(
         self,

@@ -32,14 +32,15 @@ from typing import Any
 from opsbook.core.channel import HEADLESS_ENV, JOURNAL_ENV, KEEP_CONNECTIONS_ENV, OUTCOME_ENV
 from opsbook.core.deployment import HostSpec
 from opsbook.core.deployment_schema import LOCAL_ADDRESS
-from opsbook.core.exceptions import CommandTimeout, HostError, TransferError
+from opsbook.core.exceptions import TransferError
 from opsbook.core.redact import Redactor
 from opsbook.remote import probes
 from opsbook.remote.hosts import (
     KILL_GRACE,
     LOCAL_SLACK,
     OUTPUT_AFTER_EXIT,
-    TIMEOUT_EXIT_CODES,
+    Ran,
+    finish_command,
     probe_label,
     wire_command,
     wrap_command,
@@ -129,32 +130,8 @@ class LocalMachine:
         exit_code, out, err = run_here(
             wire, stdin, self.environ, limit + KILL_GRACE + LOCAL_SLACK, self._start_folder()
         )
-        duration = time.monotonic() - started
-        self.journal.record(
-            host=self.name,
-            kind="run",
-            command=shown,
-            exit_code=exit_code,
-            duration=duration,
-            stdout=out,
-            stderr=err,
-            started=started_at,
-        )
-        if exit_code in TIMEOUT_EXIT_CODES and duration >= limit - 0.5:
-            raise CommandTimeout(
-                f"command timed out after {limit:g} s and was stopped: "
-                f"{self.redactor.redact(shown)[:200]}",
-                host=self.name,
-                remedy="raise the timeout for this step, or find out why the machine is slow",
-                timeout=limit,
-            )
-        if check and exit_code != 0:
-            raise HostError(
-                f"command failed with exit code {exit_code}: {self.redactor.redact(shown)[:200]}"
-                f"\n  stderr: {self.redactor.redact(err.strip())[-500:]}",
-                host=self.name,
-            )
-        return CommandResult(self.name, shown, exit_code, out, err, duration)
+        ran = Ran(shown, exit_code, out, err, started_at, time.monotonic() - started)
+        return finish_command(self, ran, limit, check)
 
     def probe(
         self,
