@@ -5,7 +5,6 @@ from the notes its stages wrote (``*.facts.jsonl``), its results, and 06_qualify
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,15 +84,7 @@ def qualification_receipts(folder: Path) -> dict[str, Qualification]:
     verdict and its numbers (each cell's output tok/s and p99 TTFT, the KV cache's tokens)."""
     found: dict[str, Qualification] = {}
     for path in sorted((folder / RECEIPTS).rglob(RECEIPT)):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        for raw in doc.get("receipts", []) if isinstance(doc, dict) else []:
-            try:
-                receipt = qualify_receipt.receipt_from_dict(raw)
-            except (KeyError, TypeError, ValueError):
-                continue
+        for receipt in qualify_receipt.receipts_in(path):
             found[receipt.host] = Qualification(
                 verdict="pass" if receipt.passed else "fail", numbers=_receipt_numbers(receipt)
             )

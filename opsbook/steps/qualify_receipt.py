@@ -313,18 +313,25 @@ def earlier_receipts(folder: Path) -> Iterator[Receipt]:
     for path in paths:
         if path.parent.parent == folder:
             continue
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        for raw in doc.get("receipts", []) if isinstance(doc, dict) else []:
-            try:
-                receipt = receipt_from_dict(raw)
-            except (KeyError, TypeError, ValueError):
-                continue
+        for receipt in receipts_in(path):
             receipt.run_folder = receipt.run_folder or str(path.parent.parent)
             found.append(receipt)
     yield from sorted(found, key=lambda r: r.started_at)
+
+
+def receipts_in(path: Path) -> list[Receipt]:
+    """The receipts one ``receipt.json`` holds; an unreadable file or entry counts for none."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    found = []
+    for raw in doc.get("receipts", []) if isinstance(doc, dict) else []:
+        try:
+            found.append(receipt_from_dict(raw))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return found
 
 
 def startup_of(host: RemoteHost, log_path: str, phases: Sequence[Any]) -> Startup:
