@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="05_diagnose: write DIR/opsbook_<deployment>.prom for node_exporter's textfile "
-        "collector (each host's state, time since ready, last verdict)",
+        "collector (each host's state, time since ready, last verdict); 06_qualify: "
+        "DIR/opsbook_<deployment>_qualify.prom (verdict, tok/s and p99 TTFT per cell)",
     )
     run.set_defaults(handler=cmd_run)
 
@@ -375,7 +376,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _check_textfile(notebook: Path, folder: Path) -> None:
-    """``--textfile`` goes with 05_diagnose, into a folder opsbook may write to.
+    """``--textfile`` goes with 05_diagnose or 06_qualify, into a folder opsbook may write to.
 
     Raises:
         RunError: another notebook, or a folder that cannot be written.
@@ -383,20 +384,26 @@ def _check_textfile(notebook: Path, folder: Path) -> None:
     from opsbook import stages
     from opsbook.runner import textfile
 
-    if stages.get(notebook.stem) is not stages.DIAGNOSE:
+    if stages.get(notebook.stem) not in (stages.DIAGNOSE, stages.QUALIFY):
         raise RunError(
-            f"--textfile is for 05_diagnose, not {notebook.stem}",
-            remedy="run `opsbook run 05_diagnose -f D --textfile DIR`",
+            f"--textfile is for 05_diagnose and 06_qualify, not {notebook.stem}",
+            remedy="run `opsbook run 05_diagnose -f D --textfile DIR` (or 06_qualify)",
         )
     textfile.check_folder(folder)
 
 
 def _write_textfile(folder: Path, deployment_file: str, record: runner.RunRecord) -> Path:
-    """The run's verdicts as ``opsbook_<deployment>.prom`` in ``folder``."""
+    """The run's verdicts as ``opsbook_<deployment>.prom`` in ``folder`` (06_qualify's with its
+    receipts' figures, as ``opsbook_<deployment>_qualify.prom``)."""
     from opsbook.core.deployment import load_deployment
     from opsbook.runner import records, textfile
 
     name = load_deployment(deployment_file).name
+    if any(r.stage == textfile.QUALIFY for r in record.results):
+        from opsbook.steps import qualify_receipt as receipts
+
+        filed = receipts.receipts_in(record.folder / receipts.FOLDER / receipts.RECEIPT_FILE)
+        return textfile.write_qualify_textfile(folder, name, record.results, filed)
     summaries = records.recorded_metrics(record.folder)
     return textfile.write_textfile(folder, name, record.results, summaries)
 

@@ -87,3 +87,32 @@ def test_a_folder_that_is_missing_or_not_writable_is_refused(tmp_path: Path) -> 
             textfile.check_folder(locked)
     textfile.check_folder(tmp_path)
     assert os.listdir(tmp_path) == ["locked"]
+
+
+def test_a_qualification_writes_its_own_file_with_each_cell_s_figures(tmp_path: Path) -> None:
+    import dataclasses
+
+    from tests.unit.test_qualify_gate import receipt
+
+    good = receipt(1873.4, ttft=120.0, host="ops@gpu-01")
+    good = dataclasses.replace(
+        good, startup=dataclasses.replace(good.startup, kv_cache_tokens=65536)
+    )
+    slow = receipt(50.0, host="ops@gpu-02", passed=False)
+    results = [
+        HostResult("ops@gpu-01", "qualify", State.OK, "passed"),
+        HostResult("ops@gpu-02", "qualify", State.FAILED, "slower", failure_id="x"),
+    ]
+    diagnosis = textfile.write_textfile(tmp_path, "prod", RESULTS, SUMMARIES, now=NOW)
+    path = textfile.write_qualify_textfile(tmp_path, "prod", results, [good, slow], now=NOW)
+    assert path == tmp_path / "opsbook_prod_qualify.prom" and diagnosis.exists()
+    found = samples(path)
+    (cell,) = {dict(k[1])["cell"] for k in found if k[0].endswith("tokens_per_second")}
+    one = frozenset({("deployment", "prod"), ("host", "ops@gpu-01")})
+    assert found[("opsbook_qualify_passed", one)] == 1.0
+    two = frozenset({("deployment", "prod"), ("host", "ops@gpu-02")})
+    assert found[("opsbook_qualify_passed", two)] == 0.0
+    assert found[("opsbook_qualify_kv_cache_tokens", one)] == 65536.0
+    assert found[("opsbook_qualify_output_tokens_per_second", one | {("cell", cell)})] == 1873.4
+    assert found[("opsbook_qualify_ttft_p99_seconds", one | {("cell", cell)})] == 0.12
+    assert found[("opsbook_last_run_timestamp_seconds", frozenset({("deployment", "prod")}))] == NOW
