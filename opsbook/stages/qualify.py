@@ -143,6 +143,10 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     ]
     if filed:
         shows.append(Note(f"receipt: {filed}"))
+    # The /metrics summaries before and after go into the run record (summary.json).
+    shows.append(metrics.summary_of("before", before))
+    if after is not None:
+        shows.append(metrics.summary_of("end", after))
     state_ = State.OK if receipt.passed else State.FAILED
     return Report(state_, Result(receipt.passed, message, findings), shows, "", digest)
 

@@ -1,7 +1,8 @@
 """06_qualify over real SSH against the simulated vLLM of a rehearsal host of this module's own:
 a first run passes on its own checks and becomes the last good; the same speed again passes,
 20% slower is a regression; each serving fault fails the verdict with its own finding; a busy
-server is skipped with exit code 6.
+server is skipped with exit code 6; a run through the CLI files its receipt, its /metrics
+summaries and its textfile.
 
 Tokens are paced (``OPSBOOK_SIM_TOKEN_SECONDS``), so speed is the simulator's and not this
 machine's; ``--max-model-len 512`` leaves the quick profile's 128-token row (the 1024-token
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import EXIT_BUSY, SERVER_BUSY, State
@@ -31,7 +33,7 @@ from opsbook.steps import patch, server
 from opsbook.steps import qualify_correctness as correctness
 from opsbook.steps import qualify_gate as gate
 from opsbook.steps.script import render_script, upload_script
-from tests.integration.conftest import rehearsal_host
+from tests.integration.conftest import opsbook, rehearsal_host
 
 pytestmark = pytest.mark.integration
 
@@ -183,3 +185,28 @@ def test_a_busy_server_is_skipped_with_its_exit_code(
     (result,) = record.results
     assert result.state is State.SKIPPED and result.failure_id == SERVER_BUSY
     assert "busy: 1 request(s) running" in result.message
+
+
+def test_a_qualification_run_files_its_receipt_its_metrics_and_a_textfile(
+    rig: Rig, box: Sandbox, tmp_path: Path
+) -> None:
+    rig.serve()
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
+    done = opsbook("run", "06_qualify", "-f", str(box.deployment_path), "--textfile",
+                   str(textfiles), "--runs-dir", str(tmp_path / "runs"))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert receipt_of(folder)["passed"]
+    moments = {m["moment"] for m in json.loads((folder / "run.json").read_text())["metrics"]}
+    assert moments == {"before", "end"}
+    name = load_deployment(box.deployment_path).name
+    written = textfiles / f"opsbook_{name}_qualify.prom"
+    assert f"textfile: {written}" in done.stdout
+    passed = {
+        sample.labels["host"]: sample.value
+        for family in text_string_to_metric_families(written.read_text())
+        for sample in family.samples
+        if sample.name == "opsbook_qualify_passed"
+    }
+    assert passed == {rig.host.name: 1.0}
