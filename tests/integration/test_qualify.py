@@ -167,6 +167,14 @@ def test_each_serving_fault_fails_the_verdict_with_its_own_finding(
     assert not receipt_of(tmp_path / "run")["passed"]
 
 
+def hold(request: urllib.request.Request) -> None:
+    """One long request, kept running until it ends or its server stops."""
+    try:
+        urllib.request.urlopen(request, timeout=60).read()
+    except OSError:
+        pass
+
+
 def test_a_busy_server_is_skipped_with_its_exit_code(
     rig: Rig, box: Sandbox, tmp_path: Path
 ) -> None:
@@ -174,13 +182,15 @@ def test_a_busy_server_is_skipped_with_its_exit_code(
     body = json.dumps({"prompt": "hold", "max_tokens": 200, "ignore_eos": True}).encode()
     url = f"http://127.0.0.1:{rig.dep.server_port}/v1/completions"
     request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-    held = threading.Thread(target=lambda: urllib.request.urlopen(request, timeout=60).read())
+    held = threading.Thread(target=hold, args=(request,), daemon=True)
     held.start()
     try:
         time.sleep(0.5)
         record = runner.run_notebook("06_qualify", box.deployment_path, runs_dir=tmp_path)
     finally:
-        held.join(60)
+        # The held request (40 s of tokens) ends with its server, not at its last token.
+        server.stop_server(rig.host, rig.paths, grace=2)
+        held.join(30)
     assert record.exit_code == EXIT_BUSY, record.message
     (result,) = record.results
     assert result.state is State.SKIPPED and result.failure_id == SERVER_BUSY

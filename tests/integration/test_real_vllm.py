@@ -396,12 +396,13 @@ def assert_a_stopped_engine_core_under_load_is_hung(rig: Rig, pid: int) -> None:
     core = next(p for p in group(pid) if cmdline(p).startswith("VLLM::EngineCore"))
     errors: list[str] = []
     done = threading.Event()
-    # Three streams of requests of different lengths: they never all end at the same step.
+    # Three streams of requests of prime lengths: they do not all end at the same step, so
+    # the engine's last stats before the stop hold requests running.
     load = [
         threading.Thread(
             target=keep_busy, args=(port, rig.dep.model_path, n, done, errors), daemon=True
         )
-        for n in (480, 400, 320)
+        for n in (479, 397, 311)
     ]
     for thread in load:
         thread.start()
@@ -413,12 +414,15 @@ def assert_a_stopped_engine_core_under_load_is_hung(rig: Rig, pid: int) -> None:
             thread.join(300)
     assert errors == []
     print(f"[real vLLM] a SIGSTOPped engine core under load: {hung.state} in {seconds:.1f} s")
-    assert hung.state == "hung", hung.message
+    assert hung.state == "hung", (hung.message, hung.generation and hung.generation.message)
     assert seconds < 30 and health.status == 200
     assert "request(s) running" in hung.message and "/health answers 200" in hung.message
     after = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
     assert after.state == "ready" and after.generation is not None
     assert after.generation.verdict == metrics.IDLE, after.generation.message
+
+
+STOP_SETTLE_SECONDS = 2.0
 
 
 def stopped_engine_core_verdict(
@@ -427,12 +431,17 @@ def stopped_engine_core_verdict(
     """Once requests run, SIGSTOP the engine core, diagnose and ask /health; SIGCONT after."""
     port = rig.dep.server_port
     deadline = time.monotonic() + 60
-    while not metrics.read_metrics(rig.host, port).running:
+    # Two or more running: a request that just ended and its stream's next one, not yet
+    # scheduled, leave the others (vLLM counts a request running once it is scheduled).
+    while (metrics.read_metrics(rig.host, port).running or 0) < 2:
         assert time.monotonic() < deadline and not errors, f"the requests never ran: {errors}"
         time.sleep(0.2)
     os.kill(core, signal.SIGSTOP)
     try:
         began = time.monotonic()
+        # The API server still counts the tokens the engine sent before it stopped: a watch
+        # begun in that instant sees them move ("generating"), so it begins once they are in.
+        time.sleep(STOP_SETTLE_SECONDS)
         hung = triage.server_state(rig.host, rig.paths, port, watch_metrics=True)
         seconds = time.monotonic() - began
         return hung, seconds, server.http_get(rig.host, port, "/health", timeout=5)
