@@ -27,17 +27,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import paramiko
 from fabric import Connection
 
 from opsbook.core.channel import KEEP_CONNECTIONS_ENV
-from opsbook.core.deployment import ENV_NAME, Deployment, HostSpec
+from opsbook.core.deployment import Deployment, HostSpec
 from opsbook.core.deployment_schema import LOCAL_ADDRESS
 from opsbook.core.exceptions import (
     AuthenticationFailed,
-    CommandTimeout,
     ConnectionRefused,
     ConnectTimeout,
     HostError,
@@ -50,45 +49,26 @@ from opsbook.core.exceptions import (
 )
 from opsbook.core.redact import Redactor
 from opsbook.remote import probes
+from opsbook.remote.commands import (
+    KILL_GRACE,
+    LOCAL_SLACK,
+    OUTPUT_AFTER_EXIT,
+    Ran,
+    finish_command,
+    journal_transfer,
+    probe_label,
+    unreadable,
+    wire_command,
+    wrap_command,
+)
 from opsbook.remote.journal import Journal
+from opsbook.remote.local_machine import LocalMachine
 from opsbook.remote.protocol import CommandResult, RemoteHost
 
-# Seconds the remote `timeout` waits after SIGTERM before SIGKILL, and the extra time the
-# local backstop allows on top of both before giving up on the channel.
-KILL_GRACE = 5
-LOCAL_SLACK = 10
-TIMEOUT_EXIT_CODES = (124, 137)
 # How often a running command is checked for exit when it prints nothing.
 POLL_SECONDS = 0.01
-# Seconds the output may still come after the command's exit status (see _exec).
-OUTPUT_AFTER_EXIT = 0.5
 # Hosts worked on at once by a group (Ansible's default is 5; SSH round trips are cheap here).
 DEFAULT_FORKS = 10
-
-
-def wrap_command(command: str, env: Mapping[str, str] | None = None) -> str:
-    """The bash script for ``command``: ``export`` lines with quoted values, then the command.
-
-    Raises:
-        ValueError: an environment name is not a valid identifier.
-    """
-    lines = []
-    for name, value in (env or {}).items():
-        if not ENV_NAME.match(name):
-            raise ValueError(f"{name!r} is not a valid environment variable name")
-        lines.append(f"export {name}={shlex.quote(str(value))}")
-    return "\n".join([*lines, command])
-
-
-def wire_command(script: str, timeout: float) -> str:
-    """What the login shell receives: only words no shell can misread.
-
-    The script travels base64-encoded and is decoded and run by ``bash`` itself.
-    """
-    encoded = base64.b64encode(script.encode()).decode()
-    seconds = max(1, math.ceil(timeout))
-    inner = f'eval "$(printf %s {encoded} | base64 -d)"'
-    return f"timeout -k {KILL_GRACE} {seconds} bash -c '{inner}'"
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -222,63 +202,6 @@ def _keep(spec: HostSpec, conn: Connection) -> None:
         _kept[spec] = conn
     if old is not None and old is not conn:
         old.close()
-
-
-@dataclass(frozen=True)
-class Ran:
-    """A command that ran to its end: what it was shown as, how it ended, when and how long."""
-
-    shown: str
-    exit_code: int
-    stdout: str
-    stderr: str
-    started_at: datetime
-    duration: float
-
-
-class _Running(Protocol):
-    name: str
-    journal: Journal
-    redactor: Redactor
-
-
-def finish_command(host: _Running, ran: Ran, limit: float, check: bool) -> CommandResult:
-    """A finished command journalled, then its result, or the error it is: a command stopped by
-    its ``timeout`` wrapper (exit 124/137 once the limit passed), or a failure under ``check``.
-    The one ending of :meth:`Host.run` and the local machine's ``run``.
-
-    Raises:
-        CommandTimeout: the command ran longer than ``limit`` and was stopped.
-        HostError: ``check`` was set and the command failed.
-    """
-    host.journal.record(
-        host=host.name,
-        kind="run",
-        command=ran.shown,
-        exit_code=ran.exit_code,
-        duration=ran.duration,
-        stdout=ran.stdout,
-        stderr=ran.stderr,
-        started=ran.started_at,
-    )
-    shown = host.redactor.redact(ran.shown)[:200]
-    if ran.exit_code in TIMEOUT_EXIT_CODES and ran.duration >= limit - 0.5:
-        raise CommandTimeout(
-            f"command timed out after {limit:g} s and was stopped: {shown}",
-            host=host.name,
-            remedy="raise the timeout for this step, or find out why the host is slow",
-            timeout=limit,
-        )
-    result = CommandResult(
-        host.name, ran.shown, ran.exit_code, ran.stdout, ran.stderr, ran.duration
-    )
-    if check and not result.ok:
-        raise HostError(
-            f"command failed with exit code {ran.exit_code}: {shown}"
-            f"\n  stderr: {host.redactor.redact(ran.stderr.strip())[-500:]}",
-            host=host.name,
-        )
-    return result
 
 
 class Host:
@@ -651,13 +574,8 @@ class Host:
                 host=self.name,
                 remedy="check that the folder exists and the user may write to it",
             ) from None
-        self.journal.record(
-            host=self.name,
-            kind="upload",
-            command=f"sftp put {remote_path} ({len(payload)} bytes, mode {mode:o})",
-            exit_code=0,
-            duration=time.monotonic() - started,
-        )
+        written = f"sftp put {remote_path} ({len(payload)} bytes, mode {mode:o})"
+        journal_transfer(self, "upload", written, started)
 
     def _short_of_space(self, folder: str, size: int) -> bool:
         """Whether the filesystem of ``folder`` has less than ``size`` bytes free: SFTP says
@@ -680,18 +598,8 @@ class Host:
             with self._sftp().open(_sftp_path(remote_path), "rb") as f:
                 data: bytes = f.read()
         except OSError as e:
-            raise TransferError(
-                f"could not read {remote_path}: {e.strerror or e}",
-                host=self.name,
-                remedy="check the path and its permissions",
-            ) from None
-        self.journal.record(
-            host=self.name,
-            kind="download",
-            command=f"sftp get {remote_path} ({len(data)} bytes)",
-            exit_code=0,
-            duration=time.monotonic() - started,
-        )
+            raise unreadable(self.name, remote_path, e) from None
+        journal_transfer(self, "download", f"sftp get {remote_path} ({len(data)} bytes)", started)
         return data
 
     def _sftp(self) -> paramiko.SFTPClient:
@@ -714,9 +622,6 @@ def host_for(spec: HostSpec, secrets: Sequence[str], journal: Journal) -> Remote
     """The host a deployment's entry names: this machine for ``address: local``
     (:class:`opsbook.remote.local_machine.LocalMachine`), else a :class:`Host` over SSH."""
     if spec.address == LOCAL_ADDRESS:
-        # Imported here: that module builds on this one's command wrapping.
-        from opsbook.remote.local_machine import LocalMachine
-
         return LocalMachine(spec, secrets, journal)
     return Host(spec, secrets, journal)
 
@@ -884,33 +789,3 @@ def _remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
         sftp.remove(path)
     except OSError:
         pass
-
-
-# Probe arguments that carry a secret: masked by name, at any depth.
-SECRET_PROBE_ARGS = frozenset({"bearer", "api_key", "token", "password"})
-# A text argument longer than this (a config file a probe writes) is journalled as its length:
-# the run record keeps such a change as a diff; every other argument is journalled whole.
-TEXT_ARG_CHARS = 200
-
-
-def probe_label(name: str, python: str, args: dict[str, Any] | None) -> str:
-    """How the journal shows a probe: its name, interpreter and arguments (secrets masked)."""
-    return f"probe {name} ({python} -) args={_short(args)}"
-
-
-def _short(args: dict[str, Any] | None) -> str:
-    return repr({k: _shown_arg(k, v) for k, v in (args or {}).items()})
-
-
-def _shown_arg(key: str, value: Any) -> Any:
-    if key in SECRET_PROBE_ARGS and value:
-        return "***"
-    if isinstance(value, str) and len(value) > TEXT_ARG_CHARS:
-        return f"<{len(value)} characters>"
-    if isinstance(value, dict):
-        return {k: _shown_arg(str(k), v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_shown_arg("", v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_shown_arg("", v) for v in value)
-    return value

@@ -35,13 +35,15 @@ from opsbook.core.deployment_schema import LOCAL_ADDRESS
 from opsbook.core.exceptions import TransferError
 from opsbook.core.redact import Redactor
 from opsbook.remote import probes
-from opsbook.remote.hosts import (
+from opsbook.remote.commands import (
     KILL_GRACE,
     LOCAL_SLACK,
     OUTPUT_AFTER_EXIT,
     Ran,
     finish_command,
+    journal_transfer,
     probe_label,
+    unreadable,
     wire_command,
     wrap_command,
 )
@@ -182,13 +184,8 @@ class LocalMachine:
                 remedy="check that the folder exists, the user may write to it and the disk "
                 "has room (df -h)",
             ) from None
-        self.journal.record(
-            host=self.name,
-            kind="upload",
-            command=f"write {remote_path} ({len(payload)} bytes, mode {mode:o})",
-            exit_code=0,
-            duration=time.monotonic() - started,
-        )
+        written = f"write {remote_path} ({len(payload)} bytes, mode {mode:o})"
+        journal_transfer(self, "upload", written, started)
 
     def read_bytes(self, remote_path: str) -> bytes:
         """Read a whole file.
@@ -200,18 +197,8 @@ class LocalMachine:
         try:
             data = self.path_of(remote_path).read_bytes()
         except OSError as e:
-            raise TransferError(
-                f"could not read {remote_path}: {e.strerror or e}",
-                host=self.name,
-                remedy="check the path and its permissions",
-            ) from None
-        self.journal.record(
-            host=self.name,
-            kind="download",
-            command=f"read {remote_path} ({len(data)} bytes)",
-            exit_code=0,
-            duration=time.monotonic() - started,
-        )
+            raise unreadable(self.name, remote_path, e) from None
+        journal_transfer(self, "download", f"read {remote_path} ({len(data)} bytes)", started)
         return data
 
     def read_text(self, remote_path: str) -> str:
@@ -235,10 +222,10 @@ def run_here(
     limit: float,
     folder: Path | None = None,
 ) -> tuple[int, str, str]:
-    """Run a wire command (:func:`~opsbook.remote.hosts.wire_command`) under the local bash, in
+    """Run a wire command (:func:`~opsbook.remote.commands.wire_command`) under the local bash, in
     a session of its own as sshd runs one: the operator's Ctrl-C is not its signal, and a
     process it leaves behind is not in opsbook's group. As over SSH, the output is taken until
-    the command exits and then for :data:`~opsbook.remote.hosts.OUTPUT_AFTER_EXIT` seconds
+    the command exits and then for :data:`~opsbook.remote.commands.OUTPUT_AFTER_EXIT` seconds
     only, so that a server it started in the background, still holding the output, does not
     hold the caller.
 

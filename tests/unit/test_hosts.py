@@ -7,7 +7,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from opsbook.remote.hosts import fingerprint, known_hosts_name, wire_command, wrap_command
+from opsbook.remote.commands import wire_command, wrap_command
+from opsbook.remote.hosts import fingerprint, known_hosts_name
 
 TRICKY = "echo \"$0\" 'single' $V; ls /no/such/dir/* 2>&1 | head -1; true && echo and; echo ';'"
 

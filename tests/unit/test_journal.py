@@ -88,7 +88,7 @@ def test_an_entry_recorded_without_its_start_time_began_its_duration_ago() -> No
 
 
 def test_a_probe_is_journalled_with_every_argument_whole_but_file_texts_and_secrets() -> None:
-    from opsbook.remote.hosts import TEXT_ARG_CHARS, _short
+    from opsbook.remote.commands import TEXT_ARG_CHARS, _short
 
     paths = [f"/models/checkpoint-{n}/config.json" for n in range(12)]
     args = {
