@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from opsbook import __version__
+from opsbook.cli.common import TERMINAL, CommandParser
+from opsbook.cli.records import add_records_group
 from opsbook.core.channel import StageProgress
 from opsbook.core.exceptions import (
     DeploymentError,
@@ -33,17 +35,12 @@ from opsbook.core.optional_imports import skip_slow_optional_imports, without_py
 from opsbook.core.results import EXIT_LOCKED, HostResult, recap
 from opsbook.runner import run as runner
 from opsbook.runner.interrupt import RunInterrupted, raising_on_signals
-from opsbook.terminal import Terminal
 
 DEFAULT_SANDBOX_DIR = ".sandbox/demo"
 LIMIT_HELP = (
     "only these hosts: comma-separated names or addresses, globs (gpu-0*), or 0-based indices "
     "and inclusive ranges ([0], 1:3), as Ansible's --limit"
 )
-# What a run prints as it goes: plain off a terminal, fitted and coloured on one.
-TERMINAL = Terminal()
-# `opsbook records show last`: the newest run folder `records list` shows.
-LAST_RUN = "last"
 
 
 def console() -> int:
@@ -102,35 +99,6 @@ def _detach_stdout() -> None:
     """Point stdout at /dev/null so that the interpreter's last flush finds no closed pipe."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-
-
-class CommandParser(argparse.ArgumentParser):
-    """A subcommand's parser: its options may come before or after its positionals
-    (``opsbook run -f d.yml deploy``, ``opsbook records show --json last``), and its help may
-    end with text made only when it is asked for (``more_help``)."""
-
-    more_help: Callable[[], str] | None = None
-    # A group of subcommands (``records``) parses plainly: argparse's intermixed parsing takes
-    # no subcommand; each of its subcommands intermixes its own options.
-    groups_subcommands = False
-    _intermixing = False
-
-    def parse_known_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        # parse_known_intermixed_args parses with parse_known_args itself, twice.
-        if self._intermixing or self.groups_subcommands:
-            return super().parse_known_args(args, namespace)
-        self._intermixing = True
-        try:
-            return self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._intermixing = False
-
-    def format_help(self) -> str:
-        if self.more_help is not None:
-            self.epilog = self.more_help()
-        return super().format_help()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -250,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lint.set_defaults(handler=cmd_lint)
 
-    _add_records_group(sub)
+    add_records_group(sub)
 
     check = sub.add_parser(
         "check",
@@ -663,168 +631,6 @@ def _detached_reporter(args: argparse.Namespace) -> Callable[[Path], None] | Non
     return detach.folder_reporter(args.detached_report)
 
 
-def _add_records_group(sub: Any) -> None:
-    """``records list|show|diff|last-good|mark-good|search``; ``--runs-dir`` before or after."""
-    runs_help = "where run folders are (default: runs)"
-    rec = sub.add_parser(
-        "records", help="the run folders: list, show, follow, diff two runs' facts, last good"
-    )
-    rec.groups_subcommands = True
-    rec.add_argument("--runs-dir", default="runs", help=runs_help)
-    rec.set_defaults(handler=cmd_records, run=None, other=None, json=False, diff=False)
-    rec.set_defaults(follow=False, host=[], fact=[], failure=[])
-    actions = rec.add_subparsers(dest="action", required=True, parser_class=CommandParser)
-
-    def action(name: str, help: str) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = actions.add_parser(name, help=help)
-        # SUPPRESS: given after the subcommand it is set, else the group's value stays.
-        parser.add_argument("--runs-dir", default=argparse.SUPPRESS, help=runs_help)
-        return parser
-
-    _list_filters(action("list", "every run folder, newest first (filters: see --help)"))
-    show = action("show", "what a run recorded, for people (or as JSON)")
-    show.add_argument("run", help=f"a run folder, or {LAST_RUN!r} for the newest one listed")
-    show.add_argument("--json", action="store_true", help="the whole record as JSON")
-    show.add_argument("--diff", action="store_true", help="the diffs the stages recorded")
-    show.add_argument(
-        "--follow",
-        action="store_true",
-        help="a run going on (a detached one): each host's result as its stage records it, "
-        "until the record is filed; then the record, and the run's exit code",
-    )
-    diff = action("diff", "what changed in the facts between two runs, each number old -> new")
-    diff.add_argument("run", help=f"the older run (a folder, or {LAST_RUN!r})")
-    diff.add_argument("other", help="the newer run")
-    action("last-good", "each deployment's and host's last good run")
-    mark = action("mark-good", "mark a ready deploy good (when no qualification judges it)")
-    mark.add_argument("run", help=f"a run folder, or {LAST_RUN!r}")
-    mark.add_argument(
-        "--host", action="append", default=[], help="only this host of the run (repeatable)"
-    )
-    search = action("search", "the runs where a fact had a value, or a failure struck")
-    search.add_argument(
-        "--fact",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="runs where the fact had the value (a glob), e.g. vllm=0.15.1",
-    )
-    search.add_argument(
-        "--failure",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="runs where this failure (catalogue id) struck, e.g. fp8kv-mla",
-    )
-
-
-def _list_filters(listing: argparse.ArgumentParser) -> None:
-    listing.add_argument("--deployment", default="", help="only runs of this deployment file")
-    listing.add_argument(
-        "--host",
-        action="append",
-        default=[],
-        help="only runs on this host (a glob, or part of its name; repeated: any of them)",
-    )
-    listing.add_argument("--state", default="", help="only runs with this status (ok...)")
-    listing.add_argument("--since", default="", help="only runs started at or after (UTC)")
-    listing.add_argument("--until", default="", help="only runs started before (UTC)")
-
-
-def _follow(folder: Path) -> int:
-    """Print a run's results as they come until it is filed; the run's exit code."""
-    from opsbook.core.results import HostResult
-    from opsbook.runner import records
-
-    try:
-        for record in records.follow_run(folder):
-            if isinstance(record, HostResult):
-                TERMINAL.result(record)
-            else:
-                TERMINAL.progress(record)
-    except KeyboardInterrupt:
-        print(f"opsbook: stopped following {folder}; the run goes on", file=sys.stderr)
-        return 130
-    return int(records.show_run(folder).get("exit_code", runner.EXIT_TOOL_FAILED))
-
-
-def cmd_records(args: argparse.Namespace) -> int:
-    if args.action == "list":
-        TERMINAL.table(_listed(args))
-        return runner.EXIT_OK
-    if args.action in HISTORY_ACTIONS:
-        return _cmd_history(args)
-    from opsbook.runner import records
-
-    if not args.run:
-        raise RunError("records show needs a run folder", remedy="see `opsbook records list`")
-    folder = _run_folder(args.run, Path(args.runs_dir), following=args.follow)
-    code = _follow(folder) if args.follow else runner.EXIT_OK
-    if args.json:
-        print(json.dumps(records.show_run(folder), indent=2))
-    elif args.diff:
-        print(records.describe_diffs(folder, colour=sys.stdout.isatty()))
-    else:
-        print(records.describe_run(folder))
-    return code
-
-
-# The records subcommands over many runs' facts (opsbook.runner.history).
-HISTORY_ACTIONS = ("diff", "last-good", "mark-good", "search")
-
-
-def _listed(args: argparse.Namespace) -> Any:
-    from opsbook.runner import history
-
-    only = history.RunFilter(
-        deployment=args.deployment,
-        hosts=tuple(args.host),
-        state=args.state,
-        since=history.parse_when(args.since) if args.since else None,
-        until=history.parse_when(args.until) if args.until else None,
-    )
-    return history.list_runs(Path(args.runs_dir), only)
-
-
-def _cmd_history(args: argparse.Namespace) -> int:
-    from opsbook.runner import history
-
-    runs_dir = Path(args.runs_dir)
-    if args.action == "diff":
-        if not (args.run and args.other):
-            raise RunError("records diff needs two runs", remedy="opsbook records diff OLD NEW")
-        older, newer = (str(_run_folder(r, runs_dir)) for r in (args.run, args.other))
-        TERMINAL.facts_diff(history.diff_runs(runs_dir, older, newer))
-    elif args.action == "last-good":
-        TERMINAL.table(history.last_good_table(runs_dir))
-    elif args.action == "mark-good":
-        if not args.run:
-            raise RunError("records mark-good needs a run", remedy="opsbook records mark-good RUN")
-        folder = _run_folder(args.run, runs_dir)
-        marked = history.mark_good(runs_dir, str(folder), args.host)
-        print(f"marked {folder.name} good on {', '.join(marked)}")
-    else:
-        if not (args.fact or args.failure):
-            raise RunError(
-                "records search needs --fact or --failure",
-                remedy="e.g. opsbook records search --fact vllm=0.15.1 --failure fp8kv-mla",
-            )
-        facts = [history.parse_fact(f) for f in args.fact]
-        TERMINAL.table(history.search(runs_dir, facts, args.failure))
-    return runner.EXIT_OK
-
-
-def _run_folder(name: str, runs_dir: Path, following: bool = False) -> Path:
-    """The run folder ``records show NAME`` means: a path, a folder under ``runs_dir``, or the
-    newest one listed (``last``; following, a detached run still going on counts)."""
-    from opsbook.runner import records
-
-    if name == LAST_RUN and not Path(name).is_dir():
-        return records.newest_folder(runs_dir) if following else records.newest_run(runs_dir)
-    folder = Path(name)
-    return folder if folder.is_dir() else runs_dir / name
-
-
 def cmd_runbook(args: argparse.Namespace) -> int:
     """Exit 0 when the folder holds the runbook's notebooks; 2 when it holds changed copies
     (without --force) or is no folder, nothing copied; 3 when a copy could not be written."""
@@ -976,7 +782,3 @@ def _deploy_parameters(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
     for name, text in pairs:
         params[name] = runner.plain_value(name, text, True if name == "apply" else "")
     return params
-
-
-if __name__ == "__main__":
-    sys.exit(main())
