@@ -475,6 +475,26 @@ def test_progress_line() -> None:
     assert not progress.complete
 
 
+def test_shard_rows_are_read_by_position_and_by_name_alike(local: Path) -> None:
+    # The probe's columns are ShardRow's fields in order, so rows are read by position; a
+    # table whose columns come in another order is read by name, to the same rows.
+    import dataclasses
+
+    fields = tuple(f.name for f in dataclasses.fields(shard_check.ShardRow))
+    assert fields == shard_check.SHARD_COLUMNS
+    table = probes.run_local("download", {"op": "check", "path": str(local)})["shards"]
+    assert tuple(table["columns"]) == shard_check.SHARD_COLUMNS
+    reordered = {
+        "columns": table["columns"][::-1],
+        "rows": [row[::-1] for row in table["rows"]],
+    }
+    rows = shard_check.shard_rows(table)
+    assert rows == shard_check.shard_rows(reordered)
+    assert [row.file for row in rows] == [shard(n) for n in range(1, 6)]
+    assert {(row.status, row.detail) for row in rows} == {("ok", "")}
+    assert all(row.size == row.expected_size == 100_000 for row in rows)
+
+
 def test_check_message_lists_problems() -> None:
     summary = shard_check.CheckSummary(
         shards=119,
@@ -621,6 +641,29 @@ def test_only_the_shards_whose_names_differ_from_the_index_are_read_again(
     assert status_of(answer, shard(5, 6)) == "ok"
 
 
+def test_a_worker_that_answers_in_part_leaves_its_shards_to_the_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parent_reads: list[str]
+) -> None:
+    # A worker cut off while writing its rows (it still ends with status 0): what it wrote is
+    # not taken, and the parent reads its shards itself.
+    import marshal
+
+    from opsbook.remote.probes import download as probe
+
+    model = faulty_checkpoint(tmp_path)
+
+    def cut_short(inspection: Any, answers: int) -> None:
+        rows = probe.inspect_share(inspection.model_dir, inspection.take() or [])
+        with os.fdopen(answers, "wb") as out:
+            out.write(marshal.dumps(rows)[:-3])
+
+    monkeypatch.setattr(probe, "serve_share", cut_short)
+    forked = probe.check({"path": str(model), "workers": 3})
+
+    assert shard(1, 9) in parent_reads and shard(9, 9) in parent_reads
+    assert forked == raw_check_with(model, 1)
+
+
 def test_tensors_swapped_between_two_shards_are_found(tmp_path: Path) -> None:
     # Each shard's names are matched on their own: a swap keeps the sums over all shards equal.
     model = make_checkpoint(tmp_path / "m", shards=4, shard_bytes=100_000)
@@ -680,6 +723,37 @@ def test_the_quick_layout_check_says_what_the_full_one_says(name: str) -> None:
         assert quick is not None and quick[1] == ""
     if name in ("gap", "overlap", "inside a zero-length", "not from 0", "size", "reversed"):
         assert quick is None and probe.layout_problem(header)[1]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": 1}',
+        '{"a": [1, 2]}' + " " * 7,
+        '{"a": 1}\t\n\r ',
+        '{"a": NaN, "b": -Infinity}',
+        '{"a": 1} x',
+        '{"a": 1}\x0c',
+        '{"a": 1}{"b": 2}',
+        '{"a": 1',
+        '{"a": "\x01"}',
+        '{"a": "\\u00e9\\ud800"}',
+        '{"a": 1, "a": 2}',
+    ],
+)
+def test_a_header_parses_as_json_loads_parses_it(text: str) -> None:
+    # The quick parse calls the decoder's scanner itself: what it takes, what it refuses and
+    # why must be json.loads's, or a header's verdict and detail would change.
+    from opsbook.remote.probes import shard_read as probe
+
+    try:
+        expected: Any = json.loads(text)
+    except ValueError as error:
+        with pytest.raises(ValueError) as refused:
+            probe.parse_object(text)
+        assert str(refused.value) == str(error)
+    else:
+        assert probe.parse_object(text) == expected
 
 
 @pytest.mark.parametrize("tensors", [1, 50, 3000])

@@ -19,7 +19,7 @@ Every problem is a finding naming the file; the probe itself does not fail on ba
 from __future__ import annotations
 
 import gc
-import json
+import marshal
 import os
 import time
 from collections import Counter
@@ -277,8 +277,9 @@ CHUNK_MIN = 8
 
 
 class Worker:
-    """A forked process inspecting chunks of the shards: it answers its rows as one JSON
-    line on a pipe, then ends."""
+    """A forked process inspecting chunks of the shards: it answers its rows on a pipe, in
+    marshal's format (its parent's interpreter: a fork; 11,900 rows in a few ms, where JSON
+    took tens), then ends."""
 
     def __init__(self, pid: int, answers: Any) -> None:
         self.pid = pid
@@ -287,8 +288,8 @@ class Worker:
     def rows(self) -> list[dict[str, Any]] | None:
         """The worker's rows, once it has ended; None when it failed."""
         try:
-            rows = json.loads(self.answers.readline() or b"null")
-        except ValueError:
+            rows = marshal.loads(self.answers.read())
+        except (EOFError, ValueError, TypeError):  # it ended before it answered in full
             rows = None
         self.answers.close()
         _, status = os.waitpid(self.pid, 0)
@@ -390,7 +391,7 @@ def serve_share(inspection: Inspection, answers: int) -> None:
         while chunk is not None:
             rows += inspect_share(inspection.model_dir, chunk)
             chunk = inspection.take()
-        out.write(json.dumps(rows).encode() + b"\n")
+        out.write(marshal.dumps(rows))
 
 
 def fork_share(inspection: Inspection) -> Worker:
