@@ -113,7 +113,8 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     index, answer["findings"] = read_index(model_dir)
     # Digested now, while the workers still inspect, not after them.
     wanted = names_by_shard(index["weight_map"]) if index is not None else None
-    expected = expected_shards(index, on_disk)
+    # The shards the index names are the digest's keys: sorted here, not gathered again.
+    expected = sorted(wanted) if wanted is not None else expected_shards(None, on_disk)
     answer["index"] = index_facts(index, expected)
     if index is None and not on_disk:
         answer["findings"].append(

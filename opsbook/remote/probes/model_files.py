@@ -11,7 +11,7 @@ import json
 import os
 import re
 
-from .shard_read import file_size, finding, list_folder, os_reason, read_header
+from .shard_read import file_size, finding, os_reason, read_header
 
 # typing costs this program, started once per check, a tenth of its start: its names are
 # used in annotations only, which are never evaluated here.
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 LOCAL_PARTIAL = re.compile(r"^(?P<file>.+)\.[^.]+\.incomplete$")
 JSON_FILES = ("config.json", "hf_quant_config.json", "generation_config.json", "tokenizer.json")
 TOKENIZER_FILES = ("tokenizer.json", "tiktoken.model", "tokenizer.model")
+PARTIAL_SUFFIXES = (".incomplete", ".lock")
 
 
 def find_partials(
@@ -38,19 +39,19 @@ def find_partials(
             os.path.join(os.path.dirname(repo), ".locks", os.path.basename(repo)),
         ]
     partials: list[dict[str, Any]] = []
-    listed = [(model_dir, listing)] + [(folder, list_folder(folder)) for folder in folders]
+    listed = [(model_dir, partial_names(listing))]
+    listed += [(folder, partial_names(list_unsorted(folder))) for folder in folders]
     for folder, names in listed:
         for name in names:
-            if name.endswith(".incomplete") or name.endswith(".lock"):
-                path = os.path.join(folder, name)
-                partials.append(
-                    {
-                        "path": path,
-                        "kind": name.rsplit(".", 1)[1],
-                        "bytes": file_size(path) or 0,
-                        "shard": partial_shard(path, index),
-                    }
-                )
+            path = os.path.join(folder, name)
+            partials.append(
+                {
+                    "path": path,
+                    "kind": name.rsplit(".", 1)[1],
+                    "bytes": file_size(path) or 0,
+                    "shard": partial_shard(path, index),
+                }
+            )
     # A cache lock is named by the blob hash only; its blob's partial file knows the shard.
     by_blob = {
         os.path.basename(p["path"]).split(".")[0]: p["shard"] for p in partials if p["shard"]
@@ -59,6 +60,20 @@ def find_partials(
         if item["shard"] is None:
             item["shard"] = by_blob.get(os.path.basename(item["path"]).split(".")[0])
     return partials
+
+
+def partial_names(names: list[str]) -> list[str]:
+    """The names of partial files and locks among ``names``, sorted (a local-dir download
+    folder holds a ``.metadata`` file per shard: thousands, none of them partial)."""
+    return sorted(name for name in names if name.endswith(PARTIAL_SUFFIXES))
+
+
+def list_unsorted(folder: str) -> list[str]:
+    """The names in a folder as listed, none when it cannot be read."""
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
 
 
 def partial_shard(path: str, index: dict[str, Any] | None) -> str | None:
