@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +59,7 @@ class Checkpoint:
     shards: int
     cpu_amx: bool | None = None
 
-    @property
+    @cached_property
     def multimodal(self) -> bool:
         return any(cap.tensor_kind(name) == "encoder" for name, _ in self.tensors)
 

@@ -4,6 +4,7 @@ tier's logs, and the checkpoint read from local files and through the probe."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import struct
@@ -15,6 +16,7 @@ import pytest
 from opsbook.core.exceptions import DeploymentError
 from opsbook.knowledge import capacity
 from opsbook.knowledge.compat import facts_from_texts
+from opsbook.remote.probes import weight_table
 from opsbook.remote.probes.shard_read import DTYPE_BITS
 from opsbook.remote.testing import LocalHost
 from opsbook.steps import plan
@@ -274,6 +276,38 @@ def test_the_checkpoint_is_read_from_the_headers_locally_and_over_the_probe(
     }
     there = plan.read_host_checkpoint(LocalHost(home=tmp_path), str(model_dir))
     assert there.tensors == here.tensors and there.facts == here.facts
+
+
+def test_a_header_s_experts_are_summed_under_one_name_and_odd_names_kept_apart() -> None:
+    header = {
+        "__metadata__": {"format": "pt"},
+        "m.layers.3.mlp.experts.7.w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+        "m.layers.3.mlp.experts.12.w": {"dtype": "U8", "shape": [6], "data_offsets": [4, 10]},
+        "m.layers.3.mlp.experts.w1": {"dtype": "U8", "shape": [2], "data_offsets": [10, 12]},
+        # A newline in a name (valid JSON) must not shift the names the offsets go with.
+        "odd\nm.layers.3.mlp.experts.1.w": {"dtype": "U8", "shape": [1], "data_offsets": [12, 13]},
+    }  # fmt: skip
+    sums: dict[str, int] = {}
+    assert weight_table.add_tensors(header, sums)
+    assert sums == {
+        "m.layers.3.mlp.experts.*.w": 10,
+        "m.layers.3.mlp.experts.w1": 2,
+        "odd\nm.layers.3.mlp.experts.*.w": 1,
+    }
+    assert not weight_table.add_tensors({"m.w": {"dtype": "U8", "shape": [1]}}, {})
+
+
+def test_reading_the_headers_leaves_the_collector_as_it_found_it(model_dir: Path) -> None:
+    shards = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    assert gc.isenabled()
+    assert weight_table.tensor_table(str(model_dir), shards)[1] == []
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        weight_table.tensor_table(str(model_dir), shards)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_folder_without_config_json_is_named(tmp_path: Path) -> None:
