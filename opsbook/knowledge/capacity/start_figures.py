@@ -8,7 +8,7 @@ what the plan keeps of them.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,15 +69,31 @@ class Observed:
         return self.kv_tokens is not None
 
 
-def observed_in_log(text: str) -> Observed | None:
-    """vLLM's figures from a start's log: tokens, concurrency, KV memory, weights, version
-    and the overhead flags of its ``non-default args``; None when it says none of them."""
+# The figures a start-up's sizing gives; a new start-up in the same log forgets the last's.
+_SIZING = ("kv_tokens", "concurrency", "max_model_len", "kv_memory", "weights")
+
+
+def observed_in_log(text: str | Sequence[str]) -> Observed | None:
+    """vLLM's figures from a start's log (its text, or lines of it): tokens, concurrency, KV
+    memory, weights, version and the overhead flags of its ``non-default args``; None when it
+    says none of them.
+
+    The one reader of these lines (the plan, 04's record, 06's receipt). Sizing figures are
+    the last start-up's: an engine's "Initializing ... LLM engine" line begins one, so that a
+    log of several starts does not mix them. Where engines or workers each log a size, the
+    tokens are the smallest (the engine that runs out first); the other figures the last said.
+    """
     from opsbook.knowledge.logscan import line_grammar as said
 
     found: dict[str, Any] = {}
-    for line in text.splitlines():
+    tokens: list[int] = []
+    for line in text.splitlines() if isinstance(text, str) else text:
+        if "LLM engine" in line and said.ENGINE_START_SAID.search(line):
+            tokens = []
+            for name in _SIZING:
+                found.pop(name, None)
         if "KV cache size" in line and (m := said.KV_CACHE_SIZE_SAID.search(line)):
-            found["kv_tokens"] = int(m["tokens"].replace(",", ""))
+            tokens.append(int(m["tokens"].replace(",", "")))
         if "Maximum concurrency" in line and (m := said.MAX_CONCURRENCY_SAID.search(line)):
             found["max_model_len"] = int(m["max_model_len"].replace(",", ""))
             found["concurrency"] = float(m["concurrency"])
@@ -95,6 +111,8 @@ def observed_in_log(text: str) -> Observed | None:
             )
             found["utilization"] = float(utilization)
             found["fixed_kv"] = bool(logged.get("kv-cache-memory-bytes"))
+    if tokens:
+        found["kv_tokens"] = min(tokens)
     keys = ("kv_tokens", "kv_memory", "weights")
     return Observed(**found) if any(k in found for k in keys) else None
 
