@@ -111,6 +111,9 @@ class CapacityPlan(Result):
     flags: Mapping[str, str]
     knobs: list[Knob] = field(default_factory=list)
     observed: Observed | None = None
+    vllm_version: str | None = None
+    gpu_memory: int | None = None
+    utilization: float | None = None  # None: kv-cache-memory-bytes fixes the KV memory
 
     def table(self) -> Table:
         """The plan's figures, each with where it comes from."""
@@ -179,7 +182,7 @@ def plan_capacity(
         or cap.default_max_num_seqs(gpus.platform, gpus.memory, parallel.tp * parallel.pp)
     )
     flags = cap.overhead_flags(args)
-    weights = budget = overhead = logged = None
+    weights = budget = overhead = logged = utilization = None
     source = ""
     if args.get("kv-cache-memory-bytes"):
         exact = _memory_bytes(args["kv-cache-memory-bytes"])
@@ -222,6 +225,9 @@ def plan_capacity(
         one_request=one,
         flags=flags,
         observed=observed,
+        vllm_version=vllm_version,
+        gpu_memory=gpus.memory,
+        utilization=utilization,
     )
     plan.message = verdict_message(plan)
     plan.findings = _findings(plan)
@@ -417,9 +423,15 @@ def _keep(path: Path, doc: Any) -> None:
         return
 
 
-def read_host_checkpoint(host: RemoteHost, model_dir: str) -> Checkpoint:
-    """The checkpoint on a host, in one round trip."""
-    return checkpoint_of(host.probe(PROBE, {"dir": model_dir}))
+def read_host_checkpoint(
+    host: RemoteHost, model_dir: str, configs: Mapping[str, str] | None = None
+) -> Checkpoint:
+    """The checkpoint on a host, in one round trip; ``configs`` (name to text) stand for the
+    host's files of those names (a config as 02's patch will leave it)."""
+    answer = host.probe(PROBE, {"dir": model_dir})
+    if configs and not answer.get("error"):
+        answer = {**answer, "files": {**dict(answer.get("files") or {}), **configs}}
+    return checkpoint_of(answer)
 
 
 def gpus_of(
@@ -444,30 +456,54 @@ def plan_on_host(
     found: HostFacts | None = None,
     vllm_version: str | None = None,
     record: Path | None = None,
+    runs_dir: Path | None = None,
+    configs: Mapping[str, str] | None = None,
 ) -> CapacityPlan:
     """The plan for the deployment's start on ``host``: its GPUs (``found``, else read now),
-    the checkpoint's headers, and the last start's log, whose figures are kept beside their
-    prediction in ``record`` (when given) and, with the record's earlier ones, give the
-    overhead."""
+    the checkpoint's headers (its configs as ``configs`` give them, when given), and the last
+    start's log, whose figures are kept beside their prediction in ``record`` (when given)
+    and, with the record's earlier ones and those of the deployment's runs in ``runs_dir``
+    (their facts.json), give the overhead."""
     # Imported here: an offline plan (opsbook plan --offline) does not pay for the SSH steps.
-    from opsbook.steps import host_facts
+    from opsbook.steps import capacity_facts, host_facts
 
     if found is None:
         found = host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS)
-    checkpoint = read_host_checkpoint(host, deployment.model_path)
+    checkpoint = read_host_checkpoint(host, deployment.model_path, configs)
     args = deployment.serve_args
     parallel = cap.Parallel.from_args(normalize_serve_args(args))
     version = vllm_version or found.vllm_version
     gpus = gpus_of(found.gpus, parallel.gpus, checkpoint.cpu_amx, found.vllm_version)
     observed = last_start(host, deployment)
     history = read_history(record) if record is not None else []
+    if runs_dir is not None:
+        history += capacity_facts.run_history(runs_dir, deployment.source, host.name)
     if observed is not None and observed.sized:
-        entry = _entry_for(checkpoint, args, gpus, observed, host.name, history)
+        entry = _entry_for(checkpoint, args, gpus, observed, host.name, one_per_start(history))
         if record is None or add_to_history(record, entry):
             history.append(entry)
     return plan_capacity(
-        checkpoint, args, gpus, vllm_version=version, history=history, observed=observed
+        checkpoint,
+        args,
+        gpus,
+        vllm_version=version,
+        history=one_per_start(history),
+        observed=observed,
     )
+
+
+def one_per_start(entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The entries with one per start: a start read by a deploy's record and again by
+    ``opsbook plan`` (the same figures, the same flags) counts once in the median."""
+    kept: list[Mapping[str, Any]] = []
+    for entry in entries:
+        if not any(_same_start(entry, other) for other in kept):
+            kept.append(entry)
+    return kept
+
+
+def _same_start(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    return one.get("observed") == other.get("observed") and one.get("flags") == other.get("flags")
 
 
 def plan_offline(
@@ -570,9 +606,7 @@ def read_history(path: Path) -> list[dict[str, Any]]:
 def add_to_history(path: Path, entry: Mapping[str, Any]) -> bool:
     """Append ``entry`` unless the record holds one with the same observation (a plan run
     twice after one launch adds it once); whether it was added."""
-    history = read_history(path)
-    if any(old.get("observed") == entry["observed"] and old.get("flags") == entry["flags"]
-           for old in history):  # fmt: skip
+    if any(_same_start(old, entry) for old in read_history(path)):
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:

@@ -18,7 +18,7 @@ from opsbook.core.redact import MASK, Redactor
 from opsbook.knowledge import logscan
 from opsbook.knowledge.capacity import observed_in_log
 from opsbook.remote.protocol import RemoteHost
-from opsbook.steps import host_side, shard_check
+from opsbook.steps import capacity_facts, host_side, shard_check
 from opsbook.steps.host_facts import HostFacts
 
 # The startup phases (failures.yaml's signals.phases) whose length is a figure of the record.
@@ -164,4 +164,5 @@ def note_launch(
     facts_schema.note(host.name, "engine", engine.model_dump())
     said = observed_in_log(answer.engine_lines)
     facts_schema.note(host.name, "startup", {"kv_tokens": said.kv_tokens if said else None})
+    capacity_facts.note_start_figures(host.name, said)
     facts_schema.note(host.name, "model", {"path": deployment.model_path, "configs": configs})

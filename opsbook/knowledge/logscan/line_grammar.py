@@ -502,3 +502,5 @@ VLLM_VERSION_SAID = re.compile(r"(?:\bversion |LLM engine \(v)(?P<version>\d+\.\
 NON_DEFAULT_ARGS_SAID = re.compile(r"non-default args: (?P<args>\{.*\})")
 # The same lines' fixed parts, for 06_qualify's read of a log's startup facts.
 KV_LINE_MARKS = ("KV cache size: ", "Maximum concurrency for")
+# The memory lines besides, for the capacity figures 04's record keeps (opsbook.steps.host_side).
+MEMORY_LINE_MARKS = ("Available KV cache memory", "Model loading took")
