@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -27,7 +27,11 @@ from opsbook.knowledge import capacity as cap
 from opsbook.knowledge.capacity import Observed, default_utilization, observed_in_log
 from opsbook.knowledge.capacity.start_figures import flag_text
 from opsbook.knowledge.compat.model_config import ModelFacts, facts_from_texts, parse_json
-from opsbook.knowledge.compat.prediction import normalize_serve_args, resolve_kv_cache_dtype
+from opsbook.knowledge.compat.prediction import (
+    check_compat,
+    normalize_serve_args,
+    resolve_kv_cache_dtype,
+)
 from opsbook.remote.probes import shard_read, weight_table
 from opsbook.remote.protocol import RemoteHost
 
@@ -45,6 +49,8 @@ UTILIZATION_CAP = 0.95
 # (local-inference-lab/rtx6kpro issue 25).
 DCP_COST = "slower decode (GLM-5.2 on 8 x RTX PRO 6000: 39.6 -> 27.0 tok/s at DCP 8, rtx6kpro #25)"
 WILL_STOP, MAY_STOP, PREEMPTION, FITS = "will stop", "may stop", "preemption", "fits"
+# Serve arguments in, what would stop vLLM with them that does not stop it now ("": nothing).
+Breaks = Callable[[Mapping[str, Any]], str]
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,7 @@ def plan_capacity(
     history: Sequence[Mapping[str, Any]] = (),
     observed: Observed | None = None,
     knobs: bool = True,
+    breaks: Breaks | None = None,
 ) -> CapacityPlan:
     """The plan for a start with ``serve_args`` on ``gpus``.
 
@@ -232,7 +239,7 @@ def plan_capacity(
     plan.message = verdict_message(plan)
     plan.findings = _findings(plan)
     if knobs:
-        plan.knobs = rank_knobs(checkpoint, args, gpus, plan, vllm_version, history)
+        plan.knobs = rank_knobs(checkpoint, args, gpus, plan, vllm_version, history, breaks)
     return plan
 
 
@@ -278,11 +285,15 @@ def rank_knobs(
     plan: CapacityPlan,
     vllm_version: str | None,
     history: Sequence[Mapping[str, Any]],
+    breaks: Breaks | None = None,
 ) -> list[Knob]:
     """The edits worth trying, each planned again: those after which the start does not stop
-    first, then by the tokens they give (low end)."""
+    first, then by the tokens they give (low end). An edit ``breaks`` says stops vLLM
+    otherwise (FP8 KV where no backend of the GPUs takes it) is not offered."""
     found = []
     for edit, cost in candidate_edits(checkpoint, args, plan, vllm_version):
+        if breaks is not None and breaks({**args, **edit}):
+            continue
         after = plan_capacity(
             checkpoint, {**args, **edit}, gpus, vllm_version=vllm_version, history=history,
             knobs=False,
@@ -489,7 +500,27 @@ def plan_on_host(
         vllm_version=version,
         history=one_per_start(history),
         observed=observed,
+        breaks=failures_added(checkpoint.facts, found.gpus, version, args),
     )
+
+
+def failures_added(
+    facts: ModelFacts, gpus: Sequence[Any], vllm_version: str | None, args: Mapping[str, Any]
+) -> Breaks:
+    """What compat predicts an edit of ``args`` adds to stop vLLM on these GPUs (the knobs'
+    check: a problem the start already has is 02's, not the knob's)."""
+    before = _stopping(check_compat(facts, gpus, vllm_version, args))
+
+    def breaks(edited: Mapping[str, Any]) -> str:
+        after = check_compat(facts, gpus, vllm_version, edited)
+        added = _stopping(after) - before
+        return "; ".join(f.message for f in after.findings if f.code in added)
+
+    return breaks
+
+
+def _stopping(prediction: Result) -> set[str]:
+    return {f.code for f in prediction.findings if f.severity == "error"}
 
 
 def one_per_start(entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -86,6 +86,21 @@ def test_a_knob_is_the_exact_edit_of_the_deployment_file(kimi: plan.Checkpoint) 
     assert again.tokens[0] == pytest.approx(2 * found.tokens[0], rel=0.01)
 
 
+def test_a_knob_compat_predicts_to_stop_vllm_is_not_offered(kimi: plan.Checkpoint) -> None:
+    """vLLM 0.15.1 has no MLA backend for FP8 KV on compute capability 12.x (RTX PRO 6000):
+    there the plan does not offer FP8 KV; 0.33.0 has one."""
+    args = {**KIMI_ARGS, "kv-cache-dtype": "bfloat16"}
+    sm120 = [{"compute_cap": "12.0"}] * 8
+    breaks = plan.failures_added(kimi.facts, sm120, "0.15.1", args)
+    assert "No valid attention backend" in breaks({**args, "kv-cache-dtype": "fp8"})
+    assert breaks(args) == ""  # only what an edit adds counts
+    old = plan.plan_capacity(kimi, args, RTX_PRO_6000, vllm_version="0.15.1", breaks=breaks)
+    assert old.knobs and not [k for k in old.knobs if "kv-cache-dtype" in k.edit]
+    newer = plan.failures_added(kimi.facts, sm120, "0.33.0", args)
+    new = plan.plan_capacity(kimi, args, RTX_PRO_6000, vllm_version="0.33.0", breaks=newer)
+    assert [k for k in new.knobs if k.edit == {"kv-cache-dtype": "fp8"}]
+
+
 def test_the_glm51_log_s_figures_are_read() -> None:
     seen = capacity.observed_in_log(glm_log())
     assert seen is not None
