@@ -195,7 +195,10 @@ def plan_capacity(
         exact = _memory_bytes(args["kv-cache-memory-bytes"])
         kv_memory = (exact, exact)
     else:
-        utilization = float(args.get("gpu-memory-utilization") or default_utilization(vllm_version))
+        extensible = cap.extensible_kv_cache(vllm_version, gpus.platform, args)
+        utilization = float(
+            args.get("gpu-memory-utilization") or default_utilization(vllm_version, extensible)
+        )
         weights = cap.weights_per_rank(
             checkpoint.tensors,
             parallel,
@@ -205,7 +208,7 @@ def plan_capacity(
         memory = _gpu_memory(gpus)
         budget = int(memory * utilization)
         overhead, source, logged = overhead_prior(
-            history, vllm_version, flags, checkpoint, args, gpus.memory
+            history, vllm_version, flags, checkpoint, args, gpus.memory, extensible
         )
         # With a learned overhead the weights are vLLM's own figure it was measured against.
         held = weights.per_rank if logged is None else logged
@@ -328,7 +331,7 @@ def candidate_edits(
             taken = "taken from the memory left to activations: check it is there"
             edits.append(({"kv-cache-memory-bytes": wanted}, taken))
     else:
-        utilization = float(args.get("gpu-memory-utilization") or default_utilization(vllm_version))
+        utilization = plan.utilization or 1.0
         ceiling = UTILIZATION_CAP_NCCL if plan.shape.dcp > 1 or tp > 1 else UTILIZATION_CAP
         if utilization < ceiling:
             headroom = f"less headroom; capped at {ceiling} where NCCL needs memory"
@@ -345,6 +348,7 @@ def overhead_prior(
     checkpoint: Checkpoint,
     args: Mapping[str, Any],
     gpu_memory: int | None,
+    extensible: bool = False,
 ) -> tuple[tuple[int, int], str, int | None]:
     """The non-KV overhead band, where it comes from, and the weights per GPU it was measured
     against (vLLM's "Model loading took", None with the default band): the median of this
@@ -365,6 +369,7 @@ def overhead_prior(
     band = cap.default_overhead(
         checkpoint.multimodal and not _true(args.get("language-model-only")),
         str(args.get("load-format", "")) == "fastsafetensors",
+        extensible,
     )
     return band, "default band (no earlier start here with this vLLM and these flags)", None
 

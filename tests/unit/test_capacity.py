@@ -180,3 +180,31 @@ def test_the_config_vllm_dumps_after_an_error_begins_no_start_up() -> None:
     assert "Dumping input data for V1 LLM engine" in text
     seen = cap.observed_in_log(text)
     assert seen is not None and (seen.kv_tokens, seen.concurrency) == (58_240, 113.75)
+
+
+def test_0_34_s_extensible_kv_cache_takes_all_the_memory_by_default() -> None:
+    """vLLM 0.34.0 vllm/config/cache.py: utilization unset is 1.0 with the extensible KV
+    cache, on by default on CUDA unless kv_cache_memory_bytes is set (vllm/config/vllm.py
+    _resolve_extensible_kv_cache)."""
+    assert cap.extensible_kv_cache("0.34.0", "cuda", {})
+    assert not cap.extensible_kv_cache("0.33.0", "cuda", {})
+    assert not cap.extensible_kv_cache("0.34.0", "cpu", {})
+    assert not cap.extensible_kv_cache("0.34.0", "cuda", {"kv-cache-memory-bytes": "8G"})
+    assert not cap.extensible_kv_cache("0.34.0", "cuda", {"enable-extensible-kv-cache": False})
+    assert not cap.extensible_kv_cache(None, "cuda", {})
+    assert cap.default_utilization("0.34.0", extensible=True) == 1.0
+    assert cap.default_utilization("0.34.0") == 0.92
+    # Its margin of at least 1 GiB (KV_CACHE_MARGIN_FLOOR_BYTES) moves the default band up.
+    assert cap.default_overhead(False, False, extensible=True) == (4 * GIB, 9 * GIB)
+
+
+def test_a_0_34_log_without_the_flag_ran_at_the_utilization_its_platform_gives() -> None:
+    args = "non-default args: {'model': '/m', 'tensor_parallel_size': 8}"
+    banner = "INFO [api_server.py:1] vLLM API server version 0.34.0"
+    sized = "GPU KV cache size: 1,000 tokens"
+    cuda = cap.observed_in_log([banner, args, sized])
+    assert cuda is not None and cuda.utilization == 1.0
+    cpu = cap.observed_in_log([banner, "Automatically detected platform cpu.", args, sized])
+    assert cpu is not None and cpu.utilization == 0.92
+    fixed = cap.observed_in_log([banner, args[:-1] + ", 'kv_cache_memory_bytes': 1024}", sized])
+    assert fixed is not None and (fixed.utilization, fixed.fixed_kv) == (0.92, True)

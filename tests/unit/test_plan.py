@@ -101,6 +101,21 @@ def test_a_knob_compat_predicts_to_stop_vllm_is_not_offered(kimi: plan.Checkpoin
     assert [k for k in new.knobs if k.edit == {"kv-cache-dtype": "fp8"}]
 
 
+def test_on_0_34_the_kv_cache_gets_all_the_memory_less_the_extensible_margin(
+    kimi: plan.Checkpoint,
+) -> None:
+    args = {"tensor-parallel-size": 8, "language-model-only": True}
+    old = plan.plan_capacity(kimi, args, RTX_PRO_6000, vllm_version="0.33.0")
+    new = plan.plan_capacity(kimi, args, RTX_PRO_6000, vllm_version="0.34.0")
+    assert (old.utilization, new.utilization) == (0.92, 1.0)
+    assert new.overhead == (4 * GIB, 9 * GIB)
+    # 8% of 97,887 MiB (7.65 GiB) more budget, 1 GiB more overhead: 6.65 GiB more KV per GPU.
+    memory = 97_887 * MIB
+    gained = new.kv_memory[0] - old.kv_memory[0]
+    assert gained == int(memory * 1.0) - int(memory * 0.92) - GIB
+    assert not [k for k in new.knobs if "gpu-memory-utilization" in k.edit]
+
+
 def test_the_glm51_log_s_figures_are_read() -> None:
     seen = capacity.observed_in_log(glm_log())
     assert seen is not None
