@@ -714,7 +714,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         for host in group.hosts:
             record = plan.history_path(runs, deployment.name, host.name)
-            found = plan.plan_on_host(host, deployment, record=record)
+            found = plan.plan_on_host(host, deployment, record=record, runs_dir=runs)
             print(TERMINAL.capacity_plan(found, host.name))
             ok = ok and found.ok
     finally:

@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 FACTS_FILE = "facts.json"
 NOTES_SUFFIX = ".facts.jsonl"
 # The sections a stage may note, as named in a note's line and in RunFacts' per-host entry.
-SECTIONS = ("fingerprint", "engine", "model", "launch", "startup")
+SECTIONS = ("fingerprint", "engine", "model", "launch", "startup", "capacity")
 _lock = threading.Lock()
 
 
@@ -99,6 +99,29 @@ class StartupFacts(_Facts):
     kv_tokens: int | None = None
 
 
+class CapacityFacts(_Facts):
+    """The capacity plan 02 made for the start (``opsbook.steps.plan``) beside what the start's
+    log said once vLLM sized its KV cache (04), per GPU: the next plan's overhead prior."""
+
+    vllm: str | None = None  # the release planned for
+    flags: dict[str, str] = Field(default_factory=dict)  # the flags that move the overhead
+    gpu_memory: int | None = None  # bytes, the smallest GPU's
+    utilization: float | None = None
+    fixed_kv: bool | None = None  # kv-cache-memory-bytes set: no overhead to measure
+    max_model_len: int | None = None
+    verdict: str | None = None
+    predicted_tokens: list[int] = Field(default_factory=list)  # the band: low, high
+    predicted_kv_memory: list[int] = Field(default_factory=list)
+    overhead_source: str | None = None
+    observed_tokens: int | None = None
+    observed_concurrency: float | None = None
+    observed_kv_memory: int | None = None
+    observed_weights: int | None = None
+    tokens_error_pct: float | None = None  # the band's middle against vLLM's, in %
+    kv_memory_error_pct: float | None = None
+    overhead: int | None = None  # budget - weights - KV memory, from vLLM's own lines
+
+
 class Qualification(_Facts):
     """06_qualify's receipt (``qualify/receipt.json``), as far as this schema reads it."""
 
@@ -114,6 +137,7 @@ class HostRunFacts(_Facts):
     model: ModelFacts = Field(default_factory=ModelFacts)
     launch: LaunchFacts = Field(default_factory=LaunchFacts)
     startup: StartupFacts = Field(default_factory=StartupFacts)
+    capacity: CapacityFacts = Field(default_factory=CapacityFacts)
     qualification: Qualification = Field(default_factory=Qualification)
     # How the host ended in the run: "ready" when its launch left a server answering.
     state: str | None = None

@@ -12,7 +12,7 @@ from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge import compat
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import HostChoice, Note, Report, StageRun, concurrently, limited
-from opsbook.steps import host_facts, patch, plan
+from opsbook.steps import capacity_facts, host_facts, last_good, patch, plan
 from opsbook.steps.shard_check import format_bytes
 
 
@@ -141,7 +141,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
             f"KV-cache budget per GPU {budget / 2**30:.1f} GiB (first estimate, for the "
             f"{checkpoint.shards} shard(s)' {format_bytes(checkpoint.weight_bytes)} on disk)"
         ),
-        *_capacity_shows(host, deployment, found, version),
+        *_capacity_shows(host, deployment, found, version, _as_patched(plan, options)),
     ]
     if options.restore:
         restored = patch.restore_patch(host, deployment.model_path)
@@ -180,16 +180,39 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
 
 
 def _capacity_shows(
-    host: RemoteHost, deployment: Deployment, found: host_facts.HostFacts, version: str | None
+    host: RemoteHost,
+    deployment: Deployment,
+    found: host_facts.HostFacts,
+    version: str | None,
+    patched: dict[str, str],
 ) -> list[object]:
-    """The capacity plan (KV tokens, whether the start fits, the knobs), or why it was not
-    made: it is advice, and a checkpoint it cannot size is still patched."""
+    """The capacity plan (KV tokens, whether the start fits, the knobs) for the config the
+    start will read (``patched``: the patch's new texts), or why it was not made: it is
+    advice, and a checkpoint it cannot size is still patched. In a run it goes in the record,
+    where 04 puts vLLM's figures beside it; it learns from the earlier runs'."""
     try:
-        made = plan.plan_on_host(host, deployment, found=found, vllm_version=version)
+        made = plan.plan_on_host(
+            host,
+            deployment,
+            found=found,
+            vllm_version=version,
+            runs_dir=last_good.runs_dir_of_run(),
+            configs=patched,
+        )
     except OpsbookError as e:
         remedy = f" ({e.remedy})" if e.remedy else ""
         return [Note(f"capacity plan not made: {e.message}{remedy}")]
-    return [made, made.table(), *([made.knobs_table()] if made.knobs else [])]
+    capacity_facts.note_prediction(host.name, made)
+    told = [Note(f"capacity plan for {', '.join(patched)} as patched")] if patched else []
+    return [*told, made, made.table(), *([made.knobs_table()] if made.knobs else [])]
+
+
+def _as_patched(planned: patch.Plan, options: Options) -> dict[str, str]:
+    """The files the patch changes, as it will leave them (none for a restore: the plan is
+    then of the config on the host)."""
+    if options.restore:
+        return {}
+    return {name: planned.files[name].new for name in planned.changed_files}
 
 
 def _model_and_backends(

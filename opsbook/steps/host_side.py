@@ -27,6 +27,8 @@ from opsbook.knowledge.logscan.line_grammar import (
     ATTENTION_BACKEND_SAID,
     ENGINE_LINE_MARKS,
     KV_CACHE_DTYPE_SAID,
+    KV_LINE_MARKS,
+    MEMORY_LINE_MARKS,
 )
 from opsbook.remote.protocol import RemoteHost
 from opsbook.steps import host_facts
@@ -135,7 +137,8 @@ def read_side(host: RemoteHost, deployment: Deployment) -> SideAnswer:
         deployment.script_path,
         deployment.log_path,
         deployment.model_path,
-        json.dumps(list(ENGINE_LINE_MARKS)),
+        # With the start's memory lines: the capacity figures of 04's record, in this read.
+        json.dumps([*ENGINE_LINE_MARKS, *KV_LINE_MARKS, *MEMORY_LINE_MARKS]),
         str(LOG_TAIL_BYTES),
         *compat.CONFIG_FILES,
     ]

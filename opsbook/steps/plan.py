@@ -14,8 +14,9 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,11 @@ from opsbook.knowledge import capacity as cap
 from opsbook.knowledge.capacity import Observed, default_utilization, observed_in_log
 from opsbook.knowledge.capacity.start_figures import flag_text
 from opsbook.knowledge.compat.model_config import ModelFacts, facts_from_texts, parse_json
-from opsbook.knowledge.compat.prediction import normalize_serve_args, resolve_kv_cache_dtype
+from opsbook.knowledge.compat.prediction import (
+    check_compat,
+    normalize_serve_args,
+    resolve_kv_cache_dtype,
+)
 from opsbook.remote.probes import shard_read, weight_table
 from opsbook.remote.protocol import RemoteHost
 
@@ -44,6 +49,8 @@ UTILIZATION_CAP = 0.95
 # (local-inference-lab/rtx6kpro issue 25).
 DCP_COST = "slower decode (GLM-5.2 on 8 x RTX PRO 6000: 39.6 -> 27.0 tok/s at DCP 8, rtx6kpro #25)"
 WILL_STOP, MAY_STOP, PREEMPTION, FITS = "will stop", "may stop", "preemption", "fits"
+# Serve arguments in, what would stop vLLM with them that does not stop it now ("": nothing).
+Breaks = Callable[[Mapping[str, Any]], str]
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,7 @@ class Checkpoint:
     shards: int
     cpu_amx: bool | None = None
 
-    @property
+    @cached_property
     def multimodal(self) -> bool:
         return any(cap.tensor_kind(name) == "encoder" for name, _ in self.tensors)
 
@@ -110,6 +117,9 @@ class CapacityPlan(Result):
     flags: Mapping[str, str]
     knobs: list[Knob] = field(default_factory=list)
     observed: Observed | None = None
+    vllm_version: str | None = None
+    gpu_memory: int | None = None
+    utilization: float | None = None  # None: kv-cache-memory-bytes fixes the KV memory
 
     def table(self) -> Table:
         """The plan's figures, each with where it comes from."""
@@ -157,6 +167,7 @@ def plan_capacity(
     history: Sequence[Mapping[str, Any]] = (),
     observed: Observed | None = None,
     knobs: bool = True,
+    breaks: Breaks | None = None,
 ) -> CapacityPlan:
     """The plan for a start with ``serve_args`` on ``gpus``.
 
@@ -178,13 +189,16 @@ def plan_capacity(
         or cap.default_max_num_seqs(gpus.platform, gpus.memory, parallel.tp * parallel.pp)
     )
     flags = cap.overhead_flags(args)
-    weights = budget = overhead = logged = None
+    weights = budget = overhead = logged = utilization = None
     source = ""
     if args.get("kv-cache-memory-bytes"):
         exact = _memory_bytes(args["kv-cache-memory-bytes"])
         kv_memory = (exact, exact)
     else:
-        utilization = float(args.get("gpu-memory-utilization") or default_utilization(vllm_version))
+        extensible = cap.extensible_kv_cache(vllm_version, gpus.platform, args)
+        utilization = float(
+            args.get("gpu-memory-utilization") or default_utilization(vllm_version, extensible)
+        )
         weights = cap.weights_per_rank(
             checkpoint.tensors,
             parallel,
@@ -194,7 +208,7 @@ def plan_capacity(
         memory = _gpu_memory(gpus)
         budget = int(memory * utilization)
         overhead, source, logged = overhead_prior(
-            history, vllm_version, flags, checkpoint, args, gpus.memory
+            history, vllm_version, flags, checkpoint, args, gpus.memory, extensible
         )
         # With a learned overhead the weights are vLLM's own figure it was measured against.
         held = weights.per_rank if logged is None else logged
@@ -221,11 +235,14 @@ def plan_capacity(
         one_request=one,
         flags=flags,
         observed=observed,
+        vllm_version=vllm_version,
+        gpu_memory=gpus.memory,
+        utilization=utilization,
     )
     plan.message = verdict_message(plan)
     plan.findings = _findings(plan)
     if knobs:
-        plan.knobs = rank_knobs(checkpoint, args, gpus, plan, vllm_version, history)
+        plan.knobs = rank_knobs(checkpoint, args, gpus, plan, vllm_version, history, breaks)
     return plan
 
 
@@ -271,11 +288,15 @@ def rank_knobs(
     plan: CapacityPlan,
     vllm_version: str | None,
     history: Sequence[Mapping[str, Any]],
+    breaks: Breaks | None = None,
 ) -> list[Knob]:
     """The edits worth trying, each planned again: those after which the start does not stop
-    first, then by the tokens they give (low end)."""
+    first, then by the tokens they give (low end). An edit ``breaks`` says stops vLLM
+    otherwise (FP8 KV where no backend of the GPUs takes it) is not offered."""
     found = []
     for edit, cost in candidate_edits(checkpoint, args, plan, vllm_version):
+        if breaks is not None and breaks({**args, **edit}):
+            continue
         after = plan_capacity(
             checkpoint, {**args, **edit}, gpus, vllm_version=vllm_version, history=history,
             knobs=False,
@@ -310,7 +331,7 @@ def candidate_edits(
             taken = "taken from the memory left to activations: check it is there"
             edits.append(({"kv-cache-memory-bytes": wanted}, taken))
     else:
-        utilization = float(args.get("gpu-memory-utilization") or default_utilization(vllm_version))
+        utilization = plan.utilization or 1.0
         ceiling = UTILIZATION_CAP_NCCL if plan.shape.dcp > 1 or tp > 1 else UTILIZATION_CAP
         if utilization < ceiling:
             headroom = f"less headroom; capped at {ceiling} where NCCL needs memory"
@@ -327,6 +348,7 @@ def overhead_prior(
     checkpoint: Checkpoint,
     args: Mapping[str, Any],
     gpu_memory: int | None,
+    extensible: bool = False,
 ) -> tuple[tuple[int, int], str, int | None]:
     """The non-KV overhead band, where it comes from, and the weights per GPU it was measured
     against (vLLM's "Model loading took", None with the default band): the median of this
@@ -347,6 +369,7 @@ def overhead_prior(
     band = cap.default_overhead(
         checkpoint.multimodal and not _true(args.get("language-model-only")),
         str(args.get("load-format", "")) == "fastsafetensors",
+        extensible,
     )
     return band, "default band (no earlier start here with this vLLM and these flags)", None
 
@@ -416,9 +439,15 @@ def _keep(path: Path, doc: Any) -> None:
         return
 
 
-def read_host_checkpoint(host: RemoteHost, model_dir: str) -> Checkpoint:
-    """The checkpoint on a host, in one round trip."""
-    return checkpoint_of(host.probe(PROBE, {"dir": model_dir}))
+def read_host_checkpoint(
+    host: RemoteHost, model_dir: str, configs: Mapping[str, str] | None = None
+) -> Checkpoint:
+    """The checkpoint on a host, in one round trip; ``configs`` (name to text) stand for the
+    host's files of those names (a config as 02's patch will leave it)."""
+    answer = host.probe(PROBE, {"dir": model_dir})
+    if configs and not answer.get("error"):
+        answer = {**answer, "files": {**dict(answer.get("files") or {}), **configs}}
+    return checkpoint_of(answer)
 
 
 def gpus_of(
@@ -443,30 +472,74 @@ def plan_on_host(
     found: HostFacts | None = None,
     vllm_version: str | None = None,
     record: Path | None = None,
+    runs_dir: Path | None = None,
+    configs: Mapping[str, str] | None = None,
 ) -> CapacityPlan:
     """The plan for the deployment's start on ``host``: its GPUs (``found``, else read now),
-    the checkpoint's headers, and the last start's log, whose figures are kept beside their
-    prediction in ``record`` (when given) and, with the record's earlier ones, give the
-    overhead."""
+    the checkpoint's headers (its configs as ``configs`` give them, when given), and the last
+    start's log, whose figures are kept beside their prediction in ``record`` (when given)
+    and, with the record's earlier ones and those of the deployment's runs in ``runs_dir``
+    (their facts.json), give the overhead."""
     # Imported here: an offline plan (opsbook plan --offline) does not pay for the SSH steps.
-    from opsbook.steps import host_facts
+    from opsbook.steps import capacity_facts, host_facts
 
     if found is None:
         found = host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS)
-    checkpoint = read_host_checkpoint(host, deployment.model_path)
+    checkpoint = read_host_checkpoint(host, deployment.model_path, configs)
     args = deployment.serve_args
     parallel = cap.Parallel.from_args(normalize_serve_args(args))
     version = vllm_version or found.vllm_version
     gpus = gpus_of(found.gpus, parallel.gpus, checkpoint.cpu_amx, found.vllm_version)
     observed = last_start(host, deployment)
     history = read_history(record) if record is not None else []
+    if runs_dir is not None:
+        history += capacity_facts.run_history(runs_dir, deployment.source, host.name)
     if observed is not None and observed.sized:
-        entry = _entry_for(checkpoint, args, gpus, observed, host.name, history)
+        entry = _entry_for(checkpoint, args, gpus, observed, host.name, one_per_start(history))
         if record is None or add_to_history(record, entry):
             history.append(entry)
     return plan_capacity(
-        checkpoint, args, gpus, vllm_version=version, history=history, observed=observed
+        checkpoint,
+        args,
+        gpus,
+        vllm_version=version,
+        history=one_per_start(history),
+        observed=observed,
+        breaks=failures_added(checkpoint.facts, found.gpus, version, args),
     )
+
+
+def failures_added(
+    facts: ModelFacts, gpus: Sequence[Any], vllm_version: str | None, args: Mapping[str, Any]
+) -> Breaks:
+    """What compat predicts an edit of ``args`` adds to stop vLLM on these GPUs (the knobs'
+    check: a problem the start already has is 02's, not the knob's)."""
+    before = _stopping(check_compat(facts, gpus, vllm_version, args))
+
+    def breaks(edited: Mapping[str, Any]) -> str:
+        after = check_compat(facts, gpus, vllm_version, edited)
+        added = _stopping(after) - before
+        return "; ".join(f.message for f in after.findings if f.code in added)
+
+    return breaks
+
+
+def _stopping(prediction: Result) -> set[str]:
+    return {f.code for f in prediction.findings if f.severity == "error"}
+
+
+def one_per_start(entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The entries with one per start: a start read by a deploy's record and again by
+    ``opsbook plan`` (the same figures, the same flags) counts once in the median."""
+    kept: list[Mapping[str, Any]] = []
+    for entry in entries:
+        if not any(_same_start(entry, other) for other in kept):
+            kept.append(entry)
+    return kept
+
+
+def _same_start(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    return one.get("observed") == other.get("observed") and one.get("flags") == other.get("flags")
 
 
 def plan_offline(
@@ -569,9 +642,7 @@ def read_history(path: Path) -> list[dict[str, Any]]:
 def add_to_history(path: Path, entry: Mapping[str, Any]) -> bool:
     """Append ``entry`` unless the record holds one with the same observation (a plan run
     twice after one launch adds it once); whether it was added."""
-    history = read_history(path)
-    if any(old.get("observed") == entry["observed"] and old.get("flags") == entry["flags"]
-           for old in history):  # fmt: skip
+    if any(_same_start(old, entry) for old in read_history(path)):
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:

@@ -16,9 +16,9 @@ from opsbook.core import facts_schema
 from opsbook.core.deployment import Deployment
 from opsbook.core.redact import MASK, Redactor
 from opsbook.knowledge import logscan
-from opsbook.knowledge.logscan.line_grammar import KV_CACHE_DTYPE_SAID, KV_CACHE_SIZE_SAID
+from opsbook.knowledge.capacity import observed_in_log
 from opsbook.remote.protocol import RemoteHost
-from opsbook.steps import host_side, shard_check
+from opsbook.steps import capacity_facts, host_side, shard_check
 from opsbook.steps.host_facts import HostFacts
 
 # The startup phases (failures.yaml's signals.phases) whose length is a figure of the record.
@@ -112,19 +112,6 @@ def phase_seconds(phases: Sequence[logscan.Phase]) -> dict[str, float]:
     }
 
 
-def kv_tokens_from_log(lines: Sequence[str]) -> int | None:
-    """The KV cache's tokens the last start-up's lines name: the smallest, where a start logs
-    several (one per engine or worker that profiled), None when none is named."""
-    tokens: list[int] = []
-    for line in lines:
-        if KV_CACHE_DTYPE_SAID.search(line):
-            tokens = []  # a new start-up begins here
-        said = KV_CACHE_SIZE_SAID.search(line)
-        if said:
-            tokens.append(int(said.group("tokens").replace(",", "")))
-    return min(tokens) if tokens else None
-
-
 def side_sections(
     answer: host_side.SideAnswer,
 ) -> tuple[facts_schema.EngineFacts, dict[str, str]]:
@@ -175,5 +162,7 @@ def note_launch(
         return
     engine, configs = side_sections(answer)
     facts_schema.note(host.name, "engine", engine.model_dump())
-    facts_schema.note(host.name, "startup", {"kv_tokens": kv_tokens_from_log(answer.engine_lines)})
+    said = observed_in_log(answer.engine_lines)
+    facts_schema.note(host.name, "startup", {"kv_tokens": said.kv_tokens if said else None})
+    capacity_facts.note_start_figures(host.name, said)
     facts_schema.note(host.name, "model", {"path": deployment.model_path, "configs": configs})

@@ -16,9 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from opsbook.core.deployment import load_deployment
+from opsbook.knowledge import capacity
 from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.rehearsal.sim import simgpu
+from opsbook.remote.hosts import HostGroup
+from opsbook.steps import capacity_facts, host_facts, plan
 from tests.integration.conftest import opsbook, sandbox_folder
 
 pytestmark = pytest.mark.integration
@@ -114,6 +118,40 @@ def test_a_deploy_marked_good_is_last_good_and_searchable(hosts, deploys) -> Non
     assert old_run.name in found.stdout and "0.33.0" not in found.stdout, found.stdout
     listed = opsbook("records", "list", "--host", OLD_ADDRESS, "--runs-dir", str(runs)).stdout
     assert old_run.name in listed and NEW_ADDRESS not in listed, listed
+
+
+def test_each_deploy_keeps_its_plan_beside_vllm_s_figures_and_the_next_plan_learns(
+    hosts, deploys
+) -> None:
+    """02 notes the capacity plan, 04 what the simulated vLLM logged beside it with the error
+    in %; planned from that record alone, the next plan on the host learns the overhead."""
+    runs, old_run, _ = deploys
+    old, _ = hosts
+    facts = json.loads((old_run / "facts.json").read_text())
+    kept = facts["hosts"][name(old)]["capacity"]
+    low, high = kept["predicted_tokens"]
+    assert kept["vllm"] == "0.15.1" and kept["utilization"] == 0.9  # 0.15.1's default
+    assert kept["observed_tokens"] > 0 and kept["observed_kv_memory"] > 0, kept
+    assert kept["tokens_error_pct"] is not None and kept["overhead"] > 0, kept
+    error, gib = kept["tokens_error_pct"], kept["overhead"] / 2**30
+    print(f"\n[records] plan {low:,}-{high:,} tokens, vLLM {kept['observed_tokens']:,}: {error:+}%")
+    print(f"[records] overhead measured {gib:.2f} GiB")
+    deployment = load_deployment(old.deployment_path)
+    [entry] = capacity_facts.run_history(runs, deployment.source, name(old))
+    group = HostGroup.from_deployment(deployment)
+    try:
+        [host] = group.hosts
+        found = host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS)
+        checkpoint = plan.read_host_checkpoint(host, deployment.model_path)
+    finally:
+        group.close()
+    parallel = capacity.Parallel.from_args(deployment.serve_args)
+    gpus = plan.gpus_of(found.gpus, parallel.gpus, checkpoint.cpu_amx, found.vllm_version)
+    learned = plan.plan_capacity(
+        checkpoint, deployment.serve_args, gpus, vllm_version="0.15.1", history=[entry]
+    )
+    assert learned.overhead_source.startswith("learned: median of 1"), learned.overhead_source
+    assert learned.tokens[0] <= kept["observed_tokens"] <= learned.tokens[1], learned.tokens
 
 
 @pytest.fixture(scope="module")

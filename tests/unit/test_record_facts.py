@@ -131,14 +131,3 @@ def test_a_launch_notes_what_it_started_and_what_the_python_answers(
     assert set(noted["model"]["configs"]) == {"config.json"}
     assert noted["launch"]["script_digest"] == "ab"
     assert noted["startup"]["kv_tokens"] == 868080
-
-
-def test_kv_tokens_are_the_smallest_the_last_start_logs() -> None:
-    real = Path(__file__).parents[1] / "data" / "logs" / "ready-6.log"
-    lines = real.read_text(errors="replace").splitlines()
-    # vLLM 0.8.4 with tensor-parallel 2 logs two sizes in one start: 69,904 and 69,920.
-    assert record_facts.kv_tokens_from_log(lines) == 69904
-    earlier = "GPU KV cache size: 1,000 tokens"
-    later = ["x kv_cache_dtype=auto, y", "GPU KV cache size: 2,000 tokens"]
-    assert record_facts.kv_tokens_from_log([earlier, *later]) == 2000
-    assert record_facts.kv_tokens_from_log(["kv_cache_dtype=auto"]) is None

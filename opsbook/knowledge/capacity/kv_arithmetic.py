@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from opsbook.core.exceptions import DeploymentError
@@ -34,6 +35,11 @@ DEFAULT_OVERHEAD = (3 * GIB, 8 * GIB)
 # excess VRAM on GPU 0" (voipmonitor/rtx6kpro models/kimi-k25.md): the band's top widens.
 MULTIMODAL_OVERHEAD = 1 * GIB
 FASTSAFETENSORS_OVERHEAD = 1 * GIB
+# An extensible KV cache (0.34.0) keeps at least 1 GiB of the device free besides the warmup's
+# peak (vllm/v1/worker/extensible_kv_cache.py, KV_CACHE_MARGIN_FLOOR_BYTES on CUDA, in
+# measure_kv_cache_bytes' margin max(floor, 0.75 x peak)), and what the 0.92 default left
+# outside the budget (the CUDA context, NCCL) now comes out of a budget of all the memory.
+EXTENSIBLE_OVERHEAD = 1 * GIB
 # A learned overhead (the median of this host's runs) is good to a few hundred MiB: CUDA
 # graph capture and the allocator's rounding vary from run to run.
 LEARNED_MARGIN = GIB // 4
@@ -116,6 +122,9 @@ class Weights:
     kinds: Mapping[str, int] = field(default_factory=dict)
 
 
+# A plan and its knobs classify the same few thousand rows again and again (a Kimi-K2.5 plan:
+# 2,581 rows, four times): remembered, they are a dict lookup instead of three searches.
+@lru_cache(maxsize=16_384)
 def tensor_kind(name: str, language_only: bool = False) -> str:
     """How vLLM spreads a tensor over the ranks of a tensor-parallel group.
 
@@ -396,13 +405,16 @@ def kv_memory_band(
     return budget - weights - overhead[1], budget - weights - overhead[0]
 
 
-def default_overhead(multimodal: bool, fastsafetensors: bool) -> tuple[int, int]:
+def default_overhead(
+    multimodal: bool, fastsafetensors: bool, extensible: bool = False
+) -> tuple[int, int]:
     """The default non-KV overhead band, widened at the top for an encoder and for
-    fastsafetensors."""
+    fastsafetensors, and moved up by the extensible KV cache's margin."""
     low, high = DEFAULT_OVERHEAD
     high += MULTIMODAL_OVERHEAD if multimodal else 0
     high += FASTSAFETENSORS_OVERHEAD if fastsafetensors else 0
-    return low, high
+    margin = EXTENSIBLE_OVERHEAD if extensible else 0
+    return low + margin, high + margin
 
 
 def learned_overhead(measured: Sequence[int]) -> tuple[int, int]:
@@ -441,6 +453,7 @@ def _dtype_width(kv_dtype: str, config: Mapping[str, Any]) -> int:
     )
 
 
+@lru_cache(maxsize=16_384)
 def _layer_of(name: str) -> int | None:
     found = _LAYER.search(name)
     return int(found.group(1)) if found else None

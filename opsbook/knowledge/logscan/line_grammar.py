@@ -487,6 +487,10 @@ ENGINE_LINE_MARKS = ("kv_cache_dtype=", " backend", "KV cache size: ")
 # cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx", one line there,
 # two in 0.20), vllm/v1/worker/gpu_worker.py ("Available KV cache memory: %s GiB"),
 # gpu_model_runner.py ("Model loading took %s GiB memory"); the banner's "version X".
+# An engine's start-up, before it loads and sizes anything: 0.10.2-0.34.0 vllm/v1/engine/core.py
+# "Initializing a V1 LLM engine (v%s) with config: ..." (V0: "an LLM engine"); not the same
+# config dumped after an error ("Dumping input data for V1 LLM engine", dump_input.py).
+ENGINE_START_SAID = re.compile(r"\bInitializing an? (?:V1 )?LLM engine \(v")
 KV_CACHE_SIZE_SAID = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens")
 MAX_CONCURRENCY_SAID = re.compile(
     r"\bMaximum concurrency for (?P<max_model_len>[\d,]+) tokens per request: "
@@ -498,3 +502,5 @@ VLLM_VERSION_SAID = re.compile(r"(?:\bversion |LLM engine \(v)(?P<version>\d+\.\
 NON_DEFAULT_ARGS_SAID = re.compile(r"non-default args: (?P<args>\{.*\})")
 # The same lines' fixed parts, for 06_qualify's read of a log's startup facts.
 KV_LINE_MARKS = ("KV cache size: ", "Maximum concurrency for")
+# The memory lines besides, for the capacity figures 04's record keeps (opsbook.steps.host_side).
+MEMORY_LINE_MARKS = ("Available KV cache memory", "Model loading took")

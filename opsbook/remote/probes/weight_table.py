@@ -20,7 +20,9 @@ size on a CPU host serving an MLA model.
 
 from __future__ import annotations
 
+import gc
 import os
+import re
 
 from .shard_read import list_folder, locate, read_header, shards_on_disk
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 
 CONFIG_FILES = ["config.json", "hf_quant_config.json"]
 MAX_CONFIG_BYTES = 32 * 1024 * 1024
+EXPERT_NUMBER = re.compile(r"\.experts\.\d+\.")
 
 
 def main(args: dict[str, Any]) -> dict[str, Any]:
@@ -55,36 +58,47 @@ def tensor_table(folder: str, shards: list[str]) -> tuple[list[list[Any]], list[
     could not be read."""
     sums: dict[str, int] = {}
     unreadable = []
-    for shard in shards:
-        path = os.path.join(folder, shard)
-        try:
-            size = os.stat(path).st_size
-        except OSError:
-            unreadable.append(shard)
-            continue
-        _, header, status, _ = read_header(path, size)
-        if header is None or status != "ok" or not add_tensors(header, sums):
-            unreadable.append(shard)
+    # A large MoE's headers decode into a million small containers, none of them in a cycle:
+    # the collector's passes over them and over the caller's modules were a third of the
+    # time (0.19 of 0.63 s CPU for Kimi-K2.5's 278,341 tensors, the command's modules loaded).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for shard in shards:
+            path = os.path.join(folder, shard)
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                unreadable.append(shard)
+                continue
+            _, header, status, _ = read_header(path, size)
+            if header is None or status != "ok" or not add_tensors(header, sums):
+                unreadable.append(shard)
+    finally:
+        if collecting:
+            gc.enable()
     return sorted([name, total] for name, total in sums.items()), unreadable
 
 
 def add_tensors(header: dict[str, Any], sums: dict[str, int]) -> bool:
     """Add one header's tensors' bytes (their ``data_offsets`` span) to ``sums``, an expert's
     under its name with the number replaced by ``*``; False when an entry is malformed (the
-    download check names which)."""
+    download check names which). The header's ``__metadata__`` is dropped from it."""
+    header.pop("__metadata__", None)
+    names = list(header)
+    # One substitution over the names joined, not a find and a slice per name: Kimi-K2.5's
+    # loop 0.18 -> 0.12 s CPU. A name holding a newline would shift the split: then one by one.
+    summed = EXPERT_NUMBER.sub(".experts.*.", "\n".join(names)).split("\n")
+    if len(summed) != len(names):
+        summed = [EXPERT_NUMBER.sub(".experts.*.", name) for name in names]
     get = sums.get
     try:
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
+        # Equal lengths (checked above); zip(strict=) is not in the hosts' Python 3.8.
+        for name, entry in zip(summed, header.values()):  # noqa: B905
             begin, end = entry["data_offsets"]
-            # str.find is a third of a regular expression's time over 278,341 names.
-            at = name.find(".experts.")
-            if at >= 0:
-                number_end = name.find(".", at + 9)
-                if number_end > 0 and name[at + 9 : number_end].isdigit():
-                    name = name[:at] + ".experts.*" + name[number_end:]
-            sums[name] = get(name, 0) + int(end) - int(begin)
+            # JSON numbers come as ints already (int() on each was 25 ms of Kimi-K2.5's plan);
+            # text where a number belongs fails the subtraction.
+            sums[name] = get(name, 0) + end - begin
     except (KeyError, TypeError, ValueError):
         return False
     return True
