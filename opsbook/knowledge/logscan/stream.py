@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from itertools import repeat
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from opsbook.core.exceptions import LogError
 
@@ -252,11 +252,12 @@ class _Reader:
         lines = block.split(b"\n")
         self._remember_last_text(lines, self.before_count)
         shown: list[tuple[int, str]] = []
-        for first, end in _windows(_interesting(block, lines), len(lines)):
+        for first, end in _windows(_interesting(block), len(lines)):
             first = max(first, self.emitted - number + 1)
             if first >= end:
                 continue
-            shown += zip(range(number + first, number + end), _decoded(lines[first:end]))
+            numbers = range(number + first, number + end)
+            shown += zip(numbers, _decoded(lines[first:end]), strict=True)
             self.emitted = number + end - 1
         self.first_number += len(lines) - self.before_count
         self._keep_last_lines(block)
@@ -282,7 +283,7 @@ class _Reader:
                 return
 
 
-def _interesting(block: bytes, lines: list[bytes]) -> bytes:
+def _interesting(block: bytes) -> bytes:
     """One byte per line of ``block``: 1 for a line of interest, 0 for a routine one.
 
     Whether a line is routine does not depend on which digits it holds (the screen's pattern
@@ -297,10 +298,16 @@ def _interesting(block: bytes, lines: list[bytes]) -> bytes:
             _ROUTINE_MEMO.clear()
         for i, key in enumerate(masked):
             if known[i] is None:
-                known[i] = ROUTINE_LINE.match(key) is None
-                if len(key) <= ROUTINE_MEMO_KEY_BYTES:
-                    _ROUTINE_MEMO[key] = known[i]
-    return bytes(known)
+                known[i] = _screen(key)
+    return bytes(cast("list[bool]", known))
+
+
+def _screen(masked: bytes) -> bool:
+    """Whether the line (digits masked) is of interest, kept for the next such line."""
+    interesting = ROUTINE_LINE.match(masked) is None
+    if len(masked) <= ROUTINE_MEMO_KEY_BYTES:
+        _ROUTINE_MEMO[masked] = interesting
+    return interesting
 
 
 def _windows(interesting: bytes, count: int) -> Iterator[tuple[int, int]]:
