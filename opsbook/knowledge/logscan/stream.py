@@ -185,18 +185,19 @@ class _Reader:
                 self.overflow = self._count_overflow(self.overflow, len(chunk))
                 return []
             chunk, self.overflow = chunk[cut:], 0
-        data = self.carry + chunk
-        end = data.rfind(b"\n")
+        end = chunk.rfind(b"\n")
         if end < 0:
+            data = self.carry + chunk
             self.carry = data[:MAX_LINE_BYTES]
             if len(data) > MAX_LINE_BYTES:
                 self.overflow = self._count_overflow(0, len(data) - MAX_LINE_BYTES)
             return []
-        self.carry = data[end + 1 :]
+        # The finished lines are copied once, into the block (a chunk is a megabyte).
+        finished, self.carry = self.carry, chunk[end + 1 :]
         if len(self.carry) > MAX_LINE_BYTES:
             self.overflow = self._count_overflow(0, len(self.carry) - MAX_LINE_BYTES)
             self.carry = self.carry[:MAX_LINE_BYTES]
-        return self._block(data[:end])
+        return self._block(finished, memoryview(chunk)[:end])
 
     def end(self) -> list[tuple[int, str]]:
         """The unfinished last line, then the last line with text if it was not yielded."""
@@ -239,15 +240,16 @@ class _Reader:
             )
         return overflow
 
-    def _block(self, new: bytes) -> list[tuple[int, str]]:
-        """The interesting lines of ``new`` (complete lines, the final newline removed).
+    def _block(self, *new: bytes | memoryview) -> list[tuple[int, str]]:
+        """The interesting lines of ``new``'s pieces joined (complete lines, the final newline
+        removed).
 
         The block's last lines are read again with the next block, so a line of interest's
         context is the same wherever the pieces were cut (a follower's looks, a stream's
         chunks): a line of interest at the end gets its lines after from the next block, one
         at the start its lines before from this one (they were yielded once only).
         """
-        block = self.before + b"\n" + new if self.before_count else new
+        block = b"".join((self.before, b"\n", *new) if self.before_count else new)
         number = self.first_number - self.before_count  # the block's first line
         lines = block.split(b"\n")
         self._remember_last_text(lines, self.before_count)
