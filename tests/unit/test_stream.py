@@ -317,12 +317,18 @@ def screened_one_by_one(raw: bytes) -> list[tuple[int, str]]:
     return [(i + 1, shown[i].decode("utf-8", "replace")) for i in sorted(shown)]
 
 
-@pytest.mark.parametrize("memo_lines", [logread.ROUTINE_MEMO_LINES, 0])
+@pytest.mark.parametrize(
+    ("memo_lines", "mostly_new"),
+    [(logread.ROUTINE_MEMO_LINES, logread.MOSTLY_NEW), (0, 1), (logread.ROUTINE_MEMO_LINES, 10**9)],
+)
 def test_the_screen_in_bulk_keeps_the_lines_its_rule_keeps(
-    monkeypatch: pytest.MonkeyPatch, memo_lines: int
+    monkeypatch: pytest.MonkeyPatch, memo_lines: int, mostly_new: int
 ) -> None:
-    # With the answers kept per line, and forgotten at every chunk (a log of ever-new texts).
+    # From no answers kept; kept per line text and forgotten at every chunk, each chunk read
+    # by the answers kept; each chunk with a new text read by the pattern on every line.
+    monkeypatch.setattr(logread, "_ROUTINE_MEMO", {})
     monkeypatch.setattr(logread, "ROUTINE_MEMO_LINES", memo_lines)
+    monkeypatch.setattr(logread, "MOSTLY_NEW", mostly_new)
     monkeypatch.setattr(logread, "CHUNK_BYTES", 5000)
     routine = b"(APIServer pid=155) INFO 11-28 16:00:00 [loggers.py:127] Engine 000: Avg\n"
     for name in ("ready-4.log", "engine-dead-1.log", "vllm-startup-8x-rtxpro6000-glm51-nvfp4.log"):

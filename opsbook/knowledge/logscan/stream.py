@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from itertools import repeat
+from operator import not_
 from typing import BinaryIO, cast
 
 from opsbook.core.exceptions import LogError
@@ -97,8 +98,12 @@ ROUTINE_LINE = re.compile(_ROUTINE)
 # ASCII digits as one digit: what the screen's answer for a line is kept under.
 _DIGITS_MASKED = bytes.maketrans(b"0123456789", b"0" * 10)
 # Bounds on the kept answers (a log of ever-new texts clears them now and then).
-ROUTINE_MEMO_LINES = 20_000
+ROUTINE_MEMO_LINES = 4096
 ROUTINE_MEMO_KEY_BYTES = 512
+# A block whose first PROBE_BYTES hold more than one new text in MOSTLY_NEW is screened by
+# the pattern on every line.
+PROBE_BYTES = 1 << 16
+MOSTLY_NEW = 8
 _ROUTINE_MEMO: dict[bytes, bool] = {}
 _RUN_OF_INTEREST = re.compile(b"\x01+")
 
@@ -254,7 +259,7 @@ class _Reader:
         lines = block.split(b"\n")
         self._remember_last_text(lines, self.before_count)
         shown: list[tuple[int, str]] = []
-        for first, end in _windows(_interesting(block), len(lines)):
+        for first, end in _windows(_interesting(block, lines), len(lines)):
             first = max(first, self.emitted - number + 1)
             if first >= end:
                 continue
@@ -285,23 +290,44 @@ class _Reader:
                 return
 
 
-def _interesting(block: bytes) -> bytes:
-    """One byte per line of ``block``: 1 for a line of interest, 0 for a routine one.
+def _interesting(block: bytes, lines: list[bytes]) -> bytes:
+    """One byte per line of ``block`` (``lines``): 1 for a line of interest, 0 for a routine
+    one.
 
     Whether a line is routine does not depend on which digits it holds (the screen's pattern
     names none, only digits as a class), so the answer is kept per line with its digits
     masked: the routine lines of a long log, and a crash loop's repeated startups, are few
-    texts once masked, and most lines cost a dictionary lookup instead of the pattern.
+    texts once masked, and most lines cost a dictionary lookup instead of the pattern. A
+    block that begins with texts not seen before (request IDs, say) gets the pattern on
+    every line instead, in C.
     """
+    if _mostly_new(block):
+        return bytes(map(not_, map(ROUTINE_LINE.match, lines)))
     masked = block.translate(_DIGITS_MASKED).split(b"\n")
     known = list(map(_ROUTINE_MEMO.get, masked))
-    if None in known:
-        if len(_ROUTINE_MEMO) > ROUTINE_MEMO_LINES:
-            _ROUTINE_MEMO.clear()
-        for i, key in enumerate(masked):
-            if known[i] is None:
-                known[i] = _screen(key)
+    misses = known.count(None)
+    if misses and len(_ROUTINE_MEMO) > ROUTINE_MEMO_LINES:
+        _ROUTINE_MEMO.clear()
+    at = -1
+    for _ in range(misses):
+        at = known.index(None, at + 1)
+        known[at] = _screen(masked[at])
     return bytes(cast("list[bool]", known))
+
+
+def _mostly_new(block: bytes) -> bool:
+    """Whether the first lines of ``block`` are mostly texts not kept yet; they are then."""
+    probe = block[:PROBE_BYTES].translate(_DIGITS_MASKED).split(b"\n")
+    if len(block) > PROBE_BYTES:
+        probe.pop()  # cut short
+    misses = list(map(_ROUTINE_MEMO.get, probe)).count(None)
+    if misses <= len(probe) // MOSTLY_NEW:
+        return False
+    if len(_ROUTINE_MEMO) > ROUTINE_MEMO_LINES:
+        _ROUTINE_MEMO.clear()
+    answers = map(not_, map(ROUTINE_LINE.match, probe))
+    _ROUTINE_MEMO.update(zip(probe, answers, strict=True))
+    return True
 
 
 def _screen(masked: bytes) -> bool:
