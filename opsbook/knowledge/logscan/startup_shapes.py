@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from itertools import chain, repeat
 from operator import itemgetter, sub
+from typing import NamedTuple
 
 Lines = Sequence[tuple[int, str]]
 Shape = tuple[object, ...]
@@ -57,6 +59,14 @@ def _shape(text: str, spans: list[tuple[int, int]], kept: Lines) -> Shape:
     return ("\0".join(parts), places, tuple(n - first for n, _ in kept))
 
 
+class _Comparison(NamedTuple):
+    length: int  # of the template's text
+    parts: Callable[[str], tuple[str, ...]]  # a text's pieces outside the times and PIDs
+    kept_parts: tuple[str, ...]  # the template's
+    # Per time or PID value of the template: its text masked, and a text's pieces where it is.
+    groups: list[tuple[bytes, Callable[[str], tuple[str, ...]]]]
+
+
 class Template:
     """A closed startup (``kept``, at least one line) and the first line of the next one."""
 
@@ -65,19 +75,25 @@ class Template:
         self.size = len(kept)
         # The line numbers after the first, as distances from it.
         self._gaps = [n - first for n, _ in kept[1:]] + [following[0] - first]
-        text = "\n".join([*(line for _, line in kept), following[1]])
-        spans = [found.span() for found in _PER_RUN.finditer(text)]
-        kept_length = len(text) - len(following[1]) - 1
-        self.shape = _shape(text[:kept_length], [s for s in spans if s[1] <= kept_length], kept)
-        self._length = len(text)
-        self._parts = _slicer(_between(spans, len(text)))
-        self._kept_parts = self._parts(text)
+        self._text = "\n".join([*(line for _, line in kept), following[1]])
+        self._spans = [found.span() for found in _PER_RUN.finditer(self._text)]
+        kept_length = len(self._text) - len(following[1]) - 1
+        kept_spans = [span for span in self._spans if span[1] <= kept_length]
+        self.shape = _shape(self._text[:kept_length], kept_spans, kept)
+
+    @cached_property
+    def _comparison(self) -> _Comparison:
+        """What a text is compared with, made at the first startup of the template's size and
+        line gaps (most startups of a log of different ones never get there)."""
+        text, spans = self._text, self._spans
+        parts = _slicer(_between(spans, len(text)))
         # Where each time or PID stands, by value: a repeat has one value in each group, its
         # own in each, equal to the template's but for digits.
         groups: dict[str, list[tuple[int, int]]] = {}
-        for span in spans:
-            groups.setdefault(text[span[0] : span[1]], []).append(span)
-        self._groups = [(_masked(value), _slicer(group)) for value, group in groups.items()]
+        for start, end in spans:
+            groups.setdefault(text[start:end], []).append((start, end))
+        places = [(_masked(value), _slicer(group)) for value, group in groups.items()]
+        return _Comparison(len(text), parts, parts(text), places)
 
     def repeats(self, first: tuple[int, str], rest: Lines) -> bool:
         """Whether a startup beginning with ``first``, then ``rest`` (:attr:`size` lines: the
@@ -94,11 +110,12 @@ class Template:
             return False
         if list(map(sub, map(_number, rest), repeat(first[0]))) != self._gaps:
             return False
+        length, parts, kept_parts, groups = self._comparison
         text = "\n".join(chain((first[1],), map(_text, rest)))
-        if len(text) != self._length or self._parts(text) != self._kept_parts:
+        if len(text) != length or parts(text) != kept_parts:
             return False
         images = set()
-        for masked, group in self._groups:
+        for masked, group in groups:
             values = set(group(text))
             if len(values) != 1:
                 return False
@@ -106,7 +123,7 @@ class Template:
             if _masked(image) != masked:
                 return False
             images.add(image)
-        return len(images) == len(self._groups)
+        return len(images) == len(groups)
 
 
 def _masked(text: str) -> bytes:
