@@ -54,19 +54,60 @@ def test_a_crash_loop_diagnoses_each_startup_shape_once(monkeypatch: pytest.Monk
     assert {e.failure for e in found.earlier} == {alone.failure}
 
 
-def test_the_shape_keeps_what_is_not_a_time_or_a_pid() -> None:
-    lines = [(10, "(APIServer pid=7) INFO 05-15 05:33:37 [gpu.py:1] 8 GPUs, 12.5 GiB free")]
-    later = [(90, "(APIServer pid=9) INFO 05-15 06:01:02 [gpu.py:1] 8 GPUs, 12.5 GiB free")]
-    other = [(90, "(APIServer pid=9) INFO 05-15 06:01:02 [gpu.py:1] 8 GPUs, 0.5 GiB free")]
-    assert follower._shape(lines) == follower._shape(later)
-    assert follower._shape(lines) != follower._shape(other)
+def varied_crash_loop() -> str:
+    """A crash loop of 40 startups, a few of them unlike the others: another error text, a
+    line more, a PID with more digits, a worker under the API server's PID."""
+    one, _ = crash_loop(0)
+    runs = [restarted(one, run) for run in range(40)]
+    runs[10] = restarted(one.replace("TritonMLA with FP8", "FlashMLA with FP8"), 10)
+    runs[20] = restarted(
+        one.replace("\n[rank0]:", "\nWARNING 05-15 05:33:37 [x.py:1] y\n[rank0]:", 1), 20
+    )
+    runs[25] = re.sub(r"pid=\d+", "pid=123456", runs[25])
+    runs[30] = runs[30].replace("(Worker pid=4030)", "(Worker pid=4031)", 1)
+    return "".join(runs)
 
 
-def test_which_times_and_pids_are_equal_is_part_of_the_shape() -> None:
-    # Two records of one process at one time, or of two: the diagnosis groups lines by them.
-    same = [(1, "(EngineCore pid=5) ERROR 05-15 05:33:37 a"), (2, "(EngineCore pid=5) x")]
-    apart = [(1, "(EngineCore pid=5) ERROR 05-15 05:33:37 a"), (2, "(EngineCore pid=6) x")]
-    assert follower._shape(same) != follower._shape(apart)
+def line_by_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The splitter without its repeat path: every line through its tests, one by one."""
+    monkeypatch.setattr(follower.Template, "repeats", lambda self, first, rest: False)
+
+
+def test_startups_taken_whole_are_split_and_judged_as_line_by_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = varied_crash_loop()
+    taken = []
+    real = follower._StartupSplitter._take_repeat
+    monkeypatch.setattr(
+        follower._StartupSplitter,
+        "_take_repeat",
+        lambda self, *a: taken.append(1) or real(self, *a),
+    )
+    whole = diagnose_log(log).to_dict()
+    # Taken line by line: the first two (the first holds no restart's lines before it), each
+    # odd one out and the one after it, and the one before the longer PID (the first line of
+    # the next startup is compared too): 11 of the 39 closed.
+    assert len(taken) == 39 - 11
+    with monkeypatch.context() as patched:
+        line_by_line(patched)
+        assert whole == diagnose_log(log).to_dict()
+    assert whole["earlier_startups"]["count"] == 39
+
+
+def test_a_repeat_cut_across_chunks_waits_for_its_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from opsbook.knowledge.logscan import stream
+
+    log = varied_crash_loop().encode()
+    whole = diagnose_log(log.decode()).to_dict()
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 4096)
+    assert logscan.diagnose_stream(io.BytesIO(log)).to_dict() == whole
+    looks = logscan.LogFollower()
+    for start in range(0, len(log), 70_001):
+        looks.feed(log[start : start + 70_001])
+    assert looks.diagnose().to_dict() == whole
 
 
 PREFIX = "\x1b[1;36m(APIServer pid=155)\x1b[0;0m "

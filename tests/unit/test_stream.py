@@ -303,6 +303,47 @@ def test_a_line_of_interest_keeps_its_context_wherever_the_pieces_were_cut() -> 
             assert pieces + screen.feed(raw[second_cut:]) == whole, (cut, second_cut)
 
 
+def screened_one_by_one(raw: bytes) -> list[tuple[int, str]]:
+    """The screen as its rule says, line by line: each line of interest (not routine) with two
+    lines each side, and the last line with text."""
+    lines = raw.split(b"\n")
+    if raw.endswith(b"\n"):
+        lines.pop()
+    interesting = [i for i, line in enumerate(lines) if not logread.ROUTINE_LINE.match(line)]
+    shown = {j: lines[j] for i in interesting for j in range(i - 2, i + 3) if 0 <= j < len(lines)}
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=None)
+    if last is not None and last not in shown:
+        shown[last] = lines[last].rstrip()
+    return [(i + 1, shown[i].decode("utf-8", "replace")) for i in sorted(shown)]
+
+
+@pytest.mark.parametrize(
+    ("memo_lines", "mostly_new"),
+    [(logread.ROUTINE_MEMO_LINES, logread.MOSTLY_NEW), (0, 1), (logread.ROUTINE_MEMO_LINES, 10**9)],
+)
+def test_the_screen_in_bulk_keeps_the_lines_its_rule_keeps(
+    monkeypatch: pytest.MonkeyPatch, memo_lines: int, mostly_new: int
+) -> None:
+    # From no answers kept; kept per line text and forgotten at every chunk, each chunk read
+    # by the answers kept; each chunk with a new text read by the pattern on every line.
+    monkeypatch.setattr(logread, "_ROUTINE_MEMO", {})
+    monkeypatch.setattr(logread, "ROUTINE_MEMO_LINES", memo_lines)
+    monkeypatch.setattr(logread, "MOSTLY_NEW", mostly_new)
+    monkeypatch.setattr(logread, "CHUNK_BYTES", 5000)
+    routine = b"(APIServer pid=155) INFO 11-28 16:00:00 [loggers.py:127] Engine 000: Avg\n"
+    for name in ("ready-4.log", "engine-dead-1.log", "vllm-startup-8x-rtxpro6000-glm51-nvfp4.log"):
+        raw = (LOGS / name).read_bytes()
+        for log in (raw, routine * 300 + raw + routine * 300 + b"  \n"):
+            assert list(logread.screened_lines(io.BytesIO(log))) == screened_one_by_one(log)
+
+
+def test_the_screen_tells_no_digit_from_another() -> None:
+    # Its answer is kept per line with the digits masked: right only if no digit is named.
+    from tests.unit.test_startup_shapes import names_no_digit
+
+    assert names_no_digit(logread.ROUTINE_LINE)
+
+
 @pytest.mark.parametrize(
     "carrier", ["2025-03-12T10:11:12.123456Z ", "Mar 12 10:11:12 gpu1 vllm[42]: ", "vllm-1  | "]
 )

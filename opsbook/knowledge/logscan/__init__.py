@@ -20,7 +20,8 @@ matches the catalogue and decides the state:
 Modules, by job: ``line_grammar`` (how a line is written), ``log_lines`` (logical lines),
 ``startup_phases``, ``catalogue`` (the YAML as typed entries), ``matching``, ``diagnosis`` (the
 types), ``filters``, ``details``, ``readiness``, ``root_cause`` (the wrapper walk), ``decision``,
-``follower`` (streams and growing logs), ``stream`` (the bounded line reader).
+``follower`` (streams and growing logs), ``startup_shapes`` (a startup's shape; a crash loop's
+repeated startup told at once), ``stream`` (the bounded line reader).
 """
 
 from opsbook.knowledge.logscan.catalogue import (

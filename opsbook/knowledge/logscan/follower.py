@@ -13,7 +13,8 @@ from opsbook.knowledge.logscan.decision import _diagnose_lines
 from opsbook.knowledge.logscan.diagnosis import FAILED, READY, EarlierStartup, LogDiagnosis
 from opsbook.knowledge.logscan.line_grammar import _ANSI, _COMMENT
 from opsbook.knowledge.logscan.log_lines import LineMemo, LogLine, logical_lines
-from opsbook.knowledge.logscan.stream import LineScreen, screened_lines
+from opsbook.knowledge.logscan.startup_shapes import Lines, Shape, Template, shape_of
+from opsbook.knowledge.logscan.stream import LineScreen, screened_batches
 
 _SIGNALS = signals()
 
@@ -66,8 +67,8 @@ def diagnose_stream(
         LogError: when the stream is not a text log or cannot be read.
     """
     splitter = _StartupSplitter()
-    for number, text in screened_lines(stream):
-        splitter.add(number, text)
+    for batch in screened_batches(stream):
+        splitter.add_lines(batch, more=True)
     last = splitter.finish()
     memo = splitter.memo
     diagnosis = _diagnose_lines(logical_lines(last.lines(), memo), running, kernel_log, memo)
@@ -103,8 +104,7 @@ class LogFollower:
             LogError: the log runs over ``MAX_RUN_WITHOUT_NEWLINE`` bytes without a line break.
         """
         self.size += len(data)
-        for number, text in self._screen.feed(data):
-            self._splitter.add(number, text)
+        self._splitter.add_lines(self._screen.feed(data))
         self._keep_recent(data)
 
     def judge(self, diagnosis: LogDiagnosis) -> str:
@@ -239,6 +239,7 @@ class _Startup:
         self.skipped = 0
         self.marker = -1
         self.api_pid: str | None = None
+        self.api_pid_at: int | None = None  # the index of the line that gave api_pid
         self.errored = False
 
     def add(self, number: int, text: str) -> None:
@@ -287,22 +288,65 @@ class _StartupSplitter:
         # A crash-looping server's log repeats one startup's texts: read once, each next
         # startup of the same shape costs a lookup, not a diagnosis.
         self.memo = LineMemo()
-        self._verdicts: dict[tuple[object, ...], _Verdict] = {}
+        self._verdicts: dict[Shape, _Verdict] = {}
+        # The last startup closed line by line, with what its lines left the splitter at: a
+        # next startup that repeats it is taken whole (add_lines).
+        self._template: Template | None = None
+        self._template_end: tuple[int, bool, int | None] = (-1, False, None)
+        self._waiting: list[tuple[int, str]] = []
 
-    def add(self, number: int, text: str) -> None:
-        plain = _ANSI.sub("", text) if _ANSI_HINT.search(text) else text
+    def add_lines(self, lines: list[tuple[int, str]], *, more: bool = False) -> None:
+        """Take lines in file order, as :meth:`add` one by one would, but a startup that
+        repeats the last one closed line by line (a crash loop's) at once.
+
+        Args:
+            lines: the lines.
+            more: more lines follow: the lines that may be a repeat too short yet to tell
+                wait for them (:meth:`finish` takes what still waits).
+        """
+        if self._waiting:
+            lines, self._waiting = self._waiting + lines, []
+        at = 0
+        while at < len(lines):
+            template = self._template
+            if template is not None and len(self.current.head) == 1:
+                end = at + template.size
+                if end > len(lines) and more:
+                    self._waiting = lines[at:]
+                    return
+                if end <= len(lines) and template.repeats(self.current.head[0], lines[at:end]):
+                    self._take_repeat(template, lines[at:end])
+                    at = end
+                    continue
+            self.add(*lines[at])
+            at += 1
+
+    def _take_repeat(self, template: Template, rest: list[tuple[int, str]]) -> None:
+        """The current startup's other lines, as the template's were taken, then the first
+        line of the next: it begins the next startup, as it did after the template."""
+        current = self.current
+        current.head += rest[:-1]
+        current.last_line = rest[-2][0] if len(rest) > 1 else current.last_line
+        current.marker, current.errored, current.api_pid_at = self._template_end
+        if current.api_pid_at is not None:
+            current.api_pid = _api_pid(current.head[current.api_pid_at][1])
+        self.add(*rest[-1], shape=template.shape)
+
+    def add(self, number: int, text: str, *, shape: Shape | None = None) -> None:
+        plain = _plain(text)
         marker = _startup_marker(plain)
         pid_found = _SIGNALS.api_server_pid.search(plain)
         pid = pid_found.group(1) if pid_found else None
         current = self.current
         restarted = marker is not None and (current.marker >= marker or current.errored)
         if restarted or self._new_api_server(pid):
-            self._close(number)
+            self._close(number, text, shape)
             current = self.current
         if marker is not None:
             current.marker = max(current.marker, marker)
         if pid and current.api_pid is None:
             current.api_pid = pid
+            current.api_pid_at = len(current.head) + len(current.tail)
         # A comment pasted with the log (a shell's, a provenance note) is not a run's error.
         if (
             not current.errored
@@ -322,12 +366,18 @@ class _StartupSplitter:
         return pid != current.api_pid if current.api_pid else current.marker >= 0
 
     def finish(self) -> _Startup:
+        waiting, self._waiting = self._waiting, []
+        self.add_lines(waiting)
         return self.current
 
-    def _close(self, next_first: int) -> None:
+    def _close(self, next_first: int, next_text: str, shape: Shape | None) -> None:
+        """End the current startup at the line ``next_first`` (``next_text``); ``shape`` is
+        its shape when it repeated the template."""
         startup = self.current
         kept = startup.lines()
-        state, failure, at = self._verdict(kept)
+        if shape is None:
+            shape = self._remember(startup, kept, (next_first, next_text))
+        state, failure, at = self._verdict(kept, shape)
         self.earlier_counts[state] += 1
         self.earlier.append(
             EarlierStartup(
@@ -341,10 +391,18 @@ class _StartupSplitter:
         del self.earlier[:-EARLIER_LISTED]
         self.current = _Startup(next_first)
 
-    def _verdict(self, kept: list[tuple[int, str]]) -> _Verdict:
+    def _remember(self, startup: _Startup, kept: Lines, following: tuple[int, str]) -> Shape:
+        """The startup's shape; it becomes the template when it was kept whole."""
+        if not kept or startup.skipped or len(startup.head) >= STARTUP_HEAD_LINES:
+            self._template = None
+            return shape_of(kept)
+        self._template = Template(kept, following)
+        self._template_end = (startup.marker, startup.errored, startup.api_pid_at)
+        return self._template.shape
+
+    def _verdict(self, kept: list[tuple[int, str]], shape: Shape) -> _Verdict:
         """An earlier startup's state, failure and the index of its key line among ``kept``:
         the verdict of the same startup met before (a crash loop's), else diagnosed."""
-        shape = _shape(kept)
         known = self._verdicts.pop(shape, None)
         if known is None:
             lines = logical_lines(kept, self.memo)
@@ -359,27 +417,15 @@ class _StartupSplitter:
         return known
 
 
+def _plain(text: str) -> str:
+    return _ANSI.sub("", text) if _ANSI_HINT.search(text) else text
+
+
+def _api_pid(text: str) -> str | None:
+    found = _SIGNALS.api_server_pid.search(_plain(text))
+    return found.group(1) if found else None
+
+
 # The startup shapes whose verdicts are kept (a crash loop repeats one, or a few in turn).
 KNOWN_SHAPES = 32
-# What a restart changes in a startup's lines and nothing else: the times and the PIDs. Each
-# alternative's first character is matched before the rest (the lookbehinds), so the scan of
-# a long log tries one character class at most places.
-_PER_RUN = re.compile(
-    r"([\dp\[](?:(?<=\d)\d{3}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?"
-    r"|(?<=\d)\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?|(?<=\d)\d:\d\d:\d\d(?:\.\d+)?"
-    r"|(?<=p)id=\d+|(?<=\[)\d+:\d+\]))"
-)
 _Verdict = tuple[str, "str | None", "int | None"]
-
-
-def _shape(kept: list[tuple[int, str]]) -> tuple[object, ...]:
-    """A startup's lines with each time and PID replaced by its order of first appearance:
-    two startups of one shape differ only in when and under which PIDs they ran, and the
-    diagnosis reads those only as equal or not (which lines belong to one record), so they
-    get one verdict. The gaps between line numbers are kept too (the key line's place)."""
-    # One pass over the whole startup: a crash loop's log is hundreds of thousands of lines.
-    parts = _PER_RUN.split("\n".join(line for _, line in kept))
-    order: dict[str, int] = {}
-    places = tuple(order.setdefault(value, len(order)) for value in parts[1::2])
-    first = kept[0][0] if kept else 0
-    return ("\0".join(parts[0::2]), places, tuple(n - first for n, _ in kept))

@@ -3,10 +3,11 @@
 A long-running vLLM server writes mostly routine ``INFO`` lines (request logs, throughput
 metrics); a diagnosis needs the few others: errors, warnings, tracebacks, unprefixed output of
 other libraries (NCCL, Ray, the kernel), and the ``INFO`` lines that mark the startup phases.
-One combined regular expression finds, at each line start, the routine ``INFO`` lines and skips
-them in C; only the remaining lines (and two lines of context each side, for terminal-wrapped
-pieces and traceback frames) reach Python code. Memory stays bounded: the file is read in
-chunks and a line longer than :data:`MAX_LINE_BYTES` is cut.
+One combined regular expression tells the routine ``INFO`` lines; its answer is kept per line
+text with the digits masked, so a chunk is screened in a few passes in C (mask, split, look
+up), and only the remaining lines (and two lines of context each side, for terminal-wrapped
+pieces and traceback frames) reach Python code, a list per chunk. Memory stays bounded: the
+file is read in chunks and a line longer than :data:`MAX_LINE_BYTES` is cut.
 
 Line numbers are those of ``grep -n``: only ``\\n`` ends a line (a ``\\r`` of a progress bar
 does not).
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import BinaryIO
+from itertools import repeat
+from operator import not_
+from typing import BinaryIO, cast
 
 from opsbook.core.exceptions import LogError
 
@@ -92,8 +95,17 @@ _ROUTINE = (
     + rb"|INFO:     \d+\.\d+\.\d+\.\d+:\d+ - \")"  # uvicorn's access log
 )
 ROUTINE_LINE = re.compile(_ROUTINE)
-# A line start that is not routine: the one combined expression of the screen.
-INTERESTING_LINE_START = re.compile(rb"\n(?!" + _ROUTINE + rb")")
+# ASCII digits as one digit: what the screen's answer for a line is kept under.
+_DIGITS_MASKED = bytes.maketrans(b"0123456789", b"0" * 10)
+# Bounds on the kept answers (a log of ever-new texts clears them now and then).
+ROUTINE_MEMO_LINES = 4096
+ROUTINE_MEMO_KEY_BYTES = 512
+# A block whose first PROBE_BYTES hold more than one new text in MOSTLY_NEW is screened by
+# the pattern on every line.
+PROBE_BYTES = 1 << 16
+MOSTLY_NEW = 8
+_ROUTINE_MEMO: dict[bytes, bool] = {}
+_RUN_OF_INTEREST = re.compile(b"\x01+")
 
 
 def is_routine(line: str) -> bool:
@@ -115,8 +127,14 @@ def screened_lines(stream: BinaryIO) -> Iterator[tuple[int, str]]:
         LogError: when the stream holds more than ``MAX_RUN_WITHOUT_NEWLINE`` bytes without a
             line break (not a text log), or cannot be read.
     """
-    reader = _Reader(stream)
-    yield from reader.lines()
+    for batch in screened_batches(stream):
+        yield from batch
+
+
+def screened_batches(stream: BinaryIO) -> Iterator[list[tuple[int, str]]]:
+    """The lines of :func:`screened_lines`, a list per chunk read (for readers that take
+    them in bulk)."""
+    yield from _Reader(stream).batches()
 
 
 class LineScreen:
@@ -132,7 +150,7 @@ class LineScreen:
         Raises:
             LogError: the log runs over ``MAX_RUN_WITHOUT_NEWLINE`` bytes without a line break.
         """
-        return list(self._reader.feed(data))
+        return self._reader.feed(data)
 
     def pending(self) -> list[tuple[int, str]]:
         """The last line with text if the screen skipped it, and the line still being written
@@ -156,43 +174,46 @@ class _Reader:
         self.before = b""
         self.before_count = 0
 
-    def lines(self) -> Iterator[tuple[int, str]]:
+    def batches(self) -> Iterator[list[tuple[int, str]]]:
         while True:
             chunk = self._read()
             if not chunk:
                 break
-            yield from self.feed(chunk)
-        yield from self.end()
+            yield self.feed(chunk)
+        yield self.end()
 
-    def feed(self, chunk: bytes) -> Iterator[tuple[int, str]]:
+    def feed(self, chunk: bytes) -> list[tuple[int, str]]:
         """The lines of interest that ``chunk`` completes."""
         if self.overflow:
             cut = chunk.find(b"\n")
             if cut < 0:
                 self.overflow = self._count_overflow(self.overflow, len(chunk))
-                return
+                return []
             chunk, self.overflow = chunk[cut:], 0
-        data = self.carry + chunk
-        end = data.rfind(b"\n")
+        end = chunk.rfind(b"\n")
         if end < 0:
+            data = self.carry + chunk
             self.carry = data[:MAX_LINE_BYTES]
             if len(data) > MAX_LINE_BYTES:
                 self.overflow = self._count_overflow(0, len(data) - MAX_LINE_BYTES)
-            return
-        self.carry = data[end + 1 :]
+            return []
+        # The finished lines are copied once, into the block (a chunk is a megabyte).
+        finished, self.carry = self.carry, chunk[end + 1 :]
         if len(self.carry) > MAX_LINE_BYTES:
             self.overflow = self._count_overflow(0, len(self.carry) - MAX_LINE_BYTES)
             self.carry = self.carry[:MAX_LINE_BYTES]
-        yield from self._block(data[:end])
+        return self._block(finished, memoryview(chunk)[:end])
 
-    def end(self) -> Iterator[tuple[int, str]]:
+    def end(self) -> list[tuple[int, str]]:
         """The unfinished last line, then the last line with text if it was not yielded."""
+        shown = []
         if self.carry:
-            yield from self._block(self.carry)
+            shown = self._block(self.carry)
             self.carry = b""
         if self.last_text and self.last_text[0] > self.emitted:
             self.emitted = self.last_text[0]
-            yield self.last_text[0], _decode(self.last_text[1])
+            shown.append((self.last_text[0], _decode(self.last_text[1])))
+        return shown
 
     def pending(self) -> list[tuple[int, str]]:
         """What :meth:`end` would yield now, without ending: the last line with text when it
@@ -224,36 +245,30 @@ class _Reader:
             )
         return overflow
 
-    def _block(self, new: bytes) -> Iterator[tuple[int, str]]:
-        """The interesting lines of ``new`` (complete lines, the final newline removed).
+    def _block(self, *new: bytes | memoryview) -> list[tuple[int, str]]:
+        """The interesting lines of ``new``'s pieces joined (complete lines, the final newline
+        removed).
 
         The block's last lines are read again with the next block, so a line of interest's
         context is the same wherever the pieces were cut (a follower's looks, a stream's
         chunks): a line of interest at the end gets its lines after from the next block, one
         at the start its lines before from this one (they were yielded once only).
         """
-        self._remember_last_text(new)
-        block = self.before + b"\n" + new if self.before_count else new
-        starts = self._interesting_starts(block)
-        number = self.first_number - self.before_count
-        counted = 0
-        windows: list[tuple[int, int, int]] = []  # first line number, start and end offsets
-        for start in starts:
-            number += block.count(b"\n", counted, start)
-            counted = start
-            first, first_at = _lines_back(block, start, number, CONTEXT_BEFORE)
-            last_end = _lines_forward(block, start, CONTEXT_AFTER)
-            if windows and first_at <= windows[-1][2] + 1:
-                windows[-1] = (windows[-1][0], windows[-1][1], last_end)
-            else:
-                windows.append((first, first_at, last_end))
-        for first, first_at, last_end in windows:
-            for offset, piece in enumerate(block[first_at:last_end].split(b"\n")):
-                if first + offset > self.emitted:
-                    self.emitted = first + offset
-                    yield self.emitted, _decode(piece[:MAX_LINE_BYTES])
-        self.first_number += new.count(b"\n") + 1
+        block = b"".join((self.before, b"\n", *new) if self.before_count else new)
+        number = self.first_number - self.before_count  # the block's first line
+        lines = block.split(b"\n")
+        self._remember_last_text(lines, self.before_count)
+        shown: list[tuple[int, str]] = []
+        for first, end in _windows(_interesting(block, lines), len(lines)):
+            first = max(first, self.emitted - number + 1)
+            if first >= end:
+                continue
+            numbers = range(number + first, number + end)
+            shown += zip(numbers, _decoded(lines[first:end]), strict=True)
+            self.emitted = number + end - 1
+        self.first_number += len(lines) - self.before_count
         self._keep_last_lines(block)
+        return shown
 
     def _keep_last_lines(self, block: bytes) -> None:
         count = max(CONTEXT_BEFORE, CONTEXT_AFTER)
@@ -266,45 +281,84 @@ class _Reader:
         self.before = b"\n".join(line[:MAX_LINE_BYTES] for line in kept.split(b"\n"))
         self.before_count = self.before.count(b"\n") + 1
 
-    def _interesting_starts(self, block: bytes) -> list[int]:
-        starts = [] if ROUTINE_LINE.match(block) else [0]
-        position = 0
-        while True:
-            found = INTERESTING_LINE_START.search(block, position)
-            if found is None:
-                return starts
-            starts.append(found.start() + 1)
-            position = block.find(b"\n", found.start() + 1)
-            if position < 0:
-                return starts
-
-    def _remember_last_text(self, block: bytes) -> None:
-        stripped = block.rstrip()
-        if not stripped:
-            return
-        start = stripped.rfind(b"\n") + 1
-        number = self.first_number + stripped.count(b"\n")
-        self.last_text = (number, stripped[start : start + MAX_LINE_BYTES])
+    def _remember_last_text(self, lines: list[bytes], new_from: int) -> None:
+        """The last line with text among ``lines[new_from:]`` (the new block's lines)."""
+        for index in range(len(lines) - 1, new_from - 1, -1):
+            text = lines[index].rstrip()
+            if text:
+                self.last_text = (self.first_number + index - new_from, text[:MAX_LINE_BYTES])
+                return
 
 
-def _lines_back(block: bytes, start: int, number: int, count: int) -> tuple[int, int]:
-    """The number and offset of the line ``count`` lines above the one at ``start``."""
-    for _ in range(count):
-        if start == 0:
-            break
-        start = block.rfind(b"\n", 0, start - 1) + 1
-        number -= 1
-    return number, start
+def _interesting(block: bytes, lines: list[bytes]) -> bytes:
+    """One byte per line of ``block`` (``lines``): 1 for a line of interest, 0 for a routine
+    one.
+
+    Whether a line is routine does not depend on which digits it holds (the screen's pattern
+    names none, only digits as a class), so the answer is kept per line with its digits
+    masked: the routine lines of a long log, and a crash loop's repeated startups, are few
+    texts once masked, and most lines cost a dictionary lookup instead of the pattern. A
+    block that begins with texts not seen before (request IDs, say) gets the pattern on
+    every line instead, in C.
+    """
+    if _mostly_new(block):
+        return bytes(map(not_, map(ROUTINE_LINE.match, lines)))
+    masked = block.translate(_DIGITS_MASKED).split(b"\n")
+    known = list(map(_ROUTINE_MEMO.get, masked))
+    misses = known.count(None)
+    if misses and len(_ROUTINE_MEMO) > ROUTINE_MEMO_LINES:
+        _ROUTINE_MEMO.clear()
+    at = -1
+    for _ in range(misses):
+        at = known.index(None, at + 1)
+        known[at] = _screen(masked[at])
+    return bytes(cast("list[bool]", known))
 
 
-def _lines_forward(block: bytes, start: int, count: int) -> int:
-    """The end offset of the line ``count`` lines below the one at ``start``."""
-    end = block.find(b"\n", start)
-    for _ in range(count):
-        if end < 0:
-            break
-        end = block.find(b"\n", end + 1)
-    return len(block) if end < 0 else end
+def _mostly_new(block: bytes) -> bool:
+    """Whether the first lines of ``block`` are mostly texts not kept yet; they are then."""
+    probe = block[:PROBE_BYTES].translate(_DIGITS_MASKED).split(b"\n")
+    if len(block) > PROBE_BYTES:
+        probe.pop()  # cut short
+    misses = list(map(_ROUTINE_MEMO.get, probe)).count(None)
+    if misses <= len(probe) // MOSTLY_NEW:
+        return False
+    if len(_ROUTINE_MEMO) > ROUTINE_MEMO_LINES:
+        _ROUTINE_MEMO.clear()
+    answers = map(not_, map(ROUTINE_LINE.match, probe))
+    _ROUTINE_MEMO.update(zip(probe, answers, strict=True))
+    return True
+
+
+def _screen(masked: bytes) -> bool:
+    """Whether the line (digits masked) is of interest, kept for the next such line."""
+    interesting = ROUTINE_LINE.match(masked) is None
+    if len(masked) <= ROUTINE_MEMO_KEY_BYTES:
+        _ROUTINE_MEMO[masked] = interesting
+    return interesting
+
+
+def _windows(interesting: bytes, count: int) -> Iterator[tuple[int, int]]:
+    """The ranges ``[first, end)`` of line indexes to show: each run of lines of interest
+    with its context, ranges that touch joined."""
+    window: tuple[int, int] | None = None
+    for run in _RUN_OF_INTEREST.finditer(interesting):
+        first = max(run.start() - CONTEXT_BEFORE, 0)
+        end = min(run.end() + CONTEXT_AFTER, count)
+        if window is not None and first <= window[1]:
+            window = (window[0], end)
+            continue
+        if window is not None:
+            yield window
+        window = (first, end)
+    if window is not None:
+        yield window
+
+
+def _decoded(raws: list[bytes]) -> list[str]:
+    if max(map(len, raws), default=0) > MAX_LINE_BYTES:
+        raws = [raw[:MAX_LINE_BYTES] for raw in raws]
+    return list(map(bytes.decode, raws, repeat("utf-8"), repeat("replace")))
 
 
 def _decode(raw: bytes) -> str:
