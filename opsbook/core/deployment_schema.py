@@ -375,7 +375,8 @@ _engine_version = _matching(
 
 class EngineDoc(_Schema):
     version: Annotated[str, AfterValidator(_engine_version)] = Field(
-        description="the vLLM release the deployment runs, pinned by 07_upgrade", examples=["0.18.0"]
+        description="the vLLM release the deployment runs, pinned by 07_upgrade",
+        examples=["0.18.0"],
     )
     python: RemotePath = Field(
         description="the interpreter of that release's env (the deployment's `python`)",

@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 FACTS_FILE = "facts.json"
 NOTES_SUFFIX = ".facts.jsonl"
 # The sections a stage may note, as named in a note's line and in RunFacts' per-host entry.
-SECTIONS = ("fingerprint", "engine", "model", "launch", "startup")
+SECTIONS = ("fingerprint", "engine", "model", "launch", "startup", "upgrade")
 _lock = threading.Lock()
 
 
@@ -106,6 +106,18 @@ class Qualification(_Facts):
     numbers: dict[str, float] = Field(default_factory=dict)
 
 
+class UpgradeFacts(_Facts):
+    """07_upgrade's outcome on the host: the engines from and to, and how it ended."""
+
+    outcome: str | None = None  # "upgraded", "rolled back", "refused" or "planned"
+    from_vllm: str | None = None
+    to_vllm: str | None = None
+    from_python: str | None = None
+    to_python: str | None = None
+    failing: list[str] = Field(default_factory=list)  # the checks that refused or failed it
+    downtime_s: float | None = None  # from the stop to the new (or restored) server qualified
+
+
 class HostRunFacts(_Facts):
     """One host's facts in one run."""
 
@@ -115,6 +127,7 @@ class HostRunFacts(_Facts):
     launch: LaunchFacts = Field(default_factory=LaunchFacts)
     startup: StartupFacts = Field(default_factory=StartupFacts)
     qualification: Qualification = Field(default_factory=Qualification)
+    upgrade: UpgradeFacts = Field(default_factory=UpgradeFacts)
     # How the host ended in the run: "ready" when its launch left a server answering.
     state: str | None = None
     failures: list[str] = Field(default_factory=list)

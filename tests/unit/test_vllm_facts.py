@@ -458,7 +458,7 @@ def test_the_tool_pairs_enable_and_disable_flags_where_the_parser_does(tmp_path)
 # --------------------------------------------------------------------------------------------
 # The VLLM_* variables each release reads
 
-ENVS = '''
+ENVS = """
 import os
 from typing import Any, Callable
 
@@ -469,7 +469,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_HOST_IP": lambda: os.getenv("VLLM_HOST_IP", ""),
     "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY", None),
 }
-'''
+"""
 
 
 def test_the_tool_reads_the_keys_of_environment_variables(tmp_path):

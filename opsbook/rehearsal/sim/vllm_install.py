@@ -124,9 +124,7 @@ def facts_sheet(facts: vllm_facts.ReleaseFacts) -> dict[str, Any]:
     }
 
 
-def install_beside(
-    venv: Path, beside: Path, *, version: str, **settings: Any
-) -> Path:
+def install_beside(venv: Path, beside: Path, *, version: str, **settings: Any) -> Path:
     """A second env on the same rehearsal host, playing another release: what an operator
     prepares before an upgrade (07_upgrade's ``to``), next to the deployment's env ``beside``.
 
