@@ -38,7 +38,7 @@ from opsbook.knowledge import compat
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import launch_server, qualify
 from opsbook.stages.base import Note, Report, hook, limited
-from opsbook.steps import host_facts, patch, script, server, triage
+from opsbook.steps import host_facts, patch, qualify_gate, script, server, triage
 from opsbook.steps import upgrade_engine as engines
 from opsbook.steps import upgrade_pin as pins
 from opsbook.steps import upgrade_predict as predicting
@@ -61,6 +61,8 @@ class Options:
         apply: create the env, stop, switch, qualify, roll back on failure (a dry run
             otherwise: it predicts and says what the apply would do, and stops nothing).
         profile: the qualification of the new engine (``quick``, ``standard``, ``full``).
+        decode_band: the drop of output tok/s against the last good run that fails the gate.
+        ttft_band: the rise of p99 TTFT against the last good run that fails the gate.
         ready_timeout: seconds each start may take to answer ``/health``.
         stop_grace: seconds a stopped server is given after SIGTERM, before SIGKILL.
         pin: on a pass, pin the engine in the deployment file (``engine:``, with a backup).
@@ -71,6 +73,8 @@ class Options:
     install: str = ""
     apply: bool = False
     profile: str = limited("quick", choices=qualify.PROFILES)
+    decode_band: float = limited(qualify_gate.DECODE_BAND, low=0.0, high=1.0)
+    ttft_band: float = limited(qualify_gate.TTFT_BAND, low=0.0)
     ready_timeout: int = limited(900, low=1)
     stop_grace: int = limited(10, low=0)
     pin: bool = True
@@ -112,7 +116,12 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         deployment.serve_args, deployment.env, pair.old_vllm, pair.new_vllm
     )
     prediction.findings += engines.mixed_install_findings(engine) if engine else []
-    prediction.findings += _compat_findings(host, deployment, found, pair.new_vllm)
+    said = {f.subject for f in prediction.findings}
+    prediction.findings += [
+        f
+        for f in _compat_findings(host, deployment, found, pair.new_vllm)
+        if not _said_already(f, said)
+    ]
     prediction.findings += _server_findings(state, deployment)
     folder = _record_folder(options)
     runs_dir = folder.parent if folder is not None else None
@@ -184,9 +193,9 @@ def _compat_findings(
     and whether 02's patch is still needed (the rules on the originals 02 backed up)."""
     try:
         state = patch.read_config_state(host, deployment.model_path)
+        current = compat.facts_from_texts(state.texts())
     except OpsbookError as e:
         return [Finding("warning", "checkpoint", f"configs not read: {e.message}")]
-    current = compat.facts_from_texts(state.texts())
     prediction = compat.check_compat(current, found.gpus, new, deployment.serve_args)
     findings = [
         dataclasses.replace(f, message=f"on vLLM {new}: {f.message}")
@@ -199,6 +208,12 @@ def _compat_findings(
         ok = compat.check_compat(stock, found.gpus, new, deployment.serve_args).ok
         findings += predicting.patch_findings(sorted(originals), ok, new)
     return findings
+
+
+def _said_already(finding: Finding, subjects: set[str]) -> bool:
+    """A compat rule's finding about a flag or variable the facts already named (the rule
+    "--disable-log-requests on a vLLM that removed it" after the flag's own finding)."""
+    return any(finding.subject == s or finding.subject.startswith(s + " ") for s in subjects)
 
 
 def _server_findings(state: triage.ServerState, deployment: Deployment) -> list[Finding]:
@@ -257,7 +272,7 @@ def _switch(
         script.upload_script(host, deployment, old_text)
         return _refused_report(host, failing, shows, pair)
     if launched.state is State.CHANGED:
-        qualified = qualify.run(host, new_dep, _qualify_options(options.profile, folder))
+        qualified = qualify.run(host, new_dep, _qualify_options(options, options.profile, folder))
         shows += [Note("qualification of the new engine"), *qualified.shows]
         failing += _problems(qualified.verdict)
         if qualified.state is State.OK:
@@ -321,7 +336,7 @@ def _roll_back(
     again = None
     if relaunched.state is State.CHANGED:
         rollback_folder = folder / ROLLBACK_FOLDER if folder is not None else None
-        again = qualify.run(host, deployment, _qualify_options("quick", rollback_folder))
+        again = qualify.run(host, deployment, _qualify_options(options, "quick", rollback_folder))
         shows += [Note("quick qualification of the restored engine"), *again.shows]
     serving = again is not None and again.state is State.OK
     _note_upgrade(host, pair, ROLLED_BACK, failing, None)
@@ -388,10 +403,15 @@ def _launch_options(options: Options) -> launch_server.Options:
     )
 
 
-def _qualify_options(profile: str, folder: Path | None) -> qualify.Options:
+def _qualify_options(options: Options, profile: str, folder: Path | None) -> qualify.Options:
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-    return qualify.Options(profile=profile, record_folder=str(folder) if folder else None)
+    return qualify.Options(
+        profile=profile,
+        decode_band=options.decode_band,
+        ttft_band=options.ttft_band,
+        record_folder=str(folder) if folder else None,
+    )
 
 
 def _record_folder(options: Options) -> Path | None:
