@@ -1,12 +1,12 @@
 """07_upgrade through the CLI on one rehearsal host playing vLLM 0.15.1, with three more
 releases installed beside it (``install_beside``): 0.17.1, which lacks a flag and a variable
-a script may use (real facts of its source); 0.18.0 made slower (the simulator's slowdown);
+a script may use (real facts of its source); 0.18.0 made 2x slower (the simulator's slowdown);
 and 0.18.0 faster. A refused upgrade stops nothing; the slow one rolls back by itself
 and the old server answers again; the good one moves last good and pins the engine in the
 deployment file, its backup kept. Every path files a complete record.
 
 Tokens are paced (``OPSBOOK_SIM_TOKEN_SECONDS``) so that speed is the simulator's. The good
-release is faster rather than as fast, and the slow one 3x slower: at these short tokens a
+release is faster rather than as fast, and the slow one 2x slower: at these short tokens a
 loaded test machine's own overhead is a share of each request, so the same speed can read a
 few percent slower; this test is about the upgrade's path, not the gate's band (test_qualify
 holds that). The host uses 127.0.35.0/24, an address range of its own.
@@ -28,7 +28,7 @@ from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.rehearsal.sim import vllm_install
 from opsbook.remote.hosts import Host
 from opsbook.stages import qualify
-from opsbook.steps import patch, script, server
+from opsbook.steps import last_good, patch, script, server
 from tests.integration.conftest import models_status, opsbook, rehearsal_host
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ def box(tmp_path_factory) -> Iterator[Sandbox]:
         settings.write_text(json.dumps({**stored, **SETTINGS}))
         for name, version, slowdown in (
             ("v17", "0.17.1", 1.0),
-            ("v18slow", "0.18.0", 3.0),
+            ("v18slow", "0.18.0", 2.0),
             ("v18", "0.18.0", 0.6),
         ):
             vllm_install.install_beside(
@@ -182,8 +182,7 @@ def test_a_slower_release_is_rolled_back_by_itself_and_the_old_server_answers_ag
         if json.loads(line).get("kind") == "diff"
     ]
     assert diff["title"].startswith("launch script") and str(box.dir / "v18slow") in diff["text"]
-    last = opsbook("records", "last-good", "--runs-dir", str(runs)).stdout
-    assert folder.name not in last
+    assert folder.name not in {good.run for good in last_good.last_good(runs)}
 
 
 def test_a_good_release_moves_last_good_and_is_pinned_with_a_backup(
@@ -203,8 +202,8 @@ def test_a_good_release_moves_last_good_and_is_pinned_with_a_backup(
     facts = filed_record(folder)
     assert facts["upgrade"]["outcome"] == "upgraded" and facts["engine"]["vllm"] == "0.18.0"
     assert facts["qualification"]["verdict"] == "pass"
-    last = opsbook("records", "last-good", "--runs-dir", str(runs)).stdout
-    assert folder.name in last and "qualified" in last, last
+    [good] = last_good.last_good(runs)
+    assert (good.run, good.why) == (folder.name, "qualified")
     pinned = load_deployment(path)
     assert (pinned.python, pinned.engine_version) == (new, "0.18.0")
     [backup] = path.parent.glob("kimi.yml.before-upgrade-*")
