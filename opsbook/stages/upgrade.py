@@ -202,7 +202,8 @@ def _compat_findings(
         for f in prediction.findings
         if f.severity == "error"
     ]
-    originals = {n: b.text for n, b in state.backups.items() if b.exists and b.text is not None}
+    backed_up = sorted(n for n, b in state.backups.items() if b.exists)
+    originals = predicting.original_configs(host, deployment.model_path, backed_up)
     if originals:
         stock = compat.facts_from_texts({**state.texts(), **originals})
         ok = compat.check_compat(stock, found.gpus, new, deployment.serve_args).ok

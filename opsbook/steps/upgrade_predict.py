@@ -21,7 +21,10 @@ from typing import Any
 from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import Finding, Table
 from opsbook.knowledge import metric_names, vllm_facts
+from opsbook.remote.protocol import RemoteHost
 from opsbook.steps import last_good
+from opsbook.steps.config_answers import ConfigState
+from opsbook.steps.patch import BACKUP_SUFFIX
 
 # Codes of the prediction's findings, for code that acts on a kind of them.
 FLAG_GONE = "upgrade-flag-gone"
@@ -208,6 +211,17 @@ def patch_findings(patched: Sequence[str], stock_ok_on_new: bool | None, new: st
             code=PATCH_UNNEEDED,
         )
     ]
+
+
+def original_configs(host: RemoteHost, model_dir: str, names: Iterable[str]) -> dict[str, str]:
+    """The texts of the configs 02 backed up before it patched them (``<name>.opsbook-orig``),
+    by the patched file's name; one round trip."""
+    backups = {name + BACKUP_SUFFIX: name for name in names}
+    if not backups:
+        return {}
+    answer = host.probe("configs", {"action": "read", "dir": model_dir, "files": list(backups)})
+    texts = ConfigState.parse(answer).texts()
+    return {backups[name]: text for name, text in texts.items() if name in backups}
 
 
 def no_facts_finding(version: str) -> Finding:

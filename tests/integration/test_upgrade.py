@@ -24,11 +24,14 @@ import pytest
 import yaml
 
 from opsbook.core.deployment import load_deployment
+from opsbook.core.results import State
 from opsbook.rehearsal.sandbox import Sandbox
 from opsbook.rehearsal.sim import vllm_install
 from opsbook.remote.hosts import Host
 from opsbook.stages import qualify
+from opsbook.stages import upgrade as upgrade_stage
 from opsbook.steps import last_good, patch, script, server
+from opsbook.steps import upgrade_predict as predicting
 from tests.integration.conftest import models_status, opsbook, rehearsal_host
 
 pytestmark = pytest.mark.integration
@@ -150,6 +153,28 @@ def test_a_release_that_drops_a_flag_and_a_variable_is_refused_before_the_stop(
     facts = filed_record(run_folder(done))
     assert facts["upgrade"]["outcome"] == "refused"
     assert facts["upgrade"]["to_vllm"] == "0.17.1" and len(facts["upgrade"]["failing"]) == 2
+
+
+def test_a_dry_run_says_what_the_apply_would_do_and_that_02s_patch_is_no_longer_needed(
+    box: Sandbox, serving: tuple[Path, Path]
+) -> None:
+    path, runs = serving
+    dep = load_deployment(path)
+    pid = launch_pid(box)
+    host = Host.from_deployment(dep)
+    try:
+        options = upgrade_stage.Options(to=interpreter(box, "v18"), record_folder=str(runs / "x"))
+        report = upgrade_stage.run(host, dep, options)
+    finally:
+        host.close()
+    assert report.state is State.WOULD_CHANGE, report.verdict.message
+    said = report.verdict.message
+    assert said.startswith("would upgrade vLLM 0.15.1 -> 0.18.0: write the launch script"), said
+    assert "planned downtime" in said
+    # 0.18.0's TRITON_MLA takes the FP8 KV cache the checkpoint asks for (vllm PR #34597).
+    [patch_note] = [f for f in report.verdict.findings if f.code == predicting.PATCH_UNNEEDED]
+    assert "config.json" in patch_note.message
+    assert launch_pid(box) == pid and version_served(box.server_port) == "0.15.1"
 
 
 def test_a_slower_release_is_rolled_back_by_itself_and_the_old_server_answers_again(
