@@ -46,6 +46,10 @@ KV_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
 
 # Run by the deployment's python (argv: script, log, model folder, the marks, the tail size,
 # then the config file names); stdlib only, Python 3.8 compatible: it runs on the host.
+# The checkpoint's revision: a Hugging Face cache keeps a commit's files in
+# snapshots/<commit>/, and `hf download --local-dir` writes the commit as the first line of
+# .cache/huggingface/download/<file>.metadata (huggingface_hub _local_folder.py,
+# LocalDownloadFileMetadata: commit hash, etag, timestamp).
 SIDE_SCRIPT = r"""
 import hashlib, json, os, re, sys
 script, log, model = (os.path.expanduser(p) for p in sys.argv[1:4])
