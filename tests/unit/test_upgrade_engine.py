@@ -75,3 +75,35 @@ def test_creating_an_env_quotes_every_value_and_stops_at_a_failed_pip() -> None:
     done = engines.create_engine(host, "/opt/my env/bin/python", "vllm==0.18.0; rm -rf /")
     assert not done.ok and "Invalid requirement" in done.message
     assert done.findings[0].subject == "new engine"
+
+
+def small_wheel(folder, version: str):
+    """A wheel of a package named vllm holding only its metadata (no dependencies: pip needs
+    no index to install it)."""
+    import zipfile
+
+    path = folder / f"vllm-{version}-py3-none-any.whl"
+    info = f"vllm-{version}.dist-info"
+    files = {
+        "vllm/__init__.py": f"__version__ = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+    return path
+
+
+def test_an_env_is_created_beside_and_pip_installs_the_source_into_it(tmp_path) -> None:
+    from opsbook.remote.testing import LocalHost
+
+    wheel = small_wheel(tmp_path, "0.18.0")
+    python = str(tmp_path / "engines" / "v18" / "bin" / "python")
+    done = engines.create_engine(LocalHost(home=tmp_path), python, str(wheel))
+    assert done.ok, done.message
+    assert "installed" in done.message and "/engines/v18" in done.message
+    read = engines.read_engine(LocalHost(home=tmp_path, python=python), python)
+    assert read is not None and read.vllm == "0.18.0" and read.torch is None
