@@ -37,7 +37,7 @@ from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge import compat
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages import launch_server, qualify
-from opsbook.stages.base import Note, Report, hook, limited
+from opsbook.stages.base import Note, Report, concurrently, hook, limited
 from opsbook.steps import host_facts, patch, qualify_gate, script, server, triage
 from opsbook.steps import upgrade_engine as engines
 from opsbook.steps import upgrade_pin as pins
@@ -101,14 +101,18 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
             [], None,
         )  # fmt: skip
     paths = server.resolve_paths(host, deployment)
-    state = triage.server_state(host, paths, deployment.server_port)
-    found = host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS)
+    # Three reads that do not depend on each other: the server, the old engine, the new one.
+    state, found, engine = concurrently(
+        lambda: triage.server_state(host, paths, deployment.server_port),
+        lambda: host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS),
+        lambda: engines.read_engine(host, options.to),
+    )
     shows: list[object] = []
-    engine, setup = _new_engine(host, options)
+    engine, setup = _new_engine(host, options, engine)
     shows += setup
     new_vllm = engine.vllm if engine else _planned_version(options.install)
     pair = Engines(found.vllm_version, deployment.python, new_vllm, options.to)
-    problems = _engine_problems(engine, options, pair)
+    problems = _engine_problems(engine, options, pair, setup)
     if problems:
         return _refused_report(host, problems, shows, pair)
     assert pair.new_vllm is not None
@@ -137,15 +141,15 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     if prediction.refused:
         return _refused_report(host, prediction.refused, shows, pair)
     if not options.apply:
-        return _planned(pair, options, prediction, shows, host)
+        return _planned(pair, options, prediction, shows, host, creating=engine is None)
     return _switch(host, deployment, options, pair, folder, shows)
 
 
 def _new_engine(
-    host: RemoteHost, options: Options
+    host: RemoteHost, options: Options, engine: engines.EngineInstall | None
 ) -> tuple[engines.EngineInstall | None, list[object]]:
-    """The new env's engine, created first when ``install`` says how and an apply may."""
-    engine = engines.read_engine(host, options.to)
+    """The new env's engine (``engine``: as read), created first when there is none and
+    ``install`` says how, in an apply; what was done or would be, to show."""
     if engine is not None or not options.install:
         return engine, []
     if not options.apply:
@@ -164,8 +168,11 @@ def _planned_version(install: str) -> str | None:
 
 
 def _engine_problems(
-    engine: engines.EngineInstall | None, options: Options, pair: Engines
+    engine: engines.EngineInstall | None, options: Options, pair: Engines, setup: list[object]
 ) -> list[Finding]:
+    failed = [f for r in setup if isinstance(r, Result) and not r.ok for f in r.findings]
+    if failed:
+        return failed
     if engine is None and not options.install:
         return [_finding(
             options.to, f"no interpreter runs at {options.to} on the host",
@@ -234,10 +241,14 @@ def _planned(
     prediction: predicting.UpgradePrediction,
     shows: list[object],
     host: RemoteHost,
+    *,
+    creating: bool,
 ) -> Report:
     _note_upgrade(host, pair, PLANNED, [], None)
+    create = f"create the env and pip install {options.install} " if creating else ""
     message = (
-        f"would upgrade vLLM {pair.old_vllm} -> {pair.new_vllm}: write the launch script for "
+        f"would upgrade vLLM {pair.old_vllm} -> {pair.new_vllm}: {create}"
+        f"{'then ' if create else ''}write the launch script for "
         f"{pair.new_python}, stop, start, qualify ({options.profile}), roll back by itself on a "
         f"failure; {prediction.downtime.line() if prediction.downtime else ''}"
     )
@@ -255,7 +266,12 @@ def _switch(
 ) -> Report:
     """Stop, start the new, qualify; roll back on a failure."""
     paths = server.resolve_paths(host, deployment)
-    old_text = host.read_text(paths.script)
+    try:
+        old_text = host.read_text(paths.script)
+    except OpsbookError as e:
+        why = f"the running server's launch script could not be read: {e.message}"
+        remedy = "write it with 03_launch_script (a rollback would have nothing to restore)"
+        return _refused_report(host, [_finding(paths.script, why, remedy)], shows, pair)
     new_dep = dataclasses.replace(deployment, python=pair.new_python, engine_version=None)
     written = script.upload_script(host, new_dep, script.render_script(new_dep))
     shows += [written, Diff(written.diff, f"launch script {paths.script}: vLLM {pair.new_vllm}")]
