@@ -9,7 +9,8 @@ Tokens are paced (``OPSBOOK_SIM_TOKEN_SECONDS``) so that speed is the simulator'
 release is 4x faster rather than as fast, and the slow one 2x slower: at these short tokens a
 loaded test machine's own overhead is much of each request (a 1.7x faster release once read
 22% slower at 1 ms a token under a load of 14), so the same speed can read slower; this test
-is about the upgrade's path, not the gate's band (test_qualify holds that). The host uses 127.0.35.0/24, an address range of its own.
+is about the upgrade's path, not the gate's band (test_qualify holds that). The host uses
+127.0.35.0/24, an address range of its own.
 """
 
 from __future__ import annotations
