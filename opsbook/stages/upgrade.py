@@ -293,7 +293,8 @@ def _switch(
         shows += [Note("qualification of the new engine"), *qualified.shows]
         failing += _problems(qualified.verdict)
         if qualified.state is State.OK:
-            return _upgraded(host, deployment, options, pair, shows, started_at)
+            filed = folder is not None
+            return _upgraded(host, deployment, options, pair, shows, started_at, filed)
     return _roll_back(host, deployment, options, pair, old_text, folder, shows, failing)
 
 
@@ -304,10 +305,12 @@ def _upgraded(
     pair: Engines,
     shows: list[object],
     started_at: float,
+    filed: bool,
 ) -> Report:
     downtime = time.monotonic() - started_at
     _note_upgrade(host, pair, UPGRADED, [], downtime)
-    message = f"upgraded to vLLM {pair.new_vllm}: qualified; last good moves to this run"
+    moved = "last good moves to this run" if filed else "not in a run: no receipt filed"
+    message = f"upgraded to vLLM {pair.new_vllm}: qualified; {moved}"
     findings: list[Finding] = []
     if options.pin:
         pinned, said = _pin(deployment, pair)
