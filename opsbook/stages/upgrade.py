@@ -127,6 +127,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         if not _said_already(f, said)
     ]
     prediction.findings += _server_findings(state, deployment)
+    prediction.findings += pinned_drift(deployment.engine_version, found.vllm_version)
     folder = _record_folder(options)
     runs_dir = folder.parent if folder is not None else None
     qualify_s = predicting.QUICK_QUALIFY_S
@@ -222,6 +223,21 @@ def _said_already(finding: Finding, subjects: set[str]) -> bool:
     """A compat rule's finding about a flag or variable the facts already named (the rule
     "--disable-log-requests on a vLLM that removed it" after the flag's own finding)."""
     return any(finding.subject == s or finding.subject.startswith(s + " ") for s in subjects)
+
+
+def pinned_drift(pinned: str | None, installed: str | None) -> list[Finding]:
+    """A warning when the engine the deployment file pins is not the one its interpreter has
+    (someone upgraded the env in place since the pin)."""
+    if not pinned or not installed or pinned == installed:
+        return []
+    return [
+        Finding(
+            "warning",
+            "engine pin",
+            f"the deployment pins vLLM {pinned} but its interpreter has {installed}",
+            "find who changed the env; the upgrade goes on from what is installed",
+        )
+    ]
 
 
 def _server_findings(state: triage.ServerState, deployment: Deployment) -> list[Finding]:

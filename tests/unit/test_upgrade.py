@@ -34,3 +34,11 @@ def test_the_stage_is_found_by_its_names_and_is_no_stage_of_a_deploy() -> None:
     assert stages.get("07_upgrade") is stages.get("upgrade") is stages.UPGRADE
     assert stages.for_notebook("07_upgrade") is stages.UPGRADE
     assert stages.UPGRADE not in stages.STAGES and stages.UPGRADE not in stages.DEPLOY
+
+
+def test_an_env_changed_in_place_since_the_pin_is_said() -> None:
+    [drift] = upgrade.pinned_drift("0.18.0", "0.18.1")
+    assert drift.severity == "warning" and "pins vLLM 0.18.0 but its interpreter has 0.18.1" in (
+        drift.message
+    )
+    assert upgrade.pinned_drift("0.18.0", "0.18.0") == upgrade.pinned_drift(None, "0.18.0") == []
