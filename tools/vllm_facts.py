@@ -26,6 +26,10 @@ A maintainer tool (not part of the installed package). For each wheel
   sample names prometheus_client exports for it, whether it is created only behind
   ``show_hidden_metrics`` (``--show-hidden-metrics-for-version``), and the metric its
   documentation names as its replacement (``DEPRECATED: Use vllm:x instead``).
+- ``env_vars``: the ``VLLM_*`` environment variables the release reads: the keys of
+  ``environment_variables`` in ``vllm/envs.py`` (what ``vllm.envs`` answers for; from 0.31.0
+  ``Platform.validate_environ`` warns of any other ``VLLM_*`` variable set, vllm/platforms/
+  interface.py).
 
 Every fact records the wheel file it came from. The output is deterministic: re-running the
 tool on the same wheel reproduces the file byte for byte.
@@ -577,6 +581,28 @@ def _metrics_of(call: ast.Call, named: dict[str, list[str]]) -> list[tuple[str, 
 
 
 # ------------------------------------------------------------------------------------------
+# Environment variables
+
+ENVS_FILE = "vllm/envs.py"
+ENVS_TABLE = "environment_variables"
+
+
+def env_vars(wheel: WheelSource) -> dict[str, Any]:
+    """The keys of ``environment_variables`` in vllm/envs.py: the variables vLLM reads."""
+    if not wheel.has(ENVS_FILE):
+        raise Unresolved(f"{ENVS_FILE} absent")
+    for node in wheel.tree(ENVS_FILE).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and target.id == ENVS_TABLE and isinstance(value, ast.Dict):
+            names = {literal(k) for k in value.keys if k is not None}
+            return {"source": f"{ENVS_FILE} {ENVS_TABLE}", "names": sorted(map(str, names))}
+    raise Unresolved(f"{ENVS_FILE} has no {ENVS_TABLE} dict")
+
+
+# ------------------------------------------------------------------------------------------
 # One release
 
 
@@ -590,6 +616,7 @@ def release_facts(wheel: WheelSource) -> dict[str, Any]:
         ("quantization_methods", quantization_methods),
         ("serve_flags", serve_flags),
         ("metrics", metrics),
+        ("env_vars", env_vars),
     ):
         try:
             sections[key] = fn(wheel)

@@ -364,6 +364,26 @@ class HostDoc(_Schema):
         return self
 
 
+# A vLLM release as pip and `vllm --version` write it: 0.18.0, 0.19.1rc1, 0.20.0+cu129.
+ENGINE_VERSION = re.compile(r"\d+\.\d+(\.\d+)?([a-z0-9.+-]*)")
+
+
+_engine_version = _matching(
+    ENGINE_VERSION, "a vLLM version", "write the version `vllm --version` prints, e.g. 0.18.0"
+)
+
+
+class EngineDoc(_Schema):
+    version: Annotated[str, AfterValidator(_engine_version)] = Field(
+        description="the vLLM release the deployment runs, pinned by 07_upgrade",
+        examples=["0.18.0"],
+    )
+    python: RemotePath = Field(
+        description="the interpreter of that release's env (the deployment's `python`)",
+        examples=["/opt/vllm-0.18.0/bin/python"],
+    )
+
+
 class ClusterDoc(_Schema):
     head: str | None = Field(
         None,
@@ -461,6 +481,11 @@ class DeploymentDoc(_Schema):
         f"written down); {', '.join(DEFAULT_SECRETS)} are always secret",
         examples=["[HF_TOKEN]"],
     )
+    engine: EngineDoc | None = Field(
+        None,
+        description="the engine pinned by a passed 07_upgrade: its vLLM version and interpreter",
+        examples=["{version: 0.18.0, python: /opt/vllm-0.18.0/bin/python}"],
+    )
     cluster: ClusterDoc | None = Field(
         None,
         description="one server over several hosts (Ray)",
@@ -489,6 +514,18 @@ class DeploymentDoc(_Schema):
                 f"`{LOCAL_ADDRESS}`: the other nodes reach each node at its address",
                 "give this node its address on the network between the nodes",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _engine_is_the_python(self) -> DeploymentDoc:
+        # Two interpreters for one deployment would launch one and record the other.
+        if self.engine is not None and "python" in self.model_fields_set:
+            if self.engine.python != self.python:
+                raise _invalid(
+                    f"engine.python is {self.engine.python!r} but python is {self.python!r}",
+                    "give the interpreter once: python (or engine.python, which 07_upgrade "
+                    "writes with its version)",
+                )
         return self
 
     @model_validator(mode="after")

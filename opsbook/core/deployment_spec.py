@@ -86,6 +86,9 @@ class Deployment:
     source: str = ""
     cluster: ClusterSpec | None = None
     rolling: RollingSpec = RollingSpec()
+    # The vLLM release `engine:` pins (07_upgrade writes it with the interpreter): None, not
+    # pinned.
+    engine_version: str | None = None
     # Per host name, the deployment as that host sees it (its `vars` applied), when any differ.
     host_views: dict[str, Deployment] = field(default_factory=dict, repr=False, compare=False)
 

@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 FACTS_FILE = "facts.json"
 NOTES_SUFFIX = ".facts.jsonl"
 # The sections a stage may note, as named in a note's line and in RunFacts' per-host entry.
-SECTIONS = ("fingerprint", "engine", "model", "launch", "startup", "capacity")
+SECTIONS = ("fingerprint", "engine", "model", "launch", "startup", "capacity", "upgrade")
 _lock = threading.Lock()
 
 
@@ -47,8 +47,10 @@ class HostFingerprint(_Facts):
     kernel: str | None = None
     cpu: str | None = None  # the CPU count, as the facts probe reads it
     topology_digest: str | None = None  # sha256 of nvidia-smi topo -m's link matrix
-    iommu: str | None = None  # not read by the facts probe yet: None
-    acs: str | None = None  # not read by the facts probe yet: None
+    # The kernel command line's IOMMU and ACS words ("intel_iommu=on iommu=pt",
+    # "pcie_acs_override=downstream"; "not set": none given), as the launch read them.
+    iommu: str | None = None
+    acs: str | None = None
 
     def digest(self) -> str:
         """The fingerprint's identity: the same machine as far as a deploy is concerned."""
@@ -63,7 +65,7 @@ class EngineFacts(_Facts):
     ray: str | None = None
     interpreter: str | None = None
     python: str | None = None
-    pip_freeze_digest: str | None = None  # not read yet: None
+    pip_freeze_digest: str | None = None  # sha256 of the env's sorted name==version list
     kv_cache_dtype: str | None = None
     attention_backend: str | None = None
     engine_from: str | None = None  # "the server's log" or "predicted"
@@ -73,7 +75,8 @@ class ModelFacts(_Facts):
     """The checkpoint served."""
 
     path: str | None = None
-    revision: str | None = None
+    revision: str | None = None  # the Hugging Face commit the files came from
+    revision_source: str | None = None  # where it was read, or why it is unknown
     manifest_digest: str | None = None  # sha256 of the shard manifest 01 read (names, sizes)
     shards: int | None = None
     # Per config file the host's configs read by the launch (config.json...), its sha256: a
@@ -129,6 +132,18 @@ class Qualification(_Facts):
     numbers: dict[str, float] = Field(default_factory=dict)
 
 
+class UpgradeFacts(_Facts):
+    """07_upgrade's outcome on the host: the engines from and to, and how it ended."""
+
+    outcome: str | None = None  # "upgraded", "rolled back", "refused" or "planned"
+    from_vllm: str | None = None
+    to_vllm: str | None = None
+    from_python: str | None = None
+    to_python: str | None = None
+    failing: list[str] = Field(default_factory=list)  # the checks that refused or failed it
+    downtime_s: float | None = None  # from the stop to the new (or restored) server qualified
+
+
 class HostRunFacts(_Facts):
     """One host's facts in one run."""
 
@@ -139,6 +154,7 @@ class HostRunFacts(_Facts):
     startup: StartupFacts = Field(default_factory=StartupFacts)
     capacity: CapacityFacts = Field(default_factory=CapacityFacts)
     qualification: Qualification = Field(default_factory=Qualification)
+    upgrade: UpgradeFacts = Field(default_factory=UpgradeFacts)
     # How the host ended in the run: "ready" when its launch left a server answering.
     state: str | None = None
     failures: list[str] = Field(default_factory=list)

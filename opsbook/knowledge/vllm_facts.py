@@ -158,6 +158,10 @@ class ReleaseFacts:
     quant_methods: Mapping[str, QuantMethod]
     serve_flags: frozenset[str] = field(default_factory=frozenset)
     metrics: Mapping[str, MetricFact] = field(default_factory=dict)
+    # The VLLM_* variables the release reads (vllm/envs.py environment_variables); empty: not
+    # extracted, so nothing can be said of a variable.
+    env_vars: frozenset[str] = field(default_factory=frozenset)
+    env_vars_source: str | None = None
 
     def exported_metrics(self) -> dict[str, MetricFact]:
         """The metrics ``/metrics`` shows by default (hidden ones left out), by name."""
@@ -196,6 +200,10 @@ class ReleaseFacts:
             ):
                 return case.backends
         return None
+
+    def reads_env(self, name: str) -> bool | None:
+        """Whether the release reads the ``VLLM_*`` variable ``name`` (None: not known)."""
+        return name in self.env_vars if self.env_vars else None
 
     def kv_dtype_known(self, dtype: str) -> bool:
         """Whether ``--kv-cache-dtype dtype`` is a value this release accepts."""
@@ -339,6 +347,8 @@ def parse(data: Mapping[str, Any]) -> ReleaseFacts:
             name: _metric(name, raw)
             for name, raw in ((data.get("metrics") or {}).get("metrics") or {}).items()
         },
+        env_vars=frozenset((data.get("env_vars") or {}).get("names") or ()),
+        env_vars_source=(data.get("env_vars") or {}).get("source"),
     )
 
 

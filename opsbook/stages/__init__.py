@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from opsbook.stages import launch_server as launch_server
     from opsbook.stages import preflight as preflight
     from opsbook.stages import qualify as qualify
+    from opsbook.stages import upgrade as upgrade
 
 # The per-host modules of the runbook's stages, in its order, then the cluster ones.
 _RUNBOOK_MODULES = (
@@ -59,7 +60,13 @@ _RUNBOOK_MODULES = (
     "diagnose",
     "qualify",
 )
-_MODULES = (*_RUNBOOK_MODULES, "cluster_preflight", "cluster_download", "cluster_launch")
+_MODULES = (
+    *_RUNBOOK_MODULES,
+    "upgrade",
+    "cluster_preflight",
+    "cluster_download",
+    "cluster_launch",
+)
 
 
 def import_runbook() -> None:
@@ -164,14 +171,17 @@ STAGES = (
     ),
     _stage("qualify", "06_qualify", False, "qualify"),
 )
+# Not a stage of a deploy (nor of its record's columns): a new engine beside the old one,
+# predicted, switched, qualified and rolled back by itself (`opsbook run 07_upgrade`).
+UPGRADE = _stage("upgrade", "07_upgrade", True, "upgrade")
 # Not a stage of the runbook: 04_launch's "Stop" button, run over the hosts like one (with the
 # launch's options: the button uses its stop_grace).
 STOP = _stage("stop", "04_launch", True, "launch_server", function="stop")
 # The stages a deploy runs in order; diagnose follows on every host. Qualify is the last of
 # a deploy's stages when its `qualify` parameter names a profile (QUALIFY).
-DEPLOY = tuple(s for s in STAGES if s.name not in ("diagnose", "qualify"))
+DEPLOY = tuple(s for s in STAGES if s.name not in ("diagnose", "qualify", "upgrade"))
 DIAGNOSE = next(s for s in STAGES if s.name == "diagnose")
-QUALIFY = STAGES[-1]
+QUALIFY = next(s for s in STAGES if s.name == "qualify")
 
 
 def get(name: str) -> Stage:
@@ -180,16 +190,16 @@ def get(name: str) -> Stage:
     Raises:
         RunError: no such stage.
     """
-    for stage in STAGES:
+    for stage in (*STAGES, UPGRADE):
         if name in (stage.name, stage.notebook):
             return stage
-    known = ", ".join(s.name for s in STAGES)
+    known = ", ".join(s.name for s in (*STAGES, UPGRADE))
     raise RunError(f"no stage named {name!r}", remedy=f"the stages are: {known}")
 
 
 def for_notebook(notebook: str) -> Stage | None:
     """The stage a notebook (by its stem) runs, if it is one of the runbook's."""
-    return next((s for s in STAGES if s.notebook == notebook), None)
+    return next((s for s in (*STAGES, UPGRADE) if s.notebook == notebook), None)
 
 
 __all__ = [
@@ -198,6 +208,7 @@ __all__ = [
     "QUALIFY",
     "STAGES",
     "STOP",
+    "UPGRADE",
     "HostChoice",
     "HostHeading",
     "Note",

@@ -48,11 +48,16 @@ KV_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
 
 # Run by the deployment's python (argv: script, log, model folder, the marks, the tail size,
 # then the config file names); stdlib only, Python 3.8 compatible: it runs on the host.
+# The checkpoint's revision: a Hugging Face cache keeps a commit's files in
+# snapshots/<commit>/, and `hf download --local-dir` writes the commit as the first line of
+# .cache/huggingface/download/<file>.metadata (huggingface_hub _local_folder.py,
+# LocalDownloadFileMetadata: commit hash, etag, timestamp).
 SIDE_SCRIPT = r"""
-import hashlib, json, os, sys
+import hashlib, json, os, re, sys
 script, log, model = (os.path.expanduser(p) for p in sys.argv[1:4])
 marks, tail = sys.argv[4:6]
-out = {"versions": {}, "script_sha256": "", "engine_lines": [], "configs": {}}
+out = {"versions": {}, "script_sha256": "", "engine_lines": [], "configs": {},
+       "freeze_digest": None, "cmdline": None, "revision": None, "revision_source": None}
 try:
     import importlib.metadata as m
     for name in ("torch", "ray", "vllm"):
@@ -60,8 +65,32 @@ try:
             out["versions"][name] = m.version(name)
         except Exception:
             out["versions"][name] = None
+    seen = {}
+    for d in m.distributions():
+        name = str(d.metadata["Name"] or "").lower().replace("_", "-")
+        if name and name not in seen:
+            seen[name] = str(d.version)
+    frozen = sorted(n + "==" + v for n, v in seen.items())
+    out["freeze_digest"] = hashlib.sha256("\n".join(frozen).encode()).hexdigest()[:16]
 except Exception:
     pass
+try:
+    with open("/proc/cmdline") as f:
+        out["cmdline"] = f.read().strip()
+except OSError:
+    pass
+snapshot = os.path.normpath(model).split(os.sep)
+meta = os.path.join(model, ".cache", "huggingface", "download", "config.json.metadata")
+if len(snapshot) > 1 and snapshot[-2] == "snapshots" and re.match("^[0-9a-f]{40}$", snapshot[-1]):
+    out["revision"], out["revision_source"] = snapshot[-1], "Hugging Face cache snapshot"
+else:
+    try:
+        with open(meta) as f:
+            first = f.readline().strip()
+        if re.match("^[0-9a-f]{40}$", first):
+            out["revision"], out["revision_source"] = first, meta
+    except OSError:
+        pass
 try:
     with open(script, "rb") as f:
         out["script_sha256"] = hashlib.sha256(f.read()).hexdigest()
@@ -94,6 +123,12 @@ class SideAnswer:
     script_sha256: str = ""
     engine_lines: list[str] = field(default_factory=list)
     configs: dict[str, str] = field(default_factory=dict)
+    # For the record (opsbook.steps.record_facts): the digest of what `pip freeze` lists, the
+    # kernel's command line, and the checkpoint's Hugging Face revision with where it was read.
+    freeze_digest: str | None = None
+    cmdline: str | None = None
+    revision: str | None = None
+    revision_source: str | None = None
     error: str = ""
 
     @classmethod
@@ -104,6 +139,10 @@ class SideAnswer:
             script_sha256=str(doc.get("script_sha256") or ""),
             engine_lines=[str(line) for line in doc.get("engine_lines") or []],
             configs={str(k): str(v) for k, v in (doc.get("configs") or {}).items()},
+            freeze_digest=doc.get("freeze_digest"),
+            cmdline=doc.get("cmdline"),
+            revision=doc.get("revision"),
+            revision_source=doc.get("revision_source"),
         )
 
     def version(self, name: str) -> str:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import getpass
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 from opsbook.core.channel import JOURNAL_ENV, RUNS_DIR_ENV
 from opsbook.core.deployment import Deployment
@@ -76,14 +77,38 @@ def marks(runs_dir: Path) -> set[tuple[str, str]]:
     return found
 
 
-def why_good(facts: HostRunFacts, marked: bool) -> str:
-    """Why a host's run is good ("" when it is not)."""
-    verdict = facts.qualification.verdict
+def judged_good(verdict: str | None, marked: bool, ready: bool) -> str:
+    """Why a host's run is good ("" when it is not): its qualification passed; or, without a
+    qualification, its server was left ready and the operator marked it good. The one rule of
+    ``records last-good`` and of 06's gate (:func:`newest_good`)."""
     if verdict == "pass":
         return QUALIFIED
-    if verdict is None and marked and facts.state == READY:
+    if verdict is None and marked and ready:
         return MARKED
     return ""
+
+
+def why_good(facts: HostRunFacts, marked: bool) -> str:
+    """Why a host's run is good ("" when it is not)."""
+    return judged_good(facts.qualification.verdict, marked, facts.state == READY)
+
+
+Run = TypeVar("Run")
+
+
+def newest_good(
+    runs: Iterable[Run], key: Callable[[Run], Hashable], why: Callable[[Run], str]
+) -> dict[Hashable, list[Run]]:
+    """The good runs (``why`` says why, "" when not) grouped by ``key``, newest first in each
+    group: the first of a group is its last good. ``key`` is the same host and hardware
+    fingerprint for both readers (``records last-good``: deployment, host and the facts'
+    fingerprint; 06's gate: host, the receipt's fingerprint and the model); ``runs`` come
+    newest first."""
+    found: dict[Hashable, list[Run]] = {}
+    for run in runs:
+        if why(run):
+            found.setdefault(key(run), []).append(run)
+    return found
 
 
 def good_runs(runs_dir: Path) -> Iterator[GoodRun]:
@@ -98,10 +123,10 @@ def good_runs(runs_dir: Path) -> Iterator[GoodRun]:
 
 def last_good(runs_dir: Path) -> list[GoodRun]:
     """Per deployment, host and host fingerprint, its newest good run."""
-    seen: dict[tuple[str, str, str], GoodRun] = {}
-    for good in good_runs(runs_dir):
-        seen.setdefault((good.deployment, good.host, good.fingerprint), good)
-    return list(seen.values())
+    groups = newest_good(
+        good_runs(runs_dir), lambda g: (g.deployment, g.host, g.fingerprint), lambda g: g.why
+    )
+    return [runs[0] for runs in groups.values()]
 
 
 def last_good_for(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opsbook.core.results import Finding
+from opsbook.steps.last_good import judged_good, newest_good
 from opsbook.steps.metrics import MetricsSnapshot
 from opsbook.steps.qualify_matrix import CellResult
 from opsbook.steps.qualify_receipt import Receipt
@@ -67,15 +68,17 @@ def _variation(values: Sequence[float]) -> float:
 
 
 def last_good(receipt: Receipt, earlier: Sequence[Receipt]) -> tuple[Receipt | None, list[Receipt]]:
-    """The latest passing receipt of the same fingerprint and model, and all such receipts
-    (oldest first)."""
-    alike = [
-        r
-        for r in earlier
-        if r.passed
-        and r.fingerprint_id == receipt.fingerprint_id
-        and r.software.model == receipt.software.model
-    ]
+    """The latest good receipt of the same host, fingerprint and model, and all such receipts
+    (oldest first): good and grouped by :func:`opsbook.steps.last_good.newest_good`, the rule
+    ``records last-good`` follows, so that the two name the same run."""
+
+    def key(r: Receipt) -> tuple[str, str, str]:
+        return r.host, r.fingerprint_id, r.software.model
+
+    def why(r: Receipt) -> str:
+        return judged_good("pass" if r.passed else "fail", False, False)
+
+    alike = newest_good(reversed(earlier), key, why).get(key(receipt), [])[::-1]
     return (alike[-1] if alike else None), alike
 
 

@@ -23,6 +23,12 @@ from opsbook.steps.host_facts import HostFacts
 
 # The startup phases (failures.yaml's signals.phases) whose length is a figure of the record.
 LOAD_PHASE, COMPILE_PHASE, READY_PHASE = "weights", "compile", "ready"
+# Kernel command-line words that change PCIe peer-to-peer between GPUs (the IOMMU's mode, the
+# ACS override): local-inference-lab/rtx6kpro issue 25, as 06's receipt reads them.
+IOMMU_WORDS = ("iommu", "intel_iommu", "amd_iommu")
+ACS_WORDS = ("pcie_acs_override",)
+NOT_SET = "not set"
+NO_REVISION = "unknown: no Hugging Face metadata in the checkpoint folder"
 
 
 def fingerprint_section(found: HostFacts) -> facts_schema.HostFingerprint:
@@ -133,6 +139,31 @@ def side_sections(
     return engine, configs
 
 
+def kernel_flags(cmdline: str | None) -> tuple[str | None, str | None]:
+    """The IOMMU and ACS words of a kernel command line (``not set`` when it gives none;
+    None when it was not read)."""
+    if cmdline is None:
+        return None, None
+    words = cmdline.split(" -- ")[0].split()
+    iommu = [w for w in words if w.split("=")[0].split(".")[0] in IOMMU_WORDS]
+    acs = [w for w in words if w.split("=")[0] in ACS_WORDS]
+    return " ".join(iommu) or NOT_SET, " ".join(acs) or NOT_SET
+
+
+def side_extras(answer: host_side.SideAnswer) -> dict[str, dict[str, Any]]:
+    """What the launch's side read adds to the record, by section: the kernel's IOMMU and ACS
+    flags, the env's `pip freeze` digest, and the checkpoint's revision (or why unknown)."""
+    iommu, acs = kernel_flags(answer.cmdline)
+    return {
+        "fingerprint": {"iommu": iommu, "acs": acs},
+        "engine": {"pip_freeze_digest": answer.freeze_digest},
+        "model": {
+            "revision": answer.revision,
+            "revision_source": answer.revision_source if answer.revision else NO_REVISION,
+        },
+    }
+
+
 def note_preflight(host: str, found: HostFacts) -> None:
     """Note the host's fingerprint and engine as preflight found them."""
     facts_schema.note(host, "fingerprint", fingerprint_section(found).model_dump())
@@ -162,6 +193,8 @@ def note_launch(
         return
     engine, configs = side_sections(answer)
     facts_schema.note(host.name, "engine", engine.model_dump())
+    for section, values in side_extras(answer).items():
+        facts_schema.note(host.name, section, values)
     said = observed_in_log(answer.engine_lines)
     facts_schema.note(host.name, "startup", {"kv_tokens": said.kv_tokens if said else None})
     capacity_facts.note_start_figures(host.name, said)

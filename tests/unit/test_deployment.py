@@ -268,6 +268,18 @@ BAD = [
         "NUL byte",
         "remove the NUL byte",
     ),
+    (
+        BASE + "python: /a/bin/python\nengine: {version: 0.18.0, python: /b/bin/python}",
+        "",
+        "engine.python is '/b/bin/python' but python is '/a/bin/python'",
+        "give the interpreter once",
+    ),
+    (
+        BASE + "engine: {version: latest, python: /b/bin/python}",
+        "engine.version:",
+        "'latest' is not a vLLM version",
+        "e.g. 0.18.0",
+    ),
     ("hosts: [a\n", "", "not valid YAML", "fix the YAML syntax"),
     ("- a", "", "mapping at the top level, not a list", "start it with"),
     ("", "", "mapping at the top level, not nothing", "start it with"),
@@ -557,3 +569,12 @@ def test_bad_rolling_hooks_are_refused_naming_the_key(rolling, message: str) -> 
     with pytest.raises(DeploymentError) as e:
         parse_deployment({"hosts": ["a"], "model": {"path": "/m"}, "rolling": rolling})
     assert message in str(e.value), str(e.value)
+
+
+def test_a_pinned_engine_is_the_deployments_interpreter_and_version(tmp_path) -> None:
+    f = tmp_path / "d.yml"
+    f.write_text(BASE + "engine: {version: 0.18.0, python: /opt/v18/bin/python}\n")
+    dep = load_deployment(f)
+    assert (dep.python, dep.engine_version) == ("/opt/v18/bin/python", "0.18.0")
+    f.write_text(BASE)
+    assert load_deployment(f).engine_version is None

@@ -2,6 +2,7 @@
 vLLM lines), predicted without one, and the one command that asks the deployment's python."""
 
 import json
+from pathlib import Path
 
 from opsbook.core.deployment import parse_deployment
 from opsbook.remote.testing import Answer, FakeHost
@@ -117,3 +118,36 @@ def test_after_a_launch_a_host_whose_log_names_no_engine_choice_has_none_to_comp
     got = host_side.read_side(host, DEP)
     side = host_side.side_of("ops@a", DEP, facts(), got, predict=False)
     assert (side.kv_cache_dtype, side.attention_backend, side.engine_from) == (UNKNOWN,) * 3
+
+
+def test_the_side_read_digests_the_env_as_the_upgrades_probe_does_and_finds_the_revision(
+    tmp_path: Path,
+) -> None:
+    # The deployment's python of this test is this interpreter: its env's `pip freeze` digest
+    # must be the one 07_upgrade's probe reads of an env, so that the two can be compared.
+    import subprocess
+    import sys
+
+    from opsbook.remote import probes
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "models--x--y" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    local = tmp_path / "local"
+    (local / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    meta = local / ".cache" / "huggingface" / "download" / "config.json.metadata"
+    meta.write_text(f"{commit}\nsome-etag\n1733000000.0\n")
+    answers = {}
+    for name, model in (("snapshot", snapshot), ("local", local), ("bare", tmp_path)):
+        args = [sys.executable, "-c", host_side.SIDE_SCRIPT, "none", "none", str(model), "[]", "1"]
+        done = subprocess.run(args, capture_output=True, text=True, check=True)
+        answers[name] = host_side.SideAnswer.parse(done.stdout.strip().splitlines()[-1])
+    assert (answers["snapshot"].revision, answers["snapshot"].revision_source) == (
+        commit,
+        "Hugging Face cache snapshot",
+    )
+    assert (answers["local"].revision, answers["local"].revision_source) == (commit, str(meta))
+    assert answers["bare"].revision is None
+    probed = probes.run_local("engine_install", {}, python=sys.executable)
+    assert answers["bare"].freeze_digest == probed["freeze_digest"]
+    assert answers["bare"].cmdline == Path("/proc/cmdline").read_text().strip()

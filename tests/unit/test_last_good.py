@@ -121,3 +121,47 @@ def test_the_runs_folder_of_a_run_is_above_the_folder_of_its_journal(tmp_path, m
     assert last_good.runs_dir_of_run() == tmp_path / "runs"
     monkeypatch.setenv(RUNS_DIR_ENV, str(tmp_path / "lab"))
     assert last_good.runs_dir_of_run() == tmp_path / "lab"
+
+
+def test_the_gate_and_records_name_the_same_last_good_run_of_a_host(tmp_path, dep) -> None:
+    # 06's gate reads receipts, `records last-good` the runs' facts: one rule (judged_good)
+    # and one grouping (newest_good) give the same run; another host's receipt on the same
+    # hardware is not this host's last good.
+    import dataclasses
+
+    from opsbook.runner import run_facts
+    from opsbook.steps import qualify_gate
+    from opsbook.steps import qualify_receipt as receipts
+
+    runs = tmp_path / "runs"
+
+    def qualified(name: str, host: str, passed: bool, when: str) -> receipts.Receipt:
+        made = receipts.Receipt(
+            host=host, started_at=when, profile="quick", driver="client",
+            fingerprint=receipts.Fingerprint("RTX", 8), software=receipts.Software(model="m"),
+            startup=receipts.Startup(), passed=passed,
+        )  # fmt: skip
+        (runs / name).mkdir(parents=True)
+        receipts.write_receipt(runs / name, made)
+        facts = run_facts.collect(runs / name, deployment=str(dep), started=when, status="ok",
+                                  hosts=[host], results=[])  # fmt: skip
+        (runs / name / "facts.json").write_text(facts.to_json())
+        return dataclasses.replace(made, run_folder=str(runs / name))
+
+    earlier = [
+        qualified("20260101T000000Z-06_qualify", HOST, True, "2026-01-01"),
+        qualified("20260102T000000Z-06_qualify", HOST, False, "2026-01-02"),
+        qualified("20260103T000000Z-06_qualify", "ops@b:22", True, "2026-01-03"),
+    ]
+    now = dataclasses.replace(earlier[0], started_at="2026-01-04", run_folder="")
+    good, alike = qualify_gate.last_good(now, earlier)
+    assert good is earlier[0] and alike == [earlier[0]]
+    [recorded] = [g for g in last_good.last_good(runs) if g.host == HOST]
+    assert Path(good.run_folder).name == recorded.run == "20260101T000000Z-06_qualify"
+
+
+def test_one_rule_says_what_is_good() -> None:
+    assert last_good.judged_good("pass", False, False) == last_good.QUALIFIED
+    assert last_good.judged_good(None, True, True) == last_good.MARKED
+    assert last_good.judged_good("fail", True, True) == ""  # a mark never overrules a gate
+    assert last_good.judged_good(None, True, False) == ""

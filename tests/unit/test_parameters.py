@@ -94,7 +94,7 @@ def test_values_at_the_edges_of_their_limits_are_taken(
 def test_every_number_a_stage_takes_declares_its_limits() -> None:
     # A new count or timeout without limits would reach the kernel with 0 or -1 again.
     fields = list(dataclasses.fields(Targets))
-    for stage in stages.STAGES:
+    for stage in (*stages.STAGES, stages.UPGRADE):
         fields += dataclasses.fields(stage.options_type)
     numbers = [f for f in fields if type(f.default) in (int, float)]
     assert numbers

@@ -119,6 +119,10 @@ def test_a_launch_notes_what_it_started_and_what_the_python_answers(
             "INFO 11-28 15:28:09 [kv_cache_utils.py:1229] GPU KV cache size: 868,080 tokens",
         ],
         "configs": {"config.json": "{}"},
+        "freeze_digest": "0123456789abcdef",
+        "cmdline": "BOOT_IMAGE=/vmlinuz ro intel_iommu=on iommu=pt quiet",
+        "revision": None,
+        "revision_source": None,
     }
     host = FakeHost("a", commands={"-c": json.dumps(answer)})
     monkeypatch.delenv(OUTCOME_ENV, raising=False)
@@ -131,3 +135,18 @@ def test_a_launch_notes_what_it_started_and_what_the_python_answers(
     assert set(noted["model"]["configs"]) == {"config.json"}
     assert noted["launch"]["script_digest"] == "ab"
     assert noted["startup"]["kv_tokens"] == 868080
+    # In the same command: the IOMMU/ACS flags, the pip freeze digest, the revision or why not.
+    assert noted["fingerprint"] == {"iommu": "intel_iommu=on iommu=pt", "acs": "not set"}
+    assert noted["engine"]["pip_freeze_digest"] == "0123456789abcdef"
+    assert noted["model"]["revision_source"] == record_facts.NO_REVISION
+    assert len(host.calls) == 1
+
+
+def test_the_kernels_iommu_and_acs_words_are_read_before_the_init_arguments() -> None:
+    line = "ro amd_iommu=off iommu.passthrough=1 pcie_acs_override=downstream,multifunction -- x"
+    assert record_facts.kernel_flags(line) == (
+        "amd_iommu=off iommu.passthrough=1",
+        "pcie_acs_override=downstream,multifunction",
+    )
+    assert record_facts.kernel_flags("ro quiet -- --iommu=on") == ("not set", "not set")
+    assert record_facts.kernel_flags(None) == (None, None)

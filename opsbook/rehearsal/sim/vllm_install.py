@@ -88,7 +88,7 @@ def facts_sheet(facts: vllm_facts.ReleaseFacts) -> dict[str, Any]:
 
     Returns:
         ``{"release", "serve_flags", "kv_cache_dtypes", "backends", "mla_priorities",
-        "metric_names"}``.
+        "metric_names", "env_vars"}``.
     """
     backends = {
         name: {
@@ -120,7 +120,58 @@ def facts_sheet(facts: vllm_facts.ReleaseFacts) -> dict[str, Any]:
         "backends": backends,
         "mla_priorities": priorities,
         "metric_names": metric_names.as_dict(metric_names.for_release(facts.version)),
+        "env_vars": sorted(facts.env_vars),
     }
+
+
+def install_beside(venv: Path, beside: Path, *, version: str, **settings: Any) -> Path:
+    """A second env on the same rehearsal host, playing another release: what an operator
+    prepares before an upgrade (07_upgrade's ``to``), next to the deployment's env ``beside``.
+
+    Made with ``beside``'s interpreter (``-m venv --without-pip``), seeing the same simulated
+    GPUs (its marker), owned by ``beside``'s owner.
+
+    Args:
+        venv: the new env's root.
+        beside: the rehearsal host's env (``Sandbox.venv``).
+        version: the release the new env plays.
+        settings: more simulation settings (``slowdown``, ``token_seconds``, ``startup_seconds``,
+            ``fault``), as in ``opsbook-vllm-sim.json``.
+
+    Returns:
+        The new env's interpreter.
+    """
+    venv = Path(venv)
+    if not (venv / "bin" / "python").exists():
+        subprocess.run(
+            [str(Path(beside) / "bin" / "python"), "-m", "venv", "--without-pip", str(venv)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    marker = Path(beside) / simgpu_marker()
+    if marker.exists():
+        shutil.copyfile(marker, venv / marker.name)
+    install_vllm(venv, version=version, startup_seconds=float(settings.pop("startup_seconds", 3)))
+    stored = json.loads((venv / SETTINGS_NAME).read_text())
+    _write(venv / SETTINGS_NAME, json.dumps({**stored, **settings}, indent=2) + "\n", 0o644)
+    _chown_like(venv, Path(beside))
+    return venv / "bin" / "python"
+
+
+def simgpu_marker() -> str:
+    """The name of the file that tells an env's simulated tools where the GPUs live."""
+    from opsbook.rehearsal.sim.simgpu import VENV_MARKER
+
+    return VENV_MARKER
+
+
+def _chown_like(tree: Path, model: Path) -> None:
+    owner = model.stat()
+    if os.geteuid() != 0 or (owner.st_uid, owner.st_gid) == (os.geteuid(), os.getegid()):
+        return
+    for path in [tree, *tree.rglob("*")]:
+        os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
 
 
 def _write_dist_info(site: Path, version: str) -> None:

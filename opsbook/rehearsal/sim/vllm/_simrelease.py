@@ -96,6 +96,25 @@ class Release:
             return "--attention-backend" in flags
         return at_least(self.version, "0.13")
 
+    # Environment.
+
+    def reads_env(self, name: str) -> bool:
+        """Whether the release reads the ``VLLM_*`` variable ``name``: its facts sheet's list
+        (vllm/envs.py environment_variables); without a sheet, VLLM_ATTENTION_BACKEND up to
+        0.14.1 (gone from 0.15.1's vllm/envs.py) and every other name."""
+        known = self.facts.get("env_vars")
+        if known:
+            return name in known
+        return name != "VLLM_ATTENTION_BACKEND" or not at_least(self.version, "0.15")
+
+    @property
+    def warns_unknown_env(self) -> bool:
+        # 0.31.0 adds Platform.validate_environ (vllm/platforms/interface.py), called while
+        # the engine's config is built (vllm/engine/arg_utils.py): a warning per VLLM_*
+        # variable set that vllm/envs.py does not list. Before, such a variable was ignored
+        # without a word (vllm issue 50292).
+        return at_least(self.version, "0.31")
+
     @property
     def kv_cache_dtypes(self) -> list[str]:
         """The values ``--kv-cache-dtype`` accepts (vllm/config/cache.py CacheDType)."""

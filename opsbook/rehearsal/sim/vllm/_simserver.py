@@ -245,6 +245,8 @@ class ApiServer:
         if model_dir is None:
             raise model.invalid_model_error(name)
         config = model.load_model_config(model_dir)
+        release = _simrelease.load(self.version)
+        self._warn_unknown_env(release)
         if model.needs_remote_code(config) and not args.trust_remote_code:
             raise _validation_error("ModelConfig", model.remote_code_message(name), name)
         log = self.log
@@ -271,12 +273,11 @@ class ApiServer:
         kv_dtype = model.resolve_kv_cache_dtype(args.kv_cache_dtype, quant, self.version, warnings)
         for text in warnings:
             log.warning("torch_utils.py:331", text)
-        release = _simrelease.load(self.version)
         if kv_dtype not in release.kv_cache_dtypes:
             raise _kv_dtype_error(kv_dtype, release.kv_cache_dtypes)
         if model.is_quantized_kv(kv_dtype):
             log.info(*release.fp8_kv_log(kv_dtype))
-        backend = self._attention_backend()
+        backend = self._attention_backend(release)
         self._log_blackwell_default(release, config, backend)
         batched = args.max_num_batched_tokens or 8192
         log.info(
@@ -327,12 +328,25 @@ class ApiServer:
             "reasoning_parser": args.reasoning_parser,
         }
 
-    def _attention_backend(self) -> str | None:
-        """--attention-backend, --attention-config.backend, or VLLM_ATTENTION_BACKEND."""
+    def _attention_backend(self, release: _simrelease.Release) -> str | None:
+        """--attention-backend, --attention-config.backend, or VLLM_ATTENTION_BACKEND where
+        the release still reads it."""
         config = getattr(self.args, "attention_config", None)
         from_config = config.get("backend") if isinstance(config, dict) else None
         named = getattr(self.args, "attention_backend", None) or from_config
-        return named or os.environ.get("VLLM_ATTENTION_BACKEND")
+        if named or not release.reads_env("VLLM_ATTENTION_BACKEND"):
+            return named
+        return os.environ.get("VLLM_ATTENTION_BACKEND")
+
+    def _warn_unknown_env(self, release: _simrelease.Release) -> None:
+        """vLLM 0.32.0 vllm/platforms/interface.py validate_environ's warning, from 0.31.0."""
+        if not release.warns_unknown_env:
+            return
+        for name in sorted(os.environ):
+            if name.startswith("VLLM_") and not release.reads_env(name):
+                self.log.warning(
+                    "interface.py:1458", f"Unknown vLLM environment variable detected: {name}"
+                )
 
     def _log_blackwell_default(
         self, release: _simrelease.Release, config: dict[str, Any], backend: str | None
