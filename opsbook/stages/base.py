@@ -33,7 +33,6 @@ from opsbook.core.redact import Redactor
 from opsbook.core.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
 from opsbook.remote.hosts import DEFAULT_FORKS, HostGroup
 from opsbook.remote.protocol import RemoteHost
-from opsbook.steps.metrics import MetricsSummary
 
 
 @dataclass
@@ -604,6 +603,10 @@ def _record_diffs(stage: Stage, host: str, report: Report, deployment: Deploymen
 
 def _record_metrics(stage: Stage, host: str, report: Report) -> None:
     """Keep the /metrics summaries the host's section shows in the run record."""
+    # Imported here, not with the registry: the deploy runner imports the registry for the
+    # stages' names and parameters, and metrics brings logscan and compat (0.3-0.6 s).
+    from opsbook.steps.metrics import MetricsSummary
+
     for item in report.shows:
         if isinstance(item, MetricsSummary):
             channel.record_metrics(
