@@ -505,7 +505,7 @@ def _run_stage(
     if "profile" in declared:
         params["profile"] = run.qualify
     if "pending" in declared and not run.apply:
-        params["pending"] = _stages().launch_server.pending_changes(run.results, hosts)
+        params["pending"] = _stages().base.pending_changes(run.results, hosts)
     journal = run.folder / "journal.jsonl"
     record = execute_stage(
         nb_path,

@@ -9,16 +9,21 @@ decides the same way, counting what the earlier stages of a deploy's dry run wou
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import ProbeError, RunError
-from opsbook.core.results import Finding, HostResult, Result, State
+from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
+
+# CHANGES_OF_STAGE and pending_changes (what a deploy's dry run tells the launch) live in the
+# registry's base, which the runner imports without this module; named here as before.
+from opsbook.stages.base import CHANGES_OF_STAGE as CHANGES_OF_STAGE
 from opsbook.stages.base import HostChoice, Note, Report, StageRun, hook, limited
+from opsbook.stages.base import pending_changes as pending_changes
 from opsbook.steps import (
     host_facts,
     metrics,
@@ -73,22 +78,6 @@ class Options:
                 f"pending names no input a server runs: {', '.join(unknown)}",
                 remedy=f"each host's list holds some of {', '.join(restart_rule.INPUT_NAMES)}",
             )
-
-
-# Which input of the server each earlier stage of a deploy changes.
-CHANGES_OF_STAGE = {"config-patch": "configs", "launch-script": "script"}
-
-
-def pending_changes(results: Sequence[HostResult], hosts: Sequence[str]) -> dict[str, list[str]]:
-    """For the launch of a deploy's dry run: per host of ``hosts``, the inputs the earlier
-    stages' results say they would change (02 would patch the configs, 03 would write the
-    script); the apply's launch finds them changed. Hosts with none are left out."""
-    pending: dict[str, list[str]] = {}
-    for result in results:
-        name = CHANGES_OF_STAGE.get(result.stage)
-        if name and result.host in hosts and result.state is State.WOULD_CHANGE:
-            pending.setdefault(result.host, []).append(name)
-    return pending
 
 
 @dataclass(kw_only=True)
