@@ -122,8 +122,9 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     stop_grace = options.stop_grace
     inputs = restart_rule.run_inputs(deployment, paths)
     state = triage.server_state(
-        host, paths, deployment.server_port, notes=(server.RUNNING_SCRIPT,), inputs=inputs
-    )
+        host, paths, deployment.server_port, notes=(server.RUNNING_SCRIPT,), inputs=inputs,
+        when_healthy=record_facts.launch_side_command(deployment),
+    )  # fmt: skip
     decision = restart_rule.decide(state, options.restart, options.pending.get(host.name, ()))
     if not options.apply or not decision.restart:
         return _as_found(host, deployment, paths, state, decision)
@@ -248,7 +249,7 @@ def _as_found(
     found = State.WOULD_CHANGE if decision.restart else State.OK
     shows = [state.processes_table()]
     if found is State.OK and state.state == "ready":
-        record_facts.note_launch(host, deployment, digest, state.diagnosis)
+        record_facts.note_launch(host, deployment, digest, state.diagnosis, state.side)
     return LaunchReport(found, verdict, shows, "", digest, server=state)
 
 
