@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
@@ -33,6 +33,9 @@ from opsbook.core.redact import Redactor
 from opsbook.core.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
 from opsbook.remote.hosts import DEFAULT_FORKS, HostGroup
 from opsbook.remote.protocol import RemoteHost
+
+if TYPE_CHECKING:
+    from opsbook.steps.host_facts import RunReadings
 
 
 @dataclass
@@ -455,6 +458,19 @@ def concurrently(*reads: Callable[[], Any]) -> list[Any]:
     return [future.result() for future in futures]
 
 
+# The readings of the deploy run whose shared kernel this is (share_readings); None elsewhere.
+_shared_readings: RunReadings | None = None
+
+
+def share_readings(readings: RunReadings | None) -> None:
+    """Make ``readings`` the run's, in a deploy's shared kernel (the runner does this as the
+    kernel starts): :func:`run_stage` gives them to every stage whose options take
+    ``readings``, so that preflight's reading of a host serves the later stages that may take
+    it. A notebook run on its own has none."""
+    global _shared_readings
+    _shared_readings = readings
+
+
 def run_stage(
     stage: Stage,
     deployment: Deployment,
@@ -485,6 +501,8 @@ def run_stage(
         RunError: a name in ``hosts`` is not a host of the deployment, or a name in
             ``options`` is not an option of the stage.
     """
+    if _shared_readings is not None and "readings" not in options and _takes_readings(stage):
+        options = {**options, "readings": _shared_readings}
     chosen = stage.options(options)
     group = group or HostGroup.from_deployment(deployment, forks, known_hosts(deployment, hosts))
     if deployment.cluster is not None and stage.run_cluster is not None:
@@ -517,6 +535,10 @@ def run_stage(
         results = [_amended(stage, r, reports, seen.reports, durations, on_result) for r in results]
         reports = seen.reports
     return StageRun(stage, results, reports, group, together)
+
+
+def _takes_readings(stage: Stage) -> bool:
+    return any(f.name == "readings" for f in dataclasses.fields(stage.options_type))
 
 
 def _announce(result: HostResult, on_result: Callable[[HostResult], None] | None) -> None:
