@@ -495,7 +495,8 @@ def run_stage(
         compare: on a fleet, the stage's look across its hosts (side by side) once all are
             done; False: none (the scheduled health check: one status probe per host).
         options: the stage's own options (``apply``, ``ready_timeout``...), fields of its
-            options class.
+            options class; in a deploy's shared kernel, a stage whose options take
+            ``readings`` is given the run's (:func:`share_readings`) unless given others.
 
     Raises:
         RunError: a name in ``hosts`` is not a host of the deployment, or a name in
