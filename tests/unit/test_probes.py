@@ -219,7 +219,7 @@ def test_a_statement_is_spanned_as_the_parser_spans_it_in_every_probe() -> None:
     import ast
     import io
 
-    for name in ("launch", "download", "facts", "shard_read", "vllm_source", "backends"):
+    for name in ("facts", "shard_read", "configs"):
         text = probes.source(name)
         lines = io.StringIO(text, newline="").readlines()
         for node in ast.parse(text).body:
