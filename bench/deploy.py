@@ -55,16 +55,21 @@ GOAL = 2.0
 GOAL_NO_OP = 2.0
 GOAL_DRY = 1.5
 # The deploy's stages in one process, over the connections kept from stage to stage (the
-# environment sets that, as the runner does for its kernel): the dry run's remote work.
+# environment sets that, as the runner does for its kernel) and with the run's facts readings
+# passed to the stages that take them: the dry run's remote work, the same reads.
 IN_PROCESS = """
-import sys
+import dataclasses, sys
 from opsbook import stages
 from opsbook.core.deployment import load_deployment
+from opsbook.steps.host_facts import RunReadings
 stages.import_runbook()
 dep = load_deployment(sys.argv[1])
+readings = RunReadings()  # preflight's reading serves 02, as in the deploy's kernel
 for stage in (*stages.DEPLOY, stages.DIAGNOSE):
-    names = {p.name for p in stages.parameters_of(stage)}
+    names = {f.name for f in dataclasses.fields(stage.options_type)}
     options = {"apply": False} if "apply" in names else {}
+    if "readings" in names:
+        options["readings"] = readings
     done = stages.run_stage(stage, dep, on_result=None, **options)
     if any(r.state.value in ("failed", "unreachable") for r in done.results):
         sys.exit(f"{stage.name}: {[r.message for r in done.results]}")

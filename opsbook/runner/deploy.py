@@ -59,7 +59,7 @@ from opsbook.runner.interrupt import (
     signal_name,
     signum_of,
 )
-from opsbook.runner.parameters import find_notebook
+from opsbook.runner.parameters import find_notebook, parameter_names
 from opsbook.runner.shared_kernel import SharedKernel
 
 if TYPE_CHECKING:
@@ -497,7 +497,7 @@ def _run_stage(
 ) -> list[HostResult]:
     nb_path = find_notebook(stage.notebook)
     params: dict[str, Any] = {"deployment": str(run.deployment), "hosts": hosts, "forks": run.forks}
-    declared = {p.name for p in _stages().parameters_of(stage)}
+    declared = parameter_names(nb_path)
     if "apply" in declared:
         params["apply"] = run.apply
     if "restart" in declared:
@@ -505,7 +505,7 @@ def _run_stage(
     if "profile" in declared:
         params["profile"] = run.qualify
     if "pending" in declared and not run.apply:
-        params["pending"] = _stages().launch_server.pending_changes(run.results, hosts)
+        params["pending"] = _stages().base.pending_changes(run.results, hosts)
     journal = run.folder / "journal.jsonl"
     record = execute_stage(
         nb_path,

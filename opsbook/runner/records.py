@@ -232,26 +232,45 @@ class HtmlExports:
 
 def serve_html_exports() -> None:
     """The exporter process: HTML copies of the notebooks named on stdin (see
-    :class:`HtmlExports`), private like the rest of the run folder."""
+    :class:`HtmlExports`), private like the rest of the run folder.
+
+    Importing nbconvert and compiling its templates (about 0.5 s of CPU) is done at a lower
+    priority, on a thread of its own, while the run's first stage runs; the exports themselves
+    (0.03-0.1 s each) are not: the last one is waited for as the run ends, and at a low
+    priority on a busy machine it took 0.3-0.5 s. Linux keeps a nice value per thread
+    (``setpriority(2)``); elsewhere the whole helper is niced, as it was.
+    """
     from opsbook.core.optional_imports import skip_slow_optional_imports
 
     skip_slow_optional_imports()
-    os.nice(EXPORTER_NICENESS)
     os.umask(PRIVATE_UMASK)
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    exporter = HTMLExporter()
-    # The first export compiles the templates (half a second): done before any is asked for.
-    exporter.from_notebook_node(nbformat.v4.new_notebook())
+    warmed: list[Any] = []
+    warming = threading.Thread(target=_warm_exporter, args=(warmed,), name="opsbook-html-warm")
+    warming.start()
     for line in sys.stdin:
+        warming.join()
         try:
-            page = export_html(Path(line.rstrip("\n")), exporter)
+            page = export_html(Path(line.rstrip("\n")), warmed[0] if warmed else None)
             answer = str(page) if page else ""
         except Exception as e:  # the runner makes this copy itself, and reports what fails
             answer = f"!{type(e).__name__}: {e}".replace("\n", " ")
         sys.stdout.write(answer + "\n")
         sys.stdout.flush()
+    # Every copy is written and answered for; the interpreter's own teardown (nbconvert's
+    # modules) would only delay the run's end, which waits for this process.
+    os._exit(0)
+
+
+def _warm_exporter(into: list[Any]) -> None:
+    """Import nbconvert and compile its templates, niced: the first export would otherwise do
+    it (half a second) while the run waits."""
+    os.nice(EXPORTER_NICENESS)
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter()
+    exporter.from_notebook_node(nbformat.v4.new_notebook())
+    into.append(exporter)
 
 
 def summary_doc(run: RunSummary) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsbook.core.facts_schema import (
     FACTS_FILE,
@@ -19,8 +19,10 @@ from opsbook.core.facts_schema import (
     read_notes,
 )
 from opsbook.core.results import HostResult, State
-from opsbook.steps import qualify_receipt
 from opsbook.steps.last_good import READY, deployment_key
+
+if TYPE_CHECKING:
+    from opsbook.steps import qualify_receipt
 
 RECEIPTS = "qualify"
 RECEIPT = "receipt.json"
@@ -83,7 +85,14 @@ def qualification_receipts(folder: Path) -> dict[str, Qualification]:
     """The run's qualification receipts (06_qualify's ``qualify/receipt.json``), by host: its
     verdict and its numbers (each cell's output tok/s and p99 TTFT, the KV cache's tokens)."""
     found: dict[str, Qualification] = {}
-    for path in sorted((folder / RECEIPTS).rglob(RECEIPT)):
+    paths = sorted((folder / RECEIPTS).rglob(RECEIPT))
+    if not paths:
+        return found
+    # Only with a receipt to read: the receipt's module brings logscan and the capacity
+    # figures (0.2 s as every deploy ends, most of which run no qualification).
+    from opsbook.steps import qualify_receipt
+
+    for path in paths:
         for receipt in qualify_receipt.receipts_in(path):
             found[receipt.host] = Qualification(
                 verdict="pass" if receipt.passed else "fail", numbers=_receipt_numbers(receipt)

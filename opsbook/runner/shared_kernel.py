@@ -17,7 +17,13 @@ if TYPE_CHECKING:
 
 # What the deploy's stage notebooks import (their first cells, and the stage modules the
 # registry imports on first use): 0.7 s of the kernel's CPU, spent while the run prepares.
-WARM_UP = "import opsbook.widgets, opsbook.stages\nopsbook.stages.import_runbook()"
+# Then the run's facts readings, which the stages of this kernel share (preflight's reading of
+# a host serves 02_config_patch: opsbook.stages.base.share_readings).
+WARM_UP = """
+import opsbook.widgets, opsbook.stages, opsbook.steps.host_facts
+opsbook.stages.import_runbook()
+opsbook.stages.base.share_readings(opsbook.steps.host_facts.RunReadings())
+"""
 # Before the imports: the first stage's hosts' SSH handshakes, while the run takes its locks
 # (a host that fails is the first stage's to report).
 OPEN_AHEAD = """

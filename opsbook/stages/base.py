@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
@@ -33,7 +33,9 @@ from opsbook.core.redact import Redactor
 from opsbook.core.results import TOOL_FAILED, Finding, HostResult, Result, State, Table, host_anchor
 from opsbook.remote.hosts import DEFAULT_FORKS, HostGroup
 from opsbook.remote.protocol import RemoteHost
-from opsbook.steps.metrics import MetricsSummary
+
+if TYPE_CHECKING:
+    from opsbook.steps.host_facts import RunReadings
 
 
 @dataclass
@@ -430,12 +432,43 @@ class BusyRun:
         return "\n".join(f"{host}  {state}  {text}" for host, state, text in self.rows())
 
 
+# Which input of the server each earlier stage of a deploy changes (the launch's restart rule,
+# opsbook.stages.launch_server); here, so that a deploy's own process asks it without
+# importing the launch's module (logscan and metrics, 0.3-0.5 s).
+CHANGES_OF_STAGE = {"config-patch": "configs", "launch-script": "script"}
+
+
+def pending_changes(results: Sequence[HostResult], hosts: Sequence[str]) -> dict[str, list[str]]:
+    """For the launch of a deploy's dry run: per host of ``hosts``, the inputs the earlier
+    stages' results say they would change (02 would patch the configs, 03 would write the
+    script); the apply's launch finds them changed. Hosts with none are left out."""
+    pending: dict[str, list[str]] = {}
+    for result in results:
+        name = CHANGES_OF_STAGE.get(result.stage)
+        if name and result.host in hosts and result.state is State.WOULD_CHANGE:
+            pending.setdefault(result.host, []).append(name)
+    return pending
+
+
 def concurrently(*reads: Callable[[], Any]) -> list[Any]:
     """Independent reads of one host at once, each over its own channel of the host's one
     connection: their answers in order. An exception of one is raised after all have ended."""
     with ThreadPoolExecutor(max_workers=len(reads)) as pool:
         futures = [pool.submit(read) for read in reads]
     return [future.result() for future in futures]
+
+
+# The readings of the deploy run whose shared kernel this is (share_readings); None elsewhere.
+_shared_readings: RunReadings | None = None
+
+
+def share_readings(readings: RunReadings | None) -> None:
+    """Make ``readings`` the run's, in a deploy's shared kernel (the runner does this as the
+    kernel starts): :func:`run_stage` gives them to every stage whose options take
+    ``readings``, so that preflight's reading of a host serves the later stages that may take
+    it. A notebook run on its own has none."""
+    global _shared_readings
+    _shared_readings = readings
 
 
 def run_stage(
@@ -462,12 +495,15 @@ def run_stage(
         compare: on a fleet, the stage's look across its hosts (side by side) once all are
             done; False: none (the scheduled health check: one status probe per host).
         options: the stage's own options (``apply``, ``ready_timeout``...), fields of its
-            options class.
+            options class; in a deploy's shared kernel, a stage whose options take
+            ``readings`` is given the run's (:func:`share_readings`) unless given others.
 
     Raises:
         RunError: a name in ``hosts`` is not a host of the deployment, or a name in
             ``options`` is not an option of the stage.
     """
+    if _shared_readings is not None and "readings" not in options and _takes_readings(stage):
+        options = {**options, "readings": _shared_readings}
     chosen = stage.options(options)
     group = group or HostGroup.from_deployment(deployment, forks, known_hosts(deployment, hosts))
     if deployment.cluster is not None and stage.run_cluster is not None:
@@ -500,6 +536,10 @@ def run_stage(
         results = [_amended(stage, r, reports, seen.reports, durations, on_result) for r in results]
         reports = seen.reports
     return StageRun(stage, results, reports, group, together)
+
+
+def _takes_readings(stage: Stage) -> bool:
+    return any(f.name == "readings" for f in dataclasses.fields(stage.options_type))
 
 
 def _announce(result: HostResult, on_result: Callable[[HostResult], None] | None) -> None:
@@ -604,6 +644,10 @@ def _record_diffs(stage: Stage, host: str, report: Report, deployment: Deploymen
 
 def _record_metrics(stage: Stage, host: str, report: Report) -> None:
     """Keep the /metrics summaries the host's section shows in the run record."""
+    # Imported here, not with the registry: the deploy runner imports the registry for the
+    # stages' names and parameters, and metrics brings logscan and compat (0.3-0.6 s).
+    from opsbook.steps.metrics import MetricsSummary
+
     for item in report.shows:
         if isinstance(item, MetricsSummary):
             channel.record_metrics(

@@ -11,7 +11,7 @@ from opsbook.core.exceptions import OpsbookError
 from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge import compat
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import HostChoice, Note, Report, StageRun, concurrently, limited
+from opsbook.stages.base import HostChoice, Note, Report, StageRun, concurrently, hook, limited
 from opsbook.steps import capacity_facts, host_facts, last_good, patch, plan
 from opsbook.steps.shard_check import format_bytes
 
@@ -26,12 +26,16 @@ class Options:
         vllm_version: the vLLM to predict for (empty: the version installed in the
             deployment's interpreter).
         gpu_memory_utilization: the share of GPU memory vLLM may use (the KV-cache budget).
+        readings: a deploy run's readings: the GPUs and the interpreter's vLLM are taken from
+            preflight's reading of the host there (set by
+            :func:`opsbook.stages.base.run_stage` in the run's shared kernel).
     """
 
     apply: bool = False
     restore: bool = limited(False, excludes=("apply",))
     vllm_version: str = ""
     gpu_memory_utilization: float = limited(0.9, above=0, high=1)
+    readings: host_facts.RunReadings | None = hook()
 
 
 @dataclass(kw_only=True)
@@ -114,7 +118,9 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     # followed by the question to the installed vLLM, whose own selection outranks the
     # version table (it reads the GPUs' capabilities itself, while the facts probe reads them).
     found, (checkpoint, model, probed) = concurrently(
-        lambda: host_facts.gather_facts(host, deployment, host_facts.PATCH_FACTS, reuse=True),
+        lambda: host_facts.gather_facts(
+            host, deployment, host_facts.PATCH_FACTS, readings=options.readings
+        ),
         lambda: _model_and_backends(host, deployment),
     )
     texts = checkpoint.texts

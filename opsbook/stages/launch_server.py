@@ -9,16 +9,21 @@ decides the same way, counting what the earlier stages of a deploy's dry run wou
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import ProbeError, RunError
-from opsbook.core.results import Finding, HostResult, Result, State
+from opsbook.core.results import Finding, Result, State
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
+
+# CHANGES_OF_STAGE and pending_changes (what a deploy's dry run tells the launch) live in the
+# registry's base, which the runner imports without this module; named here as before.
+from opsbook.stages.base import CHANGES_OF_STAGE as CHANGES_OF_STAGE
 from opsbook.stages.base import HostChoice, Note, Report, StageRun, hook, limited
+from opsbook.stages.base import pending_changes as pending_changes
 from opsbook.steps import (
     host_facts,
     metrics,
@@ -75,22 +80,6 @@ class Options:
             )
 
 
-# Which input of the server each earlier stage of a deploy changes.
-CHANGES_OF_STAGE = {"config-patch": "configs", "launch-script": "script"}
-
-
-def pending_changes(results: Sequence[HostResult], hosts: Sequence[str]) -> dict[str, list[str]]:
-    """For the launch of a deploy's dry run: per host of ``hosts``, the inputs the earlier
-    stages' results say they would change (02 would patch the configs, 03 would write the
-    script); the apply's launch finds them changed. Hosts with none are left out."""
-    pending: dict[str, list[str]] = {}
-    for result in results:
-        name = CHANGES_OF_STAGE.get(result.stage)
-        if name and result.host in hosts and result.state is State.WOULD_CHANGE:
-            pending.setdefault(result.host, []).append(name)
-    return pending
-
-
 @dataclass(kw_only=True)
 class LaunchReport(Report):
     """The report of a launch that did not restart (a dry run, or a server left alone), with
@@ -133,8 +122,9 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     stop_grace = options.stop_grace
     inputs = restart_rule.run_inputs(deployment, paths)
     state = triage.server_state(
-        host, paths, deployment.server_port, notes=(server.RUNNING_SCRIPT,), inputs=inputs
-    )
+        host, paths, deployment.server_port, notes=(server.RUNNING_SCRIPT,), inputs=inputs,
+        when_healthy=record_facts.launch_side_command(deployment),
+    )  # fmt: skip
     decision = restart_rule.decide(state, options.restart, options.pending.get(host.name, ()))
     if not options.apply or not decision.restart:
         return _as_found(host, deployment, paths, state, decision)
@@ -259,7 +249,7 @@ def _as_found(
     found = State.WOULD_CHANGE if decision.restart else State.OK
     shows = [state.processes_table()]
     if found is State.OK and state.state == "ready":
-        record_facts.note_launch(host, deployment, digest, state.diagnosis)
+        record_facts.note_launch(host, deployment, digest, state.diagnosis, state.side)
     return LaunchReport(found, verdict, shows, "", digest, server=state)
 
 

@@ -14,14 +14,22 @@ from opsbook.core.results import State
 from opsbook.knowledge.logscan import failure_for
 from opsbook.remote.hosts import DEFAULT_FORKS
 from opsbook.remote.protocol import RemoteHost
-from opsbook.stages.base import Note, Report, Together, concurrently
+from opsbook.stages.base import Note, Report, Together, concurrently, hook
 from opsbook.steps import drift, host_facts, host_side, plots, record_facts, start_checks
 from opsbook.steps.host_compare import Comparison, HostSide, compare
 
 
 @dataclass(frozen=True)
 class Options:
-    """Preflight's options: none of its own (it reads the host and changes nothing)."""
+    """Preflight's options: none a notebook sets (it reads the host and changes nothing).
+
+    Args:
+        readings: a deploy run's readings, where the host's full reading is kept for the
+            run's later stages (set by :func:`opsbook.stages.base.run_stage` in the run's
+            shared kernel).
+    """
+
+    readings: host_facts.RunReadings | None = hook()
 
 
 @dataclass(kw_only=True)
@@ -34,7 +42,7 @@ class PreflightReport(Report):
 def run(host: RemoteHost, deployment: Deployment, options: Options) -> PreflightReport:
     """Gather the host's facts (GPUs, processes, driver, interconnect, python, vLLM, disk,
     ports, servers) and judge them; changes nothing."""
-    found = host_facts.gather_facts(host, deployment)
+    found = host_facts.gather_facts(host, deployment, readings=options.readings)
     record_facts.note_preflight(host.name, found)
     moved = drift.since_last_good(host, deployment, found)
     verdict = host_facts.check_facts(found, [*start_checks.gpu_findings(found, deployment), *moved])

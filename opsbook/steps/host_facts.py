@@ -10,7 +10,6 @@ findings and :mod:`opsbook.steps.facts_tables` lays the facts out as tables for 
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import threading
 from collections.abc import Sequence
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from opsbook.core.channel import JOURNAL_ENV, KEEP_CONNECTIONS_ENV
 from opsbook.core.deployment import Deployment
 from opsbook.core.results import Finding
 from opsbook.remote.protocol import RemoteHost
@@ -181,8 +179,38 @@ def probe_args(deployment: Deployment) -> dict[str, Any]:
     }
 
 
+class RunReadings:
+    """The full facts readings one deploy run made of its hosts, by host and probe arguments:
+    preflight keeps its reading here and 02_config_patch takes it (issue 37) instead of
+    probing again. Made by the runner for the run's shared kernel
+    (:func:`opsbook.stages.base.share_readings`) and given to the stages that take it through
+    their options; a stage run on its own has none, and probes."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, HostFacts] = {}
+        self._lock = threading.Lock()
+
+    def keep(self, host: RemoteHost, args: dict[str, Any], found: HostFacts) -> None:
+        """Keep a full reading of ``host`` made with the probe arguments ``args``."""
+        with self._lock:
+            self._found[_reading_key(host, args)] = found
+
+    def known(self, host: RemoteHost, args: dict[str, Any]) -> HostFacts | None:
+        """The full reading of ``host`` kept for these probe arguments, or None."""
+        with self._lock:
+            return self._found.get(_reading_key(host, args))
+
+
+def _reading_key(host: RemoteHost, args: dict[str, Any]) -> str:
+    return json.dumps([host.name, args], sort_keys=True)
+
+
 def gather_facts(
-    host: RemoteHost, deployment: Deployment, parts: Sequence[str] = (), *, reuse: bool = False
+    host: RemoteHost,
+    deployment: Deployment,
+    parts: Sequence[str] = (),
+    *,
+    readings: RunReadings | None = None,
 ) -> HostFacts:
     """Learn a host's facts in one round trip (the ``facts`` probe).
 
@@ -191,11 +219,11 @@ def gather_facts(
         deployment: gives the interpreter, model path and server port to check.
         parts: only these facts (the probe's answer keys, e.g. :data:`START_FACTS`); the
             others are left empty. Default: all of them.
-        reuse: in a deploy run, take the full reading an earlier stage of the run made of
-            this host (preflight's) instead of probing again; a stage run on its own, or
-            before any full reading, still probes. For facts a stage's own actions cannot
-            have changed since (the GPUs, the interpreter's vLLM), never for what guards a
-            stop or a start.
+        readings: the run's readings: a full reading is kept there, and ``parts`` are taken
+            from a full reading of the host kept there by an earlier stage of the run
+            (preflight's), without probing. Given only for facts a stage's own actions
+            cannot have changed since (the GPUs, the interpreter's vLLM), never for what
+            guards a stop or a start.
 
     Returns:
         The parsed facts; call :meth:`HostFacts.findings` or :func:`check_facts` on them.
@@ -204,37 +232,16 @@ def gather_facts(
         HostError: the host could not be reached or the probe did not answer.
     """
     args = probe_args(deployment)
-    key = _run_key(host, args)
-    if reuse and key is not None:
-        with _RUN_READINGS_LOCK:
-            known = _RUN_READINGS.get(key)
+    if parts and readings is not None:
+        known = readings.known(host, args)
         if known is not None:
             return known
-    if parts:
-        args["parts"] = list(parts)
-    answer = host.probe("facts", args, timeout=PROBE_TIMEOUT)
+    asked = {**args, "parts": list(parts)} if parts else args
+    answer = host.probe("facts", asked, timeout=PROBE_TIMEOUT)
     found = facts_from_probe(answer, host=deployment.host.name, server_port=deployment.server_port)
-    if not parts and key is not None:
-        with _RUN_READINGS_LOCK:
-            _RUN_READINGS[key] = found
+    if not parts and readings is not None:
+        readings.keep(host, args, found)
     return found
-
-
-# A deploy run's full facts readings, by run and host and probe arguments: the stages of a
-# deploy share one kernel, and the facts probe is the costliest read of a no-op deploy
-# (issue 37: preflight's reading served again to 02_config_patch).
-_RUN_READINGS: dict[str, HostFacts] = {}
-_RUN_READINGS_LOCK = threading.Lock()
-
-
-def _run_key(host: RemoteHost, args: dict[str, Any]) -> str | None:
-    """Where a full reading of ``host`` is kept for the rest of the run; None outside a
-    deploy's shared kernel (a notebook run on its own, a test), where nothing is kept. The
-    journal names the run: each run files its own."""
-    run = os.environ.get(JOURNAL_ENV)
-    if not run or os.environ.get(KEEP_CONNECTIONS_ENV) != "1":
-        return None
-    return json.dumps([run, host.name, args], sort_keys=True)
 
 
 def facts_from_probe(
@@ -395,6 +402,7 @@ __all__ = [
     "PATCH_FACTS",
     "QUERY_GPU_FIELDS",
     "START_FACTS",
+    "RunReadings",
     "Gpu",
     "GpuProcess",
     "HostFacts",

@@ -164,13 +164,12 @@ def facts_for_side(host: RemoteHost, deployment: Deployment) -> HostFacts | None
         return None
 
 
-def read_side(host: RemoteHost, deployment: Deployment) -> SideAnswer:
-    """Ask the deployment's python on the host (one command); what it did not answer is
-    unknown (``SideAnswer.error``)."""
-    # The command starts in the home folder, where a "~/" path begins.
-    python = deployment.python.removeprefix("~/")
-    args = [
-        python,
+def side_command(deployment: Deployment) -> list[str]:
+    """The command line that asks the deployment's python (run in the home folder, where a
+    ``~/`` path begins): :func:`read_side` runs it, or a status probe beside a ready server's
+    status (:func:`opsbook.steps.triage.server_state`'s ``when_healthy``)."""
+    return [
+        deployment.python.removeprefix("~/"),
         "-c",
         SIDE_SCRIPT,
         deployment.script_path,
@@ -181,9 +180,26 @@ def read_side(host: RemoteHost, deployment: Deployment) -> SideAnswer:
         str(LOG_TAIL_BYTES),
         *compat.CONFIG_FILES,
     ]
+
+
+def side_answer(exit_code: int | None, output: str) -> SideAnswer:
+    """What :func:`side_command` answered (its output and errors together); what it did not
+    answer is unknown (``SideAnswer.error``)."""
+    if exit_code != 0:
+        said = output.strip().splitlines()
+        return SideAnswer(error=said[-1] if said else f"exit code {exit_code}")
+    try:
+        return SideAnswer.parse(output.strip().splitlines()[-1])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return SideAnswer(error=f"not an answer: {output[:200]!r}")
+
+
+def read_side(host: RemoteHost, deployment: Deployment) -> SideAnswer:
+    """Ask the deployment's python on the host (one command); what it did not answer is
+    unknown (``SideAnswer.error``)."""
     try:
         done = host.run(
-            f"cd && {shlex.join(args)} 2>&1",
+            f"cd && {shlex.join(side_command(deployment))} 2>&1",
             label="the versions, launch script hash and engine's choices of the deployment's "
             "python",
         )
@@ -191,13 +207,7 @@ def read_side(host: RemoteHost, deployment: Deployment) -> SideAnswer:
         raise
     except OpsbookError as e:
         return SideAnswer(error=e.message)
-    if not done.ok:
-        said = done.stdout.strip().splitlines()
-        return SideAnswer(error=said[-1] if said else f"exit code {done.exit_code}")
-    try:
-        return SideAnswer.parse(done.stdout.strip().splitlines()[-1])
-    except (ValueError, KeyError, IndexError, TypeError):
-        return SideAnswer(error=f"not an answer: {done.stdout[:200]!r}")
+    return side_answer(done.exit_code, done.stdout)
 
 
 def engine_from_log(lines: Sequence[str]) -> tuple[str, str]:

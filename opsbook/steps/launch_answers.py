@@ -267,6 +267,9 @@ class StatusAnswer:
     # For each input asked about (what the server runs): "same", "changed" or "unrecorded"
     # since the running launch started; empty when none was asked or nothing runs.
     inputs: dict[str, str] = field(default_factory=dict)
+    # The exit code and output of the command asked for beside a ready server's status
+    # (``when_healthy``); None when none was asked or the server was not ready.
+    side: tuple[int | None, str] | None = None
 
     @classmethod
     def parse(cls, answer: Answer) -> StatusAnswer:
@@ -285,7 +288,15 @@ class StatusAnswer:
             notes=dict(answer.get("notes") or {}),
             watched_steps=answer.get("watched_steps"),
             inputs={str(k): str(v) for k, v in (answer.get("inputs") or {}).items()},
+            side=_side(answer.get("side")),
         )
+
+
+def _side(side: Any) -> tuple[int | None, str] | None:
+    if not isinstance(side, dict):
+        return None
+    code = side.get("exit_code")
+    return (code if isinstance(code, int) else None), str(side.get("output") or "")
 
 
 @dataclass(frozen=True)

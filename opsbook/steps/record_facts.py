@@ -175,20 +175,32 @@ def note_download(host: str, deployment: Deployment, check: shard_check.CheckRes
     facts_schema.note(host, "model", model_section(deployment, check).model_dump())
 
 
+def launch_side_command(deployment: Deployment) -> list[str]:
+    """What :func:`note_launch` asks the deployment's python, for the launch's status probe
+    to run beside a ready server's status (``triage.server_state(when_healthy=...)``): empty
+    outside a run, which notes nothing."""
+    return host_side.side_command(deployment) if facts_schema.recording() else []
+
+
 def note_launch(
     host: RemoteHost,
     deployment: Deployment,
     script_digest: str,
     diagnosis: logscan.LogDiagnosis | None,
+    side: tuple[int | None, str] | None = None,
 ) -> None:
     """Note what the launch left running: its flags, env names and script, the start's
-    figures, and the engine and configs the deployment's python answers for (one command,
-    made only inside a run)."""
+    figures, and the engine and configs the deployment's python answers for (``side``: the
+    exit code and output of :func:`launch_side_command` as the status probe ran it; without
+    it, one command), only inside a run."""
     if not facts_schema.recording():
         return
     facts_schema.note(host.name, "launch", launch_section(deployment, script_digest).model_dump())
     facts_schema.note(host.name, "startup", startup_section(diagnosis).model_dump())
-    answer = host_side.read_side(host, deployment)
+    if side is not None:
+        answer = host_side.side_answer(*side)
+    else:
+        answer = host_side.read_side(host, deployment)
     if answer.error:
         return
     engine, configs = side_sections(answer)

@@ -64,6 +64,9 @@ class ServerState:
     # why /metrics could not tell.
     generation: metrics.GenerationWatch | None = None
     metrics_error: str | None = None
+    # The exit code and output of the command run beside a ready server's status
+    # (``server_state(when_healthy=...)``), None otherwise.
+    side: tuple[int | None, str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -124,6 +127,7 @@ def server_state(
     last_deploy: bool = False,
     watch_metrics: bool = False,
     api_key: str | None = None,
+    when_healthy: Sequence[str] = (),
 ) -> ServerState:
     """Classify the server the deployment launched, from one status probe that also asks
     ``/health`` when the port is open (one round trip).
@@ -143,6 +147,9 @@ def server_state(
         watch_metrics: a ready server's ``/metrics`` is watched (sent ``api_key``): requests
             running or waiting while no token is produced for
             :data:`opsbook.steps.metrics.STALL_SECONDS` make it hung, /health 200 or not.
+        when_healthy: a command line run on the host, in the same probe, when the server runs
+            and answers ``/health`` 200 (``ServerState.side``): what a record notes of a ready
+            server, without a round trip of its own.
     """
     asked = paths.probe_args(
         op="status", port=server_port, health="/health", health_timeout=HEALTH_TIMEOUT
@@ -153,6 +160,8 @@ def server_state(
         asked["notes"] = list(notes)
     if inputs:
         asked["inputs"] = dict(inputs)
+    if when_healthy:
+        asked["when_healthy"] = list(when_healthy)
     status = StatusAnswer.parse(host.probe(PROBE, asked))
     moved = _moved_port(status, server_port)
     if moved is not None:
@@ -225,6 +234,7 @@ def server_state(
         superseded=superseded,
         generation=generation,
         metrics_error=metrics_error,
+        side=status.side,
     )
 
 

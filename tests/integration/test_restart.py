@@ -216,6 +216,25 @@ def test_a_deploy_with_nothing_to_do_reads_the_hosts_facts_once(second: Deployed
     assert re.search(r"vLLM \S+ uses \w+ on compute capability \d+\.\d+", patch["message"]), patch
 
 
+def test_a_deploy_with_nothing_to_do_notes_the_launch_from_its_status_probe(
+    second: Deployed,
+) -> None:
+    # The deployment's python answers for the record inside the launch's status probe, run
+    # there once the server answers /health (issue 37): no command of its own.
+    folder = Path(
+        next(line for line in second.text.splitlines() if line.startswith("run folder: ")).split(
+            ": ", 1
+        )[1]
+    )
+    journal = [json.loads(line) for line in (folder / "journal.jsonl").read_text().splitlines()]
+    commands = [e["command"] for e in journal]
+    assert not any(c.startswith("the versions, launch script hash") for c in commands), commands
+    host = next(iter(json.loads((folder / "facts.json").read_text())["hosts"].values()))
+    assert host["engine"]["vllm"] and host["engine"]["engine_from"] == "the server's log", host
+    assert "config.json" in host["model"]["configs"], host
+    assert host["startup"]["kv_tokens"] and host["launch"]["script_digest"], host
+
+
 def test_a_changed_serve_argument_restarts_the_server_naming_why(
     second: Deployed, changed: Deployed
 ) -> None:

@@ -24,6 +24,7 @@ from opsbook.steps.host_facts import (
     QUERY_GPU_FIELDS,
     START_FACTS,
     HostFacts,
+    RunReadings,
     check_facts,
     facts_from_probe,
     gather_facts,
@@ -527,49 +528,36 @@ def _deployment(tmp_path: Path) -> Deployment:
     )
 
 
-def _in_deploy_run(monkeypatch: pytest.MonkeyPatch, journal: Path) -> None:
-    """The environment a deploy's shared kernel gives each stage (runner.execution)."""
-    monkeypatch.setenv("OPSBOOK_JOURNAL", str(journal))
-    monkeypatch.setenv("OPSBOOK_KEEP_CONNECTIONS", "1")
-
-
-def test_a_deploy_run_reads_a_hosts_facts_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _in_deploy_run(monkeypatch, tmp_path / "run-1" / "journal.jsonl")
+def test_a_deploy_run_reads_a_hosts_facts_once(tmp_path: Path) -> None:
     deployment = _deployment(tmp_path)
     host = FakeHost("127.0.0.1", user="me", probes={"facts": local_probe("facts", env=probe_env())})
-    full = gather_facts(host, deployment)  # preflight's
-    again = gather_facts(host, deployment, PATCH_FACTS, reuse=True)  # 02_config_patch's
+    readings = RunReadings()  # the run's, as its shared kernel holds them
+    full = gather_facts(host, deployment, readings=readings)  # preflight's
+    again = gather_facts(host, deployment, PATCH_FACTS, readings=readings)  # 02_config_patch's
     assert host.calls == [("probe", "facts")]
     assert again is full
 
 
 def test_a_reading_is_not_reused_unless_asked_nor_for_parts_nor_in_another_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     deployment = _deployment(tmp_path)
     host = FakeHost("127.0.0.1", user="me", probes={"facts": local_probe("facts", env=probe_env())})
-    _in_deploy_run(monkeypatch, tmp_path / "run-1" / "journal.jsonl")
-    gather_facts(host, deployment, START_FACTS)  # a partial reading is never kept
-    gather_facts(host, deployment, PATCH_FACTS, reuse=True)
-    gather_facts(host, deployment)
+    readings = RunReadings()
+    gather_facts(host, deployment, START_FACTS, readings=readings)  # a partial one is not kept
+    gather_facts(host, deployment, PATCH_FACTS, readings=readings)
+    gather_facts(host, deployment, readings=readings)
     gather_facts(host, deployment, START_FACTS)  # what guards a start is always read anew
-    _in_deploy_run(monkeypatch, tmp_path / "run-2" / "journal.jsonl")
-    gather_facts(host, deployment, PATCH_FACTS, reuse=True)  # another run reads its own
+    gather_facts(host, deployment, PATCH_FACTS, readings=RunReadings())  # another run's own
     assert host.calls == [("probe", "facts")] * 5
 
 
-def test_a_stage_run_alone_probes_every_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A notebook run on its own (no shared kernel) keeps nothing, whatever its journal.
-    monkeypatch.setenv("OPSBOOK_JOURNAL", str(tmp_path / "journal.jsonl"))
-    monkeypatch.delenv("OPSBOOK_KEEP_CONNECTIONS", raising=False)
+def test_a_stage_run_alone_probes_every_time(tmp_path: Path) -> None:
+    # A notebook run on its own (no shared kernel) has no readings: nothing is kept.
     deployment = _deployment(tmp_path)
     host = FakeHost("127.0.0.1", user="me", probes={"facts": local_probe("facts", env=probe_env())})
     gather_facts(host, deployment)
-    gather_facts(host, deployment, PATCH_FACTS, reuse=True)
+    gather_facts(host, deployment, PATCH_FACTS)
     assert host.calls == [("probe", "facts")] * 2
 
 

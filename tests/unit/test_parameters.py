@@ -109,3 +109,26 @@ def test_limits_are_read_from_the_fields_and_nan_is_in_no_range() -> None:
     check_limits(dataclasses.fields(Some), {"share": 1.0})
     with pytest.raises(RunError, match="must be at least 0 and at most 1"):
         check_limits(dataclasses.fields(Some), {"share": float("nan")})
+
+
+def test_a_notebooks_parameter_names_read_from_its_cell_are_its_stages_options() -> None:
+    from opsbook.runner.parameters import parameter_names
+
+    stages.import_runbook()
+    for stage in stages.STAGES:
+        declared = {p.name for p in stages.parameters_of(stage)}
+        assert parameter_names(find_notebook(stage.notebook)) == declared, stage.name
+
+
+def test_a_notebooks_parameter_names_are_read_without_importing_its_stage() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from opsbook.runner.parameters import find_notebook, parameter_names\n"
+        "assert 'apply' in parameter_names(find_notebook('04_launch'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opsbook.stages.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

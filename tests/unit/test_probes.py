@@ -202,6 +202,30 @@ def test_two_parts_binding_one_name_otherwise_are_refused(monkeypatch: pytest.Mo
         probes.joined("p")
 
 
+def test_parts_binding_a_name_by_one_statement_with_other_comments_are_no_conflict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A statement is compared as the parser spans it: over lines, its comment left out, with
+    # columns counted in UTF-8 bytes ("é" is two), and \r\n ends as the parser reads them.
+    statement = 'NAMES = {\n    "é": 1,  # one\n    "b": "éé"}'
+    parts(monkeypatch, {"p": f"from .q import f\r\n{statement}#p\r\ndef main(args): return f()\n",
+                        "q": f"{statement}#q\ndef f(): return NAMES['é']\n"})  # fmt: skip
+    namespace: dict[str, object] = {}
+    exec(compile(probes.joined("p"), "p", "exec"), namespace)
+    assert namespace["main"]({}) == 1  # type: ignore[operator]
+
+
+def test_a_statement_is_spanned_as_the_parser_spans_it_in_every_probe() -> None:
+    import ast
+    import io
+
+    for name in ("facts", "shard_read", "configs"):
+        text = probes.source(name)
+        lines = io.StringIO(text, newline="").readlines()
+        for node in ast.parse(text).body:
+            assert probes._segment(lines, node) == ast.get_source_segment(text, node)
+
+
 def test_a_part_from_outside_the_probes_folder_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     parts(monkeypatch, {"p": "from ..hosts import Host\ndef main(args): return 1\n"})
     with pytest.raises(ProbeError, match="imports ..hosts"):

@@ -150,3 +150,27 @@ def test_the_kernels_iommu_and_acs_words_are_read_before_the_init_arguments() ->
     )
     assert record_facts.kernel_flags("ro quiet -- --iommu=on") == ("not set", "not set")
     assert record_facts.kernel_flags(None) == (None, None)
+
+
+def test_a_launch_notes_the_answer_its_status_probe_brought_without_a_command(
+    tmp_path: Path, monkeypatch
+) -> None:
+    answer = {
+        "versions": {"vllm": "0.15.1", "torch": "2.9.1", "ray": None},
+        "script_sha256": "ab",
+        "engine_lines": ["INFO ... GPU KV cache size: 868,080 tokens"],
+        "configs": {"config.json": "{}", "hf_quant_config.json": "{}"},
+    }
+    host = FakeHost("a")
+    monkeypatch.delenv(OUTCOME_ENV, raising=False)
+    assert record_facts.launch_side_command(DEP) == []  # outside a run: nothing to ask
+    monkeypatch.setenv(OUTCOME_ENV, str(tmp_path / "04_launch.results.jsonl"))
+    assert "-c" in record_facts.launch_side_command(DEP)
+    record_facts.note_launch(host, DEP, "ab", None, (0, f"a banner\n{json.dumps(answer)}\n"))
+    assert host.calls == []
+    noted = read_notes([tmp_path / "04_launch.facts.jsonl"])[host.name]
+    assert noted["engine"]["torch"] == "2.9.1" and noted["startup"]["kv_tokens"] == 868080
+    assert set(noted["model"]["configs"]) == {"config.json", "hf_quant_config.json"}
+    # A python that did not answer leaves the engine unknown, as a command of its own would.
+    record_facts.note_launch(host, DEP, "ab", None, (1, "No module named importlib\n"))
+    assert host.calls == []

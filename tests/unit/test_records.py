@@ -1,6 +1,9 @@
+import contextlib
 import dataclasses
 import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -152,26 +155,50 @@ def test_an_html_copy_of_a_notebook_deleted_with_its_run_folder_is_none(tmp_path
     assert not notebook.parent.exists()  # nothing made in its place
 
 
-def test_html_copies_are_made_by_a_private_low_priority_helper(tmp_path) -> None:
+def _thread_niceness(pid: int) -> dict[int, int]:
+    """Each thread of a process and its nice value (Linux keeps one per thread)."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            found[int(task.name)] = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+    return found
+
+
+def test_html_copies_are_made_by_a_private_helper_that_warms_up_at_low_priority(tmp_path) -> None:
     import nbformat
 
     notebook = tmp_path / "00_preflight.ipynb"
     nbformat.write(
         nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("a verdict")]), notebook
     )
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
     exports = records.HtmlExports()
     try:
-        page = exports.export(notebook)
+        exports.start()
         helper = exports._proc
-        assert helper is not None and helper.poll() is None  # started by the first export
-        niceness = os.getpriority(os.PRIO_PROCESS, helper.pid) - os.getpriority(os.PRIO_PROCESS, 0)
+        assert helper is not None
+        seen: dict[int, int] = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the warm-up thread lives 0.5 s or more
+            now = _thread_niceness(helper.pid)
+            for tid, nice in now.items():
+                seen[tid] = max(seen.get(tid, nice), nice)
+            others = [tid for tid in seen if tid != helper.pid]
+            if others and (max(seen[t] for t in others) > ours or not set(others) & set(now)):
+                break  # seen niced, or come and gone
+        page = exports.export(notebook)
+        assert helper.poll() is None  # it serves the next export too
+        exporting = _thread_niceness(helper.pid)[helper.pid]
         assert exports.export(tmp_path / "gone.ipynb") is None
     finally:
         exports.close()
     assert page == notebook.with_suffix(".html")
     assert "a verdict" in page.read_text()
     assert page.stat().st_mode & 0o777 == 0o600
-    assert niceness == min(records.EXPORTER_NICENESS, 19 - os.getpriority(os.PRIO_PROCESS, 0))
+    # nbconvert's import yields to the stages; the export the run's end waits for does not.
+    warm = [nice for tid, nice in seen.items() if tid != helper.pid]
+    assert warm == [min(ours + records.EXPORTER_NICENESS, 19)]
+    assert exporting == ours
     assert helper.returncode == 0  # it ended when its input did
 
 

@@ -505,6 +505,23 @@ def test_a_launch_record_that_cannot_be_written_leaves_no_temp_file(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_status_runs_the_command_asked_beside_it_only_for_a_ready_server(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    from opsbook.remote.probes import launch as launch_probe
+
+    said = launch_probe.run_side([sys.executable, "-c", "import os; print(os.getcwd())"])
+    assert said == {"exit_code": 0, "output": os.path.expanduser("~") + "\n"}  # from home
+    assert launch_probe.run_side(["/nonexistent/python"])["output"] == "not run: FileNotFoundError"
+    args = {"state_dir": str(tmp_path), "log": str(tmp_path / "vllm.log"), "script": "s"}
+    marker = tmp_path / "ran"
+    asked = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    answer = launch_probe.status({**args, "port": None, "when_healthy": asked})
+    assert "side" not in answer and not marker.exists()  # nothing runs: nothing asked
+
+
 def test_an_unreadable_launch_record_is_named_apart_from_a_missing_one(tmp_path: Path) -> None:
     from opsbook.remote.probes import launch as launch_probe
 

@@ -272,6 +272,33 @@ def test_the_config_patch_stage_reads_only_what_its_prediction_needs(tmp_path) -
     assert f"the 3 shard(s)' {format_bytes(weights)} on disk" in budget
 
 
+def test_the_run_s_readings_reach_the_stages_that_take_them(monkeypatch) -> None:
+    from opsbook.stages import base
+    from opsbook.steps.host_facts import RunReadings
+
+    seen = []
+
+    def record(host, dep, options) -> Report:
+        seen.append(options.readings)
+        return Report(State.OK, Result(True, "fine"))
+
+    dep = deployment("a")
+    preflight_like = Stage("check", "99_check", False, record, module="preflight")
+    monkeypatch.setattr(base, "_shared_readings", None)
+    run_stage(preflight_like, dep, group=HostGroup([FakeHost("a")]), on_result=None)
+    readings = RunReadings()
+    base.share_readings(readings)  # as the deploy's shared kernel does when it starts
+    run_stage(preflight_like, dep, group=HostGroup([FakeHost("a")]), on_result=None)
+    # A stage without readings among its options runs as before.
+    done = run_stage(CHECK, dep, group=HostGroup([FakeHost("a", probes={"check": ok})]))
+    assert seen == [None, readings] and done.ok
+    # Preflight keeps its reading there, and 02_config_patch takes the GPUs and vLLM from it;
+    # neither is a notebook parameter.
+    for stage in (stages.get("preflight"), stages.get("config-patch")):
+        field = {f.name: f for f in dataclasses.fields(stage.options_type)}["readings"]
+        assert field.metadata.get(HOOK), stage.name
+
+
 def parameters_cell(notebook: str) -> list[ast.Assign]:
     """The assignments of the notebook's ``parameters`` cell, in order."""
     nb = json.loads((NOTEBOOKS_DIR / f"{notebook}.ipynb").read_text())

@@ -14,6 +14,9 @@ Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
   in one round trip. With ``log_when_healthy`` false, a server that runs and answers ``/health``
   200 is reported without its log's text (the scheduled check needs no more). With ``inputs``
   (as ``start`` takes them), whether each is the same as when the running launch started.
+  With ``when_healthy`` (a command line), a server that runs and answers ``/health`` 200 also
+  gets that command's output (``side``: what a record notes of a ready server, without a
+  round trip of its own).
 - ``stop``: SIGTERM to the recorded process group, wait, then SIGKILL; only after checking the
   process is still the one recorded (start time and command line) and is not an ancestor of
   this probe; other processes are reported, never signalled.
@@ -342,7 +345,25 @@ def status(args):
         answer["notes"] = {name: read_note(args["state_dir"], name) for name in args["notes"]}
     if args.get("inputs") and answer["running"]:
         answer["inputs"] = compare_inputs((record or {}).get("inputs"), args["inputs"])
+    if args.get("when_healthy") and healthy:
+        answer["side"] = run_side(args["when_healthy"])
     return answer
+
+
+def run_side(argv):
+    """The output of a command asked for beside a ready server's status, or why there is none."""
+    try:
+        done = subprocess.run(
+            [str(word) for word in argv],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=ENGINE_TIMEOUT,
+            cwd=os.path.expanduser("~"),
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"exit_code": None, "output": f"not run: {type(e).__name__}"}
+    output = (done.stdout + done.stderr).decode(errors="replace")
+    return {"exit_code": done.returncode, "output": output[-65536:]}
 
 
 # -- what a server runs -----------------------------------------------------------------------
