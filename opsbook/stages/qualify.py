@@ -24,7 +24,7 @@ from opsbook.core.exceptions import ProbeError, RunError
 from opsbook.core.results import SERVER_BUSY, Finding, Result, State, Table
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report, hook, limited
-from opsbook.steps import host_facts, metrics, script, server, triage
+from opsbook.steps import host_facts, metrics, plots, script, server, triage
 from opsbook.steps import qualify_correctness as correctness
 from opsbook.steps import qualify_gate as gate
 from opsbook.steps import qualify_matrix as matrix
@@ -125,7 +125,8 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         degenerate=checked.degenerate,
     )  # fmt: skip
     folder = _record_folder(options)
-    verdict_notes, compared = _judge(receipt, folder, options, findings)
+    verdict_notes, good = _judge(receipt, folder, options, findings)
+    compared = good.run_folder if good is not None else ""
     receipt.passed = not any(f.is_problem for f in findings)
     receipt.findings = [_finding_doc(f) for f in findings]
     receipt.compared_with = compared
@@ -138,6 +139,8 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         Note(message),
         *verdict_notes,
         matrix.matrix_table(measured, skipped),
+        plots.throughput_by_concurrency(measured, good.cells if good is not None else ()),
+        plots.ttft_by_prompt_length(measured, good.cells if good is not None else ()),
         startup_table(receipt),
         Result(receipt.passed, message, findings),
     ]
@@ -153,26 +156,26 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
 
 def _judge(
     receipt: receipts.Receipt, folder: Path | None, options: Options, findings: list[Finding]
-) -> tuple[list[Note], str]:
+) -> tuple[list[Note], receipts.Receipt | None]:
     """Add the findings against the last good run (and for information against other
-    hardware) to ``findings``; notes saying what was compared with, and the last good's run
-    folder ("" when there is none)."""
+    hardware) to ``findings``; notes saying what was compared with, and the last good
+    receipt (None when there is none)."""
     if folder is None:
-        return [Note("not in a run folder: nothing compared, no receipt filed")], ""
+        return [Note("not in a run folder: nothing compared, no receipt filed")], None
     earlier = list(receipts.earlier_receipts(folder))
     good, alike = gate.last_good(receipt, earlier)
     other = gate.other_hardware(receipt, earlier)
     if other is not None:
         findings.append(gate.for_information(receipt, other))
     if good is None:
-        return [Note("no earlier passing run on this hardware: judged on its own checks")], ""
+        return [Note("no earlier passing run on this hardware: judged on its own checks")], None
     bands = gate.learned_bands(alike, gate.Bands(options.decode_band, options.ttft_band))
     findings += gate.against_last_good(receipt, good, bands)
     note = Note(
         f"compared with the last good run {good.run_folder} ({good.started_at}); noise band "
         f"decode {bands.decode:.0%}, p99 TTFT {bands.ttft_p99:.0%}"
     )
-    return [note], good.run_folder
+    return [note], good
 
 
 def _message(receipt: receipts.Receipt, findings: list[Finding], compared: str) -> str:
