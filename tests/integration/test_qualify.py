@@ -16,6 +16,7 @@ import json
 import threading
 import time
 import urllib.request
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from opsbook.remote.hosts import Host
 from opsbook.runner import run as runner
 from opsbook.stages import qualify
 from opsbook.stages.base import Report
-from opsbook.steps import patch, server
+from opsbook.steps import patch, plots, server
 from opsbook.steps import qualify_correctness as correctness
 from opsbook.steps import qualify_gate as gate
 from opsbook.steps.script import render_script, upload_script
@@ -43,6 +44,7 @@ TOKEN_SECONDS = "0.004"
 # (the client's threads, HTTP) is a small share of its time, so the same speed reads the same.
 MEASURED_TOKEN_SECONDS = "0.01"
 READY_TIMEOUT = 60.0
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +142,18 @@ def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fa
     assert again.state is State.OK, str(again.verdict)
     assert "against the last good run" in again.verdict.message
     assert receipt_of(tmp_path / "run-2")["compared_with"] == str(tmp_path / "run-1")
+    # Its charts draw the last good run's cells (dashed) beside its own.
+    (tok_s, ttft) = [s for s in again.shows if isinstance(s, plots.Chart)]
+    assert str(tok_s).endswith("against the last good run")
+    drawn = {
+        (c.get("data-series"), c.get("data-x")): float(c.get("data-value", "nan"))
+        for c in ET.fromstring(tok_s.svg).iter(f"{SVG}circle")
+        if c.get("class") == "last-good"
+    }
+    assert drawn == {
+        ("prompt 128", str(c["cell"]["concurrency"])): c["output_tok_s"] for c in receipt["cells"]
+    }
+    assert "p99 TTFT" in str(ttft)
 
     rig.serve(OPSBOOK_SIM_TOKEN_SECONDS=MEASURED_TOKEN_SECONDS, OPSBOOK_SIM_SLOWDOWN="1.25")
     slower = rig.qualify(tmp_path / "run-3")
@@ -208,8 +222,19 @@ def test_a_qualification_run_files_its_receipt_its_metrics_and_a_textfile(
     assert done.returncode == 0, done.stdout + done.stderr
     (folder,) = (tmp_path / "runs").iterdir()
     assert receipt_of(folder)["passed"]
-    moments = {m["moment"] for m in json.loads((folder / "run.json").read_text())["metrics"]}
-    assert moments == {"before", "end"}
+    run = json.loads((folder / "run.json").read_text())
+    assert {m["moment"] for m in run["metrics"]} == {"before", "end"}
+    verdict = run["qualification"][rig.host.name]
+    assert verdict["verdict"] == "passed" and verdict["receipt"] == "qualify/receipt.json"
+    # The charts are in the executed notebook (what the HTML record is made from).
+    (executed,) = folder.glob("*.ipynb")
+    svgs = [
+        "".join(output["data"]["image/svg+xml"])
+        for cell in json.loads(executed.read_text())["cells"]
+        for output in cell.get("outputs", [])
+        if "image/svg+xml" in output.get("data", {})
+    ]
+    assert any("output tok/s by concurrency" in svg and 'class="now"' in svg for svg in svgs)
     name = load_deployment(box.deployment_path).name
     written = textfiles / f"opsbook_{name}_qualify.prom"
     assert f"textfile: {written}" in done.stdout
