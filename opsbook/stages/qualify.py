@@ -93,6 +93,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     target = matrix.Target(
         port, model, deployment.model_path, deployment.python, max_len,
         startup.kv_cache_tokens, api_key, seed=int(time.time()) % 100_000,
+        names=metrics.names_for(facts.vllm_version), stall_seconds=metrics.STALL_SECONDS,
     )  # fmt: skip
     cells, skipped = matrix.plan_cells(profile, target)
     driver = (
@@ -101,21 +102,29 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         else matrix.DRIVER_CLIENT
     )
     result_dir = posixpath.join(paths.state_dir, "qualify", started_at.replace(":", ""))
-    measured = []
-    for cell in cells:
-        _progress(host, f"cell {cell.label} ({driver})")
-        measured.append(matrix.run_cell(host, target, profile, cell, driver, result_dir))
-    _progress(host, "greedy determinism and degenerate output")
+    measured = _run_matrix(host, target, profile, cells, driver, result_dir, skipped)
+    hung = any(c.hung for c in measured)
     widest = max((c.concurrency for c in cells), default=max(profile.concurrencies))
-    checked = correctness.check_correctness(host, target, widest)
-    soaked = soak.soak(host, target, profile, deployment) if profile.soak_minutes else None
+    if hung:
+        # A hung server answers nothing more: each later check would wait out the watch too.
+        checked = correctness.Correctness(widest)
+    else:
+        _progress(host, "greedy determinism and degenerate output")
+        checked = correctness.check_correctness(host, target, widest)
+    soaked = (
+        soak.soak(host, target, profile, deployment) if profile.soak_minutes and not hung else None
+    )
     after = _snapshot(host, port, api_key)
     healthy = server.http_get(host, port, "/health", api_key=api_key).status == 200
     findings = [
         *gate.own_findings(measured),
         *checked.findings(),
         *(soaked.findings if soaked is not None else []),
-        *gate.engine_findings(healthy, before, after),
+        *[
+            f
+            for f in gate.engine_findings(healthy, before, after)
+            if not (hung and f.code == gate.CODE_HUNG)  # the cell's finding said it already
+        ],
     ]
     receipt = receipts.Receipt(
         host=host.name, started_at=started_at, profile=profile.name, driver=driver,
@@ -152,6 +161,29 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         shows.append(metrics.summary_of("end", after))
     state_ = State.OK if receipt.passed else State.FAILED
     return Report(state_, Result(receipt.passed, message, findings), shows, "", digest)
+
+
+def _run_matrix(
+    host: RemoteHost,
+    target: matrix.Target,
+    profile: matrix.Profile,
+    cells: list[matrix.Cell],
+    driver: str,
+    result_dir: str,
+    skipped: list[matrix.SkippedCell],
+) -> list[matrix.CellResult]:
+    """Each cell measured, until one finds the server hung: the cells after it are added to
+    ``skipped`` with that reason."""
+    measured: list[matrix.CellResult] = []
+    for n, cell in enumerate(cells):
+        _progress(host, f"cell {cell.label} ({driver})")
+        result = matrix.run_cell(host, target, profile, cell, driver, result_dir)
+        measured.append(result)
+        if result.hung:
+            reason = f"not run: the server hung in cell {cell.label}"
+            skipped += [matrix.SkippedCell(later, reason) for later in cells[n + 1 :]]
+            break
+    return measured
 
 
 def _judge(

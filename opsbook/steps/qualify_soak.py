@@ -3,8 +3,10 @@ requests at once, at the longest prompt that fits, round after round for the pro
 
 It passes when every request completes (no engine death or restart: vllm issues 42363, 32090,
 40420), the server keeps making tokens while requests run (no hang with ``/health`` still 200:
-vllm issue 51663), preemptions stay under one per request, and the GPUs' memory high-water
-(``nvidia-smi``, sampled each round) stays under their capacity.
+vllm issue 51663; the probe watches ``/metrics`` during each round and ends it within
+:data:`~opsbook.steps.metrics.STALL_SECONDS` of the counters stopping), preemptions stay under
+one per request, and the GPUs' memory high-water (``nvidia-smi``, sampled each round) stays
+under their capacity.
 """
 
 from __future__ import annotations
@@ -73,10 +75,13 @@ def soak(host: RemoteHost, target: Target, profile: Profile, deployment: Deploym
             }
             for n in range(concurrency)
         ]
-        answers = call_client(host, target, requests, concurrency)["answers"]
+        answer = call_client(host, target, requests, concurrency)
+        answers = answer["answers"]
         seen.rounds += 1
         seen.requests += len(answers)
-        seen.failed += sum(1 for a in answers if not a.get("ok"))
+        # Requests a hang ended are said by its own finding, not counted as failed.
+        if not answer.get("hung"):
+            seen.failed += sum(1 for a in answers if not a.get("ok"))
         _sample_memory(host, seen)
         try:
             after = metrics.read_metrics(host, target.port, api_key=target.api_key)
@@ -84,7 +89,12 @@ def soak(host: RemoteHost, target: Target, profile: Profile, deployment: Deploym
             seen.findings += qualify_gate.engine_findings(False, before, None)
             break
         seen.preemptions += max(0.0, (after.preemptions or 0) - (before.preemptions or 0))
-        seen.findings += judge_round(seen, qualify_gate.hang_findings(before, after))
+        if answer.get("hung"):
+            subject = f"soak {seen.concurrency} x {seen.prompt_tokens}"
+            hung = [qualify_gate.hung_during(subject, answer["hung"])]
+        else:
+            hung = qualify_gate.hang_findings(before, after)
+        seen.findings += judge_round(seen, hung)
     return seen
 
 

@@ -30,7 +30,7 @@ from opsbook.remote.hosts import Host
 from opsbook.runner import run as runner
 from opsbook.stages import qualify
 from opsbook.stages.base import Report
-from opsbook.steps import patch, plots, server
+from opsbook.steps import metrics, patch, plots, server
 from opsbook.steps import qualify_correctness as correctness
 from opsbook.steps import qualify_gate as gate
 from opsbook.steps.script import render_script, upload_script
@@ -179,6 +179,35 @@ def test_each_serving_fault_fails_the_verdict_with_its_own_finding(
     assert report.state is State.FAILED
     assert code in codes(report), str(report.verdict)
     assert not receipt_of(tmp_path / "run")["passed"]
+
+
+def test_a_server_that_stops_making_tokens_mid_cell_is_hung_at_the_stall_not_the_timeout(
+    rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine-hang fault: once ready the engine core never answers; /health stays 200 and
+    # every request stays running without a token. The product's stall is 15 s; 4 s here
+    # keeps the test short and is still far from the client's 120 s request timeout.
+    monkeypatch.setattr(metrics, "STALL_SECONDS", 4.0)
+    rig.serve(OPSBOOK_SIM_FAULT="engine-hang")
+    started = time.monotonic()
+    report = rig.qualify(tmp_path / "run")
+    took = time.monotonic() - started
+    assert report.state is State.FAILED
+    assert codes(report) == {gate.CODE_HUNG}, str(report.verdict)
+    (hung,) = [f for f in report.verdict.findings if f.code == gate.CODE_HUNG]
+    assert hung.subject == "cell 128 x 1"
+    assert "hung: 1 request(s) running and 0 waiting, and the generation counter stayed at 0" in (
+        hung.message
+    )
+    assert took < 40, took
+    receipt = receipt_of(tmp_path / "run")
+    (cell,) = receipt["cells"]
+    assert cell["hung"]["seconds"] >= 4.0 and cell["hung"]["running"] == 1.0
+    assert {
+        (s["cell"]["prompt_tokens"], s["cell"]["concurrency"], s["reason"])
+        for s in receipt["skipped_cells"]
+    } >= {(128, 4, "not run: the server hung in cell 128 x 1")}
+    assert server.http_get(rig.host, rig.dep.server_port, "/health").status == 200
 
 
 def hold(request: urllib.request.Request) -> None:
