@@ -26,6 +26,7 @@ from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report, hook, limited
 from opsbook.steps import host_facts, metrics, plots, script, server, triage
 from opsbook.steps import qualify_correctness as correctness
+from opsbook.steps import qualify_eval as evaluation
 from opsbook.steps import qualify_gate as gate
 from opsbook.steps import qualify_matrix as matrix
 from opsbook.steps import qualify_receipt as receipts
@@ -43,6 +44,9 @@ class Options:
             (3 x 3 and a 5-minute soak) or ``full`` (4 x 4 and a 30-minute soak).
         decode_band: the drop of output tok/s against the last good run that is a regression.
         ttft_band: the rise of p99 TTFT against the last good run that is a regression.
+        eval_file: a JSONL of questions and answers on the host (GSM8K's form) to score by
+            exact match, with a 95% Wilson interval, and to pair with the last good run's
+            outcomes (exact McNemar); empty: no evaluation.
         record_folder: the run folder the receipt is filed in, and whose siblings hold the
             earlier runs (default: the run's own, where ``opsbook run`` or a JupyterLab session
             records; none outside a run: then nothing is filed nor compared).
@@ -51,6 +55,7 @@ class Options:
     profile: str = limited("quick", choices=PROFILES)
     decode_band: float = limited(gate.DECODE_BAND, low=0.0, high=1.0)
     ttft_band: float = limited(gate.TTFT_BAND, low=0.0)
+    eval_file: str = ""
     record_folder: str | None = hook(None)
 
     def __post_init__(self) -> None:
@@ -111,6 +116,10 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     else:
         _progress(host, "greedy determinism and degenerate output")
         checked = correctness.check_correctness(host, target, widest)
+    evaluated = None
+    if options.eval_file and not hung:
+        _progress(host, f"evaluation {options.eval_file}")
+        evaluated = evaluation.evaluate(host, target, options.eval_file, widest)
     soaked = (
         soak.soak(host, target, profile, deployment) if profile.soak_minutes and not hung else None
     )
@@ -119,6 +128,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     findings = [
         *gate.own_findings(measured),
         *checked.findings(),
+        *(evaluation.own_findings(evaluated) if evaluated is not None else []),
         *(soaked.findings if soaked is not None else []),
         *[
             f
@@ -132,6 +142,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         skipped_cells=skipped, greedy_sha256=checked.alone,
         deterministic=checked.deterministic if checked.alone else None,
         degenerate=checked.degenerate,
+        evaluation=evaluated.to_dict() if evaluated is not None else None,
     )  # fmt: skip
     folder = _record_folder(options)
     verdict_notes, good = _judge(receipt, folder, options, findings)
@@ -151,6 +162,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         plots.throughput_by_concurrency(measured, good.cells if good is not None else ()),
         plots.ttft_by_prompt_length(measured, good.cells if good is not None else ()),
         startup_table(receipt),
+        *([Note(evaluation.describe(evaluated))] if evaluated is not None else []),
         Result(receipt.passed, message, findings),
     ]
     if filed:
@@ -203,6 +215,10 @@ def _judge(
         return [Note("no earlier passing run on this hardware: judged on its own checks")], None
     bands = gate.learned_bands(alike, gate.Bands(options.decode_band, options.ttft_band))
     findings += gate.against_last_good(receipt, good, bands)
+    if receipt.evaluation and good.evaluation:
+        now = evaluation.Evaluation.from_dict(receipt.evaluation)
+        then = evaluation.Evaluation.from_dict(good.evaluation)
+        findings += evaluation.against_last_good(now, then, good.run_folder)
     note = Note(
         f"compared with the last good run {good.run_folder} ({good.started_at}); noise band "
         f"decode {bands.decode:.0%}, p99 TTFT {bands.ttft_p99:.0%}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import threading
 import time
 import urllib.request
@@ -26,6 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import EXIT_BUSY, SERVER_BUSY, State
 from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.rehearsal.sim.vllm._simserver import WORDS
+from opsbook.rehearsal.sim.vllm._simserving import NATURAL_LENGTH, token_ids
 from opsbook.remote.hosts import Host
 from opsbook.runner import run as runner
 from opsbook.stages import qualify
@@ -87,9 +90,9 @@ class Rig:
         assert ready.ok, str(ready)
         return self.dep
 
-    def qualify(self, folder: Path) -> Report:
+    def qualify(self, folder: Path, eval_file: str = "") -> Report:
         folder.mkdir(parents=True)
-        options = qualify.Options(record_folder=str(folder))
+        options = qualify.Options(record_folder=str(folder), eval_file=eval_file)
         return qualify.run(self.host, self.dep, options)
 
 
@@ -116,11 +119,26 @@ def receipt_of(folder: Path) -> dict:
     return receipt
 
 
+def eval_file(rig: Rig) -> str:
+    """A file of 8 questions on the host: the simulator answers 6 right (their expected answer
+    is its own greedy reply: 12 tokens without ignore_eos, each a word of its vocabulary, from
+    the prompt's hash) and 2 wrong (it writes no number)."""
+    lines = []
+    for n in range(8):
+        prompt = f"Evaluation item {n}:"
+        reply = "".join(" " + WORDS[i % len(WORDS)] for i in token_ids(prompt, NATURAL_LENGTH))
+        lines.append(json.dumps({"prompt": prompt, "answer": reply if n < 6 else "#### 42"}))
+    path = posixpath.join(rig.host.home_folder(), "eval.jsonl")
+    rig.host.upload(path, "\n".join(lines) + "\n")
+    return path
+
+
 def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fails(
     rig: Rig, tmp_path: Path
 ) -> None:
     rig.serve(OPSBOOK_SIM_TOKEN_SECONDS=MEASURED_TOKEN_SECONDS)
-    first = rig.qualify(tmp_path / "run-1")
+    questions = eval_file(rig)
+    first = rig.qualify(tmp_path / "run-1", eval_file=questions)
     assert first.state is State.OK, str(first.verdict)
     assert "first run on this hardware" in first.verdict.message
     receipt = receipt_of(tmp_path / "run-1")
@@ -137,11 +155,19 @@ def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fa
     # Server-side counters, warm-up taken out: 64 tokens a request exactly.
     for cell in receipt["cells"]:
         assert cell["server_generation_tokens"] == 64 * cell["completed"]
+    scored = receipt["evaluation"]
+    assert (scored["items"], scored["correct"], scored["failed"]) == (8, 6, 0)
+    assert (scored["low"], scored["high"]) == (0.4093, 0.9285)  # Wilson, 6 of 8
+    assert sorted(scored["outcomes"].values()) == [0, 0, 1, 1, 1, 1, 1, 1]
 
-    again = rig.qualify(tmp_path / "run-2")
+    again = rig.qualify(tmp_path / "run-2", eval_file=questions)
     assert again.state is State.OK, str(again.verdict)
     assert "against the last good run" in again.verdict.message
     assert receipt_of(tmp_path / "run-2")["compared_with"] == str(tmp_path / "run-1")
+    (paired,) = [f for f in again.verdict.findings if f.subject.startswith("evaluation")]
+    assert "8 item(s) paired with the last good run: 0 right then and wrong now, 0 the other" in (
+        paired.message
+    )
     # Its charts draw the last good run's cells (dashed) beside its own.
     (tok_s, ttft) = [s for s in again.shows if isinstance(s, plots.Chart)]
     assert str(tok_s).endswith("against the last good run")
