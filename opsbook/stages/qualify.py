@@ -31,6 +31,7 @@ from opsbook.steps import qualify_gate as gate
 from opsbook.steps import qualify_matrix as matrix
 from opsbook.steps import qualify_receipt as receipts
 from opsbook.steps import qualify_soak as soak
+from opsbook.steps import qualify_tools as tool_calls
 
 PROFILES = tuple(matrix.PROFILES)
 
@@ -120,6 +121,11 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     if options.eval_file and not hung:
         _progress(host, f"evaluation {options.eval_file}")
         evaluated = evaluation.evaluate(host, target, options.eval_file, widest)
+    parser = tool_calls.parser_of(deployment)
+    called = None
+    if parser and not hung:
+        _progress(host, f"tool calls ({parser})")
+        called = tool_calls.check_tool_calls(host, target, parser)
     soaked = (
         soak.soak(host, target, profile, deployment) if profile.soak_minutes and not hung else None
     )
@@ -129,6 +135,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         *gate.own_findings(measured),
         *checked.findings(),
         *(evaluation.own_findings(evaluated) if evaluated is not None else []),
+        *(tool_calls.own_findings(called) if called is not None else []),
         *(soaked.findings if soaked is not None else []),
         *[
             f
@@ -143,6 +150,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         deterministic=checked.deterministic if checked.alone else None,
         degenerate=checked.degenerate,
         evaluation=evaluated.to_dict() if evaluated is not None else None,
+        tool_calls=called.to_dict() if called is not None else None,
     )  # fmt: skip
     folder = _record_folder(options)
     verdict_notes, good = _judge(receipt, folder, options, findings)
@@ -219,6 +227,10 @@ def _judge(
         now = evaluation.Evaluation.from_dict(receipt.evaluation)
         then = evaluation.Evaluation.from_dict(good.evaluation)
         findings += evaluation.against_last_good(now, then, good.run_folder)
+    if receipt.tool_calls and good.tool_calls:
+        findings += tool_calls.against_last_good(
+            receipt.tool_calls, good.tool_calls, good.run_folder
+        )
     note = Note(
         f"compared with the last good run {good.run_folder} ({good.started_at}); noise band "
         f"decode {bands.decode:.0%}, p99 TTFT {bands.ttft_p99:.0%}"

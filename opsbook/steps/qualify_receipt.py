@@ -109,6 +109,7 @@ class Receipt:
     deterministic: bool | None = None
     degenerate: dict[str, str] = field(default_factory=dict)
     evaluation: dict[str, Any] | None = None
+    tool_calls: dict[str, Any] | None = None
     passed: bool = False
     findings: list[dict[str, str]] = field(default_factory=list)
     compared_with: str = ""
@@ -177,6 +178,7 @@ def receipt_from_dict(doc: dict[str, Any]) -> Receipt:
         deterministic=doc.get("deterministic"),
         degenerate=dict(doc.get("degenerate") or {}),
         evaluation=doc.get("evaluation"),
+        tool_calls=doc.get("tool_calls"),
         passed=bool(doc.get("passed")),
         findings=list(doc.get("findings") or []),
         compared_with=doc.get("compared_with") or "",

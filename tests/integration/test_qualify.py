@@ -36,6 +36,7 @@ from opsbook.stages.base import Report
 from opsbook.steps import metrics, patch, plots, server
 from opsbook.steps import qualify_correctness as correctness
 from opsbook.steps import qualify_gate as gate
+from opsbook.steps import qualify_tools as tool_calls
 from opsbook.steps.script import render_script, upload_script
 from tests.integration.conftest import opsbook, rehearsal_host
 
@@ -80,7 +81,13 @@ class Rig:
         self.dep = dataclasses.replace(
             self.dep,
             env={"OPSBOOK_SIM_TOKEN_SECONDS": TOKEN_SECONDS, **env},
-            serve_args={**self.dep.serve_args, "max-model-len": 512},
+            serve_args={
+                **self.dep.serve_args,
+                "max-model-len": 512,
+                # The simulator's tool calls, checked in every run here (3 short requests).
+                "enable-auto-tool-choice": True,
+                "tool-call-parser": "hermes",
+            },
         )
         assert upload_script(self.host, self.dep, render_script(self.dep)).ok
         assert server.start_server(self.host, self.paths, self.dep.server_port).ok
@@ -155,6 +162,13 @@ def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fa
     # Server-side counters, warm-up taken out: 64 tokens a request exactly.
     for cell in receipt["cells"]:
         assert cell["server_generation_tokens"] == 64 * cell["completed"]
+    assert receipt["tool_calls"] == {
+        "parser": "hermes",
+        "asked": 3,
+        "valid": 3,
+        "rate": 1.0,
+        "problems": [],
+    }
     scored = receipt["evaluation"]
     assert (scored["items"], scored["correct"], scored["failed"]) == (8, 6, 0)
     assert (scored["low"], scored["high"]) == (0.4093, 0.9285)  # Wilson, 6 of 8
@@ -195,6 +209,7 @@ def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fa
         ("batch-dependent", correctness.CODE_NONDETERMINISTIC),
         ("crash-after:6", gate.CODE_DIED),
         ("crash-under:4", gate.CODE_FAILED),
+        ("bad-tool-args", tool_calls.CODE_TOOL_CALLS),
     ],
 )
 def test_each_serving_fault_fails_the_verdict_with_its_own_finding(

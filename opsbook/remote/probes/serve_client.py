@@ -17,12 +17,16 @@ Or, instead of ``requests``, ``command``: an argv (``vllm bench serve ...``) run
 its own, the key in its ``OPENAI_API_KEY``, given ``timeout`` seconds; the answer is its
 ``exit_code`` and the tails of its ``stdout`` and ``stderr``.
 
-Either way, with ``watch`` (``{"running", "waiting", "generation", "prompt"}``: the release's
-metric names; ``stall``: seconds; ``interval``) it reads ``/metrics`` while the load runs. When
-requests are in flight (the server's running or waiting gauge, or the client's own) and neither
-token counter moves for ``stall`` seconds, the server is hung (``/health`` can stay 200 for
-hours: vllm issue 51663): the load is ended at once (the client's connections closed, or the
-command's session sent SIGTERM, then SIGKILL) and the answer's ``hung`` holds the figures.
+Or ``chat``: request bodies sent one by one, unstreamed, to ``/v1/chat/completions`` (the model
+filled in); the answer is each reply's first ``message`` (``tool_calls``, ``content``).
+
+With ``requests`` or ``command``, and ``watch`` (``{"running", "waiting", "generation",
+"prompt"}``: the release's metric names; ``stall``: seconds; ``interval``) it reads
+``/metrics`` while the load runs. When requests are in flight (the server's running or waiting
+gauge, or the client's own) and neither token counter moves for ``stall`` seconds, the server
+is hung (``/health`` can stay 200 for hours: vllm issue 51663): the load is ended at once (the
+client's connections closed, or the command's session sent SIGTERM, then SIGKILL) and the
+answer's ``hung`` holds the figures.
 """
 
 import hashlib
@@ -304,7 +308,29 @@ def tail(data):
     return data.decode("utf-8", "replace")[-2000:]
 
 
+def one_chat(args, body):
+    """One unstreamed chat completion: its first message, or the error."""
+    headers = {"Content-Type": "application/json"}
+    if args.get("bearer"):
+        headers["Authorization"] = "Bearer " + args["bearer"]
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", args["port"], timeout=args["timeout"])
+        conn.request("POST", "/v1/chat/completions", json.dumps(dict(body, model=args["model"])),
+                     headers)  # fmt: skip
+        answer = conn.getresponse()
+        said = answer.read().decode("utf-8", "replace")
+        conn.close()
+        if answer.status != 200:
+            return {"ok": False, "error": "HTTP " + str(answer.status) + ": " + said[:300]}
+        message = (json.loads(said).get("choices") or [{}])[0].get("message") or {}
+        return {"ok": True, "message": message}
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        return {"ok": False, "error": type(error).__name__ + ": " + str(error)}
+
+
 def main(args):
+    if args.get("chat"):
+        return {"answers": [one_chat(args, body) for body in args["chat"]]}
     load = Load()
     if args.get("command"):
         answer = watched(args, load, lambda: run_command(args, load))
