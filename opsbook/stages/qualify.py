@@ -25,6 +25,7 @@ from opsbook.core.results import SERVER_BUSY, Finding, Result, State, Table
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report, hook, limited
 from opsbook.steps import host_facts, metrics, plots, script, server, triage
+from opsbook.steps import qualify_baselines as baselines
 from opsbook.steps import qualify_correctness as correctness
 from opsbook.steps import qualify_eval as evaluation
 from opsbook.steps import qualify_gate as gate
@@ -169,6 +170,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         matrix.matrix_table(measured, skipped),
         plots.throughput_by_concurrency(measured, good.cells if good is not None else ()),
         plots.ttft_by_prompt_length(measured, good.cells if good is not None else ()),
+        *_published(receipt, measured),
         startup_table(receipt),
         *([Note(evaluation.describe(evaluated))] if evaluated is not None else []),
         Result(receipt.passed, message, findings),
@@ -204,6 +206,13 @@ def _run_matrix(
             skipped += [matrix.SkippedCell(later, reason) for later in cells[n + 1 :]]
             break
     return measured
+
+
+def _published(receipt: receipts.Receipt, measured: list[matrix.CellResult]) -> list[Table]:
+    """The published baselines of this model on this GPU model beside this run, when any."""
+    software, hardware = receipt.software, receipt.fingerprint
+    found = baselines.matching(f"{software.model} {software.model_path}", hardware.gpu_model)
+    return [baselines.baselines_table(found, measured, hardware.gpu_count)] if found else []
 
 
 def _judge(
