@@ -17,6 +17,7 @@ import posixpath
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
@@ -87,6 +88,13 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         )
         finding = Finding("warning", f"port {port}", message, "run it again when idle")
         return Report(State.SKIPPED, Result(True, message, [finding]), [], SERVER_BUSY)
+    questions = None
+    if options.eval_file:
+        try:
+            questions = evaluation.read_eval_file(host, options.eval_file)
+        except RunError as e:
+            finding = Finding("error", "eval_file", e.message, e.remedy or "")
+            return Report(State.FAILED, Result(False, e.message, [finding]), [])
     profile = matrix.PROFILES[options.profile]
     paths = server.resolve_paths(host, deployment)
     state = triage.server_state(host, paths, port, notes=(server.RUNNING_SCRIPT,))
@@ -112,23 +120,8 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     measured = _run_matrix(host, target, profile, cells, driver, result_dir, skipped)
     hung = any(c.hung for c in measured)
     widest = max((c.concurrency for c in cells), default=max(profile.concurrencies))
-    if hung:
-        # A hung server answers nothing more: each later check would wait out the watch too.
-        checked = correctness.Correctness(widest)
-    else:
-        _progress(host, "greedy determinism and degenerate output")
-        checked = correctness.check_correctness(host, target, widest)
-    evaluated = None
-    if options.eval_file and not hung:
-        _progress(host, f"evaluation {options.eval_file}")
-        evaluated = evaluation.evaluate(host, target, options.eval_file, widest)
-    parser = tool_calls.parser_of(deployment)
-    called = None
-    if parser and not hung:
-        _progress(host, f"tool calls ({parser})")
-        called = tool_calls.check_tool_calls(host, target, parser)
-    soaked = (
-        soak.soak(host, target, profile, deployment) if profile.soak_minutes and not hung else None
+    checked, evaluated, called, soaked = _checks(
+        host, deployment, target, profile, widest, questions, hung
     )
     after = _snapshot(host, port, api_key)
     healthy = server.http_get(host, port, "/health", api_key=api_key).status == 200
@@ -183,6 +176,44 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         shows.append(metrics.summary_of("end", after))
     state_ = State.OK if receipt.passed else State.FAILED
     return Report(state_, Result(receipt.passed, message, findings), shows, "", digest)
+
+
+class Checks(NamedTuple):
+    """The checks after the matrix: each None when it was not run."""
+
+    checked: correctness.Correctness
+    evaluated: evaluation.Evaluation | None
+    called: tool_calls.ToolCalls | None
+    soaked: soak.Soak | None
+
+
+def _checks(
+    host: RemoteHost,
+    deployment: Deployment,
+    target: matrix.Target,
+    profile: matrix.Profile,
+    widest: int,
+    questions: evaluation.EvalFile | None,
+    hung: bool,
+) -> Checks:
+    """Greedy determinism and degenerate output, the evaluation file, the tool calls and the
+    soak, those that apply; none once the server hung (it answers nothing more: each would
+    only wait out the watch again)."""
+    if hung:
+        return Checks(correctness.Correctness(widest), None, None, None)
+    _progress(host, "greedy determinism and degenerate output")
+    checked = correctness.check_correctness(host, target, widest)
+    evaluated = None
+    if questions is not None:
+        _progress(host, f"evaluation {questions.path}")
+        evaluated = evaluation.evaluate(host, target, questions, widest)
+    parser = tool_calls.parser_of(deployment)
+    called = None
+    if parser:
+        _progress(host, f"tool calls ({parser})")
+        called = tool_calls.check_tool_calls(host, target, parser)
+    soaked = soak.soak(host, target, profile, deployment) if profile.soak_minutes else None
+    return Checks(checked, evaluated, called, soaked)
 
 
 def _run_matrix(

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opsbook.core.exceptions import RunError
+from opsbook.core.exceptions import HostError, RunError
 from opsbook.core.results import Finding
 from opsbook.remote.protocol import RemoteHost
 from opsbook.steps.qualify_matrix import Target, call_client
@@ -164,20 +164,41 @@ def parse_items(text: str, path: str) -> list[Item]:
     return items
 
 
-def evaluate(host: RemoteHost, target: Target, path: str, concurrency: int) -> Evaluation:
-    """Ask each item of the file on the host, greedily, ``concurrency`` at a time; score it.
+@dataclass(frozen=True)
+class EvalFile:
+    """An evaluation file read from the host: its path, its content's hash, its items."""
+
+    path: str
+    sha256: str
+    items: tuple[Item, ...]
+
+
+def read_eval_file(host: RemoteHost, path: str) -> EvalFile:
+    """The file on the host, read and parsed (before any measurement: a wrong file is said
+    at once, not after the matrix).
 
     Raises:
-        RunError: the file is not a JSONL of questions and answers.
+        RunError: it cannot be read, or is not a JSONL of questions and answers.
     """
-    text = host.read_text(path)
-    items = parse_items(text, path)
+    try:
+        text = host.read_text(path)
+    except HostError as e:
+        raise RunError(
+            f"the evaluation file {path} cannot be read on {host.name}: {e.message}",
+            remedy="-p eval_file with the path of a JSONL file on the host, readable by its user",
+        ) from e
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return EvalFile(path, digest, tuple(parse_items(text, path)))
+
+
+def evaluate(host: RemoteHost, target: Target, file: EvalFile, concurrency: int) -> Evaluation:
+    """Ask each item of the file, greedily, ``concurrency`` at a time; score the answers."""
     requests = [
-        {"prompt": item.prompt, "max_tokens": ANSWER_TOKENS, "ignore_eos": False} for item in items
+        {"prompt": item.prompt, "max_tokens": ANSWER_TOKENS, "ignore_eos": False}
+        for item in file.items
     ]
     answers = call_client(host, target, requests, concurrency, keep_text=KEEP_TEXT)["answers"]
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return score(path, digest, items, answers)
+    return score(file.path, file.sha256, file.items, answers)
 
 
 def score(

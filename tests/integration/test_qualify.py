@@ -1,8 +1,10 @@
 """06_qualify over real SSH against the simulated vLLM of a rehearsal host of this module's own:
 a first run passes on its own checks and becomes the last good; the same speed again passes,
-20% slower is a regression; each serving fault fails the verdict with its own finding; a busy
-server is skipped with exit code 6; a run through the CLI files its receipt, its /metrics
-summaries and its textfile.
+20% slower is a regression (its charts drawing the last good run beside it, its evaluation file
+scored and paired, its tool calls valid); each serving fault fails the verdict with its own
+finding; a server whose engine stops mid-cell is hung at the stall, not at the request timeout; a
+busy server is skipped with exit code 6; a run through the CLI files its receipt, its verdict in
+run.json, its /metrics summaries, its charts and its textfile.
 
 Tokens are paced (``OPSBOOK_SIM_TOKEN_SECONDS``), so speed is the simulator's and not this
 machine's; ``--max-model-len 512`` leaves the quick profile's 128-token row (the 1024-token

@@ -96,7 +96,9 @@ def test_a_file_on_the_host_is_answered_greedily_and_scored() -> None:
 
     host = FakeHost("a", probes={"serve_client": client}, files={"/data/e.jsonl": "\n".join(lines)})
     target = matrix.Target(8000, "tiny", "/m", "/p")
-    found = evaluation.evaluate(host, target, "/data/e.jsonl", 4)
+    file = evaluation.read_eval_file(host, "/data/e.jsonl")
+    assert len(file.items) == 4 and len(file.sha256) == 16
+    found = evaluation.evaluate(host, target, file, 4)
     assert (found.items, found.correct, found.failed, found.accuracy) == (4, 3, 0, 0.75)
     assert (found.low, found.high) == (0.3006, 0.9544)  # Wilson, 3 of 4
     assert list(found.outcomes.values()) == [1, 1, 1, 0]
@@ -137,3 +139,9 @@ def test_failed_requests_are_a_finding_and_count_wrong() -> None:
     assert (scored.correct, scored.failed) == (0, 1)
     (found,) = evaluation.own_findings(scored)
     assert found.code == evaluation.CODE_EVAL_FAILED
+
+
+def test_an_unreadable_file_is_said_with_its_remedy_before_any_measurement() -> None:
+    with pytest.raises(RunError, match="the evaluation file /nope.jsonl cannot be read") as e:
+        evaluation.read_eval_file(FakeHost("a"), "/nope.jsonl")
+    assert "-p eval_file" in (e.value.remedy or "")
