@@ -15,6 +15,7 @@ and carries the figures (``hung``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import posixpath
@@ -290,6 +291,18 @@ def _snapshot(host: RemoteHost, target: Target) -> MetricsSnapshot | None:
         return None
 
 
+def cell_seed(target: Target, cell: Cell | str) -> int:
+    """The seed of one cell's prompts (or of another part of the run, by name): the run's
+    seed made the cell's own. Two cells of one length with the run's seed would send the same
+    prompts (vLLM 0.32.0 ``vllm/benchmarks/datasets/datasets.py``: ``RandomDataset`` draws each
+    prompt's tokens from ``numpy.random.default_rng(seed)``; the client's from the salt), and the
+    second would be served from the prefix cache the first filled (its TTFT and tok/s that
+    cache's, not the server's)."""
+    part = cell.label if isinstance(cell, Cell) else cell
+    digest = hashlib.sha256(f"{target.seed}:{part}".encode()).hexdigest()
+    return int(digest[:8], 16) % 100_000_000
+
+
 def prompt_of(tokens: int, salt: int) -> str:
     """A prompt of about ``tokens`` tokens (one short word each in common tokenizers), unlike
     the others by ``salt`` so that no prefix cache serves it."""
@@ -302,7 +315,7 @@ def _client(host: RemoteHost, target: Target, profile: Profile, cell: Cell) -> C
     count = profile.requests_for(cell.concurrency)
     requests = [
         {
-            "prompt": prompt_of(cell.prompt_tokens, target.seed * 100_000 + n),
+            "prompt": prompt_of(cell.prompt_tokens, cell_seed(target, cell) * 100_000 + n),
             "max_tokens": profile.output_tokens,
         }
         for n in range(profile.warmup + count)
@@ -393,7 +406,7 @@ def bench_serve_command(
         "--max-concurrency", str(cell.concurrency),
         "--num-warmups", str(profile.warmup),
         "--ignore-eos",
-        "--seed", str(target.seed),
+        "--seed", str(cell_seed(target, cell)),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
         "--save-result",

@@ -18,7 +18,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.results import Finding
 from opsbook.remote.protocol import RemoteHost
 from opsbook.steps import metrics, qualify_gate
-from opsbook.steps.qualify_matrix import Profile, Target, call_client, prompt_of
+from opsbook.steps.qualify_matrix import Profile, Target, call_client, cell_seed, prompt_of
 
 # vLLM's default max_num_seqs when the deployment sets none (vllm 0.32.0 vllm/engine/
 # arg_utils.py, EngineArgs.get_batch_defaults: 256 on GPUs for the OpenAI server).
@@ -65,12 +65,13 @@ def soak(host: RemoteHost, target: Target, profile: Profile, deployment: Deploym
     round that finds a problem."""
     concurrency, length = soak_shape(profile, target, deployment)
     seen = Soak(concurrency, length)
+    seed = cell_seed(target, "soak")  # not the prompts a matrix cell of the same length sent
     deadline = time.monotonic() + profile.soak_minutes * 60
     while time.monotonic() < deadline and not seen.findings:
         before = metrics.read_metrics(host, target.port, api_key=target.api_key)
         requests = [
             {
-                "prompt": prompt_of(length, target.seed * 100_000 + seen.requests + n),
+                "prompt": prompt_of(length, seed * 100_000 + seen.requests + n),
                 "max_tokens": profile.output_tokens,
             }
             for n in range(concurrency)

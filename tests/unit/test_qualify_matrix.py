@@ -153,3 +153,24 @@ def test_a_cell_the_server_hung_in_carries_the_figures() -> None:
         matrix.Cell(128, 1),
     )
     assert client.hung == HUNG
+
+
+def test_no_two_cells_of_a_run_send_the_same_prompts() -> None:
+    # Same length, same run: the second cell would be served from the first's prefix cache.
+    one, four = matrix.Cell(128, 1), matrix.Cell(128, 4)
+    seeds = {matrix.cell_seed(TARGET, c) for c in (one, four)} | {matrix.cell_seed(TARGET, "soak")}
+    assert len(seeds) == 3
+    assert matrix.cell_seed(TARGET, one) == matrix.cell_seed(TARGET, matrix.Cell(128, 1))
+    commands = [matrix.bench_serve_command(TARGET, QUICK, c, "/r", "b.json") for c in (one, four)]
+    words = [shlex.split(command) for command in commands]
+    assert len({w[w.index("--seed") + 1] for w in words}) == 2
+    sent = []
+
+    def client(args: dict) -> dict:
+        sent.append([r["prompt"] for r in args["requests"]])
+        return {"duration": 1.0, "answers": []}
+
+    host = FakeHost("a", probes={"serve_client": client, "launch": ProbeError("no /metrics")})
+    for c in (one, four):
+        matrix.run_cell(host, TARGET, QUICK, c, matrix.DRIVER_CLIENT, "/r")
+    assert not set(sent[0]) & set(sent[1])
