@@ -6,12 +6,12 @@ taken down at the end), launches the server, then in the same run:
 
 - opsbook: ``stages.qualify.run`` with the quick profile (pre-checks, the matrix driven by the
   host's ``vllm bench serve``, correctness), timed from the call to its verdict;
-- plain: for each cell the matrix measured, the operator's own ``vllm bench serve`` with the
-  same flags (the command opsbook runs, typed by hand), over SSH, its JSON read back.
+- then for each cell it measured, pairs back to back: the stage's own measurement of the cell
+  (``matrix.run_cell``) and the operator's own ``vllm bench serve`` with the same flags (the
+  command opsbook runs, typed by hand), over SSH, its JSON read back; the order alternating.
 
-Printed: the quick profile's wall time (goal: about a minute), and per cell the output tok/s
-opsbook filed over the hand run's (goal: within 5%): medians of three rounds, the hand runs
-first in every other round, on the same warm server.
+Printed: the quick profile's wall time (goal: about a minute), and per cell the median of the
+pairs' ratios of output tok/s, opsbook's over the hand run's (goal: within 5%).
 
 Usage: ``.venv/bin/python bench/qualify.py [--address 127.0.6.36]``
 """
@@ -19,6 +19,7 @@ Usage: ``.venv/bin/python bench/qualify.py [--address 127.0.6.36]``
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import posixpath
 import shlex
@@ -42,8 +43,10 @@ from opsbook.steps.script import render_script, upload_script
 READY_TIMEOUT = 600.0
 GOAL_WALL = 90.0
 GOAL_RATIO = 0.05
-# Rounds of (opsbook's quick profile, the hand runs), medians compared: the machine is shared.
-ROUNDS = 3
+# Runs of the quick profile timed (median), then pairs a cell (opsbook's measurement of the
+# cell, the hand run) compared: the machine is shared.
+ROUNDS = 2
+PAIRS = 6
 
 
 def main() -> int:
@@ -75,17 +78,9 @@ def _measure(host: Host, dep: Deployment, paths: server.LaunchPaths, folder: Pat
     assert ready.ok, str(ready)
 
     profile = matrix.PROFILES["quick"]
-    hand_dir = posixpath.join(paths.state_dir, "bench-by-hand")
-    host.run(f"mkdir -p -- {shlex.quote(hand_dir)}", check=True)
     walls: list[float] = []
-    ours: dict[str, list[float]] = {}
-    plain: dict[str, list[float]] = {}
+    staged: dict[str, list[float]] = {}
     for round_ in range(ROUNDS):
-        # Alternate which goes first (a server warmer for the second is no one's advantage);
-        # the first round is opsbook's first, which finds the cells that fit.
-        hand_first = round_ % 2 == 1
-        if hand_first:
-            _by_hand(host, dep, profile, hand_dir, ours, plain)
         records = folder / "runs" / f"round-{round_}"
         records.mkdir(parents=True)
         started = time.perf_counter()
@@ -95,58 +90,94 @@ def _measure(host: Host, dep: Deployment, paths: server.LaunchPaths, folder: Pat
         print(f"round {round_ + 1}: qualify quick {report.state.value}: {report.verdict.message}")
         for cell in receipt["cells"]:
             label = f"{cell['cell']['prompt_tokens']} x {cell['cell']['concurrency']}"
-            ours.setdefault(label, []).append(cell["output_tok_s"])
-        if not hand_first:
-            _by_hand(host, dep, profile, hand_dir, ours, plain)
+            staged.setdefault(label, []).append(cell["output_tok_s"])
+
+    # Each cell the stage measured, in pairs back to back: the stage's own measurement of a
+    # cell (matrix.run_cell: the probe running vllm bench serve under its /metrics watch, the
+    # counters read around it) and the operator's vllm bench serve typed by hand, the order
+    # alternating. A pair shares the machine's load of its minute, so the ratio of a pair is
+    # the measurement's difference, not the other engineers' load (which moved the hand run
+    # alone from 638 to 1,862 tok/s at concurrency 4 over one earlier run).
+    hand_dir = posixpath.join(paths.state_dir, "bench-by-hand")
+    host.run(f"mkdir -p -- {shlex.quote(hand_dir)}", check=True)
+    pairs: dict[str, list[tuple[float, float]]] = {}
+    for label in staged:
+        shape = matrix.Cell(*(int(n) for n in label.split(" x ")))
+        for k in range(PAIRS):
+            if k % 2:
+                plain = _by_hand(host, dep, profile, shape, hand_dir)
+                ours = _by_opsbook(host, dep, profile, shape, paths)
+            else:
+                ours = _by_opsbook(host, dep, profile, shape, paths)
+                plain = _by_hand(host, dep, profile, shape, hand_dir)
+            pairs.setdefault(label, []).append((ours, plain))
 
     wall = statistics.median(walls)
     benchtable.header(
-        f"06_qualify quick profile vs vllm bench serve by hand, real vLLM tier "
-        f"(median of {ROUNDS} rounds)"
+        f"06_qualify quick profile vs vllm bench serve by hand, real vLLM tier (wall: median of "
+        f"{ROUNDS} runs; tok/s: {PAIRS} back-to-back pairs a cell, median of their ratios)"
     )
     met = wall <= GOAL_WALL
     benchtable.row(
         "quick profile wall time", benchtable.seconds(wall), "-", None,
         f"<= {GOAL_WALL:.0f} s: {benchtable.verdict(met)}",
     )  # fmt: skip
-    for label, rates in ours.items():
-        mine, theirs = statistics.median(rates), statistics.median(plain[label])
-        ratio = mine / theirs if theirs else None
-        within = ratio is not None and abs(ratio - 1) <= GOAL_RATIO
+    for label, measured in pairs.items():
+        ratio = statistics.median(o / p for o, p in measured if p)
+        within = abs(ratio - 1) <= GOAL_RATIO
         met = met and within
+        mine = statistics.median(o for o, _ in measured)
+        theirs = statistics.median(p for _, p in measured)
         benchtable.row(
             f"output tok/s, cell {label}", f"{mine:.1f}", f"{theirs:.1f}", ratio,
             f"within {GOAL_RATIO:.0%}: {benchtable.verdict(within)}",
         )  # fmt: skip
-    for label, rates in ours.items():
-        shown = ", ".join(f"{r:.0f}" for r in rates)
+    for label, measured in pairs.items():
+        shown = "; ".join(f"{o:.0f}/{p:.0f}" for o, p in measured)
+        in_stage = ", ".join(f"{r:.0f}" for r in staged[label])
+        mine = statistics.median(o for o, _ in measured)
+        theirs = statistics.median(p for _, p in measured)
         print(
-            f"cell {label}: opsbook {shown}; by hand {', '.join(f'{r:.0f}' for r in plain[label])}"
+            f"cell {label}: pairs opsbook/by hand {shown} (ratio of the medians "
+            f"{mine / theirs:.2f}); in the stage's runs {in_stage}"
         )
     return 0 if met else 1
 
 
+_RUNS = itertools.count(1)
+
+
+def _seed() -> int:
+    """Prompts of their own for every run: none is served from another's prefix cache."""
+    return (int(time.time()) + next(_RUNS) * 7919) % 100_000
+
+
+def _by_opsbook(
+    host: Host, dep: Deployment, profile: matrix.Profile, shape: matrix.Cell,
+    paths: server.LaunchPaths,
+) -> float:  # fmt: skip
+    """The stage's measurement of one cell (``matrix.run_cell``, as ``qualify.run`` calls
+    it): its output tok/s."""
+    target = matrix.Target(dep.server_port, dep.model_path, dep.model_path, dep.python,
+                           seed=_seed())  # fmt: skip
+    result_dir = posixpath.join(paths.state_dir, "qualify", "bench")
+    measured = matrix.run_cell(host, target, profile, shape, matrix.DRIVER_BENCH, result_dir)
+    assert measured.completed and not measured.errors, measured.errors
+    return measured.output_tok_s
+
+
 def _by_hand(
-    host: Host,
-    dep: Deployment,
-    profile: matrix.Profile,
-    hand_dir: str,
-    ours: dict[str, list[float]],
-    plain: dict[str, list[float]],
-) -> None:
-    """The operator's own ``vllm bench serve`` for each cell opsbook measured, same flags."""
+    host: Host, dep: Deployment, profile: matrix.Profile, shape: matrix.Cell, hand_dir: str
+) -> float:
+    """The operator's own ``vllm bench serve`` for the cell, same flags, over SSH: its JSON's
+    ``output_throughput`` (its total output tokens over its duration)."""
     model = dep.model_path  # the tier serves it under its path (no served-model-name)
-    # Prompts of its own, as opsbook's are: neither run is served from the other's prefix cache.
-    seed = int(time.time()) % 100_000 + 1
-    target = matrix.Target(dep.server_port, model, dep.model_path, dep.python, seed=seed)
-    for label in ours:
-        prompt, concurrency = (int(n) for n in label.split(" x "))
-        shape = matrix.Cell(prompt, concurrency)
-        name = f"hand-{prompt}x{concurrency}.json"
-        command = matrix.bench_serve_command(target, profile, shape, hand_dir, name)
-        host.run(command, timeout=matrix.CELL_TIMEOUT, check=True)
-        saved = json.loads(host.read_text(posixpath.join(hand_dir, name)))
-        plain.setdefault(label, []).append(float(saved["output_throughput"]))
+    target = matrix.Target(dep.server_port, model, dep.model_path, dep.python, seed=_seed())
+    name = f"hand-{shape.prompt_tokens}x{shape.concurrency}.json"
+    command = matrix.bench_serve_command(target, profile, shape, hand_dir, name)
+    host.run(command, timeout=matrix.CELL_TIMEOUT, check=True)
+    saved = json.loads(host.read_text(posixpath.join(hand_dir, name)))
+    return float(saved["output_throughput"])
 
 
 if __name__ == "__main__":

@@ -609,6 +609,9 @@ def write_run_json(folder: Path, record: RunRecord) -> None:
     metrics = records.recorded_metrics(folder)
     if metrics:
         doc["metrics"] = metrics
+    verdicts = records.qualification_verdicts(folder, record.results)
+    if verdicts:
+        doc["qualification"] = verdicts
     (folder / "run.json").write_text(json.dumps(doc, default=str, indent=2) + "\n")
 
 

@@ -294,8 +294,11 @@ def write_summary(folder: Path, run: RunSummary) -> Path:
     metrics = recorded_metrics(folder)
     if metrics:
         doc["metrics"] = metrics
+    verdicts = qualification_verdicts(folder, run.results)
+    if verdicts:
+        doc["qualification"] = verdicts
     (folder / SUMMARY).write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    (folder / INDEX).write_text(index_page(run))
+    (folder / INDEX).write_text(index_page(run, verdicts))
     write_journal_page(folder)
     return folder / SUMMARY
 
@@ -312,9 +315,73 @@ def write_journal_page(folder: Path) -> Path | None:
     return folder / JOURNAL_PAGE
 
 
-def index_page(run: RunSummary) -> str:
+def qualification_verdicts(folder: Path, results: list[HostResult]) -> dict[str, dict[str, Any]]:
+    """Per host 06_qualify ran on, its verdict: ``passed`` or ``failed`` with its receipt's
+    figures (``qualify/receipt.json``, a rolling run's under ``batch-*/``), else the stage's
+    own state (``skipped`` when the server was busy, ``failed`` when there was none)."""
+    from opsbook.steps import qualify_receipt as receipts
+
+    paths = [
+        *folder.glob(f"{receipts.FOLDER}/{receipts.RECEIPT_FILE}"),
+        *folder.glob(f"batch-*/{receipts.FOLDER}/{receipts.RECEIPT_FILE}"),
+    ]
+    filed = {r.host: (r, p) for p in paths for r in receipts.receipts_in(p)}
+    verdicts: dict[str, dict[str, Any]] = {}
+    for result in results:
+        if result.stage != "qualify":
+            continue
+        verdict: dict[str, Any] = {"verdict": result.state.value, "message": result.message}
+        if result.host in filed:
+            receipt, path = filed[result.host]
+            verdict.update(
+                verdict="passed" if receipt.passed else "failed",
+                profile=receipt.profile,
+                compared_with=receipt.compared_with,
+                problems=sorted(
+                    {f.get("code", "") for f in receipt.findings if f.get("severity") == "error"}
+                    - {""}
+                ),
+                best_output_tok_s=max((c.output_tok_s for c in receipt.cells), default=None),
+                receipt=str(path.relative_to(folder)),
+            )
+        verdicts[result.host] = verdict
+    return verdicts
+
+
+def _qualification_section(verdicts: Mapping[str, Mapping[str, Any]]) -> str:
+    """The index page's table of 06_qualify's verdict per host, each linking its receipt."""
+    if not verdicts:
+        return ""
+    esc = html.escape
+    colours = {"passed": State.OK.colour, "failed": State.FAILED.colour}
+    rows = []
+    for host, v in verdicts.items():
+        colour = colours.get(v["verdict"], State.SKIPPED.colour)
+        verdict = esc(v["verdict"])
+        if v.get("receipt"):
+            verdict = f"<a href='{esc(v['receipt'])}'>{verdict}</a>"
+        best = v.get("best_output_tok_s")
+        against = v.get("compared_with") or ("first run on this hardware" if "profile" in v else "")
+        rows.append(
+            f"<tr><th style='text-align:left'>{esc(host)}</th>"
+            f"<td class='state' style='background:{colour};color:white'>{verdict}</td>"
+            f"<td>{esc(v.get('profile', ''))}</td>"
+            f"<td>{'' if best is None else f'{best:.1f}'}</td>"
+            f"<td>{esc(', '.join(v.get('problems', [])))}</td>"
+            f"<td>{esc(against)}</td><td>{esc(v['message'])}</td></tr>"
+        )
+    return (
+        "<h2>Qualification</h2><table><tr><th>host</th><th>verdict</th><th>profile</th>"
+        "<th>best tok/s</th><th>problems</th><th>against</th><th>message</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def index_page(run: RunSummary, verdicts: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """A self-contained status page: a host x stage grid of states, each cell linking the
-    notebook that ran it, the recap and the launch script each host runs."""
+    notebook that ran it, the recap and the launch script each host runs, then 06_qualify's
+    ``verdicts`` (:func:`qualification_verdicts`) when it ran."""
     esc = html.escape
     head = "".join(f"<th>{esc(s)}</th>" for s in run.stages)
     versions = run.script_versions()
@@ -349,7 +416,9 @@ def index_page(run: RunSummary) -> str:
         f" · <a href='{JOURNAL_PAGE}'>journal</a> (<a href='journal.jsonl'>JSON lines</a>)</p>"
         f"<table><tr><th>host</th>{head}<th>launch script running</th><th>recap</th></tr>"
         + "".join(rows)
-        + "</table><h2>Notebooks</h2><ul>"
+        + "</table>"
+        + _qualification_section(verdicts or {})
+        + "<h2>Notebooks</h2><ul>"
         + notebooks
         + "</ul>"
     )

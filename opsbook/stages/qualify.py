@@ -17,6 +17,7 @@ import posixpath
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from opsbook.core import channel
 from opsbook.core.deployment import Deployment
@@ -24,12 +25,15 @@ from opsbook.core.exceptions import ProbeError, RunError
 from opsbook.core.results import SERVER_BUSY, Finding, Result, State, Table
 from opsbook.remote.protocol import RemoteHost
 from opsbook.stages.base import Note, Report, hook, limited
-from opsbook.steps import host_facts, metrics, script, server, triage
+from opsbook.steps import host_facts, metrics, plots, script, server, triage
+from opsbook.steps import qualify_baselines as baselines
 from opsbook.steps import qualify_correctness as correctness
+from opsbook.steps import qualify_eval as evaluation
 from opsbook.steps import qualify_gate as gate
 from opsbook.steps import qualify_matrix as matrix
 from opsbook.steps import qualify_receipt as receipts
 from opsbook.steps import qualify_soak as soak
+from opsbook.steps import qualify_tools as tool_calls
 
 PROFILES = tuple(matrix.PROFILES)
 
@@ -43,6 +47,9 @@ class Options:
             (3 x 3 and a 5-minute soak) or ``full`` (4 x 4 and a 30-minute soak).
         decode_band: the drop of output tok/s against the last good run that is a regression.
         ttft_band: the rise of p99 TTFT against the last good run that is a regression.
+        eval_file: a JSONL of questions and answers on the host (GSM8K's form) to score by
+            exact match, with a 95% Wilson interval, and to pair with the last good run's
+            outcomes (exact McNemar); empty: no evaluation.
         record_folder: the run folder the receipt is filed in, and whose siblings hold the
             earlier runs (default: the run's own, where ``opsbook run`` or a JupyterLab session
             records; none outside a run: then nothing is filed nor compared).
@@ -51,6 +58,7 @@ class Options:
     profile: str = limited("quick", choices=PROFILES)
     decode_band: float = limited(gate.DECODE_BAND, low=0.0, high=1.0)
     ttft_band: float = limited(gate.TTFT_BAND, low=0.0)
+    eval_file: str = ""
     record_folder: str | None = hook(None)
 
     def __post_init__(self) -> None:
@@ -80,6 +88,13 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         )
         finding = Finding("warning", f"port {port}", message, "run it again when idle")
         return Report(State.SKIPPED, Result(True, message, [finding]), [], SERVER_BUSY)
+    questions = None
+    if options.eval_file:
+        try:
+            questions = evaluation.read_eval_file(host, options.eval_file)
+        except RunError as e:
+            finding = Finding("error", "eval_file", e.message, e.remedy or "")
+            return Report(State.FAILED, Result(False, e.message, [finding]), [])
     profile = matrix.PROFILES[options.profile]
     paths = server.resolve_paths(host, deployment)
     state = triage.server_state(host, paths, port, notes=(server.RUNNING_SCRIPT,))
@@ -93,6 +108,7 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     target = matrix.Target(
         port, model, deployment.model_path, deployment.python, max_len,
         startup.kv_cache_tokens, api_key, seed=int(time.time()) % 100_000,
+        names=metrics.names_for(facts.vllm_version), stall_seconds=metrics.STALL_SECONDS,
     )  # fmt: skip
     cells, skipped = matrix.plan_cells(profile, target)
     driver = (
@@ -101,21 +117,25 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         else matrix.DRIVER_CLIENT
     )
     result_dir = posixpath.join(paths.state_dir, "qualify", started_at.replace(":", ""))
-    measured = []
-    for cell in cells:
-        _progress(host, f"cell {cell.label} ({driver})")
-        measured.append(matrix.run_cell(host, target, profile, cell, driver, result_dir))
-    _progress(host, "greedy determinism and degenerate output")
+    measured = _run_matrix(host, target, profile, cells, driver, result_dir, skipped)
+    hung = any(c.hung for c in measured)
     widest = max((c.concurrency for c in cells), default=max(profile.concurrencies))
-    checked = correctness.check_correctness(host, target, widest)
-    soaked = soak.soak(host, target, profile, deployment) if profile.soak_minutes else None
+    checked, evaluated, called, soaked = _checks(
+        host, deployment, target, profile, widest, questions, hung
+    )
     after = _snapshot(host, port, api_key)
     healthy = server.http_get(host, port, "/health", api_key=api_key).status == 200
     findings = [
         *gate.own_findings(measured),
         *checked.findings(),
+        *(evaluation.own_findings(evaluated) if evaluated is not None else []),
+        *(tool_calls.own_findings(called) if called is not None else []),
         *(soaked.findings if soaked is not None else []),
-        *gate.engine_findings(healthy, before, after),
+        *[
+            f
+            for f in gate.engine_findings(healthy, before, after)
+            if not (hung and f.code == gate.CODE_HUNG)  # the cell's finding said it already
+        ],
     ]
     receipt = receipts.Receipt(
         host=host.name, started_at=started_at, profile=profile.name, driver=driver,
@@ -123,9 +143,12 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         skipped_cells=skipped, greedy_sha256=checked.alone,
         deterministic=checked.deterministic if checked.alone else None,
         degenerate=checked.degenerate,
+        evaluation=evaluated.to_dict() if evaluated is not None else None,
+        tool_calls=called.to_dict() if called is not None else None,
     )  # fmt: skip
     folder = _record_folder(options)
-    verdict_notes, compared = _judge(receipt, folder, options, findings)
+    verdict_notes, good = _judge(receipt, folder, options, findings)
+    compared = good.run_folder if good is not None else ""
     receipt.passed = not any(f.is_problem for f in findings)
     receipt.findings = [_finding_doc(f) for f in findings]
     receipt.compared_with = compared
@@ -138,7 +161,11 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
         Note(message),
         *verdict_notes,
         matrix.matrix_table(measured, skipped),
+        plots.throughput_by_concurrency(measured, good.cells if good is not None else ()),
+        plots.ttft_by_prompt_length(measured, good.cells if good is not None else ()),
+        *_published(receipt, measured),
         startup_table(receipt),
+        *([Note(evaluation.describe(evaluated))] if evaluated is not None else []),
         Result(receipt.passed, message, findings),
     ]
     if filed:
@@ -151,28 +178,104 @@ def run(host: RemoteHost, deployment: Deployment, options: Options) -> Report:
     return Report(state_, Result(receipt.passed, message, findings), shows, "", digest)
 
 
+class Checks(NamedTuple):
+    """The checks after the matrix: each None when it was not run."""
+
+    checked: correctness.Correctness
+    evaluated: evaluation.Evaluation | None
+    called: tool_calls.ToolCalls | None
+    soaked: soak.Soak | None
+
+
+def _checks(
+    host: RemoteHost,
+    deployment: Deployment,
+    target: matrix.Target,
+    profile: matrix.Profile,
+    widest: int,
+    questions: evaluation.EvalFile | None,
+    hung: bool,
+) -> Checks:
+    """Greedy determinism and degenerate output, the evaluation file, the tool calls and the
+    soak, those that apply; none once the server hung (it answers nothing more: each would
+    only wait out the watch again)."""
+    if hung:
+        return Checks(correctness.Correctness(widest), None, None, None)
+    _progress(host, "greedy determinism and degenerate output")
+    checked = correctness.check_correctness(host, target, widest)
+    evaluated = None
+    if questions is not None:
+        _progress(host, f"evaluation {questions.path}")
+        evaluated = evaluation.evaluate(host, target, questions, widest)
+    parser = tool_calls.parser_of(deployment)
+    called = None
+    if parser:
+        _progress(host, f"tool calls ({parser})")
+        called = tool_calls.check_tool_calls(host, target, parser)
+    soaked = soak.soak(host, target, profile, deployment) if profile.soak_minutes else None
+    return Checks(checked, evaluated, called, soaked)
+
+
+def _run_matrix(
+    host: RemoteHost,
+    target: matrix.Target,
+    profile: matrix.Profile,
+    cells: list[matrix.Cell],
+    driver: str,
+    result_dir: str,
+    skipped: list[matrix.SkippedCell],
+) -> list[matrix.CellResult]:
+    """Each cell measured, until one finds the server hung: the cells after it are added to
+    ``skipped`` with that reason."""
+    measured: list[matrix.CellResult] = []
+    for n, cell in enumerate(cells):
+        _progress(host, f"cell {cell.label} ({driver})")
+        result = matrix.run_cell(host, target, profile, cell, driver, result_dir)
+        measured.append(result)
+        if result.hung:
+            reason = f"not run: the server hung in cell {cell.label}"
+            skipped += [matrix.SkippedCell(later, reason) for later in cells[n + 1 :]]
+            break
+    return measured
+
+
+def _published(receipt: receipts.Receipt, measured: list[matrix.CellResult]) -> list[Table]:
+    """The published baselines of this model on this GPU model beside this run, when any."""
+    software, hardware = receipt.software, receipt.fingerprint
+    found = baselines.matching(f"{software.model} {software.model_path}", hardware.gpu_model)
+    return [baselines.baselines_table(found, measured, hardware.gpu_count)] if found else []
+
+
 def _judge(
     receipt: receipts.Receipt, folder: Path | None, options: Options, findings: list[Finding]
-) -> tuple[list[Note], str]:
+) -> tuple[list[Note], receipts.Receipt | None]:
     """Add the findings against the last good run (and for information against other
-    hardware) to ``findings``; notes saying what was compared with, and the last good's run
-    folder ("" when there is none)."""
+    hardware) to ``findings``; notes saying what was compared with, and the last good
+    receipt (None when there is none)."""
     if folder is None:
-        return [Note("not in a run folder: nothing compared, no receipt filed")], ""
+        return [Note("not in a run folder: nothing compared, no receipt filed")], None
     earlier = list(receipts.earlier_receipts(folder))
     good, alike = gate.last_good(receipt, earlier)
     other = gate.other_hardware(receipt, earlier)
     if other is not None:
         findings.append(gate.for_information(receipt, other))
     if good is None:
-        return [Note("no earlier passing run on this hardware: judged on its own checks")], ""
+        return [Note("no earlier passing run on this hardware: judged on its own checks")], None
     bands = gate.learned_bands(alike, gate.Bands(options.decode_band, options.ttft_band))
     findings += gate.against_last_good(receipt, good, bands)
+    if receipt.evaluation and good.evaluation:
+        now = evaluation.Evaluation.from_dict(receipt.evaluation)
+        then = evaluation.Evaluation.from_dict(good.evaluation)
+        findings += evaluation.against_last_good(now, then, good.run_folder)
+    if receipt.tool_calls and good.tool_calls:
+        findings += tool_calls.against_last_good(
+            receipt.tool_calls, good.tool_calls, good.run_folder
+        )
     note = Note(
         f"compared with the last good run {good.run_folder} ({good.started_at}); noise band "
         f"decode {bands.decode:.0%}, p99 TTFT {bands.ttft_p99:.0%}"
     )
-    return [note], good.run_folder
+    return [note], good
 
 
 def _message(receipt: receipts.Receipt, findings: list[Finding], compared: str) -> str:

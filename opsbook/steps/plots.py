@@ -7,7 +7,9 @@ attribute and its kind in ``class``, so the SVG can be checked without rendering
 
 - :func:`download_progress`: bytes present over time against the expected total;
 - :func:`gpu_memory`: per GPU, memory held by each process, other use and free;
-- :func:`startup_timeline`: the startup phases of a server as horizontal bars.
+- :func:`startup_timeline`: the startup phases of a server as horizontal bars;
+- :func:`throughput_by_concurrency`, :func:`ttft_by_prompt_length`: 06_qualify's matrix, this
+  run's lines solid and the last good run's dashed in the same colour.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from opsbook.core.results import Table
 from opsbook.steps.host_facts import Gpu, GpuProcess
+from opsbook.steps.qualify_matrix import CellResult
 from opsbook.steps.shard_check import format_bytes, format_duration
 
 WIDTH = 640
@@ -72,7 +75,7 @@ class Scale:
         return round(self.start + fraction * (self.end - self.start), 2)
 
 
-# --- the three charts ------------------------------------------------------------------------
+# --- the charts ------------------------------------------------------------------------------
 
 
 def download_progress(samples: Sequence[tuple[float, int]], expected: int) -> Chart:
@@ -200,6 +203,150 @@ def startup_timeline(phases: Table | Iterable[Sequence[Any]]) -> Chart:
         parts.append(label(x(float(start) + float(lasts or 0)) + 6, middle, shown, "start"))
     description = f"{title}: {len(rows)} phase(s)"
     return Chart(description, document(title, WIDTH, height, parts))
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a line chart: ``(x, y)`` points, drawn solid (this run) or dashed (the
+    last good run)."""
+
+    name: str
+    points: tuple[tuple[float, float], ...]
+    colour: str
+    last_good: bool = False
+
+
+def throughput_by_concurrency(
+    cells: Sequence[CellResult], last_good: Sequence[CellResult] = ()
+) -> Chart:
+    """Output tok/s (all requests together) by concurrency, a line per prompt length; the
+    last good run's cells dashed beside this run's.
+
+    Returns:
+        The chart; one saying "no data" when no cell completed a request.
+    """
+    return _matrix_chart(
+        "output tok/s by concurrency",
+        cells,
+        last_good,
+        x_of=lambda c: c.cell.concurrency,
+        line_of=lambda c: c.cell.prompt_tokens,
+        y_of=lambda c: c.output_tok_s,
+        line_name=lambda n: f"prompt {n:g}",
+        lines_are="prompt length(s)",
+    )
+
+
+def ttft_by_prompt_length(
+    cells: Sequence[CellResult], last_good: Sequence[CellResult] = ()
+) -> Chart:
+    """p99 time to first token (ms) by prompt length, a line per concurrency; the last good
+    run's dashed beside this run's.
+
+    Returns:
+        The chart; one saying "no data" when no cell has a p99 TTFT.
+    """
+    return _matrix_chart(
+        "p99 TTFT (ms) by prompt length",
+        cells,
+        last_good,
+        x_of=lambda c: c.cell.prompt_tokens,
+        line_of=lambda c: c.cell.concurrency,
+        y_of=lambda c: c.ttft_ms.p99,
+        line_name=lambda n: f"{n:g} at once",
+        lines_are="concurrenc(ies)",
+    )
+
+
+def _matrix_chart(
+    title: str,
+    cells: Sequence[CellResult],
+    last_good: Sequence[CellResult],
+    *,
+    x_of: Callable[[CellResult], float],
+    line_of: Callable[[CellResult], float],
+    y_of: Callable[[CellResult], float | None],
+    line_name: Callable[[float], str],
+    lines_are: str,
+) -> Chart:
+    """A line chart of the matrix: a series per value of ``line_of`` for this run, and the
+    same for the last good run (dashed, same colour). A cell without a request done or
+    without the value is left out."""
+
+    def series_of(source: Sequence[CellResult], dashed: bool) -> list[Series]:
+        found: dict[float, list[tuple[float, float]]] = {}
+        for c in source:
+            y = y_of(c)
+            if c.completed and y is not None:
+                found.setdefault(line_of(c), []).append((x_of(c), float(y)))
+        return [
+            Series(line_name(key), tuple(sorted(found[key])), colours[key], dashed)
+            for key in sorted(found)
+        ]
+
+    keys = sorted({line_of(c) for c in (*cells, *last_good)})
+    colours = {key: PALETTE[k % len(PALETTE)] for k, key in enumerate(keys)}
+    now = series_of(cells, False)
+    if not now:
+        return empty_chart(title)
+    then = series_of(last_good, True)
+    against = "against the last good run" if then else "no last good run"
+    description = f"{title}: {len(now)} {lines_are}, {against}"
+    return line_chart(title, [*now, *then], description)
+
+
+def line_chart(title: str, series: Sequence[Series], description: str) -> Chart:
+    """Lines over a categorical x axis (the distinct x values, evenly spaced: concurrencies
+    and prompt lengths grow by factors, not steps), with a legend.
+
+    Every point is a circle whose ``class`` is ``now`` or ``last-good`` and which carries
+    ``data-series``, ``data-x`` and ``data-value``.
+    """
+    xs = sorted({x for s in series for x, _ in s.points})
+    top = max((y for s in series for _, y in s.points), default=0.0)
+    ticks = nice_ticks(0, top)
+    slot = (WIDTH - LEFT - RIGHT) / len(xs)
+    place = {x: round(LEFT + slot * (k + 0.5), 2) for k, x in enumerate(xs)}
+    y = Scale(0, ticks[-1], HEIGHT - BOTTOM - 16, TOP)
+    parts = [heading(title)]
+    parts += y_axis(y, ticks, lambda v: f"{v:g}")
+    bottom = HEIGHT - BOTTOM - 16
+    parts.append(element("line", x1=LEFT, x2=WIDTH - RIGHT, y1=bottom, y2=bottom, stroke="#57606a"))
+    parts += [label(place[x], bottom + 16, f"{x:g}", "middle") for x in xs]
+    for s in series:
+        kind = "last-good" if s.last_good else "now"
+        dash = {"stroke_dasharray": "6 4"} if s.last_good else {}
+        points = " ".join(f"{place[x]},{y(v)}" for x, v in s.points)
+        parts.append(
+            element("polyline", cls=kind, points=points, fill="none", stroke=s.colour,
+                    stroke_width=2, data_series=s.name, **dash)
+        )  # fmt: skip
+        parts += [
+            element("circle", cls=kind, cx=place[x], cy=y(v), r=3, fill=s.colour,
+                    data_series=s.name, data_x=f"{x:g}", data_value=v)
+            for x, v in s.points
+        ]  # fmt: skip
+    parts += line_legend(series)
+    return Chart(description, document(title, WIDTH, HEIGHT, parts))
+
+
+def line_legend(series: Sequence[Series]) -> list[str]:
+    """A swatch per line of this run along the bottom, then one dashed "last good" swatch
+    when the last good run's lines are drawn (in their lines' colours)."""
+    entries = [(s.colour, s.name, False) for s in series if not s.last_good]
+    if any(s.last_good for s in series):
+        entries.append((OTHER_COLOUR, "last good", True))
+    parts = []
+    left = float(LEFT)
+    for colour, name, dashed in entries:
+        dash = {"stroke_dasharray": "4 3"} if dashed else {}
+        parts.append(
+            element("line", x1=left, x2=left + 16, y1=HEIGHT - 15, y2=HEIGHT - 15,
+                    stroke=colour, stroke_width=2, **dash)
+        )  # fmt: skip
+        parts.append(label(left + 20, HEIGHT - 11, name, "start"))
+        left += 32 + 7 * len(name)
+    return parts
 
 
 # --- parts of the charts --------------------------------------------------------------------

@@ -12,7 +12,7 @@ flip. A first run (no last good) passes on its own checks and becomes the last g
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from opsbook.core.results import Finding
@@ -99,7 +99,9 @@ def own_findings(cells: Sequence[CellResult]) -> list[Finding]:
     """What the matrix shows on its own: failed requests, preemptions."""
     found = []
     for c in cells:
-        if c.failed or not c.completed:
+        if c.hung:
+            found.append(hung_during(f"cell {c.cell.label}", c.hung))
+        elif c.failed or not c.completed:
             first = c.errors[0] if c.errors else "no request completed"
             found.append(
                 Finding(
@@ -122,6 +124,21 @@ def own_findings(cells: Sequence[CellResult]) -> list[Finding]:
                 )
             )
     return found
+
+
+def hung_during(subject: str, hung: Mapping[str, float]) -> Finding:
+    """A server found hung while a cell or the soak ran, with what ``/metrics`` showed."""
+    return Finding(
+        "error",
+        subject,
+        f"hung: {hung.get('running', 0):.0f} request(s) running and "
+        f"{hung.get('waiting', 0):.0f} waiting, and the generation counter stayed at "
+        f"{hung.get('generation', 0):.0f} (prompt tokens at {hung.get('prompt', 0):.0f}) for "
+        f"{hung.get('seconds', 0):g} s, {hung.get('after', 0):g} s into it; its requests were "
+        "ended (/health can stay 200: vllm issue 51663)",
+        "restart the server (04_launch with restart always) and report the log",
+        code=CODE_HUNG,
+    )
 
 
 def engine_findings(

@@ -6,10 +6,16 @@ A cell whose requests do not fit the KV cache the server made (its startup log's
 size``) or the model's length is skipped, and said so. Warm-up requests go first in each cell
 and are discarded: by ``--num-warmups`` or the client's ``warmup``, and from the counters'
 deltas by their known token count (requests ignore EOS, so each makes exactly its tokens).
+
+While a cell runs, the probe on the host reads ``/metrics`` each second: requests in flight and
+neither token counter moving for :data:`~opsbook.steps.metrics.STALL_SECONDS` is a hung server
+(``/health`` can stay 200: vllm issue 51663). The cell ends then, not at the client's timeout,
+and carries the figures (``hung``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import posixpath
@@ -20,6 +26,7 @@ from typing import Any
 
 from opsbook.core.exceptions import HostError
 from opsbook.core.results import Table
+from opsbook.knowledge.metric_names import MetricNames
 from opsbook.remote.protocol import RemoteHost
 from opsbook.steps import metrics
 from opsbook.steps.metrics import MetricsSnapshot
@@ -86,6 +93,9 @@ class Target:
         seed: this run's prompts' seed: a run's prompts are its own, never served from the
             prefix cache an earlier run on the same server filled (its speed would be that
             cache's).
+        names: the ``/metrics`` names of the release it runs, for the watch of each cell.
+        stall_seconds: how long the counters may stand still with requests in flight before
+            the server is hung.
     """
 
     port: int
@@ -96,6 +106,18 @@ class Target:
     kv_cache_tokens: int | None = None
     api_key: str | None = field(default=None, repr=False)
     seed: int = 0
+    names: MetricNames = field(default_factory=MetricNames)
+    stall_seconds: float = metrics.STALL_SECONDS
+
+    def watch(self) -> dict[str, Any]:
+        """The probe's ``watch`` argument: what to read in ``/metrics`` and how long a stall
+        may last."""
+        n = self.names
+        return {
+            "running": n.running, "waiting": n.waiting, "generation": n.generation_tokens,
+            "prompt": n.prompt_tokens, "stall": self.stall_seconds,
+            "interval": metrics.WATCH_INTERVAL,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -177,6 +199,9 @@ class CellResult:
             server does not export them.
         server_decode_tok_s: generation tokens a second by the server's counter.
         errors: the first few failed requests' errors.
+        hung: when the server hung during the cell, what ``/metrics`` showed then
+            (``running``, ``waiting``, ``generation``, ``prompt``, ``seconds`` the counters
+            stood still, ``after`` seconds into the cell); None otherwise.
     """
 
     cell: Cell
@@ -196,6 +221,7 @@ class CellResult:
     server_decode_tok_s: float | None = None
     errors: tuple[str, ...] = ()
     raw: str = ""
+    hung: dict[str, float] | None = None
 
 
 def bench_serve_available(host: RemoteHost, python: str) -> bool:
@@ -265,6 +291,18 @@ def _snapshot(host: RemoteHost, target: Target) -> MetricsSnapshot | None:
         return None
 
 
+def cell_seed(target: Target, cell: Cell | str) -> int:
+    """The seed of one cell's prompts (or of another part of the run, by name): the run's
+    seed made the cell's own. Two cells of one length with the run's seed would send the same
+    prompts (vLLM 0.32.0 ``vllm/benchmarks/datasets/datasets.py``: ``RandomDataset`` draws each
+    prompt's tokens from ``numpy.random.default_rng(seed)``; the client's from the salt), and the
+    second would be served from the prefix cache the first filled (its TTFT and tok/s that
+    cache's, not the server's)."""
+    part = cell.label if isinstance(cell, Cell) else cell
+    digest = hashlib.sha256(f"{target.seed}:{part}".encode()).hexdigest()
+    return int(digest[:8], 16) % 100_000_000
+
+
 def prompt_of(tokens: int, salt: int) -> str:
     """A prompt of about ``tokens`` tokens (one short word each in common tokenizers), unlike
     the others by ``salt`` so that no prefix cache serves it."""
@@ -277,7 +315,7 @@ def _client(host: RemoteHost, target: Target, profile: Profile, cell: Cell) -> C
     count = profile.requests_for(cell.concurrency)
     requests = [
         {
-            "prompt": prompt_of(cell.prompt_tokens, target.seed * 100_000 + n),
+            "prompt": prompt_of(cell.prompt_tokens, cell_seed(target, cell) * 100_000 + n),
             "max_tokens": profile.output_tokens,
         }
         for n in range(profile.warmup + count)
@@ -306,6 +344,7 @@ def call_client(
         "timeout": REQUEST_TIMEOUT,
         "keep_ids": keep_ids,
         "keep_text": keep_text,
+        "watch": target.watch(),
     }
     if target.api_key:
         args["bearer"] = target.api_key
@@ -342,6 +381,7 @@ def cell_from_client(answer: dict[str, Any], cell: Cell) -> CellResult:
         tpot_ms=Spread.of(tpots),
         itl_ms=Spread.of([gap for a in done for gap in a.get("itl") or []]),
         errors=tuple(str(a.get("error")) for a in answers if not a.get("ok"))[:3],
+        hung=answer.get("hung"),
     )
 
 
@@ -366,7 +406,7 @@ def bench_serve_command(
         "--max-concurrency", str(cell.concurrency),
         "--num-warmups", str(profile.warmup),
         "--ignore-eos",
-        "--seed", str(target.seed),
+        "--seed", str(cell_seed(target, cell)),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
         "--save-result",
@@ -382,14 +422,23 @@ def _bench_serve(
 ) -> CellResult:
     name = f"bench-{cell.prompt_tokens}x{cell.concurrency}.json"
     command = bench_serve_command(target, profile, cell, result_dir, name)
-    # vllm bench serve reads the key from OPENAI_API_KEY (vllm/benchmarks/lib/
-    # endpoint_request_func.py): an env var, never a word of the command line.
-    env = {"OPENAI_API_KEY": target.api_key} if target.api_key else None
     host.run(f"mkdir -p -- {shlex.quote(result_dir)}", check=True, label="bench result folder")
-    done = host.run(command, env=env, timeout=CELL_TIMEOUT, label=f"vllm bench serve {cell.label}")
-    if not done.ok:
-        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
-        return _failed_cell(cell, f"vllm bench serve exited {done.exit_code}: {' '.join(said)}")
+    # Run by the probe, which watches /metrics beside it and ends it if the server hangs.
+    # vllm bench serve reads the key from OPENAI_API_KEY (vllm/benchmarks/lib/
+    # endpoint_request_func.py): the probe puts it there, never on the command line.
+    args: dict[str, Any] = {
+        "port": target.port, "command": shlex.split(command), "timeout": CELL_TIMEOUT,
+        "watch": target.watch(),
+    }  # fmt: skip
+    if target.api_key:
+        args["bearer"] = target.api_key
+    done: dict[str, Any] = host.probe(PROBE, args, timeout=CELL_TIMEOUT + 60)
+    if done.get("hung"):
+        return _failed_cell(cell, "the server hung: the cell was ended", hung=done["hung"])
+    if done.get("exit_code") != 0:
+        said = str(done.get("stderr") or "").strip() or str(done.get("stdout") or "").strip()
+        last = " ".join(said.splitlines()[-3:])
+        return _failed_cell(cell, f"vllm bench serve exited {done.get('exit_code')}: {last}")
     raw = host.read_text(posixpath.join(result_dir, name))
     return cell_from_bench_json(json.loads(raw), cell, raw)
 
@@ -425,10 +474,11 @@ def cell_from_bench_json(doc: dict[str, Any], cell: Cell, raw: str = "") -> Cell
     )
 
 
-def _failed_cell(cell: Cell, error: str) -> CellResult:
+def _failed_cell(cell: Cell, error: str, hung: dict[str, float] | None = None) -> CellResult:
     return CellResult(
-        cell, DRIVER_BENCH, 0, 0, 0, 0.0, 0.0, 0.0, Spread(), Spread(), Spread(), errors=(error,)
-    )
+        cell, DRIVER_BENCH, 0, 0, 0, 0.0, 0.0, 0.0, Spread(), Spread(), Spread(),
+        errors=(error,), hung=hung,
+    )  # fmt: skip
 
 
 def matrix_table(cells: Sequence[CellResult], skipped: Sequence[SkippedCell]) -> Table:

@@ -108,6 +108,8 @@ class Receipt:
     greedy_sha256: dict[str, str] = field(default_factory=dict)
     deterministic: bool | None = None
     degenerate: dict[str, str] = field(default_factory=dict)
+    evaluation: dict[str, Any] | None = None
+    tool_calls: dict[str, Any] | None = None
     passed: bool = False
     findings: list[dict[str, str]] = field(default_factory=list)
     compared_with: str = ""
@@ -175,6 +177,8 @@ def receipt_from_dict(doc: dict[str, Any]) -> Receipt:
         greedy_sha256=dict(doc.get("greedy_sha256") or {}),
         deterministic=doc.get("deterministic"),
         degenerate=dict(doc.get("degenerate") or {}),
+        evaluation=doc.get("evaluation"),
+        tool_calls=doc.get("tool_calls"),
         passed=bool(doc.get("passed")),
         findings=list(doc.get("findings") or []),
         compared_with=doc.get("compared_with") or "",

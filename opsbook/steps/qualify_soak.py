@@ -3,8 +3,10 @@ requests at once, at the longest prompt that fits, round after round for the pro
 
 It passes when every request completes (no engine death or restart: vllm issues 42363, 32090,
 40420), the server keeps making tokens while requests run (no hang with ``/health`` still 200:
-vllm issue 51663), preemptions stay under one per request, and the GPUs' memory high-water
-(``nvidia-smi``, sampled each round) stays under their capacity.
+vllm issue 51663; the probe watches ``/metrics`` during each round and ends it within
+:data:`~opsbook.steps.metrics.STALL_SECONDS` of the counters stopping), preemptions stay under
+one per request, and the GPUs' memory high-water (``nvidia-smi``, sampled each round) stays
+under their capacity.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from opsbook.core.deployment import Deployment
 from opsbook.core.results import Finding
 from opsbook.remote.protocol import RemoteHost
 from opsbook.steps import metrics, qualify_gate
-from opsbook.steps.qualify_matrix import Profile, Target, call_client, prompt_of
+from opsbook.steps.qualify_matrix import Profile, Target, call_client, cell_seed, prompt_of
 
 # vLLM's default max_num_seqs when the deployment sets none (vllm 0.32.0 vllm/engine/
 # arg_utils.py, EngineArgs.get_batch_defaults: 256 on GPUs for the OpenAI server).
@@ -63,20 +65,24 @@ def soak(host: RemoteHost, target: Target, profile: Profile, deployment: Deploym
     round that finds a problem."""
     concurrency, length = soak_shape(profile, target, deployment)
     seen = Soak(concurrency, length)
+    seed = cell_seed(target, "soak")  # not the prompts a matrix cell of the same length sent
     deadline = time.monotonic() + profile.soak_minutes * 60
     while time.monotonic() < deadline and not seen.findings:
         before = metrics.read_metrics(host, target.port, api_key=target.api_key)
         requests = [
             {
-                "prompt": prompt_of(length, target.seed * 100_000 + seen.requests + n),
+                "prompt": prompt_of(length, seed * 100_000 + seen.requests + n),
                 "max_tokens": profile.output_tokens,
             }
             for n in range(concurrency)
         ]
-        answers = call_client(host, target, requests, concurrency)["answers"]
+        answer = call_client(host, target, requests, concurrency)
+        answers = answer["answers"]
         seen.rounds += 1
         seen.requests += len(answers)
-        seen.failed += sum(1 for a in answers if not a.get("ok"))
+        # Requests a hang ended are said by its own finding, not counted as failed.
+        if not answer.get("hung"):
+            seen.failed += sum(1 for a in answers if not a.get("ok"))
         _sample_memory(host, seen)
         try:
             after = metrics.read_metrics(host, target.port, api_key=target.api_key)
@@ -84,7 +90,12 @@ def soak(host: RemoteHost, target: Target, profile: Profile, deployment: Deploym
             seen.findings += qualify_gate.engine_findings(False, before, None)
             break
         seen.preemptions += max(0.0, (after.preemptions or 0) - (before.preemptions or 0))
-        seen.findings += judge_round(seen, qualify_gate.hang_findings(before, after))
+        if answer.get("hung"):
+            subject = f"soak {seen.concurrency} x {seen.prompt_tokens}"
+            hung = [qualify_gate.hung_during(subject, answer["hung"])]
+        else:
+            hung = qualify_gate.hang_findings(before, after)
+        seen.findings += judge_round(seen, hung)
     return seen
 
 

@@ -1,8 +1,10 @@
 """06_qualify over real SSH against the simulated vLLM of a rehearsal host of this module's own:
 a first run passes on its own checks and becomes the last good; the same speed again passes,
-20% slower is a regression; each serving fault fails the verdict with its own finding; a busy
-server is skipped with exit code 6; a run through the CLI files its receipt, its /metrics
-summaries and its textfile.
+20% slower is a regression (its charts drawing the last good run beside it, its evaluation file
+scored and paired, its tool calls valid); each serving fault fails the verdict with its own
+finding; a server whose engine stops mid-cell is hung at the stall, not at the request timeout; a
+busy server is skipped with exit code 6; a run through the CLI files its receipt, its verdict in
+run.json, its /metrics summaries, its charts and its textfile.
 
 Tokens are paced (``OPSBOOK_SIM_TOKEN_SECONDS``), so speed is the simulator's and not this
 machine's; ``--max-model-len 512`` leaves the quick profile's 128-token row (the 1024-token
@@ -13,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import threading
 import time
 import urllib.request
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,13 +29,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from opsbook.core.deployment import Deployment, load_deployment
 from opsbook.core.results import EXIT_BUSY, SERVER_BUSY, State
 from opsbook.rehearsal.sandbox import Sandbox
+from opsbook.rehearsal.sim.vllm._simserver import WORDS
+from opsbook.rehearsal.sim.vllm._simserving import NATURAL_LENGTH, token_ids
 from opsbook.remote.hosts import Host
 from opsbook.runner import run as runner
 from opsbook.stages import qualify
 from opsbook.stages.base import Report
-from opsbook.steps import patch, server
+from opsbook.steps import metrics, patch, plots, server
 from opsbook.steps import qualify_correctness as correctness
 from opsbook.steps import qualify_gate as gate
+from opsbook.steps import qualify_tools as tool_calls
 from opsbook.steps.script import render_script, upload_script
 from tests.integration.conftest import opsbook, rehearsal_host
 
@@ -43,6 +50,7 @@ TOKEN_SECONDS = "0.004"
 # (the client's threads, HTTP) is a small share of its time, so the same speed reads the same.
 MEASURED_TOKEN_SECONDS = "0.01"
 READY_TIMEOUT = 60.0
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +83,13 @@ class Rig:
         self.dep = dataclasses.replace(
             self.dep,
             env={"OPSBOOK_SIM_TOKEN_SECONDS": TOKEN_SECONDS, **env},
-            serve_args={**self.dep.serve_args, "max-model-len": 512},
+            serve_args={
+                **self.dep.serve_args,
+                "max-model-len": 512,
+                # The simulator's tool calls, checked in every run here (3 short requests).
+                "enable-auto-tool-choice": True,
+                "tool-call-parser": "hermes",
+            },
         )
         assert upload_script(self.host, self.dep, render_script(self.dep)).ok
         assert server.start_server(self.host, self.paths, self.dep.server_port).ok
@@ -85,9 +99,9 @@ class Rig:
         assert ready.ok, str(ready)
         return self.dep
 
-    def qualify(self, folder: Path) -> Report:
+    def qualify(self, folder: Path, eval_file: str = "") -> Report:
         folder.mkdir(parents=True)
-        options = qualify.Options(record_folder=str(folder))
+        options = qualify.Options(record_folder=str(folder), eval_file=eval_file)
         return qualify.run(self.host, self.dep, options)
 
 
@@ -114,11 +128,26 @@ def receipt_of(folder: Path) -> dict:
     return receipt
 
 
+def eval_file(rig: Rig) -> str:
+    """A file of 8 questions on the host: the simulator answers 6 right (their expected answer
+    is its own greedy reply: 12 tokens without ignore_eos, each a word of its vocabulary, from
+    the prompt's hash) and 2 wrong (it writes no number)."""
+    lines = []
+    for n in range(8):
+        prompt = f"Evaluation item {n}:"
+        reply = "".join(" " + WORDS[i % len(WORDS)] for i in token_ids(prompt, NATURAL_LENGTH))
+        lines.append(json.dumps({"prompt": prompt, "answer": reply if n < 6 else "#### 42"}))
+    path = posixpath.join(rig.host.home_folder(), "eval.jsonl")
+    rig.host.upload(path, "\n".join(lines) + "\n")
+    return path
+
+
 def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fails(
     rig: Rig, tmp_path: Path
 ) -> None:
     rig.serve(OPSBOOK_SIM_TOKEN_SECONDS=MEASURED_TOKEN_SECONDS)
-    first = rig.qualify(tmp_path / "run-1")
+    questions = eval_file(rig)
+    first = rig.qualify(tmp_path / "run-1", eval_file=questions)
     assert first.state is State.OK, str(first.verdict)
     assert "first run on this hardware" in first.verdict.message
     receipt = receipt_of(tmp_path / "run-1")
@@ -135,11 +164,38 @@ def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fa
     # Server-side counters, warm-up taken out: 64 tokens a request exactly.
     for cell in receipt["cells"]:
         assert cell["server_generation_tokens"] == 64 * cell["completed"]
+    assert receipt["tool_calls"] == {
+        "parser": "hermes",
+        "asked": 3,
+        "valid": 3,
+        "rate": 1.0,
+        "problems": [],
+    }
+    scored = receipt["evaluation"]
+    assert (scored["items"], scored["correct"], scored["failed"]) == (8, 6, 0)
+    assert (scored["low"], scored["high"]) == (0.4093, 0.9285)  # Wilson, 6 of 8
+    assert sorted(scored["outcomes"].values()) == [0, 0, 1, 1, 1, 1, 1, 1]
 
-    again = rig.qualify(tmp_path / "run-2")
+    again = rig.qualify(tmp_path / "run-2", eval_file=questions)
     assert again.state is State.OK, str(again.verdict)
     assert "against the last good run" in again.verdict.message
     assert receipt_of(tmp_path / "run-2")["compared_with"] == str(tmp_path / "run-1")
+    (paired,) = [f for f in again.verdict.findings if f.subject.startswith("evaluation")]
+    assert "8 item(s) paired with the last good run: 0 right then and wrong now, 0 the other" in (
+        paired.message
+    )
+    # Its charts draw the last good run's cells (dashed) beside its own.
+    (tok_s, ttft) = [s for s in again.shows if isinstance(s, plots.Chart)]
+    assert str(tok_s).endswith("against the last good run")
+    drawn = {
+        (c.get("data-series"), c.get("data-x")): float(c.get("data-value", "nan"))
+        for c in ET.fromstring(tok_s.svg).iter(f"{SVG}circle")
+        if c.get("class") == "last-good"
+    }
+    assert drawn == {
+        ("prompt 128", str(c["cell"]["concurrency"])): c["output_tok_s"] for c in receipt["cells"]
+    }
+    assert "p99 TTFT" in str(ttft)
 
     rig.serve(OPSBOOK_SIM_TOKEN_SECONDS=MEASURED_TOKEN_SECONDS, OPSBOOK_SIM_SLOWDOWN="1.25")
     slower = rig.qualify(tmp_path / "run-3")
@@ -155,6 +211,7 @@ def test_a_first_run_passes_the_same_speed_again_passes_and_20_percent_slower_fa
         ("batch-dependent", correctness.CODE_NONDETERMINISTIC),
         ("crash-after:6", gate.CODE_DIED),
         ("crash-under:4", gate.CODE_FAILED),
+        ("bad-tool-args", tool_calls.CODE_TOOL_CALLS),
     ],
 )
 def test_each_serving_fault_fails_the_verdict_with_its_own_finding(
@@ -165,6 +222,35 @@ def test_each_serving_fault_fails_the_verdict_with_its_own_finding(
     assert report.state is State.FAILED
     assert code in codes(report), str(report.verdict)
     assert not receipt_of(tmp_path / "run")["passed"]
+
+
+def test_a_server_that_stops_making_tokens_mid_cell_is_hung_at_the_stall_not_the_timeout(
+    rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine-hang fault: once ready the engine core never answers; /health stays 200 and
+    # every request stays running without a token. The product's stall is 15 s; 4 s here
+    # keeps the test short and is still far from the client's 120 s request timeout.
+    monkeypatch.setattr(metrics, "STALL_SECONDS", 4.0)
+    rig.serve(OPSBOOK_SIM_FAULT="engine-hang")
+    started = time.monotonic()
+    report = rig.qualify(tmp_path / "run")
+    took = time.monotonic() - started
+    assert report.state is State.FAILED
+    assert codes(report) == {gate.CODE_HUNG}, str(report.verdict)
+    (hung,) = [f for f in report.verdict.findings if f.code == gate.CODE_HUNG]
+    assert hung.subject == "cell 128 x 1"
+    assert "hung: 1 request(s) running and 0 waiting, and the generation counter stayed at 0" in (
+        hung.message
+    )
+    assert took < 40, took
+    receipt = receipt_of(tmp_path / "run")
+    (cell,) = receipt["cells"]
+    assert cell["hung"]["seconds"] >= 4.0 and cell["hung"]["running"] == 1.0
+    assert {
+        (s["cell"]["prompt_tokens"], s["cell"]["concurrency"], s["reason"])
+        for s in receipt["skipped_cells"]
+    } >= {(128, 4, "not run: the server hung in cell 128 x 1")}
+    assert server.http_get(rig.host, rig.dep.server_port, "/health").status == 200
 
 
 def hold(request: urllib.request.Request) -> None:
@@ -208,8 +294,19 @@ def test_a_qualification_run_files_its_receipt_its_metrics_and_a_textfile(
     assert done.returncode == 0, done.stdout + done.stderr
     (folder,) = (tmp_path / "runs").iterdir()
     assert receipt_of(folder)["passed"]
-    moments = {m["moment"] for m in json.loads((folder / "run.json").read_text())["metrics"]}
-    assert moments == {"before", "end"}
+    run = json.loads((folder / "run.json").read_text())
+    assert {m["moment"] for m in run["metrics"]} == {"before", "end"}
+    verdict = run["qualification"][rig.host.name]
+    assert verdict["verdict"] == "passed" and verdict["receipt"] == "qualify/receipt.json"
+    # The charts are in the executed notebook (what the HTML record is made from).
+    (executed,) = folder.glob("*.ipynb")
+    svgs = [
+        "".join(output["data"]["image/svg+xml"])
+        for cell in json.loads(executed.read_text())["cells"]
+        for output in cell.get("outputs", [])
+        if "image/svg+xml" in output.get("data", {})
+    ]
+    assert any("output tok/s by concurrency" in svg and 'class="now"' in svg for svg in svgs)
     name = load_deployment(box.deployment_path).name
     written = textfiles / f"opsbook_{name}_qualify.prom"
     assert f"textfile: {written}" in done.stdout

@@ -1,10 +1,13 @@
+import dataclasses
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from opsbook.core.results import Table
 from opsbook.steps import plots
+from opsbook.steps import qualify_matrix as matrix
 from opsbook.steps.host_facts import Gpu, GpuProcess
+from opsbook.steps.qualify_matrix import CellResult
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -144,3 +147,74 @@ def test_nice_ticks_cover_the_range() -> None:
     assert plots.nice_ticks(0, 547e9) == [0, 2e11, 4e11, 6e11]
     assert plots.nice_ticks(0, 95.6) == [0, 20, 40, 60, 80, 100]
     assert plots.nice_ticks(0, 0) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
+
+
+def cell(prompt: int, concurrency: int, tok_s: float, ttft_p99: float | None) -> CellResult:
+    return CellResult(
+        matrix.Cell(prompt, concurrency), matrix.DRIVER_CLIENT, 8, 8, 0, 2.0, tok_s, tok_s / 2,
+        matrix.Spread(1.0, 2.0, ttft_p99), matrix.Spread(), matrix.Spread(),
+    )  # fmt: skip
+
+
+NOW = [cell(128, 1, 100.0, 20.0), cell(128, 4, 300.0, 40.0), cell(1024, 1, 90.0, 80.0),
+       cell(1024, 4, 250.0, 120.0)]  # fmt: skip
+GOOD = [cell(128, 1, 110.0, 20.0), cell(128, 4, 320.0, 35.0), cell(1024, 4, 260.0, 100.0)]
+
+
+def points(root: ET.Element, kind: str) -> dict[tuple[str, str], float]:
+    return {
+        (c.get("data-series", ""), c.get("data-x", "")): float(c.get("data-value", "nan"))
+        for c in of_class(root, "circle", kind)
+    }
+
+
+def test_throughput_by_concurrency_draws_this_run_and_the_last_good_run_dashed() -> None:
+    chart = plots.throughput_by_concurrency(NOW, GOOD)
+    assert repr(chart) == (
+        "<Chart: output tok/s by concurrency: 2 prompt length(s), against the last good run>"
+    )
+    root = parse(chart)
+    assert points(root, "now") == {
+        ("prompt 128", "1"): 100.0, ("prompt 128", "4"): 300.0,
+        ("prompt 1024", "1"): 90.0, ("prompt 1024", "4"): 250.0,
+    }  # fmt: skip
+    assert points(root, "last-good") == {
+        ("prompt 128", "1"): 110.0, ("prompt 128", "4"): 320.0, ("prompt 1024", "4"): 260.0,
+    }  # fmt: skip
+    now = {line.get("data-series"): line for line in of_class(root, "polyline", "now")}
+    then = {line.get("data-series"): line for line in of_class(root, "polyline", "last-good")}
+    assert now["prompt 128"].get("stroke") == then["prompt 128"].get("stroke")
+    assert now["prompt 128"].get("stroke") != now["prompt 1024"].get("stroke")
+    assert then["prompt 128"].get("stroke-dasharray") and not now["prompt 128"].get(
+        "stroke-dasharray"
+    )
+    # The same concurrency is drawn at the same x, and more tok/s higher.
+    circles = {(c.get("data-series"), c.get("data-x")): c for c in of_class(root, "circle", "now")}
+    assert circles[("prompt 128", "4")].get("cx") == circles[("prompt 1024", "4")].get("cx")
+    assert float(circles[("prompt 128", "4")].get("cy", "0")) < float(
+        circles[("prompt 128", "1")].get("cy", "0")
+    )
+    assert "last good" in texts(root)
+
+
+def test_ttft_by_prompt_length_a_line_per_concurrency_and_a_first_run_alone() -> None:
+    chart = plots.ttft_by_prompt_length(NOW)
+    assert repr(chart) == (
+        "<Chart: p99 TTFT (ms) by prompt length: 2 concurrenc(ies), no last good run>"
+    )
+    root = parse(chart)
+    assert points(root, "now") == {
+        ("1 at once", "128"): 20.0, ("1 at once", "1024"): 80.0,
+        ("4 at once", "128"): 40.0, ("4 at once", "1024"): 120.0,
+    }  # fmt: skip
+    assert not of_class(root, "circle", "last-good")
+    assert "last good" not in texts(root)
+
+
+def test_matrix_charts_leave_out_failed_cells_and_say_no_data_without_any() -> None:
+    failed = [cell(128, 1, 0.0, None)]
+    failed[0] = dataclasses.replace(failed[0], completed=0)
+    assert repr(plots.throughput_by_concurrency(failed)).endswith(": no data>")
+    assert repr(plots.ttft_by_prompt_length([])).endswith(": no data>")
+    root = parse(plots.throughput_by_concurrency([*failed, cell(128, 4, 50.0, 9.0)]))
+    assert points(root, "now") == {("prompt 128", "4"): 50.0}

@@ -121,3 +121,13 @@ def test_failed_requests_and_preemptions_of_the_matrix_are_findings() -> None:
         ("warning", gate.CODE_PREEMPTED),
     ]
     assert "3 of 8 request(s) failed: HTTP 500: dead" in found[0].message
+
+
+def test_a_cell_the_server_hung_in_is_a_hang_with_its_figures_not_failed_requests() -> None:
+    hung = {"running": 2.0, "waiting": 1.0, "generation": 640.0, "prompt": 900.0,
+            "seconds": 15.2, "after": 17.0}  # fmt: skip
+    cell = dataclasses.replace(receipt().cells[0], completed=0, failed=3, hung=hung)
+    (found,) = gate.own_findings([cell])
+    assert found.code == gate.CODE_HUNG and found.subject == "cell 128 x 4"
+    assert "2 request(s) running and 1 waiting" in found.message
+    assert "stayed at 640 (prompt tokens at 900) for 15.2 s, 17 s into it" in found.message

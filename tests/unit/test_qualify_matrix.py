@@ -1,10 +1,13 @@
 """The performance matrix of 06_qualify: which cells fit, the driver's commands and answers
 read into cells, the server's counters with the warm-up taken out."""
 
+import dataclasses
 import shlex
 
 import pytest
 
+from opsbook.core.exceptions import ProbeError
+from opsbook.remote.testing import FakeHost
 from opsbook.steps import qualify_matrix as matrix
 from opsbook.steps.metrics import MetricsSnapshot
 
@@ -103,3 +106,71 @@ def test_server_deltas_leave_the_warm_up_out() -> None:
     assert cell.server_generation_tokens == 64 and cell.server_prompt_tokens == 128
     assert cell.server_preemptions == 2 and cell.server_decode_tok_s == 32.0
     assert matrix.with_server_deltas(measured, None, after, 0, 0) is measured
+
+
+HUNG = {"running": 2.0, "waiting": 0.0, "generation": 640.0, "prompt": 900.0, "seconds": 15.2,
+        "after": 17.0, "in_flight": 0}  # fmt: skip
+BENCH_JSON = (
+    '{"duration": 2.0, "completed": 24, "failed": 0, "output_throughput": 768.0, '
+    '"mean_tpot_ms": 5.0, "p50_ttft_ms": 20.0, "p90_ttft_ms": 30.0, "p99_ttft_ms": 40.0}'
+)
+
+
+def bench_host(answer: dict, seen: list) -> FakeHost:
+    def probe(args: dict) -> dict:
+        seen.append(args)
+        return answer
+
+    return FakeHost(
+        "a",
+        probes={"serve_client": probe, "launch": ProbeError("no /metrics")},
+        files={"/r/bench-128x4.json": BENCH_JSON},
+        commands={r"^mkdir -p -- /r$": ""},
+    )
+
+
+def test_a_bench_cell_runs_under_the_watch_with_the_key_never_on_its_command_line() -> None:
+    seen: list = []
+    target = dataclasses.replace(TARGET, api_key="sk-secret-key-1234", stall_seconds=9.0)
+    host = bench_host({"exit_code": 0, "stdout": "", "stderr": "", "hung": None}, seen)
+    cell = matrix.run_cell(host, target, QUICK, matrix.Cell(128, 4), matrix.DRIVER_BENCH, "/r")
+    assert cell.output_tok_s == 768.0 and cell.hung is None
+    (args,) = seen
+    assert args["command"][:3] == ["/opt/venv/bin/vllm", "bench", "serve"]
+    assert "sk-secret-key-1234" not in " ".join(args["command"])
+    assert args["bearer"] == "sk-secret-key-1234"
+    assert args["watch"]["generation"] == "vllm:generation_tokens_total"
+    assert args["watch"]["stall"] == 9.0
+
+
+def test_a_cell_the_server_hung_in_carries_the_figures() -> None:
+    host = bench_host({"exit_code": -15, "stdout": "", "stderr": "", "hung": HUNG}, [])
+    cell = matrix.run_cell(host, TARGET, QUICK, matrix.Cell(128, 4), matrix.DRIVER_BENCH, "/r")
+    assert cell.hung == HUNG and cell.completed == 0
+    assert cell.errors == ("the server hung: the cell was ended",)
+    client = matrix.cell_from_client(
+        {"duration": 17.0, "answers": [{"ok": False, "error": "ended"}], "hung": HUNG},
+        matrix.Cell(128, 1),
+    )
+    assert client.hung == HUNG
+
+
+def test_no_two_cells_of_a_run_send_the_same_prompts() -> None:
+    # Same length, same run: the second cell would be served from the first's prefix cache.
+    one, four = matrix.Cell(128, 1), matrix.Cell(128, 4)
+    seeds = {matrix.cell_seed(TARGET, c) for c in (one, four)} | {matrix.cell_seed(TARGET, "soak")}
+    assert len(seeds) == 3
+    assert matrix.cell_seed(TARGET, one) == matrix.cell_seed(TARGET, matrix.Cell(128, 1))
+    commands = [matrix.bench_serve_command(TARGET, QUICK, c, "/r", "b.json") for c in (one, four)]
+    words = [shlex.split(command) for command in commands]
+    assert len({w[w.index("--seed") + 1] for w in words}) == 2
+    sent = []
+
+    def client(args: dict) -> dict:
+        sent.append([r["prompt"] for r in args["requests"]])
+        return {"duration": 1.0, "answers": []}
+
+    host = FakeHost("a", probes={"serve_client": client, "launch": ProbeError("no /metrics")})
+    for c in (one, four):
+        matrix.run_cell(host, TARGET, QUICK, c, matrix.DRIVER_CLIENT, "/r")
+    assert not set(sent[0]) & set(sent[1])

@@ -65,3 +65,20 @@ def test_failures_a_hang_and_memory_at_capacity_are_each_a_finding() -> None:
         soak.CODE_SOAK_MEMORY,
     ]
     assert "1 of 2 request(s) failed in 1 round(s)" in seen.findings[1].message
+
+
+def test_a_round_the_watch_found_hung_is_a_hang_with_its_figures() -> None:
+    hung = {"running": 2.0, "waiting": 0.0, "generation": 100.0, "prompt": 50.0,
+            "seconds": 15.0, "after": 16.0}  # fmt: skip
+    host = FakeHost(
+        "a",
+        probes={
+            "launch": {"status": 200, "body": metrics_text(2, 100), "seconds": 0.01},
+            "serve_client": {"duration": 16.0, "answers": [{"ok": False}] * 2, "hung": hung},
+        },
+        commands={r"^nvidia-smi": "1000, 97887\n"},
+    )
+    seen = soak.soak(host, TARGET, PROFILE, deployment(**{"max-num-seqs": 2}))
+    (found,) = seen.findings
+    assert found.code == gate.CODE_HUNG and found.subject == "soak 2 x 1024"
+    assert "for 15 s, 16 s into it" in found.message and seen.failed == 0

@@ -472,3 +472,54 @@ def test_summary_holds_the_metrics_summaries_the_stages_recorded(tmp_path, monke
 def test_a_run_without_metrics_summaries_has_no_metrics_key(tmp_path) -> None:
     records.write_summary(tmp_path, summary())
     assert "metrics" not in json.loads((tmp_path / "summary.json").read_text())
+
+
+def test_the_qualification_verdict_is_in_the_summary_and_on_the_index_page(tmp_path) -> None:
+    from opsbook.steps import qualify_receipt as receipts
+    from tests.unit.test_qualify_gate import receipt
+
+    failed = receipt(
+        80.0, host="a", passed=False, compared_with="runs/one",
+        findings=[
+            {"severity": "error", "code": "qualify-decode-regression", "message": "slow"},
+            {"severity": "info", "code": "qualify-other-fingerprint", "message": "other"},
+        ],
+    )  # fmt: skip
+    receipts.write_receipt(tmp_path / "batch-01", failed)
+    run = dataclasses.replace(
+        summary(),
+        stages=["preflight", "qualify"],
+        results=[
+            HostResult("a", "qualify", State.FAILED, "qualification failed: cell 128 x 1"),
+            HostResult("b", "qualify", State.SKIPPED, "busy: 1 request(s) running"),
+            HostResult("b", "preflight", State.OK, "8 GPUs"),
+        ],
+    )
+    records.write_summary(tmp_path, run)
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    assert doc["qualification"] == {
+        "a": {
+            "verdict": "failed",
+            "message": "qualification failed: cell 128 x 1",
+            "profile": "quick",
+            "compared_with": "runs/one",
+            "problems": ["qualify-decode-regression"],
+            "best_output_tok_s": 80.0,
+            "receipt": "batch-01/qualify/receipt.json",
+        },
+        "b": {"verdict": "skipped", "message": "busy: 1 request(s) running"},
+    }
+    page = (tmp_path / "index.html").read_text()
+    section = page.split("<h2>Qualification</h2>")[1].split("<h2>")[0]
+    row_a = section.split("<th style='text-align:left'>a</th>")[1].split("</tr>")[0]
+    assert "href='batch-01/qualify/receipt.json'>failed</a>" in row_a
+    assert "<td>80.0</td>" in row_a and "qualify-decode-regression" in row_a
+    assert "runs/one" in row_a
+    row_b = section.split("<th style='text-align:left'>b</th>")[1].split("</tr>")[0]
+    assert ">skipped<" in row_b and "busy: 1 request(s) running" in row_b
+
+
+def test_a_run_without_qualification_has_no_verdict_nor_its_section(tmp_path) -> None:
+    records.write_summary(tmp_path, summary())
+    assert "qualification" not in json.loads((tmp_path / "summary.json").read_text())
+    assert "Qualification" not in (tmp_path / "index.html").read_text()

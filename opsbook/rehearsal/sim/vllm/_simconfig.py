@@ -38,8 +38,9 @@ ENV_SLOWDOWN = "OPSBOOK_SIM_SLOWDOWN"
 ENV_SERVING_FAULT = "OPSBOOK_SIM_SERVING_FAULT"
 # bang: every token "!" (vllm issue 42426); batch-dependent: greedy output changes with the
 # requests in flight; crash-after:N: the engine dies at request N+1; crash-under:C: it dies
-# when C requests are in flight at once (vllm issues 42363, 32090).
-SERVING_FAULTS = ("bang", "batch-dependent", "crash-after", "crash-under")
+# when C requests are in flight at once (vllm issues 42363, 32090); bad-tool-args: tool calls
+# without their required arguments (MoonshotAI/K2-Vendor-Verifier's schema errors).
+SERVING_FAULTS = ("bang", "batch-dependent", "crash-after", "crash-under", "bad-tool-args")
 
 
 def config_path(prefix: str | None = None) -> Path:

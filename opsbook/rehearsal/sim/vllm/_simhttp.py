@@ -214,6 +214,10 @@ class Handler(BaseHTTPRequestHandler):
             "tool_calls": [],
             "reasoning_content": reasoning,
         }
+        calls = _tool_calls(body, self.app) if self.app.args.enable_auto_tool_choice else []
+        if calls:
+            message.update(content=None, tool_calls=calls)
+            finish = "tool_calls"
         ident = "chatcmpl-" + hashlib.sha256(f"{time.time()}{prompt}".encode()).hexdigest()[:32]
         document = {
             "id": ident,
@@ -278,6 +282,31 @@ class Handler(BaseHTTPRequestHandler):
     def _event(self, event: dict[str, Any]) -> None:
         self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
         self.wfile.flush()
+
+
+# A value of each JSON schema type, for the simulated tool call's arguments.
+_SAMPLE_VALUES = {"string": "x", "integer": 1, "number": 1.5, "boolean": True, "array": [],
+                  "object": {}}  # fmt: skip
+
+
+def _tool_calls(body: dict[str, Any], app: ApiServer) -> list[dict[str, Any]]:
+    """With tools offered (and auto tool choice on), a call of the first one whose arguments
+    fill each property with a value of its type (an enum's first); the ``bad-tool-args``
+    serving fault leaves the required ones out, as a parser that loses them would."""
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("function")]
+    if not tools or body.get("tool_choice") == "none":
+        return []
+    function = tools[0]["function"]
+    schema = function.get("parameters") or {}
+    arguments = {
+        key: (spec.get("enum") or [_SAMPLE_VALUES.get(spec.get("type"), "x")])[0]
+        for key, spec in (schema.get("properties") or {}).items()
+    }
+    if app.replies.fault == "bad-tool-args":
+        arguments = {k: v for k, v in arguments.items() if k not in schema.get("required", [])}
+    ident = "chatcmpl-tool-" + hashlib.sha256(json.dumps(arguments).encode()).hexdigest()[:16]
+    call = {"name": function.get("name"), "arguments": json.dumps(arguments)}
+    return [{"id": ident, "type": "function", "function": call}]
 
 
 def _usage(prompt_tokens: int, count: int) -> dict[str, Any]:
