@@ -676,6 +676,12 @@ def write_index(out: Path) -> None:
                 "file": path.name,
                 "wheel": data["wheel"],
                 "wheel_sha256": data["wheel_sha256"],
+                # Copied here so that a checkpoint is read (in every release's terms) without
+                # parsing every release's file: opsbook.knowledge.vllm_facts.every_release_*.
+                "mla_model_types": (data.get("mla_model_types") or {}).get("types") or [],
+                "modelopt_kv_map": ((data.get("kv_cache_dtypes") or {}).get("modelopt_to_vllm") or {})
+                .get("values")
+                or {},
             }
         )
     index = {

@@ -22,11 +22,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from opsbook.core.deployment_spec import DEFAULT_RAY_PORT, DEFAULT_SECRETS, HostSpec
+from opsbook.core.deployment_spec import DEFAULT_RAY_PORT, DEFAULT_SECRETS, ENV_NAME, HostSpec
 from opsbook.core.exceptions import DeploymentError
 from opsbook.core.yaml_bounds import MAX_DEPTH
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9_][a-z0-9_-]*)*$")
 RESERVED_FLAGS = {"model": "model.path", "port": "server.port"}
 # A host's address that means the machine opsbook runs on: its stages run here, without SSH.

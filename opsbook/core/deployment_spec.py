@@ -18,6 +18,8 @@ SECRET_FLAG = re.compile(r"(?:^|-)(?:api-key|token|password|passwd|secret)(?:-|$
 # Whole underscore-separated words of a variable name (VLLM_API_KEY, HF_TOKEN, DB_PASSWORD).
 SECRET_ENV = re.compile(r"(?:^|_)(?:API_KEY|APIKEY|TOKEN|PASSWORD|PASSWD|SECRET)(?:_|$)")
 DEFAULT_RAY_PORT = 6379
+# A shell variable name: what server.env keys and the launch script accept.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)

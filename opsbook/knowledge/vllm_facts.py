@@ -258,10 +258,27 @@ def version_key(version: str) -> tuple[int, int, int]:
 
 
 @lru_cache(maxsize=1)
+def _index() -> tuple[dict[str, Any], ...]:
+    return tuple(json.loads(_data_file("index.json"))["releases"])
+
+
+@lru_cache(maxsize=1)
 def releases() -> tuple[str, ...]:
     """The releases with facts, oldest first."""
-    index = json.loads(_data_file("index.json"))
-    return tuple(sorted((str(r["version"]) for r in index["releases"]), key=version_key))
+    return tuple(sorted((str(r["version"]) for r in _index()), key=version_key))
+
+
+def every_release_mla_model_types() -> tuple[str, ...]:
+    """The model types any release's ``is_deepseek_mla`` takes for MLA, from the index (the
+    same lists as each release's file, without parsing them all)."""
+    return tuple(sorted({str(t) for r in _index() for t in r["mla_model_types"]}))
+
+
+def every_release_modelopt_kv_map() -> dict[str, str]:
+    """Every release's ``MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP`` entries, oldest first (a later
+    release's value wins), from the index."""
+    ordered = sorted(_index(), key=lambda r: version_key(str(r["version"])))
+    return {str(k): str(v) for r in ordered for k, v in r["modelopt_kv_map"].items()}
 
 
 def release_at_or_below(version: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from opsbook.core.deployment import ENV_NAME
+from opsbook.core.deployment_spec import ENV_NAME
 from opsbook.core.exceptions import CommandTimeout, HostError, TransferError
 from opsbook.core.redact import Redactor
 from opsbook.remote.journal import Journal

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from opsbook.core.channel import HEADLESS_ENV, JOURNAL_ENV, KEEP_CONNECTIONS_ENV, OUTCOME_ENV
-from opsbook.core.deployment import HostSpec
 from opsbook.core.deployment_schema import LOCAL_ADDRESS
+from opsbook.core.deployment_spec import HostSpec
 from opsbook.core.exceptions import TransferError
 from opsbook.core.redact import Redactor
 from opsbook.remote import probes

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from opsbook.core.deployment import HostSpec
+from opsbook.core.deployment_spec import HostSpec
 from opsbook.remote.journal import Journal
 
 

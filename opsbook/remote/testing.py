@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from opsbook.core.deployment import HostSpec
+from opsbook.core.deployment_spec import HostSpec
 from opsbook.core.exceptions import (
     ConnectionRefused,
     HostError,

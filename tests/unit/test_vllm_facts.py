@@ -36,6 +36,23 @@ def test_index_lists_every_release_file_and_nothing_else():
     assert {"0.10.2.json", "0.15.1.json", "0.18.0.json", "0.33.0.json"} <= present
 
 
+def test_the_index_copies_each_release_s_mla_types_and_modelopt_map_exactly():
+    # model_config reads the unions from the index alone: a copy that drifted from the release
+    # files would make a checkpoint read differently from check_compat's answer.
+    for release in vllm_facts.releases():
+        facts = vllm_facts.load(release)
+        entry = next(r for r in vllm_facts._index() if r["version"] == release)
+        assert tuple(entry["mla_model_types"]) == facts.mla_model_types, release
+        assert entry["modelopt_kv_map"] == dict(facts.modelopt_kv_map), release
+    assert set(vllm_facts.every_release_mla_model_types()) == {
+        t for r in vllm_facts.releases() for t in vllm_facts.load(r).mla_model_types
+    }
+    assert "deepseek_v3" in vllm_facts.every_release_mla_model_types()
+    assert vllm_facts.every_release_modelopt_kv_map() == {
+        k: v for r in vllm_facts.releases() for k, v in vllm_facts.load(r).modelopt_kv_map.items()
+    }
+
+
 def test_releases_are_sorted_by_version_not_text():
     releases = vllm_facts.releases()
     assert releases[0] == "0.10.2"

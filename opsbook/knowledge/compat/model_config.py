@@ -20,16 +20,12 @@ CONFIG_FILES = ("config.json", "hf_quant_config.json", "tokenizer_config.json")
 # opsbook/knowledge/data/vllm_facts.
 # A checkpoint is read before the version is known, so the union of every release is used here
 # and check_compat narrows it to the installed release.
-MLA_MODEL_TYPES = tuple(
-    sorted({t for r in vllm_facts.releases() for t in vllm_facts.load(r).mla_model_types})
-)
+MLA_MODEL_TYPES = vllm_facts.every_release_mla_model_types()
 # Sparse (DSA) MLA: vLLM's DeepSeek model code sets is_sparse when the config has index_topk
 # (vLLM 0.33.0 vllm/model_executor/models/deepseek_v2.py); these types always carry it.
 SPARSE_MLA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
 # MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (vllm/utils/torch_utils.py), every release's entries.
-MODELOPT_TO_VLLM_KV_CACHE_DTYPE = {
-    k: v for r in vllm_facts.releases() for k, v in vllm_facts.load(r).modelopt_kv_map.items()
-}
+MODELOPT_TO_VLLM_KV_CACHE_DTYPE = vllm_facts.every_release_modelopt_kv_map()
 
 
 @dataclass(frozen=True)
