@@ -246,6 +246,8 @@ def run_notebook(
                 hosts=[],
                 results=record.results,
             )
+        # A stage run alone (an upgrade, a diagnosis) is an incident record as a deploy is.
+        records.close(folder)
     return record
 
 
