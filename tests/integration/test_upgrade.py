@@ -110,11 +110,11 @@ def run_folder(done: subprocess.CompletedProcess[str]) -> Path:
 
 def filed_record(folder: Path) -> dict:
     """The run's facts for this host, once its record is complete: the summary, the facts,
-    the journal and the executed notebook, private to their owner (a single stage's run is
-    filed 0600; a deploy's is sealed read-only)."""
+    the journal and the executed notebook, sealed: private to their owner and read-only."""
+    assert folder.stat().st_mode & 0o777 == 0o500
     for name in ("run.json", "facts.json", "journal.jsonl", "07_upgrade.ipynb"):
         assert (folder / name).is_file(), name
-        assert (folder / name).stat().st_mode & 0o077 == 0, f"{name} is readable by others"
+        assert (folder / name).stat().st_mode & 0o777 == 0o400, f"{name} is not sealed"
     (host,) = json.loads((folder / "facts.json").read_text())["hosts"].values()
     return host
 
