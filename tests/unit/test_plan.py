@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -293,6 +294,43 @@ def test_reading_the_headers_leaves_the_collector_as_it_found_it(model_dir: Path
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_two_processes_sum_the_headers_as_one_does_and_a_failed_child_s_half_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shards = []
+    for i in range(weight_table.FORK_MIN_SHARDS + 3):
+        name = f"model-{i:05d}.safetensors"
+        header = {f"m.layers.{i}.mlp.experts.{i % 3}.w": {"data_offsets": [0, i + 1]}, "e": {}}
+        header["e"] = {"data_offsets": [0, 2]}
+        text = json.dumps(header).encode()
+        (tmp_path / name).write_bytes(struct.pack("<Q", len(text)) + text)
+        shards.append(name)
+    (tmp_path / shards[2]).write_bytes(b"\x01")  # in the child's half: unreadable
+    shards.append("model-99999.safetensors")  # in this process' half: not on disk
+    monkeypatch.setattr(weight_table, "second_core_pays", lambda names: True)
+    forked = weight_table.tensor_table(str(tmp_path), shards)
+    monkeypatch.setattr(weight_table, "second_core_pays", lambda names: False)
+    alone = weight_table.tensor_table(str(tmp_path), shards)
+    assert forked == alone
+    assert forked[1] == [shards[2], "model-99999.safetensors"]
+    assert ["e", 2 * (len(shards) - 2)] in forked[0]
+    # A child that dies before answering: this process sums its half itself.
+    monkeypatch.setattr(weight_table, "second_core_pays", lambda names: True)
+    monkeypatch.setattr(weight_table, "sum_shards", failing_in_a_child(weight_table.sum_shards))
+    assert weight_table.tensor_table(str(tmp_path), shards) == alone
+
+
+def failing_in_a_child(sum_shards: Any) -> Any:
+    parent = os.getpid()
+
+    def summing(folder: str, shards: list[str]) -> Any:
+        if os.getpid() != parent:
+            raise RuntimeError("the child fails")
+        return sum_shards(folder, shards)
+
+    return summing
 
 
 def test_a_folder_without_config_json_is_named(tmp_path: Path) -> None:
