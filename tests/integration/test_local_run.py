@@ -157,6 +157,9 @@ def test_a_detached_deploy_survives_the_hangup_of_its_terminal_and_files_its_rec
         text=True,
         env=local.env,
         start_new_session=True,
+        # A terminal's shell takes SIGHUP's default; this test's runner may ignore it (nohup),
+        # and an ignored signal is inherited and cannot be trapped back by a script.
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     assert terminal.stdout is not None
     said = []
