@@ -16,8 +16,13 @@ demo: setup
 	  echo "the rehearsal server keeps running; stop the host with: make sandbox-down"; \
 	  exit $$code
 
+# The unit tier runs on both cores (pytest-xdist) but for its tests that start servers
+# (marked serial); the integration tier shares rehearsal hosts and real-tier server starts
+# between tests, so it runs in one process.
 test: setup lint real-vllm ray
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -n 2 -m "not serial" tests/unit
+	$(VENV)/bin/pytest -q -m serial tests/unit
+	$(VENV)/bin/pytest -q tests/integration
 	$(MAKE) --no-print-directory nbval
 
 setup: system $(VENV)/.installed

@@ -11,6 +11,21 @@ from opsbook.rehearsal.sim.vllm_install import install_vllm
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 
+# Modules whose tests start simulated vLLM servers as the test's user and then look for that
+# user's vLLM processes: `make test` runs them apart from the parallel unit run (pytest-xdist),
+# or one worker's servers are "other vLLM processes of yours" to the other worker's checks.
+SERIAL_MODULES = {
+    "test_kernel", "test_restart_rule", "test_server", "test_sim_matches_facts",
+    "test_stages", "test_terminal", "test_triage", "test_widgets",
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A python env on the system interpreter with the simulated vLLM installed."""
