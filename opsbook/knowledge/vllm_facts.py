@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -204,6 +204,15 @@ class ReleaseFacts:
     def reads_env(self, name: str) -> bool | None:
         """Whether the release reads the ``VLLM_*`` variable ``name`` (None: not known)."""
         return name in self.env_vars if self.env_vars else None
+
+    def flags_refused(self, serve_args: Iterable[str]) -> list[str]:
+        """The ``server.args`` names (without ``--``) whose flag this release's parser lacks;
+        a dotted name sets one key of a JSON argument, so its head is the flag. Empty when the
+        release's flags are not known."""
+        if not self.serve_flags:
+            return []
+        names = [str(name).removeprefix("--") for name in serve_args]
+        return [n for n in names if "--" + n.split(".")[0] not in self.serve_flags]
 
     def kv_dtype_known(self, dtype: str) -> bool:
         """Whether ``--kv-cache-dtype dtype`` is a value this release accepts."""

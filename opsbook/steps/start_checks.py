@@ -122,16 +122,11 @@ def _port_findings(facts: HostFacts, port: int, server_pids: Collection[int]) ->
 
 
 def _flag_findings(facts: HostFacts, serve_args: Mapping[str, Any]) -> list[Finding]:
-    accepted = _accepted_flags(facts.vllm_version)
-    if not accepted:
+    release = _exact_release(facts.vllm_version)
+    if release is None:
         return []
     version = facts.vllm_version
-    unknown = [
-        flag
-        for name in serve_args
-        # A dotted flag sets one key of a JSON argument: its head is the flag.
-        if "--" + (flag := str(name).removeprefix("--")).split(".")[0] not in accepted
-    ]
+    unknown = release.flags_refused(serve_args)
     return [
         Finding(
             "error",
@@ -145,15 +140,15 @@ def _flag_findings(facts: HostFacts, serve_args: Mapping[str, Any]) -> list[Find
     ]
 
 
-def _accepted_flags(version: str | None) -> frozenset[str]:
-    """The serve flags (``--name``) of exactly this release (a local build suffix aside);
-    empty when it is not a release opsbook has read, and then nothing is refused."""
+def _exact_release(version: str | None) -> vllm_facts.ReleaseFacts | None:
+    """The facts of exactly this release (a local build suffix aside); None when it is not a
+    release opsbook has read, and then nothing is refused."""
     if not version:
-        return frozenset()
+        return None
     try:
         release = vllm_facts.release_at_or_below(version)
     except OpsbookError:
-        return frozenset()
+        return None
     if version.split("+")[0] != release:
-        return frozenset()
-    return vllm_facts.load(release).serve_flags
+        return None
+    return vllm_facts.load(release)

@@ -109,13 +109,9 @@ def flag_findings(
     old: vllm_facts.ReleaseFacts | None = None,
 ) -> list[Finding]:
     """An error per serve flag the new release's parser lacks (a dotted flag is its head's)."""
-    if not new.serve_flags:
-        return []
     findings = []
-    for name in serve_args:
-        flag = "--" + str(name).removeprefix("--").split(".")[0]
-        if flag in new.serve_flags:
-            continue
+    for name in new.flags_refused(serve_args):
+        flag = "--" + name.split(".")[0]
         had = old is not None and flag in old.serve_flags
         findings.append(
             Finding(
