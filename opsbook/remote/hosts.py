@@ -654,7 +654,9 @@ class HostGroup:
     ) -> HostGroup:
         """The deployment's hosts (only those named, when ``names`` is given), sharing one
         journal (the run's, named by the environment, unless ``journal`` is given)."""
-        journal = journal or Journal.from_env(Redactor(deployment.secret_values()))
+        # Not `journal or ...`: a journal with no entry yet is falsy (its length is 0).
+        if journal is None:
+            journal = Journal.from_env(Redactor(deployment.secret_values()))
         specs = [s for s in deployment.hosts if not names or s.name in names]
         return cls([host_for(s, deployment.secret_values(), journal) for s in specs], forks)
 

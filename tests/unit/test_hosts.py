@@ -81,3 +81,19 @@ def test_host_is_a_host_of_the_one_protocol() -> None:
     # The annotation is for mypy (which also checks it where HostGroup takes a Host).
     host: RemoteHost = Host(HostSpec(address="127.0.3.250"))
     assert isinstance(host, RemoteHost)
+
+
+def test_a_group_records_in_the_journal_it_is_given_even_before_its_first_entry(
+    tmp_path: Path,
+) -> None:
+    from opsbook.core.deployment import parse_deployment
+    from opsbook.remote.hosts import HostGroup
+    from opsbook.remote.journal import Journal
+
+    deployment = parse_deployment(
+        {"hosts": [{"address": "127.0.0.9", "user": "u"}], "model": {"path": "/m"}}
+    )
+    given = Journal(path=tmp_path / "journal.jsonl")
+    group = HostGroup.from_deployment(deployment, 1, journal=given)
+    assert len(given) == 0  # empty, so falsy: the group must not take another
+    assert all(host.journal is given for host in group.hosts)
