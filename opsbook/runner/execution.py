@@ -548,7 +548,14 @@ def redact_notebook(path: Path, redactor: Redactor) -> None:
     import nbformat
 
     # papermill checked the schema when it wrote the file a moment ago: read it as JSON.
-    nb = nbformat.v4.reads(path.read_text(encoding="utf-8"))
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        nb = nbformat.v4.reads(text)
+    except ValueError:
+        # A signal cut papermill's writing of it short (a run interrupted mid-save): what
+        # there is is masked as text.
+        path.write_text(redactor.redact(text), encoding="utf-8")
+        return
     changed = False
 
     def redact(text: str) -> str:

@@ -140,6 +140,23 @@ def test_a_record_without_secrets_is_left_as_written(tmp_path) -> None:
     assert path.read_bytes() == written
 
 
+@pytest.mark.parametrize("cut_after_secret", [False, True])
+def test_a_notebook_whose_writing_a_signal_cut_short_is_masked_as_text(
+    tmp_path, cut_after_secret
+) -> None:
+    # A SIGTERM during papermill's save leaves an empty or half-written file (seen in an
+    # interrupted deploy, which then exited 1 with a traceback instead of sealing its record).
+    from opsbook.core.redact import Redactor
+
+    path = _notebook_printing(tmp_path / "cut.ipynb", "vllm serve --api-key s3cr3t-value\n")
+    whole = path.read_text()
+    cut = whole.index("s3cr3t-value") + len("s3cr3t-value") + 3 if cut_after_secret else 0
+    path.write_text(whole[:cut])
+    execution.redact_notebook(path, Redactor(["s3cr3t-value"]))
+    assert "s3cr3t-value" not in path.read_text()
+    assert path.read_text().startswith(whole[: min(cut, whole.index("s3cr3t-value"))])
+
+
 # -- a runs folder that cannot hold a run (issue 32, item 7) ----------------------------------
 
 
