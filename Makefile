@@ -16,13 +16,15 @@ demo: setup
 	  echo "the rehearsal server keeps running; stop the host with: make sandbox-down"; \
 	  exit $$code
 
-# The unit tier runs on both cores (pytest-xdist) but for its tests that start servers
-# (marked serial); the integration tier shares rehearsal hosts and real-tier server starts
-# between tests, so it runs in one process.
+# Each tier runs on both cores (pytest-xdist) but for its modules marked serial (they start
+# servers as the test's own user, or time signals), which run after in one process. The
+# integration tier goes a module per worker (--dist loadfile): a module's tests share its
+# rehearsal host and real-tier server starts.
 test: setup lint real-vllm ray
 	$(VENV)/bin/pytest -q -n 2 -m "not serial" tests/unit
 	$(VENV)/bin/pytest -q -m serial tests/unit
-	$(VENV)/bin/pytest -q tests/integration
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not serial" tests/integration
+	$(VENV)/bin/pytest -q -m serial tests/integration
 	$(MAKE) --no-print-directory nbval
 
 setup: system $(VENV)/.installed

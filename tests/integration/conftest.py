@@ -18,6 +18,20 @@ from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.rehearsal.sandbox import Sandbox
 
 
+# Modules `make test` runs apart from the parallel integration run (pytest-xdist, one module
+# per worker): test_local_run starts a server as the test's own user (`address: local`), which
+# the other worker's tests would find among "other vLLM processes of yours"; test_faults
+# interrupts deploys with signals at chosen moments, which the other worker's load moves (an
+# interrupted deploy once outlived its 120 s there).
+SERIAL_MODULES = {"test_faults", "test_local_run"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
+
+
 def sandbox_folder(label: str) -> Path:
     """A fresh folder under /tmp: the sandbox user must be able to enter every parent."""
     folder = Path(tempfile.mkdtemp(prefix=f"opsbook-{label}-", dir="/tmp"))
