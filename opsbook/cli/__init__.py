@@ -311,6 +311,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             on_failure=str(params.get("on_failure", "leave")),
             limit=args.limit,
             qualify=str(params.get("qualify", "off")),
+            recheck=bool(params.get("recheck", False)),
             on_result=_print_result,
             on_progress=_print_progress,
             on_folder=on_folder,
@@ -760,7 +761,7 @@ def _positive(text: str) -> int:
     return value
 
 
-DEPLOY_PARAMETERS = ("apply", "serial", "restart", "on_failure", "qualify")
+DEPLOY_PARAMETERS = ("apply", "serial", "restart", "on_failure", "qualify", "recheck")
 # A deploy's first line: whether it changes the hosts (it does unless told not to).
 DEPLOY_APPLIES = "deploy: applying changes to the hosts (-p apply false for a dry run)"
 DEPLOY_DRY = "deploy: a dry run (-p apply false): nothing on the hosts is changed"
@@ -768,8 +769,8 @@ DEPLOY_DRY = "deploy: a dry run (-p apply false): nothing on the hosts is change
 
 def _deploy_parameters(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
     """``-p apply true|false``, ``-p serial N|N%``, ``-p restart changed|always``,
-    ``-p on_failure leave|rollback`` and ``-p qualify off|quick|standard|full`` of a deploy,
-    as plain values."""
+    ``-p on_failure leave|rollback``, ``-p qualify off|quick|standard|full`` and ``-p recheck
+    true|false`` of a deploy, as plain values."""
     unknown = sorted({name for name, _ in pairs} - set(DEPLOY_PARAMETERS))
     if unknown:
         raise RunError(
@@ -780,5 +781,5 @@ def _deploy_parameters(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
         )
     params: dict[str, Any] = {}
     for name, text in pairs:
-        params[name] = runner.plain_value(name, text, True if name == "apply" else "")
+        params[name] = runner.plain_value(name, text, True if name in ("apply", "recheck") else "")
     return params

@@ -68,6 +68,8 @@ if TYPE_CHECKING:
     from opsbook.runner.lock import Locks
 
 BATCH_PREFIX = "batch-"
+# The record's one column when every host was settled: the stages had nothing to do.
+SETTLED = "settled"
 # Restart values the launch takes (restart_rule.RESTART_WHEN), let through without the launch's
 # own check: that check imports the stages (0.3-0.5 s), which would delay the kernel's start
 # behind them; any other value still gets it, and its error naming the allowed ones.
@@ -125,6 +127,8 @@ class _DeployRun:
     restart: str = "changed"
     on_failure: str = "leave"
     qualify: str = "off"
+    # Run every stage even when the hosts are settled.
+    recheck: bool = False
     results: list[HostResult] = field(default_factory=list)
     notebooks: list[records.NotebookEntry] = field(default_factory=list)
     stopped: str = ""
@@ -135,6 +139,8 @@ class _DeployRun:
     # Deploy-lock notes (a stale lock taken over), and the signal that interrupted the run.
     notes: list[str] = field(default_factory=list)
     interrupted: int = 0
+    # Whether every host was settled (opsbook.steps.settled): then no stage was run.
+    settled: bool = False
 
 
 def run_deploy(
@@ -154,6 +160,7 @@ def run_deploy(
     limit: str | None = None,
     on_folder: Callable[[Path], None] | None = None,
     qualify: str = "off",
+    recheck: bool = False,
 ) -> RunRecord:
     """The whole runbook on every host of a deployment, into one run folder: the stages 00 to
     04 in order, a host dropped from the later stages once it fails, then 05_diagnose on every
@@ -187,6 +194,12 @@ def run_deploy(
             stage (a detached run points its output there).
         qualify: "off", or the profile of 06_qualify run after the launch on the hosts that
             launched (``quick``, ``standard``, ``full``), in an apply only.
+        recheck: run every stage even when every host is settled. Without it, a deploy
+            (apply or dry run, ``restart="changed"``, no qualification, not a cluster) first
+            asks each host whether it is settled (:mod:`opsbook.steps.settled`: its server is
+            the one the last complete deploy left ready, and nothing the deploy reads or
+            writes changed since); when every host is, the record says so, one ``settled``
+            result per host, and no stage runs.
 
     Raises:
         DeploymentError: the deployment file is unusable.
@@ -229,11 +242,15 @@ def run_deploy(
         restart,
         on_failure,
         qualify,
+        recheck,
     )
     # The kernel boots (and imports the stages) while the locks are taken and papermill is
-    # imported; the notebooks of a deploy are preflight's neighbours.
+    # imported; the notebooks of a deploy are preflight's neighbours. A run that may have
+    # nothing to do asks the hosts first, and starts it only if it has something to do.
     first = [h for h in dep.hosts if h.name in batches[0]] if batches else []
-    run.kernel.start(folder / KERNEL_LOG, find_notebook("preflight").parent, first, forks)
+    may_be_settled = _may_be_settled(run)
+    if not may_be_settled:
+        run.kernel.start(folder / KERNEL_LOG, find_notebook("preflight").parent, first, forks)
     try:
         locks = _deploylock().acquire(dep, folder, names)
     except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):
@@ -246,8 +263,16 @@ def run_deploy(
     try:
         if on_folder is not None:
             on_folder(folder)
-        run.html.start()
-        _deploy_batches(run, batches, names, max_fail_percentage)
+        if may_be_settled and _all_settled(run, names):
+            run.settled = True
+        else:
+            if may_be_settled:
+                run.kernel.start(
+                    folder / KERNEL_LOG, find_notebook("preflight").parent, first, forks
+                )
+            run.html.start()
+            _deploy_batches(run, batches, names, max_fail_percentage)
+            _note_settled(run, names)
     except (RunInterrupted, KeyboardInterrupt) as e:
         with sealing():
             _note_interrupted(run, folder, e)
@@ -298,7 +323,8 @@ def _file_deploy_run(
         replace(entry, html=str(page.relative_to(run.folder)) if page else None)
         for entry, page in zip(run.notebooks, pages, strict=True)
     ]
-    run.results = _with_skipped(run.results, names, run.stopped, _qualifies(run))
+    if not run.settled:
+        run.results = _with_skipped(run.results, names, run.stopped, _qualifies(run))
     settings = {
         "max_fail_percentage": "" if max_fail_percentage is None else f"{max_fail_percentage:g}",
         "limit": limit or "",
@@ -605,6 +631,9 @@ def _file_deploy(
         )
     elif run.interrupted:
         message = f"{len(run.notebooks)} stage(s) had finished, with no problem found"
+    elif run.settled:
+        done = "would change" if not run.apply else "had to change"
+        message = f"all {len(names)} host(s) settled: nothing {done}, no stage was run"
     else:
         message = f"all {len(names)} host(s) ok"
     if run.stopped:
@@ -628,6 +657,7 @@ def _file_deploy(
             "restart": run.restart,
             "on_failure": run.on_failure,
             "qualify": run.qualify,
+            "recheck": str(run.recheck),
             **settings,
         },
         results=run.results,
@@ -667,11 +697,106 @@ def record_steps(results: Sequence[HostResult]) -> list[str]:
     health check before a batch and the pre hook first, the rollback and the post hook after
     the launch)."""
     ran = {r.stage for r in results}
+    if ran == {SETTLED}:
+        return [SETTLED]
     names = [s.name for s in _stages().STAGES if s is not _stages().QUALIFY or s.name in ran]
     before = [s for s in (rolling.HEALTH, rolling.PRE_HOST) if s in ran]
     after = [s for s in (rolling.ROLLBACK, rolling.POST_HOST) if s in ran]
     launch = names.index("launch") + 1
     return [*before, *names[:launch], *after, *names[launch:]]
+
+
+def _may_be_settled(run: _DeployRun) -> bool:
+    """Whether the run asks the hosts if they are settled before it runs any stage: not when
+    told to recheck, to restart ready servers or to qualify, nor for a cluster (its nodes'
+    launch is one; the note is a single host's)."""
+    return (
+        not run.recheck
+        and run.restart == "changed"
+        and not _qualifies(run)
+        and run.dep.cluster is None
+    )
+
+
+def _all_settled(run: _DeployRun, names: list[str]) -> bool:
+    """Ask each host whether it is settled; when every one is, their results say so (one
+    ``settled`` result each) and the run has nothing to do."""
+    from opsbook.steps import settled
+
+    code = settled.opsbook_digest()
+    secrets = run.dep.secret_values()
+    started = time.monotonic()
+
+    def ask(host: Any) -> settled.Settled:
+        view = run.dep.for_host(host.spec)
+        digest = settled.deployment_digest(view, code, secrets)
+        return settled.is_settled(host, view, digest, secrets)
+
+    group = rolling.host_group(run.dep, names, run.forks, _journal(run))
+    try:
+        found = group.map(ask)
+    finally:
+        group.close()
+    verdicts = [found.get(name) for name in names]
+    took = round(time.monotonic() - started, 2)
+    if not all(isinstance(v, settled.Settled) and v.settled for v in verdicts):
+        _say_not_settled(run, names, verdicts, took)
+        return False
+    nothing = "nothing would change" if not run.apply else "nothing to do"
+    for name, verdict in zip(names, verdicts, strict=True):
+        assert isinstance(verdict, settled.Settled)
+        said = f"{nothing}: {verdict.message}"
+        _record(run, HostResult(name, SETTLED, State.OK, said, duration=took))
+    return True
+
+
+def _say_not_settled(
+    run: _DeployRun, names: list[str], verdicts: list[object], took: float
+) -> None:
+    """A line per host that is not settled, saying why: the run then runs every stage."""
+    from opsbook.core.channel import StageProgress
+    from opsbook.steps import settled
+
+    if run.on_progress is None:
+        return
+    for name, verdict in zip(names, verdicts, strict=True):
+        if isinstance(verdict, settled.Settled):
+            if verdict.settled:
+                continue
+            why = verdict.message
+        else:
+            why = f"not asked ({type(verdict).__name__}: {verdict})"
+        text = run.redactor.redact(f"not settled: {why}; every stage runs")
+        run.on_progress(StageProgress(name, SETTLED, took, text))
+
+
+def _note_settled(run: _DeployRun, names: list[str]) -> None:
+    """After a complete apply, note on each host whose every step went through that its ready
+    server is what this run left: the next deploy with nothing to change does nothing. A note
+    not written (a host not ready, or not reached) only means the next deploy runs every
+    stage."""
+    if not run.apply or run.stopped or run.dep.cluster is not None or not run.folder.is_dir():
+        return
+    bad = {r.host for r in run.results if not r.ok}
+    ran = {r.host for r in run.results if r.stage == "diagnose"}
+    hosts = [name for name in names if name in ran and name not in bad]
+    if not hosts:
+        return
+    from opsbook.steps import settled
+
+    code = settled.opsbook_digest()
+    secrets = run.dep.secret_values()
+
+    def note(host: Any) -> object:
+        view = run.dep.for_host(host.spec)
+        digest = settled.deployment_digest(view, code, secrets)
+        return settled.note_settled(host, view, run.folder.name, digest, secrets)
+
+    group = rolling.host_group(run.dep, hosts, run.forks, _journal(run))
+    try:
+        group.map(note)
+    finally:
+        group.close()
 
 
 def _deploylock() -> Any:

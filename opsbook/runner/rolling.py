@@ -77,7 +77,7 @@ def health_check(
     """``opsbook check`` on ``hosts``: the diagnose stage without the log of a ready server."""
     from opsbook import stages
 
-    group = _group(deployment, hosts, forks, journal)
+    group = host_group(deployment, hosts, forks, journal)
     try:
         done = stages.run_stage(
             stages.DIAGNOSE,
@@ -191,14 +191,16 @@ def take_snapshots(
 ) -> dict[str, Any]:
     """Per host name its :class:`Snapshot`, or the exception that kept it from being read (the
     host then cannot be rolled back; the deploy itself will say what is wrong with it)."""
-    group = _group(deployment, hosts, forks, journal)
+    group = host_group(deployment, hosts, forks, journal)
     try:
         return group.map(lambda host: _snapshot(host, deployment.for_host(host.spec)))
     finally:
         group.close()
 
 
-def _group(deployment: Deployment, hosts: Sequence[str], forks: int, journal: Path | None) -> Any:
+def host_group(
+    deployment: Deployment, hosts: Sequence[str], forks: int, journal: Path | None
+) -> Any:
     """The hosts, their commands journalled in the run's journal (where the stages' are)."""
     from opsbook.remote.hosts import HostGroup
     from opsbook.remote.journal import Journal
@@ -236,7 +238,7 @@ def roll_back(
     configs this run patched) and start its server again; a result per host."""
     if not hosts:
         return []
-    group = _group(deployment, hosts, forks, journal)
+    group = host_group(deployment, hosts, forks, journal)
 
     def one(host: Any) -> HostResult:
         started = time.monotonic()

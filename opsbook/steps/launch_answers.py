@@ -270,6 +270,9 @@ class StatusAnswer:
     # The exit code and output of the command asked for beside a ready server's status
     # (``when_healthy``); None when none was asked or the server was not ready.
     side: tuple[int | None, str] | None = None
+    # Whether the last complete deploy's note holds (``settled``); None when none was asked
+    # or the server was not ready.
+    settled: SettledAnswer | None = None
 
     @classmethod
     def parse(cls, answer: Answer) -> StatusAnswer:
@@ -289,7 +292,39 @@ class StatusAnswer:
             watched_steps=answer.get("watched_steps"),
             inputs={str(k): str(v) for k, v in (answer.get("inputs") or {}).items()},
             side=_side(answer.get("side")),
+            settled=SettledAnswer.parse(answer["settled"]) if answer.get("settled") else None,
         )
+
+
+@dataclass(frozen=True)
+class SettledAnswer:
+    """The status's word on the last complete deploy's note: its run and time (None without a
+    readable note), and what differs since ("note", "launch", "deployment", "model")."""
+
+    run: str | None
+    at: float | None
+    differs: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, answer: Answer) -> SettledAnswer:
+        since = answer.get("since") or {}
+        return cls(
+            run=since.get("run"),
+            at=since.get("at"),
+            differs=tuple(str(name) for name in answer.get("differs") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class SettleAnswer:
+    """The answer of ``settle``: whether the note was written, and why not."""
+
+    noted: bool
+    why: str
+
+    @classmethod
+    def parse(cls, answer: Answer) -> SettleAnswer:
+        return cls(noted=bool(answer.get("noted")), why=str(answer.get("why") or ""))
 
 
 def _side(side: Any) -> tuple[int | None, str] | None:

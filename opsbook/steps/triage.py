@@ -16,7 +16,7 @@ from opsbook.core.results import Finding, Result, Table
 from opsbook.knowledge import logscan
 from opsbook.remote.protocol import RemoteHost
 from opsbook.steps import metrics
-from opsbook.steps.launch_answers import ProcessInfo, StatusAnswer
+from opsbook.steps.launch_answers import ProcessInfo, SettledAnswer, StatusAnswer
 from opsbook.steps.server import HEALTH_TIMEOUT, PROBE, LaunchPaths, http_get
 
 # A live server whose log has been silent this long, with its port closed, is called hung.
@@ -67,6 +67,9 @@ class ServerState:
     # The exit code and output of the command run beside a ready server's status
     # (``server_state(when_healthy=...)``), None otherwise.
     side: tuple[int | None, str] | None = None
+    # Whether the last complete deploy's note holds (``server_state(settled=...)``); None when
+    # none was asked or the server was not ready.
+    settled: SettledAnswer | None = None
 
     @property
     def ok(self) -> bool:
@@ -128,6 +131,7 @@ def server_state(
     watch_metrics: bool = False,
     api_key: str | None = None,
     when_healthy: Sequence[str] = (),
+    settled: Mapping[str, Any] | None = None,
 ) -> ServerState:
     """Classify the server the deployment launched, from one status probe that also asks
     ``/health`` when the port is open (one round trip).
@@ -162,6 +166,8 @@ def server_state(
         asked["inputs"] = dict(inputs)
     if when_healthy:
         asked["when_healthy"] = list(when_healthy)
+    if settled:
+        asked["settled"] = dict(settled)
     status = StatusAnswer.parse(host.probe(PROBE, asked))
     moved = _moved_port(status, server_port)
     if moved is not None:
@@ -235,6 +241,7 @@ def server_state(
         generation=generation,
         metrics_error=metrics_error,
         side=status.side,
+        settled=status.settled,
     )
 
 

@@ -4,11 +4,13 @@ untouched, launch ok), as the dry run between them said; a changed ``server.args
 restarts it, saying why. Before each apply that changes something, a dry run of the same
 deploy says what it will do: on the fresh host, 02 would patch, 03 would write, 04 would
 start; with the changed value, 03 would write the script and 04 would restart for the reason
-the apply then gives."""
+the apply then gives. Once a deploy went through, the next one finds the host settled (issue
+37): it says so and runs no stage, dry run or apply, unless told ``-p recheck true``."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -57,8 +59,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
-def deploy(box: Sandbox, runs: Path, deployment: Path, apply: str) -> Deployed:
+def deploy(box: Sandbox, runs: Path, deployment: Path, apply: str, *more: str) -> Deployed:
     argv = ["run", "deploy", "-f", str(deployment), "--runs-dir", str(runs), "-p", "apply", apply]
+    argv += more
     done = subprocess.run(
         [sys.executable, "-m", "opsbook", *argv],
         capture_output=True,
@@ -107,18 +110,30 @@ def first(fresh_dry: Deployed, box: Sandbox, runs: Path) -> Deployed:
     return deploy(box, runs, box.deployment_path, "True")
 
 
+# After the first deploy the host is settled: these two run every stage anyway (-p recheck
+# true), to show what each stage finds.
 @pytest.fixture(scope="module")
 def dry(first: Deployed, box: Sandbox, runs: Path) -> Deployed:
-    return deploy(box, runs, box.deployment_path, "false")
+    return deploy(box, runs, box.deployment_path, "false", "-p", "recheck", "true")
 
 
 @pytest.fixture(scope="module")
 def second(dry: Deployed, box: Sandbox, runs: Path) -> Deployed:
+    return deploy(box, runs, box.deployment_path, "True", "-p", "recheck", "true")
+
+
+@pytest.fixture(scope="module")
+def settled_dry(second: Deployed, box: Sandbox, runs: Path) -> Deployed:
+    return deploy(box, runs, box.deployment_path, "false")
+
+
+@pytest.fixture(scope="module")
+def settled(settled_dry: Deployed, box: Sandbox, runs: Path) -> Deployed:
     return deploy(box, runs, box.deployment_path, "True")
 
 
 @pytest.fixture(scope="module")
-def changed_file(second: Deployed, box: Sandbox) -> Path:
+def changed_file(settled: Deployed, box: Sandbox) -> Path:
     doc = yaml.safe_load(box.deployment_path.read_text())
     doc["server"]["args"]["max-model-len"] = doc["server"]["args"].get("max-model-len", 0) // 2
     made = box.dir / "changed-args.yml"
@@ -233,6 +248,55 @@ def test_a_deploy_with_nothing_to_do_notes_the_launch_from_its_status_probe(
     assert host["engine"]["vllm"] and host["engine"]["engine_from"] == "the server's log", host
     assert "config.json" in host["model"]["configs"], host
     assert host["startup"]["kv_tokens"] and host["launch"]["script_digest"], host
+
+
+def folder_of(done: Deployed) -> Path:
+    line = next(line for line in done.text.splitlines() if line.startswith("run folder: "))
+    return Path(line.split(": ", 1)[1])
+
+
+@pytest.mark.parametrize("which", ["settled_dry", "settled"])
+def test_a_settled_host_is_left_alone_with_one_status_and_no_stage(
+    which: str, request: pytest.FixtureRequest, second: Deployed
+) -> None:
+    done: Deployed = request.getfixturevalue(which)
+    assert done.code == 0, done.text
+    lines = [line.split() for line in done.text.splitlines() if line.split()]
+    stages = {"preflight", "download", "config-patch", "launch-script", "launch", "diagnose"}
+    assert not [words for words in lines if words[0] in stages], done.text
+    settled_line = next(line for line in done.text.splitlines() if line.startswith("settled "))
+    nothing = "nothing would change" if which == "settled_dry" else "nothing to do"
+    assert " ok " in settled_line and f"{nothing}: ready and unchanged since the deploy " in (
+        settled_line
+    ), settled_line
+    assert done.pid == second.pid
+    assert_only_requests_logged(second.log, done.log)
+    folder = folder_of(done)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["stages"] == ["settled"] and summary["notebooks"] == [], summary
+    assert summary["parameters"]["recheck"] == "False", summary["parameters"]
+    journal = [json.loads(line) for line in (folder / "journal.jsonl").read_text().splitlines()]
+    probes = [e["command"].split()[:2] for e in journal if e["command"].startswith("probe ")]
+    # The deploy lock's commands aside, one status of the server and one read of /metrics.
+    assert ["probe", "facts"] not in probes, probes
+    assert probes.count(["probe", "launch"]) == 1, [e["command"][:60] for e in journal]
+
+
+def test_a_changed_file_in_the_checkpoint_folder_unsettles_the_host(
+    settled: Deployed, box: Sandbox, runs: Path
+) -> None:
+    config = Path(yaml.safe_load(box.deployment_path.read_text())["model"]["path"])
+    touched = config / "generation_config.json"
+    before = touched.stat()
+    os.utime(touched, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    try:
+        rerun = deploy(box, runs, box.deployment_path, "false")
+    finally:
+        os.utime(touched, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert rerun.code == 0, rerun.text
+    assert "not settled: the checkpoint folder's files changed since the deploy " in rerun.text
+    assert rerun.state_of("download") == "ok", rerun.text
+    assert rerun.state_of("launch") == "ok", rerun.text
 
 
 def test_a_changed_serve_argument_restarts_the_server_naming_why(

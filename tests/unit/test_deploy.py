@@ -2,6 +2,7 @@
 which hosts each stage is given, and when the run stops."""
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -267,3 +268,51 @@ def test_without_qualify_or_in_a_dry_run_the_deploy_is_unchanged(fleet) -> None:
     filled = deploy._with_skipped(fleet.run.results, HOSTS, "", deploy._qualifies(fleet.run))
     assert "qualify" not in {r.stage for r in filled}
     assert "qualify" not in deploy.record_steps(filled)
+
+
+def test_a_run_whose_hosts_were_all_settled_shows_one_column() -> None:
+    results = [HostResult(h, deploy.SETTLED, State.OK, "nothing to do") for h in HOSTS]
+    assert deploy.record_steps(results) == ["settled"]
+
+
+def test_only_a_plain_deploy_of_single_hosts_asks_whether_they_are_settled(
+    tmp_path, monkeypatch
+) -> None:
+    run = Fleet(tmp_path, monkeypatch).run
+    assert deploy._may_be_settled(run)
+    for told in ({"recheck": True}, {"restart": "always"}, {"qualify": "quick"}):
+        assert not deploy._may_be_settled(replace(run, **told)), told
+    cluster = Fleet(
+        tmp_path,
+        monkeypatch,
+        cluster={"head": "a", "tensor_parallel_size": 8, "pipeline_parallel_size": 4},
+    ).run
+    assert not deploy._may_be_settled(cluster)
+
+
+class _NotingGroup:
+    def __init__(self, names: list[str], noted: list[str]) -> None:
+        self.names, self.noted = names, noted
+
+    def map(self, work):
+        self.noted += self.names
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_after_an_apply_only_the_hosts_whose_every_step_went_through_are_noted(
+    fleet, monkeypatch
+) -> None:
+    noted: list[str] = []
+    monkeypatch.setattr(
+        rolling, "host_group", lambda dep, names, forks, journal: _NotingGroup(names, noted)
+    )
+    fleet.fail = {"b": "launch"}
+    run = fleet.deploy(serial=None, max_fail=100)
+    deploy._note_settled(run, HOSTS)
+    assert noted == ["a", "c", "d"]
+    noted.clear()
+    deploy._note_settled(replace(run, apply=False), HOSTS)
+    assert noted == []

@@ -17,6 +17,14 @@ Stdlib only (Python 3.8+); runs on the host. Operations (``args["op"]``):
   With ``when_healthy`` (a command line), a server that runs and answers ``/health`` 200 also
   gets that command's output (``side``: what a record notes of a ready server, without a
   round trip of its own).
+  With ``settled`` (``{"deployment": digest, "secrets": values, "model": path}``), whether
+  the running launch is the one the last complete deploy left ready, with the same deployment
+  digest (and secrets' values) and the same files in the checkpoint folder (names, sizes,
+  modification times): the deploy's "nothing to do" (``settled``: the note's run and time,
+  and what differs; the digests stay here).
+- ``settle``: with the launch running and ``/health`` 200, write that note
+  (``SETTLED_NOTE``: the deploy's run, the deployment digest, the launch's PID and start, the
+  checkpoint folder's listing digest); otherwise write nothing and say why.
 - ``stop``: SIGTERM to the recorded process group, wait, then SIGKILL; only after checking the
   process is still the one recorded (start time and command line) and is not an ancestor of
   this probe; other processes are reported, never signalled.
@@ -53,6 +61,8 @@ WATCH_TAIL_LIMIT = 8 << 20
 PROOF_MARKERS = (b"Application startup complete", b"Uvicorn running on")
 ERROR_MARKERS = (b"Traceback (most recent call last)", b"ERROR ", b"Error: ")
 ENGINE_TIMEOUT = 30.0
+# The note a complete deploy leaves beside the launch record: what "nothing to do" compares.
+SETTLED_NOTE = "settled.json"
 # Run by the deployment's interpreter: which Python and which vLLM install it is, without
 # importing vLLM (seconds of torch). A dist's RECORD lists every installed file with its hash,
 # so a reinstall of the same version with other files shows too.
@@ -80,6 +90,7 @@ def main(args):
         "http": http,
         "smoke": smoke,
         "watch": watch,
+        "settle": settle,
     }.get(op)
     if handler is None:
         return {"error": f"unknown op {op!r}"}
@@ -347,7 +358,84 @@ def status(args):
         answer["inputs"] = compare_inputs((record or {}).get("inputs"), args["inputs"])
     if args.get("when_healthy") and healthy:
         answer["side"] = run_side(args["when_healthy"])
+    if args.get("settled") and healthy:
+        answer["settled"] = settled_verdict(args, record)
     return answer
+
+
+# -- "nothing to do": the note a complete deploy leaves ----------------------------------------
+
+
+def settle(args):
+    """Note that the running, ready launch is what the deploy left (``args["settled"]`` gives
+    the run's name and the deployment digest)."""
+    record = read_record(args)
+    if not same_process(record):
+        return {"noted": False, "why": "no launch of this deployment runs"}
+    health = http_status(args["port"], "/health", float(args.get("health_timeout", 10)))
+    if health.get("status") != 200:
+        return {"noted": False, "why": f"/health answers {health.get('status')}"}
+    asked = args["settled"]
+    note = {
+        "run": str(asked["run"]),
+        "at": time.time(),
+        "deployment": deployment_key(asked),
+        "launch": [record["pid"], record["start"]],
+        "model": listing_digest(str(asked["model"])),
+    }
+    path = os.path.join(args["state_dir"], SETTLED_NOTE)
+    temp = path + ".tmp"
+    with open(temp, "w") as f:
+        json.dump(note, f)
+    os.replace(temp, path)
+    return {"noted": True, "why": ""}
+
+
+def settled_verdict(args, record):
+    """Whether the note of the last complete deploy still holds: its run and time, and the
+    names of what differs ("note" when there is no readable note)."""
+    try:
+        with open(os.path.join(args["state_dir"], SETTLED_NOTE)) as f:
+            note = json.load(f)
+        since = {"run": str(note["run"]), "at": float(note["at"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"since": None, "differs": ["note"]}
+    asked = args["settled"]
+    differs = []
+    if record is None or note.get("launch") != [record["pid"], record["start"]]:
+        differs.append("launch")
+    if note.get("deployment") != deployment_key(asked):
+        differs.append("deployment")
+    if note.get("model") != listing_digest(str(asked["model"])):
+        differs.append("model")
+    return {"since": since, "differs": differs}
+
+
+def deployment_key(asked):
+    """The deployment's digest with the values of its secrets, hashed here: the secrets come
+    in the arguments, which the journal masks; no digest of them leaves the host."""
+    total = hashlib.sha256(str(asked["deployment"]).encode())
+    for value in sorted(str(v) for v in asked.get("secrets") or ()):
+        total.update(b"\0" + value.encode())
+    return total.hexdigest()
+
+
+def listing_digest(folder):
+    """A digest of a folder's files, each one's relative path, size and modification time: a
+    shard added, removed, rewritten or touched changes it (a full read is 01's to make)."""
+    total = hashlib.sha256()
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError as e:
+                total.update(f"{path}\0{e.strerror}\n".encode())
+                continue
+            relative = os.path.relpath(path, folder)
+            total.update(f"{relative}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return total.hexdigest()
 
 
 def run_side(argv):
