@@ -17,7 +17,6 @@ import pytest
 from opsbook.rehearsal import sandbox as sandboxes
 from opsbook.rehearsal.sandbox import Sandbox
 
-
 # Modules `make test` runs apart from the parallel integration run (pytest-xdist, one module
 # per worker): test_local_run starts a server as the test's own user (`address: local`), which
 # the other worker's tests would find among "other vLLM processes of yours"; test_faults
