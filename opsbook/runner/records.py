@@ -319,6 +319,8 @@ def qualification_verdicts(folder: Path, results: list[HostResult]) -> dict[str,
     """Per host 06_qualify ran on, its verdict: ``passed`` or ``failed`` with its receipt's
     figures (``qualify/receipt.json``, a rolling run's under ``batch-*/``), else the stage's
     own state (``skipped`` when the server was busy, ``failed`` when there was none)."""
+    if not any(result.stage == "qualify" for result in results):
+        return {}  # without importing the receipts' schema (a no-op deploy's record)
     from opsbook.steps import qualify_receipt as receipts
 
     paths = [
