@@ -1,6 +1,7 @@
 """What `opsbook run deploy` says on the terminal, run as a user runs it on a fresh rehearsal
 host: one line per stage as it ends, a recap, no kernel warning or traceback when all is
-well; the nightly dry run of a healthy server exits 0; a failure names its remedy; the record
+well; the nightly dry run of a healthy server (every stage, -p recheck true: the host is
+settled after the deploy) exits 0; a failure names its remedy; the record
 reads for people and pipes cleanly into `head`."""
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def nightly(deployed: Said, box: Sandbox, runs: Path) -> Said:
     assert deployed.code == 0, deployed.text
     return say(
         "run", "deploy", "-f", str(box.deployment_path), "--runs-dir", str(runs), "-p", "apply",
-        "false",
+        "false", "-p", "recheck", "true",
     )  # fmt: skip
 
 
