@@ -245,14 +245,15 @@ def run_deploy(
         recheck,
     )
     # The kernel boots (and imports the stages) while the locks are taken and papermill is
-    # imported; the notebooks of a deploy are preflight's neighbours. A run that may have
-    # nothing to do asks the hosts first, and starts it only if it has something to do.
+    # imported, and while a run that may have nothing to do asks the hosts whether they are
+    # settled (over the connections of their locks); the notebooks of a deploy are
+    # preflight's neighbours. A run with nothing to do shuts it down unused.
     first = [h for h in dep.hosts if h.name in batches[0]] if batches else []
     may_be_settled = _may_be_settled(run)
-    if not may_be_settled:
-        run.kernel.start(folder / KERNEL_LOG, find_notebook("preflight").parent, first, forks)
+    run.kernel.start(folder / KERNEL_LOG, find_notebook("preflight").parent, first, forks)
     try:
-        locks = _deploylock().acquire(dep, folder, names)
+        journal = _run_journal(run) if may_be_settled else None
+        locks = _deploylock().acquire(dep, folder, names, journal=journal)
     except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):
         run.kernel.discard()
         # Made a moment ago, holding only the kernel's log: no record of a run that never began.
@@ -263,13 +264,11 @@ def run_deploy(
     try:
         if on_folder is not None:
             on_folder(folder)
-        if may_be_settled and _all_settled(run, names):
+        if may_be_settled and _all_settled(run, names, locks):
             run.settled = True
+            run.kernel.discard()
+            (folder / KERNEL_LOG).unlink(missing_ok=True)
         else:
-            if may_be_settled:
-                run.kernel.start(
-                    folder / KERNEL_LOG, find_notebook("preflight").parent, first, forks
-                )
             run.html.start()
             _deploy_batches(run, batches, names, max_fail_percentage)
             _note_settled(run, names)
@@ -718,9 +717,18 @@ def _may_be_settled(run: _DeployRun) -> bool:
     )
 
 
-def _all_settled(run: _DeployRun, names: list[str]) -> bool:
-    """Ask each host whether it is settled; when every one is, their results say so (one
-    ``settled`` result each) and the run has nothing to do."""
+def _run_journal(run: _DeployRun) -> Any:
+    """The run's journal, for the commands this process sends (the stages' go there too)."""
+    from opsbook.remote.journal import Journal
+
+    return Journal(run.redactor, str(_journal(run)))
+
+
+def _all_settled(run: _DeployRun, names: list[str], locks: Locks) -> bool:
+    """Ask each host, over its lock's connection, whether it is settled; when every one is,
+    their results say so (one ``settled`` result each) and the run has nothing to do. A host
+    whose lock was not taken (unreachable) is not settled."""
+    from opsbook.remote.hosts import HostGroup
     from opsbook.steps import settled
 
     code = settled.opsbook_digest()
@@ -732,11 +740,14 @@ def _all_settled(run: _DeployRun, names: list[str]) -> bool:
         digest = settled.deployment_digest(view, code, secrets)
         return settled.is_settled(host, view, digest, secrets)
 
-    group = rolling.host_group(run.dep, names, run.forks, _journal(run))
-    try:
-        found = group.map(ask)
-    finally:
-        group.close()
+    locked = {host.name: host for host, _ in locks.held}
+    found: dict[str, object] = {
+        name: RunError("the deploy lock was not taken: the host was not reached")
+        for name in names
+        if name not in locked
+    }
+    # The lock's connections: closed by its release.
+    found |= HostGroup([locked[n] for n in names if n in locked], run.forks).map(ask)
     verdicts = [found.get(name) for name in names]
     took = round(time.monotonic() - started, 2)
     if not all(isinstance(v, settled.Settled) and v.settled for v in verdicts):

@@ -36,6 +36,7 @@ from pathlib import Path
 from opsbook.core.deployment import Deployment
 from opsbook.core.exceptions import HostError, HostLocked
 from opsbook.remote.hosts import HostGroup
+from opsbook.remote.journal import Journal
 from opsbook.remote.protocol import RemoteHost
 
 LOCK_NAME = "deploy.lock"
@@ -190,8 +191,15 @@ class Locks:
         self.held.clear()
 
 
-def acquire(deployment: Deployment, run_folder: Path, names: Sequence[str] = ()) -> Locks:
-    """Take the deploy lock on every host of the deployment (those named, if given).
+def acquire(
+    deployment: Deployment,
+    run_folder: Path,
+    names: Sequence[str] = (),
+    journal: Journal | None = None,
+) -> Locks:
+    """Take the deploy lock on every host of the deployment (those named, if given), its
+    commands recorded in ``journal`` (the run's) when given. The hosts of the locks taken stay
+    connected until :meth:`Locks.release` (a deploy asks them whether they are settled).
 
     A host that cannot be reached is left to the stages, which report it. If any host is held
     by another run, or its lock cannot be written (disk full, read-only), the locks taken are
@@ -201,7 +209,7 @@ def acquire(deployment: Deployment, run_folder: Path, names: Sequence[str] = ())
         HostLocked: a host is held by another live run (the message says who, since when), or
             its lock cannot be written (the message says why, on which host and path).
     """
-    group = HostGroup.from_deployment(deployment, names=names)
+    group = HostGroup.from_deployment(deployment, names=names, journal=journal)
     mine = me(run_folder)
     answers = group.map(lambda host: _take(host, lock_path(deployment, host.name), mine))
     locks = Locks(holder=mine)
