@@ -256,8 +256,10 @@ def run_deploy(
         locks = _deploylock().acquire(dep, folder, names, journal=journal)
     except (exceptions.HostLocked, RunInterrupted, KeyboardInterrupt):
         run.kernel.discard()
-        # Made a moment ago, holding only the kernel's log: no record of a run that never began.
+        # Made a moment ago, holding only the kernel's log and the locks' journal: no record
+        # of a run that never began.
         (folder / KERNEL_LOG).unlink(missing_ok=True)
+        _journal(run).unlink(missing_ok=True)
         folder.rmdir()
         raise
     run.notes = locks.notes
