@@ -88,7 +88,12 @@ def opsbook_stderr(err: str) -> str:
 
 
 def deploy_args(box: Sandbox, runs: Path) -> list[str]:
-    return ["run", "deploy", "-f", str(box.deployment_path), "--runs-dir", str(runs)]
+    # Every stage, even when an earlier test left the host settled: these faults strike
+    # during the stages.
+    return [
+        "run", "deploy", "-f", str(box.deployment_path), "--runs-dir", str(runs),
+        "-p", "recheck", "true",
+    ]  # fmt: skip
 
 
 def lock_file(box: Sandbox) -> Path:
