@@ -733,13 +733,11 @@ def _all_settled(run: _DeployRun, names: list[str], locks: Locks) -> bool:
     from opsbook.remote.hosts import HostGroup
     from opsbook.steps import settled
 
-    code = settled.opsbook_digest()
-    secrets = run.dep.secret_values()
+    view_of = _settled_views(run)
     started = time.monotonic()
 
     def ask(host: Any) -> settled.Settled:
-        view = run.dep.for_host(host.spec)
-        digest = settled.deployment_digest(view, code, secrets)
+        view, digest, secrets = view_of(host)
         return settled.is_settled(host, view, digest, secrets)
 
     locked = {host.name: host for host, _ in locks.held}
@@ -761,6 +759,21 @@ def _all_settled(run: _DeployRun, names: list[str], locks: Locks) -> bool:
         said = f"{nothing}: {verdict.message}"
         _record(run, HostResult(name, SETTLED, State.OK, said, duration=took))
     return True
+
+
+def _settled_views(run: _DeployRun) -> Callable[[Any], tuple[Deployment, str, list[str]]]:
+    """For a host: the deployment as it sees it, that view's digest and the secrets' values,
+    as the settled question and the settled note both send them."""
+    from opsbook.steps import settled
+
+    code = settled.opsbook_digest()
+    secrets = run.dep.secret_values()
+
+    def view_of(host: Any) -> tuple[Deployment, str, list[str]]:
+        view = run.dep.for_host(host.spec)
+        return view, settled.deployment_digest(view, code, secrets), secrets
+
+    return view_of
 
 
 def _say_not_settled(
@@ -797,12 +810,10 @@ def _note_settled(run: _DeployRun, names: list[str]) -> None:
         return
     from opsbook.steps import settled
 
-    code = settled.opsbook_digest()
-    secrets = run.dep.secret_values()
+    view_of = _settled_views(run)
 
     def note(host: Any) -> object:
-        view = run.dep.for_host(host.spec)
-        digest = settled.deployment_digest(view, code, secrets)
+        view, digest, secrets = view_of(host)
         return settled.note_settled(host, view, run.folder.name, digest, secrets)
 
     group = rolling.host_group(run.dep, hosts, run.forks, _journal(run))

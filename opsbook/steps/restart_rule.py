@@ -87,7 +87,7 @@ class RestartDecision:
             return f"would (re)start the server (now {self.state}); apply=True does it"
         message = f"would restart the server: {self.reason}; apply=True does it"
         if self.pending:
-            message += f" (as {_listed([PENDING_WORDS[name] for name in self.pending])} first)"
+            message += f" (as {listed([PENDING_WORDS[name] for name in self.pending])} first)"
         return message
 
     def applied_message(self, outcome: str) -> str:
@@ -119,12 +119,12 @@ def decide(
     found |= dict.fromkeys(pending_now, "changed")
     changed = [label for name, label in INPUT_NAMES.items() if found.get(name) == "changed"]
     if changed:
-        reason = f"{_listed(changed)} changed since {since}"
+        reason = f"{listed(changed)} changed since {since}"
         return RestartDecision(True, reason, state.state, pending_now)
     unnoted = [label for name, label in INPUT_NAMES.items() if found.get(name) != "same"]
     if unnoted:
         reason = (
-            f"the {_listed(unnoted)} it runs were not noted at its start ({since}; an earlier "
+            f"the {listed(unnoted)} it runs were not noted at its start ({since}; an earlier "
             "opsbook started it), so whether they changed is unknown"
         )
         return RestartDecision(True, reason, state.state)
@@ -138,5 +138,6 @@ def _when(started_at: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started_at))
 
 
-def _listed(labels: list[str]) -> str:
+def listed(labels: list[str]) -> str:
+    """Labels as a message lists them: "a", "a and b", "a, b and c"."""
     return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"

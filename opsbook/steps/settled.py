@@ -100,7 +100,8 @@ def is_settled(
         if state.inputs.get(name) != "same"
     ]
     if changed:
-        return Settled(False, f"the {_listed(changed)} changed since the server started")
+        changed_since = "changed since the server started"
+        return Settled(False, f"the {restart_rule.listed(changed)} {changed_since}")
     return _from_note(state.settled)
 
 
@@ -151,7 +152,3 @@ def _when(at: float | None) -> str:
         if at is None
         else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
     )
-
-
-def _listed(labels: list[str]) -> str:
-    return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
