@@ -6,12 +6,21 @@ taken down at the end), launches the server, then in the same run:
 
 - opsbook: ``stages.qualify.run`` with the quick profile (pre-checks, the matrix driven by the
   host's ``vllm bench serve``, correctness), timed from the call to its verdict;
-- then for each cell it measured, pairs back to back: the stage's own measurement of the cell
+- then for each cell it measured, runs taking turns: the stage's own measurement of the cell
   (``matrix.run_cell``) and the operator's own ``vllm bench serve`` with the same flags (the
   command opsbook runs, typed by hand), over SSH, its JSON read back; the order alternating.
 
-Printed: the quick profile's wall time (goal: about a minute), and per cell the median of the
-pairs' ratios of output tok/s, opsbook's over the hand run's (goal: within 5%).
+Printed: the quick profile's wall time (goal: about a minute), and per cell the best output
+tok/s of each way, opsbook's over the hand run's (goal: within 5%).
+
+Why the best of each way, not a median of pairs: on the 2-core machine the tier's engine core
+binds its OpenMP thread to one core (vLLM 0.32.0 ``vllm/utils/ompmultiprocessing.py``,
+``VLLM_CPU_OMP_THREADS_BIND=auto`` reserves the other for the rest), and whatever else the
+kernel puts on that core halves the engine's speed for the run: 6 runs of each way at
+128 x 4 (96 requests each) ranged 622-1,463 tok/s for every way alike, opsbook's with and
+without its ``/metrics`` watch and the hand run, while the best of each lay within 2%
+(1,436 by hand; 1,436, 1,445 and 1,463 by the probe). A run's slowness is the machine's
+then, as a timed run's is ``timeit``'s: the fastest of several is the measurement.
 
 Usage: ``.venv/bin/python bench/qualify.py [--address 127.0.6.36]``
 """
@@ -43,10 +52,10 @@ from opsbook.steps.script import render_script, upload_script
 READY_TIMEOUT = 600.0
 GOAL_WALL = 90.0
 GOAL_RATIO = 0.05
-# Runs of the quick profile timed (median), then pairs a cell (opsbook's measurement of the
-# cell, the hand run) compared: the machine is shared.
+# Runs of the quick profile timed (median), then runs of each way a cell (opsbook's
+# measurement of the cell, the hand run), taking turns: the machine is shared.
 ROUNDS = 2
-PAIRS = 6
+RUNS = 8
 
 
 def main() -> int:
@@ -92,56 +101,54 @@ def _measure(host: Host, dep: Deployment, paths: server.LaunchPaths, folder: Pat
             label = f"{cell['cell']['prompt_tokens']} x {cell['cell']['concurrency']}"
             staged.setdefault(label, []).append(cell["output_tok_s"])
 
-    # Each cell the stage measured, in pairs back to back: the stage's own measurement of a
+    # Each cell the stage measured, both ways taking turns: the stage's own measurement of a
     # cell (matrix.run_cell: the probe running vllm bench serve under its /metrics watch, the
     # counters read around it) and the operator's vllm bench serve typed by hand, the order
-    # alternating. A pair shares the machine's load of its minute, so the ratio of a pair is
-    # the measurement's difference, not the other engineers' load (which moved the hand run
-    # alone from 638 to 1,862 tok/s at concurrency 4 over one earlier run).
+    # alternating so that neither way always follows the other.
     hand_dir = posixpath.join(paths.state_dir, "bench-by-hand")
     host.run(f"mkdir -p -- {shlex.quote(hand_dir)}", check=True)
-    pairs: dict[str, list[tuple[float, float]]] = {}
+    runs: dict[str, tuple[list[float], list[float]]] = {}
     for label in staged:
         shape = matrix.Cell(*(int(n) for n in label.split(" x ")))
-        for k in range(PAIRS):
+        ours, plain = runs.setdefault(label, ([], []))
+        for k in range(RUNS):
             if k % 2:
-                plain = _by_hand(host, dep, profile, shape, hand_dir)
-                ours = _by_opsbook(host, dep, profile, shape, paths)
+                plain.append(_by_hand(host, dep, profile, shape, hand_dir))
+                ours.append(_by_opsbook(host, dep, profile, shape, paths))
             else:
-                ours = _by_opsbook(host, dep, profile, shape, paths)
-                plain = _by_hand(host, dep, profile, shape, hand_dir)
-            pairs.setdefault(label, []).append((ours, plain))
+                ours.append(_by_opsbook(host, dep, profile, shape, paths))
+                plain.append(_by_hand(host, dep, profile, shape, hand_dir))
 
     wall = statistics.median(walls)
     benchtable.header(
         f"06_qualify quick profile vs vllm bench serve by hand, real vLLM tier (wall: median of "
-        f"{ROUNDS} runs; tok/s: {PAIRS} back-to-back pairs a cell, median of their ratios)"
+        f"{ROUNDS} runs; tok/s: the best of {RUNS} runs each way a cell, taking turns)"
     )
     met = wall <= GOAL_WALL
     benchtable.row(
         "quick profile wall time", benchtable.seconds(wall), "-", None,
         f"<= {GOAL_WALL:.0f} s: {benchtable.verdict(met)}",
     )  # fmt: skip
-    for label, measured in pairs.items():
-        ratio = statistics.median(o / p for o, p in measured if p)
+    for label, (ours, plain) in runs.items():
+        ratio = max(ours) / max(plain)
         within = abs(ratio - 1) <= GOAL_RATIO
         met = met and within
-        mine = statistics.median(o for o, _ in measured)
-        theirs = statistics.median(p for _, p in measured)
         benchtable.row(
-            f"output tok/s, cell {label}", f"{mine:.1f}", f"{theirs:.1f}", ratio,
+            f"output tok/s, cell {label}", f"{max(ours):.1f}", f"{max(plain):.1f}", ratio,
             f"within {GOAL_RATIO:.0%}: {benchtable.verdict(within)}",
         )  # fmt: skip
-    for label, measured in pairs.items():
-        shown = "; ".join(f"{o:.0f}/{p:.0f}" for o, p in measured)
+    for label, (ours, plain) in runs.items():
         in_stage = ", ".join(f"{r:.0f}" for r in staged[label])
-        mine = statistics.median(o for o, _ in measured)
-        theirs = statistics.median(p for _, p in measured)
         print(
-            f"cell {label}: pairs opsbook/by hand {shown} (ratio of the medians "
-            f"{mine / theirs:.2f}); in the stage's runs {in_stage}"
+            f"cell {label}: opsbook {_listed(ours)}; by hand {_listed(plain)} (medians "
+            f"{statistics.median(ours):.0f} and {statistics.median(plain):.0f}); in the "
+            f"stage's runs {in_stage}"
         )
     return 0 if met else 1
+
+
+def _listed(rates: list[float]) -> str:
+    return ", ".join(f"{r:.0f}" for r in rates)
 
 
 _RUNS = itertools.count(1)
