@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 # What the deploy's stage notebooks import (their first cells, and the stage modules the
-# registry imports on first use): 0.7 s of the kernel's CPU, spent while the run prepares.
+# registry imports on first use): 0.4 s of the kernel's CPU, spent while the run prepares.
 # Then the run's facts readings, which the stages of this kernel share (preflight's reading of
 # a host serves 02_config_patch: opsbook.stages.base.share_readings).
 WARM_UP = """
