@@ -155,8 +155,15 @@ def test_stale_state_is_restarted_and_down_leaves_nothing_of_ours() -> None:
         assert not sandboxes.status(folder).ok
         box = sandboxes.up(folder, address="127.0.0.4", checkpoint=False)
         assert sandboxes.status(folder).ok
-        # The pause lets nohup ignore SIGHUP before the login shell exits and hangs up its jobs.
-        started = ssh(box, "nohup sleep 300 >/dev/null 2>&1 & pid=$!; sleep 0.5; echo $pid")
+        # The login shell exits only once nohup has become sleep: nohup ignores SIGHUP before
+        # it execs, so the hang-up of the shell's jobs then passes it by (a fixed pause lost
+        # that race once, on a loaded machine).
+        started = ssh(
+            box,
+            "nohup sleep 300 >/dev/null 2>&1 & pid=$!; for i in $(seq 200); do "
+            '[ "$(cat /proc/$pid/comm 2>/dev/null)" = sleep ] && break; sleep 0.05; done; '
+            "echo $pid",
+        )
         sleeper = int(started.stdout.strip())
         assert sleeper in processes_of(uid)
         result = sandboxes.down(folder)
