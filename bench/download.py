@@ -55,7 +55,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import benchtable
 
@@ -124,6 +124,15 @@ print(len(names) - bad)
 T = TypeVar("T")
 
 
+class Figures(NamedTuple):
+    """One size's best seconds: opsbook's, the script's, find's, the index-reading script's."""
+
+    ours: float
+    plain: float
+    find: float
+    indexed: float
+
+
 # --- over SSH -------------------------------------------------------------------------------
 
 
@@ -133,15 +142,10 @@ def one_probe(host: Host, model_dir: str) -> int:
     return ok
 
 
-def plain_python(host: Host, model_dir: str) -> int:
-    """The plain way: one ``python3 -`` script over the same connection; the shards ok."""
-    done = host.run(f"python3 - {shlex.quote(model_dir)}", stdin=PLAIN_SCRIPT, check=True)
-    return int(done.stdout.split()[-1])
-
-
-def plain_index(host: Host, model_dir: str) -> int:
-    """The plain way with the index's reach: the shards ok of those the index names."""
-    done = host.run(f"python3 - {shlex.quote(model_dir)}", stdin=PLAIN_INDEX_SCRIPT, check=True)
+def plain_python(host: Host, model_dir: str, script: str = PLAIN_SCRIPT) -> int:
+    """The plain way: one ``python3 -`` script over the same connection (``PLAIN_SCRIPT``, or
+    ``PLAIN_INDEX_SCRIPT`` for the index's reach); the shards ok."""
+    done = host.run(f"python3 - {shlex.quote(model_dir)}", stdin=script, check=True)
     return int(done.stdout.split()[-1])
 
 
@@ -264,7 +268,7 @@ def main() -> None:
     options = parser.parse_args()
     sizes = options.shards
     folder = Path(tempfile.mkdtemp(prefix="opsbook-bench-", dir="/tmp"))
-    figures: dict[int, tuple[float, float, float, float]] = {}
+    figures: dict[int, Figures] = {}
     cpu: dict[int, tuple[float, float]] = {}
     load_before = os.getloadavg()
     per_shard: tuple[int, float] | None = None
@@ -320,8 +324,8 @@ def main() -> None:
             "(the shards the index names)",
         )
     for smaller, larger in zip(sizes, sizes[1:], strict=False):
-        growth = figures[larger][0] / figures[smaller][0]
-        plain_growth = figures[larger][1] / figures[smaller][1]
+        growth = figures[larger].ours / figures[smaller].ours
+        plain_growth = figures[larger].plain / figures[smaller].plain
         benchtable.row(
             f"download check growth {smaller:,} -> {larger:,} shards",
             f"{growth:.2f}x",
@@ -329,7 +333,7 @@ def main() -> None:
             growth / plain_growth,
             f"no more than the script's: {benchtable.verdict(growth <= plain_growth)}",
         )
-        index_growth = figures[larger][3] / figures[smaller][3]
+        index_growth = figures[larger].indexed / figures[smaller].indexed
         benchtable.row(
             f"  secondary: growth {smaller:,} -> {larger:,}, with the index's reach",
             f"{growth:.2f}x",
@@ -339,7 +343,7 @@ def main() -> None:
         )
     if per_shard is not None:
         shards, seconds = per_shard
-        ours = figures[shards][0]
+        ours = figures[shards].ours
         benchtable.row(
             f"  secondary (old): one ssh per shard, {shards:,} shards",
             benchtable.seconds(ours),
@@ -393,7 +397,7 @@ def fmt_load(load: tuple[float, float, float]) -> str:
 
 def measure_size(
     box: Sandbox, host: Host, shards: int, repeat: int, per_shard: object
-) -> tuple[tuple[float, float, float, float], tuple[float, float], tuple[int, float] | None]:
+) -> tuple[Figures, tuple[float, float], tuple[int, float] | None]:
     """opsbook's, the script's, find's and the index-reading script's best seconds on a fresh
     ``shards``-shard checkpoint, the first two's CPU seconds run here, and the one-ssh-per-shard
     seconds the first time (``per_shard`` still None)."""
@@ -407,7 +411,7 @@ def measure_size(
                 lambda: one_probe(host, model_dir),
                 lambda: plain_python(host, model_dir),
                 lambda: plain_find(host, model_dir),
-                lambda: plain_index(host, model_dir),
+                lambda: plain_python(host, model_dir, PLAIN_INDEX_SCRIPT),
             ],
         )
         print(
@@ -423,7 +427,7 @@ def measure_size(
                 print(f"  one ssh per shard failed: {type(e).__name__}: {e}")
     finally:
         shutil.rmtree(Path(box.home) / "bench")
-    return (ours[0], plain[0], find[0], indexed[0]), cpu, old
+    return Figures(ours[0], plain[0], find[0], indexed[0]), cpu, old
 
 
 def taking_turns(repeat: int, runs: list[Callable[[], int]]) -> list[tuple[float, int]]:

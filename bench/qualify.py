@@ -28,6 +28,7 @@ Usage: ``.venv/bin/python bench/qualify.py [--address 127.0.6.36]``
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import posixpath
@@ -111,13 +112,13 @@ def _measure(host: Host, dep: Deployment, paths: server.LaunchPaths, folder: Pat
     for label in staged:
         shape = matrix.Cell(*(int(n) for n in label.split(" x ")))
         ours, plain = runs.setdefault(label, ([], []))
+        ways = [
+            (ours, functools.partial(_by_opsbook, host, dep, profile, shape, paths)),
+            (plain, functools.partial(_by_hand, host, dep, profile, shape, hand_dir)),
+        ]
         for k in range(RUNS):
-            if k % 2:
-                plain.append(_by_hand(host, dep, profile, shape, hand_dir))
-                ours.append(_by_opsbook(host, dep, profile, shape, paths))
-            else:
-                ours.append(_by_opsbook(host, dep, profile, shape, paths))
-                plain.append(_by_hand(host, dep, profile, shape, hand_dir))
+            for rates, measure in ways if k % 2 == 0 else ways[::-1]:
+                rates.append(measure())
 
     wall = statistics.median(walls)
     benchtable.header(
@@ -138,11 +139,10 @@ def _measure(host: Host, dep: Deployment, paths: server.LaunchPaths, folder: Pat
             f"within {GOAL_RATIO:.0%}: {benchtable.verdict(within)}",
         )  # fmt: skip
     for label, (ours, plain) in runs.items():
-        in_stage = ", ".join(f"{r:.0f}" for r in staged[label])
         print(
             f"cell {label}: opsbook {_listed(ours)}; by hand {_listed(plain)} (medians "
             f"{statistics.median(ours):.0f} and {statistics.median(plain):.0f}); in the "
-            f"stage's runs {in_stage}"
+            f"stage's runs {_listed(staged[label])}"
         )
     return 0 if met else 1
 

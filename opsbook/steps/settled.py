@@ -100,8 +100,8 @@ def is_settled(
         if state.inputs.get(name) != "same"
     ]
     if changed:
-        changed_since = "changed since the server started"
-        return Settled(False, f"the {restart_rule.listed(changed)} {changed_since}")
+        listed = restart_rule.listed(changed)
+        return Settled(False, f"the {listed} changed since the server started")
     return _from_note(state.settled)
 
 
