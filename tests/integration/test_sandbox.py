@@ -143,22 +143,20 @@ def test_two_sandboxes_run_at_once_and_a_second_up_returns_the_running_one(
     assert sandboxes.status(sandbox.dir).ok and sandboxes.status(bash_sandbox.dir).ok
 
 
-# Run apart from the parallel run (`make test`'s serial pass): twice there the sleeper and
-# every other process of its user were gone before the test looked, while the other worker
-# brought sandboxes (and their users) up and down; alone, it has always held.
-@pytest.mark.serial
 def test_stale_state_is_restarted_and_down_leaves_nothing_of_ours() -> None:
     folder = Path(tempfile.mkdtemp(prefix="opsbook-lifecycle-", dir="/tmp"))
     # The test's own folder: the sandbox keeps an existing folder's mode.
     folder.chmod(0o755)
     try:
         box = sandboxes.up(folder, address="127.0.0.4", checkpoint=False)
-        uid = pwd.getpwnam(box.user).pw_uid
         os.kill(box.sshd_pid, signal.SIGKILL)
         time.sleep(0.2)
         assert not sandboxes.status(folder).ok
         box = sandboxes.up(folder, address="127.0.0.4", checkpoint=False)
         assert sandboxes.status(folder).ok
+        # Read after the restart: it removed the user and made it again, and the uid freed
+        # between may meanwhile have gone to another sandbox's new user (the parallel run).
+        uid = pwd.getpwnam(box.user).pw_uid
         # The login shell exits only once nohup has become sleep: nohup ignores SIGHUP before
         # it execs, so the hang-up of the shell's jobs then passes it by (a fixed pause lost
         # that race once, on a loaded machine).
