@@ -23,6 +23,12 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
+# A run's notebooks are its record: IPython's input history (an SQLite database under
+# ~/.ipython, written after every cell) would keep a second copy of every cell, in a file no
+# run folder holds, for about 1 ms a cell.
+KERNEL_OPTIONS = ("--HistoryManager.enabled=False",)
+KILLED_POLL = 0.005
+
 
 class PromptKernelClient(AsyncKernelClient):
     """A kernel client whose readiness check does not end with 0.2 s of waiting.
@@ -107,10 +113,16 @@ class QuietKernelManager(AsyncKernelManager):
         if log is not None:
             kw.setdefault("stderr", log)
         try:
-            await super()._async_launch_kernel(kernel_cmd, **kw)
+            await super()._async_launch_kernel([*kernel_cmd, *KERNEL_OPTIONS], **kw)
         finally:
             if log is not None:
                 log.close()  # the kernel holds its own copy of the descriptor
+
+    async def _async_wait(self, pollinterval: float = 0.1) -> None:
+        # jupyter_client 8.x (manager.py) looks every 0.1 s whether a killed kernel is gone,
+        # and a kernel SIGKILLed a moment ago is still there at the first look: every run
+        # waited 0.1 s at its end. The kernel is gone within milliseconds.
+        await super()._async_wait(pollinterval=KILLED_POLL)
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart)

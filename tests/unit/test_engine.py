@@ -143,3 +143,19 @@ def test_each_stage_on_a_shared_kernel_finds_its_own_environment_from_its_first_
             assert printed == f"stage {n}\n"
     finally:
         run_sync(km.shutdown_kernel)(now=True)
+
+
+def test_a_running_cell_is_on_disk_as_running_and_the_end_in_nbformat_s_layout(
+    tmp_path: Path,
+) -> None:
+    # A code cell's start is written as compact JSON (the C encoder); a runner killed during
+    # the cell leaves a notebook that nbformat reads, with that cell running.
+    output = tmp_path / "out.ipynb"
+    look = (
+        f"import nbformat\nnb = nbformat.read({str(output)!r}, as_version=4)\n"
+        "print([c.metadata.papermill.status for c in nb.cells if c.cell_type == 'code'])"
+    )
+    ran = run(notebook(tmp_path / "in.ipynb", "print('one')", look), output)
+    code = [c for c in ran.cells if c.cell_type == "code"]
+    assert code[1].outputs[0]["text"] == "['completed', 'running']\n"
+    assert output.read_text() == nbformat.writes(ran)

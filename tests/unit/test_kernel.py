@@ -106,3 +106,34 @@ def test_a_shared_kernel_opens_the_first_stages_connections_ahead(tmp_path: Path
     finally:
         kernel.discard()
     assert "".join(seen) == f"{[refused.name]}\n"
+
+
+def test_the_kernel_keeps_no_input_history_of_its_own(km: Any) -> None:
+    # The run's notebooks are the record; IPython's history database would be a second one,
+    # outside the run folder.
+    code = "print(get_ipython().history_manager.enabled)"
+    _, seen = run_sync(printed_by_a_new_client)(km, code)
+    assert "".join(seen) == "False\n"
+
+
+def test_a_killed_kernel_is_waited_for_in_steps_of_milliseconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jupyter_client.manager import KernelManager
+
+    from opsbook.runner import kernel as run_kernel
+
+    steps: list[float] = []
+    wait = KernelManager._async_wait
+
+    async def recorded(self: Any, pollinterval: float = 0.1) -> None:
+        steps.append(pollinterval)
+        await wait(self, pollinterval)
+
+    monkeypatch.setattr(KernelManager, "_async_wait", recorded)
+    manager = quiet_kernel_manager(tmp_path / "kernel.log")(kernel_name="python3")
+    run_sync(manager.start_kernel)()
+    process = manager.provisioner.process
+    run_sync(manager.shutdown_kernel)(now=True)
+    assert steps == [run_kernel.KILLED_POLL] and run_kernel.KILLED_POLL <= 0.01
+    assert process.poll() is not None and not manager.has_kernel
