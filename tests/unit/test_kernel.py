@@ -81,11 +81,16 @@ def test_a_shared_kernel_has_imported_the_stages_when_the_first_stage_gets_it(
             # Its clients start no heartbeat thread (one stopped as it begins spins).
             assert not [t for t in threading.enumerate() if isinstance(t, HBChannel)]
             km = kernel.ready(tmp_path / "kernel.log")
-            code = f"import sys\nprint('opsbook.stages.launch_server' in sys.modules, {attempt})"
+            # What the imports made is frozen: the collector does not walk it again.
+            code = (
+                "import gc, sys\n"
+                f"print('opsbook.stages.launch_server' in sys.modules, {attempt}, "
+                "gc.get_freeze_count() > 0)"
+            )
             _, seen = run_sync(printed_by_a_new_client)(km, code)
         finally:
             kernel.discard()
-        assert "".join(seen) == f"True {attempt}\n"
+        assert "".join(seen) == f"True {attempt} True\n"
 
 
 def test_a_shared_kernel_opens_the_first_stages_connections_ahead(tmp_path: Path) -> None:
