@@ -2,8 +2,10 @@ import contextlib
 import dataclasses
 import json
 import os
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,6 +202,21 @@ def test_html_copies_are_made_by_a_private_helper_that_warms_up_at_low_priority(
     assert warm == [min(ours + records.EXPORTER_NICENESS, 19)]
     assert exporting == ours
     assert helper.returncode == 0  # it ended when its input did
+
+
+def test_the_helper_warms_up_on_a_valid_notebook_with_what_a_stage_s_record_has() -> None:
+    import nbformat
+
+    warmed: list[Any] = []
+    thread = threading.Thread(target=records._warm_exporter, args=(warmed,))
+    thread.start()  # niced: its own thread, not the test's
+    thread.join()
+    assert len(warmed) == 1  # an exporter to reuse; a sample it failed on would leave none
+    sample = records._warm_up_notebook(nbformat)
+    nbformat.validate(sample)
+    kinds = {(c.cell_type, o.output_type) for c in sample.cells for o in c.get("outputs", [])}
+    assert kinds == {("code", "stream"), ("code", "display_data")}
+    assert {"markdown", "code"} == {c.cell_type for c in sample.cells}
 
 
 def test_a_path_the_helper_cannot_take_is_exported_in_process(tmp_path) -> None:
