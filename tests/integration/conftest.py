@@ -21,8 +21,11 @@ from opsbook.rehearsal.sandbox import Sandbox
 # per worker): test_local_run starts a server as the test's own user (`address: local`), which
 # the other worker's tests would find among "other vLLM processes of yours"; test_faults
 # interrupts deploys with signals at chosen moments, which the other worker's load moves (an
-# interrupted deploy once outlived its 120 s there).
-SERIAL_MODULES = {"test_faults", "test_local_run"}
+# interrupted deploy once outlived its 120 s there); test_real_vllm's stopped-engine test
+# waits for two requests running, and in two CI runs of three (2026-12-07) its streams had 149
+# answered while every /metrics read said none running or waiting, for 120 s; alone, it passed
+# each time. Why the other worker's tests do that to it is not known yet.
+SERIAL_MODULES = {"test_faults", "test_local_run", "test_real_vllm"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
