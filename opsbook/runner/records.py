@@ -268,15 +268,16 @@ def _warm_exporter(into: list[Any]) -> None:
     one left the markdown renderer, the Python lexer and the HTML post-processing to the first
     real export, 130 ms at full priority against 40 ms."""
     os.nice(EXPORTER_NICENESS)
-    import nbformat
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter()
-    exporter.from_notebook_node(_warm_up_notebook(nbformat))
+    exporter.from_notebook_node(_warm_up_notebook())
     into.append(exporter)
 
 
-def _warm_up_notebook(nbformat: Any) -> Any:
+def _warm_up_notebook() -> Any:
+    import nbformat
+
     code = nbformat.v4.new_code_cell("forks = 10", metadata={"tags": ["parameters"]})
     code.outputs = [
         nbformat.v4.new_output("stream", name="stdout", text="ok\n"),

@@ -212,7 +212,7 @@ def test_the_helper_warms_up_on_a_valid_notebook_with_what_a_stage_s_record_has(
     thread.start()  # niced: its own thread, not the test's
     thread.join()
     assert len(warmed) == 1  # an exporter to reuse; a sample it failed on would leave none
-    sample = records._warm_up_notebook(nbformat)
+    sample = records._warm_up_notebook()
     nbformat.validate(sample)
     kinds = {(c.cell_type, o.output_type) for c in sample.cells for o in c.get("outputs", [])}
     assert kinds == {("code", "stream"), ("code", "display_data")}
