@@ -46,7 +46,8 @@ class Options:
         profile: ``quick`` (about a minute: 2 prompt lengths x 2 concurrencies), ``standard``
             (3 x 3 and a 5-minute soak) or ``full`` (4 x 4 and a 30-minute soak).
         decode_band: the drop of output tok/s against the last good run that is a regression.
-        ttft_band: the rise of p99 TTFT against the last good run that is a regression.
+        ttft_band: the rise of tail TTFT (p99, or p90 where a cell has too few requests for
+            one) against the last good run that is a regression.
         eval_file: a JSONL of questions and answers on the host (GSM8K's form) to score by
             exact match, with a 95% Wilson interval, and to pair with the last good run's
             outcomes (exact McNemar); empty: no evaluation.
@@ -273,7 +274,7 @@ def _judge(
         )
     note = Note(
         f"compared with the last good run {good.run_folder} ({good.started_at}); noise band "
-        f"decode {bands.decode:.0%}, p99 TTFT {bands.ttft_p99:.0%}"
+        f"decode {bands.decode:.0%}, tail TTFT {bands.ttft:.0%}"
     )
     return [note], good
 

@@ -62,7 +62,8 @@ class Options:
             otherwise: it predicts and says what the apply would do, and stops nothing).
         profile: the qualification of the new engine (``quick``, ``standard``, ``full``).
         decode_band: the drop of output tok/s against the last good run that fails the gate.
-        ttft_band: the rise of p99 TTFT against the last good run that fails the gate.
+        ttft_band: the rise of tail TTFT (as 06_qualify's) against the last good run that
+            fails the gate.
         ready_timeout: seconds each start may take to answer ``/health``.
         stop_grace: seconds a stopped server is given after SIGTERM, before SIGKILL.
         pin: on a pass, pin the engine in the deployment file (``engine:``, with a backup).

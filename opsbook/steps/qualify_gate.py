@@ -2,15 +2,19 @@
 
 The last good run is the latest passing receipt of the same hardware fingerprint and model in
 earlier run folders. A cell measured in both is a regression when its output tok/s fell by
-more than the decode band (default 7%) or its p99 TTFT rose by more than the TTFT band
+more than the decode band (default 7%) or its tail TTFT rose by more than the TTFT band
 (default 15%, and by at least :data:`TTFT_FLOOR_MS`: tens of milliseconds of scheduling
-jitter are no regression). With at least two earlier passing runs the bands widen to three times the
+jitter are no regression). The tail is the p99 where the cell has the requests for one (101 or
+more), else the p90 (11 or more), else the median: a p99 of 24 requests moves with the slowest
+request alone, and one request held up by a scheduler hiccup is no regression to fail an upgrade
+on. With at least two earlier passing runs the bands widen to three times the
 spread those runs showed, where that is wider. A check that passed then and fails now is a
 flip. A first run (no last good) passes on its own checks and becomes the last good.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,12 +22,12 @@ from dataclasses import dataclass
 from opsbook.core.results import Finding
 from opsbook.steps.last_good import judged_good, newest_good
 from opsbook.steps.metrics import MetricsSnapshot
-from opsbook.steps.qualify_matrix import CellResult
+from opsbook.steps.qualify_matrix import PERCENTILES, CellResult
 from opsbook.steps.qualify_receipt import Receipt
 
 DECODE_BAND = 0.07
 TTFT_BAND = 0.15
-# A p99 TTFT rise smaller than this is no regression whatever its share: a loaded host's
+# A tail TTFT rise smaller than this is no regression whatever its share: a loaded host's
 # scheduling jitter moves a p99 of a few dozen requests by tens of milliseconds.
 TTFT_FLOOR_MS = 25.0
 LEARN_FROM = 2
@@ -43,7 +47,23 @@ class Bands:
     """The noise bands: relative change allowed before a change is a regression."""
 
     decode: float = DECODE_BAND
-    ttft_p99: float = TTFT_BAND
+    ttft: float = TTFT_BAND
+
+
+def tail_percentile(requests: int) -> int:
+    """The highest of :data:`PERCENTILES` that the slowest of ``requests`` latencies cannot move
+    alone (interpolated as :func:`opsbook.steps.qualify_matrix.percentile` does: its upper
+    rank, ``ceil((n - 1) p / 100)``, is at most the second slowest); 50 below 11 requests."""
+    for p in sorted(PERCENTILES, reverse=True):
+        if math.ceil((requests - 1) * p / 100) <= requests - 2:
+            return p
+    return 50
+
+
+def tail_ttft(cell: CellResult, requests: int) -> tuple[int, float | None]:
+    """The cell's TTFT at :func:`tail_percentile` of ``requests``, in ms, and which percentile."""
+    p = tail_percentile(requests)
+    return p, cell.ttft_ms.at(p)
 
 
 def learned_bands(history: Sequence[Receipt], default: Bands) -> Bands:
@@ -51,11 +71,12 @@ def learned_bands(history: Sequence[Receipt], default: Bands) -> Bands:
     the earlier passing runs' cells, when there are at least :data:`LEARN_FROM` of them."""
     if len(history) < LEARN_FROM:
         return default
-    decode, ttft = [default.decode], [default.ttft_p99]
+    decode, ttft = [default.decode], [default.ttft]
     for cell in history[-1].cells:
         same = [r.cell(cell.cell.prompt_tokens, cell.cell.concurrency) for r in history]
         rates = [c.output_tok_s for c in same if c is not None and c.output_tok_s > 0]
-        ttfts = [c.ttft_ms.p99 for c in same if c is not None and c.ttft_ms.p99]
+        fewest = min((c.completed for c in same if c is not None), default=0)
+        ttfts = [t for c in same if c is not None and (t := tail_ttft(c, fewest)[1])]
         decode.append(3 * _variation(rates))
         ttft.append(3 * _variation(ttfts))
     return Bands(max(decode), max(ttft))
@@ -202,19 +223,26 @@ def against_last_good(receipt: Receipt, good: Receipt, bands: Bands) -> list[Fin
                     code=CODE_DECODE,
                 )
             )
-        now_ttft, then_ttft = cell.ttft_ms.p99, then.ttft_ms.p99
+        fewest = min(cell.completed, then.completed)
+        p, now_ttft = tail_ttft(cell, fewest)
+        then_ttft = tail_ttft(then, fewest)[1]
         if (
             now_ttft is not None
             and then_ttft
-            and now_ttft > then_ttft * (1 + bands.ttft_p99)
+            and now_ttft > then_ttft * (1 + bands.ttft)
             and now_ttft - then_ttft > TTFT_FLOOR_MS
         ):
+            why_p = (
+                f"; p{p}, as {fewest} requests make no p99 apart from the slowest"
+                if p != 99
+                else ""
+            )
             found.append(
                 Finding(
                     "error",
                     f"cell {cell.cell.label}",
-                    f"p99 TTFT {now_ttft:.1f} ms, {now_ttft / then_ttft - 1:.0%} above last good "
-                    f"{then_ttft:.1f} ms (band {bands.ttft_p99:.0%}){where}",
+                    f"p{p} TTFT {now_ttft:.1f} ms, {now_ttft / then_ttft - 1:.0%} above last good "
+                    f"{then_ttft:.1f} ms (band {bands.ttft:.0%}{why_p}){where}",
                     "compare what changed since the last good run (scheduler flags, chunked "
                     "prefill, the release)",
                     source=good.run_folder,

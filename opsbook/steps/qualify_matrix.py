@@ -169,6 +169,10 @@ class Spread:
     p90: float | None = None
     p99: float | None = None
 
+    def at(self, p: int) -> float | None:
+        """The ``p`` percentile, one of :data:`PERCENTILES`."""
+        return {50: self.p50, 90: self.p90, 99: self.p99}[p]
+
     @classmethod
     def of(cls, seconds: Sequence[float]) -> Spread:
         values = sorted(seconds)

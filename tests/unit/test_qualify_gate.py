@@ -7,22 +7,38 @@ from opsbook.steps import qualify_matrix as matrix
 from opsbook.steps import qualify_receipt as receipts
 from opsbook.steps.metrics import MetricsSnapshot
 
+TTFT = matrix.Spread(50.0, 80.0, 100.0)
 FINGERPRINT = receipts.Fingerprint("NVIDIA RTX PRO 6000", 8, "580.65", "13.0", "EPYC", "ab12")
 
 
-def cell(tok_s: float, ttft_p99: float = 100.0, prompt: int = 128, concurrency: int = 4):
+def cell(
+    tok_s: float,
+    ttft: matrix.Spread = TTFT,
+    prompt: int = 128,
+    concurrency: int = 4,
+    requests: int = 120,
+):
     return matrix.CellResult(
-        matrix.Cell(prompt, concurrency), matrix.DRIVER_CLIENT, 8, 8, 0, 1.0, tok_s, tok_s / 4,
-        matrix.Spread(50.0, 80.0, ttft_p99), matrix.Spread(), matrix.Spread(),
+        matrix.Cell(prompt, concurrency), matrix.DRIVER_CLIENT, requests, requests, 0, 1.0,
+        tok_s, tok_s / 4, ttft, matrix.Spread(), matrix.Spread(),
     )  # fmt: skip
 
 
-def receipt(tok_s: float = 100.0, *, ttft: float = 100.0, passed: bool = True, **changes):
+def receipt(
+    tok_s: float = 100.0,
+    *,
+    ttft: float = 100.0,
+    p90: float = 80.0,
+    requests: int = 120,
+    passed: bool = True,
+    **changes,
+):
     made = receipts.Receipt(
         host="ops@gpu-01", started_at="2026-12-06T10:00:00+00:00", profile="quick",
         driver=matrix.DRIVER_CLIENT, fingerprint=FINGERPRINT,
         software=receipts.Software(vllm="0.32.0", model="tiny"), startup=receipts.Startup(),
-        cells=[cell(tok_s, ttft)], greedy_sha256={"p": "h1"}, deterministic=True,
+        cells=[cell(tok_s, matrix.Spread(50.0, p90, ttft), requests=requests)],
+        greedy_sha256={"p": "h1"}, deterministic=True,
         passed=passed, run_folder="runs/one",
     )  # fmt: skip
     return dataclasses.replace(made, **changes)
@@ -48,6 +64,38 @@ def test_p99_ttft_beyond_its_band_and_floor_is_a_regression() -> None:
     ]
     # 8 ms to 30 ms is +275% but scheduling jitter, not a regression.
     assert codes(gate.against_last_good(receipt(ttft=30.0), receipt(ttft=8.0), gate.Bands())) == []
+
+
+def test_the_tail_compared_is_the_highest_percentile_the_slowest_request_does_not_set_alone() -> (
+    None
+):
+    for n in range(3, 400):
+        p = gate.tail_percentile(n)
+        latencies = [float(i) for i in range(n)]
+        held_up = [*latencies[:-1], 1e6]
+        assert matrix.percentile(held_up, p) == matrix.percentile(latencies, p), n
+        higher = [q for q in matrix.PERCENTILES if q > p]
+        if higher:
+            assert matrix.percentile(held_up, higher[0]) != matrix.percentile(latencies, higher[0])
+    assert [gate.tail_percentile(n) for n in (10, 11, 24, 100, 101)] == [50, 90, 90, 90, 99]
+
+
+def test_one_slow_request_of_24_is_no_ttft_regression_a_slower_tail_is() -> None:
+    good = receipt(ttft=16.0, p90=15.0, requests=24)
+    # The quick profile's 24 requests: the p99 is the slowest one's, 16 ms to 93 ms.
+    assert (
+        codes(gate.against_last_good(receipt(ttft=93.0, p90=15.5, requests=24), good, gate.Bands()))
+        == []
+    )
+    (slow,) = gate.against_last_good(receipt(ttft=93.0, p90=60.0, requests=24), good, gate.Bands())
+    assert slow.code == gate.CODE_TTFT
+    assert slow.message.startswith("p90 TTFT 60.0 ms, 300% above last good 15.0 ms (band 15%; p90")
+    assert "24 requests" in slow.message
+    # The fewer requests of the two runs decide: a p99 only when both had 101 or more.
+    fewer_then = receipt(ttft=16.0, p90=15.0, requests=24)
+    assert (
+        codes(gate.against_last_good(receipt(ttft=93.0, p90=15.5), fewer_then, gate.Bands())) == []
+    )
 
 
 def test_a_software_change_is_said_in_the_regression() -> None:
@@ -113,7 +161,9 @@ def test_a_server_gone_after_the_run_is_an_engine_death() -> None:
 
 
 def test_failed_requests_and_preemptions_of_the_matrix_are_findings() -> None:
-    broken = dataclasses.replace(cell(10.0), failed=3, completed=5, errors=("HTTP 500: dead",))
+    broken = dataclasses.replace(
+        cell(10.0, requests=8), failed=3, completed=5, errors=("HTTP 500: dead",)
+    )
     preempted = dataclasses.replace(cell(10.0), server_preemptions=4.0)
     found = gate.own_findings([broken, preempted])
     assert [(f.severity, f.code) for f in found] == [
