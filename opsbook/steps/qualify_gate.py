@@ -60,12 +60,6 @@ def tail_percentile(requests: int) -> int:
     return 50
 
 
-def tail_ttft(cell: CellResult, requests: int) -> tuple[int, float | None]:
-    """The cell's TTFT at :func:`tail_percentile` of ``requests``, in ms, and which percentile."""
-    p = tail_percentile(requests)
-    return p, cell.ttft_ms.at(p)
-
-
 def learned_bands(history: Sequence[Receipt], default: Bands) -> Bands:
     """``default``, widened to three times the relative spread (coefficient of variation) of
     the earlier passing runs' cells, when there are at least :data:`LEARN_FROM` of them."""
@@ -75,8 +69,8 @@ def learned_bands(history: Sequence[Receipt], default: Bands) -> Bands:
     for cell in history[-1].cells:
         same = [r.cell(cell.cell.prompt_tokens, cell.cell.concurrency) for r in history]
         rates = [c.output_tok_s for c in same if c is not None and c.output_tok_s > 0]
-        fewest = min((c.completed for c in same if c is not None), default=0)
-        ttfts = [t for c in same if c is not None and (t := tail_ttft(c, fewest)[1])]
+        tail = tail_percentile(min(c.completed for c in same if c is not None))
+        ttfts = [t for c in same if c is not None and (t := c.ttft_ms.at(tail))]
         decode.append(3 * _variation(rates))
         ttft.append(3 * _variation(ttfts))
     return Bands(max(decode), max(ttft))
@@ -224,8 +218,8 @@ def against_last_good(receipt: Receipt, good: Receipt, bands: Bands) -> list[Fin
                 )
             )
         fewest = min(cell.completed, then.completed)
-        p, now_ttft = tail_ttft(cell, fewest)
-        then_ttft = tail_ttft(then, fewest)[1]
+        p = tail_percentile(fewest)
+        now_ttft, then_ttft = cell.ttft_ms.at(p), then.ttft_ms.at(p)
         if (
             now_ttft is not None
             and then_ttft
